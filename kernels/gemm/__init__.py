@@ -1,0 +1,1 @@
+"""GEMM kernels, one module per architecture."""

@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: MIT
+"""Hopper GEMM, C = A @ B^T: bf16/fp16 or fp8 (e4m3/e5m2) inputs, fp32 accumulate, 16-bit out.
+
+Pipeline (TK's H100 GEMM on the `lcf` template): a producer warp issues TMA loads of an
+(Mb, Kb) A tile and an (Nb, Kb) B tile per stage into a LOAD_PIPE_DEPTH ring; two consumer
+warpgroups each run SS wgmma on 64 rows of the (Mb, Nb) fp32 accumulator, one commit group per
+stage, releasing a stage once the next one's MMAs are issued; finish converts the accumulator
+in (Mb, EPI_N) column blocks, stmatrix-stores each into one of EPI_PIPE_DEPTH shared buffers and
+TMA-stores it while the next is written. Persistent CTAs walk tiles in supergroup order.
+Constraints: A (M, K) and B (N, K) K-major, M % Mb == N % Nb == K % Kb == 0 (checked).
+Replaces CUTLASS's `examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu.warpgroup import OperandMajorMode
+
+from tk_cute.arch import target
+from tk_cute.ops import register, tma, warpgroup
+from tk_cute.templates.lcf import LCF
+from tk_cute.types import coord, gl, rt, st
+from tk_cute.types.struct import DeviceStruct
+
+INPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
+               "float8_e4m3fn": cutlass.Float8E4M3FN, "float8_e5m2": cutlass.Float8E5M2}
+OUTPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tile and pipeline shape (TK config names). Kb = 0 picks 4 MMA K-steps (64 for 16-bit
+    inputs, 128 for fp8); LOAD_PIPE_DEPTH = 0 fills the target's shared memory."""
+
+    dtype: str = "bfloat16"
+    out_dtype: str = "bfloat16"
+    Mb: int = 128
+    Nb: int = 256
+    Kb: int = 0
+    LOAD_PIPE_DEPTH: int = 0
+    EPI_N: int = 32
+    EPI_PIPE_DEPTH: int = 4
+    SUPERGROUP_SIZE: int = 8
+    CLUSTER_M: int = 1
+    CLUSTER_N: int = 1
+    arch: str = "sm_90a"
+
+    def __post_init__(self):
+        if self.dtype not in INPUT_TYPES:
+            raise TypeError(f"input dtype must be one of {list(INPUT_TYPES)}, got {self.dtype!r}")
+        if self.out_dtype not in OUTPUT_TYPES:
+            raise TypeError(f"out_dtype must be one of {list(OUTPUT_TYPES)}, got {self.out_dtype!r}")
+        if target(self.arch).family != "hopper":
+            raise ValueError(f"GemmSm90 needs wgmma (sm_90a); target is {self.arch}")
+        if self.Mb != 128 or self.Nb not in (64, 128, 192, 256):
+            raise ValueError(f"tile must be 128 x {{64,128,192,256}} (two 64-row consumers); "
+                             f"got {self.Mb} x {self.Nb}")
+        if self.Nb % (self.EPI_N * self.EPI_PIPE_DEPTH):
+            raise ValueError(f"Nb={self.Nb} must be a multiple of EPI_N*EPI_PIPE_DEPTH")
+        if self.CLUSTER_M * self.CLUSTER_N > 4:
+            raise ValueError(f"cluster {self.CLUSTER_M}x{self.CLUSTER_N} exceeds 4 CTAs")
+
+    @property
+    def in_type(self):
+        return INPUT_TYPES[self.dtype]
+
+    @property
+    def k_block(self) -> int:
+        return self.Kb or 4 * (256 // self.in_type.width)
+
+
+class GemmSm90(LCF):
+    """C = A @ B^T on the lcf template (see the module docstring)."""
+
+    def __init__(self, config: Config = Config()):
+        self.config = c = config
+        self.Mb, self.Nb, self.Kb = c.Mb, c.Nb, c.k_block
+        self.SUPERGROUP_SIZE, self.CLUSTER_M, self.CLUSTER_N = (
+            c.SUPERGROUP_SIZE, c.CLUSTER_M, c.CLUSTER_N)
+        self.a_tile = st(c.in_type, c.Mb, self.Kb)
+        self.b_tile = st(c.in_type, c.Nb, self.Kb)
+        self.c_tile = st(OUTPUT_TYPES[c.out_dtype], c.Mb, c.EPI_N)
+        budget = target(c.arch).smem_bytes
+        self.LOAD_PIPE_DEPTH = c.LOAD_PIPE_DEPTH or max(
+            d for d in range(2, 9) if self._smem(d) <= budget)
+        if self._smem(self.LOAD_PIPE_DEPTH) > budget:
+            raise ValueError(f"{self.LOAD_PIPE_DEPTH} stages need {self._smem(self.LOAD_PIPE_DEPTH)}"
+                             f" bytes of shared memory; {c.arch} has {budget}")
+
+    def _smem(self, depth):
+        self.LOAD_PIPE_DEPTH = depth
+        return self.dynamic_shared_memory()
+
+    # --- globals ----------------------------------------------------------------------------
+    def inputs(self):
+        return {"a": self.a_tile, "b": self.b_tile}
+
+    def finish_tiles(self):
+        return {"c": (self.c_tile, self.config.EPI_PIPE_DEPTH)}
+
+    def tiled_mma(self):
+        return sm90_utils.make_trivial_tiled_mma(
+            self.a_tile.dtype, self.b_tile.dtype, OperandMajorMode.K, OperandMajorMode.K,
+            cutlass.Float32, (self.NUM_CONSUMERS, 1, 1), tiler_mn=(64, self.Nb))
+
+    def prefetch(self, g):
+        for d in (g.A, g.B, g.C):
+            d.prefetch()
+
+    def k_steps(self, g):
+        return cute.size(g.A.tiles(), mode=[3])
+
+    # --- producer ---------------------------------------------------------------------------
+    def load(self, g, inputs, at, k, barrier, mcast):
+        tma.load_async(inputs["a"], g.A, coord(at.r, k, at.b), barrier, mcast["a"])
+        tma.load_async(inputs["b"], g.B, coord(at.c, k, at.b), barrier, mcast["b"])
+
+    # --- consumers --------------------------------------------------------------------------
+    def setup(self, g, thread):
+        acc = rt.accumulator(self.tiled_mma(), thread, self.Mb, self.Nb)
+        register.zero(acc)
+        return acc
+
+    def compute(self, g, acc, inputs, k):
+        warpgroup.mma_ABt(acc, inputs["a"], inputs["b"])
+
+    @cute.jit
+    def finish(self, g, acc, at, smem, thread):
+        c, depth = smem["c"], self.config.EPI_PIPE_DEPTH
+        blocks = self.Nb // self.config.EPI_N
+        consumers = warpgroup.sync(1, self.NUM_CONSUMERS)
+        for i in cutlass.range_constexpr(blocks):
+            warpgroup.store(c[None, None, i % depth], acc, thread, subtile=i)
+            consumers()
+            if thread < 32:
+                tma.store_async(g.C, c[None, None, i % depth], coord(at.r, at.c * blocks + i, at.b))
+                tma.store_commit_group()
+                tma.store_async_read_wait(depth - 1)
+            consumers()
+        register.zero(acc)
+
+    # --- host -------------------------------------------------------------------------------
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, max_ctas: cutlass.Constexpr,
+                 stream):
+        """a (M, K, L), b (N, K, L), c (M, N, L), each with its second mode contiguous."""
+        g = Globals(gl.load(a, self.a_tile, self.CLUSTER_N), gl.load(b, self.b_tile, self.CLUSTER_M),
+                    gl.store(c, self.c_tile))
+        m_tiles = cute.ceil_div(c.shape[0], self.Mb)
+        n_tiles = cute.ceil_div(c.shape[1], self.Nb)
+        self.launch(g, m_tiles, n_tiles, c.shape[2], max_ctas, stream)
+
+
+class Globals(DeviceStruct):
+    """The kernel's global layouts (TK `globals`)."""
+
+    _fields = ("A", "B", "C")
+
+    def __init__(self, A: gl, B: gl, C: gl):
+        self.A, self.B, self.C = A, B, C

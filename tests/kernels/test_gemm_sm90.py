@@ -1,0 +1,114 @@
+"""Hopper GEMM (kernels/gemm/gemm_sm90.py): compile checks on the CPU, numerics on the GPU."""
+
+import pytest
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_tensor
+
+from tk_cute.arch import target
+from tk_cute.compile import build
+from tk_cute.kernels.gemm.gemm_sm90 import Config, GemmSm90
+
+SMS = 132  # H100/H200: the persistent grid size the compile assumes
+
+
+def _fake(dtype, rows, cols):
+    r, c = cute.sym_int64(divisibility=128), cute.sym_int64(divisibility=128)
+    return make_fake_tensor(dtype, (r, c, 1), (c, 1, r * c), assumed_align=16)
+
+
+@pytest.fixture(scope="module", params=["bfloat16", "float8_e4m3fn"])
+def built(request):
+    from cuda.bindings import driver as cuda
+
+    k = GemmSm90(Config(dtype=request.param))
+    a = _fake(k.a_tile.dtype, 0, 0)
+    b = _fake(k.b_tile.dtype, 0, 0)
+    c = _fake(cutlass.BFloat16, 0, 0)
+    return request.param, k, build(k, a, b, c, SMS, cuda.CUstream(0), arch="sm_90a")
+
+
+def test_compiles_to_wgmma_tma_setmaxnreg_without_spills(built):
+    dtype, k, b = built
+    inst = "m64n256k16.f32.bf16.bf16" if dtype == "bfloat16" else "m64n256k32.f32.e4m3.e4m3"
+    # 4 MMA K-steps per stage, issued once in the consumer loop.
+    assert b.ptx_count(rf"wgmma\.mma_async\.sync\.aligned\.{inst}") == 4
+    assert b.sass_count("HGMMA" if dtype == "bfloat16" else "QGMMA") == 4
+    assert b.ptx_count(r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global\.tile\.mbarrier") >= 2
+    assert b.ptx_count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta") >= 1  # TMA store
+    assert b.ptx_count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232") == 1
+    assert b.ptx_count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40") == 1
+    assert b.ptx_count(r"stmatrix") > 0
+    assert b.kernel.local_bytes == 0 and b.kernel.stack_bytes == 0
+    assert b.sass_count(r"\bSTL\b") == 0 and b.sass_count(r"\bLDL\b") == 0
+
+
+def test_shared_memory_fits_the_target(built):
+    _, k, _ = built
+    assert k.LOAD_PIPE_DEPTH == 4  # 48 KiB per stage + 32 KiB of epilogue buffers
+    assert k.dynamic_shared_memory() <= target("sm_90a").smem_bytes
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(dtype="float32"), "input dtype"),
+        (dict(out_dtype="float32"), "out_dtype"),
+        (dict(Nb=96), "tile must be"),
+        (dict(arch="sm_100a"), "needs wgmma"),
+        (dict(CLUSTER_M=4, CLUSTER_N=2), "exceeds 4"),
+        (dict(LOAD_PIPE_DEPTH=6), "shared memory"),
+    ],
+)
+def test_config_rejects_misuse(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        GemmSm90(Config(**kwargs))
+
+
+# --- GPU -------------------------------------------------------------------------------------
+
+SHAPES = [(128, 256, 64), (256, 512, 128), (1024, 768, 512), (4096, 4096, 4096),
+          (384, 2048, 1024)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_gemm_matches_fp32_reference(seed, dtype, M, N, K):
+    import tk_cute
+
+    k_tile = 128 if dtype.itemsize == 1 else 64
+    K = max(K, k_tile)
+    a = torch.randn(M, K, device="cuda").to(dtype)
+    b = torch.randn(N, K, device="cuda").to(dtype)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison
+    c = tk_cute.gemm(a, b, out=out)
+    ref = a.double() @ b.double().t()
+    assert c.data_ptr() == out.data_ptr()
+    assert not c.isnan().any(), "unwritten or NaN outputs"
+    # Products of bf16/fp16/fp8 values are exact in fp32 and K <= 4096 fp32 additions add
+    # ~K * 2^-24 relative error; the bf16 output rounding (<= 2^-9 relative per element)
+    # dominates, so the relative Frobenius error is below 2^-9; 2^-8 leaves a 2x margin.
+    err = (c.double() - ref).norm() / ref.norm()
+    assert err <= 2**-8, f"relative error {err:.3g}"
+
+
+@pytest.mark.gpu
+def test_gemm_fp16_output_and_rejections(seed):
+    import tk_cute
+
+    a = torch.randn(256, 128, device="cuda", dtype=torch.float16)
+    b = torch.randn(256, 128, device="cuda", dtype=torch.float16)
+    c = tk_cute.gemm(a, b, out_dtype=torch.float16)
+    ref = a.double() @ b.double().t()
+    assert ((c.double() - ref).norm() / ref.norm()) <= 2**-10  # fp16 output: 2^-11 rounding
+    with pytest.raises(ValueError, match="multiple of the tile"):
+        tk_cute.gemm(a[:100], b)
+    with pytest.raises(ValueError, match="K mismatch"):
+        tk_cute.gemm(a, b[:, :64])
+    with pytest.raises(ValueError, match="CUDA device"):
+        tk_cute.gemm(a.cpu(), b.cpu())
+    with pytest.raises(TypeError, match="same dtype"):
+        tk_cute.gemm(a, b.bfloat16())

@@ -1,0 +1,17 @@
+"""tk_cute: ThunderKittens' tile semantics on NVIDIA's CuTe DSL, and the NVFP4 GEMMs built with
+them for Hopper (sm_90a), Blackwell (sm_100a, sm_103a) and Rubin (sm_107a).
+
+Public entry points: `tk_cute.gemm` (bf16/fp16/fp8 GEMM), `tk_cute.nvfp4` (the NVFP4 format:
+quantize, dequantize, blocked scales, `nvfp4.gemm`). See docs/design.md for the layers.
+"""
+
+__version__ = "0.1.0"
+
+
+def gemm(a, b, out_dtype=None, config=None, out=None):
+    """C = A @ B^T on the GPU; see `tk_cute.dense_gemm.gemm`."""
+    import torch
+
+    from tk_cute.dense_gemm import gemm as _gemm
+
+    return _gemm(a, b, out_dtype or torch.bfloat16, config, out)

@@ -1,0 +1,90 @@
+"""Targets tk_cute builds for, and detection of the GPU this process runs on.
+
+A `Target` is what a kernel config needs to know about an architecture before it picks tiles:
+shared-memory capacity per block, tensor-memory columns, whether it has FP4 tensor cores and which
+MMA K an NVFP4 instruction takes. Figures come from the CuTe DSL's own capacity table
+(`cutlass.cutlass_dsl.SMEM_CAPACITY_MAP`, pinned 4.8.1) and `../shared/reference/rubin.md`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    """One compile target (`CUTE_DSL_ARCH` value) and the limits kernels plan against."""
+
+    name: str  # e.g. "sm_90a"
+    family: str  # "hopper" | "blackwell" | "rubin"
+    smem_bytes: int  # dynamic shared memory one block may use (opt-in maximum)
+    tmem_columns: int  # 0 where there is no tensor memory
+    sm_count: int | None  # None where the product spans SKUs with different counts
+    fp4_tensor_cores: bool
+    nvfp4_mma_k: int  # elements of K per block-scaled MMA instruction (0: none)
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        digits = self.name[3:].rstrip("af")
+        return int(digits[:-1]), int(digits[-1])
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("sm_90a", "hopper", 227 * 1024, 0, 132, False, 0),
+        Target("sm_100a", "blackwell", 227 * 1024, 512, 148, True, 64),
+        Target("sm_103a", "blackwell", 227 * 1024, 512, None, True, 64),
+        # Rubin: 576 TMEM columns only through an exclusive allocation; 328 KiB shared memory
+        # opt-in; block-scaled MMAs take 64 bytes of K (128 FP4 elements).
+        Target("sm_107a", "rubin", 327 * 1024, 576, 224, True, 128),
+    )
+}
+
+
+def target(name: str) -> Target:
+    """The `Target` called `name` (``sm_90a``, ``sm_100a``, ``sm_103a``, ``sm_107a``)."""
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise ValueError(
+            f"unsupported target {name!r}: tk_cute builds for {', '.join(TARGETS)}"
+        ) from None
+
+
+def current() -> Target | None:
+    """The target of CUDA device 0 as torch sees it, or None without a (supported) GPU."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return None
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return next((t for t in TARGETS.values() if t.compute_capability == (major, minor)), None)
+
+
+def device_target(device) -> Target:
+    """The target of a CUDA `device`; raises with the device's capability when unsupported."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    for t in TARGETS.values():
+        if t.compute_capability == (major, minor):
+            return t
+    raise ValueError(
+        f"unsupported GPU: {torch.cuda.get_device_name(device)} is sm_{major}{minor}; "
+        f"tk_cute kernels exist for {', '.join(TARGETS)}"
+    )
+
+
+def compile_target() -> Target:
+    """The target `CUTE_DSL_ARCH` selects for compilation (the current GPU when unset)."""
+    name = os.environ.get("CUTE_DSL_ARCH")
+    if name:
+        return target(name)
+    t = current()
+    if t is None:
+        raise ValueError("no supported GPU and CUTE_DSL_ARCH is unset: name a target to compile for")
+    return t

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m tk_cute.bench <name> [options]` (see `harness.py` for the method)."""

@@ -1,0 +1,103 @@
+"""GEMM benchmark: tk_cute's Hopper GEMM beside cuBLAS (bf16 matmul, fp8 `_scaled_mm`) and
+CUTLASS's CuTe DSL persistent Hopper GEMM, same process, same inputs, cold L2.
+
+    python -m tk_cute.bench gemm [--mnk 8192,8192,8192 ...] [--peer PATH]
+
+`--peer` is the path of CUTLASS's
+`examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py` (public
+CUTLASS repository, tag v4.7.0 or main at 7107b05; not vendored: copy it into the git-ignored
+`.peers/`). The peer runs with its own defaults (tile 128x256, cluster 1x1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import ast
+
+import torch
+
+from tk_cute.bench.harness import HEADER, bench, environment, input_sets, row
+
+DEFAULT_SHAPES = ["8192,8192,8192", "4096,4096,4096", "4096,4096,4096", "4096,14336,4096",
+                  "4096,4096,14336"]
+
+
+def _peer(path, dtype, sms):
+    """A callable running CUTLASS's persistent Hopper GEMM on (a, b, c) torch tensors."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from tk_cute.runtime import as_cute, batched, stream
+
+    spec = importlib.util.spec_from_file_location("cutlass_peer_gemm", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    kernel = mod.HopperWgmmaGemmPersistentKernel(cutlass.Float32, (128, 256), (1, 1), 1, True)
+    compiled = {}
+
+    def run(a, b, c):
+        args = [as_cute(batched(t), leading_dim=1) for t in (a, b, c)]
+        if "fn" not in compiled:
+            compiled["fn"] = cute.compile(kernel, *args, sms, stream())
+        compiled["fn"](*args, stream())
+
+    return run, _class_lines(path, "HopperWgmmaGemmPersistentKernel")
+
+
+def _class_lines(path, name) -> int:
+    tree = ast.parse(open(path).read())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    return node.end_lineno - node.lineno + 1
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m tk_cute.bench gemm")
+    p.add_argument("--mnk", nargs="+", default=DEFAULT_SHAPES)
+    p.add_argument("--dtype", nargs="+", default=["bfloat16", "float8_e4m3fn"])
+    p.add_argument("--peer", default=None, help="path of CUTLASS dense_gemm_persistent.py")
+    p.add_argument("--rounds", type=int, default=20)
+    args = p.parse_args(argv)
+
+    import tk_cute
+    from tk_cute import dense_gemm as gemm_mod
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(environment())
+    print(HEADER)
+    for dtype_name in args.dtype:
+        dtype = getattr(torch, dtype_name)
+        peer = _peer(args.peer, dtype, sms) if args.peer else None
+        for mnk in dict.fromkeys(args.mnk):
+            M, N, K = map(int, mnk.split(","))
+
+            def make():
+                a = torch.randn(M, K, device="cuda").to(dtype)
+                b = torch.randn(N, K, device="cuda").to(dtype)
+                return a, b, torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+
+            sets = input_sets(make, (M * K + N * K) * dtype.itemsize + M * N * 2)
+            one = torch.ones((), device="cuda")
+            if dtype.itemsize == 2:
+                base = "cuBLAS bf16 matmul"
+                cublas = lambda s: torch.matmul(s[0], s[1].t())  # noqa: E731
+            else:
+                base = "cuBLAS fp8 _scaled_mm"
+                cublas = lambda s: torch._scaled_mm(  # noqa: E731
+                    s[0], s[1].t(), one, one, out_dtype=torch.bfloat16)
+            variants = {base: cublas, "tk_cute": lambda s: tk_cute.gemm(s[0], s[1])}
+            if peer:
+                variants["CUTLASS CuTe DSL peer"] = lambda s: peer[0](*s)
+            res = bench(variants, sets, rounds=args.rounds)
+            for name, r in res.items():
+                print(row(f"{name} [{dtype_name}]", f"{M}x{N}x{K}", r.ms, 2 * M * N * K,
+                          baseline_ms=res[base].ms, extra=f"spread {r.spread:.2f}"))
+    print("compile seconds:", {str(k[0].dtype): round(v, 2)
+                               for k, v in gemm_mod.compile_seconds().items()})
+    if args.peer:
+        from tk_cute.kernels.gemm import gemm_sm90
+
+        ours = len(open(gemm_sm90.__file__).read().splitlines())
+        print(f"source lines: tk_cute gemm_sm90.py {ours} (+ lcf template, vocabulary); "
+              f"CUTLASS HopperWgmmaGemmPersistentKernel class {peer[1]}")
+    return 0

@@ -1,0 +1,96 @@
+"""The one timing method every benchmark uses.
+
+- Same process, same inputs for every variant; variants are interleaved round by round so
+  clock and thermal drift hit them alike.
+- Cold L2: each variant cycles through input sets whose total is several times the L2
+  (`input_sets`), so no call finds its operands cached by the previous one.
+- CUDA events around a batch of calls (one per input set), warm-up first, median over rounds.
+- Every result line records the GPU; `environment()` gives clocks and versions for the results
+  file.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+def l2_bytes() -> int:
+    return torch.cuda.get_device_properties(0).L2_cache_size
+
+
+def input_sets(make, bytes_per_set: int, minimum: int = 2, factor: int = 3) -> list:
+    """As many input sets from `make()` as needed to exceed `factor` x the L2 cache."""
+    n = max(minimum, -(-factor * l2_bytes() // max(bytes_per_set, 1)))
+    return [make() for _ in range(n)]
+
+
+@dataclass
+class Result:
+    name: str
+    ms: float  # median per call
+    spread: float  # (max - min) / median over rounds
+
+
+def bench(variants: dict, sets: list, warmup: int = 3, rounds: int = 20, pause: float = 0.0):
+    """Time each `variants[name](inputs)` over `sets`; return {name: Result}.
+
+    One round calls a variant once on every input set between two CUDA events; the per-call
+    time is that span over the number of sets. Rounds alternate between variants."""
+    for fn in variants.values():
+        for _ in range(warmup):
+            for s in sets:
+                fn(s)
+    torch.cuda.synchronize()
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for s in sets:
+                fn(s)
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / len(sets))
+            if pause:
+                time.sleep(pause)
+    out = {}
+    for name, t in times.items():
+        med = statistics.median(t)
+        out[name] = Result(name, med, (max(t) - min(t)) / med)
+    return out
+
+
+def environment() -> str:
+    """GPU, clocks, driver and library versions, for the results file."""
+    import subprocess
+
+    import cutlass
+
+    p = torch.cuda.get_device_properties(0)
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem",
+             "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception as e:  # noqa: BLE001 - informational only
+        smi = f"nvidia-smi unavailable: {e}"
+    return (f"{p.name}, {p.multi_processor_count} SMs, L2 {p.L2_cache_size >> 20} MiB; "
+            f"nvidia-smi: {smi}; torch {torch.__version__}, CUDA {torch.version.cuda}, "
+            f"nvidia-cutlass-dsl {getattr(cutlass, '__version__', '4.8.1')}; "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+
+
+def row(name: str, shape: str, ms: float, flops: float = 0, nbytes: float = 0,
+        baseline_ms: float | None = None, extra: str = "") -> str:
+    """One result line: name, shape, ms, TFLOP/s, GB/s, speedup vs the named baseline."""
+    tf = f"{flops / ms / 1e9:8.1f}" if flops else "       -"
+    gb = f"{nbytes / ms / 1e6:8.1f}" if nbytes else "       -"
+    sp = f"{baseline_ms / ms:6.3f}x" if baseline_ms else "      -"
+    return f"| {name:<28} | {shape:<22} | {ms * 1e3:10.1f} | {tf} | {gb} | {sp} | {extra}"
+
+
+HEADER = ("| variant                      | shape                  |    time us |   TF/s  |"
+          "   GB/s  | vs base | notes")

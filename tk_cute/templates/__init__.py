@@ -1,0 +1,1 @@
+"""Kernel templates: `lcf` (load-compute-finish)."""

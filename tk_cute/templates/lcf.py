@@ -1,0 +1,188 @@
+"""Load-compute-finish (TK `lcf`): the template owns the pipeline, the kernel supplies three steps.
+
+The kernel subclasses `LCF`, declares the shared tiles one pipeline stage holds (`inputs`) and
+writes, as TK's `lcf` asks:
+  - `load(g, inputs, at, k, barrier, multicast)`: the producer (one warp) issues the TMA loads of
+    K-step `k` of output tile `at` into the stage tensors `inputs`, completing on `barrier`;
+  - `setup(g, thread)`: once per consumer thread, returns its state (accumulators, ...);
+  - `compute(g, state, inputs, k)`: consume one stage (issue the MMAs; the template commits
+    them and frees the stage once the next batch is issued, keeping one batch in flight);
+  - `finish(g, state, at, smem, thread)`: write tile `at` out (epilogue buffers in `smem`, which
+    `finish_tiles` declares).
+The template: one producer warpgroup (registers lowered to PRODUCER_REGISTERS) and
+NUM_CONSUMERS consumer warpgroups (raised to CONSUMER_REGISTERS) that share one accumulator tile
+(each owns Mb / NUM_CONSUMERS rows); a LOAD_PIPE_DEPTH-stage ring of the `inputs` with
+full/empty mbarriers (`cutlass.pipeline.PipelineTmaAsync`: TK's inputs_arrived /
+inputs_finished; the expected transaction bytes are the stage's tile bytes); a persistent grid
+over output tiles in supergroup order (`StaticPersistentTileScheduler`, SUPERGROUP_SIZE tiles
+along M per group, so concurrently running CTAs share A and B panels in L2); optional clusters
+(CLUSTER_M x CLUSTER_N) whose CTAs multicast the shared A rows / B columns.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+
+from tk_cute.ops import tma, warpgroup
+from tk_cute.types.gl import coord
+from tk_cute.types.st import Shared, smem_bytes, st
+
+
+class LCF:
+    """Base class of load-compute-finish kernels; see the module docstring."""
+
+    NUM_CONSUMERS = 2
+    LOAD_PIPE_DEPTH = 4
+    PRODUCER_REGISTERS = 40
+    CONSUMER_REGISTERS = 232
+    SUPERGROUP_SIZE = 8
+    CLUSTER_M = 1
+    CLUSTER_N = 1
+    Mb = 128
+    Nb = 256
+
+    # --- what a kernel declares -----------------------------------------------------------
+    def inputs(self) -> dict[str, st]:
+        raise NotImplementedError
+
+    def finish_tiles(self) -> dict[str, tuple[st, int]]:
+        return {}
+
+    # --- sizes ----------------------------------------------------------------------------
+    @property
+    def threads(self) -> int:
+        return (1 + self.NUM_CONSUMERS) * warpgroup.WARPGROUP_THREADS
+
+    def dynamic_shared_memory(self) -> int:
+        """Bytes of shared memory the kernel allocates (ring + finish buffers + barriers)."""
+        tiles = [(t, self.LOAD_PIPE_DEPTH) for t in self.inputs().values()]
+        tiles += list(self.finish_tiles().values())
+        return smem_bytes(*tiles, barriers=2 * self.LOAD_PIPE_DEPTH)
+
+    def stage_bytes(self) -> int:
+        return sum(t.bytes for t in self.inputs().values())
+
+    # --- host -----------------------------------------------------------------------------
+    def launch(self, g, m_tiles, n_tiles, batches, max_ctas: int, stream):
+        """Launch over an (m_tiles, n_tiles, batches) grid of output tiles on at most
+        `max_ctas` persistent CTAs."""
+        cluster = (self.CLUSTER_M, self.CLUSTER_N, 1)
+        params = utils.PersistentTileSchedulerParams(
+            (m_tiles, n_tiles, batches), cluster, self.SUPERGROUP_SIZE, True
+        )
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(
+            params, max_ctas // (self.CLUSTER_M * self.CLUSTER_N)
+        )
+        self.kernel(g, params).launch(
+            grid=grid, block=[self.threads, 1, 1], cluster=cluster, min_blocks_per_mp=1,
+            stream=stream,
+        )
+
+    # --- device ---------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, g, params: utils.PersistentTileSchedulerParams):
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        group = warpgroup.groupid()
+        if warp == 0:
+            self.prefetch(g)
+
+        cluster = cute.make_layout((self.CLUSTER_M, self.CLUSTER_N, 1))
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cluster_at = cluster.get_flat_coord(rank)
+        # A rows are shared along the cluster's N extent, B columns along its M extent.
+        mcast = {
+            "a": tma.Multicast(cluster_at[1], cute.make_layout(self.CLUSTER_N),
+                               cute.make_layout_image_mask(cluster, cluster_at, mode=1)),
+            "b": tma.Multicast(cluster_at[0], cute.make_layout(self.CLUSTER_M),
+                               cute.make_layout_image_mask(cluster, cluster_at, mode=0)),
+        }
+
+        smem = Shared()
+        ring = self._ring(smem.barriers(2 * self.LOAD_PIPE_DEPTH))
+        inputs = {name: smem.alloc(tile, self.LOAD_PIPE_DEPTH) for name, tile in self.inputs().items()}
+        finish_smem = {name: smem.alloc(t, n) for name, (t, n) in self.finish_tiles().items()}
+        k_steps = self.k_steps(g)
+        pipeline.pipeline_init_wait(cluster_shape_mn=(self.CLUSTER_M, self.CLUSTER_N))
+
+        if group == 0:
+            warpgroup.decrease_registers(self.PRODUCER_REGISTERS)
+            if warp == 0:
+                tiles = utils.StaticPersistentTileScheduler.create(
+                    params, cute.arch.block_idx(), cute.arch.grid_dim())
+                work = tiles.initial_work_tile_info()
+                state = pipeline.make_pipeline_state(
+                    pipeline.PipelineUserType.Producer, self.LOAD_PIPE_DEPTH)
+                while work.is_valid_tile:
+                    at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
+                    for k in range(k_steps):
+                        ring.producer_acquire(state)
+                        stage = {n: s[None, None, state.index] for n, s in inputs.items()}
+                        self.load(g, stage, at, k, ring.producer_get_barrier(state), mcast)
+                        ring.producer_commit(state)
+                        state.advance()
+                    tiles.advance_to_next_work()
+                    work = tiles.get_current_work()
+                ring.producer_tail(state)
+        else:
+            warpgroup.increase_registers(self.CONSUMER_REGISTERS)
+            thread = cute.arch.thread_idx()[0] - warpgroup.WARPGROUP_THREADS
+            acc_state = self.setup(g, thread)
+            tiles = utils.StaticPersistentTileScheduler.create(
+                params, cute.arch.block_idx(), cute.arch.grid_dim())
+            work = tiles.initial_work_tile_info()
+            read = pipeline.make_pipeline_state(
+                pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
+            release = read.clone()
+            while work.is_valid_tile:
+                at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
+                warpgroup.mma_fence()
+                for k in range(k_steps):
+                    ring.consumer_wait(read)
+                    stage = {n: s[None, None, read.index] for n, s in inputs.items()}
+                    self.compute(g, acc_state, stage, k)
+                    warpgroup.mma_commit_group()
+                    read.advance()
+                    if k > 0:  # the previous stage's MMAs are done once at most one batch runs
+                        warpgroup.mma_async_wait(1)
+                        ring.consumer_release(release)
+                        release.advance()
+                warpgroup.mma_async_wait(0)
+                ring.consumer_release(release)
+                release.advance()
+                self.finish(g, acc_state, at, finish_smem, thread)
+                tiles.advance_to_next_work()
+                work = tiles.get_current_work()
+            self.finish_tail()
+
+    def _ring(self, barriers):
+        """The stage ring's full/empty barriers. Every consumer warp releases a stage once per
+        CTA that multicast into it."""
+        mcast_ctas = self.CLUSTER_M + self.CLUSTER_N - 1
+        consumers = pipeline.CooperativeGroup(
+            pipeline.Agent.Thread, mcast_ctas * self.NUM_CONSUMERS * 4)
+        ring = pipeline.PipelineTmaAsync.create(
+            barrier_storage=barriers.iterator if hasattr(barriers, "iterator") else barriers,
+            num_stages=self.LOAD_PIPE_DEPTH,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=consumers,
+            tx_count=self.stage_bytes(),
+            cta_layout_vmnk=cute.make_layout((1, self.CLUSTER_M, self.CLUSTER_N, 1)),
+            defer_sync=True,
+        )
+        pipeline.pipeline_init_arrive(
+            cluster_shape_mn=(self.CLUSTER_M, self.CLUSTER_N), is_relaxed=True)
+        return ring
+
+    # --- hooks with defaults --------------------------------------------------------------
+    def prefetch(self, g):
+        pass
+
+    def k_steps(self, g):
+        raise NotImplementedError
+
+    def finish_tail(self):
+        """Runs once after a consumer's last tile (wait for outstanding stores)."""
+        tma.store_async_read_wait(0)
