@@ -7,6 +7,8 @@ the current stream.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from tk_cute import arch
@@ -53,17 +55,14 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None
     Returns:
         C, a new (M, N) tensor of `out_dtype`.
     """
-    from tk_cute.kernels.gemm.gemm_sm90 import Config, GemmSm90
+    from tk_cute.kernels.gemm.gemm_sm90 import Config
 
     _check(a, b, out_dtype)
-    target = arch.device_target(a.device)
-    if target.family != "hopper":
-        raise ValueError(f"tk_cute.gemm has a Hopper kernel only; this GPU is {target.name}")
     dtype = str(a.dtype).removeprefix("torch.")
     config = config or Config(dtype=dtype, out_dtype=str(out_dtype).removeprefix("torch."))
     if config.dtype != dtype:
         raise TypeError(f"config.dtype {config.dtype} does not match the inputs' {dtype}")
-    kernel = GemmSm90(config)
+    kernel, sms = _kernel(config, a.device)
     (M, K), N = a.shape, b.shape[0]
     for name, size, tile in (("M", M, kernel.Mb), ("N", N, kernel.Nb), ("K", K, kernel.Kb)):
         if size % tile:
@@ -74,10 +73,21 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None
         raise ValueError(f"out must be a contiguous ({M}, {N}) {out_dtype} tensor on {a.device}; "
                          f"got {tuple(c.shape)} {c.dtype} on {c.device}")
     args = [as_cute(batched(t), leading_dim=1) for t in (a, b, c)]
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     fn = _CACHE.get((config, sms), lambda: _compile(kernel, args, sms))
     fn(*args, stream())
     return c
+
+
+@functools.cache
+def _kernel(config, device):
+    """The kernel object and SM count for a config on a device (cached: host time matters for
+    small problems)."""
+    from tk_cute.kernels.gemm.gemm_sm90 import GemmSm90
+
+    target = arch.device_target(device)
+    if target.family != "hopper":
+        raise ValueError(f"tk_cute.gemm has a Hopper kernel only; this GPU is {target.name}")
+    return GemmSm90(config), torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _compile(kernel, args, sms):

@@ -17,7 +17,7 @@ import ast
 
 import torch
 
-from tk_cute.bench.harness import HEADER, bench, environment, input_sets, row
+from tk_cute.bench.harness import HEADER, bench, environment, host_overhead, input_sets, row
 
 DEFAULT_SHAPES = ["8192,8192,8192", "4096,4096,4096", "4096,4096,4096", "4096,14336,4096",
                   "4096,4096,14336"]
@@ -57,13 +57,20 @@ def main(argv=None):
     p.add_argument("--dtype", nargs="+", default=["bfloat16", "float8_e4m3fn"])
     p.add_argument("--peer", default=None, help="path of CUTLASS dense_gemm_persistent.py")
     p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--supergroups", type=int, nargs="*", default=[],
+                   help="also time these SUPERGROUP_SIZE values (default config: 8)")
+    p.add_argument("--eager", action="store_true",
+                   help="time eager calls (host overhead included) instead of CUDA-graph replay")
     args = p.parse_args(argv)
 
     import tk_cute
     from tk_cute import dense_gemm as gemm_mod
+    from tk_cute.kernels.gemm.gemm_sm90 import Config
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(environment())
+    print("timing:", "eager calls" if args.eager else "CUDA graph replay (GPU time; host "
+          "overhead reported below)")
     print(HEADER)
     for dtype_name in args.dtype:
         dtype = getattr(torch, dtype_name)
@@ -86,13 +93,21 @@ def main(argv=None):
                 cublas = lambda s: torch._scaled_mm(  # noqa: E731
                     s[0], s[1].t(), one, one, out_dtype=torch.bfloat16)
             variants = {base: cublas, "tk_cute": lambda s: tk_cute.gemm(s[0], s[1])}
+            for sg in args.supergroups:
+                cfg = Config(dtype=dtype_name, SUPERGROUP_SIZE=sg)
+                variants[f"tk_cute supergroup {sg}"] = lambda s, c=cfg: tk_cute.gemm(
+                    s[0], s[1], config=c)
             if peer:
                 variants["CUTLASS CuTe DSL peer"] = lambda s: peer[0](*s)
-            res = bench(variants, sets, rounds=args.rounds)
+            res = bench(variants, sets, rounds=args.rounds, graph=not args.eager)
             for name, r in res.items():
                 print(row(f"{name} [{dtype_name}]", f"{M}x{N}x{K}", r.ms, 2 * M * N * K,
                           baseline_ms=res[base].ms, extra=f"spread {r.spread:.2f}"))
-    print("compile seconds:", {str(k[0].dtype): round(v, 2)
+    a = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
+    print(f"host overhead per call at 256^3 (us): tk_cute.gemm "
+          f"{host_overhead(lambda s: tk_cute.gemm(*s), (a, a)):.1f}, torch.matmul "
+          f"{host_overhead(lambda s: torch.matmul(s[0], s[1].t()), (a, a)):.1f}")
+    print("compile seconds:", {str(k[0]): round(v, 2)
                                for k, v in gemm_mod.compile_seconds().items()})
     if args.peer:
         from tk_cute.kernels.gemm import gemm_sm90

@@ -5,6 +5,9 @@
 - Cold L2: each variant cycles through input sets whose total is several times the L2
   (`input_sets`), so no call finds its operands cached by the previous one.
 - CUDA events around a batch of calls (one per input set), warm-up first, median over rounds.
+- `graph=True` captures each variant's batch in a CUDA graph and times its replay: the GPU time
+  alone, without the host's per-call cost (Python validation, DLPack views, launch), which
+  `host_overhead` measures separately.
 - Every result line records the GPU; `environment()` gives clocks and versions for the results
   file.
 """
@@ -35,16 +38,22 @@ class Result:
     spread: float  # (max - min) / median over rounds
 
 
-def bench(variants: dict, sets: list, warmup: int = 3, rounds: int = 20, pause: float = 0.0):
+def bench(variants: dict, sets: list, warmup: int = 3, rounds: int = 20, pause: float = 0.0,
+          graph: bool = False):
     """Time each `variants[name](inputs)` over `sets`; return {name: Result}.
 
-    One round calls a variant once on every input set between two CUDA events; the per-call
-    time is that span over the number of sets. Rounds alternate between variants."""
+    One round calls a variant once on every input set between two CUDA events (or replays the
+    captured graph of those calls); the per-call time is that span over the number of sets.
+    Rounds alternate between variants."""
     for fn in variants.values():
         for _ in range(warmup):
             for s in sets:
                 fn(s)
     torch.cuda.synchronize()
+    calls_per_batch = len(sets)
+    if graph:
+        variants = {name: _captured(fn, sets) for name, fn in variants.items()}
+        sets = [None]
     times = {name: [] for name in variants}
     for _ in range(rounds):
         for name, fn in variants.items():
@@ -54,7 +63,7 @@ def bench(variants: dict, sets: list, warmup: int = 3, rounds: int = 20, pause: 
                 fn(s)
             end.record()
             end.synchronize()
-            times[name].append(start.elapsed_time(end) / len(sets))
+            times[name].append(start.elapsed_time(end) / calls_per_batch)
             if pause:
                 time.sleep(pause)
     out = {}
@@ -62,6 +71,29 @@ def bench(variants: dict, sets: list, warmup: int = 3, rounds: int = 20, pause: 
         med = statistics.median(t)
         out[name] = Result(name, med, (max(t) - min(t)) / med)
     return out
+
+
+def _captured(fn, sets):
+    """A callable replaying a CUDA graph of `fn` over every input set."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for s in sets:
+            fn(s)
+    torch.cuda.synchronize()
+    return lambda _: g.replay()
+
+
+def host_overhead(fn, inputs, calls: int = 200) -> float:
+    """Microseconds of host time per call of `fn(inputs)` (mean over `calls`, GPU work queued
+    asynchronously; the queue does not fill in 200 calls of a small problem)."""
+    fn(inputs)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(inputs)
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
 
 
 def environment() -> str:
