@@ -1,0 +1,105 @@
+"""Compile-only checks of the tcgen05 NVFP4 GEMM on sm_100a, sm_103a and sm_107a (no GPU).
+
+Each target is built once (module fixture) from fake pointers; the tests read its PTX, SASS and
+resources, and compare the shared memory the kernel's own layouts asked for with its Config.
+"""
+
+import re
+
+import pytest
+
+from tk_cute.arch import target
+from tk_cute.kernels.gemm import nvfp4_sm100 as K
+
+ARCHS = ["sm_100a", "sm_103a", "sm_107a"]
+MMA = r"tcgen05\.mma\.cta_group::2\.kind::mxf4nvf4\.block_scale\.block16"
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def built(request):
+    arch = request.param
+    cfg = K.select_config(arch, 8192, 8192, 8192)
+    b, kern = K.compile(cfg)
+    return arch, cfg, b, kern
+
+
+def test_block_scaled_mma_pair_and_k(built):
+    arch, cfg, b, _ = built
+    # one instruction per (K block, M half) of a stage: K = 64 on Blackwell, 128 on Rubin
+    assert cfg.mma_k == (128 if arch == "sm_107a" else 64)
+    assert b.ptx_count(MMA) == (cfg.Kb // cfg.mma_k) * cfg.m_mmas
+    assert b.ptx_count(r"tcgen05\.mma\.cta_group::1") == 0
+    sass = "UTCOMMA.2CTA.4X" if arch == "sm_100a" else "UTCOMMA.2CTA.BLOCK16"
+    assert b.sass_count(re.escape(sass)) == b.ptx_count(MMA)
+
+
+def test_tmem_alloc_and_budget(built):
+    arch, cfg, b, _ = built
+    t = target(arch)
+    assert cfg.tmem_columns_used <= t.tmem_columns
+    exclusive = b.ptx_count(r"tcgen05\.alloc\.exclusive\.cta_group::2")
+    plain = b.ptx_count(r"tcgen05\.alloc\.cta_group::2")
+    if arch == "sm_107a":
+        assert cfg.tmem_columns_used == 576 and exclusive == 1 and plain == 0
+    else:
+        assert cfg.tmem_columns_used <= 512 and exclusive == 0 and plain == 1
+    assert b.ptx_count(r"tcgen05\.dealloc") >= 1
+
+
+def test_scales_tma_multicast_pdl(built):
+    _, cfg, b, _ = built
+    assert b.ptx_count(r"tcgen05\.cp\.cta_group::2\.32x128b\.warpx4") >= 1
+    assert b.ptx_count(r"cp\.async\.bulk\.tensor.*multicast::cluster.*cta_group::2") >= 1
+    assert b.ptx_count(r"griddepcontrol\.wait") == 1
+    assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1
+    assert b.ptx_count(r"tcgen05\.ld\.sync\.aligned\.32x32b\.x32") >= 1
+
+
+def test_no_spills_and_smem_from_layouts(built):
+    arch, cfg, b, kern = built
+    assert b.kernel.local_bytes == 0 and b.kernel.stack_bytes == 0
+    # the struct the kernel traced from its own layouts == the Config's budget <= capacity
+    assert kern.traced["smem_bytes"] == cfg.smem_bytes <= target(arch).smem_bytes
+    per = cfg.stage_bytes
+    assert kern.traced["a_stage_bytes"] == 2 * per["A"]
+    assert kern.traced["bs_stage_bytes"] == 2 * (per["B"] + per["SFA"] + per["SFB"])
+
+
+def test_rubin_collector_and_early_a_release(built):
+    arch, cfg, b, _ = built
+    fill = b.ptx_count(MMA + r".*collector::b::fill")
+    last = b.ptx_count(MMA + r".*collector::b::lastuse")
+    early = b.ptx_count(r"tcgen05\.commit\.cta_group::2.*sync_restrict::shared::read::mma::a")
+    if arch != "sm_107a":
+        assert fill == last == early == 0
+        return
+    assert cfg.LOAD_PIPE_DEPTH >= 5 and cfg.smem_bytes > 227 * 1024
+    assert fill == last == cfg.Kb // cfg.mma_k
+    assert b.sass_count(r"UTCOMMA.*\.B_KEEP") == fill
+    assert b.sass_count(r"UTCOMMA.*\.B_REUSE") == last
+    assert early == 1
+
+
+def test_rubin_double_buffered_two_accumulators():
+    cfg = K.Config(arch="sm_107a", Mb=512, Nb=128, ACC_PIPE_DEPTH=2, LOAD_PIPE_DEPTH=6)
+    b, kern = K.compile(cfg)
+    assert cfg.tmem_columns_used == 560
+    assert b.ptx_count(r"tcgen05\.alloc\.exclusive\.cta_group::2") == 1
+    assert b.kernel.local_bytes == 0 and kern.traced["smem_bytes"] == cfg.smem_bytes
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        (dict(arch="sm_100a", Mb=512, Nb=256), K.TmemBudgetError),  # 576 columns > 512
+        (dict(arch="sm_100a", Mb=256, Nb=256, ACC_PIPE_DEPTH=2), K.TmemBudgetError),  # 560
+        (dict(arch="sm_100a", Mb=256, Nb=256, LOAD_PIPE_DEPTH=6), K.SmemBudgetError),
+        (dict(arch="sm_107a", Mb=512, Nb=256, LOAD_PIPE_DEPTH=6), K.SmemBudgetError),
+        (dict(arch="sm_100a", Mb=256, sf="ue5m3"), K.ConfigError),  # UE5M3 is Rubin-only
+        (dict(arch="sm_90a"), K.ConfigError),
+        (dict(arch="sm_107a", CLUSTER_M=3), K.ConfigError),
+    ],
+)
+def test_config_rejections(kwargs, error):
+    with pytest.raises(error):
+        K.Config(**kwargs)

@@ -1,0 +1,104 @@
+"""gemm / gemm_reference: D = a @ b^T on NVFP4 operands, and the operand checks."""
+
+from fractions import Fraction
+
+import pytest
+import torch
+
+from tk_cute.nvfp4 import NVFP4Tensor, dequantize, gemm, gemm_reference, quantize
+from tk_cute.nvfp4.gemm import _exact_int_matmul_nt
+
+
+def operands(shape_a, shape_b, spread=2.0):
+    return quantize(torch.randn(shape_a) * spread), quantize(torch.randn(shape_b) * spread)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "shape_a, shape_b", [((130, 64), (72, 64)), ((2, 33, 96), (2, 20, 96)), ((1, 16), (1, 16))]
+)
+def test_gemm_reference_vs_float64_matmul(shape_a, shape_b, out_dtype, seed):
+    a, b = operands(shape_a, shape_b)
+    d = gemm_reference(a, b, out_dtype=out_dtype)
+    assert d.dtype == out_dtype and d.shape == (*shape_a[:-1], shape_b[-2])
+    A, B = dequantize(a, torch.float64), dequantize(b, torch.float64)  # exact decodes
+    d64 = A @ B.transpose(-1, -2)
+    # Tolerance: d is the exact sum rounded (float64, then out_dtype): half an ulp of out_dtype
+    # (2^-24 fp32, 2^-9 bf16, 2^-11 fp16, relative) plus the float64 matmul's own summation
+    # error, at most K * 2^-53 * sum_k |A||B| (bounded by 2^-40 * that sum here).
+    rel = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-10}[out_dtype]
+    mag = A.abs() @ B.abs().transpose(-1, -2)
+    assert ((d.double() - d64).abs() <= rel * d64.abs() + 2.0**-40 * mag).all()
+    assert torch.equal(gemm(a, b, out_dtype=out_dtype), d)
+
+
+def test_gemm_default_out_dtype_is_bf16(seed):
+    a, b = operands((32, 32), (16, 32))
+    assert gemm(a, b).dtype == torch.bfloat16
+    assert torch.equal(gemm(a, b), gemm_reference(a, b))
+
+
+def test_gemm_reference_is_exactly_rounded(seed):
+    # Exact oracle: Python integers/fractions. float32 output of the exact sum times gA * gB,
+    # correctly rounded to float64 then to float32 (what the docstring promises).
+    a, b = operands((5, 64), (4, 64), spread=100.0)
+    A = dequantize(a, torch.float64) / a.global_scale.double()  # e2m1 * sf, exact
+    B = dequantize(b, torch.float64) / b.global_scale.double()
+    ga, gb = Fraction(a.global_scale.item()), Fraction(b.global_scale.item())
+    d = gemm_reference(a, b, out_dtype=torch.float32)
+    for m in range(5):
+        for n in range(4):
+            exact = sum(Fraction(x) * Fraction(y) for x, y in zip(A[m].tolist(), B[n].tolist()))
+            want = torch.tensor(float(exact * ga * gb), dtype=torch.float64).float()
+            assert d[m, n].item() == want.item()
+
+
+def test_exact_int_matmul_with_large_k(seed):
+    # Operands near the 2^22 limit and K = 4096: naive float64 sums would exceed 2^53.
+    lim = 12 * 229376  # 2 * 6 * 512 * 448
+    a = torch.randint(-lim, lim + 1, (3, 4096), dtype=torch.int64)
+    b = torch.randint(-lim, lim + 1, (2, 4096), dtype=torch.int64)
+    a[0] = lim
+    b[0] = lim
+    got = _exact_int_matmul_nt(a, b)
+    rows, cols = a.tolist(), b.tolist()
+    want = torch.tensor([[sum(x * y for x, y in zip(r, s)) for s in cols] for r in rows])
+    assert torch.equal(got, want)
+    assert got[0, 0].item() == 4096 * lim * lim > 2**53
+
+
+def test_gemm_zero_operand_gives_zero(seed):
+    a = quantize(torch.zeros(8, 32))
+    b = quantize(torch.randn(4, 32))
+    assert (gemm(a, b, out_dtype=torch.float32) == 0).all()
+
+
+# --------------------------------------------------------------------------- bad operands
+
+
+def test_gemm_rejects_bad_operands(seed):
+    a, b = operands((8, 32), (4, 32))
+    with pytest.raises(ValueError, match=r"K mismatch: a has K=32, b has K=48"):
+        gemm(a, quantize(torch.randn(4, 48)))
+    with pytest.raises(ValueError, match=r"must both be 2-D .* or both 3-D"):
+        gemm(a, quantize(torch.randn(2, 4, 32)))
+    with pytest.raises(ValueError, match=r"batch mismatch: a has L=2, b has L=3"):
+        gemm(quantize(torch.randn(2, 8, 32)), quantize(torch.randn(3, 4, 32)))
+    with pytest.raises(TypeError, match=r"out_dtype must be .*got torch.float64"):
+        gemm(a, b, out_dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"out_dtype must be .*got torch.int8"):
+        gemm_reference(a, b, out_dtype=torch.int8)
+    with pytest.raises(TypeError, match=r"operand b must be an NVFP4Tensor, got Tensor"):
+        gemm(a, torch.randn(4, 32))
+    b_meta = NVFP4Tensor(b.data.to("meta"), b.scales.to("meta"), b.global_scale.to("meta"), b.shape)
+    with pytest.raises(ValueError, match=r"one device: a is on cpu, b on meta"):
+        gemm(a, b_meta)
+
+
+@pytest.mark.gpu
+def test_gemm_reference_on_cuda_matches_cpu(seed):
+    a, b = operands((2, 130, 96), (2, 40, 96))
+    for out_dtype in (torch.float32, torch.bfloat16):
+        cpu = gemm_reference(a, b, out_dtype=out_dtype)
+        gpu = gemm(a.to("cuda"), b.to("cuda"), out_dtype=out_dtype)
+        assert gpu.device.type == "cuda" and torch.equal(gpu.cpu(), cpu)

@@ -1,0 +1,326 @@
+"""quantize / dequantize against an independent, slow, per-block reference of the recipe.
+
+`slow_quantize` follows shared/reference/nvfp4.md step by step with numpy float32 scalars (IEEE
+single-precision arithmetic, one rounding per operation) and finds the nearest E4M3 / E2M1 value
+by searching the value tables (ties to the even code), sharing no code with tk_cute.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tk_cute.nvfp4 import (
+    NVFP4Tensor,
+    dequantize,
+    e2m1_decode,
+    e4m3_decode,
+    e4m3_encode_rne,
+    quantize,
+    quantize_reference,
+    unpack_fp4,
+)
+
+F = np.float32
+E2M1_MAGS = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _e4m3(b):
+    e, m = b >> 3, b & 7
+    return m / 8 * 2.0**-6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+
+
+E4M3_POS = np.array([_e4m3(b) for b in range(0x7F)])  # bytes 0..0x7E, ascending
+
+
+def nearest_even(v: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Indices of the grid values nearest to v >= 0, ties to the even index, saturating.
+
+    float64 differences are exact wherever a tie is possible (few significant bits)."""
+    v = np.asarray(v, dtype=np.float64)
+    i = np.clip(np.searchsorted(grid, v, side="right") - 1, 0, len(grid) - 2)
+    lo, hi = v - grid[i], grid[i + 1] - v
+    up = (hi < lo) | ((hi == lo) & (i % 2 == 1))
+    return np.where(v >= grid[-1], len(grid) - 1, np.where(up, i + 1, i))
+
+
+def slow_quantize(x: torch.Tensor, global_scale=None):
+    """Returns (codes (L, M, K) uint8, logical scales (L, M, K/16) uint8, s_dec_global float32)."""
+    xf = x.float().reshape(-1, *x.shape[-2:]).numpy()
+    L, M, K = xf.shape
+    if global_scale is None:
+        amax = F(np.abs(xf).max())
+        s_dec = F(max(amax, F(1e-12)) / F(2688))
+    else:
+        s_dec = F(global_scale)
+    s_enc = F(F(1) / s_dec)
+    codes = np.zeros((L, M, K), np.uint8)
+    scales = np.zeros((L, M, K // 16), np.uint8)
+    with np.errstate(over="ignore"):  # t may overflow to inf with a user global scale
+        for l in range(L):
+            for m in range(M):
+                for b in range(K // 16):
+                    blk = xf[l, m, 16 * b : 16 * b + 16]
+                    t = F(F(np.abs(blk).max()) / F(6))
+                    t = F(t * s_enc)
+                    sf = int(nearest_even(t, E4M3_POS))
+                    d = max(F(F(E4M3_POS[sf]) * s_dec), F(1e-12))
+                    s = F(F(1) / d)
+                    y = (blk * s).astype(F)
+                    c = nearest_even(np.abs(y), E2M1_MAGS) | np.where(np.signbit(y), 8, 0)
+                    codes[l, m, 16 * b : 16 * b + 16] = c
+                    scales[l, m, b] = sf
+    return codes, scales, s_dec
+
+
+def assert_matches_slow(x, global_scale=None):
+    q = quantize(x, global_scale=global_scale)
+    codes, scales, s_dec = slow_quantize(x, global_scale)
+    shape = x.shape
+    assert q.shape == shape and q.device == x.device
+    assert q.data.dtype == torch.uint8 and q.data.shape == (*shape[:-1], shape[-1] // 2)
+    assert torch.equal(unpack_fp4(q.data).reshape(codes.shape), torch.from_numpy(codes))
+    assert torch.equal(q.scales_logical().reshape(scales.shape), torch.from_numpy(scales))
+    assert q.global_scale.dtype == torch.float32 and q.global_scale.dim() == 0
+    assert q.global_scale.item() == float(s_dec)  # bit-exact float32
+    ref = quantize_reference(x, global_scale=global_scale)
+    for part in ("data", "scales", "global_scale"):
+        assert torch.equal(getattr(ref, part), getattr(q, part))
+    return q
+
+
+def random_input(shape, dtype, spread=1.0):
+    return (torch.randn(shape) * spread).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 16), (130, 48), (2, 129, 80), (3, 33, 96)])
+def test_quantize_matches_slow_reference(shape, dtype, seed):
+    # (130, 48): M % 128 != 0 and K/16 = 3 not a multiple of 4; (2, 129, 80): L > 1, K/16 = 5.
+    x = random_input(shape, dtype, spread=3.0)
+    q = assert_matches_slow(x)
+    assert q.scales.shape[-1] == 512
+    if x.numel() >= 1024:  # random data produces negative-rounded-to-zero (-0) codes
+        assert (unpack_fp4(q.data) == 8).any()
+
+
+def test_quantize_huge_dynamic_range_gives_subnormal_and_zero_scales(seed):
+    # Block magnitudes log-uniform over 2^-40 .. 2^10: blocks far below amax get subnormal
+    # (byte < 8) or zero E4M3 scales.
+    L, M, K = 2, 70, 128
+    x = torch.randn(L, M, K // 16, 16) * torch.exp2(torch.rand(L, M, K // 16, 1) * 50 - 40)
+    x = x.reshape(L, M, K)
+    q = assert_matches_slow(x)
+    sf = q.scales_logical()
+    assert ((sf > 0) & (sf < 8)).any() and (sf == 0).any() and (sf >= 8).any()
+
+
+def test_quantize_zero_blocks_and_minus_zero(seed):
+    x = torch.randn(64, 64) * 5
+    x[3, 16:32] = 0.0  # an all-zero block
+    x[7, :16] = -0.0  # an all-(-0) block: codes 8, as an IEEE conversion gives
+    x[9, 5] = -0.0
+    q = assert_matches_slow(x)
+    codes = unpack_fp4(q.data)
+    sf = q.scales_logical()
+    assert sf[3, 1] == 0 and sf[7, 0] == 0
+    assert (codes[3, 16:32] == 0).all() and (codes[7, :16] == 8).all() and codes[9, 5] == 8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_all_zero_tensor(dtype):
+    q = assert_matches_slow(torch.zeros(3, 130, 32, dtype=dtype))
+    assert (q.data == 0).all() and (q.scales == 0).all()
+    assert q.global_scale.item() == float(F(F(1e-12) / F(2688)))
+    assert (q.dequantize() == 0).all()
+
+
+@pytest.mark.parametrize("gs", [0.01, 1.0, 2.0**-20, 7.3e-6])
+def test_quantize_given_global_scale(gs, seed):
+    # gs = 2^-20 makes (blk_amax / 6) / gs exceed 448 for most blocks (saturation to 0x7E);
+    # 7.3e-6 is not a power of two, so every step rounds.
+    x = torch.randn(2, 96, 64) * 4
+    q = assert_matches_slow(x, global_scale=gs)
+    assert q.global_scale.item() == float(F(gs))
+    if gs == 2.0**-20:
+        assert (q.scales_logical() == 0x7E).float().mean() > 0.9
+    q2 = quantize(x, global_scale=torch.tensor([gs], dtype=torch.float64))
+    assert torch.equal(q2.data, q.data) and torch.equal(q2.scales, q.scales)
+
+
+def test_quantize_overflowing_block_scale_saturates(seed):
+    # (blk_amax / 6) * (1 / global_scale) overflows float32 to +inf: the scale saturates to 448.
+    x = torch.randn(4, 32) * 1e30
+    q = assert_matches_slow(x, global_scale=2.0**-120)
+    assert (q.scales_logical() == 0x7E).all()
+
+
+# Block maxima a (found by search) where fl(a / 6) and fl(a * fl(1/6)) round to different E4M3
+# scales: a kernel computing blk_amax * (1/6) gets these scales wrong.
+DIVISION_SENSITIVE_AMAX = [0.1113281175494194, 0.8906249403953552, 7.124999523162842, 456.0 - 2**-15]
+
+
+def division_sensitive_input():
+    a = torch.tensor(DIVISION_SENSITIVE_AMAX)
+    x = torch.rand(len(a), 32) * 2 - 1
+    x[:, 16:] = x[:, 16:] * a[:, None] * 0.99
+    x[:, 16 + 5] = -a
+    return a, x
+
+
+def test_quantize_divides_by_6_rather_than_multiplying_by_its_reciprocal(seed):
+    # With global_scale = 1, t = fl(a / 6) exactly as rounded.
+    a, x = division_sensitive_input()
+    q = assert_matches_slow(x, global_scale=1.0)
+    by_division = e4m3_encode_rne(torch.div(a, torch.tensor(6.0)))
+    by_reciprocal = e4m3_encode_rne(a * torch.tensor(1 / 6, dtype=torch.float32))
+    assert torch.equal(q.scales_logical()[:, 1], by_division)
+    assert (by_division != by_reciprocal).all()
+
+
+def test_quantize_non_contiguous_input(seed):
+    x = torch.randn(64, 48)
+    assert_matches_slow(x.t())
+
+
+def test_dequantize_error_bound(seed):
+    # Derivation. With S = float(sf) * g (the block's decode scale) and y = x * s_enc,
+    # s_enc = fl(1 / fl(S)) = (1 + d)/S with |d| <= 2^-23, the E2M1 rounding error is at most
+    # half the grid gap h(|y|): 0.25 below 2, 0.5 in [2, 4), 1 in [4, 6]. Saturation: for a
+    # normal sf (byte >= 8) RNE makes sf >= t / (1 + 2^-4), so |y| <= 6 * (1 + 2^-4) + tiny,
+    # which stays within h = 1 of 6. Hence |x - deq| <= S * (h(|x|/S) + 2^-20 * |x|/S), where
+    # the 2^-20 term covers d and the float32 roundings of t (a few ulps).
+    # For a subnormal sf (k * 2^-9, k = 1..7) t is within 2^-10 of sf, so |y| <= 6 (k + 1/2)/k
+    # and the saturation error is at most 3 * 2^-9 * g; for sf = 0 (t <= 2^-10) deq is 0 and
+    # |x| <= 6 * 2^-10 * g = 3 * 2^-9 * g. Both up to the same 2^-20 relative slack.
+    L, M, K = 2, 64, 256
+    x = torch.randn(L, M, K // 16, 16) * torch.exp2(torch.rand(L, M, K // 16, 1) * 40 - 30)
+    x = x.reshape(L, M, K)
+    q = quantize(x)
+    deq = dequantize(q, dtype=torch.float64)  # exact decode
+    g = q.global_scale.double()
+    S = (e4m3_decode(q.scales_logical()).double() * g).repeat_interleave(16, -1)
+    err = (x.double() - deq).abs()
+    u = x.double().abs() / S.clamp(min=2.0**-1000)  # S = 0 only where sf = 0 (tight unused)
+    h = torch.where(u < 2, 0.25, torch.where(u < 4, 0.5, 1.0))
+    normal = (q.scales_logical() >= 8).repeat_interleave(16, -1)
+    tight = torch.where(S > 0, S * (h + 2.0**-20 * u), 0.0)
+    assert (err[normal] <= tight[normal]).all()
+    floor = 3 * 2.0**-9 * g * (1 + 2.0**-20)
+    assert (err[~normal] <= torch.maximum(tight[~normal], floor)).all()
+    assert (~normal).any() and normal.any()
+    # float32 dequantize is the correctly rounded float64 result
+    assert torch.equal(q.dequantize(), deq.float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("explicit_gs", [False, True])
+def test_round_trip_of_on_grid_values_is_exact(dtype, explicit_gs, seed):
+    # x = e2m1 * sf * g with g a power of two, every block holding a +-6 and one block of scale
+    # 448: then amax = 2688 g, s_dec = g exactly, each block's t = sf exactly, and x * s_enc
+    # = v (1 + d) with |d| <= 2^-24 rounds back to v. Products have <= 6 significant bits, so
+    # they are exact in bf16 too.
+    L, M, K = 2, 40, 96
+    g = 2.0 ** int(torch.randint(-4, 4, ()))
+    codes = torch.randint(0, 16, (L, M, K // 16, 16), dtype=torch.uint8)
+    codes[..., 0] = torch.where(torch.rand(L, M, K // 16) < 0.5, 7, 15)  # +-6 in every block
+    sf = torch.randint(1, 0x7F, (L, M, K // 16), dtype=torch.uint8)  # normal and subnormal
+    sf[0, 0, 0] = 0x7E  # 448
+    vals = e2m1_decode(codes) * e4m3_decode(sf).unsqueeze(-1) * g
+    x = vals.reshape(L, M, K).to(dtype)
+    assert torch.equal(x.float(), vals.reshape(L, M, K))
+    q = quantize(x, global_scale=g if explicit_gs else None)
+    assert q.global_scale.item() == g
+    assert torch.equal(q.scales_logical(), sf)
+    # -0 codes encode back to +0 only where the value is zero: compare decoded values
+    assert torch.equal(q.dequantize(), x.float())
+    assert torch.equal(q.dequantize(dtype), x)
+
+
+def test_nvfp4tensor_container(seed):
+    x = torch.randn(2, 130, 48)
+    q = quantize(x)
+    assert q.M == 130 and q.K == 48 and q.L == 2 and q.ndim == 3
+    assert q.scales.shape == (2, 2, 1, 512)
+    assert q.to("cpu") is q
+    assert "NVFP4Tensor(shape=(2, 130, 48)" in repr(q)
+    with pytest.raises(ValueError, match="data must be uint8 of shape"):
+        NVFP4Tensor(q.data[..., :-1], q.scales, q.global_scale, q.shape)
+    with pytest.raises(ValueError, match="scales must be uint8 of shape"):
+        NVFP4Tensor(q.data, q.scales[0], q.global_scale, q.shape)
+    with pytest.raises(ValueError, match="global_scale must be a float32 0-dim"):
+        NVFP4Tensor(q.data, q.scales, q.global_scale.double(), q.shape)
+    with pytest.raises(ValueError, match="share one device"):
+        NVFP4Tensor(q.data, q.scales.to("meta"), q.global_scale, q.shape)
+    with pytest.raises(TypeError, match="expects an NVFP4Tensor"):
+        dequantize(x)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "x, exc, match",
+    [
+        (torch.randn(4, 40), ValueError, r"multiple of 16, got K=40"),
+        (torch.randn(4, 32).double(), TypeError, r"float32, bfloat16 or float16.*float64"),
+        (torch.randint(0, 5, (4, 32)), TypeError, r"float32, bfloat16 or float16.*int64"),
+        (torch.randn(32), ValueError, r"2-D \(M, K\) or 3-D \(L, M, K\), got 1-D"),
+        (torch.randn(2, 2, 4, 32), ValueError, r"2-D \(M, K\) or 3-D \(L, M, K\), got 4-D"),
+        (torch.randn(0, 32), ValueError, r"must not be empty"),
+        ([[1.0] * 16], TypeError, r"expects a torch.Tensor, got list"),
+    ],
+)
+def test_quantize_rejects_bad_input(x, exc, match):
+    with pytest.raises(exc, match=match):
+        quantize(x)
+    with pytest.raises(exc, match=match):
+        quantize_reference(x)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_quantize_rejects_non_finite_input(bad, seed):
+    x = torch.randn(8, 32).to(torch.bfloat16)
+    x[3, 7] = bad
+    with pytest.raises(ValueError, match=r"must be finite: x contains 1 NaN/Inf"):
+        quantize(x)
+
+
+@pytest.mark.parametrize(
+    "gs, exc, match",
+    [
+        (0.0, ValueError, r"positive, finite.*got 0.0"),
+        (-1.0, ValueError, r"positive, finite.*got -1.0"),
+        (math.nan, ValueError, r"positive, finite.*got nan"),
+        (math.inf, ValueError, r"positive, finite.*got inf"),
+        (1e-40, ValueError, r"at least 2\*\*-126"),  # float32 subnormal: 1/gs overflows
+        (1e300, ValueError, r"got inf"),  # overflows float32
+        (torch.tensor([1.0, 2.0]), TypeError, r"one-element floating tensor"),
+        (torch.tensor(3), TypeError, r"one-element floating tensor"),
+        ("1.0", TypeError, r"global_scale must be None, a real number or a tensor, got str"),
+        (True, TypeError, r"got bool"),
+    ],
+)
+def test_quantize_rejects_bad_global_scale(gs, exc, match, seed):
+    with pytest.raises(exc, match=match):
+        quantize(torch.randn(4, 32), global_scale=gs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantize_reference_on_cuda_is_bit_exact_with_cpu(dtype, seed):
+    # Guards the device-independence of the recipe (e.g. CUDA division by a CPU scalar is a
+    # reciprocal multiply): same bytes on both devices.
+    x = torch.randn(2, 300, 272, dtype=torch.float32)
+    block_mag = torch.exp2(torch.rand(2, 300, 17, 1) * 30 - 20)  # wide range of block scales
+    x = (x.reshape(2, 300, 17, 16) * block_mag).reshape(2, 300, 272).to(dtype)
+    _, x_div = division_sensitive_input()
+    for x, gs in ((x, None), (x, 7.3e-6), (x_div, 1.0)):  # x_div: float32 on purpose
+        cpu = quantize_reference(x, global_scale=gs)
+        gpu = quantize_reference(x.cuda(), global_scale=gs)
+        assert gpu.device.type == "cuda"
+        for part in ("data", "scales", "global_scale"):
+            assert torch.equal(getattr(gpu, part).cpu(), getattr(cpu, part))
+        assert torch.equal(gpu.dequantize().cpu(), cpu.dequantize())
+        assert torch.equal(gpu.to("cpu").data, cpu.data)

@@ -1,0 +1,156 @@
+"""tk_cute.ops.nvfp4 register ops on the GPU against the host format library, bit for bit.
+
+Decode: every E2M1 code x every UE4M3 scale byte (0..0x7E) -> fp16 and bf16 products.
+Encode: E2M1 (software magic-add path, and the native cvt where the GPU has it) and UE4M3
+(software and cvt) on ties, saturation points, subnormals, -0 and random values.
+A CPU test compiles the probe kernels for every target.
+"""
+
+import pytest
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Uint32
+
+from tk_cute.ops import nvfp4 as fp4
+
+THREADS = 128
+
+
+@cute.kernel
+def _decode_kernel(q: cute.Tensor, sf: cute.Tensor, out16: cute.Tensor, outbf: cute.Tensor,
+                   n: Int32):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    i = bidx * THREADS + tidx
+    if i < n:
+        qw, b = Uint32(q[i]), Uint32(sf[i])
+        h = fp4.e2m1x8_scaled(qw, fp4.ue4m3_to_f16x2(b), "f16")
+        g = fp4.e2m1x8_scaled(qw, fp4.ue4m3_to_bf16x2(b), "bf16")
+        for j in cutlass.range_constexpr(4):
+            out16[i * 4 + j] = Int32(h[j])
+            outbf[i * 4 + j] = Int32(g[j])
+
+
+@cute.kernel
+def _encode_kernel(arch: cutlass.Constexpr, y: cute.Tensor, packed: cute.Tensor,
+                   e4: cute.Tensor, n8: Int32):
+    """Thread i: 8 values y[8i..8i+8] -> packed[i] (E2M1 x8); e4[8i+j] = (sw byte) | (hw << 8)."""
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    i = bidx * THREADS + tidx
+    if i < n8:
+        v = [Float32(y[8 * i + j]) for j in range(8)]
+        packed[i] = Int32(fp4.e2m1x8_encode(v, arch))
+        for j in cutlass.range_constexpr(8):
+            t = cute.arch.fmax(v[j], Float32(0.0))  # UE4M3 encodes t >= 0 (or +Inf)
+            e4[8 * i + j] = Int32(fp4.ue4m3_encode_sw(t) | (fp4.ue4m3_encode_hw(t) << 8))
+
+
+@cute.jit
+def _decode(q, sf, out16, outbf, n: Int32, stream):
+    _decode_kernel(q, sf, out16, outbf, n).launch(
+        grid=[(n + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+
+@cute.jit
+def _encode(arch: cutlass.Constexpr, y, packed, e4, n8: Int32, stream):
+    _encode_kernel(arch, y, packed, e4, n8).launch(
+        grid=[(n8 + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+
+def _fake(dtype):
+    return cute.runtime.make_fake_tensor(dtype, (cute.sym_int64(divisibility=8),), (1,),
+                                         assumed_align=16)
+
+
+@pytest.mark.parametrize("arch", ("sm_90a", "sm_100a", "sm_103a", "sm_107a"))
+def test_probe_kernels_compile(arch):
+    from cuda.bindings import driver
+
+    from tk_cute.compile import build
+
+    s = driver.CUstream(0)
+    d = build(_decode, *(_fake(cutlass.Int32) for _ in range(4)), Int32(8), s, arch=arch)
+    assert d.ptx_count(r"prmt\.b32") == 4 and d.kernel.local_bytes == 0
+    e = build(_encode, arch, _fake(cutlass.Float32), _fake(cutlass.Int32), _fake(cutlass.Int32),
+              Int32(1), s, arch=arch)
+    assert (e.ptx_count(r"cvt\.rn\.satfinite\.e2m1x2") == 4) == fp4.has_native_fp4(arch)
+    assert e.kernel.local_bytes == 0
+
+
+def _run(fn, *args):
+    from tk_cute.runtime import as_cute, stream
+
+    conv = [as_cute(a, align=4) if isinstance(a, torch.Tensor) else a for a in args]
+    compiled = cute.compile(fn, *conv, stream())
+    compiled(*[c for c in conv if not isinstance(c, str)], stream())
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_decode_every_code_every_scale():
+    from tk_cute.nvfp4 import E2M1_VALUES, e4m3_decode
+
+    codes = torch.arange(16, dtype=torch.int64)
+    scale_bytes = torch.arange(0x7F, dtype=torch.int64)  # 0..0x7E (0x7F is NaN)
+    cc, bb = torch.meshgrid(codes, scale_bytes, indexing="ij")
+    cc, bb = cc.reshape(-1), bb.reshape(-1)
+    # 8 codes per word: this code in every nibble position once across 8 rotations
+    perm = torch.stack([(cc + r) % 16 for r in range(8)], dim=1)  # (N, 8) nibble values
+    q = (perm << (4 * torch.arange(8))).sum(1)
+    q = (q & 0xFFFFFFFF).to(torch.int64)
+    q = torch.where(q >= 2**31, q - 2**32, q).to(torch.int32)
+    n = q.numel()
+    out16 = torch.empty(n * 4, dtype=torch.int32, device="cuda")
+    outbf = torch.empty(n * 4, dtype=torch.int32, device="cuda")
+    _run(_decode, q.cuda(), bb.to(torch.int32).cuda(), out16, outbf, Int32(n))
+    vals = torch.tensor(E2M1_VALUES, dtype=torch.float64)[perm]
+    sf = e4m3_decode(bb.to(torch.uint8)).to(torch.float64)[:, None]
+    exact = (vals * sf).reshape(-1)
+    for got, dt in ((out16, torch.float16), (outbf, torch.bfloat16)):
+        want = exact.to(dt).view(torch.int16)
+        have = got.cpu().view(torch.int16)
+        bad = (want != have).nonzero()
+        assert bad.numel() == 0, f"{dt}: {bad.numel()} mismatches, first at {bad[:4].tolist()}"
+
+
+def _encode_inputs():
+    from tk_cute.nvfp4 import E4M3_VALUES
+
+    e2 = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0]
+    base = e2 + [v * 2.0**k for v in e2 for k in (-8, -3, 3, 6)]
+    e4 = [v for v in E4M3_VALUES[:0x7F]]
+    mids = [(a + b) / 2 for a, b in zip(e4, e4[1:])]  # E4M3 ties
+    pts = base + e4 + mids + [464.0, 480.0, 1e30, float("inf"), 2.0**-10, 2.0**-149, 1e-45]
+    t = torch.tensor(pts, dtype=torch.float32)
+    nudged = torch.cat([t, torch.nextafter(t, torch.tensor(float("inf"))),
+                        torch.nextafter(t, torch.tensor(0.0))])
+    allv = torch.cat([nudged, -nudged, torch.randn(4096) * 4, torch.randn(4096) * 1e-3])
+    allv[allv.isnan()] = 0.0
+    pad = (-allv.numel()) % 8
+    return torch.cat([allv, torch.zeros(pad)])
+
+
+@pytest.mark.gpu
+def test_encode_matches_host_rne():
+    from tk_cute.arch import device_target
+    from tk_cute.nvfp4 import e2m1_encode_rne, e4m3_encode_rne, pack_fp4
+
+    arch = device_target(torch.device("cuda")).name
+    y = _encode_inputs()
+    n8 = y.numel() // 8
+    for path in {arch, "sm_90a"}:  # native cvt where the GPU has it, and the software path
+        packed = torch.empty(n8, dtype=torch.int32, device="cuda")
+        e4 = torch.empty(y.numel(), dtype=torch.int32, device="cuda")
+        _run(_encode, path, y.cuda(), packed, e4, Int32(n8))
+        want = pack_fp4(e2m1_encode_rne(y)).view(-1, 4)  # (n8, 4) bytes
+        have = packed.cpu().view(torch.uint8).view(-1, 4)
+        bad = (want != have).any(1).nonzero().view(-1)
+        assert bad.numel() == 0, f"{path} E2M1: inputs {y.view(-1, 8)[bad[:3]].tolist()}"
+        want4 = e4m3_encode_rne(y.clamp(min=0.0)).to(torch.int32)
+        e4 = e4.cpu()
+        for name, have4 in (("sw", e4 & 0xFF), ("hw", (e4 >> 8) & 0xFF)):
+            bad = (want4 != have4).nonzero().view(-1)
+            assert bad.numel() == 0, f"UE4M3 {name}: {y[bad[:5]].tolist()}"

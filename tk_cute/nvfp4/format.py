@@ -1,0 +1,196 @@
+"""Bit-exact E2M1 (FP4) and E4M3 (FP8) encoders and decoders, and FP4 nibble packing, in torch.
+
+These are the scalar formats of NVFP4 (see ``shared/reference/nvfp4.md``). Every function here is
+exact: decoders are table lookups, encoders round with integer arithmetic on the float32 bit
+pattern, so the host reference reproduces the bits of the hardware conversions
+``cvt.rn.satfinite.e2m1x2.f32`` and ``cvt.rn.satfinite.e4m3x2.f32``:
+
+* Rounding is round-to-nearest, ties to the EVEN mantissa (the significand as an integer
+  ``2^m + mantissa`` is even), as IEEE-754 RNE.
+* Saturation (``satfinite``): a magnitude beyond the largest finite value (6 for E2M1, 448 for
+  E4M3) becomes that value; +-Inf also saturates. NaN gives 0x7F/0xFF for E4M3 (its NaN); E2M1
+  has no NaN and this module maps NaN to +-6 (quantization rejects NaN before it gets here).
+* Signs are carried by the sign BIT, as IEEE conversions do: -0.0 and any negative value that
+  rounds to zero encode as negative zero (E2M1 code 8, E4M3 byte 0x80).
+* Subnormals of the target are handled exactly: E2M1's one subnormal is 0.5 (quantum 2^-1);
+  E4M3's are k * 2^-9, k = 1..7 (the smallest normal is 2^-6). float32 subnormal inputs are
+  honoured (no flush to zero).
+
+Algorithm (``_round_minifloat``): for |x| with float32 exponent e, clamp e to
+[emin, emax + 1]; the target's quantum at that exponent is 2^(e - m). Scaling |x| by 2^-(e - m)
+is exact (power of two, no under/overflow in range), ``torch.round`` rounds half to even, and
+scaling back is exact; then clamp to the maximum. Codes follow from the rounded value's bits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: Magnitudes and signed values of the 16 E2M1 codes (code 8 is -0.0).
+E2M1_VALUES: tuple[float, ...] = (
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+    -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+)  # fmt: skip
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+E4M3_NAN = 0x7F  # with or without the sign bit 0x80
+
+# (mantissa bits, minimum normal exponent, maximum exponent, maximum finite value, sign bit)
+_E2M1 = (1, 0, 2, E2M1_MAX, 0x8)
+_E4M3 = (3, -6, 8, E4M3_MAX, 0x80)
+
+
+def _e4m3_table() -> list[float]:
+    vals = []
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        exp, man = (b >> 3) & 0xF, b & 0x7
+        if exp == 0xF and man == 0x7:
+            vals.append(float("nan"))
+        elif exp == 0:
+            vals.append(sign * man * 2.0**-9)
+        else:
+            vals.append(sign * (1 + man / 8) * 2.0 ** (exp - 7))
+    return vals
+
+
+#: float values of all 256 E4M3 (``float8_e4m3fn``) bytes; NaN at 0x7F and 0xFF.
+E4M3_VALUES: tuple[float, ...] = tuple(_e4m3_table())
+
+_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def _table(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    key = (id(values), device)
+    t = _TABLES.get(key)
+    if t is None:
+        t = _TABLES[key] = torch.tensor(values, dtype=torch.float32, device=device)
+    return t
+
+
+def _pow2(e: torch.Tensor) -> torch.Tensor:
+    """Exact float32 2^e for an int32 tensor e in [-126, 127], built from the exponent bits."""
+    return ((e + 127) << 23).view(torch.float32)
+
+
+def _round_minifloat(mag: torch.Tensor, fmt: tuple) -> torch.Tensor:
+    """RNE-round non-negative float32 magnitudes (may be +Inf, not NaN) onto a minifloat grid,
+    saturating at the format's maximum. Returns float32 values exactly on the grid."""
+    m, emin, emax, vmax, _ = fmt
+    e = (mag.view(torch.int32) >> 23) - 127  # float32 zero/subnormal -> -127
+    e = e.clamp(emin, emax + 1)  # below emin: the target's subnormal quantum; above: saturates
+    q = e - m  # quantum 2^q
+    n = torch.round(mag * _pow2(-q))  # exact scaling, then round half to even
+    return torch.clamp(n * _pow2(q), max=vmax)
+
+
+def _codes_of_grid_values(v: torch.Tensor, fmt: tuple) -> torch.Tensor:
+    """Magnitude codes (int32) of non-negative float32 values that lie on the format's grid."""
+    m, emin, _, _, _ = fmt
+    bits = v.view(torch.int32)
+    e = ((bits >> 23) - 127).clamp(min=emin)  # the clamp only tidies the unused branch
+    mant = (bits >> (23 - m)) & ((1 << m) - 1)
+    normal = ((e - emin + 1) << m) | mant
+    subnormal = (v * float(2.0 ** (m - emin))).to(torch.int32)  # exact: small integers
+    return torch.where(v >= float(2.0**emin), normal, subnormal)
+
+
+def _encode(x: torch.Tensor, fmt: tuple) -> torch.Tensor:
+    x = x.to(torch.float32)
+    nan = torch.isnan(x)
+    mag = torch.where(nan, torch.full_like(x, float("inf")), x.abs())
+    code = _codes_of_grid_values(_round_minifloat(mag, fmt), fmt)
+    code = torch.where(torch.signbit(x), code | fmt[4], code)
+    return code, nan
+
+
+def e2m1_encode_rne(x: torch.Tensor) -> torch.Tensor:
+    """Encode values as E2M1 codes (round to nearest even, saturate to +-6).
+
+    Ties: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4. Negative inputs that round
+    to zero (and -0.0) give code 8 (-0). Inputs are first converted to float32 (exact for
+    bf16/fp16). NaN maps to +-6 (unspecified by the format; quantization never produces it).
+
+    Args:
+        x: a floating tensor of any shape.
+
+    Returns:
+        torch.uint8 codes in [0, 15] of the same shape (bit 3 = sign).
+    """
+    code, _ = _encode(x, _E2M1)
+    return code.to(torch.uint8)
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    """Decode E2M1 codes (integer tensor, values 0..15) to float32 (code 8 gives -0.0).
+
+    Args:
+        codes: integer tensor of 4-bit codes (higher bits must be zero).
+
+    Returns:
+        float32 tensor of the same shape.
+    """
+    return _table(E2M1_VALUES, codes.device)[codes.long()]
+
+
+def e4m3_encode_rne(x: torch.Tensor) -> torch.Tensor:
+    """Encode values as E4M3 (float8_e4m3fn) bytes: round to nearest even, saturating.
+
+    Finite magnitudes above 448 (and +-Inf) saturate to 448 (byte 0x7E/0xFE): this is the
+    ``satfinite`` behaviour, unlike torch's ``.to(torch.float8_e4m3fn)``, which gives NaN for
+    values past 464. Subnormals are exact: magnitudes below 2^-6 round to multiples of 2^-9;
+    magnitudes up to 2^-10 (the midpoint between 0 and 2^-9, a tie to even) round to zero.
+    Negative values keep the sign bit (0x80), including -0.0. NaN gives 0x7F (0xFF if its sign
+    bit is set).
+
+    Args:
+        x: a floating tensor of any shape (converted to float32 first).
+
+    Returns:
+        torch.uint8 bytes of the same shape.
+    """
+    code, nan = _encode(x, _E4M3)
+    code = torch.where(nan, code | E4M3_NAN, code)  # NaN was saturated to 0x7E; 0x7E|0x7F = NaN
+    return code.to(torch.uint8)
+
+
+def e4m3_decode(b: torch.Tensor) -> torch.Tensor:
+    """Decode E4M3 bytes (uint8 tensor) to float32; 0x7F and 0xFF give NaN.
+
+    Args:
+        b: integer tensor of bytes 0..255.
+
+    Returns:
+        float32 tensor of the same shape.
+    """
+    return _table(E4M3_VALUES, b.device)[b.long()]
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """Pack E2M1 codes (..., K) into bytes (..., K // 2): element 2i in the LOW nibble.
+
+    This is the byte layout of ``torch.float4_e2m1fn_x2`` and of the tensor cores' FP4 operands.
+
+    Args:
+        codes: integer tensor of 4-bit codes with an even last dimension.
+
+    Returns:
+        torch.uint8 tensor (..., K // 2).
+    """
+    if codes.shape[-1] % 2:
+        raise ValueError(f"pack_fp4 needs an even last dimension, got {codes.shape[-1]}")
+    c = codes.to(torch.uint8)
+    return (c[..., 0::2] & 0xF) | ((c[..., 1::2] & 0xF) << 4)
+
+
+def unpack_fp4(data: torch.Tensor) -> torch.Tensor:
+    """Inverse of `pack_fp4`: bytes (..., K // 2) to codes (..., K), torch.uint8.
+
+    Args:
+        data: torch.uint8 tensor of packed FP4 pairs.
+
+    Returns:
+        torch.uint8 tensor of codes 0..15, last dimension doubled.
+    """
+    d = data.to(torch.uint8)
+    return torch.stack((d & 0xF, d >> 4), dim=-1).reshape(*d.shape[:-1], 2 * d.shape[-1])

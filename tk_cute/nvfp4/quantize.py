@@ -1,0 +1,180 @@
+"""NVFP4 quantization: the recipe, bit for bit, as the contract every quantize kernel must meet.
+
+``quantize_reference`` is written with vectorised torch ops and runs on CPU or CUDA tensors; a GPU
+kernel must produce the SAME BYTES (data, scales) and the same float32 global scale. All
+arithmetic is IEEE float32 with round-to-nearest-even, no fused multiply-add, no reassociation,
+no reciprocal-multiply in place of a division, no flush-to-zero of subnormals:
+
+1. ``xf = float32(x)`` (exact for bf16/fp16).
+2. Global decode scale (one per tensor, over all L batches), unless given:
+   ``amax = max |xf|``; ``s_dec_g = max(amax, F(1e-12)) / 2688`` (a division).
+   A user-given ``global_scale`` IS ``s_dec_g`` (converted to float32 by RNE first).
+3. ``s_enc_g = 1 / s_dec_g`` (a correctly rounded division, not ``rcp.approx``).
+4. Per row and 16-element block along K: ``blk_amax = max |xf[block]|``;
+   ``t = blk_amax / 6`` (division, rounded), then ``t = t * s_enc_g`` (multiplication, rounded);
+   ``sf = E4M3_RNE_satfinite(t)`` (the UE4M3 byte; sign bit always 0 as t >= 0).
+   With the computed global scale t <= 448 up to rounding; with a user-given global scale t can
+   exceed 448 (or overflow to +Inf) and saturates to 448 (byte 0x7E). t below 2^-6 gives a
+   subnormal scale k * 2^-9; t <= 2^-10 gives sf = 0 (2^-10 itself is a tie, to even = 0).
+5. ``d = float(sf) * s_dec_g`` (rounded); ``d = max(d, F(1e-12))``; ``s_enc = 1 / d``
+   (division). The ROUNDED scale sf is used, so an all-zero block gets s_enc = 1/F(1e-12).
+6. ``q = E2M1_RNE_satfinite(xf * s_enc)`` (multiplication, rounded, then convert): ties to even
+   mantissa, |y| > 6 saturates to 6, and the sign bit follows the product's sign bit, so a
+   negative element that rounds to zero is code 8 (-0) and -0.0 inputs give code 8 as well.
+   This is what ``cvt.rn.satfinite.e2m1x2.f32`` does; a kernel decoding by comparison must
+   reproduce the -0 codes.
+
+``F(1e-12)`` is float32(1e-12) = 0x2B8CBCCC (9.99999996e-13). Constants 6 and 2688 are exact.
+NaN or Inf in x is rejected (ValueError); an all-zero block or tensor is valid (scales 0, data 0).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from tk_cute.layouts.nvfp4_scales import to_blocked
+
+from .format import e2m1_encode_rne, e4m3_decode, e4m3_encode_rne, pack_fp4
+from .tensor import SF_VEC, NVFP4Tensor
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+AMAX_FLOOR = 1e-12  # used as float32(1e-12)
+GLOBAL_DENOM = 2688.0  # 448 (E4M3 max) * 6 (E2M1 max)
+_FLT_MIN = 2.0**-126  # smallest normal float32
+
+
+def _check_quantize_input(x, global_scale) -> torch.Tensor | None:
+    """Validate `quantize` arguments; shared by the reference and kernel paths.
+
+    Args:
+        x: the tensor to quantize.
+        global_scale: None, a Python real, or a one-element floating tensor (the DECODE scale).
+
+    Returns:
+        None, or the global scale as a float32 0-dim tensor on x's device.
+
+    Raises:
+        TypeError: x is not a tensor, x.dtype is not float32/bfloat16/float16, or global_scale
+            has an unsupported type.
+        ValueError: x is not 2-D/3-D, has an empty dimension, K is not a multiple of 16, x holds
+            NaN/Inf, or global_scale is not positive, finite and at least 2**-126 after
+            conversion to float32 (so that 1/global_scale is finite).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"quantize expects a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"quantize input dtype must be float32, bfloat16 or float16, got {x.dtype}"
+        )
+    if x.dim() not in (2, 3):
+        raise ValueError(
+            f"quantize input must be 2-D (M, K) or 3-D (L, M, K), got {x.dim()}-D shape "
+            f"{tuple(x.shape)}"
+        )
+    if min(x.shape) < 1:
+        raise ValueError(f"quantize input must not be empty, got shape {tuple(x.shape)}")
+    K = x.shape[-1]
+    if K % SF_VEC:
+        raise ValueError(f"K (last dim) must be a multiple of 16, got K={K}")
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        raise ValueError(f"quantize input must be finite: x contains {bad} NaN/Inf value(s)")
+    if global_scale is None:
+        return None
+    if isinstance(global_scale, torch.Tensor):
+        if global_scale.numel() != 1 or not global_scale.dtype.is_floating_point:
+            raise TypeError(
+                f"global_scale tensor must be a one-element floating tensor, got "
+                f"{global_scale.dtype} of shape {tuple(global_scale.shape)}"
+            )
+        gs = global_scale.detach().reshape(()).to(device=x.device, dtype=torch.float32)
+    elif isinstance(global_scale, numbers.Real) and not isinstance(global_scale, bool):
+        gs = torch.tensor(float(global_scale), dtype=torch.float32, device=x.device)
+    else:
+        raise TypeError(
+            f"global_scale must be None, a real number or a tensor, got "
+            f"{type(global_scale).__name__}"
+        )
+    value = float(gs)
+    if not (value >= _FLT_MIN and value != float("inf")):  # also catches NaN
+        raise ValueError(
+            f"global_scale (the decode scale) must be positive, finite and at least 2**-126 as "
+            f"float32, got {value!r}"
+        )
+    return gs
+
+
+def _quantize_reference(x: torch.Tensor, s_dec_g: torch.Tensor | None) -> NVFP4Tensor:
+    """The recipe of the module docstring on validated input (`s_dec_g`: 0-dim float32 or None)."""
+    dev = x.device
+
+    def f32(v: float) -> torch.Tensor:
+        # Constants as 0-dim tensors ON x's DEVICE: torch's CUDA division by a CPU scalar is
+        # computed as a multiplication by its reciprocal, which is not correctly rounded.
+        return torch.tensor(v, dtype=torch.float32, device=dev)
+
+    xf = x.to(torch.float32)
+    if s_dec_g is None:
+        amax = xf.abs().amax()
+        s_dec_g = torch.div(torch.maximum(amax, f32(AMAX_FLOOR)), f32(GLOBAL_DENOM))
+    s_enc_g = torch.div(f32(1.0), s_dec_g)
+
+    *lead, M, K = x.shape
+    blocks = xf.reshape(*lead, M, K // SF_VEC, SF_VEC)
+    blk_amax = blocks.abs().amax(dim=-1)
+    t = torch.div(blk_amax, f32(6.0))
+    t = torch.mul(t, s_enc_g)
+    sf = e4m3_encode_rne(t)  # uint8 (..., M, K // 16)
+
+    d = torch.mul(e4m3_decode(sf), s_dec_g)
+    d = torch.maximum(d, f32(AMAX_FLOOR))
+    s_enc = torch.div(f32(1.0), d)
+    y = torch.mul(blocks, s_enc.unsqueeze(-1))
+    codes = e2m1_encode_rne(y).reshape(*lead, M, K)
+
+    return NVFP4Tensor(
+        data=pack_fp4(codes),
+        scales=to_blocked(sf),
+        global_scale=s_dec_g.reshape(()).clone(),
+        shape=torch.Size(x.shape),
+    )
+
+
+def quantize_reference(x: torch.Tensor, *, global_scale=None) -> NVFP4Tensor:
+    """Quantize with the reference recipe (vectorised torch; CPU or CUDA).
+
+    Args:
+        x: (M, K) or (L, M, K) float32/bfloat16/float16 tensor, K a multiple of 16, finite.
+        global_scale: optional per-tensor DECODE scale (float or one-element tensor); default
+            ``max(amax, 1e-12) / 2688``.
+
+    Returns:
+        The NVFP4Tensor, on x's device.
+
+    Raises:
+        TypeError, ValueError: see `_check_quantize_input`.
+    """
+    return _quantize_reference(x, _check_quantize_input(x, global_scale))
+
+
+def quantize(x: torch.Tensor, *, global_scale=None) -> NVFP4Tensor:
+    """Quantize x to NVFP4 (the public entry point; kernels plug in here).
+
+    Bit-exact with `quantize_reference` on every device (the module docstring is the contract).
+
+    Args:
+        x: (M, K) or (L, M, K) float32/bfloat16/float16 tensor on CPU or CUDA; K a multiple of
+            16; no NaN/Inf.
+        global_scale: optional per-tensor DECODE scale; default ``max(amax, 1e-12) / 2688``.
+
+    Returns:
+        An NVFP4Tensor on x's device.
+
+    Raises:
+        TypeError, ValueError: see `_check_quantize_input`.
+    """
+    gs = _check_quantize_input(x, global_scale)
+    return _quantize_reference(x, gs)

@@ -1,0 +1,138 @@
+"""`NVFP4Tensor`: an (M, K) or (L, M, K) matrix stored as NVFP4, in the bytes kernels consume.
+
+Three parts, each already in its global-memory layout so a kernel can take the tensors as is:
+
+* ``data``: torch.uint8 (..., M, K // 2), two E2M1 codes per byte, element 2i in the LOW nibble.
+* ``scales``: torch.uint8 UE4M3 bytes in the 128x4 blocked layout, (RM, RK, 512) or
+  (L, RM, RK, 512) (see ``tk_cute.layouts.nvfp4_scales``); padding bytes are zero.
+* ``global_scale``: float32 0-dim tensor, the per-tensor DECODE scale (one for all L batches).
+
+The value represented is ``e2m1(data) * ue4m3(scale of its 16-element block) * global_scale``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tk_cute.layouts.nvfp4_scales import blocked_shape, from_blocked
+
+from .format import e2m1_decode, e4m3_decode, unpack_fp4
+
+SF_VEC = 16
+
+
+@dataclass
+class NVFP4Tensor:
+    """An NVFP4-quantized matrix (or batch of matrices).
+
+    Attributes:
+        data: torch.uint8, (..., M, K // 2) packed E2M1 codes (low nibble = even element).
+        scales: torch.uint8, (RM, RK, 512) or (L, RM, RK, 512), blocked UE4M3 block scales.
+        global_scale: torch.float32 0-dim tensor, the per-tensor decode scale.
+        shape: torch.Size, the logical (M, K) or (L, M, K).
+    """
+
+    data: torch.Tensor
+    scales: torch.Tensor
+    global_scale: torch.Tensor
+    shape: torch.Size
+
+    def __post_init__(self) -> None:
+        self.shape = torch.Size(self.shape)
+        if len(self.shape) not in (2, 3):
+            raise ValueError(f"NVFP4Tensor shape must be (M, K) or (L, M, K), got {self.shape}")
+        *lead, M, K = self.shape
+        if M < 1 or K < 1 or K % SF_VEC:
+            raise ValueError(f"NVFP4Tensor needs M >= 1 and K a multiple of 16, got {self.shape}")
+        want = {
+            "data": (torch.Size((*lead, M, K // 2)), self.data),
+            "scales": (torch.Size(blocked_shape(M, K, *lead)), self.scales),
+        }
+        for name, (shape, t) in want.items():
+            if t.dtype != torch.uint8 or t.shape != shape:
+                raise ValueError(
+                    f"NVFP4Tensor.{name} must be uint8 of shape {tuple(shape)} for logical shape "
+                    f"{tuple(self.shape)}, got {t.dtype} {tuple(t.shape)}"
+                )
+        gs = self.global_scale
+        if gs.dtype != torch.float32 or gs.dim() != 0:
+            raise ValueError(
+                f"NVFP4Tensor.global_scale must be a float32 0-dim tensor, got {gs.dtype} "
+                f"{tuple(gs.shape)}"
+            )
+        devices = {t.device for t in (self.data, self.scales, gs)}
+        if len(devices) != 1:
+            raise ValueError(
+                f"NVFP4Tensor parts must share one device, got {sorted(map(str, devices))}"
+            )
+
+    @property
+    def device(self) -> torch.device:
+        """The device all three parts live on."""
+        return self.data.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def M(self) -> int:
+        return self.shape[-2]
+
+    @property
+    def K(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def L(self) -> int | None:
+        """Batch count, or None for an unbatched (M, K) tensor."""
+        return self.shape[0] if self.ndim == 3 else None
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "NVFP4Tensor":
+        """A copy on `device` (the same object if already there)."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return NVFP4Tensor(move(self.data), move(self.scales), move(self.global_scale), self.shape)
+
+    def scales_logical(self) -> torch.Tensor:
+        """The block scales as a row-major (..., M, K // 16) uint8 matrix (padding dropped)."""
+        return from_blocked(self.scales, self.M, self.K)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """See `dequantize`."""
+        return dequantize(self, dtype)
+
+    def __repr__(self) -> str:
+        return (
+            f"NVFP4Tensor(shape={tuple(self.shape)}, device={self.device}, "
+            f"global_scale={float(self.global_scale):.9g})"
+        )
+
+
+def dequantize(q: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode an NVFP4Tensor: ``e2m1(code) * ue4m3(block scale) * global_scale``.
+
+    The product is formed exactly in float64 (e2m1 * ue4m3 has at most 6 significant bits, times
+    a float32 global scale at most 30 bits) and rounded once to `dtype` (float32 results are the
+    correctly rounded fp32 product ``fl32(e2m1 * sf * g)``, identical to computing
+    ``(e2m1 * sf) * g`` in float32 since ``e2m1 * sf`` is exact). Code 8 decodes to -0.0.
+
+    Args:
+        q: the tensor to decode.
+        dtype: a floating result dtype (default float32).
+
+    Returns:
+        A (..., M, K) tensor of `dtype` on q's device.
+    """
+    if not isinstance(q, NVFP4Tensor):
+        raise TypeError(f"dequantize expects an NVFP4Tensor, got {type(q).__name__}")
+    if not dtype.is_floating_point:
+        raise TypeError(f"dequantize dtype must be a floating dtype, got {dtype}")
+    vals = e2m1_decode(unpack_fp4(q.data)).to(torch.float64)
+    sf = e4m3_decode(q.scales_logical()).to(torch.float64)
+    block_scale = sf.repeat_interleave(SF_VEC, dim=-1) * q.global_scale.to(torch.float64)
+    return (vals * block_scale).to(dtype)

@@ -1,0 +1,311 @@
+# SPDX-License-Identifier: MIT
+"""NVFP4 register ops (thread scope): E2M1/UE4M3 encode and FP4 decode, bit-exact.
+
+Encode follows ``tk_cute.nvfp4.quantize`` (RNE, satfinite, sign bit kept so negative values that
+round to zero give -0). Two implementations with the same bits:
+
+* ``arch="sm_90a"``: no FP4 conversion exists (libNVVM/ptxas reject ``cvt .e2m1x2``), so E2M1 is
+  rounded with a "magic add": for a = |y| with float32 exponent e clamped to [0, 2], adding
+  c = 2^(e+22) rounds a to a multiple of its E2M1 quantum 2^(e-1) (one IEEE add, ties to even),
+  and ``bits(a + c) - bits(c) + 2e`` is the magnitude code. UE4M3 uses ``cvt.rn.satfinite.e4m3x2``
+  (sm_89+); `ue4m3_encode_sw` is the same magic-add scheme (quantum 2^(e-3), e in [-6, 8]).
+* sm_100a / sm_103a / sm_107a: the native ``cvt.rn.satfinite.e2m1x2.f32``.
+
+Decode (for emulated FP4 GEMMs): a Uint32 of 8 E2M1 codes (element i in nibble i) -> four
+f16x2 / bf16x2 words in natural order (word j = elements 2j, 2j+1). The nibble's 3 magnitude bits
+are dropped into the exponent/mantissa boundary of the 16-bit format, which makes code 1 (0.5) a
+subnormal; one exact multiply by 2^14 (fp16) / 2^126 (bf16) restores the value. Scaling by a
+UE4M3 byte is one more exact multiply (e2m1 * ue4m3 has <= 6 significant bits, range 2^-10..2688).
+Every inline-PTX op below is a handful of instructions; arithmetic that must not be contracted
+into an FMA (the recipe forbids it) is written as explicit ``.rn`` PTX.
+"""
+
+from __future__ import annotations
+
+from cutlass import Float32, Int64, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+NATIVE_FP4_ARCHS = ("sm_100a", "sm_103a", "sm_107a")
+F32_1E_12 = 0x2B8CBCCC  # float32(1e-12), the recipe's floor
+
+
+def has_native_fp4(arch: str) -> bool:
+    """True where ``cvt ... e2m1x2`` exists (Blackwell and Rubin)."""
+    return arch in NATIVE_FP4_ARCHS
+
+
+def _asm(ret, args, text, constraints, loc=None, ip=None, side_effects=False):
+    return llvm.inline_asm(
+        ret,
+        [a.ir_value(loc=loc, ip=ip) for a in args],
+        text,
+        constraints,
+        has_side_effects=side_effects,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+def _u32(v):
+    return Uint32(v)
+
+
+def _f32(v):
+    return Float32(v)
+
+
+# ---------------------------------------------------------------- float32 arithmetic, exact forms
+
+
+@dsl_user_op
+def bits(x: Float32, *, loc=None, ip=None) -> Uint32:
+    """The float32 bit pattern of x."""
+    return Uint32(llvm.bitcast(T.i32(), _f32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def from_bits(u: Uint32, *, loc=None, ip=None) -> Float32:
+    """The float32 whose bit pattern is u."""
+    return Float32(llvm.bitcast(T.f32(), _u32(u).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def div_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """IEEE correctly rounded a / b (``div.rn.f32``; never the approximate division)."""
+    return Float32(_asm(T.f32(), [_f32(a), _f32(b)], "div.rn.f32 $0, $1, $2;", "=f,f,f", loc, ip))
+
+
+@dsl_user_op
+def mul_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """a * b rounded once (``mul.rn`` is never contracted into an FMA)."""
+    return Float32(_asm(T.f32(), [_f32(a), _f32(b)], "mul.rn.f32 $0, $1, $2;", "=f,f,f", loc, ip))
+
+
+@dsl_user_op
+def max_f32(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    return Float32(_asm(T.f32(), [_f32(a), _f32(b)], "max.f32 $0, $1, $2;", "=f,f,f", loc, ip))
+
+
+@dsl_user_op
+def max_u16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
+    """Lane-wise unsigned max of two 16-bit halves (sm_90+); on |bits| it is a NaN-keeping amax."""
+    return Uint32(_asm(T.i32(), [_u32(a), _u32(b)], "max.u16x2 $0, $1, $2;", "=r,r,r", loc, ip))
+
+
+# ---------------------------------------------------------------- UE4M3 scales
+
+
+@dsl_user_op
+def ue4m3_encode_hw(t: Float32, *, loc=None, ip=None) -> Uint32:
+    """E4M3 byte of t (RNE, satfinite: > 448 and +Inf give 0x7E) via ``cvt...e4m3x2`` (sm_89+)."""
+    text = (
+        "{ .reg .b16 h; cvt.rn.satfinite.e4m3x2.f32 h, $1, $1; cvt.u32.u16 $0, h; "
+        "and.b32 $0, $0, 255; }"
+    )
+    return Uint32(_asm(T.i32(), [_f32(t)], text, "=r,f", loc, ip))
+
+
+@dsl_user_op
+def ue4m3_encode_sw(t: Float32, *, loc=None, ip=None) -> Uint32:
+    """E4M3 byte of t >= 0 (RNE, satfinite, NaN -> 0x7F) with integer/float ops only.
+
+    a = min(t, 448); c = 2^(max(e, -6) + 20) has ulp = the E4M3 quantum at a's exponent, so
+    a + c rounds a (RNE); byte = bits(a + c) - bits(c) + 8 * (e + 6) = ... + (bits(c) >> 20) - 1128.
+    """
+    text = (
+        "{ .reg .f32 a, c, f; .reg .b32 cb, fb, g; .reg .pred isn;\n"
+        "testp.notanumber.f32 isn, $1;\n"
+        "min.f32 a, $1, 0f43E00000;\n"  # 448
+        "max.f32 c, a, 0f3C800000;\n"  # 2^-6
+        "mov.b32 cb, c; and.b32 cb, cb, 0x7F800000; add.s32 cb, cb, 0x0A000000;\n"  # *2^20
+        "mov.b32 c, cb; add.rn.f32 f, a, c; mov.b32 fb, f;\n"
+        "shr.u32 g, cb, 20; sub.s32 fb, fb, cb; add.s32 fb, fb, g; sub.s32 $0, fb, 1128;\n"
+        "selp.b32 $0, 127, $0, isn; }"
+    )
+    return Uint32(_asm(T.i32(), [_f32(t)], text, "=r,f", loc, ip))
+
+
+@dsl_user_op
+def ue4m3_decode(b: Uint32, *, loc=None, ip=None) -> Float32:
+    """float32 value of a UE4M3 byte 0..0x7E: bits(b << 20) * 2^120 (exact, subnormals too)."""
+    text = "{ .reg .b32 s; shl.b32 s, $1, 20; mov.b32 $0, s; mul.rn.f32 $0, $0, 0f7B800000; }"
+    return Float32(_asm(T.f32(), [_u32(b)], text, "=f,r", loc, ip))
+
+
+# ---------------------------------------------------------------- E2M1 encode
+
+
+@dsl_user_op
+def e2m1_code_biased_sw(y: Float32, *, loc=None, ip=None) -> Uint32:
+    """E2M1 magnitude code of y, plus 298 (RNE, saturate to 6) with integer/float ops (sm_90a).
+
+    a = min(|y|, 6); c = 2^(clamp(e, 0, 2) + 22) (from max(a, 1) * 2^22, exponent bits only);
+    a + c rounds a to its E2M1 quantum 2^(e-1) (ties to even), and
+    code = bits(a + c) - bits(c) + 2e = bits(a + c) - bits(c) + (bits(c) >> 22) - 298.
+    The -298 is left to the packer (`E2M1_BIAS_X8`), so each element costs 8 instructions.
+    """
+    text = (
+        "{ .reg .f32 a, m, f; .reg .b32 cb, fb;\n"
+        "abs.f32 a, $1; min.f32 a, a, 0f40C00000;\n"  # min(|y|, 6)
+        "max.f32 m, a, 0f3F800000; mul.rn.f32 m, m, 0f4A800000;\n"  # max(a, 1) * 2^22
+        "mov.b32 cb, m; and.b32 cb, cb, 0x7F800000; mov.b32 m, cb;\n"  # c = 2^(e + 22)
+        "add.rn.f32 f, a, m; mov.b32 fb, f; sub.s32 fb, fb, cb;\n"
+        "shr.u32 cb, cb, 22; add.s32 $0, fb, cb; }"
+    )
+    return Uint32(_asm(T.i32(), [_f32(y)], text, "=r,f", loc, ip))
+
+
+E2M1_BIAS_X8 = (-298 * 0x11111111) & 0xFFFFFFFF  # removes the 298 of 8 packed biased codes
+
+
+@dsl_user_op
+def e2m1_sign_sw(y: Float32, *, loc=None, ip=None) -> Uint32:
+    """8 if y's sign bit is set, else 0."""
+    text = "{ .reg .b32 s; mov.b32 s, $1; shr.u32 s, s, 28; and.b32 $0, s, 8; }"
+    return Uint32(_asm(T.i32(), [_f32(y)], text, "=r,f", loc, ip))
+
+
+@dsl_user_op
+def sign_nibbles_16bit(w0: Uint32, w1: Uint32, w2: Uint32, w3: Uint32, *, loc=None, ip=None):
+    """Sign masks of 8 packed 16-bit values (element 2j low / 2j+1 high half of w_j): a Uint32
+    whose nibble i is 0xF when element i is negative, else 0 (4 prmt + 1 lop3 for 8 values).
+
+    prmt's sign-replicate mode (selector bit 3) turns each high byte into 0x00 / 0xFF."""
+    text = (
+        "{ .reg .b32 a, b, lo, hi;\n"
+        "prmt.b32 a, $1, $2, 0xFDB9;\n"  # [s0, s1, s2, s3], each 0x00 or 0xFF
+        "prmt.b32 b, $3, $4, 0xFDB9;\n"  # [s4, s5, s6, s7]
+        "prmt.b32 lo, a, b, 0x6420;\n"  # [s0, s2, s4, s6]: low nibbles (even elements)
+        "prmt.b32 hi, a, b, 0x7531;\n"  # [s1, s3, s5, s7]: high nibbles (odd elements)
+        "mov.b32 a, 0x0F0F0F0F;\n"
+        "lop3.b32 $0, lo, hi, a, 0xE4; }"  # (lo & a) | (hi & ~a)
+    )
+    return Uint32(_asm(T.i32(), [_u32(w0), _u32(w1), _u32(w2), _u32(w3)], text, "=r,r,r,r,r",
+                       loc, ip))
+
+
+@dsl_user_op
+def e2m1x2_encode_hw(y0: Float32, y1: Float32, *, loc=None, ip=None) -> Uint32:
+    """Byte (y1 code << 4) | y0 code via ``cvt.rn.satfinite.e2m1x2.f32`` (sm_100a+)."""
+    text = (
+        "{ .reg .b8 b; .reg .b16 h; cvt.rn.satfinite.e2m1x2.f32 b, $2, $1; "
+        "mov.b16 h, {b, b}; cvt.u32.u16 $0, h; and.b32 $0, $0, 255; }"
+    )
+    return Uint32(_asm(T.i32(), [_f32(y0), _f32(y1)], text, "=r,f,f", loc, ip))
+
+
+def e2m1x8_encode(y, arch: str, signs=None) -> Uint32:
+    """Pack E2M1 codes of 8 float32 values (element i in nibble i) into a Uint32.
+
+    `signs` (sm_90a path, optional): nibble i has bit 3 set iff y[i] is negative (e.g. from
+    `sign_nibbles_16bit` on the inputs, whose signs equal the products' for a positive scale).
+    """
+    if has_native_fp4(arch):
+        b = [e2m1x2_encode_hw(y[2 * j], y[2 * j + 1]) for j in range(4)]
+        return b[0] | (b[1] << 8) | (b[2] << 16) | (b[3] << 24)
+    acc = Uint32(E2M1_BIAS_X8)
+    for i in range(8):
+        acc = acc + e2m1_code_biased_sw(y[i]) * (1 << (4 * i))
+    if signs is None:
+        for i in range(8):
+            acc = acc | (e2m1_sign_sw(y[i]) << (4 * i))
+        return acc
+    return acc | (signs & 0x88888888)
+
+
+def e2m1x8_quantize(x, s_enc: Float32, arch: str, signs=None) -> Uint32:
+    """Codes of x[i] * s_enc (each product rounded once, no FMA) for 8 float32 values."""
+    return e2m1x8_encode([mul_rn(v, s_enc) for v in x], arch, signs)
+
+
+# ---------------------------------------------------------------- E2M1 decode (emulated GEMMs)
+
+
+@dsl_user_op
+def mul_f16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
+    return Uint32(_asm(T.i32(), [_u32(a), _u32(b)], "mul.rn.f16x2 $0, $1, $2;", "=r,r,r", loc, ip))
+
+
+@dsl_user_op
+def mul_bf16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
+    return Uint32(
+        _asm(T.i32(), [_u32(a), _u32(b)], "mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", loc, ip)
+    )
+
+
+@dsl_user_op
+def _spread_pair(q: Uint32, q4: Uint32, j: int, *, loc=None, ip=None) -> Uint32:
+    """prmt: low half = byte j of q (nibble 2j in bits 0-3), high half = byte j of q >> 4
+    (nibble 2j+1 in bits 16-19); the other bits are garbage the caller masks."""
+    sel = j | ((4 + j) << 8)  # output byte 0 <- q.byte j, byte 2 <- q4.byte j
+    text = f"prmt.b32 $0, $1, $2, {sel};"
+    return Uint32(_asm(T.i32(), [_u32(q), _u32(q4)], text, "=r,r,r", loc, ip))
+
+
+def _e2m1x8_patterns(q: Uint32, mag_shift: int) -> list:
+    """Four words, nibble 2j / 2j+1 magnitude bits at [mag_shift+2 : mag_shift] of each half and
+    sign at bit 15 of each half."""
+    q4 = q >> 4
+    out = []
+    for j in range(4):
+        t = _spread_pair(q, q4, j)
+        out.append(((t & 0x00070007) << mag_shift) | ((t & 0x00080008) << 12))
+    return out
+
+
+def e2m1x8_to_f16x8(q: Uint32) -> list:
+    """8 E2M1 codes -> 4 f16x2 words (word j = elements 2j low, 2j+1 high), exact values."""
+    two14 = 0x74007400  # 2^14 in both halves
+    return [mul_f16x2(w, Uint32(two14)) for w in _e2m1x8_patterns(q, 9)]
+
+
+def e2m1x8_to_bf16x8(q: Uint32) -> list:
+    """8 E2M1 codes -> 4 bf16x2 words (word j = elements 2j low, 2j+1 high), exact values."""
+    two126 = 0x7E807E80  # 2^126 in both halves
+    return [mul_bf16x2(w, Uint32(two126)) for w in _e2m1x8_patterns(q, 6)]
+
+
+def ue4m3_to_f16x2(b: Uint32) -> Uint32:
+    """A UE4M3 byte as its exact fp16 value in both halves (bits << 7, then * 2^8)."""
+    h = (b & 0x7F) << 7
+    return mul_f16x2(h | (h << 16), Uint32(0x5C005C00))
+
+
+def ue4m3_to_bf16x2(b: Uint32) -> Uint32:
+    """A UE4M3 byte as its exact bf16 value in both halves (bits << 4, then * 2^120)."""
+    h = (b & 0x7F) << 4
+    return mul_bf16x2(h | (h << 16), Uint32(0x7B807B80))
+
+
+def e2m1x8_scaled(q: Uint32, sf_x2: Uint32, dtype: str) -> list:
+    """e2m1 * ue4m3 for 8 codes, exact: `sf_x2` from `ue4m3_to_f16x2`/`ue4m3_to_bf16x2`."""
+    if dtype == "f16":
+        return [mul_f16x2(w, sf_x2) for w in e2m1x8_to_f16x8(q)]
+    return [mul_bf16x2(w, sf_x2) for w in e2m1x8_to_bf16x8(q)]
+
+
+# ---------------------------------------------------------------- global memory (vector access)
+
+
+@dsl_user_op
+def ld_v4_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> list:
+    """16 bytes at `addr` as 4 Uint32 when pred != 0, else zeros (streaming, L1 evict-first)."""
+    ret = llvm.StructType.get_literal([T.i32()] * 4)
+    text = (
+        "{ .reg .pred p; setp.ne.b32 p, $5, 0; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; "
+        "mov.b32 $3, 0; @p ld.global.L1::evict_first.v4.b32 {$0, $1, $2, $3}, [$4]; }"
+    )
+    res = _asm(ret, [Int64(addr), _u32(pred)], text, "=&r,=&r,=&r,=&r,l,r", loc, ip, True)
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def st_v2_pred(addr: Int64, a: Uint32, b: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
+    text = "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.v2.b32 [$0], {$1, $2}; }"
+    _asm(None, [Int64(addr), _u32(a), _u32(b), _u32(pred)], text, "l,r,r,r", loc, ip, True)
+
+
+@dsl_user_op
+def st_u8(addr: Int64, v: Uint32, *, loc=None, ip=None) -> None:
+    _asm(None, [Int64(addr), _u32(v)], "st.global.u8 [$0], $1;", "l,r", loc, ip, True)
