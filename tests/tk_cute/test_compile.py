@@ -1,0 +1,37 @@
+"""`tk_cute.compile.build`: one process builds for every target without a GPU."""
+
+import pytest
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_tensor
+
+from tk_cute.compile import build
+
+
+@cute.kernel
+def _scale_kernel(x: cute.Tensor, y: cute.Tensor):
+    i = cute.arch.block_idx()[0] * 128 + cute.arch.thread_idx()[0]
+    y[i] = x[i] * 3.0
+
+
+@cute.jit
+def _scale(x: cute.Tensor, y: cute.Tensor):
+    _scale_kernel(x, y).launch(grid=(x.shape[0] // 128, 1, 1), block=(128, 1, 1))
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a", "sm_103a", "sm_107a"])
+def test_build_reports_target_ptx_sass_and_resources(arch):
+    x = make_fake_tensor(cutlass.Float32, (cute.sym_int64(divisibility=128),), (1,),
+                         assumed_align=16)
+    b = build(_scale, x, x, arch=arch)
+    assert f".target {arch}" in b.ptx
+    assert b.ptx_count(r"mul\.f32") == 1
+    assert b.sass_count(r"\bFMUL\b") == 1
+    assert b.kernel.registers > 0 and b.kernel.local_bytes == 0
+    assert b.compile_seconds > 0
+
+
+def test_build_rejects_unknown_target():
+    with pytest.raises(ValueError, match="unsupported target 'sm_120a'"):
+        build(_scale, None, None, arch="sm_120a")
