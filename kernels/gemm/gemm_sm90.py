@@ -120,7 +120,7 @@ class GemmSm90(LCF):
         tma.load_async(inputs["b"], g.B, coord(at.c, k, at.b), barrier, mcast["b"])
 
     # --- consumers --------------------------------------------------------------------------
-    def setup(self, g, thread):
+    def setup(self, g, thread, smem):
         acc = rt.accumulator(self.tiled_mma(), thread, self.Mb, self.Nb)
         register.zero(acc)
         return acc

@@ -24,18 +24,20 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass.cute.nvgpu import cpasync, tcgen05
+from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from tk_cute.arch import target
-from tk_cute.ops import cluster
+from tk_cute.ops import cluster, epilogue, schedule
 from tk_cute.ops import tcgen05 as tc
 from tk_cute.layouts import scales_sm100 as scales
 from tk_cute.layouts import tmem as tmem_map
 from tk_cute.types import tt as tmem
+
+
+OUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 
 
 class ConfigError(ValueError):
@@ -66,6 +68,8 @@ class Config:
     CLUSTER_N: int = 1  # pairs along N share A through TMA multicast
     SUPERGROUP_SIZE: int = 8
     sf: str = "ue4m3"
+    out: str = "bfloat16"  # D's type (OUT_TYPES)
+    scheduler: str = schedule.STATIC  # or schedule.CLC: cluster launch control (work stealing)
     early_release_a: bool = True  # Rubin only
 
     def __post_init__(self):
@@ -78,6 +82,9 @@ class Config:
             raise ConfigError(f"Kb={self.Kb} must hold whole MMAs (K={self.mma_k}) and atoms")
         if self.sf not in tc.SCALE_TYPES or (self.sf == "ue5m3" and not self.rubin):
             raise ConfigError(f"scale type {self.sf} not supported on {self.arch}")
+        if self.out not in OUT_TYPES or self.scheduler not in schedule.KINDS:
+            raise ConfigError(f"out={self.out!r} not in {list(OUT_TYPES)} or scheduler="
+                              f"{self.scheduler!r} not in {schedule.KINDS}")
         if self.CLUSTER_M % 2 or self.CLUSTER_M * self.CLUSTER_N > 16:
             raise ConfigError(f"cluster {self.CLUSTER_M}x{self.CLUSTER_N}: M even, size <= 16")
         if self.tmem_columns_used > t.tmem_columns:
@@ -134,14 +141,15 @@ class Config:
         return 1024 + sum(-(-b // 1024) * 1024 for b in bufs)
 
 
-def select_config(arch: str, m: int, n: int, k: int) -> Config:
+def select_config(arch: str, m: int, n: int, k: int, out: str = "bfloat16") -> Config:
     """Per-shape heuristic (documented in docs/rubin.md).
 
     Rubin with enough pair tiles to fill the GPU: Mb = 512 (two 256x256 accumulators sharing B,
     576 exclusive columns), pairs multicasting A along N; otherwise Mb = 256 with a
     double-buffered 256x128 accumulator. Blackwell: Mb = 256, Nb = 256 single accumulator when
     the grid is full, Nb = 128 double-buffered otherwise. Stages: as many as shared memory holds
-    (at most 8); K must be a multiple of Kb = 256.
+    (at most 8); K must be a multiple of Kb = 256. Scheduler: cluster launch control (work
+    stealing) when the tiles take more than one wave of clusters, static persistent otherwise.
     """
     t = target(arch)
     pairs = (t.sm_count or 148) // 2
@@ -152,6 +160,10 @@ def select_config(arch: str, m: int, n: int, k: int) -> Config:
         base = dict(Mb=256, Nb=256, ACC_PIPE_DEPTH=1, CLUSTER_N=2 if n >= 512 else 1)
     else:
         base = dict(Mb=256, Nb=128, ACC_PIPE_DEPTH=2)
+    cn = base.setdefault("CLUSTER_N", 1)
+    clusters = -(-m // base["Mb"]) * -(-n // (base["Nb"] * cn))  # CLUSTER_M = 2: one pair
+    waves = clusters > (t.sm_count or 148) // (2 * cn)
+    base.update(out=out, scheduler=schedule.CLC if waves else schedule.STATIC)
     for depth in range(8, 1, -1):
         try:
             return Config(arch=arch, LOAD_PIPE_DEPTH=depth, **base)
@@ -163,12 +175,14 @@ def select_config(arch: str, m: int, n: int, k: int) -> Config:
 class GemmNvfp4Sm100:
     """The kernel for one `Config`; `__call__` is the `@cute.jit` host launch."""
 
-    EPI_WARPS, MMA_WARP, LOAD_WARP = (0, 1, 2, 3), 4, 5
-    THREADS = 192
+    EPI_WARPS, MMA_WARP, LOAD_WARP, SCHED_WARP = (0, 1, 2, 3), 4, 5, 6
+    WALKERS = 6  # warps per CTA that walk the tiles (all but the CLC scheduler warp)
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.sf_dtype = tc.SCALE_TYPES[cfg.sf]
+        self.out_dtype = OUT_TYPES[cfg.out]
+        self.threads = 32 * (self.WALKERS + (cfg.scheduler == schedule.CLC))
         self.traced = {}  # what tracing computed from the kernel's layouts (tests read it)
 
     # --- globals: tile types, smem and TMEM blocks ---------------------------------------
@@ -177,14 +191,11 @@ class GemmNvfp4Sm100:
         self.mma_tiler = (cfg.Mb, cfg.Nb, cfg.Kb)
         self.sfb_tiler = (128, -(-cfg.Nb // 128) * 128, cfg.Kb)
         self.cta_tile = (cfg.Mb // 2, cfg.Nb, cfg.Kb)
-        op = tc.block_scaled_op(cfg.arch, cfg.Nb, self.sf_dtype)
-        self.mma = tc.tiled_mma(op)
-        self.mma_fill = self.mma_last = self.mma
+        op = lambda b=tc.DISCARD: tc.tiled_mma(tc.block_scaled_op(cfg.arch, cfg.Nb,
+                                                                  self.sf_dtype, b_collector=b))
+        self.mma = self.mma_fill = self.mma_last = op()
         if cfg.b_reuse:
-            self.mma_fill = tc.tiled_mma(tc.block_scaled_op(cfg.arch, cfg.Nb, self.sf_dtype,
-                                                            b_collector=tc.FILL))
-            self.mma_last = tc.tiled_mma(tc.block_scaled_op(cfg.arch, cfg.Nb, self.sf_dtype,
-                                                            b_collector=tc.LASTUSE))
+            self.mma_fill, self.mma_last = op(tc.FILL), op(tc.LASTUSE)
         # Scale layouts keep the K = 64 atom structure on every target (layouts/scales_sm100)
         self.sf_mma, self.mma_sfb = scales.layout_mmas(cfg.Nb)
         cl = cute.make_layout((cfg.CLUSTER_M, cfg.CLUSTER_N, 1))
@@ -196,23 +207,23 @@ class GemmNvfp4Sm100:
         self.sSFA, self.sSFB = scales.smem_layouts(self.mma_tiler, S, self.sf_mma)
         self.epi_tile = (128, cfg.EPI_N)
         self.sD = sm100_utils.make_smem_layout_epi(
-            cutlass.BFloat16, LayoutEnum.ROW_MAJOR, self.epi_tile, cfg.EPI_PIPE_DEPTH)
+            self.out_dtype, LayoutEnum.ROW_MAJOR, self.epi_tile, cfg.EPI_PIPE_DEPTH)
 
     def _shared_storage(self):
-        S = self.cfg.LOAD_PIPE_DEPTH
-        A = self.cfg.ACC_PIPE_DEPTH
-
-        def buf(dtype, n):
-            return cute.struct.Align[cute.struct.MemRange[dtype, n], 1024]
+        S, A = self.cfg.LOAD_PIPE_DEPTH, self.cfg.ACC_PIPE_DEPTH
+        buf = lambda dtype, n: cute.struct.Align[cute.struct.MemRange[dtype, n], 1024]
+        bars = lambda n: cute.struct.MemRange[cutlass.Int64, n]
 
         @cute.struct
         class SharedStorage:
-            a_ring: cute.struct.MemRange[cutlass.Int64, 2 * S]
-            bs_ring: cute.struct.MemRange[cutlass.Int64, 2 * S]
-            acc_ring: cute.struct.MemRange[cutlass.Int64, 2 * A]
+            a_ring: bars(2 * S)
+            bs_ring: bars(2 * S)
+            acc_ring: bars(2 * A)
+            clc_ring: bars(2)
+            clc_response: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, 4], 16]
             tmem_dealloc: cutlass.Int64
             tmem_addr: cutlass.Int32
-            sD: buf(cutlass.BFloat16, cute.cosize(self.sD.outer))
+            sD: buf(self.out_dtype, cute.cosize(self.sD.outer))
             sA: buf(cutlass.Float4E2M1FN, cute.cosize(self.sA.outer))
             sB: buf(cutlass.Float4E2M1FN, cute.cosize(self.sB.outer))
             sSFA: buf(self.sf_dtype, cute.cosize(self.sSFA))
@@ -223,53 +234,47 @@ class GemmNvfp4Sm100:
     # --- host launch ---------------------------------------------------------------------
     @cute.jit
     def __call__(self, a_ptr: cute.Pointer, b_ptr: cute.Pointer, sfa_ptr: cute.Pointer,
-                 sfb_ptr: cute.Pointer, d_ptr: cute.Pointer, alpha: cutlass.Float32,
-                 m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32,
-                 max_active_clusters: cutlass.Constexpr, stream: cuda.CUstream):
+                 sfb_ptr: cute.Pointer, d_ptr: cute.Pointer, ga_ptr: cute.Pointer,
+                 gb_ptr: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32,
+                 l: cutlass.Int32, max_active_clusters: cutlass.Constexpr,
+                 stream: cuda.CUstream):
+        """D (m, n, l) = gA gB A (m, k, l) B (n, k, l)^T; gA, gB: pointers to fp32 scalars."""
         cfg = self.cfg
         self._globals()
-        ka = cute.assume(k, 256)
-        mA = cute.make_tensor(a_ptr, cute.make_layout((m, ka, 1), stride=(ka, 1, m * ka)))
-        mB = cute.make_tensor(b_ptr, cute.make_layout((n, ka, 1), stride=(ka, 1, n * ka)))
-        nd = cute.assume(n, 16)
-        mD = cute.make_tensor(d_ptr, cute.make_layout((m, nd, 1), stride=(nd, 1, m * nd)))
+        ka, nd = cute.assume(k, cfg.Kb), cute.assume(n, 8)
+        rows = lambda ptr, r, c: cute.make_tensor(ptr, cute.make_layout((r, c, l),
+                                                                        stride=(c, 1, r * c)))
+        mA, mB, mD = rows(a_ptr, m, ka), rows(b_ptr, n, ka), rows(d_ptr, m, nd)
         mSFA = cute.make_tensor(sfa_ptr, scales.global_layout(mA.shape))
         mSFB = cute.make_tensor(sfb_ptr, scales.global_layout(mB.shape))
-        cs, thr = (cfg.CLUSTER_M, cfg.CLUSTER_N), self.mma.thr_id
-        vmnk, vmnk_sfb = self.cluster_vmnk.shape, self.cluster_sfb_vmnk.shape
-        s0 = lambda lay: cute.slice_(lay, (None, None, None, 0))
-        tma_a, tA = cute.nvgpu.make_tiled_tma_atom_A(
-            sm100_utils.cluster_shape_to_tma_atom_A(cs, thr), mA, s0(self.sA), self.mma_tiler,
-            self.mma, vmnk)
-        tma_b, tB = cute.nvgpu.make_tiled_tma_atom_B(
-            sm100_utils.cluster_shape_to_tma_atom_B(cs, thr), mB, s0(self.sB), self.mma_tiler,
-            self.mma, vmnk)
-        tma_sfa, tSFA = cute.nvgpu.make_tiled_tma_atom_A(
-            sm100_utils.cluster_shape_to_tma_atom_A(cs, thr), mSFA, s0(self.sSFA),
-            self.mma_tiler, self.sf_mma, vmnk, internal_type=cutlass.Int16)
-        tma_sfb, tSFB = cute.nvgpu.make_tiled_tma_atom_B(
-            sm100_utils.cluster_shape_to_tma_atom_SFB(cs, thr), mSFB, s0(self.sSFB),
-            self.sfb_tiler, self.mma_sfb, vmnk_sfb, internal_type=cutlass.Int16)
+        cs, thr, vmnk = (cfg.CLUSTER_M, cfg.CLUSTER_N), self.mma.thr_id, self.cluster_vmnk.shape
+        tma_a, tA = tc.tma_load("A", mA, self.sA, self.mma_tiler, self.mma, vmnk, cs, thr)
+        tma_b, tB = tc.tma_load("B", mB, self.sB, self.mma_tiler, self.mma, vmnk, cs, thr)
+        tma_sfa, tSFA = tc.tma_load("A", mSFA, self.sSFA, self.mma_tiler, self.sf_mma, vmnk, cs,
+                                    thr, cutlass.Int16)
+        tma_sfb, tSFB = tc.tma_load("SFB", mSFB, self.sSFB, self.sfb_tiler, self.mma_sfb,
+                                    self.cluster_sfb_vmnk.shape, cs, thr, cutlass.Int16)
         tma_d, tD = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mD, cute.slice_(self.sD, (None, None, 0)),
             self.epi_tile)
-        size = lambda dt, lay: cute.size_in_bytes(dt, s0(lay))
+        size = lambda dt, lay: cute.size_in_bytes(dt, cute.slice_(lay, (None, None, None, 0)))
         self.a_bytes = size(cutlass.Float4E2M1FN, self.sA) * 2
         self.bs_bytes = (size(cutlass.Float4E2M1FN, self.sB) + size(self.sf_dtype, self.sSFA)
                          + size(self.sf_dtype, self.sSFB)) * 2
         tiles = cute.zipped_divide(mD, tiler=self.cta_tile[:2])[(0, (None, None, None))].shape
-        sched = utils.PersistentTileSchedulerParams(tiles, (*cs, 1), cfg.SUPERGROUP_SIZE, True)
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_active_clusters)
+        sched = schedule.params(cfg.scheduler, tiles, (*cs, 1), cfg.SUPERGROUP_SIZE)
         self.storage = self._shared_storage()
         self.traced.update(smem_bytes=self.storage.size_in_bytes(), a_stage_bytes=self.a_bytes,
                            bs_stage_bytes=self.bs_bytes)
-        self.kernel(tma_a, tA, tma_b, tB, tma_sfa, tSFA, tma_sfb, tSFB, tma_d, tD, alpha,
-                    sched).launch(grid=grid, block=[self.THREADS, 1, 1], cluster=(*cs, 1),
-                                  stream=stream, min_blocks_per_mp=1, use_pdl=True)
+        self.kernel(tma_a, tA, tma_b, tB, tma_sfa, tSFA, tma_sfb, tSFB, tma_d, tD, ga_ptr,
+                    gb_ptr, sched).launch(
+            grid=schedule.grid(cfg.scheduler, sched, max_active_clusters),
+            block=[self.threads, 1, 1], cluster=(*cs, 1), stream=stream, min_blocks_per_mp=1,
+            use_pdl=True)
 
     # --- the kernel: setup, then one method per warp role ------------------------------
     @cute.kernel
-    def kernel(self, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB, tma_d, mD, alpha,
+    def kernel(self, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB, tma_d, mD, ga, gb,
                sched):
         cfg = self.cfg
         self._globals()  # layouts and atoms are static: rebuild them inside the kernel region
@@ -281,20 +286,16 @@ class GemmNvfp4Sm100:
         masks = cluster.multicast_masks(self.cluster_vmnk, self.cluster_sfb_vmnk)
         n_a = cute.size(self.cluster_vmnk.shape[2])
         n_b = cute.size(self.cluster_vmnk.shape[1])
-        one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-        ring = lambda mem, nbytes, producers, mode: pipeline.PipelineTmaUmma.create(
-            barrier_storage=mem.data_ptr(), num_stages=cfg.LOAD_PIPE_DEPTH,
-            producer_group=one, consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, producers),
-            tx_count=nbytes, cta_layout_vmnk=self.cluster_vmnk, mcast_mode_mn=mode,
-            defer_sync=True)
-        a_ring = ring(st.a_ring, self.a_bytes, n_a, (1, 0))
-        bs_ring = ring(st.bs_ring, self.bs_bytes, n_a + n_b - 1, (1, 1))
-        acc_ring = pipeline.PipelineUmmaAsync.create(
-            barrier_storage=st.acc_ring.data_ptr(), num_stages=cfg.ACC_PIPE_DEPTH,
-            producer_group=one, consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, 32 * len(self.EPI_WARPS) * 2),
-            cta_layout_vmnk=self.cluster_vmnk, defer_sync=True)
+        S, vmnk = cfg.LOAD_PIPE_DEPTH, self.cluster_vmnk
+        a_ring = tc.load_ring(st.a_ring.data_ptr(), S, self.a_bytes, n_a, vmnk, (1, 0))
+        bs_ring = tc.load_ring(st.bs_ring.data_ptr(), S, self.bs_bytes, n_a + n_b - 1, vmnk,
+                               (1, 1))
+        acc_ring = tc.acc_ring(st.acc_ring.data_ptr(), cfg.ACC_PIPE_DEPTH,
+                               32 * len(self.EPI_WARPS), vmnk)
+        clc = None
+        if cutlass.const_expr(cfg.scheduler == schedule.CLC):
+            clc = schedule.clc_ring(st.clc_ring.data_ptr(), vmnk, self.WALKERS)
+        walk = (cfg.scheduler, sched, clc, st.clc_response.data_ptr())
         alloc = tmem.tensor_allocator(
             st.tmem_addr.ptr, tmem.alloc_columns(cfg.tmem_columns_used, cfg.arch), cfg.arch,
             True, pipeline.NamedBarrier(barrier_id=2, num_threads=32 * 5), self.EPI_WARPS[0],
@@ -320,37 +321,34 @@ class GemmNvfp4Sm100:
         cluster.cluster_wait((cfg.CLUSTER_M, cfg.CLUSTER_N))
         cluster.pdl_wait()
         if warp == self.LOAD_WARP:
-            self.producer_load(sched, a_ring, bs_ring, masks, (sA, sB, sSFA, sSFB),
+            self.producer_load(walk, a_ring, bs_ring, masks, (sA, sB, sSFA, sSFB),
                                (tCgA, tCgB, tCgSFA, tCgSFB), (tma_a, tma_b, tma_sfa, tma_sfb))
         if warp == self.MMA_WARP:
-            self.mma_issue(sched, alloc, a_ring, bs_ring, acc_ring, sA, sB, sSFA, sSFB,
+            self.mma_issue(walk, alloc, a_ring, bs_ring, acc_ring, sA, sB, sSFA, sSFB,
                            tCtAcc_fake, cute.size(tCgA, mode=[4]))
         if warp < self.MMA_WARP:
-            self.consumer_finish(sched, alloc, acc_ring, tCtAcc_fake, tCgD, sD, tma_d, alpha)
+            self.consumer_finish(walk, alloc, acc_ring, tCtAcc_fake, tCgD, sD, tma_d, ga, gb)
+        if cutlass.const_expr(cfg.scheduler == schedule.CLC):
+            if warp == self.SCHED_WARP and cute.arch.block_idx_in_cluster() == 0:
+                schedule.clc_steal(schedule.Tiles.create(*walk))
 
     @cute.jit
-    def producer_load(self, sched_params, a_ring, bs_ring, masks, smem, gmem, atoms):
+    def producer_load(self, walk, a_ring, bs_ring, masks, smem, gmem, atoms):
         """Producer warp: waits `*_ring` empty, expect_bytes on the leader, TMA loads (multicast)."""
         mask_a, mask_b, mask_sfb, coord, coord_sfb = masks
         sA, sB, sSFA, sSFB = smem
         tCgA, tCgB, tCgSFA, tCgSFB = gmem
         tma_a, tma_b, tma_sfa, tma_sfb = atoms
-        by_n = lambda vmnk, mode: cute.make_layout(cute.slice_(vmnk, mode).shape)
-        a_cta = by_n(self.cluster_vmnk, (0, 0, None, 0))
-        b_cta = by_n(self.cluster_vmnk, (0, None, 0, 0))
-        sfb_cta = by_n(self.cluster_sfb_vmnk, (0, None, 0, 0))
-        part = lambda atom, c, lay, s, g: cpasync.tma_partition(
-            atom, c, lay, cute.group_modes(s, 0, 3), cute.group_modes(g, 0, 3))
-        tAsA, tAgA = part(tma_a, coord[2], a_cta, sA, tCgA)
-        tBsB, tBgB = part(tma_b, coord[1], b_cta, sB, tCgB)
-        tAsSFA, tAgSFA = part(tma_sfa, coord[2], a_cta, sSFA, tCgSFA)
-        tBsSFB, tBgSFB = part(tma_sfb, coord_sfb[1], sfb_cta, sSFB, tCgSFB)
-        tAsSFA, tAgSFA = cute.filter_zeros(tAsSFA), cute.filter_zeros(tAgSFA)
-        tBsSFB, tBgSFB = cute.filter_zeros(tBsSFB), cute.filter_zeros(tBgSFB)
+        vmnk, along_n, along_m = self.cluster_vmnk, (0, 0, None, 0), (0, None, 0, 0)
+        tAsA, tAgA = cluster.tma_partition(tma_a, coord[2], vmnk, along_n, sA, tCgA)
+        tBsB, tBgB = cluster.tma_partition(tma_b, coord[1], vmnk, along_m, sB, tCgB)
+        tAsSFA, tAgSFA = cluster.tma_partition(tma_sfa, coord[2], vmnk, along_n, sSFA, tCgSFA,
+                                               compact=True)
+        tBsSFB, tBgSFB = cluster.tma_partition(tma_sfb, coord_sfb[1], self.cluster_sfb_vmnk,
+                                               along_m, sSFB, tCgSFB, compact=True)
         k_tiles = cute.size(tAgA, mode=[2])
-        sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = sched.initial_work_tile_info()
+        tiles = schedule.Tiles.create(*walk)
+        work = tiles.first()
         a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                self.cfg.LOAD_PIPE_DEPTH)
         bs_state = a_state.clone()
@@ -362,21 +360,20 @@ class GemmNvfp4Sm100:
                           tma_bar_ptr=a_ring.producer_get_barrier(a_state), mcast_mask=mask_a)
                 a_state.advance()
                 bs_ring.producer_acquire(bs_state)
-                bar = bs_ring.producer_get_barrier(bs_state)
-                cute.copy(tma_b, tBgB[(None, ni, kt, li)], tBsB[(None, bs_state.index)],
-                          tma_bar_ptr=bar, mcast_mask=mask_b)
-                cute.copy(tma_sfa, tAgSFA[(None, mi, kt, li)], tAsSFA[(None, bs_state.index)],
+                bar, s = bs_ring.producer_get_barrier(bs_state), bs_state.index
+                cute.copy(tma_b, tBgB[(None, ni, kt, li)], tBsB[(None, s)], tma_bar_ptr=bar,
+                          mcast_mask=mask_b)
+                cute.copy(tma_sfa, tAgSFA[(None, mi, kt, li)], tAsSFA[(None, s)],
                           tma_bar_ptr=bar, mcast_mask=mask_a)
-                cute.copy(tma_sfb, tBgSFB[(None, ni, kt, li)], tBsSFB[(None, bs_state.index)],
+                cute.copy(tma_sfb, tBgSFB[(None, ni, kt, li)], tBsSFB[(None, s)],
                           tma_bar_ptr=bar, mcast_mask=mask_sfb)
                 bs_state.advance()
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
+            work = tiles.next()
         a_ring.producer_tail(a_state)
         bs_ring.producer_tail(bs_state)
 
     @cute.jit
-    def mma_issue(self, sched_params, alloc, a_ring, bs_ring, acc_ring, sA, sB, sSFA, sSFB,
+    def mma_issue(self, walk, alloc, a_ring, bs_ring, acc_ring, sA, sB, sSFA, sSFB,
                   tCtAcc_fake, k_tiles):
         """MMA warp (leader CTA issues): waits both rings and acc empty; commits rings and acc full."""
         cfg = self.cfg
@@ -390,9 +387,8 @@ class GemmNvfp4Sm100:
         cp_sfa, src_sfa, dst_sfa = tc.scale_copy(sSFA, tCtSFA, True, self.sf_dtype)
         cp_sfb, src_sfb, dst_sfb = tc.scale_copy(sSFB, tCtSFB, True, self.sf_dtype)
         tCrA, tCrB = self.mma.make_fragment_A(sA), self.mma.make_fragment_B(sB)
-        sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = sched.initial_work_tile_info()
+        tiles = schedule.Tiles.create(*walk)
+        work = tiles.first()
         cons = pipeline.PipelineUserType.Consumer
         a_state = pipeline.make_pipeline_state(cons, cfg.LOAD_PIPE_DEPTH)
         bs_state = pipeline.make_pipeline_state(cons, cfg.LOAD_PIPE_DEPTH)
@@ -426,8 +422,7 @@ class GemmNvfp4Sm100:
                     bs_state.advance()
                 acc_ring.producer_commit(acc_state)
             acc_state.advance()
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
+            work = tiles.next()
         acc_ring.producer_tail(acc_state)
 
     @cute.jit
@@ -441,39 +436,23 @@ class GemmNvfp4Sm100:
             a_ring.consumer_release(state)
 
     @cute.jit
-    def consumer_finish(self, sched_params, alloc, acc_ring, tCtAcc_fake, tCgD, sD, tma_d,
-                        alpha):
-        """Epilogue warps: wait acc full; tcgen05.ld -> bf16 -> smem -> TMA store; release acc."""
+    def consumer_finish(self, walk, alloc, acc_ring, tCtAcc_fake, tCgD, sD, tma_d, ga, gb):
+        """Epilogue warps: wait acc full; tcgen05.ld -> * gA gB -> out dtype -> smem -> TMA store;
+        release acc once read (its stores overlap the next tile's MMAs)."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         alloc.allocate(tmem.alloc_columns(cfg.tmem_columns_used, cfg.arch))
         alloc.wait_for_alloc()
         base = alloc.retrieve_ptr(cutlass.Float32)
-        tCtAcc = cute.make_tensor(base, tCtAcc_fake.layout)
-        epi = lambda t: cute.flat_divide(t, self.epi_tile)
-        # (128, EPI_N, 1, Nb/EPI_N, m half, acc stage) accumulator subtiles
-        tAcc = epi(tCtAcc[((None, None), 0, 0, 0)])
-        t2r = tcgen05.make_tmem_copy(tc.tmem_load_atom(cfg.EPI_N), tAcc[(None, None, 0, 0)])
-        thr_t2r = t2r.get_slice(tidx)
-        tTR_t = thr_t2r.partition_S(epi(tCtAcc[((None, None), None, 0, None)]))
-        tTR_g0 = thr_t2r.partition_D(epi(tCgD[((None, None), 0, 0, 0, 0, 0)]))
-        rAcc = cute.make_rmem_tensor(tTR_g0[(None, None, None, 0, 0)].shape, cutlass.Float32)
-        rD = cute.make_rmem_tensor(rAcc.shape, cutlass.BFloat16)
-        r2s = cute.make_tiled_copy_D(sm100_utils.get_smem_store_op(
-            LayoutEnum.ROW_MAJOR, cutlass.BFloat16, cutlass.Float32, t2r), t2r)
-        tRS_sD = r2s.get_slice(tidx).partition_D(sD)
-        tRS_rD = r2s.retile(rD)
-        gD_epi = epi(tCgD[((None, None), None, 0, None, None, None)])
-        bSG_sD, bSG_gD = cpasync.tma_partition(tma_d, 0, cute.make_layout(1),
-                                               cute.group_modes(sD, 0, 2),
-                                               cute.group_modes(gD_epi, 0, 2))
+        e = epilogue.tmem_store(cute.make_tensor(base, tCtAcc_fake.layout), tCgD, sD, tma_d,
+                                self.epi_tile, self.out_dtype, tidx)
         store_ring = pipeline.PipelineTmaStore.create(
             num_stages=cfg.EPI_PIPE_DEPTH,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128))
         epi_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128)
-        sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = sched.initial_work_tile_info()
+        alpha = epilogue.global_scale(ga, gb)
+        tiles = schedule.Tiles.create(*walk)
+        work = tiles.first()
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                  cfg.ACC_PIPE_DEPTH)
         steps = cfg.Nb // cfg.EPI_N
@@ -483,25 +462,16 @@ class GemmNvfp4Sm100:
             acc_ring.consumer_wait(acc_state)
             for mh in cutlass.range_constexpr(cfg.m_mmas):
                 for j in cutlass.range(steps, unroll=1):
-                    cute.copy(t2r, tTR_t[(None, None, None, 0, j, mh, acc_state.index)], rAcc)
+                    cute.copy(e.t2r, e.tmem[(None, None, None, 0, j, mh, acc_state.index)], e.acc)
                     if cutlass.const_expr(mh == cfg.m_mmas - 1):
                         if j == steps - 1:  # accumulator read: the next tile's MMAs may start
                             tc.fence_before_thread_sync()
                             acc_ring.consumer_release(acc_state)
-                    tRS_rD.store((r2s.retile(rAcc).load() * alpha).to(cutlass.BFloat16))
-                    cute.copy(r2s, tRS_rD, tRS_sD[(None, None, None, buf)])
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    epi_bar.arrive_and_wait()
-                    if cute.arch.warp_idx() == self.EPI_WARPS[0]:
-                        cute.copy(tma_d, bSG_sD[(None, buf)],
-                                  bSG_gD[(None, 0, j, mh, mi, ni, li)])
-                        store_ring.producer_commit()
-                        store_ring.producer_acquire()
-                    epi_bar.arrive_and_wait()
+                    epilogue.store_block(e, alpha, buf, tma_d, (None, 0, j, mh, mi, ni, li),
+                                         epi_bar, store_ring, self.EPI_WARPS[0])
                     buf = (buf + 1) % cfg.EPI_PIPE_DEPTH
             acc_state.advance()
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
+            work = tiles.next()
         cluster.pdl_launch_dependents()
         alloc.relinquish_alloc_permit()
         epi_bar.arrive_and_wait()
@@ -509,20 +479,31 @@ class GemmNvfp4Sm100:
         store_ring.producer_tail()
 
 
-# --- fake-tensor compile (no GPU needed) -------------------------------------------------
+# --- launch arguments and fake-pointer compile (no GPU needed) ----------------------------
+def launch_args(cfg: Config, addr: dict, m: int, n: int, k: int, l: int = 1,
+                max_active_clusters: int | None = None, stream=None) -> tuple:
+    """`GemmNvfp4Sm100.__call__` arguments from device addresses (keys a, b, sfa, sfb, d, ga,
+    gb) and sizes; the torch entry (`tk_cute.nvfp4.dispatch_sm100`) and `compile` share it."""
+    from cutlass.cute.runtime import make_ptr
+
+    sf = tc.SCALE_TYPES[cfg.sf]
+    types = {"a": (cutlass.Float4E2M1FN, 32), "b": (cutlass.Float4E2M1FN, 32), "sfa": (sf, 16),
+             "sfb": (sf, 16), "d": (OUT_TYPES[cfg.out], 16), "ga": (cutlass.Float32, 4),
+             "gb": (cutlass.Float32, 4)}
+    ptrs = [make_ptr(dt, addr[key], cute.AddressSpace.gmem, assumed_align=align)
+            for key, (dt, align) in types.items()]
+    clusters = max_active_clusters or (
+        (target(cfg.arch).sm_count or 148) // (cfg.CLUSTER_M * cfg.CLUSTER_N))
+    sizes = [cutlass.Int32(x) for x in (m, n, k, l)]
+    return (*ptrs, *sizes, clusters, stream if stream is not None else cuda.CUstream(0))
+
+
 def compile(cfg: Config, m: int = 8192, n: int = 8192, k: int = 8192,
             max_active_clusters: int | None = None):
     """Build the kernel for `cfg.arch` from fake pointers; returns (`tk_cute.compile.Build`, kernel)."""
-    from cutlass.cute.runtime import make_ptr
-
     from tk_cute.compile import build
 
-    t = target(cfg.arch)
     kern = GemmNvfp4Sm100(cfg)
-    sf = tc.SCALE_TYPES[cfg.sf]
-    ptr = lambda dt, align: make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=align)
-    clusters = max_active_clusters or (t.sm_count or 148) // (cfg.CLUSTER_M * cfg.CLUSTER_N)
-    b = build(kern, ptr(cutlass.Float4E2M1FN, 32), ptr(cutlass.Float4E2M1FN, 32), ptr(sf, 16),
-              ptr(sf, 16), ptr(cutlass.BFloat16, 16), cutlass.Float32(1.0), cutlass.Int32(m),
-              cutlass.Int32(n), cutlass.Int32(k), clusters, cuda.CUstream(0), arch=cfg.arch)
-    return b, kern
+    addr = dict.fromkeys(("a", "b", "sfa", "sfb", "d", "ga", "gb"), 0)
+    return build(kern, *launch_args(cfg, addr, m, n, k, 1, max_active_clusters),
+                 arch=cfg.arch), kern

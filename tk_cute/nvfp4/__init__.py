@@ -25,7 +25,7 @@ from .format import (
     pack_fp4,
     unpack_fp4,
 )
-from .gemm import gemm, gemm_reference
+from .gemm import gemm, gemm_reference, w4a16_reference
 from .quantize import quantize, quantize_reference
 from .tensor import NVFP4Tensor, dequantize
 
@@ -50,4 +50,5 @@ __all__ = [
     "quantize_reference",
     "to_blocked",
     "unpack_fp4",
+    "w4a16_reference",
 ]

@@ -10,7 +10,8 @@ for K < 2^19). The exact sum is then converted to float64, multiplied by ``2^-20
 (exact in float64) and cast to the output dtype: at most two float64 roundings (relative error
 < 2^-51) before the cast. A kernel accumulating in float32 is then judged against the true value.
 
-`gemm` is the public entry point: it validates and, until kernels land, returns the reference.
+`gemm` is the public entry point: it validates and dispatches by device and shape (see its
+docstring); W4A16 (a bf16 activation matrix times NVFP4 weights) goes through it too.
 """
 
 from __future__ import annotations
@@ -96,11 +97,56 @@ def gemm_reference(
     return (acc.double() * scale).to(out_dtype)
 
 
-def gemm(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def _check_w4a16_operands(a, b, out_dtype) -> None:
+    """W4A16: a bf16 (M, K) activation tensor and NVFP4 weights b (N, K)."""
+    if not isinstance(b, NVFP4Tensor):
+        raise TypeError(f"gemm operand b must be an NVFP4Tensor, got {type(b).__name__}")
+    if a.dtype != torch.bfloat16 or a.dim() != 2:
+        raise TypeError(f"a W4A16 activation must be a 2-D bfloat16 tensor, got {a.dtype} "
+                        f"{tuple(a.shape)}")
+    if b.ndim != 2:
+        raise ValueError(f"W4A16 weights must be 2-D (N, K), got {tuple(b.shape)}")
+    if a.shape[1] != b.K:
+        raise ValueError(f"gemm K mismatch: a has K={a.shape[1]}, b has K={b.K} (D = a @ b^T)")
+    if a.device != b.device:
+        raise ValueError(f"gemm operands must be on one device: a is on {a.device}, b on {b.device}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"gemm out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+
+
+def w4a16_reference(a: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """``D = a @ deq(b)^T`` in float64 (bf16 activations and decoded weights are exact there),
+    then cast."""
+    _check_w4a16_operands(a, b, out_dtype)
+    return (a.double() @ b.dequantize(torch.float64).t()).to(out_dtype)
+
+
+def _kernel_for(a, b, out_dtype):
+    """The GPU kernel entry for these operands, or None (then the reference runs)."""
+    if b.device.type != "cuda" or b.ndim != 2 or out_dtype == torch.float32:
+        return None
+    from tk_cute import arch
+
+    target = arch.device_target(b.device)
+    M, N, K = a.shape[-2], b.shape[-2], b.K
+    if target.family == "hopper":
+        from tk_cute.kernels.gemm import nvfp4_sm90
+
+        if nvfp4_sm90.supports(M, N, K):
+            return nvfp4_sm90.gemm
+    return None
+
+
+def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """``D = a @ b^T`` for NVFP4 operands (public entry point; kernels dispatch from here).
 
+    On a Hopper GPU, shapes with M % 128 == 0, N % 256 == 0, K % 64 == 0 run the emulating
+    kernel (`kernels/gemm/nvfp4_sm90.py`, bf16/fp16 output); everything else (CPU tensors,
+    batched operands, float32 output, other shapes) runs the exact reference on the operands'
+    device: correct, not fast.
+
     Args:
-        a: NVFP4Tensor (M, K) or (L, M, K), K-major.
+        a: NVFP4Tensor (M, K) or (L, M, K), K-major; or a bfloat16 (M, K) tensor (W4A16).
         b: NVFP4Tensor (N, K) or (L, N, K), K-major.
         out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
 
@@ -108,7 +154,14 @@ def gemm(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16
         D, (M, N) or (L, M, N), of out_dtype.
 
     Raises:
-        TypeError, ValueError: see `_check_gemm_operands`.
+        TypeError, ValueError: see `_check_gemm_operands` / `_check_w4a16_operands`.
     """
-    _check_gemm_operands(a, b, out_dtype)
-    return gemm_reference(a, b, out_dtype)
+    w4a16 = isinstance(a, torch.Tensor)
+    if w4a16:
+        _check_w4a16_operands(a, b, out_dtype)
+    else:
+        _check_gemm_operands(a, b, out_dtype)
+    kernel = _kernel_for(a, b, out_dtype)
+    if kernel is not None:
+        return kernel(a, b, out_dtype)
+    return w4a16_reference(a, b, out_dtype) if w4a16 else gemm_reference(a, b, out_dtype)

@@ -67,3 +67,13 @@ def pdl_wait():
 def pdl_launch_dependents():
     """`griddepcontrol.launch_dependents`: let the next kernel start its prologue (PDL)."""
     cute.arch.griddepcontrol_launch_dependents()
+
+
+def tma_partition(atom, cta_coord, cluster_vmnk, mode, smem, gmem, compact: bool = False):
+    """TMA views of staged `smem` (MMA, M, K, stage) and tiled `gmem` for the CTAs that share a
+    multicast along `mode` of the cluster (e.g. (0, 0, None, 0): A along N); `compact` drops
+    stride-0 modes (scale factors)."""
+    ctas = cute.make_layout(cute.slice_(cluster_vmnk, mode).shape)
+    s, g = cpasync.tma_partition(atom, cta_coord, ctas, cute.group_modes(smem, 0, 3),
+                                 cute.group_modes(gmem, 0, 3))
+    return (cute.filter_zeros(s), cute.filter_zeros(g)) if compact else (s, g)

@@ -98,25 +98,28 @@ def max_u16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
 
 @dsl_user_op
 def ue4m3_encode_hw(t: Float32, *, loc=None, ip=None) -> Uint32:
-    """E4M3 byte of t (RNE, satfinite: > 448 and +Inf give 0x7E) via ``cvt...e4m3x2`` (sm_89+)."""
+    """UE4M3 byte of |t| (RNE, satfinite: > 448 and Inf give 0x7E, NaN 0x7F) via
+    ``cvt...e4m3x2`` (sm_89+). A scale is unsigned: the sign bit is dropped, so -0.0 gives 0x00
+    (the cvt alone gives 0x80)."""
     text = (
         "{ .reg .b16 h; cvt.rn.satfinite.e4m3x2.f32 h, $1, $1; cvt.u32.u16 $0, h; "
-        "and.b32 $0, $0, 255; }"
+        "and.b32 $0, $0, 127; }"
     )
     return Uint32(_asm(T.i32(), [_f32(t)], text, "=r,f", loc, ip))
 
 
 @dsl_user_op
 def ue4m3_encode_sw(t: Float32, *, loc=None, ip=None) -> Uint32:
-    """E4M3 byte of t >= 0 (RNE, satfinite, NaN -> 0x7F) with integer/float ops only.
+    """UE4M3 byte of |t| (RNE, satfinite, NaN -> 0x7F) with integer/float ops only; the same
+    bytes as `ue4m3_encode_hw` for every float32 (-0.0 -> 0x00: a scale has no sign).
 
-    a = min(t, 448); c = 2^(max(e, -6) + 20) has ulp = the E4M3 quantum at a's exponent, so
+    a = min(|t|, 448); c = 2^(max(e, -6) + 20) has ulp = the E4M3 quantum at a's exponent, so
     a + c rounds a (RNE); byte = bits(a + c) - bits(c) + 8 * (e + 6) = ... + (bits(c) >> 20) - 1128.
     """
     text = (
         "{ .reg .f32 a, c, f; .reg .b32 cb, fb, g; .reg .pred isn;\n"
         "testp.notanumber.f32 isn, $1;\n"
-        "min.f32 a, $1, 0f43E00000;\n"  # 448
+        "abs.f32 a, $1; min.f32 a, a, 0f43E00000;\n"  # 448
         "max.f32 c, a, 0f3C800000;\n"  # 2^-6
         "mov.b32 cb, c; and.b32 cb, cb, 0x7F800000; add.s32 cb, cb, 0x0A000000;\n"  # *2^20
         "mov.b32 c, cb; add.rn.f32 f, a, c; mov.b32 fb, f;\n"

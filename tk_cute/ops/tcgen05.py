@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import tcgen05
 from cutlass.cute.nvgpu.tcgen05 import CollectorOp, CtaGroup, Field
@@ -129,3 +131,43 @@ def fence_before_thread_sync(*, loc=None, ip=None):
 def fence_after_thread_sync(*, loc=None, ip=None):
     """`tcgen05.fence::after_thread_sync`: order later tcgen05 ops after a barrier wait."""
     nvvm.tcgen05_fence(nvvm.Tcgen05FenceKind.AFTER_THREAD_SYNC, loc=loc, ip=ip)
+
+
+# --- TMA -> MMA plumbing of a CTA pair -------------------------------------------------------
+_TMA_OPS = {
+    "A": (sm100_utils.cluster_shape_to_tma_atom_A, cute.nvgpu.make_tiled_tma_atom_A),
+    "B": (sm100_utils.cluster_shape_to_tma_atom_B, cute.nvgpu.make_tiled_tma_atom_B),
+    "SFB": (sm100_utils.cluster_shape_to_tma_atom_SFB, cute.nvgpu.make_tiled_tma_atom_B),
+}
+
+
+def tma_load(operand: str, tensor, smem, tiler, mma, cluster_vmnk, cluster_mn, pair_thr,
+             internal_type=None):
+    """Host: TMA load atom and tensor of an MMA `operand` ("A" rows, "B" columns, "SFB"),
+    multicast over the CTAs that share it; `smem` is the staged layout (stage 0 is used)."""
+    op, make = _TMA_OPS[operand]
+    kw = {} if internal_type is None else {"internal_type": internal_type}
+    return make(op(cluster_mn, pair_thr), tensor, cute.slice_(smem, (None, None, None, 0)),
+                tiler, mma, cluster_vmnk, **kw)
+
+
+def load_ring(barriers, stages: int, stage_bytes: int, consumers: int, cluster_vmnk, mcast_mn):
+    """TK's inputs_arrived / inputs_finished ring from TMA to the pair's MMA: full barriers
+    expect `stage_bytes` on the leader CTA; `tensor_commit` frees a stage in the `consumers`
+    CTAs that multicast into it (`mcast_mn`: which of M, N the stage's data is multicast along)."""
+    one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+    return pipeline.PipelineTmaUmma.create(
+        barrier_storage=barriers, num_stages=stages, producer_group=one,
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumers),
+        tx_count=stage_bytes, cta_layout_vmnk=cluster_vmnk, mcast_mode_mn=mcast_mn,
+        defer_sync=True)
+
+
+def acc_ring(barriers, stages: int, epilogue_threads: int, cluster_vmnk):
+    """Accumulator ring: the MMA warp commits a finished tile, the epilogue threads of both
+    CTAs of the pair release it once read."""
+    return pipeline.PipelineUmmaAsync.create(
+        barrier_storage=barriers, num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 * epilogue_threads),
+        cta_layout_vmnk=cluster_vmnk, defer_sync=True)

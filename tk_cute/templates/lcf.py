@@ -4,11 +4,13 @@ The kernel subclasses `LCF`, declares the shared tiles one pipeline stage holds 
 writes, as TK's `lcf` asks:
   - `load(g, inputs, at, k, barrier, multicast)`: the producer (one warp) issues the TMA loads of
     K-step `k` of output tile `at` into the stage tensors `inputs`, completing on `barrier`;
-  - `setup(g, thread)`: once per consumer thread, returns its state (accumulators, ...);
+  - `setup(g, thread, smem)`: once per consumer thread, returns its state (accumulators, the
+    consumers' own shared tiles from `smem`, ...);
   - `compute(g, state, inputs, k)`: consume one stage (issue the MMAs; the template commits
     them and frees the stage once the next batch is issued, keeping one batch in flight);
-  - `finish(g, state, at, smem, thread)`: write tile `at` out (epilogue buffers in `smem`, which
-    `finish_tiles` declares).
+  - `finish(g, state, at, smem, thread)`: write tile `at` out (epilogue buffers in `smem`).
+`finish_tiles` and `scratch_tiles` declare the consumers' shared tiles (name -> (tile, count));
+the template allocates them once, beside the ring, and hands them over as `smem`.
 The template: one producer warpgroup (registers lowered to PRODUCER_REGISTERS) and
 NUM_CONSUMERS consumer warpgroups (raised to CONSUMER_REGISTERS) that share one accumulator tile
 (each owns Mb / NUM_CONSUMERS rows); a LOAD_PIPE_DEPTH-stage ring of the `inputs` with
@@ -51,6 +53,12 @@ class LCF:
     def finish_tiles(self) -> dict[str, tuple[st, int]]:
         return {}
 
+    def scratch_tiles(self) -> dict[str, tuple[st, int]]:
+        return {}
+
+    def consumer_tiles(self) -> dict[str, tuple[st, int]]:
+        return {**self.scratch_tiles(), **self.finish_tiles()}
+
     # --- sizes ----------------------------------------------------------------------------
     @property
     def threads(self) -> int:
@@ -59,7 +67,7 @@ class LCF:
     def dynamic_shared_memory(self) -> int:
         """Bytes of shared memory the kernel allocates (ring + finish buffers + barriers)."""
         tiles = [(t, self.LOAD_PIPE_DEPTH) for t in self.inputs().values()]
-        tiles += list(self.finish_tiles().values())
+        tiles += list(self.consumer_tiles().values())
         return smem_bytes(*tiles, barriers=2 * self.LOAD_PIPE_DEPTH)
 
     def stage_bytes(self) -> int:
@@ -103,7 +111,7 @@ class LCF:
         smem = Shared()
         ring = self._ring(smem.barriers(2 * self.LOAD_PIPE_DEPTH))
         inputs = {name: smem.alloc(tile, self.LOAD_PIPE_DEPTH) for name, tile in self.inputs().items()}
-        finish_smem = {name: smem.alloc(t, n) for name, (t, n) in self.finish_tiles().items()}
+        consumer_smem = {name: smem.alloc(t, n) for name, (t, n) in self.consumer_tiles().items()}
         k_steps = self.k_steps(g)
         pipeline.pipeline_init_wait(cluster_shape_mn=(self.CLUSTER_M, self.CLUSTER_N))
 
@@ -129,7 +137,7 @@ class LCF:
         else:
             warpgroup.increase_registers(self.CONSUMER_REGISTERS)
             thread = cute.arch.thread_idx()[0] - warpgroup.WARPGROUP_THREADS
-            acc_state = self.setup(g, thread)
+            acc_state = self.setup(g, thread, consumer_smem)
             tiles = utils.StaticPersistentTileScheduler.create(
                 params, cute.arch.block_idx(), cute.arch.grid_dim())
             work = tiles.initial_work_tile_info()
@@ -152,7 +160,7 @@ class LCF:
                 warpgroup.mma_async_wait(0)
                 ring.consumer_release(release)
                 release.advance()
-                self.finish(g, acc_state, at, finish_smem, thread)
+                self.finish(g, acc_state, at, consumer_smem, thread)
                 tiles.advance_to_next_work()
                 work = tiles.get_current_work()
             self.finish_tail()

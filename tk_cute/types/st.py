@@ -32,9 +32,14 @@ class st:
     dtype: type
     rows: int
     cols: int
+    swizzle: bool = True  # False: plain row-major (tiles only threads read, e.g. FP4 bytes)
 
     def __post_init__(self):
         row_bytes = self.cols * self.dtype.width // 8
+        if not self.swizzle:
+            if row_bytes % 16:
+                raise ValueError(f"st row of {row_bytes} bytes: TMA rows are multiples of 16 B")
+            return
         if self.rows % 8 or self.cols <= 0:
             raise ValueError(f"st rows must be a positive multiple of 8 (seen {self.rows})")
         if row_bytes % 32:
@@ -52,7 +57,10 @@ class st:
         return (self.rows, self.cols)
 
     def layout(self, stages: int = 1):
-        """The staged swizzled layout (rows, cols, stages) as a CuTe ComposedLayout."""
+        """The staged layout (rows, cols, stages): a CuTe ComposedLayout when swizzled."""
+        if not self.swizzle:
+            return cute.make_layout((self.rows, self.cols, stages),
+                                    stride=(self.cols, 1, self.rows * self.cols))
         atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.cols),
             self.dtype,
@@ -85,6 +93,8 @@ class Shared:
                 tile.dtype, cute.make_layout((tile.n, stages)), byte_alignment=16
             )
         layout = tile.layout(stages)
+        if not tile.swizzle:
+            return self._alloc.allocate_tensor(tile.dtype, layout, byte_alignment=128)
         return self._alloc.allocate_tensor(
             tile.dtype, layout.outer, byte_alignment=TILE_ALIGN, swizzle=layout.inner
         )
@@ -100,6 +110,7 @@ def smem_bytes(*tiles: tuple[st | sv, int], barriers: int = 0) -> int:
     total = 8 * barriers
     for tile, stages in tiles:
         if isinstance(tile, st):
-            total = -(-total // TILE_ALIGN) * TILE_ALIGN
+            align = TILE_ALIGN if tile.swizzle else 128
+            total = -(-total // align) * align
         total += tile.bytes * stages
     return total

@@ -43,9 +43,8 @@ def _encode_kernel(arch: cutlass.Constexpr, y: cute.Tensor, packed: cute.Tensor,
     if i < n8:
         v = [Float32(y[8 * i + j]) for j in range(8)]
         packed[i] = Int32(fp4.e2m1x8_encode(v, arch))
-        for j in cutlass.range_constexpr(8):
-            t = cute.arch.fmax(v[j], Float32(0.0))  # UE4M3 encodes t >= 0 (or +Inf)
-            e4[8 * i + j] = Int32(fp4.ue4m3_encode_sw(t) | (fp4.ue4m3_encode_hw(t) << 8))
+        for j in cutlass.range_constexpr(8):  # UE4M3 encodes |t|: negatives and -0 too
+            e4[8 * i + j] = Int32(fp4.ue4m3_encode_sw(v[j]) | (fp4.ue4m3_encode_hw(v[j]) << 8))
 
 
 @cute.jit
@@ -149,7 +148,11 @@ def test_encode_matches_host_rne():
         have = packed.cpu().view(torch.uint8).view(-1, 4)
         bad = (want != have).any(1).nonzero().view(-1)
         assert bad.numel() == 0, f"{path} E2M1: inputs {y.view(-1, 8)[bad[:3]].tolist()}"
-        want4 = e4m3_encode_rne(y.clamp(min=0.0)).to(torch.int32)
+        # UE4M3 is unsigned: the byte of |y|, so -0.0 (and any negative) never sets bit 7.
+        # (Regression: the old reference e4m3_encode_rne(y.clamp(min=0.0)) kept -0.0's sign,
+        # 0x80, which the cvt matched and the software encode did not.)
+        want4 = e4m3_encode_rne(y.abs()).to(torch.int32)
+        assert int(want4.max()) <= 0x7E
         e4 = e4.cpu()
         for name, have4 in (("sw", e4 & 0xFF), ("hw", (e4 >> 8) & 0xFF)):
             bad = (want4 != have4).nonzero().view(-1)

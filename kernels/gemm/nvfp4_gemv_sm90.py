@@ -1,0 +1,500 @@
+# SPDX-License-Identifier: MIT
+"""Small-M NVFP4 GEMM for Hopper (decode): D (M, N) = A (M, K) @ deq(B)^T, M <= 64, streaming B.
+
+B is NVFP4 weights (N, K); A is bf16 activations (W4A16) or NVFP4 (W4A4). There is no FP4 tensor
+core on sm_90a, so each warp computes D^T = W X^T with ``mma.sync m16n8k16`` bf16 (Marlin-style):
+the MMA's 16 rows are weight rows, its 8 columns activation rows. A thread (group g = lane/4,
+t = lane%4) loads 16 bytes (32 codes) of weight rows g and g+8 per 128-K step with one LDG.128
+each, decodes the nibbles straight into A fragments (prmt + imad + lop3, no lookup table) and
+folds in the UE4M3 scale with one exact ``mul.bf16x2``: w = e2m1 * sf * 2^-7. The 16 K-slots of
+an MMA hold, per thread, K elements 32t + 4j .. +3, the same permutation for the activation
+fragment, so both sides are plain contiguous loads. Products are exact; fp32 accumulation.
+Grid (N / rows, S): CTA (r, s) owns `rows` weight rows (WN warps x MT MMA tiles) and the s-th
+of S K-slices; its fp32 partial goes to a workspace and the last CTA of a row block (atomic
+counter, reset by it) sums the S partials in order (deterministic), applies 2^7 (2^14 for
+W4A4) * global scales and writes D. Constraints (checked): M <= 64, K % 128 == 0, N % 32 == 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from tk_cute.ops.nvfp4 import mul_bf16x2
+
+STEP_K = 128  # K elements per warp step: 4 lanes x 32 codes (one LDG.128 per weight row)
+MAX_M = 64
+OUT_TYPES = ("bfloat16", "float16", "float32")
+BF16_2P120, BF16_2P119 = 0x7B807B80, 0x7B007B00  # 2^120, 2^119 in both bf16 halves
+
+
+@dataclass(frozen=True)
+class Config:
+    """MT: 16-row MMA tiles per warp; NT: 8-column MMA tiles (M <= 8*NT); WN: warps per CTA
+    (stacked along N); UNROLL: 128-K steps whose loads are issued together; w4a4: A is NVFP4."""
+
+    MT: int = 2
+    NT: int = 2
+    WN: int = 8
+    UNROLL: int = 4
+    w4a4: bool = False
+    out_dtype: str = "bfloat16"
+
+    def __post_init__(self):
+        if self.MT not in (1, 2, 4) or self.NT not in (1, 2, 4, 8):
+            raise ValueError(f"MT must be 1, 2 or 4 and NT 1, 2, 4 or 8, got {self.MT}, {self.NT}")
+        if self.WN not in (1, 2, 4, 8, 16) or self.UNROLL not in (1, 2, 4):
+            raise ValueError(f"WN must be 1..16 (power of 2) and UNROLL 1, 2 or 4, "
+                             f"got {self.WN}, {self.UNROLL}")
+        if self.out_dtype not in OUT_TYPES:
+            raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
+
+    @property
+    def rows(self) -> int:  # weight rows per CTA
+        return 16 * self.MT * self.WN
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.WN
+
+    @property
+    def k_chunk(self) -> int:  # K elements per main-loop trip
+        return STEP_K * self.UNROLL
+
+    @property
+    def m_pad(self) -> int:  # activation rows per CTA partial (MMA columns)
+        return 8 * self.NT
+
+
+def config_for(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = "bfloat16") -> Config:
+    """The default configuration for a problem (raises ValueError if the shape is unsupported)."""
+    if not 1 <= M <= MAX_M:
+        raise ValueError(f"gemm_small_m supports 1 <= M <= {MAX_M}, got M={M}")
+    if K % STEP_K:
+        raise ValueError(f"gemm_small_m needs K to be a multiple of {STEP_K}, got K={K}")
+    if N % 32:
+        raise ValueError(f"gemm_small_m needs N to be a multiple of 32, got N={N}")
+    NT = max(1, -(-M // 8))
+    NT = 1 << (NT - 1).bit_length()
+    WN = 4 if M <= 8 else 8
+    while WN > 1 and N % (32 * WN):
+        WN //= 2
+    unroll = 4 if NT <= 2 else 2
+    while (K // STEP_K) % unroll:
+        unroll //= 2
+    return Config(MT=2, NT=NT, WN=WN, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype)
+
+
+def split_k(cfg: Config, N: int, K: int, sms: int, ctas_per_sm: int = 2) -> int:
+    """S: K-slices per row block, a divisor of K / k_chunk giving about ctas_per_sm CTAs per SM
+    (x8 warps): enough 16-byte loads in flight to cover HBM latency."""
+    chunks, blocks = K // cfg.k_chunk, N // cfg.rows
+    want = max(1, sms * ctas_per_sm * 8 // cfg.WN) / blocks
+    divisors = [d for d in range(1, chunks + 1) if chunks % d == 0]
+    return min(divisors, key=lambda d: (abs((d / want) - 1) if d >= want else (want / d - 1), -d))
+
+
+# ---------------------------------------------------------------- PTX the kernel needs
+
+
+def _asm(ret, args, text, constraints, loc=None, ip=None, side_effects=False):
+    return llvm.inline_asm(ret, [a.ir_value(loc=loc, ip=ip) for a in args], text, constraints,
+                           has_side_effects=side_effects, is_align_stack=False,
+                           asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def _unpack(res, ty, n, cls, loc=None, ip=None):
+    return [cls(llvm.extractvalue(ty, res, [i], loc=loc, ip=ip)) for i in range(n)]
+
+
+@dsl_user_op
+def ld_v4(addr: Int64, stream: bool, *, loc=None, ip=None) -> list:
+    """16 bytes at `addr` (read-only path); `stream`: no L1 allocation (weights read once)."""
+    hint = ".L1::no_allocate" if stream else ""
+    ret = llvm.StructType.get_literal([T.i32()] * 4)
+    text = f"ld.global.nc{hint}.v4.u32 {{$0, $1, $2, $3}}, [$4];"
+    res = _asm(ret, [Int64(addr)], text, "=r,=r,=r,=r,l", loc, ip)
+    return _unpack(res, T.i32(), 4, Uint32, loc, ip)
+
+
+@dsl_user_op
+def ld_u16(addr: Int64, *, loc=None, ip=None) -> Uint32:
+    return Uint32(_asm(T.i32(), [Int64(addr)], "ld.global.nc.u16 $0, [$1];", "=r,l", loc, ip))
+
+
+@dsl_user_op
+def prmt(a: Uint32, b: Uint32, sel: int, *, loc=None, ip=None) -> Uint32:
+    return Uint32(_asm(T.i32(), [Uint32(a), Uint32(b)], f"prmt.b32 $0, $1, $2, {sel};",
+                       "=r,r,r", loc, ip))
+
+
+@dsl_user_op
+def mma_bf16(a: list, b: list, c: list, *, loc=None, ip=None) -> list:
+    """c += A (16x16) B (16x8): ``mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32``."""
+    ret = llvm.StructType.get_literal([T.f32()] * 4)
+    text = ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, "
+            "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+    args = [Uint32(v) for v in a] + [Uint32(v) for v in b] + [Float32(v) for v in c]
+    res = _asm(ret, args, text, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", loc, ip)
+    return _unpack(res, T.f32(), 4, Float32, loc, ip)
+
+
+@dsl_user_op
+def st_v2_f32(addr: Int64, x: Float32, y: Float32, *, loc=None, ip=None) -> None:
+    _asm(None, [Int64(addr), Float32(x), Float32(y)], "st.global.v2.f32 [$0], {$1, $2};",
+         "l,f,f", loc, ip, True)
+
+
+@dsl_user_op
+def ld_cg_v4_f32(addr: Int64, *, loc=None, ip=None) -> list:
+    """16 bytes from L2 (``.cg``: never a stale L1 line; other CTAs wrote them)."""
+    ret = llvm.StructType.get_literal([T.f32()] * 4)
+    res = _asm(ret, [Int64(addr)], "ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];",
+               "=f,=f,=f,=f,l", loc, ip, True)
+    return _unpack(res, T.f32(), 4, Float32, loc, ip)
+
+
+@dsl_user_op
+def arrive_count(addr: Int64, last: Int32, *, loc=None, ip=None) -> Uint32:
+    """Atomically count one arrival at `addr` (acq_rel, gpu); 1 for the `last`-th (0-based)
+    arrival, which also resets the counter to 0 for the next launch."""
+    text = ("{ .reg .u32 old; .reg .pred p; atom.acq_rel.gpu.global.add.u32 old, [$1], 1;\n"
+            "setp.eq.u32 p, old, $2; selp.u32 $0, 1, 0, p; @p st.relaxed.gpu.global.u32 [$1], 0; }")
+    return Uint32(_asm(T.i32(), [Int64(addr), Int32(last)], text, "=r,l,r", loc, ip, True))
+
+
+@dsl_user_op
+def cta_any(v: Uint32, *, loc=None, ip=None) -> Uint32:
+    """CTA barrier that also ORs `v != 0` over all threads (``bar.red.or.pred``)."""
+    text = ("{ .reg .pred p, q; setp.ne.u32 p, $1, 0; bar.red.or.pred q, 0, p; "
+            "selp.u32 $0, 1, 0, q; }")
+    return Uint32(_asm(T.i32(), [Uint32(v)], text, "=r,r", loc, ip, True))
+
+
+@dsl_user_op
+def st_out(addr: Int64, x: Float32, dtype: str, *, loc=None, ip=None) -> None:
+    if dtype == "float32":
+        text, c = "st.global.f32 [$0], $1;", "l,f"
+    else:
+        cvt = "cvt.rn.bf16.f32" if dtype == "bfloat16" else "cvt.rn.f16.f32"
+        text, c = f"{{ .reg .b16 h; {cvt} h, $1; st.global.b16 [$0], h; }}", "l,f"
+    _asm(None, [Int64(addr), Float32(x)], text, c, loc, ip, True)
+
+
+# ---------------------------------------------------------------- decode (thread scope)
+
+# prmt selectors: byte 0 <- u.byte j (even nibble 2j), byte 2 <- v.byte j (odd nibble 2j+1);
+# bytes 1, 3 sign-replicate a byte whose top bit is 0, i.e. 0x00.
+_PAIR_SEL = [j | (8 | j) << 4 | (4 + j) << 8 | (12 + j) << 12 for j in range(4)]
+
+
+def scale_pair(h: Uint32) -> tuple:
+    """Two UE4M3 bytes (h = lo | hi << 8) -> (F_lo, F_hi): bf16x2 words holding sf * 2^119 in
+    both halves, exact (subnormal scales too: bits << 4 is sf * 2^-120 as bf16)."""
+    p = prmt(h, Uint32(0), 0x4140) << 4  # [lo << 4, hi << 4] as bf16 halves
+    f = mul_bf16x2(mul_bf16x2(p, Uint32(BF16_2P120)), Uint32(BF16_2P119))
+    return prmt(f, f, 0x1010), prmt(f, f, 0x3232)
+
+
+def decode8(q: Uint32, f: Uint32) -> list:
+    """8 E2M1 codes (element i in nibble i) -> 4 bf16x2 words (elements 2j, 2j+1) of e2m1*sf*2^-7.
+
+    t = [nibble 2j, 0, nibble 2j+1, 0]; t * (2^6 + 2^12) puts the magnitude bits at 6..8 (bf16
+    exponent 0..3, mantissa top bit: e2m1 * 2^-126, subnormal for 0.5 as E2M1 is) and the sign at
+    15 without carries; the lop3 keeps those bits; the multiply by F = sf * 2^119 is exact."""
+    u = q & 0x0F0F0F0F
+    v = (q >> 4) & 0x0F0F0F0F
+    return [mul_bf16x2((prmt(u, v, s) * 0x1040) & 0x81C081C0, f) for s in _PAIR_SEL]
+
+
+def scale_row_offset(n, K):
+    """Byte offset of row n's first scale in the blocked layout (see tk_cute.layouts)."""
+    rk = Int64(K // 64)
+    n = Int64(n)
+    return (n // 128) * rk * 512 + (n % 32) * 16 + ((n // 32) % 4) * 4
+
+
+# ---------------------------------------------------------------- kernel
+
+
+@cute.kernel
+def _kernel(cfg: cutlass.Constexpr, w: cute.Tensor, wsf: cute.Tensor, x: cute.Tensor,
+            xsf: cute.Tensor, gs: cute.Tensor, out: cute.Tensor, ws: cute.Tensor,
+            counters: cute.Tensor, M: Int32, N: Int32, K: Int32, trips: Int32):
+    MT, NT, U = cfg.MT, cfg.NT, cfg.UNROLL
+    tidx, _, _ = cute.arch.thread_idx()
+    rb, s, _ = cute.arch.block_idx()
+    _, S, _ = cute.arch.grid_dim()
+    warp, lane = tidx // 32, tidx % 32
+    g, t = lane // 4, lane % 4
+    k_begin = Int64(s) * Int64(trips) * cfg.k_chunk  # this CTA's K slice
+    n_warp = rb * cfg.rows + warp * (16 * MT)
+
+    # Per-thread row addresses (weights rows g, g+8 of each MMA tile; activation rows 8nt+g).
+    w_base, sf_base = w.iterator.toint(), wsf.iterator.toint()
+    w_rows, sf_rows = [], []
+    for mt in cutlass.range_constexpr(MT):
+        for h in cutlass.range_constexpr(2):
+            n = n_warp + 16 * mt + 8 * h + g
+            w_rows.append(w_base + Int64(n) * Int64(K // 2) + (k_begin // 2 + 16 * t))
+            sf_rows.append(sf_base + scale_row_offset(n, K)
+                           + (k_begin // 64 + t // 2) * 512 + 2 * (t % 2))
+    x_base = x.iterator.toint()
+    x_rows, xsf_rows = [], []
+    for nt in cutlass.range_constexpr(NT):
+        m = Int64(cutlass.min(8 * nt + g, M - 1))  # rows past M repeat row M-1 (discarded)
+        if cutlass.const_expr(cfg.w4a4):
+            x_rows.append(x_base + m * Int64(K // 2) + (k_begin // 2 + 16 * t))
+            xsf_rows.append(xsf.iterator.toint() + scale_row_offset(m, K)
+                            + (k_begin // 64 + t // 2) * 512 + 2 * (t % 2))
+        else:
+            x_rows.append(x_base + (m * Int64(K) + k_begin + 32 * t) * 2)
+
+    acc = cute.make_rmem_tensor((MT * NT * 4,), Float32)
+    for i in cutlass.range_constexpr(MT * NT * 4):
+        acc[i] = Float32(0.0)
+
+    for trip in cutlass.range(trips, unroll=1):
+        # Weights and scales for UNROLL steps first: 2*MT LDG.128 + 2*MT LDG.16 per step.
+        wq, wf = [], []
+        for u in cutlass.range_constexpr(U):
+            kk = Int64(trip * U + u)
+            wq.append([ld_v4(a + kk * (STEP_K // 2), True) for a in w_rows])
+            wf.append([scale_pair(ld_u16(a + kk * 1024)) for a in sf_rows])
+        for u in cutlass.range_constexpr(U):
+            kk = Int64(trip * U + u)
+            xb = _activations(cfg, x_rows, xsf_rows, kk)
+            for j in cutlass.range_constexpr(4):  # 32-bit word j of each row: MMAs 2j, 2j+1
+                for mt in cutlass.range_constexpr(MT):
+                    lo = decode8(wq[u][2 * mt][j], wf[u][2 * mt][j // 2])
+                    hi = decode8(wq[u][2 * mt + 1][j], wf[u][2 * mt + 1][j // 2])
+                    for nt in cutlass.range_constexpr(NT):
+                        for e in cutlass.range_constexpr(2):
+                            a = [lo[2 * e], hi[2 * e], lo[2 * e + 1], hi[2 * e + 1]]
+                            base = (mt * NT + nt) * 4
+                            c = [acc[base + i] for i in range(4)]
+                            d = mma_bf16(a, xb[nt][j][2 * e: 2 * e + 2], c)
+                            for i in cutlass.range_constexpr(4):
+                                acc[base + i] = d[i]
+
+    _finish(cfg, acc, gs, out, ws, counters, M, N, rb, s, S, n_warp, g, t, tidx)
+
+
+def _activations(cfg, x_rows, xsf_rows, kk):
+    """B fragments of one 128-K step: [nt][word j] -> 4 bf16x2 words (K 32t+8j .. +7)."""
+    out = []
+    for nt in range(cfg.NT):
+        if cfg.w4a4:
+            q = ld_v4(x_rows[nt] + kk * (STEP_K // 2), False)
+            f = scale_pair(ld_u16(xsf_rows[nt] + kk * 1024))
+            out.append([decode8(q[j], f[j // 2]) for j in range(4)])
+        else:
+            out.append([ld_v4(x_rows[nt] + kk * (STEP_K * 2) + 16 * j, False) for j in range(4)])
+    return out
+
+
+@cute.jit
+def _finish(cfg: cutlass.Constexpr, acc, gs, out, ws, counters, M, N, rb, s, S, n_warp, g, t,
+            tidx):
+    """Write this CTA's fp32 partial; the last CTA of the row block sums all S in order."""
+    mp = cfg.m_pad
+    ws_base = ws.iterator.toint()
+    for mt in cutlass.range_constexpr(cfg.MT):
+        for nt in cutlass.range_constexpr(cfg.NT):
+            base = (mt * cfg.NT + nt) * 4
+            for h in cutlass.range_constexpr(2):
+                row = n_warp + 16 * mt + 8 * h + g
+                off = ((Int64(s) * Int64(N) + Int64(row)) * mp + 8 * nt + 2 * t) * 4
+                st_v2_f32(ws_base + off, acc[base + 2 * h], acc[base + 2 * h + 1])
+    cute.arch.fence_acq_rel_gpu()
+    cute.arch.barrier()
+    mine = Uint32(0)
+    if tidx == 0:
+        mine = arrive_count(counters.iterator.toint() + Int64(rb) * 4, S - 1)
+    if cta_any(mine) != 0:
+        cute.arch.fence_acq_rel_gpu()
+        scale = gs[0] * Float32(128.0)
+        if cutlass.const_expr(cfg.w4a4):
+            scale = scale * (gs[1] * Float32(128.0))
+        out_base = out.iterator.toint()
+        esize = 4 if cfg.out_dtype == "float32" else 2
+        red = cute.make_rmem_tensor((4,), Float32)
+        for it in cutlass.range_constexpr(cfg.MT * cfg.NT // 2):  # rows * mp / 4 / threads
+            i = it * cfg.threads + tidx
+            nr = Int64(rb * cfg.rows + i % cfg.rows)
+            q = i // cfg.rows
+            for e in cutlass.range_constexpr(4):
+                red[e] = Float32(0.0)
+            for k in cutlass.range(S, unroll=1):
+                v = ld_cg_v4_f32(ws_base + ((Int64(k) * Int64(N) + nr) * mp + 4 * q) * 4)
+                for e in cutlass.range_constexpr(4):
+                    red[e] = red[e] + v[e]
+            for e in cutlass.range_constexpr(4):
+                m = 4 * q + e
+                if m < M:
+                    st_out(out_base + (Int64(m) * Int64(N) + nr) * esize, red[e] * scale,
+                           cfg.out_dtype)
+
+
+@cute.jit
+def _launch(cfg: cutlass.Constexpr, w: cute.Tensor, wsf: cute.Tensor, x: cute.Tensor,
+            xsf: cute.Tensor, gs: cute.Tensor, out: cute.Tensor, ws: cute.Tensor,
+            counters: cute.Tensor, M: Int32, N: Int32, K: Int32, trips: Int32, splits: Int32,
+            stream):
+    _kernel(cfg, w, wsf, x, xsf, gs, out, ws, counters, M, N, K, trips).launch(
+        grid=[N // cfg.rows, splits, 1], block=[cfg.threads, 1, 1], stream=stream)
+
+
+def fake_args(cfg: Config):
+    """Fake tensors and scalars for a CPU compile of `_launch` (no GPU)."""
+    from cutlass.cute.runtime import make_fake_tensor
+
+    def flat(dtype, align=16):
+        return make_fake_tensor(dtype, (cute.sym_int64(divisibility=16),), (1,),
+                                assumed_align=align)
+
+    out_t = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
+             "float32": cutlass.Float32}[cfg.out_dtype]
+    x_t = cutlass.Uint8 if cfg.w4a4 else cutlass.BFloat16
+    return (cfg, flat(cutlass.Uint8), flat(cutlass.Uint8), flat(x_t), flat(cutlass.Uint8),
+            flat(cutlass.Float32, 4), flat(out_t), flat(cutlass.Float32), flat(cutlass.Int32, 4),
+            Int32(16), Int32(8192), Int32(8192), Int32(2), Int32(8))
+
+
+# ---------------------------------------------------------------- host: validate, cache, launch
+
+_KERNELS = None
+_COUNTERS: dict = {}
+
+
+def _kernels():
+    global _KERNELS
+    if _KERNELS is None:
+        from tk_cute.runtime import KernelCache
+
+        _KERNELS = KernelCache()
+    return _KERNELS
+
+
+def _counters(device, n):
+    """Zeroed int32 arrival counters, one per row block; the kernel leaves them zero again.
+    (One buffer per device: concurrent launches on different streams must not share it.)"""
+    import torch
+
+    c = _COUNTERS.get(device)
+    if c is None or c.numel() < n:
+        c = _COUNTERS[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return c
+
+
+def _validate(a, b, out_dtype):
+    import torch
+
+    from tk_cute.nvfp4.gemm import _check_gemm_operands
+    from tk_cute.nvfp4.tensor import NVFP4Tensor
+
+    if not isinstance(b, NVFP4Tensor):
+        raise TypeError(f"gemm_small_m: b must be an NVFP4Tensor (N, K), got {type(b).__name__}")
+    if isinstance(a, NVFP4Tensor):
+        _check_gemm_operands(a, b, out_dtype)
+        if a.ndim != 2:
+            raise ValueError(f"gemm_small_m: operands must be 2-D, got a {tuple(a.shape)}")
+        M, K = a.M, a.K
+    else:
+        if not isinstance(a, torch.Tensor):
+            raise TypeError(f"gemm_small_m: a must be a bf16 tensor or an NVFP4Tensor, "
+                            f"got {type(a).__name__}")
+        if a.dtype != torch.bfloat16:
+            raise TypeError(f"gemm_small_m: W4A16 activations must be torch.bfloat16, "
+                            f"got {a.dtype}")
+        if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise TypeError(f"gemm_small_m: out_dtype must be bfloat16, float16 or float32, "
+                            f"got {out_dtype}")
+        if a.dim() != 2 or b.ndim != 2:
+            raise ValueError(f"gemm_small_m: operands must be 2-D (M, K) x (N, K), got a "
+                             f"{tuple(a.shape)} and b {tuple(b.shape)}")
+        M, K = a.shape
+        if K != b.K:
+            raise ValueError(f"gemm_small_m K mismatch: a has K={K}, b has K={b.K} (D = a @ b^T)")
+        if a.device != b.device:
+            raise ValueError(f"gemm_small_m operands must be on one device: a is on {a.device}, "
+                             f"b on {b.device}")
+    if b.device.type != "cuda":
+        raise ValueError(f"gemm_small_m runs on a CUDA device; operands are on {b.device}")
+    return M, b.M, K
+
+
+def _aligned(t):
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None,
+                 splits: int | None = None):
+    """D = a @ deq(b)^T for small M on Hopper (sm_90a), streaming the NVFP4 weights.
+
+    Args:
+        a: bf16 CUDA tensor (M, K) (W4A16) or NVFP4Tensor (M, K) (W4A4), 1 <= M <= 64.
+        b: NVFP4Tensor (N, K), the weights; K % 128 == 0, N % 32 == 0.
+        out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
+        out: optional contiguous (M, N) CUDA tensor of out_dtype to write (default: a new one).
+        config, splits: tuning overrides (`Config`; number of K-slices, a divisor of
+            K / config.k_chunk).
+
+    Returns:
+        D, (M, N) of out_dtype.
+
+    Raises:
+        TypeError: wrong operand types or dtypes.
+        ValueError: shapes (K mismatch, M > 64, K % 128, N % 32), devices, non-CUDA operands.
+    """
+    import dataclasses
+
+    import torch
+
+    from tk_cute.nvfp4.tensor import NVFP4Tensor
+    from tk_cute.runtime import as_cute, stream
+
+    if out_dtype is None:
+        out_dtype = out.dtype if out is not None else torch.bfloat16
+    M, N, K = _validate(a, b, out_dtype)
+    w4a4 = isinstance(a, NVFP4Tensor)
+    out_name = str(out_dtype).removeprefix("torch.")
+    cfg = config_for(M, N, K, w4a4, out_name)
+    if config is not None:
+        cfg = dataclasses.replace(config, w4a4=w4a4, out_dtype=out_name)
+        if M > cfg.m_pad or N % cfg.rows or K % cfg.k_chunk:
+            raise ValueError(f"config {cfg} does not fit M={M}, N={N}, K={K}")
+    dev = b.device
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    S = splits or split_k(cfg, N, K, sms)
+    chunks = K // cfg.k_chunk
+    if chunks % S:
+        raise ValueError(f"splits={S} must divide K / {cfg.k_chunk} = {chunks}")
+    gs = torch.stack([b.global_scale.float(),
+                      (a.global_scale if w4a4 else b.global_scale).float()])
+    if w4a4:
+        x, xsf = _aligned(a.data), a.scales
+    else:
+        x, xsf = _aligned(a), b.scales  # xsf unused
+    if out is None:
+        out = torch.empty((M, N), dtype=out_dtype, device=dev)
+    elif (out.shape != (M, N) or out.dtype != out_dtype or out.device != dev
+          or not out.is_contiguous()):
+        raise ValueError(f"gemm_small_m: out must be a contiguous ({M}, {N}) {out_dtype} tensor "
+                         f"on {dev}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+    ws = torch.empty(S * N * cfg.m_pad, dtype=torch.float32, device=dev)
+    counters = _counters(dev, N // cfg.rows)
+    flat = lambda t, al=16: as_cute(t.reshape(-1), align=al)  # noqa: E731
+    args = (flat(_aligned(b.data)), flat(b.scales.contiguous(), 2), flat(x),
+            flat(xsf.contiguous(), 2), flat(gs, 4), flat(out, 4), flat(ws), flat(counters, 4),
+            Int32(M), Int32(N), Int32(K), Int32(chunks // S), Int32(S))
+    st = stream()
+    fn = _kernels().get((cfg, dev.index), lambda: cute.compile(_launch, cfg, *args, st))
+    fn(*args, st)
+    return out
