@@ -4,19 +4,25 @@
 Two kernels, bit-exact with ``tk_cute.nvfp4.quantize_reference`` (its docstring is the contract):
 
 * `amax` (skipped when a global scale is given): grid-stride 16-byte loads, |bits| max (integer
-  max keeps NaN/Inf above every finite value), warp ``redux.sync``, one ``red.max`` per warp.
-* `quantize`: one CTA per 128-row x 64-column tile = one 512-byte scale atom. Thread t owns
-  16-element blocks (row t//4 + 32*i, K-block t%4): two to four 16-byte loads, block amax,
-  UE4M3 scale, E2M1 codes, one 8-byte data store and one scale byte. Rows past M and K-blocks
-  past K/16 load zeros, so their scale bytes come out 0 (the padding) and their data is skipped.
-  Each CTA derives the global scales from the amax word itself (no extra launch), CTA 0 writes
-  the decode scale, and a warp vote sets the non-finite flag (word 1 of the workspace).
-Both read each input byte once; when x fits in L2 (H200: 50 MB) the second pass hits L2.
+  max keeps NaN/Inf above every finite value), warp ``redux.sync``, a shared-memory CTA max, and
+  ONE plain store per CTA into `partials` (no atomics, so no zeroed workspace and no memset).
+* `quantize`: one CTA per 128-row x 512-byte tile (one row segment per warp load: lane i reads
+  bytes 16i..16i+16, so every load and store of a warp is contiguous). A 16-element block spans
+  2 lanes (4 for fp32); its amax is one butterfly shuffle. Each lane encodes its 8 (4) elements
+  into one 4 (2)-byte store; the block's first lane stores the UE4M3 byte. Rows past M and
+  blocks past K/16 load zeros, so padding scale bytes come out 0; atoms past the scale tensor
+  are not written. Loads run one batch of rows ahead of the arithmetic (register double buffer).
+  Every CTA reduces the amax partials itself (a warp reads them, L2-resident) and CTA 0 writes
+  the decode scale, NaN-propagating, so a non-finite input gives a non-finite global scale (the
+  host's finite check). With a given scale a warp vote ORs a non-finite flag (checked path only).
+  Tiles run last to first: the tail of x that the amax pass left in L2 is read first.
 Peers: CUTLASS ``cute/ampere/kernel/elementwise`` (copy structure), TK ``nvfp4_b200/quantize``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import threading
 from dataclasses import dataclass
 
 import cutlass
@@ -26,37 +32,64 @@ from cutlass import Float32, Int32, Int64, Uint32
 from tk_cute.ops import nvfp4 as fp4
 
 ATOM_ROWS, ATOM_KBLOCKS, ATOM_BYTES, SF_VEC = 128, 4, 512, 16
+SEG_BYTES = 512  # a warp's 16-byte-per-lane load: the tile's row segment
 DTYPES = {"bf16": 2, "f16": 2, "f32": 4}  # element bytes
 
 
 @dataclass(frozen=True)
 class Config:
     """dtype: "bf16" | "f16" | "f32"; given_scale: skip amax, read the decode scale;
-    blocks_per_thread: 16-element blocks each thread owns (threads = 512 / it);
+    check_finite: with a given scale, OR a non-finite flag (the amax path needs none);
+    warps: quantize CTA = 32 x warps threads (128 / warps rows each);
+    rows_in_flight: rows whose 16-byte loads a lane issues per batch (two batches live);
+    reverse: quantize tiles last to first (L2 reuse after the amax pass);
+    min_ctas_per_sm: quantize occupancy asked of ptxas (caps registers; 0: no cap);
+    amax_threads / amax_ctas_per_sm / amax_unroll: the amax grid (one partial per CTA);
     arch: compile target (native FP4 cvt on sm_100a+)."""
 
     dtype: str = "bf16"
     given_scale: bool = False
-    blocks_per_thread: int = 4
+    check_finite: bool = False
     arch: str = "sm_90a"
-    amax_ctas_per_sm: int = 4
+    warps: int = 8
+    rows_in_flight: int = 2
+    reverse: bool = True
+    min_ctas_per_sm: int = 4
+    amax_threads: int = 1024
+    amax_ctas_per_sm: int = 1
+    amax_unroll: int = 4
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
-        if self.blocks_per_thread not in (1, 2, 4, 8):
-            raise ValueError(f"blocks_per_thread must be 1, 2, 4 or 8, got {self.blocks_per_thread}")
+        if self.warps not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"warps must be a power of two <= 32, got {self.warps}")
+        rows = ATOM_ROWS // self.warps
+        if self.rows_in_flight < 1 or rows % self.rows_in_flight:
+            raise ValueError(f"rows_in_flight must divide {rows} (rows per warp), "
+                             f"got {self.rows_in_flight}")
+        if self.amax_threads % 32 or not 32 <= self.amax_threads <= 1024:
+            raise ValueError(f"amax_threads must be a multiple of 32 in [32, 1024], "
+                             f"got {self.amax_threads}")
+        if not 1 <= self.amax_unroll <= 16 or self.amax_ctas_per_sm < 1:
+            raise ValueError("amax_unroll must be in [1, 16] and amax_ctas_per_sm >= 1")
 
     @property
     def threads(self) -> int:
-        return ATOM_ROWS * ATOM_KBLOCKS // self.blocks_per_thread
+        return 32 * self.warps
 
     @property
     def esize(self) -> int:
         return DTYPES[self.dtype]
 
+    @property
+    def cols(self) -> int:
+        """Tile width in elements (one 512-byte row segment)."""
+        return SEG_BYTES // self.esize
 
-AMAX_THREADS, AMAX_UNROLL = 256, 4
+    @property
+    def flag(self) -> bool:
+        return self.given_scale and self.check_finite
 
 
 def _to_f32(words, dtype: str) -> list:
@@ -100,123 +133,164 @@ def _abs_max_bits(words, dtype: str) -> Uint32:
     return fp4.bits(_f16_to_f32(m, 0))
 
 
-def _global_scales(cfg: Config, ws, gs_in):
-    """(s_dec_g, s_enc_g): from the amax word (recipe step 2-3) or the given decode scale."""
-    if cutlass.const_expr(cfg.given_scale):
-        s_dec = gs_in[0]
+def _load_row(cfg, x_base, row0, mt, warp, i, col, col_ok, M, K):
+    """Lane's 16 bytes of tile row `warp + warps * i` (zeros past M or K)."""
+    r_local = warp + cfg.warps * i
+    row = mt * ATOM_ROWS + r_local
+    valid = Uint32(row < M) & col_ok
+    elem = (row0 + Int64(row)) * Int64(K) + Int64(col)
+    return fp4.ld_v4_pred(x_base + elem * cfg.esize, valid), valid, elem, r_local
+
+
+def _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base, sf_base, sf_ok):
+    """Block scale (shared by the block's lanes), E2M1 codes and stores of one loaded row;
+    returns the block's amax bits (>= 0x7F800000: NaN/Inf)."""
+    words, valid, elem, r_local = item
+    m = _abs_max_bits(words, cfg.dtype)
+    for off in (1, 2)[: cfg.esize.bit_length() - 1]:  # lanes per block: 2 (16-bit), 4 (fp32)
+        m = Uint32(cutlass.max(m, Uint32(cute.arch.shuffle_sync_bfly(m, offset=off))))
+    t = fp4.div_rn(fp4.from_bits(m), Float32(6.0))
+    sf = fp4.ue4m3_encode_hw(fp4.mul_rn(t, s_enc_g))
+    d = fp4.max_f32(fp4.mul_rn(fp4.ue4m3_decode(sf), s_dec_g),
+                    fp4.from_bits(Uint32(fp4.F32_1E_12)))
+    s_enc = fp4.div_rn(Float32(1.0), d)
+    signs = None
+    if cfg.dtype != "f32" and not fp4.has_native_fp4(cfg.arch):
+        signs = fp4.sign_nibbles_16bit(*words)
+    q = fp4.e2m1x8_quantize(_to_f32(words, cfg.dtype), s_enc, cfg.arch, signs)
+    if cfg.dtype == "f32":
+        fp4.st_u16_pred(d_base + elem // 2, q, valid)
     else:
-        amax = fp4.from_bits(Uint32(ws[0]))
-        s_dec = fp4.div_rn(fp4.max_f32(amax, fp4.from_bits(Uint32(fp4.F32_1E_12))),
-                           Float32(2688.0))
-    return s_dec, fp4.div_rn(Float32(1.0), s_dec)
+        fp4.st_u32_pred(d_base + elem // 2, q, valid)
+    fp4.st_u8_pred(sf_base + Int64((r_local % 32) * 16 + (r_local // 32) * 4), sf, sf_ok)
+    return m
 
 
 @cute.kernel
-def _amax_kernel(cfg: cutlass.Constexpr, x: cute.Tensor, ws: cute.Tensor, n_vec: Int64):
+def _amax_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, partials: cute.Pointer,
+                 n_vec: Int64):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     gdim, _, _ = cute.arch.grid_dim()
-    base = x.iterator.toint()
-    stride = Int64(gdim) * (AMAX_THREADS * AMAX_UNROLL)
-    first = Int64(bidx) * (AMAX_THREADS * AMAX_UNROLL) + Int64(tidx)
+    per_cta = cfg.amax_threads * cfg.amax_unroll
+    base = x.toint()
+    stride = Int64(gdim) * per_cta
+    first = Int64(bidx) * per_cta + Int64(tidx)
     iters = (n_vec - first + stride - 1) // stride
     m = Uint32(0)
     for it in cutlass.range(Int32(iters)):
-        for u in cutlass.range_constexpr(AMAX_UNROLL):
-            v = first + Int64(it) * stride + u * AMAX_THREADS
+        for u in cutlass.range_constexpr(cfg.amax_unroll):
+            v = first + Int64(it) * stride + u * cfg.amax_threads
             words = fp4.ld_v4_pred(base + v * 16, Uint32(v < n_vec))
-            blk = _abs_max_bits(words, cfg.dtype)
-            m = Uint32(cutlass.max(m, blk))
+            m = Uint32(cutlass.max(m, _abs_max_bits(words, cfg.dtype)))
     m = cute.arch.warp_redux_sync(m, "umax")
-    if cute.arch.lane_idx() == 0:
-        cute.arch.atomic_max(ws.iterator, Int32(m))
+    nw = cfg.amax_threads // 32
+    warp, lane = tidx // 32, tidx % 32
+    buf = cutlass.memory.SmemAllocator().allocate_tensor(Int32, cute.make_layout(nw),
+                                                         byte_alignment=16)
+    if lane == 0:
+        buf[warp] = Int32(m)
+    cute.arch.barrier()
+    if warp == 0:
+        v = cute.arch.warp_redux_sync(Uint32(buf[lane % nw]), "umax")  # max is idempotent
+        if lane == 0:
+            fp4.st_u32(partials.toint() + Int64(bidx) * 4, v)
 
 
 @cute.kernel
-def _quantize_kernel(
-    cfg: cutlass.Constexpr,
-    x: cute.Tensor,
-    data: cute.Tensor,
-    scales: cute.Tensor,
-    ws: cute.Tensor,
-    gs_in: cute.Tensor,
-    gs_out: cute.Tensor,
-    M: Int32,
-    K: Int32,
-):
+def _quantize_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer,
+                     scales: cute.Pointer, partials: cute.Pointer, gs_in: cute.Pointer,
+                     gs_out: cute.Pointer, flag: cute.Pointer, M: Int32, K: Int32,
+                     n_partials: Int32):
     tidx, _, _ = cute.arch.thread_idx()
-    kt, mt, l = cute.arch.block_idx()
-    ntk, ntm, _ = cute.arch.grid_dim()
-    s_dec_g, s_enc_g = _global_scales(cfg, ws, gs_in)
-    if cutlass.const_expr(not cfg.given_scale):
-        if (kt + mt + l + tidx) == 0:
-            gs_out[0] = s_dec_g
-
-    kblocks = K // SF_VEC
+    bx, by, bz = cute.arch.block_idx()
+    ntk, ntm, nl = cute.arch.grid_dim()
+    kt, mt, l = bx, by, bz
+    if cutlass.const_expr(cfg.reverse):
+        kt, mt, l = ntk - 1 - bx, ntm - 1 - by, nl - 1 - bz
+    warp, lane = tidx // 32, tidx % 32
+    lpb = cfg.esize  # lanes per 16-element block
+    kb_tile = lane // lpb
+    col = kt * cfg.cols + lane * (16 // cfg.esize)
+    col_ok = Uint32(col < K)
+    n_atoms_k = (K // SF_VEC + ATOM_KBLOCKS - 1) // ATOM_KBLOCKS
+    a_g = kt * (cfg.cols // (ATOM_KBLOCKS * SF_VEC)) + kb_tile // ATOM_KBLOCKS
+    sf_ok = Uint32(lane % lpb == 0) & Uint32(a_g < n_atoms_k)
+    sf_base = (scales.toint() + ((Int64(l) * ntm + mt) * n_atoms_k + a_g) * ATOM_BYTES
+               + kb_tile % ATOM_KBLOCKS)
+    x_base, d_base = x.toint(), data.toint()
     row0 = Int64(l) * Int64(M)
-    x_base, d_base = x.iterator.toint(), data.iterator.toint()
-    sf_base = scales.iterator.toint() + ((Int64(l) * ntm + mt) * ntk + kt) * ATOM_BYTES
-    words_per_block = SF_VEC * cfg.esize // 4
+
+    rows = ATOM_ROWS // cfg.warps
+    nb = rows // cfg.rows_in_flight
+    cur = [_load_row(cfg, x_base, row0, mt, warp, i, col, col_ok, M, K)
+           for i in range(cfg.rows_in_flight)]  # comprehensions stay Python (unrolled)
+
+    # global scales (recipe steps 2-3), while the first batch is in flight
+    if cutlass.const_expr(cfg.given_scale):
+        s_dec_g = fp4.from_bits(fp4.ld_u32_pred(gs_in.toint(), Uint32(1)))
+    else:
+        p_base = partials.toint()
+        am = Uint32(0)
+        for j in cutlass.range((n_partials + 31) // 32):
+            idx = j * 32 + lane
+            am = Uint32(cutlass.max(am, fp4.ld_u32_pred(p_base + Int64(idx) * 4,
+                                                        Uint32(idx < n_partials))))
+        am = cute.arch.warp_redux_sync(am, "umax")
+        s_dec_g = fp4.div_rn(fp4.max_nan_f32(fp4.from_bits(am),
+                                             fp4.from_bits(Uint32(fp4.F32_1E_12))),
+                             Float32(2688.0))
+    s_enc_g = fp4.div_rn(Float32(1.0), s_dec_g)
+    if (bx + by + bz + tidx) == 0:
+        fp4.st_u32(gs_out.toint(), fp4.bits(s_dec_g))
+
     bad = Uint32(0)
-    # All loads first: they are independent, and issuing them together keeps
-    # blocks_per_thread x 32-64 bytes in flight per thread.
-    blocks = []
-    for i in cutlass.range_constexpr(cfg.blocks_per_thread):
-        r_local = tidx // ATOM_KBLOCKS + (cfg.threads // ATOM_KBLOCKS) * i
-        kb_local = tidx % ATOM_KBLOCKS
-        row = mt * ATOM_ROWS + r_local
-        kb = kt * ATOM_KBLOCKS + kb_local
-        valid = Uint32((row < M) & (kb < kblocks))
-        elem = (row0 + Int64(row)) * Int64(K) + Int64(kb) * SF_VEC
-        words = []
-        for v in cutlass.range_constexpr(words_per_block // 4):
-            words += fp4.ld_v4_pred(x_base + elem * cfg.esize + 16 * v, valid)
-        sf_off = (r_local % 32) * 16 + (r_local // 32) * 4 + kb_local
-        blocks.append((words, valid, elem, sf_off))
+    for b in cutlass.range_constexpr(nb):
+        nxt = []
+        if cutlass.const_expr(b + 1 < nb):
+            nxt = [_load_row(cfg, x_base, row0, mt, warp, (b + 1) * cfg.rows_in_flight + i,
+                             col, col_ok, M, K)
+                   for i in range(cfg.rows_in_flight)]
+        for item in cur:
+            m = _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base, sf_base, sf_ok)
+            if cutlass.const_expr(cfg.flag):
+                bad = bad | Uint32(m >= 0x7F800000)
+        cur = nxt
 
-    for words, valid, elem, sf_off in blocks:
-        amax_bits = _abs_max_bits(words, cfg.dtype)
-        bad = bad | Uint32(amax_bits >= 0x7F800000)
-        t = fp4.div_rn(fp4.from_bits(amax_bits), Float32(6.0))
-        sf = fp4.ue4m3_encode_hw(fp4.mul_rn(t, s_enc_g))
-        d = fp4.max_f32(fp4.mul_rn(fp4.ue4m3_decode(sf), s_dec_g),
-                        fp4.from_bits(Uint32(fp4.F32_1E_12)))
-        s_enc = fp4.div_rn(Float32(1.0), d)
-        xf = _to_f32(words, cfg.dtype)
-        packed = []
-        for h in cutlass.range_constexpr(2):
-            signs = None
-            if cutlass.const_expr(cfg.dtype != "f32" and not fp4.has_native_fp4(cfg.arch)):
-                signs = fp4.sign_nibbles_16bit(*words[4 * h: 4 * h + 4])
-            packed.append(fp4.e2m1x8_quantize(xf[8 * h: 8 * h + 8], s_enc, cfg.arch, signs))
-        fp4.st_v2_pred(d_base + elem // 2, packed[0], packed[1], valid)
-        fp4.st_u8(sf_base + Int64(sf_off), sf)
-
-    if cute.arch.vote_any_sync(bad != 0):
-        if cute.arch.lane_idx() == 0:
-            cute.arch.atomic_or(ws.iterator + 1, Int32(1))
+    if cutlass.const_expr(cfg.flag):
+        if cute.arch.vote_any_sync(bad != 0):
+            if lane == 0:
+                cute.arch.atomic_or(flag, Int32(1))
 
 
 @cute.jit
-def _amax(cfg: cutlass.Constexpr, x: cute.Tensor, ws: cute.Tensor, n_vec: Int64,
+def _amax(cfg: cutlass.Constexpr, x: cute.Pointer, partials: cute.Pointer, n_vec: Int64,
           grid: Int32, stream):
-    _amax_kernel(cfg, x, ws, n_vec).launch(grid=[grid, 1, 1], block=[AMAX_THREADS, 1, 1],
-                                            stream=stream)
+    _amax_kernel(cfg, x, partials, n_vec).launch(grid=[grid, 1, 1],
+                                                 block=[cfg.amax_threads, 1, 1], stream=stream)
 
 
 @cute.jit
-def _quantize(cfg: cutlass.Constexpr, x: cute.Tensor, data: cute.Tensor, scales: cute.Tensor,
-              ws: cute.Tensor, gs_in: cute.Tensor, gs_out: cute.Tensor, M: Int32, K: Int32,
-              L: Int32, stream):
+def _quantize(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer,
+              scales: cute.Pointer, partials: cute.Pointer, gs_in: cute.Pointer,
+              gs_out: cute.Pointer, flag: cute.Pointer, M: Int32, K: Int32, L: Int32,
+              n_partials: Int32, stream):
     ntm = (M + ATOM_ROWS - 1) // ATOM_ROWS
-    ntk = (K // SF_VEC + ATOM_KBLOCKS - 1) // ATOM_KBLOCKS
-    _quantize_kernel(cfg, x, data, scales, ws, gs_in, gs_out, M, K).launch(
-        grid=[ntk, ntm, L], block=[cfg.threads, 1, 1], stream=stream)
+    ntk = (K + cfg.cols - 1) // cfg.cols
+    _quantize_kernel(cfg, x, data, scales, partials, gs_in, gs_out, flag, M, K,
+                     n_partials).launch(grid=[ntk, ntm, L], block=[cfg.threads, 1, 1],
+                                        stream=stream, min_blocks_per_mp=cfg.min_ctas_per_sm,
+                                        preferred_smem_carveout=0)  # no smem: all L1
 
 
 # ---------------------------------------------------------------- host: compile once, launch
+# Per call the host does: a dict lookup (the per-shape plan), up to 3 torch.empty (+1 zeros on
+# the given-scale checked path), and 1-2 launches whose arguments are packed straight into
+# ctypes slots (no DLPack, no cute.Tensor). One sync on a checked call, none otherwise.
 
 _CACHE = None
+_PLANS: dict = {}
+_PLANS_LOCK = threading.Lock()
 
 
 def _cache():
@@ -228,10 +302,132 @@ def _cache():
     return _CACHE
 
 
-def _flat(t, align: int = 16):
-    from tk_cute.runtime import as_cute
+def _ptr(dtype, align: int):
+    return cute.runtime.make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
 
-    return as_cute(t.reshape(-1), align=align)
+
+_ELEM = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32}
+# ctypes slot type of each runtime argument kind: pointers and the stream are one void* each,
+# sizes their integer width (checked against the DSL's own packing when a plan is made).
+_SLOT = {"p": ctypes.c_void_p, "i32": ctypes.c_int32, "i64": ctypes.c_int64}
+AMAX_ARGS = ("p", "p", "i64", "i32", "p")  # x, partials, n_vec, grid, stream
+QUANT_ARGS = ("p",) * 7 + ("i32",) * 4 + ("p",)  # 7 pointers, M K L n_partials, stream
+
+
+class _Launcher:
+    """A compiled function called with its argument slots packed directly (the DSL's
+    `generate_execution_args` costs ~6 us per call plus ~1 us per runtime object)."""
+
+    def __init__(self, compiled, kinds):
+        self.compiled, self.kinds = compiled, kinds
+
+    def pack(self, values):
+        slots = [_SLOT[k](v) for k, v in zip(self.kinds, values)]
+        return slots, [ctypes.addressof(s) for s in slots]
+
+    def check_against_dsl(self, dsl_args, values) -> None:
+        """Raise unless our slots hold what the DSL's own packing holds (run once per plan)."""
+        exe, _ = self.compiled.execution_args.generate_execution_args(tuple(dsl_args), {})
+        slots, ours = self.pack(values)
+        if len(exe) != len(ours):
+            raise RuntimeError(f"DSL packs {len(exe)} arguments, expected {len(ours)}")
+        for kind, a, b in zip(self.kinds, exe, ours):
+            size = ctypes.sizeof(_SLOT[kind])
+            addr = a.value if isinstance(a, ctypes.c_void_p) else a
+            if ctypes.string_at(addr, size) != ctypes.string_at(b, size):
+                raise RuntimeError("DSL argument packing differs from the fast path")
+
+    def __call__(self, *values):
+        slots, addrs = self.pack(values)
+        self.compiled.run_compiled_program(addrs)
+        del slots  # kept alive through the call above
+
+
+def _dsl_values(kinds, values, dtypes):
+    """The same runtime values as DSL objects (for `check_against_dsl`)."""
+    from cuda.bindings import driver
+
+    out, di = [], iter(dtypes)
+    for i, (k, v) in enumerate(zip(kinds, values)):
+        if k == "p" and i == len(kinds) - 1:
+            out.append(driver.CUstream(v))
+        elif k == "p":
+            dt, align = next(di)
+            out.append(cute.runtime.make_ptr(dt, v, cute.AddressSpace.gmem, assumed_align=align))
+        else:
+            out.append((Int32 if k == "i32" else Int64)(v))
+    return out
+
+
+class _Plan:
+    """Everything about one (dtype, shape, device, mode, config): compiled launchers, grids,
+    output shapes."""
+
+    def __init__(self, x, given: bool, check: bool, config):
+        import dataclasses
+
+        import torch
+
+        from tk_cute.arch import device_target
+        from tk_cute.layouts.nvfp4_scales import blocked_shape
+        from tk_cute.runtime import stream
+
+        dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
+        cfg = dataclasses.replace(config or Config(), dtype=dtype, given_scale=given,
+                                  check_finite=check, arch=device_target(x.device).name)
+        self.cfg, self.validated = cfg, False
+        *lead, M, K = x.shape
+        self.M, self.K, self.L = M, K, (lead[0] if lead else 1)
+        self.data_shape = (*lead, M, K // 2)
+        self.scales_shape = blocked_shape(M, K, *lead)
+        self.device = x.device
+        self.device_index = x.device.index if x.device.index is not None else \
+            torch.cuda.current_device()
+        self.n_vec = x.numel() * cfg.esize // 16
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        per_cta = cfg.amax_threads * cfg.amax_unroll
+        self.grid = 0 if given else max(1, min(sms * cfg.amax_ctas_per_sm,
+                                               -(-self.n_vec // per_cta)))
+        self.ws_words = self.grid + 1  # amax partials, then the decode scale
+        el = _ELEM[dtype]
+        st = stream()
+        cache = _cache()
+        self.amax = None
+        if not given:
+            self.amax = _Launcher(cache.get(("amax", cfg), lambda: cute.compile(
+                _amax, cfg, _ptr(el, 16), _ptr(cutlass.Int32, 4), Int64(self.n_vec),
+                Int32(self.grid), st)), AMAX_ARGS)
+        self.quant = _Launcher(cache.get(("quantize", cfg), lambda: cute.compile(
+            _quantize, cfg, _ptr(el, 16), _ptr(cutlass.Uint8, 16), _ptr(cutlass.Uint8, 16),
+            _ptr(cutlass.Int32, 4), _ptr(cutlass.Float32, 4), _ptr(cutlass.Float32, 4),
+            _ptr(cutlass.Int32, 4), Int32(M), Int32(K), Int32(self.L), Int32(self.grid), st)),
+            QUANT_ARGS)
+        # pin the fast packing to the DSL's (same bytes in every slot), once per plan
+        if self.amax is not None:
+            v = (16, 32, self.n_vec, self.grid, 48)
+            self.amax.check_against_dsl(
+                _dsl_values(AMAX_ARGS, v, [(el, 16), (cutlass.Int32, 4)]), v)
+        v = (16, 32, 48, 64, 80, 96, 112, M, K, self.L, self.grid, 128)
+        self.quant.check_against_dsl(_dsl_values(QUANT_ARGS, v, [
+            (el, 16), (cutlass.Uint8, 16), (cutlass.Uint8, 16), (cutlass.Int32, 4),
+            (cutlass.Float32, 4), (cutlass.Float32, 4), (cutlass.Int32, 4)]), v)
+
+
+def _plan(x, given: bool, check: bool, config) -> _Plan:
+    key = (x.dtype, x.shape, x.device, given, check, config)
+    plan = _PLANS.get(key)
+    if plan is None:
+        with _PLANS_LOCK:
+            plan = _PLANS.get(key)
+            if plan is None:
+                plan = _PLANS[key] = _Plan(x, given, check, config)
+    return plan
+
+
+def _raw_stream(device_index: int) -> int:
+    import torch
+
+    return torch.cuda.current_stream(device_index).cuda_stream
 
 
 def quantize_cuda(x, global_scale=None, *, check_finite: bool = True, config: Config | None = None):
@@ -240,61 +436,56 @@ def quantize_cuda(x, global_scale=None, *, check_finite: bool = True, config: Co
     Args:
         x: (M, K) or (L, M, K) bf16/fp16/fp32 CUDA tensor, K % 16 == 0 (validated by the caller).
         global_scale: None (amax pass) or a float32 0-dim CUDA tensor, the DECODE scale.
-        check_finite: True (default): a flag reduced on the device is read back (one host sync)
-            and NaN/Inf raises ValueError. False: no sync and no error; blocks holding NaN/Inf
-            get unspecified scale and data bytes, and with the amax pass a NaN/Inf also spoils
-            the global scale and so every block; finite inputs give the same bytes either way.
-        config: kernel configuration override (tuning); dtype/arch/given_scale are filled in.
+        check_finite: True (default): one host sync reads the global scale back (amax path: a
+            NaN/Inf input makes it non-finite) or a device-reduced flag (given scale), and
+            NaN/Inf raises ValueError. False: no sync and no error; blocks holding NaN/Inf get
+            unspecified scale and data bytes, and with the amax pass a NaN/Inf also spoils the
+            global scale and so every block; finite inputs give the same bytes either way.
+        config: kernel configuration override (tuning); dtype/arch/given_scale/check_finite are
+            filled in.
 
     Returns:
-        NVFP4Tensor on x's device.
+        NVFP4Tensor on x's device (global_scale: a 0-dim view into a small workspace).
     """
-    import dataclasses
+    import math
 
     import torch
 
-    from tk_cute.arch import device_target
-    from tk_cute.layouts.nvfp4_scales import blocked_shape
     from tk_cute.nvfp4.tensor import NVFP4Tensor
-    from tk_cute.runtime import stream
 
-    dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
-    arch = device_target(x.device).name
-    cfg = dataclasses.replace(config or Config(), dtype=dtype, arch=arch,
-                              given_scale=global_scale is not None)
-    if dtype == "f32" and config is None:
-        cfg = dataclasses.replace(cfg, blocks_per_thread=2)
-    x = x.contiguous()
+    given = global_scale is not None
+    plan = _plan(x, given, check_finite, config)
+    if not x.is_contiguous():
+        x = x.contiguous()
     if x.data_ptr() % 16:  # 16-byte vector loads
         x = x.clone()
-    *lead, M, K = x.shape
-    L = lead[0] if lead else 1
-    dev = x.device
-    data = torch.empty((*lead, M, K // 2), dtype=torch.uint8, device=dev)
-    scales = torch.empty(blocked_shape(M, K, *lead), dtype=torch.uint8, device=dev)
-    ws = torch.zeros(4, dtype=torch.int32, device=dev)  # [amax bits, non-finite flag, pad]
-    if global_scale is None:
-        gs_in = gs_out = torch.empty(1, dtype=torch.float32, device=dev)
+    dev = plan.device
+    data = torch.empty(plan.data_shape, dtype=torch.uint8, device=dev)
+    scales = torch.empty(plan.scales_shape, dtype=torch.uint8, device=dev)
+    ws = torch.empty(plan.ws_words, dtype=torch.float32, device=dev)
+    wp, xp = ws.data_ptr(), x.data_ptr()
+    gs_out = wp + 4 * plan.grid
+    st = _raw_stream(plan.device_index)
+    if given:
+        gs = global_scale
+        if gs.dtype != torch.float32 or gs.device != dev:
+            gs = gs.to(device=dev, dtype=torch.float32)
+        gs_in = gs.data_ptr()
     else:
-        gs_in = global_scale.reshape(1).to(device=dev, dtype=torch.float32)
-        gs_out = gs_in
-    xs, ds, ss, wss = (_flat(t) for t in (x, data, scales, ws))
-    gis, gos = _flat(gs_in, 4), _flat(gs_out, 4)
-    st = stream()
-    cache = _cache()
-    if global_scale is None:
-        n_vec = x.numel() * cfg.esize // 16
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        per_cta = AMAX_THREADS * AMAX_UNROLL
-        grid = max(1, min(sms * cfg.amax_ctas_per_sm, -(-n_vec // per_cta)))
-        amax = cache.get(("amax", cfg), lambda: cute.compile(
-            _amax, cfg, xs, wss, Int64(n_vec), Int32(grid), st))
-        amax(xs, wss, Int64(n_vec), Int32(grid), st)
-    quant = cache.get(("quantize", cfg), lambda: cute.compile(
-        _quantize, cfg, xs, ds, ss, wss, gis, gos, Int32(M), Int32(K), Int32(L), st))
-    quant(xs, ds, ss, wss, gis, gos, Int32(M), Int32(K), Int32(L), st)
-    if check_finite and int(ws[1]) != 0:
+        gs_in = wp
+        plan.amax(xp, wp, plan.n_vec, plan.grid, st)
+    flag = torch.zeros(1, dtype=torch.int32, device=dev) if plan.cfg.flag else None
+    plan.quant(xp, data.data_ptr(), scales.data_ptr(), wp, gs_in, gs_out,
+               wp if flag is None else flag.data_ptr(), plan.M, plan.K, plan.L, plan.grid, st)
+    bad = False
+    if check_finite:  # the one host sync
+        bad = bool(flag.item()) if flag is not None else not math.isfinite(ws[plan.grid].item())
+    if bad:
         raise ValueError("quantize input must be finite: x contains NaN/Inf value(s) "
                          "(found on the device; pass check_finite=False to skip this check)")
-    gs = gs_out.reshape(()) if global_scale is None else gs_in.reshape(()).clone()
-    return NVFP4Tensor(data=data, scales=scales, global_scale=gs, shape=torch.Size(x.shape))
+    if not plan.validated:  # the container's checks (~13 us) once per plan, then a bare build
+        plan.validated = True
+        return NVFP4Tensor(data=data, scales=scales, global_scale=ws[plan.grid], shape=x.shape)
+    out = NVFP4Tensor.__new__(NVFP4Tensor)
+    out.__dict__.update(data=data, scales=scales, global_scale=ws[plan.grid], shape=x.shape)
+    return out

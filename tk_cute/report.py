@@ -68,7 +68,8 @@ def format_report(r: dict) -> str:
         lines.append(f"  {key:28s} {r[key]}")
     c = r["config"]
     lines.append(f"  {'stages (LOAD/ACC/EPI)':28s} {c['LOAD_PIPE_DEPTH']}/{c['ACC_PIPE_DEPTH']}/"
-                 f"{c['EPI_PIPE_DEPTH']}  cluster {c['CLUSTER_M']}x{c['CLUSTER_N']}")
+                 f"{c['EPI_PIPE_DEPTH']}  cluster {c['CLUSTER_M']}x{c['CLUSTER_N']}  "
+                 f"scheduler {c['scheduler']}  out {c['out']}")
     lines.append(f"  {'shared memory':28s} {r['smem_bytes']} / {r['smem_capacity']} bytes")
     lines.append(f"  {'tensor memory':28s} {r['tmem_columns']} / {r['tmem_capacity']} columns"
                  f"{' (exclusive)' if r['tmem_exclusive'] else ''}")
@@ -88,7 +89,9 @@ def main(argv=None) -> int:
         p.add_argument(f"--{f}", type=int, help="override the heuristic's choice")
     a = p.parse_args(argv)
     m, n, k = (int(x) for x in a.mnk.split(","))
-    cfg = K.select_config(a.arch, m, n, k)
+    from tk_cute.nvfp4.dispatch_sm100 import select_config
+
+    cfg = select_config(a.arch, m, n, k)
     over = {f: getattr(a, f) for f in ("Mb", "Nb", "LOAD_PIPE_DEPTH", "ACC_PIPE_DEPTH",
                                        "CLUSTER_M", "CLUSTER_N") if getattr(a, f) is not None}
     if over:

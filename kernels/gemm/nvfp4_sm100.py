@@ -1,19 +1,21 @@
 # SPDX-License-Identifier: MIT
 """NVFP4 GEMM for Blackwell (sm_100a, sm_103a) and Rubin (sm_107a) from one source, TK style.
 
-D (M, N) bf16 = alpha * (A (M, K) NVFP4 x B (N, K) NVFP4)^T, alpha = gA * gB, scales 128x4 blocked.
-Pipeline contract (per CTA of a pair; warps 0-3 epilogue, 4 MMA, 5 producer):
+D (M, N, L) bf16|fp16 = gA gB A (M, K, L) B (N, K, L)^T, NVFP4 operands, scales 128x4 blocked;
+gA, gB are read from device memory (no host sync). Pipeline contract, per CTA of a pair
+(warps 0-3 epilogue, 4 MMA, 5 producer, 6 CLC scheduler):
   producer: per K stage acquire `a_ring` -> TMA A (multicast along N); acquire `bs_ring` ->
             TMA B, SFA, SFB; both complete on the LEADER CTA's full barriers (expect_bytes).
-  mma (leader CTA only): wait both rings -> tcgen05.cp scales to TMEM -> per K block and per
-            M half: mma2_ABt (Rubin: B collector FILL then LASTUSE) -> release A with
-            `tcgen05.commit ... sync_restrict::shared::read::mma::a` (Rubin) and B/scales with a
-            plain commit, multicast to the pair -> per tile commit `acc_ring` full.
-  epilogue: wait acc full -> tcgen05.ld 32 columns -> * alpha -> bf16 -> smem -> TMA store;
-            release the accumulator once read (its TMA stores overlap the next tile's MMAs).
-Persistent static scheduler with supergroup order; PDL. K = 64 per MMA on sm_100a/sm_103a,
-128 on sm_107a; 512 TMEM columns there, 576 (exclusive alloc) on Rubin with Mb = 512.
-Peer: CUTLASS examples/python/CuTeDSL/cute/blackwell/kernel/blockscaled_gemm/
+  mma (leader CTA): wait both rings -> tcgen05.cp scales to TMEM -> per K block, M half:
+            mma2_ABt (Rubin: B collector FILL then LASTUSE) -> commit A (Rubin: early, once read
+            `sync_restrict::shared::read::mma::a`), B/scales, multicast to the pair -> per tile
+            commit `acc_ring` full.
+  epilogue: wait acc full -> tcgen05.ld EPI_N columns -> release acc after the last (its TMA
+            stores overlap the next tile's MMAs) -> * gA gB -> smem -> TMA store.
+  tiles: static persistent supergroup order, or CLC (scheduler warp try_cancel -> `clc_ring`
+            response -> every role's next tile); PDL. Constraints: K % Kb, N % 8 (checked by
+            `tk_cute.nvfp4.dispatch_sm100`, which also picks the Config). MMA K = 64 (sm_100a/103a)
+            or 128 (sm_107a). Peer: CUTLASS CuTeDSL blackwell/kernel/blockscaled_gemm/
 dense_blockscaled_gemm_persistent.py (one arch, 3,382 lines with its host harness).
 """
 
@@ -141,37 +143,6 @@ class Config:
         return 1024 + sum(-(-b // 1024) * 1024 for b in bufs)
 
 
-def select_config(arch: str, m: int, n: int, k: int, out: str = "bfloat16") -> Config:
-    """Per-shape heuristic (documented in docs/rubin.md).
-
-    Rubin with enough pair tiles to fill the GPU: Mb = 512 (two 256x256 accumulators sharing B,
-    576 exclusive columns), pairs multicasting A along N; otherwise Mb = 256 with a
-    double-buffered 256x128 accumulator. Blackwell: Mb = 256, Nb = 256 single accumulator when
-    the grid is full, Nb = 128 double-buffered otherwise. Stages: as many as shared memory holds
-    (at most 8); K must be a multiple of Kb = 256. Scheduler: cluster launch control (work
-    stealing) when the tiles take more than one wave of clusters, static persistent otherwise.
-    """
-    t = target(arch)
-    pairs = (t.sm_count or 148) // 2
-    big = -(-m // 512) * -(-n // 256) >= pairs
-    if arch.startswith("sm_107") and big:
-        base = dict(Mb=512, Nb=256, ACC_PIPE_DEPTH=1, CLUSTER_N=2 if n >= 512 else 1)
-    elif big:
-        base = dict(Mb=256, Nb=256, ACC_PIPE_DEPTH=1, CLUSTER_N=2 if n >= 512 else 1)
-    else:
-        base = dict(Mb=256, Nb=128, ACC_PIPE_DEPTH=2)
-    cn = base.setdefault("CLUSTER_N", 1)
-    clusters = -(-m // base["Mb"]) * -(-n // (base["Nb"] * cn))  # CLUSTER_M = 2: one pair
-    waves = clusters > (t.sm_count or 148) // (2 * cn)
-    base.update(out=out, scheduler=schedule.CLC if waves else schedule.STATIC)
-    for depth in range(8, 1, -1):
-        try:
-            return Config(arch=arch, LOAD_PIPE_DEPTH=depth, **base)
-        except SmemBudgetError:
-            continue
-    raise SmemBudgetError(f"no stage count fits {arch}")
-
-
 class GemmNvfp4Sm100:
     """The kernel for one `Config`; `__call__` is the `@cute.jit` host launch."""
 
@@ -284,18 +255,15 @@ class GemmNvfp4Sm100:
                 cpasync.prefetch_descriptor(atom)
         st = SmemAllocator().allocate(self.storage)
         masks = cluster.multicast_masks(self.cluster_vmnk, self.cluster_sfb_vmnk)
-        n_a = cute.size(self.cluster_vmnk.shape[2])
-        n_b = cute.size(self.cluster_vmnk.shape[1])
-        S, vmnk = cfg.LOAD_PIPE_DEPTH, self.cluster_vmnk
-        a_ring = tc.load_ring(st.a_ring.data_ptr(), S, self.a_bytes, n_a, vmnk, (1, 0))
-        bs_ring = tc.load_ring(st.bs_ring.data_ptr(), S, self.bs_bytes, n_a + n_b - 1, vmnk,
-                               (1, 1))
+        vmnk = self.cluster_vmnk
+        a_ring = tc.load_ring(st.a_ring.data_ptr(), cfg.LOAD_PIPE_DEPTH, self.a_bytes,
+                              tc.multicast_ctas(vmnk, "A"), vmnk, (1, 0))
+        bs_ring = tc.load_ring(st.bs_ring.data_ptr(), cfg.LOAD_PIPE_DEPTH, self.bs_bytes,
+                               tc.multicast_ctas(vmnk, "A", "B"), vmnk, (1, 1))
         acc_ring = tc.acc_ring(st.acc_ring.data_ptr(), cfg.ACC_PIPE_DEPTH,
                                32 * len(self.EPI_WARPS), vmnk)
-        clc = None
-        if cutlass.const_expr(cfg.scheduler == schedule.CLC):
-            clc = schedule.clc_ring(st.clc_ring.data_ptr(), vmnk, self.WALKERS)
-        walk = (cfg.scheduler, sched, clc, st.clc_response.data_ptr())
+        walk = schedule.walk(cfg.scheduler, sched, st.clc_ring.data_ptr(),
+                             st.clc_response.data_ptr(), vmnk, self.WALKERS)
         alloc = tmem.tensor_allocator(
             st.tmem_addr.ptr, tmem.alloc_columns(cfg.tmem_columns_used, cfg.arch), cfg.arch,
             True, pipeline.NamedBarrier(barrier_id=2, num_threads=32 * 5), self.EPI_WARPS[0],
@@ -334,7 +302,7 @@ class GemmNvfp4Sm100:
 
     @cute.jit
     def producer_load(self, walk, a_ring, bs_ring, masks, smem, gmem, atoms):
-        """Producer warp: waits `*_ring` empty, expect_bytes on the leader, TMA loads (multicast)."""
+        """Producer warp: wait `*_ring` empty, expect_bytes on the leader, TMA loads (multicast)."""
         mask_a, mask_b, mask_sfb, coord, coord_sfb = masks
         sA, sB, sSFA, sSFB = smem
         tCgA, tCgB, tCgSFA, tCgSFB = gmem
@@ -375,17 +343,17 @@ class GemmNvfp4Sm100:
     @cute.jit
     def mma_issue(self, walk, alloc, a_ring, bs_ring, acc_ring, sA, sB, sSFA, sSFB,
                   tCtAcc_fake, k_tiles):
-        """MMA warp (leader CTA issues): waits both rings and acc empty; commits rings and acc full."""
+        """MMA warp (leader CTA issues): wait both rings and acc empty; commit rings, acc full."""
         cfg = self.cfg
         cols = cfg.tmem
         alloc.wait_for_alloc()
         base = alloc.retrieve_ptr(cutlass.Float32)
         tCtAcc = cute.make_tensor(base, tCtAcc_fake.layout)
         tSFA, tSFB = scales.tmem_layouts(self.mma_tiler, self.sf_mma, self.sSFA, self.sSFB)
-        tCtSFA = tmem.tile(base, cols["SFA"], tSFA, self.sf_dtype)
-        tCtSFB = tmem.tile(base, cols["SFB"], tSFB, self.sf_dtype)
-        cp_sfa, src_sfa, dst_sfa = tc.scale_copy(sSFA, tCtSFA, True, self.sf_dtype)
-        cp_sfb, src_sfb, dst_sfb = tc.scale_copy(sSFB, tCtSFB, True, self.sf_dtype)
+        tCtSFA, cp_sfa, src_sfa, dst_sfa = tc.scale_tile(sSFA, base, cols["SFA"], tSFA,
+                                                         self.sf_dtype)
+        tCtSFB, cp_sfb, src_sfb, dst_sfb = tc.scale_tile(sSFB, base, cols["SFB"], tSFB,
+                                                         self.sf_dtype)
         tCrA, tCrB = self.mma.make_fragment_A(sA), self.mma.make_fragment_B(sB)
         tiles = schedule.Tiles.create(*walk)
         work = tiles.first()
@@ -416,7 +384,7 @@ class GemmNvfp4Sm100:
                                         tCrB[(None, 0, kb, s)],
                                         tCtSFA[(None, mh, kb * c)], tCtSFB[(None, 0, kb * c)],
                                         accumulate=(kt + kb) != 0)
-                    self.release_a(a_ring, a_state)
+                    tc.release_stage(a_ring, a_state, a_only=cfg.rubin and cfg.early_release_a)
                     bs_ring.consumer_release(bs_state)
                     a_state.advance()
                     bs_state.advance()
@@ -424,16 +392,6 @@ class GemmNvfp4Sm100:
             acc_state.advance()
             work = tiles.next()
         acc_ring.producer_tail(acc_state)
-
-    @cute.jit
-    def release_a(self, a_ring, state):
-        """Free A's stage: on Rubin when the MMAs finished reading A (early), else on completion."""
-        if cutlass.const_expr(self.cfg.rubin and self.cfg.early_release_a):
-            with cluster.elect_leader():
-                tc.tensor_commit(a_ring.sync_object_empty.get_barrier(state.index),
-                                 a_ring.consumer_mask, pair=True, a_only=True)
-        else:
-            a_ring.consumer_release(state)
 
     @cute.jit
     def consumer_finish(self, walk, alloc, acc_ring, tCtAcc_fake, tCgD, sD, tma_d, ga, gb):
@@ -500,7 +458,7 @@ def launch_args(cfg: Config, addr: dict, m: int, n: int, k: int, l: int = 1,
 
 def compile(cfg: Config, m: int = 8192, n: int = 8192, k: int = 8192,
             max_active_clusters: int | None = None):
-    """Build the kernel for `cfg.arch` from fake pointers; returns (`tk_cute.compile.Build`, kernel)."""
+    """Build the kernel for `cfg.arch` from fake pointers: (`tk_cute.compile.Build`, kernel)."""
     from tk_cute.compile import build
 
     kern = GemmNvfp4Sm100(cfg)

@@ -3,14 +3,13 @@
 
 Hopper has no FP4 tensor cores, but every e2m1 * ue4m3 product is exact in bf16, so expanding
 the operands to bf16 in shared memory and running bf16 wgmma with fp32 accumulation computes the
-same sums as FP4 tensor cores. Pipeline (the Hopper GEMM's `lcf` pipeline with one more step):
-the producer TMA-loads packed FP4 tiles (Uint8, (Mb, 32) and (Nb, 32) per 64 K) and their scale
-atoms (512 B per 128 rows) into the ring (W4A16: A arrives as bf16 directly); the two consumer
-warpgroups decode stage k into one of DEQUANT_BUFFERS bf16 tile pairs (`group.decode_nvfp4`,
-~2 integer/bf16x2 ops per element), fence, meet on a named barrier, and issue the wgmmas, which
-run on the tensor cores while the ALUs decode stage k + 1. Three bf16 buffers let one barrier per
-stage suffice: the buffer decoded at k + 1 was last read by the MMAs of k - 2, complete in both
-warpgroups before the barrier of k. The epilogue multiplies by gA * gB (read on the device).
+same sums as FP4 tensor cores. Pipeline (`templates/ltcf.py`): the loader TMA-loads packed FP4
+tiles (Uint8, (Mb, 32) and (Nb, 32) per 64 K) and their scale atoms (512 B per 128 rows) into
+the raw ring (W4A16: A arrives as bf16, straight into the compute ring); the transform
+warpgroup decodes each stage into a bf16 (Mb, 64) / (Nb, 64) pair of the compute ring
+(`group.decode_nvfp4`); the two consumer warpgroups run the Hopper GEMM's SS wgmma on it and its
+epilogue, times gA * gB (read on the device). Decoding in its own warpgroup lets it overlap the
+MMAs: inside the consumers (which hold 128 accumulator registers each) it serialised with them.
 Constraints: K % 64 == 0, M % 128 == 0, N % 256 == 0 (checked by `check_shapes`).
 """
 
@@ -26,6 +25,7 @@ import torch
 from tk_cute.kernels.gemm import gemm_sm90
 from tk_cute.runtime import KernelCache, as_cute, batched, stream
 from tk_cute.ops import group, register, tma, warpgroup
+from tk_cute.templates.ltcf import LTCF
 from tk_cute.types import coord, gl, rt, st
 from tk_cute.types.struct import DeviceStruct
 
@@ -39,8 +39,8 @@ class Config:
     a_format: str = "nvfp4"
     out_dtype: str = "bfloat16"
     Nb: int = 256
-    LOAD_PIPE_DEPTH: int = 0  # 0: as many as fit beside the bf16 buffers
-    DEQUANT_BUFFERS: int = 3
+    LOAD_PIPE_DEPTH: int = 0  # raw (FP4) stages; 0: as many as fit beside the bf16 stages
+    COMPUTE_PIPE_DEPTH: int = 3  # decoded bf16 stages
     EPI_PIPE_DEPTH: int = 4
     SUPERGROUP_SIZE: int = 8
     arch: str = "sm_90a"
@@ -48,17 +48,19 @@ class Config:
     def __post_init__(self):
         if self.a_format not in FORMATS:
             raise ValueError(f"a_format must be one of {FORMATS}, got {self.a_format!r}")
-        if self.DEQUANT_BUFFERS < 3:
-            raise ValueError("DEQUANT_BUFFERS must be >= 3: one barrier per stage protects a "
-                             f"buffer only two stages back (got {self.DEQUANT_BUFFERS})")
+        if self.COMPUTE_PIPE_DEPTH < 2:
+            raise ValueError("COMPUTE_PIPE_DEPTH must be >= 2: the consumers keep one stage's "
+                             f"MMAs in flight while the next is decoded (got "
+                             f"{self.COMPUTE_PIPE_DEPTH})")
 
 
-class GemmNvfp4Sm90(gemm_sm90.GemmSm90):
+class GemmNvfp4Sm90(LTCF, gemm_sm90.GemmSm90):
     """See the module docstring. Reuses the Hopper GEMM's tiles, MMA and epilogue."""
 
     def __init__(self, config: Config = Config()):
         self.nvfp4 = config
         self.w4a4 = config.a_format == "nvfp4"
+        self.COMPUTE_PIPE_DEPTH = config.COMPUTE_PIPE_DEPTH
         super().__init__(gemm_sm90.Config(
             dtype="bfloat16", out_dtype=config.out_dtype, Nb=config.Nb, Kb=group.K_PER_ATOM,
             LOAD_PIPE_DEPTH=config.LOAD_PIPE_DEPTH, EPI_PIPE_DEPTH=config.EPI_PIPE_DEPTH,
@@ -74,54 +76,51 @@ class GemmNvfp4Sm90(gemm_sm90.GemmSm90):
 
     def inputs(self):
         b = {"b": self.fp4_tile(self.Nb), "sfb": self.scale_tile(self.Nb)}
-        if self.w4a4:
-            return {"a": self.fp4_tile(self.Mb), "sfa": self.scale_tile(self.Mb), **b}
-        return {"a": self.a_tile, **b}
+        return {"a": self.fp4_tile(self.Mb), "sfa": self.scale_tile(self.Mb), **b} if (
+            self.w4a4) else b
 
-    def scratch_tiles(self):
-        n = self.nvfp4.DEQUANT_BUFFERS
-        return {"a16": (self.a_tile, n), "b16": (self.b_tile, n)} if self.w4a4 else {
-            "b16": (self.b_tile, n)}
+    def compute_tiles(self):
+        return {"a16": self.a_tile, "b16": self.b_tile}
+
+    def direct_inputs(self):
+        return {} if self.w4a4 else {"a16": self.a_tile}
 
     def prefetch(self, g):
         for d in (g.A, g.SFA, g.B, g.SFB, g.C) if self.w4a4 else (g.A, g.B, g.SFB, g.C):
             d.prefetch()
 
-    # --- producer ---------------------------------------------------------------------------
+    # --- loader -----------------------------------------------------------------------------
     @cute.jit
-    def load(self, g, inputs, at, k, barrier, mcast):
+    def load(self, g, raw, slot, at, k, barrier, full):
         atoms_k = self.k_steps(g)  # scale atoms per 128-row band along K
-        tma.load_async(inputs["a"], g.A, coord(at.r, k, at.b), barrier)
-        tma.load_async(inputs["b"], g.B, coord(at.c, k, at.b), barrier)
         if cutlass.const_expr(self.w4a4):
-            tma.load_async(inputs["sfa"], g.SFA, coord(at.r * atoms_k + k, 0), barrier)
+            tma.load_async(raw["a"], g.A, coord(at.r, k, at.b), barrier)
+            tma.load_async(raw["sfa"], g.SFA, coord(at.r * atoms_k + k, 0), barrier)
+        else:
+            tma.load_async(slot["a16"], g.A, coord(at.r, k, at.b), full)
+        tma.load_async(raw["b"], g.B, coord(at.c, k, at.b), barrier)
         bands = self.Nb // 128
         for band in cutlass.range_constexpr(bands):
-            dst = cute.local_tile(inputs["sfb"], (2, 256), (band, 0))
+            dst = cute.local_tile(raw["sfb"], (2, 256), (band, 0))
             tma.load_async(dst, g.SFB, coord((at.c * bands + band) * atoms_k + k, 0), barrier)
+
+    # --- transform --------------------------------------------------------------------------
+    @cute.jit
+    def transform(self, g, raw, slot, thread, threads):
+        group.decode_nvfp4(slot["b16"], raw["b"], raw["sfb"], thread, threads)
+        if cutlass.const_expr(self.w4a4):
+            group.decode_nvfp4(slot["a16"], raw["a"], raw["sfa"], thread, threads)
 
     # --- consumers --------------------------------------------------------------------------
     def setup(self, g, thread, smem):
-        state = Consumer(super().setup(g, thread, smem), smem, thread, g.alpha[0])
-        return state
+        return Consumer(gemm_sm90.GemmSm90.setup(self, g, thread, smem), g.alpha[0])
 
-    @cute.jit
-    def compute(self, g, s, inputs, k):
-        buf = k % self.nvfp4.DEQUANT_BUFFERS
-        threads = self.NUM_CONSUMERS * warpgroup.WARPGROUP_THREADS
-        b16 = s.smem["b16"][None, None, buf]
-        group.decode_nvfp4(b16, inputs["b"], inputs["sfb"], s.thread, threads)
-        a16 = inputs["a"]
-        if cutlass.const_expr(self.w4a4):
-            a16 = s.smem["a16"][None, None, buf]
-            group.decode_nvfp4(a16, inputs["a"], inputs["sfa"], s.thread, threads)
-        cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> wgmma reads
-        warpgroup.sync(2, self.NUM_CONSUMERS)()
-        warpgroup.mma_ABt(s.acc, a16, b16)
+    def compute(self, g, s, slot, k):
+        warpgroup.mma_ABt(s.acc, slot["a16"], slot["b16"])
 
     def finish(self, g, s, at, smem, thread):
         register.mul(s.acc, s.acc, s.alpha)
-        super().finish(g, s.acc, at, smem, thread)
+        gemm_sm90.GemmSm90.finish(self, g, s.acc, at, smem, thread)
 
     # --- host -------------------------------------------------------------------------------
     @cute.jit
@@ -138,10 +137,10 @@ class GemmNvfp4Sm90(gemm_sm90.GemmSm90):
 
 
 class Consumer:
-    """A consumer thread's state: accumulator, its shared buffers, index, global scale."""
+    """A consumer thread's state: its accumulator and the global scale gA * gB."""
 
-    def __init__(self, acc: rt, smem, thread, alpha):
-        self.acc, self.smem, self.thread, self.alpha = acc, smem, thread, alpha
+    def __init__(self, acc: rt, alpha):
+        self.acc, self.alpha = acc, alpha
 
 
 class Globals(DeviceStruct):

@@ -21,9 +21,8 @@ ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_107a")
 ELEM = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32}
 
 
-def _fake(dtype, align=16):
-    n = cute.sym_int64(divisibility=16)
-    return cute.runtime.make_fake_tensor(dtype, (n,), (1,), assumed_align=align)
+def _ptr(dtype, align=16):
+    return cute.runtime.make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
 
 
 def _stream():
@@ -32,57 +31,99 @@ def _stream():
     return driver.CUstream(0)
 
 
-def _build_quantize(arch, dtype="bf16", given=False):
-    cfg = nq.Config(dtype=dtype, arch=arch, given_scale=given,
-                    blocks_per_thread=2 if dtype == "f32" else 4)
-    args = (cfg, _fake(ELEM[dtype]), _fake(cutlass.Uint8), _fake(cutlass.Uint8),
-            _fake(cutlass.Int32), _fake(cutlass.Float32, 4), _fake(cutlass.Float32, 4),
-            Int32(128), Int32(64), Int32(1), _stream())
-    return build(nq._quantize, *args, arch=arch)
+def _quantize_args(cfg):
+    return (cfg, _ptr(ELEM[cfg.dtype]), _ptr(cutlass.Uint8), _ptr(cutlass.Uint8),
+            _ptr(cutlass.Int32, 4), _ptr(cutlass.Float32, 4), _ptr(cutlass.Float32, 4),
+            _ptr(cutlass.Int32, 4), Int32(128), Int32(64), Int32(1), Int32(1), _stream())
+
+
+def _build_quantize(arch, dtype="bf16", given=False, **kw):
+    cfg = nq.Config(dtype=dtype, arch=arch, given_scale=given, **kw)
+    return build(nq._quantize, *_quantize_args(cfg), arch=arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_quantize_kernel_instructions(arch):
+    cfg = nq.Config(arch=arch)
+    rows = nq.ATOM_ROWS // cfg.warps  # rows per warp; one 8-element half block per row
     b = _build_quantize(arch)
     native = b.ptx_count(r"cvt\.rn\.satfinite\.e2m1x2\.f32")
     if arch == "sm_90a":
         assert native == 0
         assert b.ptx_count(r"add\.rn\.f32") > 0  # the magic-add E2M1 rounding
     else:
-        assert native == 4 * 2 * 4  # 4 pairs x 2 words x 4 blocks per thread
-    assert b.ptx_count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == 4
-    assert b.ptx_count(r"div\.rn\.f32") == 2 * 4 + 2  # 2 per block + the global scales
+        assert native == 4 * rows  # 4 pairs per lane-row
+    assert b.ptx_count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == rows
+    assert b.ptx_count(r"div\.rn\.f32") == 2 * rows + 2  # 2 per block + the global scales
+    assert b.ptx_count(r"max\.NaN\.f32") == 1  # NaN/Inf amax -> non-finite global scale
     assert b.ptx_count(r"div\.(approx|full)") == 0
     assert b.ptx_count(r"\bfma\.") == 0  # the recipe forbids contraction
-    assert b.kernel.local_bytes == 0, b.kernel
-    assert b.sass_count(r"LDG\.E\.EF\.128") == 8
+    assert b.ptx_count(r"\b(atom|red)\.global") == 0  # no flag without check_finite + given scale
+    assert b.kernel.local_bytes == 0 and b.kernel.stack_bytes == 0, b.kernel
+    assert b.kernel.registers <= 65536 // (cfg.threads * cfg.min_ctas_per_sm)
+    assert b.sass_count(r"LDG\.E\.EF\.128") == rows  # one 16-byte load per lane-row
+    assert b.sass_count(r"STG\.E\.64") == 0  # 4-byte data stores, coalesced per warp
 
 
 @pytest.mark.parametrize("arch", ("sm_90a", "sm_100a"))
 @pytest.mark.parametrize("dtype", ("f16", "f32"))
 def test_quantize_kernel_dtypes_compile(arch, dtype):
     b = _build_quantize(arch, dtype)
-    assert b.kernel.local_bytes == 0
+    assert b.kernel.local_bytes == 0 and b.kernel.stack_bytes == 0
     assert (b.ptx_count(r"cvt\.rn\.satfinite\.e2m1x2") > 0) == (arch != "sm_90a")
 
 
 @pytest.mark.parametrize("arch", ("sm_90a", "sm_107a"))
-def test_given_scale_skips_amax_word(arch):
-    b = _build_quantize(arch, given=True)
-    assert b.kernel.local_bytes == 0
-    assert b.ptx_count(r"div\.rn\.f32") == 2 * 4 + 1  # only 1/s_dec_g globally
+@pytest.mark.parametrize("check", (False, True))
+def test_given_scale_skips_amax_word(arch, check):
+    rows = nq.ATOM_ROWS // nq.Config().warps
+    b = _build_quantize(arch, given=True, check_finite=check)
+    assert b.kernel.local_bytes == 0 and b.kernel.stack_bytes == 0
+    assert b.ptx_count(r"div\.rn\.f32") == 2 * rows + 1  # only 1/s_dec_g globally
+    assert (b.ptx_count(r"atom\.global\.or|red\.global\.or") > 0) == check
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", ("bf16", "f32"))
 def test_amax_kernel_compiles(arch, dtype):
     cfg = nq.Config(dtype=dtype, arch=arch)
-    b = build(nq._amax, cfg, _fake(ELEM[dtype]), _fake(cutlass.Int32), Int64(64), Int32(1),
+    b = build(nq._amax, cfg, _ptr(ELEM[dtype]), _ptr(cutlass.Int32, 4), Int64(64), Int32(1),
               _stream(), arch=arch)
     assert b.kernel.local_bytes == 0
     loads = b.sass_count(r"LDG\.E\.EF\.128")  # ptxas may unroll the grid-stride loop further
-    assert loads >= nq.AMAX_UNROLL and loads % nq.AMAX_UNROLL == 0
-    assert b.sass_count(r"REDUX") >= 1
+    assert loads >= cfg.amax_unroll and loads % cfg.amax_unroll == 0
+    assert b.sass_count(r"REDUX") >= 2  # warp max, then the CTA's warps
+    assert b.ptx_count(r"\b(atom|red)\.global") == 0  # a plain store per CTA: no zeroing
+
+
+def test_fast_argument_packing_matches_dsl():
+    """The launch path packs ctypes slots itself; they must hold the DSL's own bytes."""
+    import cutlass.cute as cute
+
+    cfg = nq.Config(arch="sm_90a")
+    el = ELEM[cfg.dtype]
+    q = nq._Launcher(cute.compile(nq._quantize, *_quantize_args(cfg),
+                                  options="--gpu-arch sm_90a"), nq.QUANT_ARGS)
+    v = (16, 32, 48, 64, 80, 96, 112, 8192, 4096, 3, 132, 128)
+    q.check_against_dsl(nq._dsl_values(nq.QUANT_ARGS, v, [
+        (el, 16), (cutlass.Uint8, 16), (cutlass.Uint8, 16), (cutlass.Int32, 4),
+        (cutlass.Float32, 4), (cutlass.Float32, 4), (cutlass.Int32, 4)]), v)
+    a = nq._Launcher(cute.compile(nq._amax, cfg, _ptr(el), _ptr(cutlass.Int32, 4), Int64(64),
+                                  Int32(1), _stream(), options="--gpu-arch sm_90a"), nq.AMAX_ARGS)
+    v = (16, 32, 2**40 + 5, 132, 48)
+    a.check_against_dsl(nq._dsl_values(nq.AMAX_ARGS, v, [(el, 16), (cutlass.Int32, 4)]), v)
+    with pytest.raises(RuntimeError, match="differs"):
+        w = (16, 32, 2**40 + 5, 133, 48)  # a different grid in our slots
+        a.check_against_dsl(nq._dsl_values(nq.AMAX_ARGS, v, [(el, 16), (cutlass.Int32, 4)]), w)
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="dtype"):
+        nq.Config(dtype="f8")
+    with pytest.raises(ValueError, match="rows_in_flight"):
+        nq.Config(warps=8, rows_in_flight=3)
+    with pytest.raises(ValueError, match="amax_threads"):
+        nq.Config(amax_threads=100)
 
 
 # ---------------------------------------------------------------- GPU tier
@@ -186,3 +227,44 @@ def test_outputs_fully_written():
         del ref, junk
     got = _check(x)
     assert (got.scales.view(-1)[got.scales.numel() - 1] == 0)
+
+
+SWEEP = [dict(warps=4, rows_in_flight=4, min_ctas_per_sm=0), dict(rows_in_flight=1),
+         dict(reverse=False), dict(amax_threads=512, amax_ctas_per_sm=2, amax_unroll=2),
+         dict(warps=16, rows_in_flight=2, min_ctas_per_sm=2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", SWEEP, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_tuning_configs_match_reference(kw):
+    """Every configuration the benchmark sweeps gives the same bytes."""
+    from tk_cute.nvfp4 import quantize_reference
+
+    x = torch.randn(2, 300, 1040, device="cuda", dtype=torch.bfloat16)
+    ref = quantize_reference(x)
+    for gs in (None, ref.global_scale):
+        got = nq.quantize_cuda(x, gs, config=nq.Config(**kw))
+        assert torch.equal(got.data, ref.data) and torch.equal(got.scales, ref.scales)
+        assert torch.equal(got.global_scale, ref.global_scale)
+
+
+@pytest.mark.gpu
+def test_graph_capture_and_repeated_calls():
+    """Unchecked calls capture into a CUDA graph; replays and repeated (cached-plan) calls give
+    the reference bytes."""
+    from tk_cute.nvfp4 import quantize_reference
+
+    x = torch.randn(512, 768, device="cuda", dtype=torch.bfloat16)
+    ref = quantize_reference(x)
+    nq.quantize_cuda(x, check_finite=False)  # plan + compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = nq.quantize_cuda(x, check_finite=False)
+    for _ in range(3):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got.data, ref.data) and torch.equal(got.scales, ref.scales)
+        assert torch.equal(got.global_scale, ref.global_scale)
+    for _ in range(3):  # the cached plan's bare NVFP4Tensor path
+        again = nq.quantize_cuda(x)
+        assert torch.equal(again.data, ref.data) and again.data.shape == ref.data.shape

@@ -1,25 +1,52 @@
 """Compile-only checks of the tcgen05 NVFP4 GEMM on sm_100a, sm_103a and sm_107a (no GPU).
 
-Each target is built once (module fixture) from fake pointers; the tests read its PTX, SASS and
-resources, and compare the shared memory the kernel's own layouts asked for with its Config.
+Each target is built once (module fixture) through the torch entry's own path
+(`dispatch_sm100.prepare` -> `compile_launch`) from CPU NVFP4Tensors, the device query
+monkeypatched, so the entry's argument conversion and the kernel's signature are compiled
+together; the tests read its PTX, SASS and resources, and compare the shared memory the kernel's
+own layouts asked for with its Config.
 """
 
+import dataclasses
 import re
 
 import pytest
+import torch
 
 from tk_cute.arch import target
 from tk_cute.kernels.gemm import nvfp4_sm100 as K
+from tk_cute.layouts.nvfp4_scales import blocked_shape
+from tk_cute.nvfp4 import NVFP4Tensor
+from tk_cute.nvfp4 import dispatch_sm100 as D
+from tk_cute.ops import schedule
 
 ARCHS = ["sm_100a", "sm_103a", "sm_107a"]
 MMA = r"tcgen05\.mma\.cta_group::2\.kind::mxf4nvf4\.block_scale\.block16"
+TRY_CANCEL = r"clusterlaunchcontrol\.try_cancel\.async\.shared::cta\.mbarrier::complete_tx::bytes" \
+             r"\.multicast::cluster::all\.b128"
+
+
+def fake_operand(rows, k, gs=1.0):
+    """A CPU NVFP4Tensor with the right shapes (its bytes do not matter for a compile)."""
+    return NVFP4Tensor(torch.zeros(rows, k // 2, dtype=torch.uint8),
+                       torch.zeros(blocked_shape(rows, k), dtype=torch.uint8),
+                       torch.tensor(gs), (rows, k))
+
+
+def entry_build(arch, cfg, m=256, n=256, k=512):
+    """Compile through the entry's path, as if the CPU tensors were on an `arch` GPU."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(D, "device_target", lambda device: arch)
+        mp.setattr(D, "sm_count", lambda device: target(arch).sm_count or 148)
+        launch = D.prepare(fake_operand(m, k), fake_operand(n, k), torch.bfloat16, cfg)
+    return D.compile_launch(launch, keep=True)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
 def built(request):
     arch = request.param
-    cfg = K.select_config(arch, 8192, 8192, 8192)
-    b, kern = K.compile(cfg)
+    cfg = D.select_config(arch, 8192, 8192, 8192)
+    b, kern = entry_build(arch, cfg)
     return arch, cfg, b, kern
 
 
@@ -86,6 +113,42 @@ def test_rubin_double_buffered_two_accumulators():
     assert cfg.tmem_columns_used == 560
     assert b.ptx_count(r"tcgen05\.alloc\.exclusive\.cta_group::2") == 1
     assert b.kernel.local_bytes == 0 and kern.traced["smem_bytes"] == cfg.smem_bytes
+    # Config's default scheduler is static: no CLC, 6 warps
+    assert cfg.scheduler == schedule.STATIC and b.ptx_count("clusterlaunchcontrol") == 0
+    assert b.ptx_count(r"\.reqntid 192, 1, 1") == 1
+
+
+def test_cluster_launch_control(built):
+    """The heuristic picks CLC at 8192^3 (more tiles than one wave of clusters): a 7th warp
+    issues try_cancel multicast to the cluster, every walker decodes the response."""
+    _, cfg, b, _ = built
+    assert cfg.scheduler == schedule.CLC
+    assert b.ptx_count(TRY_CANCEL) == 1
+    # one response decode per role that walks tiles: load, MMA, epilogue, scheduler warp
+    assert b.ptx_count(r"clusterlaunchcontrol\.query_cancel\.is_canceled\.pred\.b128") == 4
+    assert b.ptx_count(r"\.reqntid 224, 1, 1") == 1
+
+
+def test_static_scheduler_and_fp16_out():
+    cfg = dataclasses.replace(D.select_config("sm_100a", 8192, 8192, 8192),
+                              scheduler=schedule.STATIC, out="float16")
+    b, _ = K.compile(cfg)
+    assert b.ptx_count("clusterlaunchcontrol") == 0 and b.ptx_count(r"\.reqntid 192") == 1
+    assert b.ptx_count(r"cvt\.rn\.f16x2\.f32") >= 1 and b.ptx_count(r"cvt\.rn\.bf16") == 0
+    assert b.kernel.local_bytes == 0
+
+
+def test_alpha_read_on_device(built):
+    """alpha = gA * gB: two fp32 loads from the global-scale tensors, no host scalar."""
+    _, _, b, _ = built
+    assert b.ptx_count(r"ld\.global\.b32") == 2
+    assert b.ptx_count(r"mul\.(rn\.)?f32") >= 1
+
+
+def test_select_config_scheduler_by_waves():
+    assert D.select_config("sm_100a", 8192, 8192, 8192).scheduler == schedule.CLC
+    assert D.select_config("sm_100a", 512, 1024, 8192).scheduler == schedule.STATIC
+    assert D.select_config("sm_107a", 16384, 16384, 256).scheduler == schedule.CLC
 
 
 @pytest.mark.parametrize(
@@ -98,6 +161,8 @@ def test_rubin_double_buffered_two_accumulators():
         (dict(arch="sm_100a", Mb=256, sf="ue5m3"), K.ConfigError),  # UE5M3 is Rubin-only
         (dict(arch="sm_90a"), K.ConfigError),
         (dict(arch="sm_107a", CLUSTER_M=3), K.ConfigError),
+        (dict(arch="sm_107a", out="float32"), K.ConfigError),
+        (dict(arch="sm_107a", scheduler="dynamic"), K.ConfigError),
     ],
 )
 def test_config_rejections(kwargs, error):

@@ -4,10 +4,15 @@
     python -m tk_cute.bench quantize [--shapes 8192x8192,16384x16384,4096x4096] [--dtype bf16]
                                      [--sweep]
 
+GPU time: the unchecked variants (no host sync) are captured in CUDA graphs and timed by replay
+(`bench(..., graph=True)`), beside a graph-captured copy; their host cost per call is reported
+apart (`host_overhead`). The checked variant reads a flag back (one sync per call), so it cannot
+be captured: it and the torch reference (whose finite check syncs too) are timed eagerly, beside
+an eager copy, and include host time.
 GB/s counts the bytes that must move: read 2 B + write 0.5625 B per bf16 element, plus one more
 2 B read for the amax pass (none with a given global scale). Copy GB/s counts read + write.
 The bar (issue 6): amax+quantize >= 70% of copy bandwidth at 8192^2 and 16384^2 bf16.
-`--sweep` also times blocks_per_thread 1/2/8 configurations.
+`--sweep` also times the tuning configurations of `SWEEP` (graph replay).
 """
 
 from __future__ import annotations
@@ -19,25 +24,70 @@ import torch
 from tk_cute.bench.harness import HEADER, bench, environment, host_overhead, input_sets, row
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+SWEEP = {
+    "w4 rif4 occ0": dict(warps=4, rows_in_flight=4, min_ctas_per_sm=0),
+    "w8 rif1": dict(rows_in_flight=1),
+    "w8 rif2 occ3": dict(min_ctas_per_sm=3),
+    "w8 rif4 occ0": dict(rows_in_flight=4, min_ctas_per_sm=0),
+    "w16 rif2 occ2": dict(warps=16, rows_in_flight=2, min_ctas_per_sm=2),
+    "forward order": dict(reverse=False),
+    "amax 512x2 u4": dict(amax_threads=512, amax_ctas_per_sm=2),
+    "amax 256x8 u4": dict(amax_threads=256, amax_ctas_per_sm=8),
+    "amax 1024x1 u8": dict(amax_unroll=8),
+}
 
 
-def _variants(dtype, sweep: bool):
+def _amax_only(s):
+    """The amax kernel alone (internal: for the GPU-time breakdown)."""
+    from tk_cute.kernels import nvfp4_quantize as nq
+
+    x = s[0]
+    plan = nq._plan(x, False, False, None)
+    ws = torch.empty(plan.ws_words, dtype=torch.float32, device=x.device)
+    plan.amax(x.data_ptr(), ws.data_ptr(), plan.n_vec, plan.grid, nq._raw_stream(
+        plan.device_index))
+
+
+def _variants(sweep: bool):
     from tk_cute.kernels import nvfp4_quantize as nq
     from tk_cute.nvfp4 import quantize_reference
 
-    v = {
+    copy = lambda s: s[1].copy_(s[0])
+    eager = {
         "tk amax+quantize (checked)": lambda s: nq.quantize_cuda(s[0]),
+        "torch reference (CUDA)": lambda s: quantize_reference(s[0]),
+        "copy (x -> y)": copy,
+    }
+    graph = {
         "tk amax+quantize (no check)": lambda s: nq.quantize_cuda(s[0], check_finite=False),
         "tk given scale (no check)": lambda s: nq.quantize_cuda(s[0], s[2], check_finite=False),
-        "torch reference (CUDA)": lambda s: quantize_reference(s[0]),
-        "copy (x -> y)": lambda s: s[1].copy_(s[0]),
+        "tk amax pass only": _amax_only,
+        "copy (x -> y)": copy,
     }
     if sweep:
-        for bpt in (1, 2, 8):
-            cfg = nq.Config(blocks_per_thread=bpt)
-            v[f"tk no check bpt={bpt}"] = (
+        for name, kw in SWEEP.items():
+            cfg = nq.Config(**kw)
+            graph[f"tk no check {name}"] = (
                 lambda s, cfg=cfg: nq.quantize_cuda(s[0], check_finite=False, config=cfg))
-    return v
+    return eager, graph
+
+
+def _print(res, spec, dtype_name, n, esize, base_ms, mode):
+    copy_gbs = 2 * n * esize / res["copy (x -> y)"].ms / 1e6
+    must = n * (esize + 0.5625)
+    for name, r in res.items():
+        if name.startswith("copy"):
+            nbytes = 2 * n * esize
+        elif "given" in name:
+            nbytes = must
+        elif "amax pass only" in name:
+            nbytes = n * esize
+        else:
+            nbytes = must + n * esize
+        gbs = nbytes / r.ms / 1e6
+        extra = f"{mode}; {gbs / copy_gbs * 100:5.1f}% of {mode} copy; spread {r.spread:.2f}"
+        print(row(name, spec + " " + dtype_name, r.ms, 0, nbytes, base_ms, extra))
+    return copy_gbs
 
 
 def main(argv=None) -> int:
@@ -51,6 +101,9 @@ def main(argv=None) -> int:
     esize = torch.empty((), dtype=dtype).element_size()
     print(environment())
     print(HEADER)
+    from tk_cute.kernels import nvfp4_quantize as nq
+    from tk_cute.nvfp4 import quantize_reference
+
     for spec in args.shapes.split(","):
         shape = tuple(int(s) for s in spec.split("x"))
         n = 1
@@ -63,31 +116,23 @@ def main(argv=None) -> int:
                                                          device="cuda"))
 
         sets = input_sets(make, n * esize)
-        variants = _variants(dtype, args.sweep)
+        eager, graph = _variants(args.sweep)
         # correctness first: the kernel must equal the reference on this very input
-        from tk_cute.kernels import nvfp4_quantize as nq
-        from tk_cute.nvfp4 import quantize_reference
-
         got, ref = nq.quantize_cuda(sets[0][0]), quantize_reference(sets[0][0])
-        exact = torch.equal(got.data, ref.data) and torch.equal(got.scales, ref.scales)
-        res = bench(variants, sets, rounds=max(args.rounds, 50 // len(sets) + 1))
-        base = res["torch reference (CUDA)"].ms
-        copy_ms = res["copy (x -> y)"].ms
-        copy_gbs = 2 * n * esize / copy_ms / 1e6
-        must = n * (esize + 0.5625)
-        for name, r in res.items():
-            if name.startswith("copy"):
-                nbytes = 2 * n * esize
-            elif "given" in name:
-                nbytes = must
-            else:
-                nbytes = must + n * esize
-            gbs = nbytes / r.ms / 1e6
-            extra = f"{gbs / copy_gbs * 100:5.1f}% of copy; spread {r.spread:.2f}"
-            print(row(name, spec + " " + args.dtype, r.ms, 0, nbytes, base, extra))
-        hu = host_overhead(variants["tk amax+quantize (no check)"], sets[0])
-        print(f"  copy {copy_gbs:.0f} GB/s; bit-exact vs reference: {exact}; host overhead "
-              f"(no check) {hu:.1f} us/call; compile s: {nq._cache().compile_seconds}")
+        exact = (torch.equal(got.data, ref.data) and torch.equal(got.scales, ref.scales)
+                 and torch.equal(got.global_scale, ref.global_scale))
+        rounds = max(args.rounds, 50 // len(sets) + 1)
+        res_e = bench(eager, sets, rounds=rounds)
+        res_g = bench(graph, sets, rounds=rounds, graph=True)
+        base = res_e["torch reference (CUDA)"].ms
+        ce = _print(res_e, spec, args.dtype, n, esize, base, "eager")
+        cg = _print(res_g, spec, args.dtype, n, esize, base, "graph")
+        hu = {k: host_overhead(graph[k], sets[0]) for k in
+              ("tk amax+quantize (no check)", "tk given scale (no check)")}
+        print(f"  copy {cg:.0f} GB/s (graph), {ce:.0f} GB/s (eager); bit-exact vs reference: "
+              f"{exact}; host overhead us/call: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in hu.items())
+              + f"; compile s: {sum(nq._cache().compile_seconds.values()):.1f}")
     return 0
 
 

@@ -171,8 +171,10 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True) -
             16; no NaN/Inf.
         global_scale: optional per-tensor DECODE scale; default ``max(amax, 1e-12) / 2688``.
         check_finite: CUDA tensors run the kernels of ``tk_cute.kernels.nvfp4_quantize``, which
-            reduce a NaN/Inf flag on the device; True (default) reads it back (one host sync)
-            and raises ValueError. False skips the sync and never raises: finite inputs give
+            detect NaN/Inf on the device (a non-finite global scale from the amax pass, or a
+            flag with a given scale); True (default) reads it back (one host sync) and raises
+            ValueError. (A CUDA-tensor `global_scale` is also range-checked on the host, which
+            reads it: one more sync.) False skips the sync and never raises: finite inputs give
             the same bytes, blocks holding NaN/Inf get unspecified bytes and, without a given
             global scale, so does every block (amax is non-finite). CPU tensors always check.
 

@@ -33,7 +33,8 @@ def elect_leader():
 
 
 def cluster_arrive(cluster_shape_mn, relaxed: bool = True):
-    """Arrive on the cluster barrier after initialising this CTA's mbarriers (TK `everyone::tma::cluster::arrive`)."""
+    """Arrive on the cluster barrier once this CTA's mbarriers are initialised (TK
+    `everyone::tma::cluster::arrive`)."""
     pipeline_init_arrive(cluster_shape_mn=cluster_shape_mn, is_relaxed=relaxed)
 
 

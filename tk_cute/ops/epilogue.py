@@ -24,10 +24,14 @@ from cutlass.tensor_utils import LayoutEnum
 from tk_cute.ops.tcgen05 import tmem_load_atom
 
 
-def global_scale(ga, gb):
-    """alpha = gA * gB (fp32) from two pointers to fp32 scalars in global memory."""
+def global_scale(ga, gb=None):
+    """alpha = gA * gB (fp32) from pointers to fp32 scalars in global memory; gA alone when
+    `gb` is None (W4A16: only the weights carry a global scale)."""
     one = cute.make_layout(1)
-    return cute.make_tensor(ga, one)[0] * cute.make_tensor(gb, one)[0]
+    alpha = cute.make_tensor(ga, one)[0]
+    if gb is not None:
+        alpha = alpha * cute.make_tensor(gb, one)[0]
+    return alpha
 
 
 class TmemStore(NamedTuple):

@@ -13,6 +13,7 @@ a warp reads 512 contiguous bytes per step (no bank conflicts) and writes 16-byt
 from __future__ import annotations
 
 import cutlass.cute as cute
+import cutlass
 from cutlass import Uint32
 
 from tk_cute.ops import nvfp4
@@ -21,19 +22,29 @@ SCALE_ATOM_BYTES = 512  # 128 rows x 4 scales (64 K elements), the blocked layou
 K_PER_ATOM = 64
 
 
-def decode_nvfp4(dst, src, sf, thread, threads: int):
+@cute.jit
+def decode_nvfp4(dst, src, sf, thread, threads: cutlass.Constexpr):
     """dst (bf16) = e2m1(src) * ue4m3(sf), the group's `threads` threads sharing the work."""
     rows, kb = cute.size(dst, mode=[0]), cute.size(dst, mode=[1])
-    if kb != K_PER_ATOM:
+    if cutlass.const_expr(kb != K_PER_ATOM):
         raise ValueError(f"decode_nvfp4 decodes 64-wide K blocks (one scale atom); got {kb}")
     chunks_per_row = kb // 32  # 16 bytes = 32 elements
-    if (rows * chunks_per_row) % threads:
-        raise ValueError(f"{rows} x {chunks_per_row} chunks do not split over {threads} threads")
-    src32 = cute.recast_tensor(src, Uint32)  # (rows, kb / 8): 8 codes per word
-    dst32 = cute.recast_tensor(dst, Uint32)  # (rows, kb / 2): 2 bf16 per word
+    chunks = rows * chunks_per_row
+    src32 = cute.recast_tensor(src, Uint32)  # (rows, kb / 8): 8 codes per word (plain layout)
+    # dst is written in its own element type: recasting a swizzled tensor does not carry the
+    # swizzle over correctly (4.8.1), so 8-element (16-byte) pieces go through the bf16 view.
     sf_bytes = cute.make_tensor(sf.iterator, cute.make_layout(cute.size(sf)))
-    for i in range(rows * chunks_per_row // threads):
+    for i in cutlass.range_constexpr(-(-chunks // threads)):
         c = thread + i * threads
+        if cutlass.const_expr((i + 1) * threads <= chunks):
+            _decode_chunk(dst, src32, sf_bytes, c, chunks_per_row)
+        elif c < chunks:  # the last round, when the chunks do not split evenly
+            _decode_chunk(dst, src32, sf_bytes, c, chunks_per_row)
+
+
+def _decode_chunk(dst, src32, sf_bytes, c, chunks_per_row: int):
+    """Decode 16-byte chunk `c` (32 elements of one row) into dst."""
+    if True:
         row, q = c // chunks_per_row, c % chunks_per_row
         r = row % 128
         base = (row // 128) * SCALE_ATOM_BYTES + (r % 32) * 16 + ((r // 32) % 4) * 4
@@ -45,7 +56,9 @@ def decode_nvfp4(dst, src, sf, thread, threads: int):
                 out = nvfp4.e2m1x8_scaled(src32[row, q * 4 + j], scale, "bf16")
                 for t in range(4):
                     words[j * 4 + t] = out[t]
-        for v in range(16):
-            dst32[row, q * 16 + v] = words[v]
+        values = cute.recast_tensor(words, dst.element_type)  # 32 bf16 in registers
+        for p in range(4):
+            piece = cute.local_tile(dst, (1, 8), (row, q * 4 + p))
+            cute.autovec_copy(cute.local_tile(values, (8,), (p,)), piece)
 
 

@@ -88,6 +88,12 @@ def max_f32(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
+def max_nan_f32(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """max(a, b) that propagates NaN (``max.NaN.f32``, sm_80+), like torch.maximum."""
+    return Float32(_asm(T.f32(), [_f32(a), _f32(b)], "max.NaN.f32 $0, $1, $2;", "=f,f,f", loc, ip))
+
+
+@dsl_user_op
 def max_u16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
     """Lane-wise unsigned max of two 16-bit halves (sm_90+); on |bits| it is a NaN-keeping amax."""
     return Uint32(_asm(T.i32(), [_u32(a), _u32(b)], "max.u16x2 $0, $1, $2;", "=r,r,r", loc, ip))
@@ -199,26 +205,34 @@ def e2m1x2_encode_hw(y0: Float32, y1: Float32, *, loc=None, ip=None) -> Uint32:
 
 
 def e2m1x8_encode(y, arch: str, signs=None) -> Uint32:
-    """Pack E2M1 codes of 8 float32 values (element i in nibble i) into a Uint32.
+    """Pack E2M1 codes of 8 (or 4) float32 values (element i in nibble i) into a Uint32
+    (4 values fill the low 16 bits).
 
     `signs` (sm_90a path, optional): nibble i has bit 3 set iff y[i] is negative (e.g. from
     `sign_nibbles_16bit` on the inputs, whose signs equal the products' for a positive scale).
     """
+    n = len(y)
+    if n not in (4, 8):
+        raise ValueError(f"e2m1x8_encode packs 4 or 8 values, got {n}")
+    mask = (1 << (4 * n)) - 1
     if has_native_fp4(arch):
-        b = [e2m1x2_encode_hw(y[2 * j], y[2 * j + 1]) for j in range(4)]
-        return b[0] | (b[1] << 8) | (b[2] << 16) | (b[3] << 24)
-    acc = Uint32(E2M1_BIAS_X8)
-    for i in range(8):
+        b = [e2m1x2_encode_hw(y[2 * j], y[2 * j + 1]) for j in range(n // 2)]
+        acc = b[0]
+        for j in range(1, n // 2):
+            acc = acc | (b[j] << (8 * j))
+        return acc
+    acc = Uint32(E2M1_BIAS_X8 & mask)
+    for i in range(n):
         acc = acc + e2m1_code_biased_sw(y[i]) * (1 << (4 * i))
     if signs is None:
-        for i in range(8):
+        for i in range(n):
             acc = acc | (e2m1_sign_sw(y[i]) << (4 * i))
         return acc
-    return acc | (signs & 0x88888888)
+    return acc | (signs & (0x88888888 & mask))
 
 
 def e2m1x8_quantize(x, s_enc: Float32, arch: str, signs=None) -> Uint32:
-    """Codes of x[i] * s_enc (each product rounded once, no FMA) for 8 float32 values."""
+    """Codes of x[i] * s_enc (each product rounded once, no FMA) for 8 (or 4) float32 values."""
     return e2m1x8_encode([mul_rn(v, s_enc) for v in x], arch, signs)
 
 
@@ -312,3 +326,36 @@ def st_v2_pred(addr: Int64, a: Uint32, b: Uint32, pred: Uint32, *, loc=None, ip=
 @dsl_user_op
 def st_u8(addr: Int64, v: Uint32, *, loc=None, ip=None) -> None:
     _asm(None, [Int64(addr), _u32(v)], "st.global.u8 [$0], $1;", "l,r", loc, ip, True)
+
+
+@dsl_user_op
+def st_u8_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
+    text = "{ .reg .pred p; .reg .b16 h; setp.ne.b32 p, $2, 0; cvt.u16.u32 h, $1; " \
+        "@p st.global.u8 [$0], h; }"
+    _asm(None, [Int64(addr), _u32(v), _u32(pred)], text, "l,r,r", loc, ip, True)
+
+
+@dsl_user_op
+def st_u16_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
+    text = "{ .reg .pred p; .reg .b16 h; setp.ne.b32 p, $2, 0; cvt.u16.u32 h, $1; " \
+        "@p st.global.b16 [$0], h; }"
+    _asm(None, [Int64(addr), _u32(v), _u32(pred)], text, "l,r,r", loc, ip, True)
+
+
+@dsl_user_op
+def st_u32_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
+    text = "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.b32 [$0], $1; }"
+    _asm(None, [Int64(addr), _u32(v), _u32(pred)], text, "l,r,r", loc, ip, True)
+
+
+@dsl_user_op
+def st_u32(addr: Int64, v: Uint32, *, loc=None, ip=None) -> None:
+    _asm(None, [Int64(addr), _u32(v)], "st.global.b32 [$0], $1;", "l,r", loc, ip, True)
+
+
+@dsl_user_op
+def ld_u32_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> Uint32:
+    """The 4 bytes at `addr` when pred != 0, else 0 (a plain coherent load: data written by an
+    earlier kernel of the stream)."""
+    text = "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.b32 $0, [$1]; }"
+    return Uint32(_asm(T.i32(), [Int64(addr), _u32(pred)], text, "=&r,l,r", loc, ip, True))

@@ -10,7 +10,7 @@ issues `clusterlaunchcontrol.try_cancel.multicast` and steals a cluster that has
 memory through a one-stage `PipelineClcFetchAsync`; every warp that walks tiles waits on it.
 
 Every role writes the same loop for both kinds:
-    tiles = Tiles.create(kind, params, clc, clc_response)
+    tiles = Tiles.create(*walk(kind, params, clc_barriers, clc_response, cluster, walkers))
     work = tiles.first()
     while work.is_valid_tile: ...; work = tiles.next()
 """
@@ -52,6 +52,15 @@ def clc_ring(barriers, cluster_vmnk, walkers_per_cta: int):
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
         consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, walkers),
         tx_count=CLC_RESPONSE_BYTES, cta_layout_vmnk=cluster_vmnk, defer_sync=True)
+
+
+def walk(kind: str, sched_params, clc_barriers, clc_response, cluster_vmnk,
+         walkers_per_cta: int) -> tuple:
+    """What `Tiles.create(*walk)` needs in every role: the CLC ring is built only for CLC."""
+    clc = None
+    if kind == CLC:
+        clc = clc_ring(clc_barriers, cluster_vmnk, walkers_per_cta)
+    return kind, sched_params, clc, clc_response
 
 
 class Tiles:

@@ -115,10 +115,31 @@ def scale_copy(sf_smem, sf_tmem, pair: bool, sf_dtype):
     return copy, src, thr.partition_D(t_compact)
 
 
+def scale_tile(sf_smem, tmem_base, region, tmem_layout, sf_dtype, pair: bool = True):
+    """A scale `tt` (TMEM column `region` viewed with `tmem_layout`) and its `scale_copy` from
+    the staged shared scales: (tile, tiled_copy, source by stage, destination)."""
+    from tk_cute.types.tt import tile as tt_tile
+
+    tile = tt_tile(tmem_base, region, tmem_layout, sf_dtype)
+    return (tile, *scale_copy(sf_smem, tile, pair, sf_dtype))
+
+
 def tmem_load_atom(columns: int):
     """`tcgen05.ld.32x32b.x{columns}`: each thread of a warp reads its lane, `columns` fp32."""
     rep = getattr(tcgen05.Repetition, f"x{columns}")
     return cute.make_copy_atom(tcgen05.Ld32x32bOp(rep, tcgen05.Pack.NONE), cutlass.Float32)
+
+
+@cute.jit
+def release_stage(ring, state, a_only: cutlass.Constexpr = False):
+    """Free a `load_ring` stage once the MMAs issued so far are done with it (`tensor_commit`
+    multicast to the CTAs that loaded it); `a_only` (Rubin): once they have READ A."""
+    if cutlass.const_expr(a_only):
+        with cute.arch.elect_one():
+            tensor_commit(ring.sync_object_empty.get_barrier(state.index), ring.consumer_mask,
+                          pair=True, a_only=True)
+    else:
+        ring.consumer_release(state)
 
 
 @dsl_user_op
@@ -149,6 +170,14 @@ def tma_load(operand: str, tensor, smem, tiler, mma, cluster_vmnk, cluster_mn, p
     kw = {} if internal_type is None else {"internal_type": internal_type}
     return make(op(cluster_mn, pair_thr), tensor, cute.slice_(smem, (None, None, None, 0)),
                 tiler, mma, cluster_vmnk, **kw)
+
+
+def multicast_ctas(cluster_vmnk, *operands: str) -> int:
+    """CTAs whose TMA multicasts land in one stage holding `operands`: A comes from the CTAs
+    along N (mode 2), B from those along M (mode 1); together they share this CTA."""
+    along = {"A": 2, "B": 1}
+    n = [cute.size(cluster_vmnk.shape[along[o]]) for o in operands]
+    return sum(n) - (len(n) - 1)
 
 
 def load_ring(barriers, stages: int, stage_bytes: int, consumers: int, cluster_vmnk, mcast_mn):

@@ -8,20 +8,54 @@ only: wgmma reads 8-bit operands K-major, so fp8 exists only as ABt). A may come
 before the first one that touches registers written by ordinary code, `mma_commit_group()` after
 a batch, `mma_async_wait(n)` until at most `n` batches are in flight.
 
+`tiled_mma(dtype, cols)` makes the wgmma tiled MMA an accumulator is laid out by; the MMA
+functions derive its RS / MN-major-B variants themselves. wgmma exists only on sm_90a: building
+any of these for another target raises at trace time, naming sm_90a.
+
 Also: register reallocation (`increase_registers` / `decrease_registers`, setmaxnreg: needs
-sm_90a and a block whose warpgroups each take one branch), `store` of a register tile into a
-shared tile (stmatrix), and `sync` of a set of warpgroups on a named barrier.
+sm_90a and a block whose warpgroups each take one branch), `load` of a shared tile into a
+register operand tile (ldmatrix), `store` of a register tile into a shared tile (stmatrix),
+`store_global` of a register tile into global memory, and `sync` of a set of warpgroups on a
+named barrier.
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import OperandMajorMode
 from cutlass.cute.nvgpu import warpgroup as wg
 
-from tk_cute.types.rt import rt
+from tk_cute.types.rt import WGMMA_M, rt, wgmma_variant
 
 WARPGROUP_THREADS = 128
+WGMMA_ARCH = "sm_90a"
+
+
+def compile_arch() -> str:
+    """The target the DSL is tracing for (the `--gpu-arch` compile option or CUTE_DSL_ARCH)."""
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    return str(CuTeDSL._get_dsl().get_arch_enum())
+
+
+def _require_wgmma(what: str):
+    arch = compile_arch()
+    if arch != WGMMA_ARCH:
+        raise ValueError(
+            f"warpgroup.{what}: wgmma (warpgroup MMA) exists only on {WGMMA_ARCH}; this build "
+            f"targets {arch} (Blackwell and Rubin MMAs are tcgen05: tk_cute.ops.tcgen05)")
+
+
+def tiled_mma(a_dtype, cols: int, warpgroups: int = 1, b_dtype=None, acc_dtype=cutlass.Float32):
+    """The wgmma tiled MMA for a (64 * warpgroups, cols) accumulator: each warpgroup owns 64
+    rows; A (rows, K) and B (cols, K) K-major in shared memory (the SS ABt form; `mma_AB` and
+    register A operands derive their variants from it)."""
+    _require_wgmma("tiled_mma")
+    return sm90_utils.make_trivial_tiled_mma(
+        a_dtype, b_dtype or a_dtype, OperandMajorMode.K, OperandMajorMode.K, acc_dtype,
+        (warpgroups, 1, 1), tiler_mn=(WGMMA_M, cols))
 
 
 def increase_registers(n: int):
@@ -49,15 +83,34 @@ def mma_async_wait(n: int = 0):
     wg.wait_group(n)
 
 
-def _mma(acc: rt, a, b, accumulate):
-    tiled = acc.tiled_mma
-    thr = acc.thr_mma
+def _mma(acc: rt, a, b, accumulate, b_mn_major: bool = False):
+    _require_wgmma("mma")
+    from_registers = isinstance(a, rt)
+    if from_registers and a.operand != "A":
+        raise TypeError("warpgroup.mma: a register A must be an operand tile (rt.operand_A, "
+                        "filled by warpgroup.load), not an accumulator-layout tile")
+    tiled = wgmma_variant(acc.tiled_mma, a_from_registers=from_registers, b_mn_major=b_mn_major)
+    thr = tiled.get_slice(acc.thr_mma.thr_idx)
     tCrB = tiled.make_fragment_B(thr.partition_B(b))
-    tCrA = a.frag if isinstance(a, rt) else tiled.make_fragment_A(thr.partition_A(a))
+    tCrA = a.frag if from_registers else tiled.make_fragment_A(thr.partition_A(a))
     tiled.set(wg.Field.ACCUMULATE, accumulate)
     for k in range(cute.size(tCrB, mode=[2])):
         cute.gemm(tiled, acc.frag, tCrA[None, None, k], tCrB[None, None, k], acc.frag)
         tiled.set(wg.Field.ACCUMULATE, True)
+
+
+def _kn_as_nk(b):
+    """A shared (K, N) tile viewed as the (N, K) B operand wgmma partitions (MN-major). The
+    row-major swizzled `st(dtype, K, N)` is exactly CuTe's MN-major B layout, transposed: its
+    atoms (8 K-rows x one swizzle width of N) are the MN-major atoms, stacked along K first."""
+    return cute.make_tensor(b.iterator, cute.select(b.layout, mode=[1, 0]))
+
+
+def _check_ab(acc: rt):
+    if acc.tiled_mma.op.b_dtype.width == 8:
+        raise TypeError(
+            f"warpgroup.mma_AB with {acc.tiled_mma.op.b_dtype.__name__}: wgmma reads 8-bit "
+            "operands K-major only (fp8 exists only as ABt); store B as (N, K) and use mma_ABt")
 
 
 def mma_ABt(acc: rt, a, b):
@@ -71,13 +124,38 @@ def mm_ABt(acc: rt, a, b):
 
 
 def mma_AB(acc: rt, a, b):
-    """acc += a @ b with b a shared (K, N) tile, N contiguous (16-bit types only)."""
-    _mma(acc, a, b, True)
+    """acc += a @ b with b a shared `st(dtype, K, N)` tile, N contiguous (16-bit types only)."""
+    _check_ab(acc)
+    _mma(acc, a, _kn_as_nk(b), True, b_mn_major=True)
 
 
 def mm_AB(acc: rt, a, b):
     """acc = a @ b."""
-    _mma(acc, a, b, False)
+    _check_ab(acc)
+    _mma(acc, a, _kn_as_nk(b), False, b_mn_major=True)
+
+
+def load(dst: rt, src):
+    """Load the shared tile `src` (rows, K; a stage view of an `st`) into the register operand
+    tile `dst` (`rt.operand_A`) with ldmatrix (TK `warpgroup::load`). Call `mma_fence()` before
+    the MMAs that read it."""
+    if dst.operand != "A":
+        raise TypeError("warpgroup.load fills register operand tiles (rt.operand_A)")
+    atom = cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(False, 4), dst.dtype)
+    tiled = cute.make_tiled_copy_A(atom, dst.tiled_mma)
+    thr = tiled.get_slice(dst.thr_mma.thr_idx)
+    cute.copy(tiled, thr.partition_S(src), thr.retile(dst.frag))
+
+
+def store_global(dst, src: rt):
+    """Store the register tile `src` into the global (rows, cols) tensor `dst` (e.g. one tile of
+    `cute.local_tile`), converted to dst's type; each thread writes its own elements (TK's
+    `warpgroup::store(gl, rt, coord)`)."""
+    if src.operand != "C":
+        raise TypeError("warpgroup.store_global writes accumulator-layout tiles")
+    out = cute.make_rmem_tensor(src.frag.layout, dst.element_type)
+    out.store(src.frag.load().to(dst.element_type))
+    cute.autovec_copy(out, src.thr_mma.partition_C(dst))
 
 
 def store(dst, src: rt, thread_idx, subtile: int = 0):

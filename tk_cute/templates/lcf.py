@@ -172,7 +172,7 @@ class LCF:
         consumers = pipeline.CooperativeGroup(
             pipeline.Agent.Thread, mcast_ctas * self.NUM_CONSUMERS * 4)
         ring = pipeline.PipelineTmaAsync.create(
-            barrier_storage=barriers.iterator if hasattr(barriers, "iterator") else barriers,
+            barrier_storage=barriers,
             num_stages=self.LOAD_PIPE_DEPTH,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=consumers,

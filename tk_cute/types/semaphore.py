@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import cutlass.cute as cute
 
+from tk_cute.types.struct import DeviceStruct
 
-class semaphore:
-    """One mbarrier: `init(count)`, `arrive()`, `expect_bytes(n)`, `wait(phase)`."""
+
+class semaphore(DeviceStruct):
+    """One mbarrier: `init(count)`, `arrive()`, `expect_bytes(n)`, `wait(phase)`. A
+    `DeviceStruct`, so kernels may pass it around and use it inside runtime `if`s and loops."""
+
+    _fields = ("ptr",)
 
     def __init__(self, ptr):
         self.ptr = ptr

@@ -5,6 +5,11 @@ contiguous), stored in the widest swizzle (32/64/128 B) the row width allows, wh
 TMA writes and wgmma/UMMA read (CuTe's `warpgroup.make_smem_layout_atom`). `Shared.alloc(tile,
 stages)` places `stages` copies in shared memory and returns the staged CuTe tensor
 (rows, cols, stages); `[None, None, i]` is stage i. `sv(dtype, n)` is a shared vector.
+`Shared` counts what it places and raises at trace time once a kernel asks for more shared
+memory than the compile target has (`check_smem`).
+
+As the B operand of `warpgroup.mma_AB`, an `st(dtype, K, N)` (N contiguous) is read MN-major:
+its layout is CuTe's MN-major wgmma layout transposed, so no second tile kind is needed.
 
 TK names its K-major operand tiles the same way: an A tile is (Mb, Kb), a B tile of an ABt
 product is (Nb, Kb).
@@ -19,6 +24,8 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.memory import SmemAllocator
 from cutlass.utils import LayoutEnum
+
+from tk_cute.arch import TARGETS, target
 
 # mbarriers and other small objects are 8-byte aligned; swizzled tiles need 1024-byte alignment
 # (the swizzle pattern repeats every 1024 bytes and TMA/wgmma address it from the tile base).
@@ -85,9 +92,20 @@ class Shared:
 
     def __init__(self):
         self._alloc = SmemAllocator()
+        self.bytes = 0  # an upper bound of what is placed so far (smem_bytes' rule)
+
+    def _count(self, nbytes: int, align: int):
+        self.bytes = -(-self.bytes // align) * align + nbytes
+        from cutlass.cutlass_dsl import CuTeDSL
+
+        arch = str(CuTeDSL._get_dsl().get_arch_enum())
+        if arch in TARGETS:
+            check_smem(self.bytes, arch)
 
     def alloc(self, tile: st | sv, stages: int = 1):
         """`stages` copies of a tile (a (rows, cols, stages) tensor) or a vector (n, stages)."""
+        self._count(tile.bytes * stages, 16 if isinstance(tile, sv) else
+                    TILE_ALIGN if tile.swizzle else 128)
         if isinstance(tile, sv):
             return self._alloc.allocate_tensor(
                 tile.dtype, cute.make_layout((tile.n, stages)), byte_alignment=16
@@ -101,6 +119,7 @@ class Shared:
 
     def barriers(self, n: int):
         """Storage for `n` mbarriers (Int64 each); see `tk_cute.types.semaphore`."""
+        self._count(8 * n, 8)
         return self._alloc.allocate_array(cutlass.Int64, n)
 
 
@@ -114,3 +133,13 @@ def smem_bytes(*tiles: tuple[st | sv, int], barriers: int = 0) -> int:
             total = -(-total // align) * align
         total += tile.bytes * stages
     return total
+
+
+def check_smem(nbytes: int, arch: str) -> int:
+    """Raise ValueError when `nbytes` of shared memory exceed what one block may use on `arch`
+    (`tk_cute.arch.Target.smem_bytes`); returns `nbytes` otherwise."""
+    capacity = target(arch).smem_bytes
+    if nbytes > capacity:
+        raise ValueError(f"shared memory budget exceeded: {nbytes} bytes requested, {arch} gives a "
+                         f"block at most {capacity} bytes")
+    return nbytes

@@ -1,0 +1,252 @@
+"""Small-M NVFP4 GEMM for Hopper (kernels/gemm/nvfp4_gemv_sm90.py).
+
+CPU tier: a host model of the register decode proves it exact for every E2M1 code and UE4M3
+scale; sm_90a compiles from fake tensors assert 16-byte loads, mma.sync and 0 spills; shape rules.
+GPU tier (marker gpu): W4A16 against a float64 product of deq(b), W4A4 against `gemm_reference`,
+poisoned outputs, split-K invariance and bad input.
+"""
+
+import pytest
+import torch
+
+from tk_cute.compile import build
+from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
+from tk_cute.nvfp4 import E2M1_VALUES, e4m3_decode
+
+# --- host model of the decode (mirrors decode8 / scale_pair bit for bit) --------------------
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    pool = (a | b << 32).to_bytes(8, "little")
+    out = 0
+    for i in range(4):
+        s = (sel >> 4 * i) & 0xF
+        byte = pool[s & 7]
+        if s & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << 8 * i
+    return out
+
+
+def _bf16(bits: int) -> float:
+    return torch.tensor([bits], dtype=torch.int16).view(torch.bfloat16).float().item()
+
+
+def _bits(v: float) -> int:
+    return torch.tensor([v], dtype=torch.float32).bfloat16().view(torch.int16).item() & 0xFFFF
+
+
+def _mul_bf16x2(a: int, b: int) -> int:
+    lo = _bits(_bf16(_s16(a)) * _bf16(_s16(b)))
+    hi = _bits(_bf16(_s16(a >> 16)) * _bf16(_s16(b >> 16)))
+    return lo | hi << 16
+
+
+def _s16(x: int) -> int:
+    x &= 0xFFFF
+    return x - (1 << 16) if x & 0x8000 else x
+
+
+def _decode8_model(q: int, f: int) -> list:
+    u, v = q & 0x0F0F0F0F, (q >> 4) & 0x0F0F0F0F
+    return [_mul_bf16x2(((_prmt(u, v, s) * 0x1040) & 0xFFFFFFFF) & 0x81C081C0, f)
+            for s in gv._PAIR_SEL]
+
+
+def _scale_pair_model(h: int) -> tuple:
+    p = (_prmt(h, 0, 0x4140) << 4) & 0xFFFFFFFF
+    f = _mul_bf16x2(_mul_bf16x2(p, gv.BF16_2P120), gv.BF16_2P119)
+    return _prmt(f, f, 0x1010), _prmt(f, f, 0x3232)
+
+
+def test_decode_model_is_exact_for_every_code_and_scale():
+    """e2m1(code) * ue4m3(sf) * 2^-7 exactly, for all 16 codes (both halves, every nibble slot)
+    and all 127 finite scale bytes including subnormals."""
+    codes = list(range(16))
+    for sf in range(0x7F):
+        f_lo, f_hi = _scale_pair_model(sf | (0x7E - sf if sf < 0x7E else 0) << 8)
+        for f, byte in ((f_lo, sf), (f_hi, 0x7E - sf if sf < 0x7E else 0)):
+            want_sf = float(e4m3_decode(torch.tensor([byte], dtype=torch.uint8)))
+            for shift in range(2):  # codes c, c+1 .. packed in all eight nibbles
+                q = 0
+                vals = [codes[(i + 8 * shift) % 16] for i in range(8)]
+                for i, c in enumerate(vals):
+                    q |= c << 4 * i
+                words = _decode8_model(q, f)
+                got = [_bf16(_s16(w >> 16 * h)) for w in words for h in range(2)]
+                want = [float(E2M1_VALUES[c]) * want_sf * 2.0**-7 for c in vals]
+                assert got == want, (sf, vals, got, want)
+
+
+# --- compile (CPU, sm_90a) ------------------------------------------------------------------
+
+CONFIGS = {
+    "m8": gv.config_for(8, 8192, 8192),
+    "m16": gv.config_for(16, 8192, 8192),
+    "m64": gv.config_for(64, 8192, 8192),
+    "m16_w4a4": gv.config_for(16, 8192, 8192, w4a4=True),
+    "m1_fp32": gv.config_for(1, 4096, 4096, out_dtype="float32"),
+}
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def built(request):
+    from cuda.bindings import driver
+
+    cfg = CONFIGS[request.param]
+    return cfg, build(gv._launch, *gv.fake_args(cfg), driver.CUstream(0), arch="sm_90a")
+
+
+def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
+    cfg, b = built
+    steps = cfg.UNROLL * cfg.MT
+    # Weights: one 16-byte streaming load per weight row (2 per MMA tile) per 128-K step.
+    assert b.ptx_count(r"ld\.global\.nc\.L1::no_allocate\.v4\.u32") == 2 * steps
+    assert b.sass_count(r"LDG\.E\.NA\.128") == 2 * steps
+    # Activations: 16-byte loads (bf16: 4 per MMA column tile and step; NVFP4: 1).
+    act = cfg.NT * cfg.UNROLL * (1 if cfg.w4a4 else 4)
+    assert b.ptx_count(r"ld\.global\.nc\.v4\.u32") == act
+    mmas = 8 * cfg.MT * cfg.NT * cfg.UNROLL
+    assert b.ptx_count(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32") == mmas
+    assert b.sass_count(r"HMMA\.16816\.F32\.BF16") == mmas
+    assert b.ptx_count(r"cvt\.\w+\.e2m1") == 0  # no FP4 conversion on sm_90a
+    assert b.kernel.local_bytes == 0 and b.kernel.stack_bytes == 0
+    assert b.sass_count(r"\bSTL\b") == 0 and b.sass_count(r"\bLDL\b") == 0
+
+
+def test_decode_instruction_budget(built):
+    """Per 8 weight codes: 2 mask/shift, 4 prmt, 4 imad, 4 lop3, 4 exact bf16x2 multiplies."""
+    cfg, b = built
+    words = 8 * cfg.MT * cfg.UNROLL + (4 * cfg.NT * cfg.UNROLL if cfg.w4a4 else 0)
+    scales = 2 * cfg.MT * cfg.UNROLL + (cfg.NT * cfg.UNROLL if cfg.w4a4 else 0)
+    assert b.sass_count(r"HMUL2\.BF16") == 4 * words + 2 * scales
+    assert b.sass_count(r"\bPRMT\b") <= 4 * words + 3 * scales + 4
+
+
+@pytest.mark.parametrize(
+    "M, N, K, match",
+    [(65, 256, 512, "M <= 64"), (0, 256, 512, "M <= 64"), (16, 1000, 512, "multiple of 32"),
+     (16, 256, 520, "multiple of 128")],
+)
+def test_config_rejects_unsupported_shapes(M, N, K, match):
+    with pytest.raises(ValueError, match=match):
+        gv.config_for(M, N, K)
+
+
+@pytest.mark.parametrize("M", [1, 7, 16, 33, 64])
+@pytest.mark.parametrize("N, K", [(256, 512), (4096, 4096), (8192, 8192), (28672, 8192),
+                                  (8192, 28672), (96, 128)])
+def test_split_k_divides_the_k_chunks(M, N, K):
+    cfg = gv.config_for(M, N, K)
+    assert M <= cfg.m_pad and N % cfg.rows == 0 and K % cfg.k_chunk == 0
+    S = gv.split_k(cfg, N, K, 132)
+    assert (K // cfg.k_chunk) % S == 0
+
+
+# --- GPU --------------------------------------------------------------------------------------
+
+SHAPES = [(256, 512), (4096, 4096), (8192, 8192), (1024, 2048)]
+
+
+def _weights(N, K):
+    from tk_cute.nvfp4 import quantize
+
+    return quantize(torch.randn(N, K, device="cuda") * 0.02)
+
+
+def _rel(d, ref):
+    return ((d.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+# Every product e2m1 * ue4m3 * activation is exact in fp32 and the MMA accumulates in fp32
+# (K <= 8192 additions: ~K * 2^-24 relative worst case, far less in norm); the final bf16
+# rounding adds <= 2^-9 (~1.95e-3) relative per element and ~2^-9/sqrt(3) in the Frobenius norm
+# for random data, so 2e-3 bounds the bf16 output with margin; fp32 output must be ~1e-6.
+TOL = {torch.bfloat16: 2e-3, torch.float32: 1e-5}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 7, 16, 33, 64])
+@pytest.mark.parametrize("N, K", SHAPES)
+def test_w4a16_matches_float64(seed, M, N, K):
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison
+    d = gv.gemm_small_m(a, b, out=out)
+    ref = a.double() @ b.dequantize(torch.float64).t()
+    assert d.data_ptr() == out.data_ptr()
+    assert not d.isnan().any(), "unwritten or NaN outputs"
+    assert _rel(d, ref) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 7, 16, 33, 64])
+@pytest.mark.parametrize("N, K", SHAPES)
+def test_w4a4_matches_gemm_reference(seed, M, N, K):
+    from tk_cute.nvfp4 import gemm_reference, quantize
+
+    b = _weights(N, K)
+    a = quantize(torch.randn(M, K, device="cuda"))
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    d = gv.gemm_small_m(a, b, out=out)
+    ref = gemm_reference(a, b, torch.float32)  # exact sum, one fp32 rounding
+    assert not d.isnan().any(), "unwritten or NaN outputs"
+    assert _rel(d, ref) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 16, 64])
+def test_fp32_output_split_invariance_and_determinism(seed, M):
+    """Every split count gives the same sum up to fp32 rounding; one split count is bitwise
+    reproducible run to run (the partials are summed in a fixed order; counters reset)."""
+    N, K = 512, 4096
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    ref = a.double() @ b.dequantize(torch.float64).t()
+    cfg = gv.config_for(M, N, K)
+    chunks = K // cfg.k_chunk
+    results = {}
+    for S in [s for s in (1, 2, chunks) if chunks % s == 0]:
+        d = gv.gemm_small_m(a, b, torch.float32, splits=S)
+        assert _rel(d, ref) <= TOL[torch.float32], S
+        again = gv.gemm_small_m(a, b, torch.float32, splits=S)
+        assert torch.equal(d, again), f"splits={S} not deterministic"
+        results[S] = d
+
+
+@pytest.mark.gpu
+def test_rejects_bad_input():
+    b = _weights(256, 512)
+    a = torch.randn(4, 512, device="cuda").bfloat16()
+    with pytest.raises(ValueError, match="K mismatch"):
+        gv.gemm_small_m(a[:, :256], b)
+    with pytest.raises(ValueError, match="one device"):
+        gv.gemm_small_m(a.cpu(), b)
+    with pytest.raises(ValueError, match="CUDA device"):
+        gv.gemm_small_m(a.cpu(), b.to("cpu"))
+    with pytest.raises(ValueError, match="multiple of 32.*N=1000"):
+        gv.gemm_small_m(torch.randn(4, 512, device="cuda").bfloat16(), _weights(1000, 512))
+    with pytest.raises(ValueError, match="multiple of 128.*K=528"):
+        gv.gemm_small_m(torch.randn(4, 528, device="cuda").bfloat16(), _weights(256, 528))
+    with pytest.raises(ValueError, match="M <= 64, got M=65"):
+        gv.gemm_small_m(torch.randn(65, 512, device="cuda").bfloat16(), b)
+    with pytest.raises(TypeError, match="bfloat16"):
+        gv.gemm_small_m(a.half(), b)
+    with pytest.raises(TypeError, match="NVFP4Tensor"):
+        gv.gemm_small_m(a, a)
+
+
+def test_validation_before_any_gpu_work():
+    """Bad input is rejected on the host (these run without a GPU)."""
+    from tk_cute.nvfp4 import quantize
+
+    b = quantize(torch.randn(256, 512))
+    a = torch.randn(4, 512).bfloat16()
+    with pytest.raises(ValueError, match="K mismatch: a has K=256, b has K=512"):
+        gv.gemm_small_m(a[:, :256], b)
+    with pytest.raises(TypeError, match="bfloat16"):
+        gv.gemm_small_m(a.half(), b)
+    with pytest.raises(TypeError, match="NVFP4Tensor"):
+        gv.gemm_small_m(a, a)
+    with pytest.raises(ValueError, match="CUDA device"):
+        gv.gemm_small_m(a, b)
