@@ -72,6 +72,11 @@ class Config:
         return 8 * self.NT
 
 
+def supports(M: int, N: int, K: int) -> bool:
+    """Whether `gemm_small_m` takes this shape (else `tk_cute.nvfp4.gemm` uses another path)."""
+    return 1 <= M <= MAX_M and K % STEP_K == 0 and N % 32 == 0
+
+
 def config_for(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = "bfloat16") -> Config:
     """The default configuration for a problem (raises ValueError if the shape is unsupported)."""
     if not 1 <= M <= MAX_M:

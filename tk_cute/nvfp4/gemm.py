@@ -123,27 +123,36 @@ def w4a16_reference(a: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16) -
 
 def _kernel_for(a, b, out_dtype):
     """The GPU kernel entry for these operands, or None (then the reference runs)."""
-    if b.device.type != "cuda" or b.ndim != 2 or out_dtype == torch.float32:
+    if b.device.type != "cuda" or out_dtype == torch.float32:
         return None
     from tk_cute import arch
 
     target = arch.device_target(b.device)
     M, N, K = a.shape[-2], b.shape[-2], b.K
-    if target.family == "hopper":
-        from tk_cute.kernels.gemm import nvfp4_sm90
+    if target.family == "hopper" and b.ndim == 2:
+        from tk_cute.kernels.gemm import nvfp4_gemv_sm90, nvfp4_sm90
 
+        if M <= nvfp4_gemv_sm90.MAX_M and nvfp4_gemv_sm90.supports(M, N, K):
+            return nvfp4_gemv_sm90.gemm_small_m
         if nvfp4_sm90.supports(M, N, K):
             return nvfp4_sm90.gemm
+    if target.family != "hopper" and isinstance(a, NVFP4Tensor):
+        from . import dispatch_sm100
+
+        if target.name in dispatch_sm100.TARGETS and dispatch_sm100.supports(M, N, K, out_dtype):
+            return dispatch_sm100.gemm_sm100
     return None
 
 
 def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """``D = a @ b^T`` for NVFP4 operands (public entry point; kernels dispatch from here).
 
-    On a Hopper GPU, shapes with M % 128 == 0, N % 256 == 0, K % 64 == 0 run the emulating
-    kernel (`kernels/gemm/nvfp4_sm90.py`, bf16/fp16 output); everything else (CPU tensors,
-    batched operands, float32 output, other shapes) runs the exact reference on the operands'
-    device: correct, not fast.
+    Paths: on Hopper, M <= 64 runs the weight-streaming kernel (`kernels/gemm/nvfp4_gemv_sm90.py`)
+    and M % 128 == 0, N % 256 == 0, K % 64 == 0 the emulating GEMM (`kernels/gemm/nvfp4_sm90.py`);
+    on sm_100a/sm_103a/sm_107a, W4A4 runs the block-scaled tcgen05 kernel
+    (`kernels/gemm/nvfp4_sm100.py`, via `dispatch_sm100`). Everything else (CPU tensors, float32
+    output, shapes no kernel takes) runs the exact reference on the operands' device: correct,
+    not fast.
 
     Args:
         a: NVFP4Tensor (M, K) or (L, M, K), K-major; or a bfloat16 (M, K) tensor (W4A16).
