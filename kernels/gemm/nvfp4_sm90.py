@@ -25,6 +25,7 @@ import torch
 from tk_cute.kernels.gemm import gemm_sm90
 from tk_cute.runtime import KernelCache, as_cute, batched, stream
 from tk_cute.ops import group, register, tma, warpgroup
+from tk_cute.ops import nvfp4 as nvfp4_ops
 from tk_cute.templates.ltcf import LTCF
 from tk_cute.types import coord, gl, rt, st
 from tk_cute.types.struct import DeviceStruct
@@ -186,7 +187,9 @@ def gemm(a, b, out_dtype=torch.bfloat16, out=None):
     if c.shape != (M, N) or c.dtype != out_dtype or not c.is_contiguous():
         raise ValueError(f"out must be a contiguous ({M}, {N}) {out_dtype} tensor, got "
                          f"{tuple(c.shape)} {c.dtype}")
-    alpha = (a.global_scale * b.global_scale if w4a4 else b.global_scale).reshape(1)
+    # The decode leaves each operand scaled by 2^-BF16_DECODE_SHIFT (exact); undo it here.
+    undo = 2.0 ** (nvfp4_ops.BF16_DECODE_SHIFT * (2 if w4a4 else 1))
+    alpha = ((a.global_scale * b.global_scale if w4a4 else b.global_scale) * undo).reshape(1)
     a_view = a.data if w4a4 else a
     sfa = (a if w4a4 else b).scales.view(-1, 256)  # W4A16 reads no A scales
     args = [as_cute(batched(t), leading_dim=1)

@@ -2,8 +2,9 @@
 taking its share of a tile.
 
 `decode_nvfp4(dst, src, sf, thread, threads)` expands a shared tile of packed NVFP4 bytes into a
-bf16 shared tile ready for wgmma: dst[r, k] = e2m1(src[r, k]) * ue4m3(sf of (r, k // 16)),
-exact (the product has at most 6 significant bits). `src` is (rows, Kb / 2) bytes, element 2i in
+bf16 shared tile ready for wgmma: dst[r, k] = e2m1(src[r, k]) * ue4m3(sf of (r, k // 16)) * 2^-8
+(`nvfp4.BF16_DECODE_SHIFT`: the re-normalising power of two is folded into the scale, one
+multiply per two elements), exact (the product has at most 6 significant bits). `src` is (rows, Kb / 2) bytes, element 2i in
 the low nibble; `sf` holds the stage's scale atoms in the 128x4 blocked layout, one 512-byte
 atom per 128-row band covering 64 K (so Kb == 64); `dst` is (rows, Kb) bf16, any smem layout
 (the swizzled wgmma layout in practice). Thread t decodes 16-byte chunks t, t + threads, ...:
@@ -50,10 +51,10 @@ def _decode_chunk(dst, src32, sf_bytes, c, chunks_per_row: int):
         base = (row // 128) * SCALE_ATOM_BYTES + (r % 32) * 16 + ((r // 32) % 4) * 4
         words = cute.make_rmem_tensor((16,), Uint32)
         for g in range(2):  # two 16-element scale groups per chunk
-            scale = nvfp4.ue4m3_to_bf16x2(Uint32(sf_bytes[base + q * 2 + g]))
+            scale = nvfp4.ue4m3_to_bf16x2_prescaled(Uint32(sf_bytes[base + q * 2 + g]))
             for h in range(2):
                 j = g * 2 + h
-                out = nvfp4.e2m1x8_scaled(src32[row, q * 4 + j], scale, "bf16")
+                out = nvfp4.e2m1x8_scaled_shifted(src32[row, q * 4 + j], scale)
                 for t in range(4):
                     words[j * 4 + t] = out[t]
         values = cute.recast_tensor(words, dst.element_type)  # 32 bf16 in registers

@@ -295,6 +295,25 @@ def ue4m3_to_bf16x2(b: Uint32) -> Uint32:
     return mul_bf16x2(h | (h << 16), Uint32(0x7B807B80))
 
 
+# A placed E2M1 code is its value times 2^-126 (bf16); instead of re-normalising every pair with
+# a multiply by 2^126, fold that into the block scale: 2^126 would overflow bf16 for scales above
+# 2, so the scale carries 2^118 and the decoded values are e2m1 * ue4m3 * 2^-8, still exact
+# (<= 6 significant bits, >= 2^-18). A GEMM on such operands multiplies its result by 2^8 per
+# decoded operand. One bf16x2 multiply per two elements instead of two.
+BF16_DECODE_SHIFT = 8
+
+
+def ue4m3_to_bf16x2_prescaled(b: Uint32) -> Uint32:
+    """A UE4M3 byte times 2^118 in both bf16 halves (exact), for `e2m1x8_scaled_shifted`."""
+    return mul_bf16x2(ue4m3_to_bf16x2(b), Uint32(0x7A807A80))  # 2^118
+
+
+def e2m1x8_scaled_shifted(q: Uint32, sf_prescaled: Uint32) -> list:
+    """8 codes -> 4 bf16x2 words of e2m1 * ue4m3 * 2^-8 (exact); scale from
+    `ue4m3_to_bf16x2_prescaled`."""
+    return [mul_bf16x2(w, sf_prescaled) for w in _e2m1x8_patterns(q, 6)]
+
+
 def e2m1x8_scaled(q: Uint32, sf_x2: Uint32, dtype: str) -> list:
     """e2m1 * ue4m3 for 8 codes, exact: `sf_x2` from `ue4m3_to_f16x2`/`ue4m3_to_bf16x2`."""
     if dtype == "f16":

@@ -13,10 +13,11 @@ functions derive its RS / MN-major-B variants themselves. wgmma exists only on s
 any of these for another target raises at trace time, naming sm_90a.
 
 Also: register reallocation (`increase_registers` / `decrease_registers`, setmaxnreg: needs
-sm_90a and a block whose warpgroups each take one branch), `load` of a shared tile into a
-register operand tile (ldmatrix), `store` of a register tile into a shared tile (stmatrix),
-`store_global` of a register tile into global memory, and `sync` of a set of warpgroups on a
-named barrier.
+sm_90a, a block whose warpgroups each take one branch, and a launch with `min_blocks_per_mp`:
+without it ptxas does not know the register count at entry and silently drops setmaxnreg),
+`load` of a shared tile into a register operand tile (ldmatrix), `store` of a register tile
+into a shared tile (stmatrix), `store_global` of a register tile into global memory, and `sync`
+of a set of warpgroups on a named barrier.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def tiled_mma(a_dtype, cols: int, warpgroups: int = 1, b_dtype=None, acc_dtype=c
     rows; A (rows, K) and B (cols, K) K-major in shared memory (the SS ABt form; `mma_AB` and
     register A operands derive their variants from it)."""
     _require_wgmma("tiled_mma")
+    if cols % 8 or not 8 <= cols <= 256:
+        raise ValueError(f"warpgroup.tiled_mma: N = {cols}: wgmma N is a multiple of 8 from 8 to "
+                         "256 (wider accumulators: several MMAs over column blocks)")
     return sm90_utils.make_trivial_tiled_mma(
         a_dtype, b_dtype or a_dtype, OperandMajorMode.K, OperandMajorMode.K, acc_dtype,
         (warpgroups, 1, 1), tiler_mn=(WGMMA_M, cols))

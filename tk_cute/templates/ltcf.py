@@ -40,8 +40,8 @@ class LTCF(LCF):
     """Base class of load-transform-compute-finish kernels; see the module docstring."""
 
     COMPUTE_PIPE_DEPTH = 3
-    PRODUCER_REGISTERS = 64  # the transform warps run here
-    CONSUMER_REGISTERS = 216
+    PRODUCER_REGISTERS = 104  # the transform warps run here: room for several chunks in flight
+    CONSUMER_REGISTERS = 200  # 128 accumulator registers + MMA/epilogue state
     TRANSFORM_THREADS = 96  # warps 1-3 of the producer warpgroup
 
     def compute_tiles(self) -> dict:

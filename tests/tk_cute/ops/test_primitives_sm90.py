@@ -190,8 +190,8 @@ def _store_vec(out, t: rt, v, axis: int, warp=None):
     """out[row] (axis 0) or out[warp, col] (axis 1) = v at that row/col: every thread holding
     an element writes its slot (threads that share a row hold the same reduced value)."""
     coords = t.coords()
-    for i in cutlass.range_constexpr(cute.size(t.frag)):
-        if cutlass.const_expr(axis == 0):
+    for i in range(cute.size(t.frag)):  # a plain helper: Python loops unroll at trace time
+        if axis == 0:
             out[coords[i][0]] = v.frag[v.index[i]]
         else:
             out[warp, coords[i][1]] = v.frag[v.index[i]]
@@ -219,12 +219,16 @@ def _reg_kernel(A: gl, B: gl, T: cute.Tensor, Cb: cute.Tensor, V: cute.Tensor, W
     warpgroup.mma_commit_group()
     warpgroup.mma_async_wait(0)
 
-    t = acc.like()
+    t, u = acc.like(), acc.like()
     warpgroup.store_global(T[0, None, None], acc)
     register.mul(t, acc, -0.75)
     warpgroup.store_global(T[1, None, None], t)
-    u = acc.like()
-    register.add(u, acc, t)
+    low = acc.like(BF16)
+    register.copy(low, acc)  # fp32 -> bf16 (round to nearest even)
+    warpgroup.store_global(Cb, low)
+    register.copy(t, low)  # bf16 -> fp32 (exact)
+    warpgroup.store_global(T[7, None, None], t)
+    register.add(u, acc, t)  # tile + tile (no product nearby for the compiler to fuse into an FMA)
     warpgroup.store_global(T[2, None, None], u)
     register.add(u, acc, 2.5)
     warpgroup.store_global(T[3, None, None], u)
@@ -236,11 +240,6 @@ def _reg_kernel(A: gl, B: gl, T: cute.Tensor, Cb: cute.Tensor, V: cute.Tensor, W
     warpgroup.store_global(T[5, None, None], u)
     register.zero(u)
     warpgroup.store_global(T[6, None, None], u)
-    low = acc.like(BF16)
-    register.copy(low, acc)  # fp32 -> bf16 (round to nearest even)
-    warpgroup.store_global(Cb, low)
-    register.copy(u, low)  # bf16 -> fp32 (exact)
-    warpgroup.store_global(T[7, None, None], u)
     _store_vec(V[0, None], acc, rmax, 0)
     _store_vec(V[1, None], acc, rsum, 0)
     _store_vec(W[0, None, None], acc, cmax, 1, warp)
@@ -330,7 +329,7 @@ def _bar_kernel(out: cute.Tensor, spin: cutlass.Int64):
 @cute.jit
 def _bar_host(out: cute.Pointer, spin: cutlass.Int64, stream):
     _bar_kernel(cute.make_tensor(out, cute.make_layout(128)), spin).launch(
-        grid=(1, 1, 1), block=(256, 1, 1), stream=stream)
+        grid=(1, 1, 1), block=(256, 1, 1), min_blocks_per_mp=1, stream=stream)
 
 
 # --- build cache ---------------------------------------------------------------------------
@@ -407,8 +406,7 @@ def test_tma_round_trip_compiles_to_bulk_tensor_copies_and_mbarrier_waits():
 def test_semaphore_compiles_to_mbarrier_init_arrive_try_wait():
     b = built("sem")
     assert b.ptx_count(r"mbarrier\.init\.shared") == 2
-    assert b.ptx_count(r"mbarrier\.arrive\.shared") + b.ptx_count(
-        r"mbarrier\.arrive\.release") + b.ptx_count(r"mbarrier\.arrive\.") >= 2
+    assert b.ptx_count(r"mbarrier\.arrive\.shared\.b64") >= 2  # full and empty
     assert b.ptx_count(r"mbarrier\.try_wait\.parity") >= 2
 
 
@@ -431,7 +429,8 @@ def test_mma_compiles_to_the_wgmma_form(name):
     # the transpose immediates (16-bit types): tnspA = 0 (K-major A), tnspB = 1 for AB (B MN-major)
     if dtype.width == 16:
         tnsp_b = "1" if form == "AB" else "0"
-        tail = r",\s*1,\s*1,\s*0,\s*" + tnsp_b + r";" if not regs else r",\s*1,\s*1,\s*" + tnsp_b + ";"
+        tnsp = (r"0,\s*" if not regs else "") + tnsp_b  # RS has no tnspA immediate
+        tail = r",\s*1,\s*1,\s*" + tnsp + ";"
         assert b.ptx_count(inst + r".*" + tail) == 8
     assert b.sass_count("QGMMA" if dtype.width == 8 else "HGMMA") == 8
     assert b.ptx_count(r"wgmma\.fence") >= 1 and b.ptx_count(r"wgmma\.commit_group") == 1
@@ -463,6 +462,33 @@ def test_named_barrier_and_setmaxnreg():
     assert b.ptx_count(r"(bar|barrier)\.sync(\.aligned)?\s+1,\s*256") == 2
     assert b.ptx_count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40") == 1
     assert b.ptx_count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232") == 1
+    # ptxas keeps setmaxnreg only when it knows the register count at entry: the launch must
+    # carry min_blocks_per_mp (.minnctapersm); without it both are silently dropped.
+    assert b.sass_count(r"USETMAXREG\.DEALLOC") == 1 and b.sass_count(r"USETMAXREG\.TRY_ALLOC") == 1
+
+
+_LAYOUTS = []
+
+
+@cute.jit
+def _mn_major_layouts(dtype: cutlass.Constexpr, k: cutlass.Constexpr, n: cutlass.Constexpr):
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.utils import LayoutEnum
+
+    mine = st(dtype, k, n).layout(2)
+    ref = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (64, n, k), dtype, 2)
+    _LAYOUTS.append((str(mine.inner), str(cute.select(mine.outer, mode=[1, 0, 2])),
+                     str(ref.inner), str(ref.outer)))
+
+
+@pytest.mark.parametrize("dtype, k, n", [(BF16, 64, 128), (F16, 64, 32), (BF16, 32, 256)])
+def test_st_k_by_n_is_cutlass_mn_major_b_transposed(dtype, k, n):
+    """mma_AB reads a plain st(dtype, K, N) as an MN-major B: pin that its layout, modes
+    swapped, is the one CUTLASS makes for an MN-major (N, K) B (swizzle, shape and strides)."""
+    _LAYOUTS.clear()
+    _mn_major_layouts(dtype, k, n)
+    (inner, outer_t, ref_inner, ref_outer), = _LAYOUTS
+    assert (inner, outer_t) == (ref_inner, ref_outer)
 
 
 # --- CPU: misuse fails at trace time, naming the rule ---------------------------------------
@@ -481,7 +507,9 @@ def _misuse_kernel(case: cutlass.Constexpr):
     if cutlass.const_expr(case == "acc_rows"):
         rt.accumulator(tiled, tid, 48, 64)
     if cutlass.const_expr(case == "acc_cols"):
-        rt.accumulator(warpgroup.tiled_mma(BF16, 60), tid, 64, 60)
+        rt.accumulator(tiled, tid, 64, 60)
+    if cutlass.const_expr(case == "mma_cols"):
+        warpgroup.tiled_mma(BF16, 264)
     if cutlass.const_expr(case == "operand_k"):
         rt.operand_A(tiled, tid, 64, 24)
     smem = Shared()
@@ -500,7 +528,9 @@ def _misuse_host(case: cutlass.Constexpr):
 
 @pytest.mark.parametrize("case, error, match", [
     ("acc_rows", ValueError, r"rows=48 must be a positive multiple of 64 .*wgmma M = 64"),
-    ("acc_cols", ValueError, r"cols=60 must be a positive multiple of"),
+    ("acc_cols", ValueError, r"cols=60 must be a positive multiple of 64 .*wgmma N is a multiple "
+                             r"of 8"),
+    ("mma_cols", ValueError, r"N = 264: wgmma N is a multiple of 8 from 8 to 256"),
     ("operand_k", ValueError, r"cols=24 must be a positive multiple of 16"),
     ("fp8_ab", TypeError, r"wgmma reads 8-bit operands K-major only"),
     ("smem", ValueError, r"262\d+ bytes requested, sm_90a gives a block at most 232448 bytes"),
@@ -520,7 +550,7 @@ def test_check_smem_names_both_numbers():
     tiles = [(st(BF16, 128, 64), 4), (st(BF16, 256, 64), 4)]
     need = smem_bytes(*tiles, barriers=8)
     assert check_smem(need, ARCH) == need  # 192 KiB + barriers fits 227 KiB
-    over = smem_bytes((st(BF16, 128, 64), 8), (st(BF16, 256, 64), 8))
+    over = smem_bytes((st(BF16, 128, 64), 6), (st(BF16, 256, 64), 6))  # 288 KiB
     with pytest.raises(ValueError, match=rf"{over} bytes requested, sm_90a gives a block at most "
                                          rf"{227 * 1024} bytes"):
         check_smem(over, ARCH)
@@ -570,11 +600,12 @@ def test_mma_matches_torch(seed, name):
     bt = b.double().t() if form == "ABt" else b.double()
     ref = a.double() @ bt
     assert not c.isnan().any(), "unwritten outputs, or mm_ accumulated into the NaN poison"
-    # Products of 16-bit/fp8 values are exact in fp32; K = 128 (256 for fp8) fp32 additions add
-    # at most K * 2^-24 of sum|a*b| (2^-16); wgmma's fp8 accumulator keeps fewer bits (about
-    # 14 per DeepSeek-V3 §3.3.2, i.e. K * 2^-14 at worst): bounds 2^-15 and 2^-6 of sum|a*b|.
+    # Products of 16-bit/fp8 values are exact in fp32. K = 128 additions into an fp32
+    # accumulator, even truncating (2^-23 each), stay within K * 2^-23 = 2^-16 of sum|a*b|:
+    # bound 2^-14. wgmma's fp8 accumulator keeps about 14 bits (DeepSeek-V3 §3.3.2): over
+    # K = 256 random-sign terms ~2^-10 of sum|a*b|: bound 2^-7. A misplaced fragment is O(1).
     scale = a.double().abs() @ bt.abs()
-    tol = (2**-6 if dtype.width == 8 else 2**-15) * scale
+    tol = (2**-7 if dtype.width == 8 else 2**-14) * scale
     assert ((c.double() - ref).abs() <= tol).all(), f"max error {(c.double() - ref).abs().max()}"
 
 
@@ -592,11 +623,11 @@ def test_register_ops_match_torch(seed):
     acc = out["acc"]
     ref = a.double() @ b.double().t()
     scale = a.double().abs() @ b.double().abs().t()
-    assert ((acc.double() - ref).abs() <= 2**-16 * scale).all()
+    assert ((acc.double() - ref).abs() <= 2**-14 * scale).all()  # K = 64: see test_mma
     # Element-wise ops on the kernel's own accumulator are single fp32 roundings: exact
     # against the same fp32 operations in torch.
     assert torch.equal(out["mul"], acc * -0.75)
-    assert torch.equal(out["add_tile"], acc + acc * -0.75)
+    assert torch.equal(out["add_tile"], acc + acc.bfloat16().float())
     assert torch.equal(out["add_scalar"], acc + 2.5)
     assert torch.equal(out["zero"], torch.zeros_like(acc))
     assert torch.equal(_bits(cb), _bits(acc.bfloat16()))  # copy: round to nearest even
@@ -621,7 +652,7 @@ def test_stmatrix_store_then_tma_store_matches_the_accumulator(seed):
     cf = torch.full((RM, RN), float("nan"), device="cuda")
     _run("epi", _ptr(BF16, a), _ptr(BF16, b), _ptr(BF16, c), _ptr(F32, cf))
     ref = a.double() @ b.double().t()
-    assert ((cf.double() - ref).abs() <= 2**-16 * (a.double().abs() @ b.double().abs().t())).all()
+    assert ((cf.double() - ref).abs() <= 2**-14 * (a.double().abs() @ b.double().abs().t())).all()
     assert torch.equal(_bits(c), _bits(cf.bfloat16()))  # stmatrix + TMA move bits exactly
 
 
