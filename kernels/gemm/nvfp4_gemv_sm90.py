@@ -227,6 +227,49 @@ def scale_row_offset(n, K):
     return (n // 128) * rk * 512 + (n % 32) * 16 + ((n // 32) % 4) * 4
 
 
+# ---------------------------------------------------------------- index maps
+# Plain functions of ints (evaluated on DSL values in the kernel and on Python ints by the host
+# model in the tests). mma.sync m16n8k16 fragments, lane = 4 g + t: A row g (regs 0, 2) / g + 8
+# (regs 1, 3); B column g; C register i at row g + 8 (i // 2), column 2 t + i % 2. MMA rows are
+# weight rows (n), columns activation rows (m).
+
+
+def weight_row(cfg, warp, lane, mt, h):
+    """Weight row (within the CTA's block of cfg.rows) whose codes lane loads as A-fragment rows
+    g + 8h of MMA tile mt."""
+    return warp * (16 * cfg.MT) + 16 * mt + 8 * h + lane // 4
+
+
+def act_row(nt, lane):
+    """Activation row (before clamping to M - 1) whose K elements lane loads as B column g of
+    n8 tile nt."""
+    return 8 * nt + lane // 4
+
+
+def acc_coord(cfg, warp, lane, mt, nt, i):
+    """(weight row within the CTA, activation row) of acc[(mt * NT + nt) * 4 + i]."""
+    return weight_row(cfg, warp, lane, mt, i // 2), 8 * nt + 2 * (lane % 4) + i % 2
+
+
+def ws_index(cfg, s, N, n, m):
+    """fp32 element index of partial (split s, weight row n, activation row m) in the
+    workspace, laid out [S][N][m_pad] (m contiguous: one st.v2 / ld.v4 covers adjacent m)."""
+    return (s * N + n) * cfg.m_pad + m
+
+
+def reduce_trips(cfg) -> int:
+    """Loop trips of the final reduction: rows x m_pad partial sums, 4 per thread per trip."""
+    total = cfg.rows * cfg.m_pad // 4
+    assert total % cfg.threads == 0
+    return total // cfg.threads  # = MT * NT
+
+
+def reduce_coord(cfg, it, tidx):
+    """(weight row within the CTA, first of 4 activation rows) thread tidx sums in trip it."""
+    i = it * cfg.threads + tidx
+    return i % cfg.rows, 4 * (i // cfg.rows)
+
+
 # ---------------------------------------------------------------- kernel
 
 
@@ -239,23 +282,23 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Tensor, wsf: cute.Tensor, x: cute.Te
     rb, s, _ = cute.arch.block_idx()
     _, S, _ = cute.arch.grid_dim()
     warp, lane = tidx // 32, tidx % 32
-    g, t = lane // 4, lane % 4
+    t = lane % 4  # K quarter of the thread (g = lane // 4: see weight_row, act_row)
     k_begin = Int64(s) * Int64(trips) * cfg.k_chunk  # this CTA's K slice
-    n_warp = rb * cfg.rows + warp * (16 * MT)
+    n_blk = rb * cfg.rows  # first weight row of this CTA
 
     # Per-thread row addresses (weights rows g, g+8 of each MMA tile; activation rows 8nt+g).
     w_base, sf_base = w.iterator.toint(), wsf.iterator.toint()
     w_rows, sf_rows = [], []
     for mt in cutlass.range_constexpr(MT):
         for h in cutlass.range_constexpr(2):
-            n = n_warp + 16 * mt + 8 * h + g
+            n = n_blk + weight_row(cfg, warp, lane, mt, h)
             w_rows.append(w_base + Int64(n) * Int64(K // 2) + (k_begin // 2 + 16 * t))
             sf_rows.append(sf_base + scale_row_offset(n, K)
                            + (k_begin // 64 + t // 2) * 512 + 2 * (t % 2))
     x_base = x.iterator.toint()
     x_rows, xsf_rows = [], []
     for nt in cutlass.range_constexpr(NT):
-        m = Int64(cutlass.min(8 * nt + g, M - 1))  # rows past M repeat row M-1 (discarded)
+        m = Int64(cutlass.min(act_row(nt, lane), M - 1))  # rows past M repeat row M-1 (dropped)
         if cutlass.const_expr(cfg.w4a4):
             x_rows.append(x_base + m * Int64(K // 2) + (k_begin // 2 + 16 * t))
             xsf_rows.append(xsf.iterator.toint() + scale_row_offset(m, K)
@@ -290,7 +333,7 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Tensor, wsf: cute.Tensor, x: cute.Te
                             for i in cutlass.range_constexpr(4):
                                 acc[base + i] = d[i]
 
-    _finish(cfg, acc, gsb, gsa, out, ws, counters, M, N, rb, s, S, n_warp, g, t, tidx)
+    _finish(cfg, acc, gsb, gsa, out, ws, counters, M, N, rb, s, S, n_blk, warp, lane, tidx)
 
 
 def _activations(cfg, x_rows, xsf_rows, kk):
@@ -307,17 +350,16 @@ def _activations(cfg, x_rows, xsf_rows, kk):
 
 
 @cute.jit
-def _finish(cfg: cutlass.Constexpr, acc, gsb, gsa, out, ws, counters, M, N, rb, s, S, n_warp, g, t,
-            tidx):
+def _finish(cfg: cutlass.Constexpr, acc, gsb, gsa, out, ws, counters, M, N, rb, s, S, n_blk, warp,
+            lane, tidx):
     """Write this CTA's fp32 partial; the last CTA of the row block sums all S in order."""
-    mp = cfg.m_pad
     ws_base = ws.iterator.toint()
     for mt in cutlass.range_constexpr(cfg.MT):
         for nt in cutlass.range_constexpr(cfg.NT):
             base = (mt * cfg.NT + nt) * 4
-            for h in cutlass.range_constexpr(2):
-                row = n_warp + 16 * mt + 8 * h + g
-                off = ((Int64(s) * Int64(N) + Int64(row)) * mp + 8 * nt + 2 * t) * 4
+            for h in cutlass.range_constexpr(2):  # registers 2h, 2h+1: activation rows m, m+1
+                row, m = acc_coord(cfg, warp, lane, mt, nt, 2 * h)
+                off = ws_index(cfg, Int64(s), Int64(N), Int64(n_blk + row), Int64(m)) * 4
                 st_v2_f32(ws_base + off, acc[base + 2 * h], acc[base + 2 * h + 1])
     cute.arch.fence_acq_rel_gpu()
     cute.arch.barrier()
@@ -332,21 +374,22 @@ def _finish(cfg: cutlass.Constexpr, acc, gsb, gsa, out, ws, counters, M, N, rb, 
         out_base = out.iterator.toint()
         esize = 4 if cfg.out_dtype == "float32" else 2
         red = cute.make_rmem_tensor((4,), Float32)
-        for it in cutlass.range_constexpr(cfg.MT * cfg.NT // 2):  # rows * mp / 4 / threads
-            i = it * cfg.threads + tidx
-            nr = Int64(rb * cfg.rows + i % cfg.rows)
-            q = i // cfg.rows
-            for e in cutlass.range_constexpr(4):
-                red[e] = Float32(0.0)
-            for k in cutlass.range(S, unroll=1):
-                v = ld_cg_v4_f32(ws_base + ((Int64(k) * Int64(N) + nr) * mp + 4 * q) * 4)
+        for it in cutlass.range_constexpr(reduce_trips(cfg)):  # every (row, 4 columns) once
+            row, m0 = reduce_coord(cfg, it, tidx)
+            nr = Int64(n_blk + row)
+            if m0 < M:  # columns at or past M are padding: skip their loads
                 for e in cutlass.range_constexpr(4):
-                    red[e] = red[e] + v[e]
-            for e in cutlass.range_constexpr(4):
-                m = 4 * q + e
-                if m < M:
-                    st_out(out_base + (Int64(m) * Int64(N) + nr) * esize, red[e] * scale,
-                           cfg.out_dtype)
+                    red[e] = Float32(0.0)
+                for k in cutlass.range(S, unroll=1):
+                    v = ld_cg_v4_f32(ws_base + ws_index(cfg, Int64(k), Int64(N), nr,
+                                                        Int64(m0)) * 4)
+                    for e in cutlass.range_constexpr(4):
+                        red[e] = red[e] + v[e]
+                for e in cutlass.range_constexpr(4):
+                    m = m0 + e
+                    if m < M:
+                        st_out(out_base + (Int64(m) * Int64(N) + nr) * esize, red[e] * scale,
+                               cfg.out_dtype)
 
 
 @cute.jit

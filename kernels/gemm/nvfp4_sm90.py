@@ -15,6 +15,7 @@ Constraints: K % 64 == 0, M % 128 == 0, N % 256 == 0 (checked by `check_shapes`)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ class Config:
     Nb: int = 256
     LOAD_PIPE_DEPTH: int = 0  # raw (FP4) stages; 0: as many as fit beside the bf16 stages
     COMPUTE_PIPE_DEPTH: int = 3  # decoded bf16 stages
+    TRANSFORM_SHARE: float = 0.5  # of each stage's decode, done by the producer's 3 spare warps
     EPI_PIPE_DEPTH: int = 4
     SUPERGROUP_SIZE: int = 8
     arch: str = "sm_90a"
@@ -62,6 +64,7 @@ class GemmNvfp4Sm90(LTCF, gemm_sm90.GemmSm90):
         self.nvfp4 = config
         self.w4a4 = config.a_format == "nvfp4"
         self.COMPUTE_PIPE_DEPTH = config.COMPUTE_PIPE_DEPTH
+        self.TRANSFORM_SHARE = config.TRANSFORM_SHARE
         super().__init__(gemm_sm90.Config(
             dtype="bfloat16", out_dtype=config.out_dtype, Nb=config.Nb, Kb=group.K_PER_ATOM,
             LOAD_PIPE_DEPTH=config.LOAD_PIPE_DEPTH, EPI_PIPE_DEPTH=config.EPI_PIPE_DEPTH,
@@ -107,10 +110,10 @@ class GemmNvfp4Sm90(LTCF, gemm_sm90.GemmSm90):
 
     # --- transform --------------------------------------------------------------------------
     @cute.jit
-    def transform(self, g, raw, slot, thread, threads):
-        group.decode_nvfp4(slot["b16"], raw["b"], raw["sfb"], thread, threads)
+    def transform(self, g, raw, slot, thread, threads: cutlass.Constexpr, share):
+        group.decode_nvfp4(slot["b16"], raw["b"], raw["sfb"], thread, threads, share)
         if cutlass.const_expr(self.w4a4):
-            group.decode_nvfp4(slot["a16"], raw["a"], raw["sfa"], thread, threads)
+            group.decode_nvfp4(slot["a16"], raw["a"], raw["sfa"], thread, threads, share)
 
     # --- consumers --------------------------------------------------------------------------
     def setup(self, g, thread, smem):
@@ -173,13 +176,14 @@ def supports(M: int, N: int, K: int, config: Config = Config()) -> bool:
     return M % 128 == 0 and N % config.Nb == 0 and K % group.K_PER_ATOM == 0
 
 
-def gemm(a, b, out_dtype=torch.bfloat16, out=None):
+def gemm(a, b, out_dtype=torch.bfloat16, out=None, config: Config | None = None):
     """D (M, N) = a @ b^T on Hopper: a an NVFP4Tensor (W4A4) or a bf16 (M, K) tensor (W4A16),
     b an NVFP4Tensor (N, K); the operands validated by `tk_cute.nvfp4.gemm`. `out`: an optional
-    contiguous (M, N) tensor of out_dtype to write into."""
+    contiguous (M, N) tensor of out_dtype to write into; `config` overrides the tuning fields
+    (its a_format and out_dtype follow the operands)."""
     w4a4 = not isinstance(a, torch.Tensor)
-    config = Config(a_format="nvfp4" if w4a4 else "bf16",
-                    out_dtype=str(out_dtype).removeprefix("torch."))
+    config = dataclasses.replace(config or Config(), a_format="nvfp4" if w4a4 else "bf16",
+                                 out_dtype=str(out_dtype).removeprefix("torch."))
     kernel, sms = _kernel(config, b.data.device)
     (M, K), N = a.shape[-2:], b.shape[-2]
     check_shapes(M, N, K, kernel)

@@ -6,6 +6,8 @@ GPU tier (marker gpu): W4A16 against a float64 product of deq(b), W4A4 against `
 poisoned outputs, split-K invariance and bad input.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -76,6 +78,111 @@ def test_decode_model_is_exact_for_every_code_and_scale():
                 got = [_bf16(_s16(w >> 16 * h)) for w in words for h in range(2)]
                 want = [float(E2M1_VALUES[c]) * want_sf * 2.0**-7 for c in vals]
                 assert got == want, (sf, vals, got, want)
+
+
+# --- host model of the index maps (the kernel's own formulas, evaluated on Python ints) -------
+# PTX ISA, mma.m16n8k16 with .bf16 (lane = 4 g + t): A register r (a bf16x2) holds row
+# g + 8 (r % 2); B registers hold column g; C register i is element (g + 8 (i // 2), 2 t + i % 2).
+# The kernel passes A registers [lo, hi, lo, hi] (lo = weight_row h=0, hi = h=1).
+
+
+def _c_elem(lane, i):
+    return lane // 4 + 8 * (i // 2), 2 * (lane % 4) + i % 2
+
+
+INDEX_CONFIGS = sorted({gv.config_for(M, 8192, 8192) for M in range(1, 65)}
+                       | {gv.Config(MT=mt, NT=nt, WN=wn) for mt in (1, 2, 4) for nt in (1, 2, 4, 8)
+                          for wn in (1, 4, 8)}, key=repr)
+
+
+@pytest.mark.parametrize("cfg", INDEX_CONFIGS, ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}")
+def test_partials_follow_the_mma_layout_and_cover_the_block_once(cfg):
+    """Every accumulator register is the product of the weight row its A-fragment lanes loaded
+    and the activation row its B-fragment lanes loaded, and the CTA's registers cover the
+    (rows x m_pad) block of partials exactly once."""
+    seen = {}
+    for warp in range(cfg.WN):
+        for lane in range(32):
+            for mt in range(cfg.MT):
+                for nt in range(cfg.NT):
+                    for i in range(4):
+                        row, m = gv.acc_coord(cfg, warp, lane, mt, nt, i)
+                        r, c = _c_elem(lane, i)
+                        for t in range(4):  # every lane of group r % 8 loads that A row ...
+                            assert row == gv.weight_row(cfg, warp, 4 * (r % 8) + t, mt, r // 8)
+                            assert m == gv.act_row(nt, 4 * c + t)  # ... and of group c, B col
+                        if i % 2:  # st.v2 of registers 2h, 2h+1: adjacent workspace words
+                            assert gv.ws_index(cfg, 1, 64, row, m) == \
+                                gv.ws_index(cfg, 1, 64, *gv.acc_coord(cfg, warp, lane, mt, nt,
+                                                                      i - 1)) + 1
+                        assert (row, m) not in seen, (row, m)
+                        seen[(row, m)] = 1
+    assert set(seen) == {(n, m) for n in range(cfg.rows) for m in range(cfg.m_pad)}
+
+
+@pytest.mark.parametrize("cfg", INDEX_CONFIGS, ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}")
+def test_reduction_reads_every_partial_once(cfg):
+    """The last CTA's loop (reduce_trips x threads, 4 columns each) covers rows x m_pad once;
+    the first GPU run summed only half of it (rows M >= m_pad / 2 were never written)."""
+    seen = []
+    for it in range(gv.reduce_trips(cfg)):
+        for tidx in range(cfg.threads):
+            row, m0 = gv.reduce_coord(cfg, it, tidx)
+            assert m0 % 4 == 0
+            seen += [(row, m0 + e) for e in range(4)]
+    assert len(seen) == len(set(seen))
+    assert set(seen) == {(n, m) for n in range(cfg.rows) for m in range(cfg.m_pad)}
+
+
+def test_workspace_index_is_a_bijection():
+    cfg = gv.Config(MT=1, NT=2, WN=1)
+    S, N = 3, 32
+    idx = {gv.ws_index(cfg, s, N, n, m) for s in range(S) for n in range(N)
+           for m in range(cfg.m_pad)}
+    assert idx == set(range(S * N * cfg.m_pad))
+
+
+@pytest.mark.parametrize("M", [1, 3, 7, 8, 9, 16, 17, 33, 64])
+def test_host_model_of_the_whole_kernel(M):
+    """Simulate the kernel's data flow on the host with its own index maps: fragments, MMA,
+    split-K workspace, last-CTA reduction and the m < M store; compare with X @ W^T."""
+    N, K, S = 64, 8, 2  # K: one dot product per split (the K permutation is modelled elsewhere)
+    g = torch.Generator().manual_seed(M)
+    w = torch.randn(N, S * K, generator=g, dtype=torch.float64)
+    x = torch.randn(M, S * K, generator=g, dtype=torch.float64)
+    cfg = dataclasses.replace(gv.config_for(M, N, 1024), WN=1)
+    assert M <= cfg.m_pad and N % cfg.rows == 0
+    ws = torch.full((S * N * cfg.m_pad,), float("nan"), dtype=torch.float64)
+    out = torch.full((M, N), float("nan"), dtype=torch.float64)
+    for rb in range(N // cfg.rows):
+        n_blk = rb * cfg.rows
+        for s in range(S):
+            ks = slice(s * K, (s + 1) * K)
+            for warp in range(cfg.WN):
+                for mt in range(cfg.MT):
+                    for nt in range(cfg.NT):
+                        # A rows r: loaded by lanes 4 (r % 8) + t, half r // 8; B columns c: 4 c + t
+                        a = torch.stack([w[n_blk + gv.weight_row(cfg, warp, 4 * (r % 8), mt,
+                                                                 r // 8), ks] for r in range(16)])
+                        b = torch.stack([x[min(gv.act_row(nt, 4 * c), M - 1), ks]
+                                         for c in range(8)])
+                        c_tile = a @ b.t()
+                        for lane in range(32):
+                            for i in range(4):
+                                row, m = gv.acc_coord(cfg, warp, lane, mt, nt, i)
+                                ws[gv.ws_index(cfg, s, N, n_blk + row, m)] = \
+                                    c_tile[_c_elem(lane, i)]
+        for it in range(gv.reduce_trips(cfg)):
+            for tidx in range(cfg.threads):
+                row, m0 = gv.reduce_coord(cfg, it, tidx)
+                if m0 >= M:
+                    continue
+                for e in range(4):
+                    if m0 + e < M:
+                        out[m0 + e, n_blk + row] = sum(
+                            ws[gv.ws_index(cfg, k, N, n_blk + row, m0 + e)] for k in range(S))
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, x @ w.t(), rtol=1e-12, atol=1e-12)
 
 
 # --- compile (CPU, sm_90a) ------------------------------------------------------------------

@@ -36,9 +36,12 @@ def built(request):
 
 def test_decodes_with_integer_ops_and_multiplies_with_wgmma(built):
     fmt, k, b = built
-    # 16-byte chunks (32 elements) decoded per stage, per operand, by the 96 transform threads.
-    rounds = sum(-(-rows * 2 // k.TRANSFORM_THREADS)
-                 for rows in ((k.Mb, k.Nb) if fmt == "nvfp4" else (k.Nb,)))
+    # 16-byte chunks (32 elements) decoded per stage and operand: TRANSFORM_SHARE of them by the
+    # 96 transform threads, the rest by the 256 consumer threads; rounds = unrolled chunk loops.
+    rounds = 0
+    for rows in (k.Mb, k.Nb) if fmt == "nvfp4" else (k.Nb,):
+        mine = int(rows * 2 * k.TRANSFORM_SHARE)
+        rounds += -(-mine // k.TRANSFORM_THREADS) + -(-(rows * 2 - mine) // 256)
     assert b.sass_count(r"HGMMA\.64x256x16\.F32\.BF16") == 4
     # FP4 decode: byte-permute spreads nibbles, exact bf16x2 multiplies place and scale them;
     # no float conversion instruction touches FP4 (sm_90a has none).

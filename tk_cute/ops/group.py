@@ -24,13 +24,16 @@ K_PER_ATOM = 64
 
 
 @cute.jit
-def decode_nvfp4(dst, src, sf, thread, threads: cutlass.Constexpr):
-    """dst (bf16) = e2m1(src) * ue4m3(sf), the group's `threads` threads sharing the work."""
+def decode_nvfp4(dst, src, sf, thread, threads: cutlass.Constexpr, share=(0, 1)):
+    """dst (bf16) = e2m1(src) * ue4m3(sf) * 2^-8, the group's `threads` threads sharing the
+    work. `share` = (lo, hi) restricts the group to that fraction of the tile's chunks (static),
+    so that two groups can split one tile."""
     rows, kb = cute.size(dst, mode=[0]), cute.size(dst, mode=[1])
     if cutlass.const_expr(kb != K_PER_ATOM):
         raise ValueError(f"decode_nvfp4 decodes 64-wide K blocks (one scale atom); got {kb}")
     chunks_per_row = kb // 32  # 16 bytes = 32 elements
-    chunks = rows * chunks_per_row
+    first = int(rows * chunks_per_row * share[0])
+    chunks = int(rows * chunks_per_row * share[1]) - first
     src32 = cute.recast_tensor(src, Uint32)  # (rows, kb / 8): 8 codes per word (plain layout)
     # dst is written in its own element type: recasting a swizzled tensor does not carry the
     # swizzle over correctly (4.8.1), so 8-element (16-byte) pieces go through the bf16 view.
@@ -38,9 +41,9 @@ def decode_nvfp4(dst, src, sf, thread, threads: cutlass.Constexpr):
     for i in cutlass.range_constexpr(-(-chunks // threads)):
         c = thread + i * threads
         if cutlass.const_expr((i + 1) * threads <= chunks):
-            _decode_chunk(dst, src32, sf_bytes, c, chunks_per_row)
+            _decode_chunk(dst, src32, sf_bytes, first + c, chunks_per_row)
         elif c < chunks:  # the last round, when the chunks do not split evenly
-            _decode_chunk(dst, src32, sf_bytes, c, chunks_per_row)
+            _decode_chunk(dst, src32, sf_bytes, first + c, chunks_per_row)
 
 
 def _decode_chunk(dst, src32, sf_bytes, c, chunks_per_row: int):

@@ -2,12 +2,19 @@
 """Persistent tile schedulers in TK terms: static supergroup order, or cluster launch control.
 
 `STATIC` (Hopper and Blackwell/Rubin): a persistent grid of at most `max_clusters` clusters;
-each cluster walks output tiles in supergroup order (SUPERGROUP_SIZE tiles along M per group,
-`cutlass.utils.StaticPersistentTileScheduler`). `CLC` (sm_100a, sm_103a, sm_107a): the grid
-covers every tile; when a cluster finishes a tile its scheduler warp (CTA 0 of the cluster)
-issues `clusterlaunchcontrol.try_cancel.multicast` and steals a cluster that has not started
-(dynamic work stealing, TK's CLC scheduler). The 16-byte response lands in every CTA's shared
-memory through a one-stage `PipelineClcFetchAsync`; every warp that walks tiles waits on it.
+each strides through the linear cluster index (`cutlass.utils.StaticPersistentTileScheduler`).
+`CLC` (sm_100a, sm_103a, sm_107a): the grid covers every tile; when a cluster finishes a tile
+its scheduler warp (CTA 0 of the cluster) issues `clusterlaunchcontrol.try_cancel.multicast`
+and steals a cluster that has not started (dynamic work stealing, TK's CLC scheduler). The
+16-byte response lands in every CTA's shared memory through a one-stage
+`PipelineClcFetchAsync`; every warp that walks tiles waits on it.
+
+Both kinds map the linear cluster index to a tile in TK's supergroup order (`supergroup_coord`):
+groups of `supergroup` cluster rows along M, M fastest inside a group, the last group as many
+rows as are left. CUTLASS's own swizzle (`swizzle_size > 1`) is not used: it rounds the cluster
+count along N up to a multiple of the swizzle and hands out the padding as valid tiles (tiles
+past the problem's N, a kernel without TMA bounds writes out of bounds or into the next batch),
+and under CLC, whose grid is not padded, it never hands out the last real tiles at all.
 
 Every role writes the same loop for both kinds:
     tiles = Tiles.create(*walk(kind, params, clc_barriers, clc_response, cluster, walkers))
@@ -21,26 +28,58 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
-from cutlass.cutlass_dsl import extract_mlir_values, new_from_mlir_values
+from cutlass.cutlass_dsl import Int32, extract_mlir_values, new_from_mlir_values
+from cutlass.cutlass_dsl import min as cutlass_min
+from cutlass.utils import WorkTileInfo
 
 STATIC, CLC = "static", "clc"
 KINDS = (STATIC, CLC)
 CLC_RESPONSE_BYTES = 16  # x, y, z of the stolen cluster's first CTA, and a valid bit
 
 
-def params(kind: str, tiles_mnl, cluster_mnk, supergroup: int):
-    """Scheduler parameters (host): tiles per (M, N, L) in CTA tiles, supergroup along M."""
+class Params:
+    """Scheduler parameters: CUTLASS's, unswizzled (column-major cluster order, every index a
+    real tile), and the supergroup size (clusters along M) the walk applies on top."""
+
+    def __init__(self, inner, supergroup: int):
+        self.inner, self.supergroup = inner, supergroup
+
+    def __extract_mlir_values__(self):
+        return extract_mlir_values(self.inner)
+
+    def __new_from_mlir_values__(self, values):
+        return Params(new_from_mlir_values(self.inner, values), self.supergroup)
+
+
+def params(kind: str, tiles_mnl, cluster_mnk, supergroup: int) -> Params:
+    """Scheduler parameters (host): tiles per (M, N, L) in CTA tiles, `supergroup` clusters
+    along M per group."""
+    if not isinstance(supergroup, int) or supergroup < 1:
+        raise ValueError(f"supergroup must be an int >= 1, got {supergroup!r}")
     if kind == CLC:
-        return utils.ClcDynamicPersistentTileSchedulerParams(tiles_mnl, cluster_mnk, supergroup,
-                                                             True)
-    return utils.PersistentTileSchedulerParams(tiles_mnl, cluster_mnk, supergroup, True)
+        inner = utils.ClcDynamicPersistentTileSchedulerParams(tiles_mnl, cluster_mnk, 1, True)
+    else:
+        inner = utils.PersistentTileSchedulerParams(tiles_mnl, cluster_mnk, 1, True)
+    return Params(inner, supergroup)
 
 
-def grid(kind: str, sched_params, max_clusters: int):
+def grid(kind: str, sched_params: Params, max_clusters: int):
     """Launch grid: every tile's CTA (CLC steals), else at most `max_clusters` clusters."""
     if kind == CLC:
-        return utils.ClcDynamicPersistentTileScheduler.get_grid_shape(sched_params)
-    return utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, max_clusters)
+        return utils.ClcDynamicPersistentTileScheduler.get_grid_shape(sched_params.inner)
+    return utils.StaticPersistentTileScheduler.get_grid_shape(sched_params.inner, max_clusters)
+
+
+def supergroup_coord(k, clusters_m, clusters_n, supergroup: int, min_=cutlass_min):
+    """Linear cluster index `k` in [0, clusters_m * clusters_n * L) -> cluster (m, n, l), TK's
+    supergroup order: a bijection onto the clusters of the problem, nothing padded. Works on
+    Python ints (tests) and on device integers."""
+    per_l = clusters_m * clusters_n
+    l, r = k // per_l, k % per_l
+    g = r // (supergroup * clusters_n)  # group of `supergroup` cluster rows
+    rows = min_(supergroup, clusters_m - g * supergroup)  # the last group may be shorter
+    q = r - g * supergroup * clusters_n
+    return g * supergroup + q % rows, q // rows, l
 
 
 def clc_ring(barriers, cluster_vmnk, walkers_per_cta: int):
@@ -66,18 +105,20 @@ def walk(kind: str, sched_params, clc_barriers, clc_response, cluster_vmnk,
 class Tiles:
     """One warp's walk over its output tiles (`first`, then `next` until invalid)."""
 
-    def __init__(self, sched, clc=None, state=None):
-        self.sched, self.clc, self.state = sched, clc, state
+    def __init__(self, sched, clc=None, state=None, supergroup: int = 1):
+        self.sched, self.clc, self.state, self.supergroup = sched, clc, state, supergroup
 
     @staticmethod
-    def create(kind: str, sched_params, clc=None, response=None):
+    def create(kind: str, sched_params: Params, clc=None, response=None):
         bidx, grid_dim = cute.arch.block_idx(), cute.arch.grid_dim()
+        inner, sg = sched_params.inner, sched_params.supergroup
         if kind == CLC:
-            sched = utils.ClcDynamicPersistentTileScheduler.create(sched_params, bidx, grid_dim,
+            sched = utils.ClcDynamicPersistentTileScheduler.create(inner, bidx, grid_dim,
                                                                    response)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            return Tiles(sched, clc, state)
-        return Tiles(utils.StaticPersistentTileScheduler.create(sched_params, bidx, grid_dim))
+            return Tiles(sched, clc, state, sg)
+        return Tiles(utils.StaticPersistentTileScheduler.create(inner, bidx, grid_dim),
+                     supergroup=sg)
 
     # loop-carried through the DSL's while loops
     def __extract_mlir_values__(self):
@@ -88,21 +129,37 @@ class Tiles:
         n = len(extract_mlir_values(self.sched))
         sched = new_from_mlir_values(self.sched, values[:n])
         state = None if self.state is None else new_from_mlir_values(self.state, values[n:])
-        return Tiles(sched, self.clc, state)
+        return Tiles(sched, self.clc, state, self.supergroup)
+
+    def _in_supergroup_order(self, work):
+        """CUTLASS's column-major tile -> the same linear cluster index's supergroup tile."""
+        p = self.sched.params
+        clusters_m, clusters_n = p.problem_layout_ncluster_mnl.shape[:2]
+        cm, cn = p.cluster_shape_mn
+        if cutlass.const_expr(self.clc is None):
+            k = self.sched._current_work_linear_idx
+        else:  # the (first CTA of the) cluster's block coordinates from the CLC response
+            m, n, l = work.tile_idx
+            k = m // cm + clusters_m * (n // cn + clusters_n * l)
+        m, n, l = supergroup_coord(k, clusters_m, clusters_n, self.supergroup)
+        x, y, _ = self.sched.cta_id_in_cluster
+        tile = (m * cm + x, n * cn + y, l)
+        return WorkTileInfo(tuple(cute.arch.make_warp_uniform(Int32(c)) for c in tile),
+                            work.is_valid_tile)
 
     def first(self):
-        return self.sched.initial_work_tile_info()
+        return self._in_supergroup_order(self.sched.initial_work_tile_info())
 
     def next(self):
         """The next tile: static stride, or the stolen cluster's tile from the CLC response."""
         if cutlass.const_expr(self.clc is None):
             self.sched.advance_to_next_work()
-            return self.sched.get_current_work()
+            return self._in_supergroup_order(self.sched.get_current_work())
         self.clc.consumer_wait(self.state)
         work = self.sched.get_current_work()
         self.clc.consumer_release(self.state)
         self.state.advance()
-        return work
+        return self._in_supergroup_order(work)
 
 
 @cute.jit

@@ -16,8 +16,9 @@ NUM_CONSUMERS consumer warpgroups (raised to CONSUMER_REGISTERS) that share one 
 (each owns Mb / NUM_CONSUMERS rows); a LOAD_PIPE_DEPTH-stage ring of the `inputs` with
 full/empty mbarriers (`cutlass.pipeline.PipelineTmaAsync`: TK's inputs_arrived /
 inputs_finished; the expected transaction bytes are the stage's tile bytes); a persistent grid
-over output tiles in supergroup order (`StaticPersistentTileScheduler`, SUPERGROUP_SIZE tiles
-along M per group, so concurrently running CTAs share A and B panels in L2); optional clusters
+over output tiles in supergroup order (`ops/schedule.py`, shared with the Blackwell/Rubin
+kernels: SUPERGROUP_SIZE tile rows per group, so concurrently running CTAs share A and B panels
+in L2); optional clusters
 (CLUSTER_M x CLUSTER_N) whose CTAs multicast the shared A rows / B columns.
 """
 
@@ -26,9 +27,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 
-from tk_cute.ops import tma, warpgroup
+from tk_cute.ops import schedule, tma, warpgroup
 from tk_cute.types.gl import coord
 from tk_cute.types.st import Shared, smem_bytes, st
 
@@ -78,12 +78,9 @@ class LCF:
         """Launch over an (m_tiles, n_tiles, batches) grid of output tiles on at most
         `max_ctas` persistent CTAs."""
         cluster = (self.CLUSTER_M, self.CLUSTER_N, 1)
-        params = utils.PersistentTileSchedulerParams(
-            (m_tiles, n_tiles, batches), cluster, self.SUPERGROUP_SIZE, True
-        )
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(
-            params, max_ctas // (self.CLUSTER_M * self.CLUSTER_N)
-        )
+        params = schedule.params(
+            schedule.STATIC, (m_tiles, n_tiles, batches), cluster, self.SUPERGROUP_SIZE)
+        grid = schedule.grid(schedule.STATIC, params, max_ctas // (self.CLUSTER_M * self.CLUSTER_N))
         self.kernel(g, params).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=cluster, min_blocks_per_mp=1,
             stream=stream,
@@ -91,7 +88,7 @@ class LCF:
 
     # --- device ---------------------------------------------------------------------------
     @cute.kernel
-    def kernel(self, g, params: utils.PersistentTileSchedulerParams):
+    def kernel(self, g, params: schedule.Params):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         group = warpgroup.groupid()
         if warp == 0:
@@ -118,9 +115,8 @@ class LCF:
         if group == 0:
             warpgroup.decrease_registers(self.PRODUCER_REGISTERS)
             if warp == 0:
-                tiles = utils.StaticPersistentTileScheduler.create(
-                    params, cute.arch.block_idx(), cute.arch.grid_dim())
-                work = tiles.initial_work_tile_info()
+                tiles = schedule.Tiles.create(schedule.STATIC, params)
+                work = tiles.first()
                 state = pipeline.make_pipeline_state(
                     pipeline.PipelineUserType.Producer, self.LOAD_PIPE_DEPTH)
                 while work.is_valid_tile:
@@ -131,16 +127,14 @@ class LCF:
                         self.load(g, stage, at, k, ring.producer_get_barrier(state), mcast)
                         ring.producer_commit(state)
                         state.advance()
-                    tiles.advance_to_next_work()
-                    work = tiles.get_current_work()
+                    work = tiles.next()
                 ring.producer_tail(state)
         else:
             warpgroup.increase_registers(self.CONSUMER_REGISTERS)
             thread = cute.arch.thread_idx()[0] - warpgroup.WARPGROUP_THREADS
             acc_state = self.setup(g, thread, consumer_smem)
-            tiles = utils.StaticPersistentTileScheduler.create(
-                params, cute.arch.block_idx(), cute.arch.grid_dim())
-            work = tiles.initial_work_tile_info()
+            tiles = schedule.Tiles.create(schedule.STATIC, params)
+            work = tiles.first()
             read = pipeline.make_pipeline_state(
                 pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
             release = read.clone()
@@ -161,8 +155,7 @@ class LCF:
                 ring.consumer_release(release)
                 release.advance()
                 self.finish(g, acc_state, at, consumer_smem, thread)
-                tiles.advance_to_next_work()
-                work = tiles.get_current_work()
+                work = tiles.next()
             self.finish_tail()
 
     def _ring(self, barriers):

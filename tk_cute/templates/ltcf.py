@@ -12,8 +12,13 @@ accumulator):
   transform (warps 1-3 of warpgroup 0, PRODUCER_REGISTERS): waits for a raw stage, calls
     `transform(g, raw, out, thread, threads)` to write the compute-ring stage, frees the raw
     stage, arrives on the compute stage's full barrier (every thread, after a proxy fence);
-  consumers (NUM_CONSUMERS warpgroups): wait for a compute stage, `compute(...)`, commit, free
-    the stage once the next batch is issued (one elected lane per warp), `finish` per tile.
+  consumers (NUM_CONSUMERS warpgroups): wait for a compute stage, finish the transform's work
+    (`transform(..., part=1)`: the consumers' share, TRANSFORM_SHARE being the transform warps'),
+    free the raw stage, meet on a named barrier, `compute(...)`, commit, free the compute stage
+    once the next batch is issued (one elected lane per warp), `finish` per tile.
+Splitting the rewrite pays because the 3 transform warps alone cannot keep up with the tensor
+cores, while the consumers idle between MMA batches (their rewrite of stage k overlaps the MMAs
+of stage k - 1).
 The compute ring (COMPUTE_PIPE_DEPTH stages of `compute_tiles`) uses plain mbarriers: stage s of
 use n waits on parity n & 1 ("full") or (n & 1) ^ 1 ("empty", so the first use passes at once,
 TK's rule for "finished" barriers). The loader takes a compute slot before loading the raw
@@ -25,9 +30,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 
-from tk_cute.ops import warpgroup
+from tk_cute.ops import schedule, warpgroup
 from tk_cute.templates.lcf import LCF
 from tk_cute.types.gl import coord
 from tk_cute.types.semaphore import semaphore
@@ -43,6 +47,7 @@ class LTCF(LCF):
     PRODUCER_REGISTERS = 104  # the transform warps run here: room for several chunks in flight
     CONSUMER_REGISTERS = 200  # 128 accumulator registers + MMA/epilogue state
     TRANSFORM_THREADS = 96  # warps 1-3 of the producer warpgroup
+    TRANSFORM_SHARE = 0.5  # fraction of each stage's rewrite done by the transform warps
 
     def compute_tiles(self) -> dict:
         raise NotImplementedError
@@ -63,7 +68,7 @@ class LTCF(LCF):
         return sum(self.compute_tiles()[n].bytes for n in self.direct_inputs())
 
     @cute.kernel
-    def kernel(self, g, params: utils.PersistentTileSchedulerParams):
+    def kernel(self, g, params: schedule.Params):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         group = warpgroup.groupid()
         tid = cute.arch.thread_idx()[0]
@@ -85,9 +90,8 @@ class LTCF(LCF):
         cute.arch.mbarrier_init_fence()
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        tiles = utils.StaticPersistentTileScheduler.create(
-            params, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = tiles.initial_work_tile_info()
+        tiles = schedule.Tiles.create(schedule.STATIC, params)
+        work = tiles.first()
         i = cutlass.Int32(0)  # running stage count of this role
         if group == 0:
             warpgroup.decrease_registers(self.PRODUCER_REGISTERS)
@@ -110,8 +114,7 @@ class LTCF(LCF):
                         ring.producer_commit(state)
                         state.advance()
                         i += 1
-                    tiles.advance_to_next_work()
-                    work = tiles.get_current_work()
+                    work = tiles.next()
                 ring.producer_tail(state)
             else:
                 self._transform_loop(g, ring, raw, out, tiles, work, k_steps, full, tid - 32)
@@ -119,13 +122,27 @@ class LTCF(LCF):
             warpgroup.increase_registers(self.CONSUMER_REGISTERS)
             thread = tid - WG
             acc_state = self.setup(g, thread, consumer_smem)
+            consumers = warpgroup.sync(2, self.NUM_CONSUMERS)
+            raw_state = pipeline.make_pipeline_state(
+                pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
             while work.is_valid_tile:
                 at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
                 warpgroup.mma_fence()
                 for k in range(k_steps):
                     s, n = i % depth, i // depth
+                    slot = {m: t[None, None, s] for m, t in out.items()}
                     semaphore(full + s).wait(n & 1)
-                    self.compute(g, acc_state, {m: t[None, None, s] for m, t in out.items()}, k)
+                    if cutlass.const_expr(self.TRANSFORM_SHARE < 1):
+                        ring.consumer_wait(raw_state)
+                        stage = {m: t[None, None, raw_state.index] for m, t in raw.items()}
+                        self.transform(g, stage, slot, thread, self.NUM_CONSUMERS * WG,
+                                       (self.TRANSFORM_SHARE, 1))
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                    ring.consumer_release(raw_state)
+                    raw_state.advance()
+                    if cutlass.const_expr(self.TRANSFORM_SHARE < 1):
+                        consumers()
+                    self.compute(g, acc_state, slot, k)
                     warpgroup.mma_commit_group()
                     if k > 0:  # the previous stage's MMAs are done once at most one batch runs
                         warpgroup.mma_async_wait(1)
@@ -136,8 +153,7 @@ class LTCF(LCF):
                 with cute.arch.elect_one():
                     semaphore(empty + (i - 1) % depth).arrive()
                 self.finish(g, acc_state, at, consumer_smem, thread)
-                tiles.advance_to_next_work()
-                work = tiles.get_current_work()
+                work = tiles.next()
             self.finish_tail()
 
     @cute.jit
@@ -153,14 +169,14 @@ class LTCF(LCF):
                 ring.consumer_wait(state)
                 stage = {m: t[None, None, state.index] for m, t in raw.items()}
                 slot = {m: t[None, None, s] for m, t in out.items()}
-                self.transform(g, stage, slot, thread, self.TRANSFORM_THREADS)
+                self.transform(g, stage, slot, thread, self.TRANSFORM_THREADS,
+                               (0, self.TRANSFORM_SHARE))
                 cute.arch.fence_proxy("async.shared", space="cta")
                 ring.consumer_release(state)
                 semaphore(full + s).arrive()
                 state.advance()
                 i += 1
-            tiles.advance_to_next_work()
-            work = tiles.get_current_work()
+            work = tiles.next()
 
     def _ring(self, barriers):
         """The raw ring: TMA producer, the transform warpgroup's 4 warps as consumers."""
@@ -169,7 +185,7 @@ class LTCF(LCF):
             num_stages=self.LOAD_PIPE_DEPTH,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.TRANSFORM_THREADS // 32),
+                pipeline.Agent.Thread, self.TRANSFORM_THREADS // 32 + self.NUM_CONSUMERS * 4),
             tx_count=self.stage_bytes(),
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
             defer_sync=True,

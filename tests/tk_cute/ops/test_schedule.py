@@ -1,8 +1,11 @@
 """The pieces the Blackwell/Rubin NVFP4 GEMM shares with Hopper: the static supergroup tile walk
 (`tk_cute.ops.schedule`, the scheduler `templates/lcf.py` also uses) and the device-side global
 scale (`tk_cute.ops.epilogue.global_scale`). A small kernel walks every output tile with them and
-adds alpha = gA * gB to its cell: each cell must hold alpha exactly once. Compiled for sm_90a and
-sm_100a on the CPU; run on the H200 (GPU tier)."""
+atomically adds alpha = gA * gB to its cell: each cell must hold alpha exactly once (an atomic
+add, so a tile walked twice cannot hide behind a lost update), and guard cells around the output
+must be untouched (no tile outside the problem, e.g. the N padding of CUTLASS's swizzle). The
+supergroup order itself is checked on the CPU. Compiled for sm_90a and sm_100a on the CPU; run
+on the H200 (GPU tier)."""
 
 import cutlass
 import cutlass.cute as cute
@@ -21,8 +24,7 @@ def _walk(sched, ga, gb, out: cute.Tensor):
     work = tiles.first()
     while work.is_valid_tile:
         if cute.arch.thread_idx()[0] == 0:
-            m, n, l = work.tile_idx
-            out[m, n, l] = out[m, n, l] + alpha
+            cute.arch.atomic_add(out.iterator + cute.crd2idx(work.tile_idx, out.layout), alpha)
         work = tiles.next()
 
 
@@ -45,21 +47,63 @@ def test_walk_compiles(arch):
     ptr = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
     b = build(walk_tiles, ptr, ptr, out, 2, 66, cuda.CUstream(0), arch=arch)
     assert b.ptx_count(r"ld\.global\.(b32|f32)") >= 2 and b.ptx_count(r"mul\.(rn\.)?f32") == 1
+    assert b.ptx_count(r"(red|atom)\.global\.add\.f32") == 1
     assert b.ptx_count("clusterlaunchcontrol") == 0
+
+
+def _reference_order(mc, nc, lc, group):
+    """TK's supergroup walk written out: per batch, groups of `group` rows, M fastest."""
+    order = []
+    for l in range(lc):
+        for g0 in range(0, mc, group):
+            rows = range(g0, min(g0 + group, mc))
+            order += [(m, n, l) for n in range(nc) for m in rows]
+    return order
+
+
+@pytest.mark.parametrize("mc, nc, lc", [(9, 7, 2), (6, 5, 1), (3, 40, 3), (1, 1, 1), (17, 3, 2),
+                                        (8, 8, 1), (16, 1, 1), (1, 9, 4)])
+@pytest.mark.parametrize("group", [1, 2, 8])
+def test_supergroup_order_is_tks_and_a_bijection(mc, nc, lc, group):
+    got = [schedule.supergroup_coord(k, mc, nc, group) for k in range(mc * nc * lc)]
+    assert got == _reference_order(mc, nc, lc, group)
+    assert sorted(got) == sorted((m, n, l) for m in range(mc) for n in range(nc)
+                                 for l in range(lc))
+
+
+def test_supergroup_must_be_positive():
+    with pytest.raises(ValueError):
+        schedule.params(schedule.STATIC, (9, 7, 2), (1, 1, 1), 0)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape, cluster_m, max_clusters", [((9, 7, 2), 1, 132),
                                                             ((12, 5, 1), 2, 8),
-                                                            ((3, 40, 3), 1, 16)])
+                                                            ((3, 40, 3), 1, 16),
+                                                            ((10, 3, 2), 2, 132)])
 def test_walk_visits_every_tile_once_with_device_alpha(shape, cluster_m, max_clusters):
     from tk_cute.runtime import as_cute, stream
 
     ga = torch.tensor(0.375, device="cuda")
     gb = torch.tensor(-1.25, device="cuda")
-    out = torch.zeros(shape[::-1], device="cuda").permute(2, 1, 0)  # m fastest
+    alpha = 0.375 * -1.25  # -0.46875, exact in fp32
+    guard, poison, numel = 1024, 12345.0, shape[0] * shape[1] * shape[2]
+    buf = torch.full((guard + numel + guard,), poison, device="cuda")
+    buf[guard:guard + numel] = 0
+    out = buf[guard:guard + numel].view(shape[::-1]).permute(2, 1, 0)  # m fastest
     ptr = lambda t: make_ptr(cutlass.Float32, t.data_ptr(), cute.AddressSpace.gmem,
                              assumed_align=4)
     walk_tiles(ptr(ga), ptr(gb), as_cute(out, leading_dim=0), cluster_m, max_clusters, stream())
     torch.cuda.synchronize()
-    assert torch.equal(out, torch.full(shape, 0.375 * -1.25, device="cuda"))
+
+    assert out.dtype == torch.float32 and out.shape == shape
+    visits = (out / alpha).cpu()  # alpha per visit: 1.0 everywhere
+    bad = (visits != 1).nonzero().tolist()
+    assert not bad, (f"{len(bad)} of {numel} tiles not walked exactly once with alpha = "
+                     f"{alpha}: " + ", ".join(f"{tuple(i)}: {visits[tuple(i)].item():g}x"
+                                              for i in bad[:24]))
+    spill = torch.cat([buf[:guard], buf[guard + numel:]]).cpu()
+    hit = (spill != poison).nonzero().flatten().tolist()
+    assert not hit, (f"{len(hit)} writes outside the output (tiles outside the problem), at "
+                     "element offsets from its start: "
+                     + ", ".join(str(o - guard if o < guard else o + numel) for o in hit[:24]))
