@@ -68,6 +68,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None
         if size % tile:
             raise ValueError(f"{name}={size} must be a multiple of the tile's {tile} "
                              f"(config {config})")
+    for name, tiles, cluster in (("M", M // kernel.Mb, config.CLUSTER_M),
+                                 ("N", N // kernel.Nb, config.CLUSTER_N)):
+        if tiles % cluster:
+            raise ValueError(f"{name} has {tiles} tiles, not a multiple of the cluster's "
+                             f"{cluster} (config {config})")
     c = torch.empty(M, N, dtype=out_dtype, device=a.device) if out is None else out
     if c.shape != (M, N) or c.dtype != out_dtype or not c.is_contiguous() or c.device != a.device:
         raise ValueError(f"out must be a contiguous ({M}, {N}) {out_dtype} tensor on {a.device}; "

@@ -112,3 +112,31 @@ def test_gemm_fp16_output_and_rejections(seed):
         tk_cute.gemm(a.cpu(), b.cpu())
     with pytest.raises(TypeError, match="same dtype"):
         tk_cute.gemm(a, b.bfloat16())
+
+
+@pytest.mark.parametrize("cm,cn", [(2, 1), (1, 2)])
+def test_cluster_configs_multicast_tma(cm, cn):
+    from cuda.bindings import driver as cuda
+
+    k = GemmSm90(Config(CLUSTER_M=cm, CLUSTER_N=cn))
+    b = build(k, _fake(cutlass.BFloat16, 0, 0), _fake(cutlass.BFloat16, 0, 0),
+              _fake(cutlass.BFloat16, 0, 0), SMS, cuda.CUstream(0), arch="sm_90a")
+    # The operand shared along the cluster is multicast: each CTA loads its slice for both.
+    assert b.ptx_count(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global.*multicast") >= 1
+    assert b.ptx_count(r"barrier\.cluster\.arrive") >= 1
+    assert b.kernel.local_bytes == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cm,cn", [(2, 1), (1, 2)])
+def test_cluster_gemm_matches_reference(seed, cm, cn):
+    import tk_cute
+
+    M, N, K = 1024, 1536, 768
+    a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+    b = torch.randn(N, K, device="cuda").to(torch.bfloat16)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    c = tk_cute.gemm(a, b, config=Config(CLUSTER_M=cm, CLUSTER_N=cn), out=out)
+    ref = a.double() @ b.double().t()
+    assert not c.isnan().any()
+    assert (c.double() - ref).norm() / ref.norm() <= 2**-8  # as test_gemm_matches_fp32_reference

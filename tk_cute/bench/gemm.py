@@ -59,6 +59,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--supergroups", type=int, nargs="*", default=[],
                    help="also time these SUPERGROUP_SIZE values (default config: 8)")
+    p.add_argument("--clusters", nargs="*", default=[],
+                   help="also time these cluster shapes, e.g. 2x1 1x2 (TMA multicast)")
     p.add_argument("--eager", action="store_true",
                    help="time eager calls (host overhead included) instead of CUDA-graph replay")
     args = p.parse_args(argv)
@@ -96,6 +98,11 @@ def main(argv=None):
             for sg in args.supergroups:
                 cfg = Config(dtype=dtype_name, SUPERGROUP_SIZE=sg)
                 variants[f"tk_cute supergroup {sg}"] = lambda s, c=cfg: tk_cute.gemm(
+                    s[0], s[1], config=c)
+            for cl in args.clusters:
+                cm, cn = map(int, cl.split("x"))
+                cfg = Config(dtype=dtype_name, CLUSTER_M=cm, CLUSTER_N=cn)
+                variants[f"tk_cute cluster {cl}"] = lambda s, c=cfg: tk_cute.gemm(
                     s[0], s[1], config=c)
             if peer:
                 variants["CUTLASS CuTe DSL peer"] = lambda s: peer[0](*s)
