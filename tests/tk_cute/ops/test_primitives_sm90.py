@@ -11,9 +11,15 @@ phase per tile); semaphore ping-pong over several phases; warpgroup mm/mma ABt (
 e4m3) and AB (bf16, fp16; B (K, N) N-contiguous) from shared memory, and with A in registers
 (ldmatrix); register-tile math and reductions on a wgmma accumulator; stmatrix store + TMA
 store; named barrier between two warpgroups with setmaxnreg.
+
+TMA is issued as in the GEMM, by whole warps (ISSUE_RULE below; a CPU test checks every kernel's
+SASS for it). A GPU kernel still running after HANG_SECONDS ends the session at once, naming it.
 """
 
 import math
+import os
+import sys
+import time
 
 import pytest
 import torch
@@ -44,6 +50,15 @@ def _sync_threads():
     cute.arch.barrier()
 
 
+# ISSUE_RULE (the GEMM's producer, lcf + PipelineTmaAsync.producer_acquire): TMA loads are issued
+# by a whole, converged warp: `cute.copy` of a TMA load atom elects its issuing lane itself with
+# `elect.sync` over the full warp, so one elected lane arrives with the bytes (`with elect_one():
+# sem.expect_bytes(n)`) and the whole warp calls `tma.load_async`. Called from an `if tid == 0`
+# branch, that elect.sync waits for the 31 other lanes, which wait at the branch's reconvergence
+# point (BSYNC) for lane 0: a deadlock (the first GPU run hung so in _mma_kernel; _tma_kernel
+# survived only because its other lanes had exited). TMA stores likewise come from a whole warp
+# (the GEMM's finish). test_warp_collectives_run_on_converged_warps pins this on the SASS.
+
 # --- TMA round trip: global -> st (load_async, expect_bytes, wait) -> global (store_async) ---
 TMA_TILE = st(BF16, 64, 64)
 TMA_ROWS, TMA_COLS = 128, 256  # 2 CTAs x 4 tiles each, one semaphore phase per tile
@@ -59,16 +74,17 @@ def _tma_kernel(src: gl, dst: gl, tiles: cutlass.Constexpr):
         sem.init(1)
         init_fence()
     _sync_threads()
-    if tid == 0:
-        row = cute.arch.block_idx()[0]
-        for c in range(tiles):  # a runtime loop: the phase bit is c % 2
+    # The block is one warp and all of it issues (ISSUE_RULE): no single-thread branch.
+    row = cute.arch.block_idx()[0]
+    for c in range(tiles):  # a runtime loop: the phase bit is c % 2
+        with cute.arch.elect_one():
             sem.expect_bytes(TMA_TILE.bytes)
-            tma.load_async(buf, src, coord(row, c), sem.ptr)
-            sem.wait(c % 2)
-            tma.store_async(dst, buf, coord(row, c))
-            tma.store_commit_group()
-            tma.store_async_read_wait(0)  # the store has read buf: the next load may overwrite
-        tma.store_async_wait(0)
+        tma.load_async(buf, src, coord(row, c), sem.ptr)
+        sem.wait(c % 2)
+        tma.store_async(dst, buf, coord(row, c))
+        tma.store_commit_group()
+        tma.store_async_read_wait(0)  # the store has read buf: the next load may overwrite
+    tma.store_async_wait(0)
 
 
 @cute.jit
@@ -137,12 +153,14 @@ def _mma_kernel(A: gl, B: gl, C: cute.Tensor, form: cutlass.Constexpr, a_regs: c
     sa, sb = smem.alloc(a_t, 2), smem.alloc(b_t, 2)
     sem = semaphore(smem.barriers(1))
     tid = cute.arch.thread_idx()[0]
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     if tid == 0:
         sem.init(1)
         init_fence()
     _sync_threads()
-    if tid == 0:
-        sem.expect_bytes(2 * (a_t.bytes + b_t.bytes))
+    if warp == 0:  # a whole warp issues TMA loads (see ISSUE_RULE)
+        with cute.arch.elect_one():
+            sem.expect_bytes(2 * (a_t.bytes + b_t.bytes))
         for k in cutlass.range_constexpr(2):
             tma.load_async(sa[None, None, k], A, coord(0, k), sem.ptr)
             at = coord(0, k) if cutlass.const_expr(form == "ABt") else coord(k, 0)
@@ -208,8 +226,9 @@ def _reg_kernel(A: gl, B: gl, T: cute.Tensor, Cb: cute.Tensor, V: cute.Tensor, W
         sem.init(1)
         init_fence()
     _sync_threads()
-    if tid == 0:
-        sem.expect_bytes(A.tile.bytes + B.tile.bytes)
+    if warp == 0:  # a whole warp issues TMA loads (see ISSUE_RULE)
+        with cute.arch.elect_one():
+            sem.expect_bytes(A.tile.bytes + B.tile.bytes)
         tma.load_async(sa[None, None, 0], A, coord(0, 0), sem.ptr)
         tma.load_async(sb[None, None, 0], B, coord(0, 0), sem.ptr)
     sem.wait(0)
@@ -271,12 +290,14 @@ def _epi_kernel(A: gl, B: gl, Cg: gl, Cf: cute.Tensor):
     sc = smem.alloc(EPI, 2)
     sem = semaphore(smem.barriers(1))
     tid = cute.arch.thread_idx()[0]
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
     if tid == 0:
         sem.init(1)
         init_fence()
     _sync_threads()
-    if tid == 0:
-        sem.expect_bytes(A.tile.bytes + B.tile.bytes)
+    if warp == 0:  # a whole warp issues TMA loads (see ISSUE_RULE)
+        with cute.arch.elect_one():
+            sem.expect_bytes(A.tile.bytes + B.tile.bytes)
         tma.load_async(sa[None, None, 0], A, coord(0, 0), sem.ptr)
         tma.load_async(sb[None, None, 0], B, coord(0, 0), sem.ptr)
     sem.wait(0)
@@ -289,11 +310,11 @@ def _epi_kernel(A: gl, B: gl, Cg: gl, Cf: cute.Tensor):
     group = warpgroup.sync(1, 1)
     for i in cutlass.range_constexpr(RN // EPI.cols):
         warpgroup.store(sc[None, None, i], acc, tid, subtile=i)
-        group()  # every thread's stmatrix has landed before one thread issues the TMA store
-        if tid == 0:
+        group()  # every thread's stmatrix has landed before warp 0 issues the TMA store
+        if warp == 0:  # as the GEMM's finish (`thread < 32`): a whole warp, no lone thread
             tma.store_async(Cg, sc[None, None, i], coord(0, i))
             tma.store_commit_group()
-    if tid == 0:
+    if warp == 0:
         tma.store_async_wait(0)
 
 
@@ -318,6 +339,7 @@ def _bar_kernel(out: cute.Tensor, spin: cutlass.Int64):
         start = cute.arch.clock64()
         while cute.arch.clock64() - start < spin:  # a late writer: a broken barrier shows
             pass
+        cute.arch.sync_warp()  # reconverged before the .aligned bar.sync, whatever the clocks did
         buf[tid, 0] = I32(tid * 3 + 1)
         both()
     else:
@@ -491,6 +513,21 @@ def test_st_k_by_n_is_cutlass_mn_major_b_transposed(dtype, k, n):
     assert (inner, outer_t) == (ref_inner, ref_outer)
 
 
+KERNELS = ["tma", "sem", *MMA_CASES, "reg", "epi", "bar"]
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_warp_collectives_run_on_converged_warps(name):
+    """ISSUE_RULE, checked on the SASS. At a warp collective (the elect.sync inside a TMA load,
+    shuffles, ...) that ptxas cannot prove converged it emits a divergent fallback (`BRA.DIV` to
+    a `WARPSYNC.COLLECTIVE` path); a TMA load issued from an `if tid == 0` branch compiles to
+    one, and that path deadlocks (the hung first GPU run: 4 in _mma_kernel, 2 in _epi_kernel).
+    The GEMM has none, and neither may these kernels."""
+    b = built(name)
+    assert b.sass_count(r"\bBRA\.DIV\b") == 0, "a warp collective in possibly divergent code"
+    assert b.sass_count(r"WARPSYNC\.COLLECTIVE") == 0
+
+
 # --- CPU: misuse fails at trace time, naming the rule ---------------------------------------
 def test_st_rows_must_be_a_multiple_of_the_base_tile():
     with pytest.raises(ValueError, match="multiple of 8"):
@@ -558,8 +595,26 @@ def test_check_smem_names_both_numbers():
 
 
 # --- GPU: values against torch --------------------------------------------------------------
+HANG_SECONDS = 20  # every kernel here runs for well under a millisecond
+
+
 def _run(name, *args):
+    """Launch build `name` on torch's stream and wait for it, at most HANG_SECONDS. A kernel
+    still running by then is hung, and it keeps the GPU busy: every later test in this process
+    would hang behind it until its own timeout. So name the kernel and end the process at once
+    (as pytest-timeout does: os._exit, no teardown that could wait on the GPU)."""
     built(name).compiled(*args, _stream(gpu=True))
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.monotonic() + HANG_SECONDS
+    while not done.query():  # raises on a launch error
+        if time.monotonic() > deadline:
+            sys.stdout.flush()
+            sys.stderr.write(f"\nHUNG: kernel {name!r} did not finish within {HANG_SECONDS} s; "
+                             "the GPU is stuck, stopping the session (exit code 3)\n")
+            sys.stderr.flush()
+            os._exit(3)
+        time.sleep(1e-3)
     torch.cuda.synchronize()
 
 
