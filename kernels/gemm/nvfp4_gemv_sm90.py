@@ -87,7 +87,7 @@ def config_for(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = "bfl
         raise ValueError(f"gemm_small_m needs N to be a multiple of 32, got N={N}")
     NT = max(1, -(-M // 8))
     NT = 1 << (NT - 1).bit_length()
-    WN = 4 if M <= 8 else 8
+    WN = 4 if M <= 16 else 8  # H200 sweep 2026-11-30 (docs/results.md): WN4 best at M=1, 16
     while WN > 1 and N % (32 * WN):
         WN //= 2
     unroll = 4 if NT <= 2 else 2
@@ -96,11 +96,15 @@ def config_for(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = "bfl
     return Config(MT=2, NT=NT, WN=WN, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype)
 
 
-def split_k(cfg: Config, N: int, K: int, sms: int, ctas_per_sm: int = 2) -> int:
+def split_k(cfg: Config, N: int, K: int, sms: int, ctas_per_sm: int | None = None) -> int:
     """S: K-slices per row block, the divisor of K / k_chunk nearest (in ratio; ties: larger) to
-    about ctas_per_sm x 8-warp CTAs per SM: enough 16-byte loads in flight to cover HBM latency."""
+    about ctas_per_sm x 8-warp CTAs per SM: enough 16-byte loads in flight to cover HBM latency.
+    Default ctas_per_sm: 2 for one activation tile (NT = 1), else 1 (more registers per thread;
+    on the H200 at M=16, N=K=8192, S=4 took 25.9 us against 32.4 us for S=8)."""
     import math
 
+    if ctas_per_sm is None:
+        ctas_per_sm = 2 if cfg.NT == 1 else 1
     chunks, blocks = K // cfg.k_chunk, N // cfg.rows
     want = max(1.0, sms * ctas_per_sm * 8 / cfg.WN / blocks)
     divisors = [d for d in range(1, chunks + 1) if chunks % d == 0]
