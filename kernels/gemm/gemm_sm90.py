@@ -162,3 +162,42 @@ class Globals(DeviceStruct):
 
     def __init__(self, A: gl, B: gl, C: gl):
         self.A, self.B, self.C = A, B, C
+
+
+class GemmScaledSm90(GemmSm90):
+    """D = alpha * A @ B^T with alpha a device fp32 scalar, read once per consumer thread and
+    applied to the fp32 accumulator before the output rounding (NVFP4: operands dequantized to
+    e2m1 * ue4m3 in bf16, exact, and alpha = gA * gB)."""
+
+    def setup(self, g, thread, smem):
+        return Scaled(super().setup(g, thread, smem), g.alpha[0])
+
+    def compute(self, g, s, inputs, k):
+        super().compute(g, s.acc, inputs, k)
+
+    def finish(self, g, s, at, smem, thread):
+        register.mul(s.acc, s.acc, s.alpha)
+        super().finish(g, s.acc, at, smem, thread)
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, alpha: cute.Tensor,
+                 max_ctas: cutlass.Constexpr, stream):
+        """As `GemmSm90.__call__`, with alpha a 1-element fp32 tensor."""
+        g = ScaledGlobals(gl.load(a, self.a_tile, self.CLUSTER_N),
+                          gl.load(b, self.b_tile, self.CLUSTER_M), gl.store(c, self.c_tile), alpha)
+        self.launch(g, cute.ceil_div(c.shape[0], self.Mb), cute.ceil_div(c.shape[1], self.Nb),
+                    c.shape[2], max_ctas, stream)
+
+
+class Scaled:
+    """A consumer thread's state in `GemmScaledSm90`: accumulator and alpha."""
+
+    def __init__(self, acc: rt, alpha):
+        self.acc, self.alpha = acc, alpha
+
+
+class ScaledGlobals(DeviceStruct):
+    _fields = ("A", "B", "C", "alpha")
+
+    def __init__(self, A: gl, B: gl, C: gl, alpha):
+        self.A, self.B, self.C, self.alpha = A, B, C, alpha

@@ -11,6 +11,9 @@ warpgroup decodes each stage into a bf16 (Mb, 64) / (Nb, 64) pair of the compute
 epilogue, times gA * gB (read on the device). Decoding in its own warpgroup lets it overlap the
 MMAs: inside the consumers (which hold 128 accumulator registers each) it serialised with them.
 Constraints: K % 64 == 0, M % 128 == 0, N % 256 == 0 (checked by `check_shapes`).
+`gemm(..., path="dequantize")` (the default) instead expands the operands to bf16 in global
+memory and runs `GemmScaledSm90`: on the H200 the fused decode cannot keep up with the tensor
+cores (docs/nvfp4_hopper.md), while the separate pass costs ~2.5 B/element of traffic.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class Config:
                              f"{self.COMPUTE_PIPE_DEPTH})")
 
 
-class GemmNvfp4Sm90(LTCF, gemm_sm90.GemmSm90):
+class GemmNvfp4Sm90(LTCF, gemm_sm90.GemmScaledSm90):
     """See the module docstring. Reuses the Hopper GEMM's tiles, MMA and epilogue."""
 
     def __init__(self, config: Config = Config()):
@@ -115,16 +118,9 @@ class GemmNvfp4Sm90(LTCF, gemm_sm90.GemmSm90):
         if cutlass.const_expr(self.w4a4):
             group.decode_nvfp4(slot["a16"], raw["a"], raw["sfa"], thread, threads, share)
 
-    # --- consumers --------------------------------------------------------------------------
-    def setup(self, g, thread, smem):
-        return Consumer(gemm_sm90.GemmSm90.setup(self, g, thread, smem), g.alpha[0])
-
+    # --- consumers (setup and finish: GemmScaledSm90's, times gA * gB) ---------------------
     def compute(self, g, s, slot, k):
         warpgroup.mma_ABt(s.acc, slot["a16"], slot["b16"])
-
-    def finish(self, g, s, at, smem, thread):
-        register.mul(s.acc, s.acc, s.alpha)
-        gemm_sm90.GemmSm90.finish(self, g, s.acc, at, smem, thread)
 
     # --- host -------------------------------------------------------------------------------
     @cute.jit
@@ -138,13 +134,6 @@ class GemmNvfp4Sm90(LTCF, gemm_sm90.GemmSm90):
                     gl.store(c, self.c_tile), alpha)
         self.launch(g, cute.ceil_div(c.shape[0], self.Mb), cute.ceil_div(c.shape[1], self.Nb),
                     c.shape[2], max_ctas, stream)
-
-
-class Consumer:
-    """A consumer thread's state: its accumulator and the global scale gA * gB."""
-
-    def __init__(self, acc: rt, alpha):
-        self.acc, self.alpha = acc, alpha
 
 
 class Globals(DeviceStruct):
@@ -176,11 +165,24 @@ def supports(M: int, N: int, K: int, config: Config = Config()) -> bool:
     return M % 128 == 0 and N % config.Nb == 0 and K % group.K_PER_ATOM == 0
 
 
-def gemm(a, b, out_dtype=torch.bfloat16, out=None, config: Config | None = None):
+PATHS = ("dequantize", "fused")
+
+
+def gemm(a, b, out_dtype=torch.bfloat16, out=None, config: Config | None = None,
+         path: str = "dequantize"):
     """D (M, N) = a @ b^T on Hopper: a an NVFP4Tensor (W4A4) or a bf16 (M, K) tensor (W4A16),
-    b an NVFP4Tensor (N, K); the operands validated by `tk_cute.nvfp4.gemm`. `out`: an optional
-    contiguous (M, N) tensor of out_dtype to write into; `config` overrides the tuning fields
-    (its a_format and out_dtype follow the operands)."""
+    b an NVFP4Tensor (N, K); the operands validated by `tk_cute.nvfp4.gemm`.
+
+    Args:
+        out: an optional contiguous (M, N) tensor of out_dtype to write into.
+        config: tuning of the fused kernel (its a_format and out_dtype follow the operands).
+        path: "dequantize" (default, faster on the H200): `kernels/nvfp4_dequantize.py` expands
+            the FP4 operands to exact bf16 e2m1 * ue4m3 in global memory (2 B per element of
+            workspace), then `GemmScaledSm90` multiplies with gA * gB in its epilogue.
+            "fused": this module's ltcf kernel, decoding in shared memory (no workspace).
+    """
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     w4a4 = not isinstance(a, torch.Tensor)
     config = dataclasses.replace(config or Config(), a_format="nvfp4" if w4a4 else "bf16",
                                  out_dtype=str(out_dtype).removeprefix("torch."))
@@ -191,9 +193,20 @@ def gemm(a, b, out_dtype=torch.bfloat16, out=None, config: Config | None = None)
     if c.shape != (M, N) or c.dtype != out_dtype or not c.is_contiguous():
         raise ValueError(f"out must be a contiguous ({M}, {N}) {out_dtype} tensor, got "
                          f"{tuple(c.shape)} {c.dtype}")
+    g = a.global_scale * b.global_scale if w4a4 else b.global_scale
+    if path == "dequantize":
+        from tk_cute.kernels.nvfp4_dequantize import dequantize_blocks
+
+        a16 = dequantize_blocks(a) if w4a4 else a
+        args = [as_cute(batched(t), leading_dim=1) for t in (a16, dequantize_blocks(b), c)]
+        args.append(as_cute(g.reshape(1), leading_dim=0, align=4))
+        scaled = _scaled_kernel(config.out_dtype)
+        fn = _CACHE.get(("dequantize", config.out_dtype, sms),
+                        lambda: cute.compile(scaled, *args, sms, stream()))
+        fn(*args, stream())
+        return c
     # The decode leaves each operand scaled by 2^-BF16_DECODE_SHIFT (exact); undo it here.
-    undo = 2.0 ** (nvfp4_ops.BF16_DECODE_SHIFT * (2 if w4a4 else 1))
-    alpha = ((a.global_scale * b.global_scale if w4a4 else b.global_scale) * undo).reshape(1)
+    alpha = (g * 2.0 ** (nvfp4_ops.BF16_DECODE_SHIFT * (2 if w4a4 else 1))).reshape(1)
     a_view = a.data if w4a4 else a
     sfa = (a if w4a4 else b).scales.view(-1, 256)  # W4A16 reads no A scales
     args = [as_cute(batched(t), leading_dim=1)
@@ -202,3 +215,8 @@ def gemm(a, b, out_dtype=torch.bfloat16, out=None, config: Config | None = None)
     fn = _CACHE.get((config, sms), lambda: cute.compile(kernel, *args, sms, stream()))
     fn(*args, stream())
     return c
+
+
+@functools.cache
+def _scaled_kernel(out_dtype: str):
+    return gemm_sm90.GemmScaledSm90(gemm_sm90.Config(dtype="bfloat16", out_dtype=out_dtype))
