@@ -5,9 +5,13 @@ The global scale is left out on purpose: e2m1 * ue4m3 is exact in bf16 (<= 6 sig
 bits, 2^-10 .. 2688), times an fp32 global scale it would not be. A GEMM on two such matrices,
 accumulating in fp32 and multiplying by gA * gB in its epilogue, computes what FP4 tensor cores
 compute (`kernels/gemm/nvfp4_sm90.py`, path "dequantize").
-One thread per 16 packed bytes (32 elements): one 16-byte load, two scale bytes at their
-blocked-layout offsets (`tk_cute.layouts.nvfp4_scales.blocked_offset`), the register decode of
-`tk_cute.ops.nvfp4`, four 16-byte stores. Memory-bound: 0.5625 B read + 2 B written per element.
+The matrices are walked as flat arrays of 4-byte code words: each thread decodes
+WORDS_PER_THREAD words THREADS apart (so every warp instruction reads 128 and writes 512
+contiguous bytes, and 4 loads per thread are in flight), each with its scale byte at the
+blocked-layout offset (`tk_cute.layouts.nvfp4_scales.blocked_offset`) and the register decode
+of `tk_cute.ops.nvfp4`. H200 history: 32 elements per thread with four strided 16-byte stores
+per warp instruction ran at 0.2 TB/s; one word per thread at 0.73 TB/s (too few bytes in
+flight). Memory-bound: 0.5625 B read + 2 B written per element.
 """
 
 from __future__ import annotations
@@ -21,40 +25,37 @@ from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import KernelCache, as_cute, stream
 
 THREADS = 256
-ELEMS_PER_THREAD = 32
+WORDS_PER_THREAD = 4  # loads in flight per thread: enough bytes in flight to cover DRAM latency
 
 
 @cute.kernel
-def _dequantize_kernel(data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor):
-    rows, k_bytes = data.shape
-    chunks_per_row = k_bytes // 16
-    c = cute.arch.block_idx()[0] * THREADS + cute.arch.thread_idx()[0]
-    if c < rows * chunks_per_row:
-        row, q = c // chunks_per_row, c % chunks_per_row
-        rk = (k_bytes // 8 + 3) // 4  # scale atoms per 128-row band (ceil(K / 64))
-        r = row % 128
-        base = (row // 128) * rk * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4
-        raw = cute.make_rmem_tensor((16,), cutlass.Uint8)  # 16 bytes = 32 codes, one vector load
-        cute.autovec_copy(cute.local_tile(data, (1, 16), (row, q)), raw)
-        packed = cute.recast_tensor(raw, Uint32)
-        words = cute.make_rmem_tensor((16,), Uint32)
-        for g in cutlass.range_constexpr(2):
-            kb = q * 2 + g
-            sf = fp4.ue4m3_to_bf16x2(Uint32(scales[base + (kb // 4) * 512 + kb % 4]))
-            for h in cutlass.range_constexpr(2):
-                j = g * 2 + h
-                decoded = fp4.e2m1x8_scaled(packed[j], sf, "bf16")
-                for t in cutlass.range_constexpr(4):
-                    words[j * 4 + t] = decoded[t]
-        values = cute.recast_tensor(words, out.element_type)
-        cute.autovec_copy(values, cute.local_tile(out, (1, ELEMS_PER_THREAD), (row, q)))
+def _dequantize_kernel(data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor,
+                       words_per_row: cutlass.Int32):
+    total = cute.size(data)  # words of codes
+    first = cute.arch.block_idx()[0] * THREADS * WORDS_PER_THREAD + cute.arch.thread_idx()[0]
+    rk = (words_per_row // 2 + 3) // 4  # scale atoms per 128-row band (ceil(K / 64))
+    for i in cutlass.range_constexpr(WORDS_PER_THREAD):
+        c = first + i * THREADS  # each round of a block covers THREADS consecutive words
+        if c < total:
+            row, w = c // words_per_row, c % words_per_row
+            r, kb = row % 128, w // 2  # two words per 16-element scale block
+            offset = ((row // 128) * rk + kb // 4) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4
+            sf = fp4.ue4m3_to_bf16x2(Uint32(scales[offset + kb % 4]))
+            decoded = fp4.e2m1x8_scaled(data[c], sf, "bf16")
+            words = cute.make_rmem_tensor((4,), Uint32)
+            for t in cutlass.range_constexpr(4):
+                words[t] = decoded[t]
+            values = cute.recast_tensor(words, out.element_type)
+            cute.autovec_copy(values, cute.local_tile(out, (8,), (c,)))
 
 
 @cute.jit
-def _dequantize(data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor, stream):
-    chunks = data.shape[0] * (data.shape[1] // 16)
-    _dequantize_kernel(data, scales, out).launch(
-        grid=((chunks + THREADS - 1) // THREADS, 1, 1), block=(THREADS, 1, 1), stream=stream)
+def _dequantize(data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor,
+                words_per_row: cutlass.Int32, stream):
+    per_block = THREADS * WORDS_PER_THREAD
+    _dequantize_kernel(data, scales, out, words_per_row).launch(
+        grid=((cute.size(data) + per_block - 1) // per_block, 1, 1), block=(THREADS, 1, 1),
+        stream=stream)
 
 
 _CACHE = KernelCache()
@@ -63,15 +64,18 @@ _CACHE = KernelCache()
 def dequantize_blocks(q, out: torch.Tensor | None = None) -> torch.Tensor:
     """e2m1 * ue4m3 of a 2-D CUDA NVFP4Tensor as a bf16 (M, K) tensor (global scale NOT applied).
 
-    K must be a multiple of 32 (one thread's 16 packed bytes)."""
+    K must be a multiple of 32 (16-byte aligned rows of packed codes)."""
     M, K = q.shape
     if q.data.device.type != "cuda":
         raise ValueError(f"dequantize_blocks runs on CUDA tensors, got {q.data.device}")
     if K % 32:
         raise ValueError(f"dequantize_blocks needs K to be a multiple of 32, got K={K}")
     out = torch.empty(M, K, dtype=torch.bfloat16, device=q.data.device) if out is None else out
-    args = [as_cute(q.data, leading_dim=1), as_cute(q.scales.reshape(-1), leading_dim=0),
-            as_cute(out, leading_dim=1)]
+    if not (q.data.is_contiguous() and out.is_contiguous()):
+        raise ValueError("dequantize_blocks needs contiguous data and output")
+    args = [as_cute(q.data.view(torch.int32).reshape(-1), leading_dim=0),
+            as_cute(q.scales.reshape(-1), leading_dim=0), as_cute(out.reshape(-1), leading_dim=0),
+            cutlass.Int32(K // 8)]
     fn = _CACHE.get("bf16", lambda: cute.compile(_dequantize, *args, stream()))
     fn(*args, stream())
     return out

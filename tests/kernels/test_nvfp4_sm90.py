@@ -150,13 +150,13 @@ def test_dequantize_blocks_compiles_to_vector_accesses():
 
     from tk_cute.kernels import nvfp4_dequantize as dq
 
-    m, k2, k = (cute.sym_int64(divisibility=d) for d in (1, 16, 32))
-    data = make_fake_tensor(cutlass.Uint8, (m, k2), (cute.sym_int64(divisibility=16), 1),
-                            assumed_align=16)
-    scales = make_fake_tensor(cutlass.Uint8, (cute.sym_int64(),), (1,), assumed_align=16)
-    out = make_fake_tensor(cutlass.BFloat16, (m, k), (cute.sym_int64(divisibility=32), 1),
-                           assumed_align=16)
-    b = build(dq._dequantize, data, scales, out, cuda.CUstream(0), arch="sm_90a")
-    assert b.sass_count(r"LDG\.E\.128") == 1 and b.sass_count(r"STG\.E\.128") == 4
-    assert b.sass_count(r"LDG\.E\.U8") == 2  # one scale byte per 16 elements
+    flat = lambda dt, d: make_fake_tensor(dt, (cute.sym_int64(divisibility=d),), (1,),  # noqa
+                                          assumed_align=16)
+    b = build(dq._dequantize, flat(cutlass.Int32, 4), flat(cutlass.Uint8, 1),
+              flat(cutlass.BFloat16, 32), cutlass.Int32(64), cuda.CUstream(0), arch="sm_90a")
+    # Per word of 8 codes: one 4-byte load, its scale byte, one 16-byte store (coalesced across
+    # the warp); WORDS_PER_THREAD words per thread.
+    n = dq.WORDS_PER_THREAD
+    assert b.sass_count(r"LDG\.E\b(?!\.)") == n and b.sass_count(r"STG\.E\.128") == n
+    assert b.sass_count(r"LDG\.E\.U8") == n
     assert b.kernel.local_bytes == 0
