@@ -1,8 +1,10 @@
-"""NVFP4 small-M (decode) benchmark: tk_cute's Hopper kernel beside cuBLAS, same process, cold L2.
+"""NVFP4 GEMM benchmark on Hopper: tk_cute beside cuBLAS, same process, cold L2.
 
-    python -m tk_cute.bench nvfp4 [--m 1 16 64] [--nk 8192,8192 28672,8192 8192,28672] [--tune]
+    python -m tk_cute.bench nvfp4 [--m 1 16 64 128 1024 8192] [--nk 8192,8192 28672,8192 ...]
 
-Variants per shape: tk_cute W4A16 and W4A4 (`kernels/gemm/nvfp4_gemv_sm90.py`), cuBLAS bf16 on
+Variants per shape: tk_cute W4A16 and W4A4 through the public `tk_cute.nvfp4.gemm` (which picks
+`kernels/gemm/nvfp4_gemv_sm90.py` for M <= 64 and the dequantize + bf16 GEMM path of
+`kernels/gemm/nvfp4_sm90.py` for M % 128 == 0), cuBLAS bf16 on
 the dequantized weights (`a @ w.t()`), cuBLAS fp8 e4m3 (`torch._scaled_mm`, per-tensor scales)
 and the torch path a user would write (LUT dequantize to bf16, then cuBLAS). GB/s counts the
 NVFP4 weight payload (0.5625 B/element) for every variant, so the column compares speeds on one
@@ -50,15 +52,17 @@ def _make(M, N, K):
 def _variants(M, N, K, tune: bool, sms: int):
     from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 
+    from tk_cute import nvfp4
+
     v = {
-        "tk_cute w4a16": lambda s: gv.gemm_small_m(s["a"], s["b"]),
-        "tk_cute w4a4": lambda s: gv.gemm_small_m(s["aq"], s["b"]),
+        "tk_cute w4a16": lambda s: nvfp4.gemm(s["a"], s["b"]),
+        "tk_cute w4a4": lambda s: nvfp4.gemm(s["aq"], s["b"]),
         "cuBLAS bf16 (deq W)": lambda s: s["a"] @ s["w"].t(),
         "cuBLAS fp8 _scaled_mm": lambda s: torch._scaled_mm(
             s["a8"], s["w8"].t(), scale_a=s["sa"], scale_b=s["sw"], out_dtype=torch.bfloat16),
         "torch deq + matmul": lambda s: s["a"] @ _dequant_torch(s["b"]).t(),
     }
-    if tune:
+    if tune and M <= gv.MAX_M:
         import dataclasses
 
         base = gv.config_for(M, N, K)
@@ -83,7 +87,7 @@ def copy_bandwidth(nbytes: int = 1 << 30, rounds: int = 10) -> float:
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m tk_cute.bench nvfp4")
-    p.add_argument("--m", type=int, nargs="+", default=[1, 16, 64])
+    p.add_argument("--m", type=int, nargs="+", default=[1, 16, 64, 128, 1024, 8192])
     p.add_argument("--nk", nargs="+", default=DEFAULT_NK)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--tune", action="store_true", help="add WN / split-K variants of tk_cute")
@@ -98,7 +102,7 @@ def main(argv=None):
     for nk in args.nk:
         N, K = map(int, nk.split(","))
         for M in args.m:
-            sets = input_sets(lambda: _make(M, N, K), N * K * 9 // 16)
+            sets = input_sets(lambda: _make(M, N, K), N * K * 9 // 16 + M * K * 2)
             variants = _variants(M, N, K, args.tune, sms)
             if args.no_torch_deq:
                 variants.pop("torch deq + matmul")
