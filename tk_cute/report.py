@@ -146,3 +146,165 @@ def peer(path: str, arch: str = "sm_100a", m: int = 8192, n: int = 8192, k: int 
             "mma_per_stage": b.ptx_count(r"tcgen05\.mma"),
             "sass_mma": sorted(set(re.findall(r"UTC\w*MMA\S*", b.sass))),
             "tmem_columns": kern.num_tmem_alloc_cols, "compile_seconds": b.compile_seconds}
+
+
+def _load_module(name: str, path: str):
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# What FlashInfer's sm107 file imports from outside CuTe DSL: its parent class (the CUTLASS
+# Blackwell example, which FlashInfer takes from a wheel that ships the examples), its epilogue
+# helpers (pure CuTe DSL) and `flashinfer.utils` (only `next_positive_power_of_2`, for utils.py).
+_FI_PARENT = ("nvidia_cutlass_dsl.examples.CuTeDSL.cute.blackwell.kernel.blockscaled_gemm."
+              "dense_blockscaled_gemm_persistent")
+_FI_EPILOGUE = "flashinfer.gemm.kernels.epilogue_utils"
+_FI_UTILS = "flashinfer.gemm.kernels.utils"
+
+
+def _flashinfer_modules(path: str, parent: str | None, epilogue: str | None):
+    """Load FlashInfer's `dense_blockscaled_gemm_sm107.py` from `path` without the flashinfer package.
+
+    The parent (CUTLASS `dense_blockscaled_gemm_persistent.py`) and `epilogue_utils.py` are looked
+    for next to `path`, then one directory up, unless given. Shim packages live in `sys.modules`
+    only while loading; the loaded modules keep their references.
+    """
+    import os
+    import sys
+    import types
+
+    def near(fname, given):
+        if given:
+            return given
+        d = os.path.dirname(os.path.abspath(path))
+        for cand in (os.path.join(d, fname), os.path.join(os.path.dirname(d), fname)):
+            if os.path.exists(cand):
+                return cand
+        raise FileNotFoundError(f"{fname} (needed by {path}) not found next to it; pass it in")
+
+    parent, epilogue = near("dense_blockscaled_gemm_persistent.py", parent), near(
+        "epilogue_utils.py", epilogue)
+    names = [_FI_PARENT.rsplit(".", 1)[0].split(".")[:i] for i in range(1, 8)]
+    pkgs = [".".join(p) for p in names] + ["flashinfer", "flashinfer.gemm",
+                                           "flashinfer.gemm.kernels", "flashinfer.utils"]
+    saved = {p: sys.modules.get(p) for p in pkgs + [_FI_PARENT, _FI_EPILOGUE, _FI_UTILS]}
+    try:
+        for p in pkgs:
+            sys.modules[p] = types.ModuleType(p)
+            sys.modules[p].__path__ = []
+        sys.modules["flashinfer.utils"].next_positive_power_of_2 = (
+            lambda x: 1 if x < 1 else 1 << (x - 1).bit_length())
+        par = _load_module(_FI_PARENT, parent)
+        setattr(sys.modules[_FI_PARENT.rsplit(".", 1)[0]], _FI_PARENT.rsplit(".", 1)[1], par)
+        _load_module(_FI_EPILOGUE, epilogue)
+        mod = _load_module("tk_cute_peer_flashinfer_sm107", path)
+        util_path = os.path.join(os.path.dirname(os.path.abspath(path)), "utils.py")
+        utils = (_load_module(_FI_UTILS, util_path)
+                 if os.path.exists(util_path) else None)
+    finally:
+        for p, old in saved.items():
+            if old is None:
+                sys.modules.pop(p, None)
+            else:
+                sys.modules[p] = old
+    return mod, utils
+
+
+def flashinfer_untuned_tactic(kernel_cls, utils, m: int, n: int, k: int, sm_count: int):
+    """FlashInfer's untuned mm_fp4 choice among its sm107 tactics (`_compute_sm107_tactic_for_m`,
+    sm107 half): its own candidate lists, scorer and M bucket, NVFP4 (UE4M3, 16), bf16 out.
+    Returns (mma_tiler_mnk, mma_inst_shape, cluster_shape_mn, swap_ab)."""
+    import cutlass
+
+    rep_m = min(utils.next_positive_power_of_2(m), utils._M_BUCKETS[-1])
+    best, best_score = None, -1.0
+    for tile in utils._SM107_MMA_TILER_MN_CANDIDATES:
+        inst = (tile[0], tile[1], utils._SM107_MMA_INST_SHAPE_K)
+        for cl in utils._SM100_CLUSTER_SHAPE_MN_CANDIDATES:
+            if tile[0] == 256 and cl[0] < 2:
+                continue
+            for swap in ((False, True) if n % 8 == 0 and rep_m % 8 == 0 else (False,)):
+                score = utils._score_sm100_mm_fp4_tactic(rep_m, n, k, sm_count, tile, cl, swap)
+                km, kn = (n, rep_m) if swap else (rep_m, n)
+                if score > best_score and kernel_cls.can_implement(
+                        cutlass.Float4E2M1FN, cutlass.Float8E4M3FN, 16, cutlass.BFloat16, tile,
+                        inst, cl, km, kn, k, 1, "k", "k", "m" if swap else "n"):
+                    best_score = score
+                    best = ((*tile, utils._SM107_MMA_TILER_K), inst, cl, swap)
+    return best
+
+
+def peer_flashinfer(path: str, arch: str = "sm_107a", m: int = 8192, n: int = 8192,
+                    k: int = 8192, mma_tiler=None, mma_inst_shape=None, cluster_shape_mn=None,
+                    prefetch_dist: int | None = 0, parent: str | None = None,
+                    epilogue: str | None = None) -> dict:
+    """Compile FlashInfer's `flashinfer/gemm/kernels/dense_blockscaled_gemm_sm107.py` (path given,
+    never vendored) for the same NVFP4 problem as `peer`; numbers for docs/rubin.md.
+
+    The config defaults to FlashInfer's own untuned choice (`flashinfer_untuned_tactic`, needs its
+    `utils.py` next to `path`), prefetch off as in its untuned path; alpha is a fake fp32 tensor.
+    """
+    import ast
+    import re
+
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.nvgpu import OperandMajorMode
+    from cutlass.cute.runtime import make_fake_tensor, make_ptr
+    from cutlass.tensor_utils import LayoutEnum
+
+    from tk_cute.arch import target
+    from tk_cute.compile import build
+
+    mod, utils = _flashinfer_modules(path, parent, epilogue)
+    K = mod.Sm107BlockScaledPersistentDenseGemmKernel
+    sms = target(arch).sm_count or 148
+    chosen = None
+    if mma_tiler is None or mma_inst_shape is None or cluster_shape_mn is None:
+        if utils is None:
+            raise ValueError("pass mma_tiler, mma_inst_shape and cluster_shape_mn (no utils.py)")
+        chosen = flashinfer_untuned_tactic(K, utils, m, n, k, sms)
+        mma_tiler = mma_tiler or chosen[0]
+        mma_inst_shape = mma_inst_shape or chosen[1]
+        cluster_shape_mn = cluster_shape_mn or chosen[2]
+    kern = K(16, tuple(mma_inst_shape), tuple(mma_tiler), tuple(cluster_shape_mn),
+             prefetch_dist=prefetch_dist)
+    ptr = lambda dt, al: make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=al)
+    fp4, sf = cutlass.Float4E2M1FN, cutlass.Float8E4M3FN
+    alpha = make_fake_tensor(cutlass.Float32, (1,), stride=(1,), assumed_align=4)
+    b = build(kern, ptr(fp4, 32), ptr(fp4, 32), ptr(sf, 16), ptr(sf, 16),
+              ptr(cutlass.BFloat16, 16), alpha,
+              (OperandMajorMode.K, OperandMajorMode.K, LayoutEnum.ROW_MAJOR),
+              (cutlass.Int32(m), cutlass.Int32(n), cutlass.Int32(k), 1),
+              sms // (cluster_shape_mn[0] * cluster_shape_mn[1]), cuda.CUstream(0), arch=arch)
+    src_text = open(path).read()
+    src = src_text.splitlines()
+    code = [l for l in src if l.strip() and not l.strip().startswith("#")]
+    (cls,) = [c for c in ast.parse(src_text).body if isinstance(c, ast.ClassDef)
+              and c.name == "Sm107BlockScaledPersistentDenseGemmKernel"]
+    per_stage = b.ptx_count(r"tcgen05\.mma\.")
+    return {"config": {"mma_tiler": tuple(mma_tiler), "mma_inst_shape": tuple(mma_inst_shape),
+                       "cluster_shape_mn": tuple(cluster_shape_mn),
+                       "prefetch_dist": prefetch_dist, "untuned_choice": chosen},
+            "source_lines": len(src), "code_lines": len(code),
+            "kernel_class_lines": (cls.lineno, cls.end_lineno),
+            "registers": b.kernel.registers, "spill_bytes": b.kernel.local_bytes,
+            "smem_bytes": kern.shared_storage.size_in_bytes(),
+            "stages": (kern.num_ab_stage, kern.num_acc_stage, kern.num_c_stage),
+            "tmem_columns": kern.num_tmem_alloc_cols,
+            "tmem_exclusive": b.ptx_count(r"tcgen05\.alloc\.exclusive") > 0,
+            "mma_forms": sorted(set(re.findall(r"tcgen05\.mma\S*", b.ptx))),
+            "mma_per_stage": per_stage, "mma_per_tile": per_stage * -(-k // mma_tiler[2]),
+            "sass_mma": sorted(set(re.findall(r"UTC\w*MMA[\w.]*", b.sass))),
+            "sass_b_collector": sorted(set(re.findall(r"\.B_(?:KEEP|REUSE)", b.sass))),
+            "early_a_release": b.ptx_count(r"sync_restrict::shared::read::mma::a") > 0,
+            "pdl": b.ptx_count(r"griddepcontrol") > 0,
+            "clc": b.ptx_count(r"clusterlaunchcontrol") > 0,
+            "compile_seconds": b.compile_seconds}

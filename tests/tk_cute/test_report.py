@@ -26,3 +26,34 @@ def test_report_sm107a(capsys):
     assert r["spill_bytes"] == 0 and r["smem_bytes"] <= r["smem_capacity"]
     # 64 K stages x (2 MMAs of K = 128 x 2 M halves) per 512x256 tile
     assert r["mma_instructions_per_tile"] == 16384 // 256 * 4
+
+
+_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+_FI_SM107 = _ROOT / ".peers" / "flashinfer" / "dense_blockscaled_gemm_sm107.py"
+
+
+@pytest.mark.skipif(not _FI_SM107.exists() or not (_ROOT / ".peers" /
+                    "dense_blockscaled_gemm_persistent.py").exists(),
+                    reason="FlashInfer sm107 peer not copied into the git-ignored .peers/")
+def test_peer_flashinfer_sm107():
+    """The FlashInfer column of docs/rubin.md: its untuned 8192^3 choice, then the B-reuse form."""
+    from tk_cute.arch import target
+
+    r = R.peer_flashinfer(str(_FI_SM107), "sm_107a", 8192, 8192, 8192)
+    assert r["config"]["untuned_choice"] == ((256, 256, 256), (256, 256, 128), (2, 1), False)
+    assert r["mma_forms"] == ["tcgen05.mma.cta_group::2.kind::mxf4nvf4.block_scale.block16"
+                              ".collector::a::discard"]
+    assert r["mma_per_stage"] == 2 and r["mma_per_tile"] == 8192 // 256 * 2
+    assert r["sass_mma"] == ["UTCOMMA.2CTA.BLOCK16"] and r["sass_b_collector"] == []
+    assert r["spill_bytes"] == 0 and r["stages"] == (8, 2, 2)
+    assert r["smem_bytes"] <= target("sm_107a").smem_bytes
+    assert r["tmem_columns"] == 576 and r["tmem_exclusive"]
+    assert not (r["early_a_release"] or r["pdl"] or r["clc"])
+
+    breuse = R.peer_flashinfer(str(_FI_SM107), "sm_107a", 8192, 8192, 8192,
+                               mma_tiler=(512, 256, 256), mma_inst_shape=(256, 256, 128),
+                               cluster_shape_mn=(2, 2))
+    assert [f.rsplit(".", 1)[1] for f in breuse["mma_forms"]] == ["collector::b::fill",
+                                                                  "collector::b::lastuse"]
+    assert breuse["mma_per_stage"] == 4 and breuse["stages"] == (5, 1, 2)
+    assert breuse["sass_b_collector"] == [".B_KEEP", ".B_REUSE"] and breuse["spill_bytes"] == 0

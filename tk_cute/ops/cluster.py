@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+
+from tk_cute.ops.warp import elect_leader  # noqa: F401  (re-exported for CTA-pair code)
 from cutlass.cute.nvgpu import cpasync
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
@@ -25,11 +27,6 @@ def cta_rank_in_pair():
 def is_leader_cta():
     """True on the CTA that issues the pair's MMAs and owns the pair's TMA barriers."""
     return cta_rank_in_pair() == 0
-
-
-def elect_leader():
-    """`elect.sync`: a context in which one lane of the warp runs (`with elect_leader(): ...`)."""
-    return cute.arch.elect_one()
 
 
 def cluster_arrive(cluster_shape_mn, relaxed: bool = True):

@@ -14,6 +14,7 @@ import operator
 
 import cutlass.cute as cute
 
+from tk_cute.ops import warp
 from tk_cute.types.rt import rt, rv
 
 # Lane-xor distances between threads that share a row / a column of an MMA C fragment.
@@ -69,7 +70,7 @@ def _reduce(t: rt, axis: int, op, lanes) -> rv:
             seen.add(slot)
     for slot in range(cute.size(out.frag)):
         for lane in lanes:
-            other = cute.arch.shuffle_sync_bfly(out.frag[slot], offset=lane)
+            other = warp.shuffle_xor(out.frag[slot], lane)
             out.frag[slot] = op(out.frag[slot], other)
     return out
 

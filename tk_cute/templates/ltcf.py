@@ -31,7 +31,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 
-from tk_cute.ops import schedule, warpgroup
+from tk_cute.ops import schedule, warp, warpgroup
 from tk_cute.templates.lcf import LCF
 from tk_cute.types.gl import coord
 from tk_cute.types.semaphore import semaphore
@@ -69,10 +69,10 @@ class LTCF(LCF):
 
     @cute.kernel
     def kernel(self, g, params: schedule.Params):
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        warp_id = warp.warpid()
         group = warpgroup.groupid()
         tid = cute.arch.thread_idx()[0]
-        if warp == 0:
+        if warp_id == 0:
             self.prefetch(g)
         depth = self.COMPUTE_PIPE_DEPTH
         smem = Shared()
@@ -95,7 +95,7 @@ class LTCF(LCF):
         i = cutlass.Int32(0)  # running stage count of this role
         if group == 0:
             warpgroup.decrease_registers(self.PRODUCER_REGISTERS)
-            if warp == 0:
+            if warp_id == 0:
                 state = pipeline.make_pipeline_state(
                     pipeline.PipelineUserType.Producer, self.LOAD_PIPE_DEPTH)
                 while work.is_valid_tile:
@@ -107,7 +107,7 @@ class LTCF(LCF):
                         stage = {m: t[None, None, state.index] for m, t in raw.items()}
                         slot = {m: t[None, None, s] for m, t in out.items()}
                         if cutlass.const_expr(self.direct_inputs()):
-                            with cute.arch.elect_one():
+                            with warp.elect_leader():
                                 semaphore(full + s).expect_bytes(self.direct_bytes())
                         self.load(g, stage, slot, at, k, ring.producer_get_barrier(state),
                                   full + s)
@@ -146,11 +146,11 @@ class LTCF(LCF):
                     warpgroup.mma_commit_group()
                     if k > 0:  # the previous stage's MMAs are done once at most one batch runs
                         warpgroup.mma_async_wait(1)
-                        with cute.arch.elect_one():
+                        with warp.elect_leader():
                             semaphore(empty + (i - 1) % depth).arrive()
                     i += 1
                 warpgroup.mma_async_wait(0)
-                with cute.arch.elect_one():
+                with warp.elect_leader():
                     semaphore(empty + (i - 1) % depth).arrive()
                 self.finish(g, acc_state, at, consumer_smem, thread)
                 work = tiles.next()
