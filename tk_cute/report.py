@@ -80,7 +80,6 @@ def format_report(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from tk_cute.kernels.gemm import nvfp4_sm100 as K
 
     p = argparse.ArgumentParser(prog="python -m tk_cute report", description=__doc__)
     p.add_argument("--arch", default="sm_107a", choices=sorted(PEAKS))

@@ -28,10 +28,10 @@ import torch
 
 from tk_cute.kernels.gemm import gemm_sm90
 from tk_cute.runtime import KernelCache, as_cute, batched, stream
-from tk_cute.ops import group, register, tma, warpgroup
+from tk_cute.ops import group, tma, warpgroup
 from tk_cute.ops import nvfp4 as nvfp4_ops
 from tk_cute.templates.ltcf import LTCF
-from tk_cute.types import coord, gl, rt, st
+from tk_cute.types import coord, gl, st
 from tk_cute.types.struct import DeviceStruct
 
 FORMATS = ("nvfp4", "bf16")  # the A operand: W4A4 or W4A16 (B is always NVFP4)

@@ -10,7 +10,6 @@ kernel's prologue overlap this one's tail.
 
 from __future__ import annotations
 
-import cutlass
 import cutlass.cute as cute
 
 from tk_cute.ops.warp import elect_leader  # noqa: F401  (re-exported for CTA-pair code)

@@ -24,7 +24,6 @@ in L2); optional clusters
 
 from __future__ import annotations
 
-import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 

@@ -86,7 +86,6 @@ def test_supports_matches_the_checks():
 
 
 def test_config_for_another_target(on_gpu):
-    from tk_cute.kernels.gemm import nvfp4_sm100 as K
 
     with pytest.raises(ValueError, match="sm_107a"):
         D.prepare(operand(256, 256), operand(256, 256),
