@@ -1,16 +1,7 @@
-"""Test tiers: the CPU tier runs everywhere; tests marked `gpu` skip (not fail) without a GPU."""
+"""Shared fixtures (the GPU skip rule is in the root conftest.py, for examples/ too)."""
 
 import pytest
 import torch
-
-
-def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (marker gpu)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture
