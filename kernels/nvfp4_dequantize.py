@@ -8,7 +8,7 @@ compute (`kernels/gemm/nvfp4_sm90.py`, path "dequantize").
 The matrices are walked as flat arrays of 4-byte code words: each thread decodes
 WORDS_PER_THREAD words THREADS apart (so every warp instruction reads 128 and writes 512
 contiguous bytes, and 4 loads per thread are in flight), each with its scale byte at the
-blocked-layout offset (`tk_cute.layouts.nvfp4_scales.blocked_offset`) and the register decode
+blocked-layout offset (`tk_cute.layouts.nvfp4_scales.band_offset`) and the register decode
 of `tk_cute.ops.nvfp4`. H200 history: 32 elements per thread with four strided 16-byte stores
 per warp instruction ran at 0.2 TB/s; one word per thread at 0.73 TB/s (too few bytes in
 flight). Memory-bound: 0.5625 B read + 2 B written per element.
@@ -21,6 +21,7 @@ import cutlass.cute as cute
 import torch
 from cutlass import Uint32
 
+from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import KernelCache, as_cute, stream
 
@@ -38,9 +39,8 @@ def _dequantize_kernel(data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor,
         c = first + i * THREADS  # each round of a block covers THREADS consecutive words
         if c < total:
             row, w = c // words_per_row, c % words_per_row
-            r, kb = row % 128, w // 2  # two words per 16-element scale block
-            offset = ((row // 128) * rk + kb // 4) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4
-            sf = fp4.ue4m3_to_bf16x2(Uint32(scales[offset + kb % 4]))
+            kb = w // 2  # two words per 16-element scale block
+            sf = fp4.ue4m3_to_bf16x2(Uint32(scales[nvfp4_scales.band_offset(row, kb, rk)]))
             decoded = fp4.e2m1x8_scaled(data[c], sf, "bf16")
             words = cute.make_rmem_tensor((4,), Uint32)
             for t in cutlass.range_constexpr(4):

@@ -29,6 +29,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
+from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import nvfp4 as fp4
 
 ATOM_ROWS, ATOM_KBLOCKS, ATOM_BYTES, SF_VEC = 128, 4, 512, 16
@@ -106,15 +107,10 @@ def _to_f32(words, dtype: str) -> list:
 
 
 def _f16_to_f32(w, half: int):
-    from cutlass._mlir.dialects import llvm
     from cutlass.cutlass_dsl import T
 
     text = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, %s; }" % ("lo", "hi")[half]
-    return Float32(
-        llvm.inline_asm(T.f32(), [Uint32(w).ir_value()], text, "=f,r",
-                        has_side_effects=False, is_align_stack=False,
-                        asm_dialect=llvm.AsmDialect.AD_ATT)
-    )
+    return Float32(fp4.asm(T.f32(), [Uint32(w)], text, "=f,r"))
 
 
 def _abs_max_bits(words, dtype: str) -> Uint32:
@@ -162,7 +158,7 @@ def _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base, sf_base, sf_ok):
         fp4.st_u16_pred(d_base + elem // 2, q, valid)
     else:
         fp4.st_u32_pred(d_base + elem // 2, q, valid)
-    fp4.st_u8_pred(sf_base + Int64((r_local % 32) * 16 + (r_local // 32) * 4), sf, sf_ok)
+    fp4.st_u8_pred(sf_base + Int64(nvfp4_scales.atom_offset(r_local, 0)), sf, sf_ok)
     return m
 
 

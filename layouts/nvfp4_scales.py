@@ -83,14 +83,20 @@ def blocked_offset(m: Any, kb: Any, M: int, K: int, l: Any = 0) -> Any:
         The offset, of the same kind as the inputs.
     """
     rm, rk = blocked_dims(M, K)
-    return (
-        l * (rm * rk * ATOM_BYTES)
-        + (m // ATOM_ROWS) * (rk * ATOM_BYTES)
-        + (kb // ATOM_SF_COLS) * ATOM_BYTES
-        + (m % 32) * 16
-        + ((m // 32) % 4) * 4
-        + kb % 4
-    )
+    return l * (rm * rk * ATOM_BYTES) + band_offset(m, kb, rk)
+
+
+def band_offset(m: Any, kb: Any, rk: Any) -> Any:
+    """Byte offset of scale (m, kb) in one batch of the blocked layout with `rk` atoms per
+    128-row band (``ceil(K / 64)``). Plain integer arithmetic, so kernels call it on device
+    integers as well (every kernel that addresses scales uses this one formula)."""
+    return ((m // ATOM_ROWS) * rk + kb // ATOM_SF_COLS) * ATOM_BYTES + atom_offset(m, kb)
+
+
+def atom_offset(m: Any, kb: Any) -> Any:
+    """Byte of scale (m, kb) inside its 512-byte atom (32x4x4: rows m % 32 at 16 B, row groups
+    (m // 32) % 4 at 4 B, scale column kb % 4)."""
+    return (m % 32) * 16 + ((m // 32) % 4) * 4 + kb % ATOM_SF_COLS
 
 
 def to_blocked(sf: torch.Tensor) -> torch.Tensor:

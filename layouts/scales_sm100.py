@@ -15,6 +15,8 @@ two consecutive atoms, i.e. its scale operand starts at column 8j for MMA j of a
 
 from __future__ import annotations
 
+from tk_cute.layouts.nvfp4_scales import band_offset
+
 SF_VEC = 16
 ATOM_ROWS, ATOM_K = 128, 64  # one 512-byte atom: 128 rows x 64 K elements (4 scales)
 ATOM_BYTES, ATOM_COLUMNS = 512, 4
@@ -22,9 +24,7 @@ ATOM_BYTES, ATOM_COLUMNS = 512, 4
 
 def smem_offset(r: int, kb: int, rows: int, kb_per_stage: int) -> int:
     """Byte of scale (row r, 16-block kb) inside one shared stage of `rows` x `kb_per_stage`."""
-    atoms_k = kb_per_stage // 4
-    return ((r // ATOM_ROWS) * atoms_k + kb // 4) * ATOM_BYTES + (r % 32) * 16 \
-        + ((r // 32) % 4) * 4 + kb % 4
+    return band_offset(r, kb, kb_per_stage // 4)
 
 
 def tmem_address(r: int, kb: int, rows: int, kb_per_stage: int, operand: str):

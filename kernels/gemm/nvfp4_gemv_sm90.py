@@ -25,7 +25,8 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from tk_cute.ops.nvfp4 import mul_bf16x2
+from tk_cute.layouts import nvfp4_scales
+from tk_cute.ops.nvfp4 import asm, mul_bf16x2
 
 STEP_K = 128  # K elements per warp step: 4 lanes x 32 codes (one LDG.128 per weight row)
 MAX_M = 64
@@ -114,12 +115,6 @@ def split_k(cfg: Config, N: int, K: int, sms: int, ctas_per_sm: int | None = Non
 # ---------------------------------------------------------------- PTX the kernel needs
 
 
-def _asm(ret, args, text, constraints, loc=None, ip=None, side_effects=False):
-    return llvm.inline_asm(ret, [a.ir_value(loc=loc, ip=ip) for a in args], text, constraints,
-                           has_side_effects=side_effects, is_align_stack=False,
-                           asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
 def _unpack(res, ty, n, cls, loc=None, ip=None):
     return [cls(llvm.extractvalue(ty, res, [i], loc=loc, ip=ip)) for i in range(n)]
 
@@ -130,18 +125,18 @@ def ld_v4(addr: Int64, stream: bool, *, loc=None, ip=None) -> list:
     hint = ".L1::no_allocate" if stream else ""
     ret = llvm.StructType.get_literal([T.i32()] * 4)
     text = f"ld.global.nc{hint}.v4.u32 {{$0, $1, $2, $3}}, [$4];"
-    res = _asm(ret, [Int64(addr)], text, "=r,=r,=r,=r,l", loc, ip)
+    res = asm(ret, [Int64(addr)], text, "=r,=r,=r,=r,l", loc, ip)
     return _unpack(res, T.i32(), 4, Uint32, loc, ip)
 
 
 @dsl_user_op
 def ld_u16(addr: Int64, *, loc=None, ip=None) -> Uint32:
-    return Uint32(_asm(T.i32(), [Int64(addr)], "ld.global.nc.u16 $0, [$1];", "=r,l", loc, ip))
+    return Uint32(asm(T.i32(), [Int64(addr)], "ld.global.nc.u16 $0, [$1];", "=r,l", loc, ip))
 
 
 @dsl_user_op
 def prmt(a: Uint32, b: Uint32, sel: int, *, loc=None, ip=None) -> Uint32:
-    return Uint32(_asm(T.i32(), [Uint32(a), Uint32(b)], f"prmt.b32 $0, $1, $2, {sel};",
+    return Uint32(asm(T.i32(), [Uint32(a), Uint32(b)], f"prmt.b32 $0, $1, $2, {sel};",
                        "=r,r,r", loc, ip))
 
 
@@ -152,13 +147,13 @@ def mma_bf16(a: list, b: list, c: list, *, loc=None, ip=None) -> list:
     text = ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, "
             "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
     args = [Uint32(v) for v in a] + [Uint32(v) for v in b] + [Float32(v) for v in c]
-    res = _asm(ret, args, text, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", loc, ip)
+    res = asm(ret, args, text, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", loc, ip)
     return _unpack(res, T.f32(), 4, Float32, loc, ip)
 
 
 @dsl_user_op
 def st_v2_f32(addr: Int64, x: Float32, y: Float32, *, loc=None, ip=None) -> None:
-    _asm(None, [Int64(addr), Float32(x), Float32(y)], "st.global.v2.f32 [$0], {$1, $2};",
+    asm(None, [Int64(addr), Float32(x), Float32(y)], "st.global.v2.f32 [$0], {$1, $2};",
          "l,f,f", loc, ip, True)
 
 
@@ -166,7 +161,7 @@ def st_v2_f32(addr: Int64, x: Float32, y: Float32, *, loc=None, ip=None) -> None
 def ld_cg_v4_f32(addr: Int64, *, loc=None, ip=None) -> list:
     """16 bytes from L2 (``.cg``: never a stale L1 line; other CTAs wrote them)."""
     ret = llvm.StructType.get_literal([T.f32()] * 4)
-    res = _asm(ret, [Int64(addr)], "ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];",
+    res = asm(ret, [Int64(addr)], "ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];",
                "=f,=f,=f,=f,l", loc, ip, True)
     return _unpack(res, T.f32(), 4, Float32, loc, ip)
 
@@ -177,7 +172,7 @@ def arrive_count(addr: Int64, last: Int32, *, loc=None, ip=None) -> Uint32:
     arrival, which also resets the counter to 0 for the next launch."""
     text = ("{ .reg .u32 old; .reg .pred p; atom.acq_rel.gpu.global.add.u32 old, [$1], 1;\n"
             "setp.eq.u32 p, old, $2; selp.u32 $0, 1, 0, p; @p st.relaxed.gpu.global.u32 [$1], 0; }")
-    return Uint32(_asm(T.i32(), [Int64(addr), Int32(last)], text, "=r,l,r", loc, ip, True))
+    return Uint32(asm(T.i32(), [Int64(addr), Int32(last)], text, "=r,l,r", loc, ip, True))
 
 
 @dsl_user_op
@@ -185,7 +180,7 @@ def cta_any(v: Uint32, *, loc=None, ip=None) -> Uint32:
     """CTA barrier that also ORs `v != 0` over all threads (``bar.red.or.pred``)."""
     text = ("{ .reg .pred p, q; setp.ne.u32 p, $1, 0; bar.red.or.pred q, 0, p; "
             "selp.u32 $0, 1, 0, q; }")
-    return Uint32(_asm(T.i32(), [Uint32(v)], text, "=r,r", loc, ip, True))
+    return Uint32(asm(T.i32(), [Uint32(v)], text, "=r,r", loc, ip, True))
 
 
 @dsl_user_op
@@ -195,7 +190,7 @@ def st_out(addr: Int64, x: Float32, dtype: str, *, loc=None, ip=None) -> None:
     else:
         cvt = "cvt.rn.bf16.f32" if dtype == "bfloat16" else "cvt.rn.f16.f32"
         text, c = f"{{ .reg .b16 h; {cvt} h, $1; st.global.b16 [$0], h; }}", "l,f"
-    _asm(None, [Int64(addr), Float32(x)], text, c, loc, ip, True)
+    asm(None, [Int64(addr), Float32(x)], text, c, loc, ip, True)
 
 
 # ---------------------------------------------------------------- decode (thread scope)
@@ -226,9 +221,7 @@ def decode8(q: Uint32, f: Uint32) -> list:
 
 def scale_row_offset(n, K):
     """Byte offset of row n's first scale in the blocked layout (see tk_cute.layouts)."""
-    rk = Int64(K // 64)
-    n = Int64(n)
-    return (n // 128) * rk * 512 + (n % 32) * 16 + ((n // 32) % 4) * 4
+    return nvfp4_scales.band_offset(Int64(n), 0, Int64(K // 64))
 
 
 # ---------------------------------------------------------------- index maps

@@ -148,3 +148,16 @@ def test_bad_arguments():
         from_blocked(torch.zeros(2, 1, 512, dtype=torch.uint8), 100, 64)
     with pytest.raises(ValueError, match="to_blocked expects"):
         to_blocked(torch.zeros(4, dtype=torch.uint8))
+
+
+def test_band_offset_is_the_formula_kernels_call():
+    # Kernels address scales with band_offset / atom_offset on device integers; they must be the
+    # blocked layout of blocked_offset (itself checked against CuTe's tile_atom_to_shape_SF).
+    from tk_cute.layouts.nvfp4_scales import atom_offset, band_offset, blocked_dims
+
+    for M, K in [(130, 272), (256, 64), (300, 1024)]:
+        rk = blocked_dims(M, K)[1]
+        for m in range(0, 128 * -(-M // 128)):
+            for kb in range(0, 4 * rk):
+                assert band_offset(m, kb, rk) == blocked_offset(m, kb, M, K)
+                assert band_offset(m, kb, rk) % 512 == atom_offset(m, kb)

@@ -17,9 +17,9 @@ import cutlass.cute as cute
 import cutlass
 from cutlass import Uint32
 
+from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import nvfp4
 
-SCALE_ATOM_BYTES = 512  # 128 rows x 4 scales (64 K elements), the blocked layout's unit
 K_PER_ATOM = 64
 
 
@@ -50,11 +50,11 @@ def _decode_chunk(dst, src32, sf_bytes, c, chunks_per_row: int):
     """Decode 16-byte chunk `c` (32 elements of one row) into dst."""
     if True:
         row, q = c // chunks_per_row, c % chunks_per_row
-        r = row % 128
-        base = (row // 128) * SCALE_ATOM_BYTES + (r % 32) * 16 + ((r // 32) % 4) * 4
+        # The stage holds one atom per 128-row band (Kb == 64): rk = 1.
         words = cute.make_rmem_tensor((16,), Uint32)
         for g in range(2):  # two 16-element scale groups per chunk
-            scale = nvfp4.ue4m3_to_bf16x2_prescaled(Uint32(sf_bytes[base + q * 2 + g]))
+            sf = sf_bytes[nvfp4_scales.band_offset(row, q * 2 + g, 1)]
+            scale = nvfp4.ue4m3_to_bf16x2_prescaled(Uint32(sf))
             for h in range(2):
                 j = g * 2 + h
                 out = nvfp4.e2m1x8_scaled_shifted(src32[row, q * 4 + j], scale)

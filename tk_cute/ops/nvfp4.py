@@ -35,7 +35,9 @@ def has_native_fp4(arch: str) -> bool:
     return arch in NATIVE_FP4_ARCHS
 
 
-def _asm(ret, args, text, constraints, loc=None, ip=None, side_effects=False):
+def asm(ret, args, text, constraints, loc=None, ip=None, side_effects=False):
+    """Inline PTX `text` returning `ret` from DSL values `args` (the one helper every inline-PTX
+    op of tk_cute goes through)."""
     return llvm.inline_asm(
         ret,
         [a.ir_value(loc=loc, ip=ip) for a in args],
@@ -73,30 +75,30 @@ def from_bits(u: Uint32, *, loc=None, ip=None) -> Float32:
 @dsl_user_op
 def div_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     """IEEE correctly rounded a / b (``div.rn.f32``; never the approximate division)."""
-    return Float32(_asm(T.f32(), [_f32(a), _f32(b)], "div.rn.f32 $0, $1, $2;", "=f,f,f", loc, ip))
+    return Float32(asm(T.f32(), [_f32(a), _f32(b)], "div.rn.f32 $0, $1, $2;", "=f,f,f", loc, ip))
 
 
 @dsl_user_op
 def mul_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     """a * b rounded once (``mul.rn`` is never contracted into an FMA)."""
-    return Float32(_asm(T.f32(), [_f32(a), _f32(b)], "mul.rn.f32 $0, $1, $2;", "=f,f,f", loc, ip))
+    return Float32(asm(T.f32(), [_f32(a), _f32(b)], "mul.rn.f32 $0, $1, $2;", "=f,f,f", loc, ip))
 
 
 @dsl_user_op
 def max_f32(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
-    return Float32(_asm(T.f32(), [_f32(a), _f32(b)], "max.f32 $0, $1, $2;", "=f,f,f", loc, ip))
+    return Float32(asm(T.f32(), [_f32(a), _f32(b)], "max.f32 $0, $1, $2;", "=f,f,f", loc, ip))
 
 
 @dsl_user_op
 def max_nan_f32(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     """max(a, b) that propagates NaN (``max.NaN.f32``, sm_80+), like torch.maximum."""
-    return Float32(_asm(T.f32(), [_f32(a), _f32(b)], "max.NaN.f32 $0, $1, $2;", "=f,f,f", loc, ip))
+    return Float32(asm(T.f32(), [_f32(a), _f32(b)], "max.NaN.f32 $0, $1, $2;", "=f,f,f", loc, ip))
 
 
 @dsl_user_op
 def max_u16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
     """Lane-wise unsigned max of two 16-bit halves (sm_90+); on |bits| it is a NaN-keeping amax."""
-    return Uint32(_asm(T.i32(), [_u32(a), _u32(b)], "max.u16x2 $0, $1, $2;", "=r,r,r", loc, ip))
+    return Uint32(asm(T.i32(), [_u32(a), _u32(b)], "max.u16x2 $0, $1, $2;", "=r,r,r", loc, ip))
 
 
 # ---------------------------------------------------------------- UE4M3 scales
@@ -111,7 +113,7 @@ def ue4m3_encode_hw(t: Float32, *, loc=None, ip=None) -> Uint32:
         "{ .reg .b16 h; cvt.rn.satfinite.e4m3x2.f32 h, $1, $1; cvt.u32.u16 $0, h; "
         "and.b32 $0, $0, 127; }"
     )
-    return Uint32(_asm(T.i32(), [_f32(t)], text, "=r,f", loc, ip))
+    return Uint32(asm(T.i32(), [_f32(t)], text, "=r,f", loc, ip))
 
 
 @dsl_user_op
@@ -132,14 +134,14 @@ def ue4m3_encode_sw(t: Float32, *, loc=None, ip=None) -> Uint32:
         "shr.u32 g, cb, 20; sub.s32 fb, fb, cb; add.s32 fb, fb, g; sub.s32 $0, fb, 1128;\n"
         "selp.b32 $0, 127, $0, isn; }"
     )
-    return Uint32(_asm(T.i32(), [_f32(t)], text, "=r,f", loc, ip))
+    return Uint32(asm(T.i32(), [_f32(t)], text, "=r,f", loc, ip))
 
 
 @dsl_user_op
 def ue4m3_decode(b: Uint32, *, loc=None, ip=None) -> Float32:
     """float32 value of a UE4M3 byte 0..0x7E: bits(b << 20) * 2^120 (exact, subnormals too)."""
     text = "{ .reg .b32 s; shl.b32 s, $1, 20; mov.b32 $0, s; mul.rn.f32 $0, $0, 0f7B800000; }"
-    return Float32(_asm(T.f32(), [_u32(b)], text, "=f,r", loc, ip))
+    return Float32(asm(T.f32(), [_u32(b)], text, "=f,r", loc, ip))
 
 
 # ---------------------------------------------------------------- E2M1 encode
@@ -162,7 +164,7 @@ def e2m1_code_biased_sw(y: Float32, *, loc=None, ip=None) -> Uint32:
         "add.rn.f32 f, a, m; mov.b32 fb, f; sub.s32 fb, fb, cb;\n"
         "shr.u32 cb, cb, 22; add.s32 $0, fb, cb; }"
     )
-    return Uint32(_asm(T.i32(), [_f32(y)], text, "=r,f", loc, ip))
+    return Uint32(asm(T.i32(), [_f32(y)], text, "=r,f", loc, ip))
 
 
 E2M1_BIAS_X8 = (-298 * 0x11111111) & 0xFFFFFFFF  # removes the 298 of 8 packed biased codes
@@ -172,7 +174,7 @@ E2M1_BIAS_X8 = (-298 * 0x11111111) & 0xFFFFFFFF  # removes the 298 of 8 packed b
 def e2m1_sign_sw(y: Float32, *, loc=None, ip=None) -> Uint32:
     """8 if y's sign bit is set, else 0."""
     text = "{ .reg .b32 s; mov.b32 s, $1; shr.u32 s, s, 28; and.b32 $0, s, 8; }"
-    return Uint32(_asm(T.i32(), [_f32(y)], text, "=r,f", loc, ip))
+    return Uint32(asm(T.i32(), [_f32(y)], text, "=r,f", loc, ip))
 
 
 @dsl_user_op
@@ -190,7 +192,7 @@ def sign_nibbles_16bit(w0: Uint32, w1: Uint32, w2: Uint32, w3: Uint32, *, loc=No
         "mov.b32 a, 0x0F0F0F0F;\n"
         "lop3.b32 $0, lo, hi, a, 0xE4; }"  # (lo & a) | (hi & ~a)
     )
-    return Uint32(_asm(T.i32(), [_u32(w0), _u32(w1), _u32(w2), _u32(w3)], text, "=r,r,r,r,r",
+    return Uint32(asm(T.i32(), [_u32(w0), _u32(w1), _u32(w2), _u32(w3)], text, "=r,r,r,r,r",
                        loc, ip))
 
 
@@ -201,7 +203,7 @@ def e2m1x2_encode_hw(y0: Float32, y1: Float32, *, loc=None, ip=None) -> Uint32:
         "{ .reg .b8 b; .reg .b16 h; cvt.rn.satfinite.e2m1x2.f32 b, $2, $1; "
         "mov.b16 h, {b, b}; cvt.u32.u16 $0, h; and.b32 $0, $0, 255; }"
     )
-    return Uint32(_asm(T.i32(), [_f32(y0), _f32(y1)], text, "=r,f,f", loc, ip))
+    return Uint32(asm(T.i32(), [_f32(y0), _f32(y1)], text, "=r,f,f", loc, ip))
 
 
 def e2m1x8_encode(y, arch: str, signs=None) -> Uint32:
@@ -241,13 +243,13 @@ def e2m1x8_quantize(x, s_enc: Float32, arch: str, signs=None) -> Uint32:
 
 @dsl_user_op
 def mul_f16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
-    return Uint32(_asm(T.i32(), [_u32(a), _u32(b)], "mul.rn.f16x2 $0, $1, $2;", "=r,r,r", loc, ip))
+    return Uint32(asm(T.i32(), [_u32(a), _u32(b)], "mul.rn.f16x2 $0, $1, $2;", "=r,r,r", loc, ip))
 
 
 @dsl_user_op
 def mul_bf16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
     return Uint32(
-        _asm(T.i32(), [_u32(a), _u32(b)], "mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", loc, ip)
+        asm(T.i32(), [_u32(a), _u32(b)], "mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", loc, ip)
     )
 
 
@@ -257,7 +259,7 @@ def _spread_pair(q: Uint32, q4: Uint32, j: int, *, loc=None, ip=None) -> Uint32:
     (nibble 2j+1 in bits 16-19); the other bits are garbage the caller masks."""
     sel = j | ((4 + j) << 8)  # output byte 0 <- q.byte j, byte 2 <- q4.byte j
     text = f"prmt.b32 $0, $1, $2, {sel};"
-    return Uint32(_asm(T.i32(), [_u32(q), _u32(q4)], text, "=r,r,r", loc, ip))
+    return Uint32(asm(T.i32(), [_u32(q), _u32(q4)], text, "=r,r,r", loc, ip))
 
 
 def _e2m1x8_patterns(q: Uint32, mag_shift: int) -> list:
@@ -332,44 +334,44 @@ def ld_v4_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> list:
         "{ .reg .pred p; setp.ne.b32 p, $5, 0; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; "
         "mov.b32 $3, 0; @p ld.global.L1::evict_first.v4.b32 {$0, $1, $2, $3}, [$4]; }"
     )
-    res = _asm(ret, [Int64(addr), _u32(pred)], text, "=&r,=&r,=&r,=&r,l,r", loc, ip, True)
+    res = asm(ret, [Int64(addr), _u32(pred)], text, "=&r,=&r,=&r,=&r,l,r", loc, ip, True)
     return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
 
 
 @dsl_user_op
 def st_v2_pred(addr: Int64, a: Uint32, b: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
     text = "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.v2.b32 [$0], {$1, $2}; }"
-    _asm(None, [Int64(addr), _u32(a), _u32(b), _u32(pred)], text, "l,r,r,r", loc, ip, True)
+    asm(None, [Int64(addr), _u32(a), _u32(b), _u32(pred)], text, "l,r,r,r", loc, ip, True)
 
 
 @dsl_user_op
 def st_u8(addr: Int64, v: Uint32, *, loc=None, ip=None) -> None:
-    _asm(None, [Int64(addr), _u32(v)], "st.global.u8 [$0], $1;", "l,r", loc, ip, True)
+    asm(None, [Int64(addr), _u32(v)], "st.global.u8 [$0], $1;", "l,r", loc, ip, True)
 
 
 @dsl_user_op
 def st_u8_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
     text = "{ .reg .pred p; .reg .b16 h; setp.ne.b32 p, $2, 0; cvt.u16.u32 h, $1; " \
         "@p st.global.u8 [$0], h; }"
-    _asm(None, [Int64(addr), _u32(v), _u32(pred)], text, "l,r,r", loc, ip, True)
+    asm(None, [Int64(addr), _u32(v), _u32(pred)], text, "l,r,r", loc, ip, True)
 
 
 @dsl_user_op
 def st_u16_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
     text = "{ .reg .pred p; .reg .b16 h; setp.ne.b32 p, $2, 0; cvt.u16.u32 h, $1; " \
         "@p st.global.b16 [$0], h; }"
-    _asm(None, [Int64(addr), _u32(v), _u32(pred)], text, "l,r,r", loc, ip, True)
+    asm(None, [Int64(addr), _u32(v), _u32(pred)], text, "l,r,r", loc, ip, True)
 
 
 @dsl_user_op
 def st_u32_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
     text = "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.b32 [$0], $1; }"
-    _asm(None, [Int64(addr), _u32(v), _u32(pred)], text, "l,r,r", loc, ip, True)
+    asm(None, [Int64(addr), _u32(v), _u32(pred)], text, "l,r,r", loc, ip, True)
 
 
 @dsl_user_op
 def st_u32(addr: Int64, v: Uint32, *, loc=None, ip=None) -> None:
-    _asm(None, [Int64(addr), _u32(v)], "st.global.b32 [$0], $1;", "l,r", loc, ip, True)
+    asm(None, [Int64(addr), _u32(v)], "st.global.b32 [$0], $1;", "l,r", loc, ip, True)
 
 
 @dsl_user_op
@@ -377,4 +379,4 @@ def ld_u32_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> Uint32:
     """The 4 bytes at `addr` when pred != 0, else 0 (a plain coherent load: data written by an
     earlier kernel of the stream)."""
     text = "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.b32 $0, [$1]; }"
-    return Uint32(_asm(T.i32(), [Int64(addr), _u32(pred)], text, "=&r,l,r", loc, ip, True))
+    return Uint32(asm(T.i32(), [Int64(addr), _u32(pred)], text, "=&r,l,r", loc, ip, True))
