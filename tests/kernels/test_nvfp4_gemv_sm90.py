@@ -91,11 +91,13 @@ def _c_elem(lane, i):
 
 
 INDEX_CONFIGS = sorted({gv.config_for(M, 8192, 8192) for M in range(1, 65)}
-                       | {gv.Config(MT=mt, NT=nt, WN=wn) for mt in (1, 2, 4) for nt in (1, 2, 4, 8)
-                          for wn in (1, 4, 8)}, key=repr)
+                       | {gv.config_for(M, 96, 8192) for M in range(1, 65)}
+                       | {gv.Config(MT=mt, NT=nt, WN=wn, TMA=False) for mt in (1, 2, 4)
+                          for nt in (1, 2, 4, 8) for wn in (1, 4, 8)}, key=repr)
 
 
-@pytest.mark.parametrize("cfg", INDEX_CONFIGS, ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}")
+@pytest.mark.parametrize("cfg", INDEX_CONFIGS,
+                         ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}{'tma' if c.TMA else 'ldg'}")
 def test_partials_follow_the_mma_layout_and_cover_the_block_once(cfg):
     """Every accumulator register is the product of the weight row its A-fragment lanes loaded
     and the activation row its B-fragment lanes loaded, and the CTA's registers cover the
@@ -120,13 +122,14 @@ def test_partials_follow_the_mma_layout_and_cover_the_block_once(cfg):
     assert set(seen) == {(n, m) for n in range(cfg.rows) for m in range(cfg.m_pad)}
 
 
-@pytest.mark.parametrize("cfg", INDEX_CONFIGS, ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}")
+@pytest.mark.parametrize("cfg", INDEX_CONFIGS,
+                         ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}{'tma' if c.TMA else 'ldg'}")
 def test_reduction_reads_every_partial_once(cfg):
     """The last CTA's loop (reduce_trips x threads, 4 columns each) covers rows x m_pad once;
     the first GPU run summed only half of it (rows M >= m_pad / 2 were never written)."""
     seen = []
     for it in range(gv.reduce_trips(cfg)):
-        for tidx in range(cfg.threads):
+        for tidx in range(cfg.consumer_threads):
             row, m0 = gv.reduce_coord(cfg, it, tidx)
             assert m0 % 4 == 0
             seen += [(row, m0 + e) for e in range(4)]
@@ -135,7 +138,7 @@ def test_reduction_reads_every_partial_once(cfg):
 
 
 def test_workspace_index_is_a_bijection():
-    cfg = gv.Config(MT=1, NT=2, WN=1)
+    cfg = gv.Config(MT=1, NT=2, WN=1, TMA=False)
     S, N = 3, 32
     idx = {gv.ws_index(cfg, s, N, n, m) for s in range(S) for n in range(N)
            for m in range(cfg.m_pad)}
@@ -173,7 +176,7 @@ def test_host_model_of_the_whole_kernel(M):
                                 ws[gv.ws_index(cfg, s, N, n_blk + row, m)] = \
                                     c_tile[_c_elem(lane, i)]
         for it in range(gv.reduce_trips(cfg)):
-            for tidx in range(cfg.threads):
+            for tidx in range(cfg.consumer_threads):
                 row, m0 = gv.reduce_coord(cfg, it, tidx)
                 if m0 >= M:
                     continue
@@ -193,6 +196,7 @@ CONFIGS = {
     "m64": gv.config_for(64, 8192, 8192),
     "m16_w4a4": gv.config_for(16, 8192, 8192, w4a4=True),
     "m1_fp32": gv.config_for(1, 4096, 4096, out_dtype="float32"),
+    "m16_ldg": gv.config_for(16, 8160, 8192),
 }
 
 
@@ -207,11 +211,19 @@ def built(request):
 def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
     cfg, b = built
     steps = cfg.UNROLL * cfg.MT
-    # Weights: one 16-byte streaming load per weight row (2 per MMA tile) per 128-K step.
-    assert b.ptx_count(r"ld\.global\.nc\.L1::no_allocate\.v4\.u32") == 2 * steps
-    assert b.sass_count(r"LDG\.E\.NA\.128") == 2 * steps
+    # Weights: one 16-byte load per weight row (2 per MMA tile) per 128-K step: streaming
+    # LDG.128, or (TMA feed) LDS.128 from the ring that one producer warp fills with TMA.
+    ldg = b.sass_count(r"LDG\.E\.NA\.128")
+    if cfg.TMA:
+        assert b.sass_count(r"LDS\.128") == 2 * steps and ldg == 0
+        assert b.ptx_count(r"cp\.async\.bulk\.tensor\.2d") == 1 + cfg.rows // 128
+        assert b.sass_count(r"UTMALDG") == 1 + cfg.rows // 128
+    else:
+        assert b.ptx_count(r"ld\.global\.nc\.L1::no_allocate\.v4\.u32") == 2 * steps
+        assert ldg == 2 * steps and b.sass_count(r"LDS") == 0
     # Activations: 16-byte loads (bf16: 4 per MMA column tile and step; NVFP4: 1).
-    act = cfg.NT * cfg.UNROLL * (1 if cfg.w4a4 else 4)
+    # X_AHEAD: in the loop, one trip ahead, and once in the prologue for the first trip.
+    act = (2 if cfg.X_AHEAD else 1) * cfg.NT * cfg.UNROLL * (1 if cfg.w4a4 else 4)
     assert b.ptx_count(r"ld\.global\.nc\.v4\.u32") == act
     mmas = 8 * cfg.MT * cfg.NT * cfg.UNROLL
     assert b.ptx_count(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32") == mmas
@@ -226,8 +238,9 @@ def test_decode_instruction_budget(built):
     cfg, b = built
     words = 8 * cfg.MT * cfg.UNROLL + (4 * cfg.NT * cfg.UNROLL if cfg.w4a4 else 0)
     scales = 2 * cfg.MT * cfg.UNROLL + (cfg.NT * cfg.UNROLL if cfg.w4a4 else 0)
-    assert b.sass_count(r"HMUL2\.BF16") == 4 * words + 2 * scales
-    assert b.sass_count(r"\bPRMT\b") <= 4 * words + 3 * scales + 4
+    # ptxas may recompute a scale pair (2 HMUL2) rather than keep it live (seen at NT = 8).
+    assert 4 * words + 2 * scales <= b.sass_count(r"HMUL2\.BF16") <= 4 * words + 4 * scales
+    assert b.sass_count(r"\bPRMT\b") <= 4 * words + 6 * scales + 4
 
 
 @pytest.mark.parametrize(
@@ -252,7 +265,7 @@ def test_split_k_divides_the_k_chunks(M, N, K):
 
 # --- GPU --------------------------------------------------------------------------------------
 
-SHAPES = [(256, 512), (4096, 4096), (8192, 8192), (1024, 2048)]
+SHAPES = [(256, 512), (4096, 4096), (8192, 8192), (1024, 2048), (160, 384)]  # last: LDG feed
 
 
 def _weights(N, K):
@@ -282,6 +295,23 @@ def test_w4a16_matches_float64(seed, M, N, K):
     d = gv.gemm_small_m(a, b, out=out)
     ref = a.double() @ b.dequantize(torch.float64).t()
     assert d.data_ptr() == out.data_ptr()
+    assert not d.isnan().any(), "unwritten or NaN outputs"
+    assert _rel(d, ref) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 16, 64])
+@pytest.mark.parametrize("feed", [dict(TMA=True, STAGES=2), dict(TMA=True, STAGES=8),
+                                  dict(TMA=False, UNROLL=4), dict(TMA=False, UNROLL=1)],
+                         ids=["tma2", "tma8", "ldg4", "ldg1"])
+def test_every_feed_matches_float64(seed, M, feed):
+    N, K = 1024, 4096
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    cfg = dataclasses.replace(gv.config_for(M, N, K), **feed)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    d = gv.gemm_small_m(a, b, out=out, config=cfg, splits=2)
+    ref = a.double() @ b.dequantize(torch.float64).t()
     assert not d.isnan().any(), "unwritten or NaN outputs"
     assert _rel(d, ref) <= TOL[torch.bfloat16]
 
