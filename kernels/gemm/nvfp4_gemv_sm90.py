@@ -27,13 +27,8 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-import cutlass.pipeline as pipeline
-
 from tk_cute.layouts import nvfp4_scales
-from tk_cute.ops import tma
 from tk_cute.ops.nvfp4 import asm, mul_bf16x2
-from tk_cute.types import coord, gl, st
-from tk_cute.types.st import Shared
 
 STEP_K = 128  # K elements per warp step: 4 lanes x 32 codes (one LDG.128 per weight row)
 MAX_M = 64
@@ -43,10 +38,9 @@ BF16_2P120, BF16_2P119 = 0x7B807B80, 0x7B007B00  # 2^120, 2^119 in both bf16 hal
 
 @dataclass(frozen=True)
 class Config:
-    """MT: 16-row MMA tiles per warp; NT: 8-column MMA tiles (M <= 8*NT); WN: consumer warps per
-    CTA (stacked along N); UNROLL: 128-K steps per trip; S: K-slices (grid y); TMA: the weights
-    and scales stream through a STAGES-deep shared-memory ring filled by one TMA producer warp
-    (else every warp loads its own with LDG.128); w4a4: A is NVFP4."""
+    """MT: 16-row MMA tiles per warp; NT: 8-column MMA tiles (M <= 8*NT); WN: warps per CTA
+    (stacked along N); UNROLL: 128-K steps per trip (their loads are issued together); S:
+    K-slices (grid y); w4a4: A is NVFP4."""
 
     MT: int = 2
     NT: int = 2
@@ -56,9 +50,6 @@ class Config:
     out_dtype: str = "bfloat16"
     MIN_CTAS: int = 0  # CTAs per SM ptxas must fit (caps registers); 0: no cap
     S: int = 1
-    TMA: bool = True
-    STAGES: int = 4
-    X_AHEAD: bool = True  # load activations one trip ahead (16 NT UNROLL registers; bf16)
 
     def __post_init__(self):
         if self.MT not in (1, 2, 4) or self.NT not in (1, 2, 4, 8):
@@ -68,11 +59,6 @@ class Config:
                              f"got {self.WN}, {self.UNROLL}")
         if not 1 <= self.S <= 64:
             raise ValueError(f"S (K-slices) must be 1..64, got {self.S}")
-        if self.TMA and (self.UNROLL != 2 or self.rows % 128 or self.rows > 256
-                         or not 2 <= self.STAGES <= 16):
-            raise ValueError(f"the TMA feed needs UNROLL=2 (one 128-byte swizzled row per "
-                             f"stage), 128 or 256 rows per CTA and 2..16 stages, got UNROLL="
-                             f"{self.UNROLL}, rows={self.rows}, STAGES={self.STAGES}")
         if self.out_dtype not in OUT_TYPES:
             raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
 
@@ -81,15 +67,11 @@ class Config:
         return 16 * self.MT * self.WN
 
     @property
-    def consumer_threads(self) -> int:
+    def threads(self) -> int:
         return 32 * self.WN
 
     @property
-    def threads(self) -> int:  # + the TMA producer warp
-        return self.consumer_threads + (32 if self.TMA else 0)
-
-    @property
-    def k_chunk(self) -> int:  # K elements per main-loop trip (a TMA stage)
+    def k_chunk(self) -> int:  # K elements per main-loop trip
         return STEP_K * self.UNROLL
 
     @property
@@ -97,33 +79,17 @@ class Config:
         return 8 * self.NT
 
 
-SCALE_BOX = (8, 256)  # one TMA box of scales: a band's 4 atoms (256 K of 128 rows) as 8 x 256 B
-
-
-def weight_tile(cfg: Config) -> st:
-    """One stage of weights: rows x 128 bytes (256 K), 128-byte swizzle."""
-    return st(cutlass.Uint8, cfg.rows, cfg.k_chunk // 2)
-
-
-def scale_tile(cfg: Config) -> st:
-    """One stage of scales: the 4 atoms of each 128-row band, TMA boxes of SCALE_BOX."""
-    return st(cutlass.Uint8, SCALE_BOX[0] * (cfg.rows // nvfp4_scales.ATOM_ROWS), SCALE_BOX[1],
-              swizzle=False)
-
-
-def k_offset(cfg: Config, t, u):
-    """K offset, within a trip, of the 32 elements thread t (lane % 4) holds in step u; the
-    activation fragments follow the same permutation, so it never changes the sum. LDG feed:
-    128u + 32t (one LDG.128 covers 64 contiguous bytes of 8 rows). TMA feed: 64t + 32u (thread
-    t's two steps read 16-byte chunks 2t, 2t+1 of a swizzled 128-byte row: with rows g and g+1
-    in one 8-lane LDS phase, chunk sets {2t} ^ g and {2t} ^ (g+1) are disjoint, no conflict)."""
-    return 64 * t + 32 * u if cfg.TMA else 128 * u + 32 * t
+def k_offset(t, u):
+    """K offset, within a trip, of the 32 elements thread t (lane % 4) holds in step u: 128u +
+    32t, so one LDG.128 covers 64 contiguous bytes of each of 8 weight rows. The activation
+    fragments follow the same permutation, so it never changes the sum."""
+    return 128 * u + 32 * t
 
 
 def scale_step(dk):
     """Bytes from the blocked-layout scale of K element k to that of k + dk, for the steps
-    `k_offset` takes (dk a multiple of 32 that never carries a scale column past its atom:
-    whole 64-K atoms, or +2 columns from column 0); tested against `band_offset`."""
+    `k_offset` takes (multiples of 64: whole atoms; the general rule, dk % 64 // 16 more
+    columns, holds while no column passes its atom); tested against `band_offset`."""
     return (dk // 64) * nvfp4_scales.ATOM_BYTES + (dk % 64) // 16
 
 
@@ -144,28 +110,25 @@ def config_for(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = "bfl
         raise ValueError(f"gemm_small_m needs N to be a multiple of 32, got N={N}")
     NT = max(1, -(-M // 8))
     NT = 1 << (NT - 1).bit_length()
-    if N % 128 == 0 and K % 256 == 0:  # TMA feed: 128-row CTAs, 256-K stages
-        cfg = Config(MT=2, NT=NT, WN=4, UNROLL=2, w4a4=w4a4, out_dtype=out_dtype,
-                     X_AHEAD=NT <= 2)
-    else:  # LDG feed (H200 sweep 2026-11-30, docs/results.md: WN4 best at M=1, 16)
-        WN = 4 if M <= 16 else 8
-        while WN > 1 and N % (32 * WN):
-            WN //= 2
-        unroll = 4 if NT <= 2 else 2
-        while (K // STEP_K) % unroll:
-            unroll //= 2
-        cfg = Config(MT=2, NT=NT, WN=WN, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
-                     TMA=False, X_AHEAD=NT <= 2)
+    # H200 sweeps 2026-11-30 (docs/results.md): 4 warps of 2 MMA row tiles; 2 steps per trip,
+    # 4 with two activation tiles (M 9..16).
+    WN = 4
+    while WN > 1 and N % (32 * WN):
+        WN //= 2
+    unroll = 4 if NT == 2 else 2
+    while (K // STEP_K) % unroll:
+        unroll //= 2
+    cfg = Config(MT=2, NT=NT, WN=WN, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype)
     return dataclasses.replace(cfg, S=split_k(cfg, N, K, sms))
 
 
 def split_k(cfg: Config, N: int, K: int, sms: int, ctas_per_sm: int | None = None) -> int:
     """S: K-slices per row block, the divisor of K / k_chunk nearest (in ratio; ties: larger) to
     about ctas_per_sm x 8-warp CTAs per SM: enough 16-byte loads in flight to cover HBM latency.
-    Default ctas_per_sm: 2 for one activation tile (NT = 1), else 1 (more registers per thread;
-    on the H200 at M=16, N=K=8192, S=4 took 25.9 us against 32.4 us for S=8)."""
+    Default ctas_per_sm: 2 for up to two activation tiles (M <= 16), else 1 (H200 sweeps: S=8
+    at N=K=8192 and S=2 at N=28672 for M=1 and 16; S=4 at M=64)."""
     if ctas_per_sm is None:
-        ctas_per_sm = 2 if cfg.NT == 1 else 1
+        ctas_per_sm = 2 if cfg.NT <= 2 else 1
     chunks, blocks = K // cfg.k_chunk, N // cfg.rows
     want = max(1.0, sms * ctas_per_sm * 8 / cfg.WN / blocks)
     divisors = [d for d in range(1, min(chunks, 64) + 1) if chunks % d == 0]
@@ -187,24 +150,6 @@ def ld_v4(addr: Int64, stream: bool, *, loc=None, ip=None) -> list:
     text = f"ld.global.nc{hint}.v4.u32 {{$0, $1, $2, $3}}, [$4];"
     res = asm(ret, [Int64(addr)], text, "=r,=r,=r,=r,l", loc, ip)
     return _unpack(res, T.i32(), 4, Uint32, loc, ip)
-
-
-def shared_addr(ptr) -> Int32:
-    """The 32-bit shared-window address of a shared-memory pointer (for ld.shared)."""
-    return Int32(ptr.toint())
-
-
-@dsl_user_op
-def ld_shared_v4(addr: Int32, *, loc=None, ip=None) -> list:
-    ret = llvm.StructType.get_literal([T.i32()] * 4)
-    res = asm(ret, [Int32(addr)], "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
-              loc, ip, True)
-    return _unpack(res, T.i32(), 4, Uint32, loc, ip)
-
-
-@dsl_user_op
-def ld_shared_u32(addr: Int32, *, loc=None, ip=None) -> Uint32:
-    return Uint32(asm(T.i32(), [Int32(addr)], "ld.shared.u32 $0, [$1];", "=r,r", loc, ip, True))
 
 
 @dsl_user_op
@@ -333,17 +278,15 @@ def ws_index(cfg, s, N, n, m):
 
 
 def reduce_trips(cfg) -> int:
-    """Loop trips of the final reduction: rows x m_pad partial sums, 4 per consumer thread per
-    trip."""
+    """Loop trips of the final reduction: rows x m_pad partial sums, 4 per thread per trip."""
     total = cfg.rows * cfg.m_pad // 4
-    assert total % cfg.consumer_threads == 0
-    return total // cfg.consumer_threads  # = MT * NT
+    assert total % cfg.threads == 0
+    return total // cfg.threads  # = MT * NT
 
 
 def reduce_coord(cfg, it, tidx):
-    """(weight row within the CTA, first of 4 activation rows) consumer thread tidx sums in
-    trip it."""
-    i = it * cfg.consumer_threads + tidx
+    """(weight row within the CTA, first of 4 activation rows) thread tidx sums in trip it."""
+    i = it * cfg.threads + tidx
     return i % cfg.rows, 4 * (i // cfg.rows)
 
 
@@ -351,140 +294,51 @@ def reduce_coord(cfg, it, tidx):
 
 
 @cute.kernel
-def _kernel(cfg: cutlass.Constexpr, w, wsf, x: cute.Tensor, xsf: cute.Tensor, gsb: cute.Tensor,
-            gsa: cute.Tensor, out: cute.Tensor, ws: cute.Tensor, counters: cute.Tensor, M: Int32,
-            N: Int32, K: Int32, trips: Int32):
-    """w, wsf: `gl` TMA views of the weights and scale atoms (cfg.TMA), else flat byte tensors."""
+def _kernel(cfg: cutlass.Constexpr, w: cute.Tensor, wsf: cute.Tensor, x: cute.Tensor,
+            xsf: cute.Tensor, gsb: cute.Tensor, gsa: cute.Tensor, out: cute.Tensor,
+            ws: cute.Tensor, counters: cute.Tensor, M: Int32, N: Int32, K: Int32, trips: Int32):
     tidx, _, _ = cute.arch.thread_idx()
     rb, s, _ = cute.arch.block_idx()
-    warp = cute.arch.make_warp_uniform(tidx // 32)
-    lane = tidx % 32
+    warp, lane = tidx // 32, tidx % 32
     k_begin = Int64(s) * Int64(trips) * cfg.k_chunk  # this CTA's K slice
     n_blk = rb * cfg.rows  # first weight row of this CTA
+    w_rows, sf_rows = _weight_rows(cfg, w, wsf, warp, lane, n_blk, K, k_begin)
     x_rows, xsf_rows = _activation_rows(cfg, x, xsf, lane, M, K, k_begin)
 
-    if cutlass.const_expr(cfg.TMA):
-        smem = Shared()
-        ring = _ring(cfg, smem.barriers(2 * cfg.STAGES))
-        w_ring = smem.alloc(weight_tile(cfg), cfg.STAGES)
-        sf_ring = smem.alloc(scale_tile(cfg), cfg.STAGES)
-        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
-
-    if warp < cfg.WN:  # consumers: decode + MMA (every warp when the weights come by LDG)
-        acc = cute.make_rmem_tensor((cfg.MT * cfg.NT * 4,), Float32)
-        for i in cutlass.range_constexpr(cfg.MT * cfg.NT * 4):
-            acc[i] = Float32(0.0)
-        # X_AHEAD: activations come one trip ahead (registers xbuf), so their L1/L2 latency
-        # hides behind a trip of decode instead of stalling it (ncu, 2026-11-30: ~45% of the
-        # stalls of the TMA feed without it).
-        words = act_words(cfg)
-        if cutlass.const_expr(cfg.X_AHEAD):
-            xbuf = cute.make_rmem_tensor((words,), Uint32)
-            x_first = _load_activations(cfg, x_rows, xsf_rows, Int64(0))
-            for i in cutlass.range_constexpr(words):
-                xbuf[i] = x_first[i]
-        if cutlass.const_expr(cfg.TMA):
-            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.STAGES)
-            release = read.clone()
-            w_rows, sf_rows = None, None
-        else:
-            w_rows, sf_rows = _weight_rows(cfg, w, wsf, warp, lane, n_blk, K, k_begin)
-        for trip in cutlass.range(trips, unroll=1):
-            if cutlass.const_expr(cfg.X_AHEAD):
-                xw = [xbuf[i] for i in range(words)]
-                if trip + 1 < trips:
-                    x_next = _load_activations(cfg, x_rows, xsf_rows, Int64(trip + 1))
-                    for i in cutlass.range_constexpr(words):
-                        xbuf[i] = x_next[i]
-            else:
-                xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
-            if cutlass.const_expr(cfg.TMA):
-                # Release the previous trip's stage here, not right after its LDS: ptxas hoists
-                # the arrive up to the last LDS, which let TMA refill a stage under loads still
-                # in flight (wrong sums on the H200 at NT = 2). By now that trip's MMAs, which
-                # wait for every one of those loads, have issued.
-                if trip > 0:
-                    ring.consumer_release(release)
-                    release.advance()
-                ring.consumer_wait(read)
-                wq, sc = _lds_weights(cfg, w_ring, sf_ring, read.index, warp, lane)
-                read.advance()
-            else:
-                wq, sc = _ldg_weights(cfg, w_rows, sf_rows, Int64(trip))
-            _mma_trip(cfg, acc, wq, sc, xw)
-        _store_partial(cfg, acc, ws, M, N, s, n_blk, warp, lane)
-    else:
-        if cutlass.const_expr(cfg.TMA):  # the producer warp: stream the weights through the ring
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.STAGES)
-            k0 = s * trips  # first weight tile (k_chunk wide) of this K slice
-            bands = cfg.rows // nvfp4_scales.ATOM_ROWS
-            for trip in cutlass.range(trips, unroll=1):
-                ring.producer_acquire(state)
-                bar = ring.producer_get_barrier(state)
-                tma.load_async(w_ring[None, None, state.index], w, coord(rb, k0 + trip), bar)
-                for band in cutlass.range_constexpr(bands):
-                    dst = cute.local_tile(sf_ring[None, None, state.index], SCALE_BOX, (band, 0))
-                    at = (rb * bands + band) * (K // cfg.k_chunk) + k0 + trip
-                    tma.load_async(dst, wsf, coord(at, 0), bar)
-                ring.producer_commit(state)
-                state.advance()
+    acc = cute.make_rmem_tensor((cfg.MT * cfg.NT * 4,), Float32)
+    for i in cutlass.range_constexpr(cfg.MT * cfg.NT * 4):
+        acc[i] = Float32(0.0)
+    for trip in cutlass.range(trips, unroll=1):
+        wq, sc = _load_weights(cfg, w_rows, sf_rows, Int64(trip))
+        xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
+        _mma_trip(cfg, acc, wq, sc, xw)
+    _store_partial(cfg, acc, ws, M, N, s, n_blk, warp, lane)
     _reduce_last(cfg, gsb, gsa, out, ws, counters, M, N, rb, n_blk, tidx)
 
 
-def _ring(cfg, barriers):
-    """The STAGES-deep TMA ring: the producer warp fills, each of the WN consumer warps releases
-    (one arrival per warp, as `templates/lcf.py`)."""
-    ring = pipeline.PipelineTmaAsync.create(
-        barrier_storage=barriers, num_stages=cfg.STAGES,
-        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, cfg.WN),
-        tx_count=weight_tile(cfg).bytes + scale_tile(cfg).bytes,
-        cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
-    pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
-    return ring
-
-
 def _weight_rows(cfg, w, wsf, warp, lane, n_blk, K, k_begin):
-    """LDG feed: per MMA row (weight rows g, g+8 of each tile) the address of the thread's first
+    """Per MMA row (weight rows g, g+8 of each tile) the address of the thread's first
     16 weight bytes and of its first scale pair."""
     t = lane % 4
     w_rows, sf_rows = [], []
     for mt in range(cfg.MT):
         for h in range(2):
             n = Int64(n_blk + weight_row(cfg, warp, lane, mt, h))
-            k = k_begin + k_offset(cfg, t, 0)
+            k = k_begin + k_offset(t, 0)
             w_rows.append(w.iterator.toint() + n * Int64(K // 2) + k // 2)
             sf_rows.append(wsf.iterator.toint() + nvfp4_scales.band_offset(n, k // 16,
                                                                            Int64(K // 64)))
     return w_rows, sf_rows
 
 
-def _ldg_weights(cfg, w_rows, sf_rows, trip):
-    """LDG feed, one trip: [u][row] -> 4 words (32 codes), [u][row] -> 2 scale bytes (low half
+def _load_weights(cfg, w_rows, sf_rows, trip):
+    """One trip's weights: [u][row] -> 4 words (32 codes), [u][row] -> 2 scale bytes (low half
     of a word). One LDG.128 (streaming: no L1 allocation) and one LDG.16 per row and step."""
     wq, sc = [], []
     for u in range(cfg.UNROLL):
-        k = trip * cfg.k_chunk + k_offset(cfg, 0, u)
+        k = trip * cfg.k_chunk + k_offset(0, u)
         wq.append([ld_v4(a + k // 2, True) for a in w_rows])
         sc.append([ld_u16(a + scale_step(k)) for a in sf_rows])
-    return wq, sc
-
-
-def _lds_weights(cfg, w_ring, sf_ring, stage, warp, lane):
-    """TMA feed, one stage: the same values as `_ldg_weights`, from shared memory: one LDS.128
-    per row and step (conflict-free: `k_offset` interleaves the two steps' chunks against the
-    128-byte swizzle) and one LDS.32 per row with the four scales of the thread's 64 K."""
-    t = lane % 4
-    tile = weight_tile(cfg)
-    w_base = shared_addr(w_ring[None, None, stage].iterator)
-    sf_base = shared_addr(sf_ring[None, None, stage].iterator)
-    rows = [weight_row(cfg, warp, lane, mt, h) for mt in range(cfg.MT) for h in range(2)]
-    quads = [ld_shared_u32(sf_base + nvfp4_scales.band_offset(r, 4 * t, 4)) for r in rows]
-    wq, sc = [], []
-    for u in range(cfg.UNROLL):
-        k = k_offset(cfg, t, u)
-        wq.append([ld_shared_v4(w_base + tile.byte_offset(r, k // 2)) for r in rows])
-        sc.append([q >> (16 * u) for q in quads])  # scales of K k..k+31: bytes 2u, 2u+1
     return wq, sc
 
 
@@ -495,7 +349,7 @@ def _activation_rows(cfg, x, xsf, lane, M, K, k_begin):
     x_rows, xsf_rows = [], []
     for nt in range(cfg.NT):
         m = Int64(cutlass.min(act_row(nt, lane), M - 1))
-        k = k_begin + k_offset(cfg, t, 0)
+        k = k_begin + k_offset(t, 0)
         if cfg.w4a4:
             x_rows.append(x.iterator.toint() + m * Int64(K // 2) + k // 2)
             xsf_rows.append(xsf.iterator.toint()
@@ -511,7 +365,7 @@ def _load_activations(cfg, x_rows, xsf_rows, trip):
     words (see `_activation_fragments`)."""
     words = []
     for u in range(cfg.UNROLL):
-        k = trip * cfg.k_chunk + k_offset(cfg, 0, u)
+        k = trip * cfg.k_chunk + k_offset(0, u)
         for nt in range(cfg.NT):
             if cfg.w4a4:
                 words += ld_v4(x_rows[nt] + k // 2, False)
@@ -596,25 +450,24 @@ def _reduce_last(cfg: cutlass.Constexpr, gsb, gsa, out, ws, counters, M, N, rb, 
         out_base = out.iterator.toint()
         esize = 4 if cfg.out_dtype == "float32" else 2
         red = cute.make_rmem_tensor((4,), Float32)
-        if tidx < cfg.consumer_threads:
-            for it in cutlass.range_constexpr(reduce_trips(cfg)):  # every (row, 4 columns) once
-                row, m0 = reduce_coord(cfg, it, tidx)
-                nr = Int64(n_blk + row)
-                if m0 < M:  # columns at or past M are padding: skip their loads
-                    # All S loads in flight at once (one L2 round trip), summed in split order.
-                    parts = [ld_cg_v4_f32(ws_base + ws_index(cfg, Int64(k), Int64(N), nr,
-                                                             Int64(m0)) * 4)
-                             for k in range(cfg.S)]
+        for it in cutlass.range_constexpr(reduce_trips(cfg)):  # every (row, 4 columns) once
+            row, m0 = reduce_coord(cfg, it, tidx)
+            nr = Int64(n_blk + row)
+            if m0 < M:  # columns at or past M are padding: skip their loads
+                # All S loads in flight at once (one L2 round trip), summed in split order.
+                parts = [ld_cg_v4_f32(ws_base + ws_index(cfg, Int64(k), Int64(N), nr,
+                                                         Int64(m0)) * 4)
+                         for k in range(cfg.S)]
+                for e in cutlass.range_constexpr(4):
+                    red[e] = parts[0][e]
+                for k in cutlass.range_constexpr(1, cfg.S):
                     for e in cutlass.range_constexpr(4):
-                        red[e] = parts[0][e]
-                    for k in cutlass.range_constexpr(1, cfg.S):
-                        for e in cutlass.range_constexpr(4):
-                            red[e] = red[e] + parts[k][e]
-                    for e in cutlass.range_constexpr(4):
-                        m = m0 + e
-                        if m < M:
-                            st_out(out_base + (Int64(m) * Int64(N) + nr) * esize,
-                                   red[e] * scale, cfg.out_dtype)
+                        red[e] = red[e] + parts[k][e]
+                for e in cutlass.range_constexpr(4):
+                    m = m0 + e
+                    if m < M:
+                        st_out(out_base + (Int64(m) * Int64(N) + nr) * esize,
+                               red[e] * scale, cfg.out_dtype)
 
 
 @cute.jit
@@ -622,15 +475,9 @@ def _launch(cfg: cutlass.Constexpr, w: cute.Tensor, wsf: cute.Tensor, x: cute.Te
             xsf: cute.Tensor, gsb: cute.Tensor, gsa: cute.Tensor, out: cute.Tensor,
             ws: cute.Tensor, counters: cute.Tensor, M: Int32, N: Int32, K: Int32, trips: Int32,
             stream):
-    """w, wsf: TMA feed: the weights (N, K/2, 1) and scale atoms as (atoms * 2, 256, 1) bytes;
-    LDG feed: both flat."""
-    if cutlass.const_expr(cfg.TMA):
-        w = gl.load(w, weight_tile(cfg))
-        wsf = gl.load(wsf, st(cutlass.Uint8, *SCALE_BOX, swizzle=False))
     _kernel(cfg, w, wsf, x, xsf, gsb, gsa, out, ws, counters, M, N, K, trips).launch(
         grid=[N // cfg.rows, cfg.S, 1], block=[cfg.threads, 1, 1], stream=stream,
-        min_blocks_per_mp=cfg.MIN_CTAS,
-        preferred_smem_carveout=100 if cfg.TMA else 0)  # LDG feed: no smem, all L1
+        min_blocks_per_mp=cfg.MIN_CTAS, preferred_smem_carveout=0)  # no smem: all L1
 
 
 def fake_args(cfg: Config):
@@ -641,16 +488,10 @@ def fake_args(cfg: Config):
         return make_fake_tensor(dtype, (cute.sym_int64(divisibility=16),), (1,),
                                 assumed_align=align)
 
-    def rows(cols):  # (rows, cols, 1) bytes, rows dynamic
-        r = cute.sym_int64(divisibility=256)
-        return make_fake_tensor(cutlass.Uint8, (r, cols, 1), (cols, 1, r * cols),
-                                assumed_align=16)
-
     out_t = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32}[cfg.out_dtype]
     x_t = cutlass.Uint8 if cfg.w4a4 else cutlass.BFloat16
-    w, wsf = (rows(4096), rows(256)) if cfg.TMA else (flat(cutlass.Uint8), flat(cutlass.Uint8))
-    return (cfg, w, wsf, flat(x_t), flat(cutlass.Uint8),
+    return (cfg, flat(cutlass.Uint8), flat(cutlass.Uint8), flat(x_t), flat(cutlass.Uint8),
             flat(cutlass.Float32, 4), flat(cutlass.Float32, 4), flat(out_t), flat(cutlass.Float32),
             flat(cutlass.Int32, 4),
             Int32(16), Int32(8192), Int32(8192), Int32(2))
@@ -746,7 +587,7 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None
     import torch
 
     from tk_cute.nvfp4.tensor import NVFP4Tensor
-    from tk_cute.runtime import as_cute, batched, stream
+    from tk_cute.runtime import as_cute, stream
 
     if out_dtype is None:
         out_dtype = out.dtype if out is not None else torch.bfloat16
@@ -780,12 +621,7 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None
     ws = torch.empty(cfg.S * N * cfg.m_pad, dtype=torch.float32, device=dev)
     counters = _counters(dev, N // cfg.rows)
     flat = lambda t, al=16: as_cute(t.reshape(-1), align=al)  # noqa: E731
-    if cfg.TMA:
-        wq = as_cute(batched(_aligned(b.data)), leading_dim=1)
-        wsf = as_cute(batched(b.scales.contiguous().view(-1, 256)), leading_dim=1)
-    else:
-        wq, wsf = flat(_aligned(b.data)), flat(b.scales.contiguous(), 2)
-    args = (wq, wsf, flat(x),
+    args = (flat(_aligned(b.data)), flat(b.scales.contiguous(), 2), flat(x),
             flat(xsf.contiguous(), 2), flat(gsb, 4), flat(gsa, 4), flat(out, 4), flat(ws),
             flat(counters, 4),
             Int32(M), Int32(N), Int32(K), Int32(chunks // cfg.S))

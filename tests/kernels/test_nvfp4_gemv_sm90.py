@@ -92,12 +92,11 @@ def _c_elem(lane, i):
 
 INDEX_CONFIGS = sorted({gv.config_for(M, 8192, 8192) for M in range(1, 65)}
                        | {gv.config_for(M, 96, 8192) for M in range(1, 65)}
-                       | {gv.Config(MT=mt, NT=nt, WN=wn, TMA=False) for mt in (1, 2, 4)
+                       | {gv.Config(MT=mt, NT=nt, WN=wn) for mt in (1, 2, 4)
                           for nt in (1, 2, 4, 8) for wn in (1, 4, 8)}, key=repr)
 
 
-@pytest.mark.parametrize("cfg", INDEX_CONFIGS,
-                         ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}{'tma' if c.TMA else 'ldg'}")
+@pytest.mark.parametrize("cfg", INDEX_CONFIGS, ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}")
 def test_partials_follow_the_mma_layout_and_cover_the_block_once(cfg):
     """Every accumulator register is the product of the weight row its A-fragment lanes loaded
     and the activation row its B-fragment lanes loaded, and the CTA's registers cover the
@@ -122,14 +121,13 @@ def test_partials_follow_the_mma_layout_and_cover_the_block_once(cfg):
     assert set(seen) == {(n, m) for n in range(cfg.rows) for m in range(cfg.m_pad)}
 
 
-@pytest.mark.parametrize("cfg", INDEX_CONFIGS,
-                         ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}{'tma' if c.TMA else 'ldg'}")
+@pytest.mark.parametrize("cfg", INDEX_CONFIGS, ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}")
 def test_reduction_reads_every_partial_once(cfg):
     """The last CTA's loop (reduce_trips x threads, 4 columns each) covers rows x m_pad once;
     the first GPU run summed only half of it (rows M >= m_pad / 2 were never written)."""
     seen = []
     for it in range(gv.reduce_trips(cfg)):
-        for tidx in range(cfg.consumer_threads):
+        for tidx in range(cfg.threads):
             row, m0 = gv.reduce_coord(cfg, it, tidx)
             assert m0 % 4 == 0
             seen += [(row, m0 + e) for e in range(4)]
@@ -138,11 +136,36 @@ def test_reduction_reads_every_partial_once(cfg):
 
 
 def test_workspace_index_is_a_bijection():
-    cfg = gv.Config(MT=1, NT=2, WN=1, TMA=False)
+    cfg = gv.Config(MT=1, NT=2, WN=1)
     S, N = 3, 32
     idx = {gv.ws_index(cfg, s, N, n, m) for s in range(S) for n in range(N)
            for m in range(cfg.m_pad)}
     assert idx == set(range(S * N * cfg.m_pad))
+
+
+@pytest.mark.parametrize("unroll", [1, 2, 4])
+def test_k_permutation_covers_each_trip_once(unroll):
+    """Threads t = 0..3 x steps u hold 32 contiguous K elements each; together one trip."""
+    starts = sorted(gv.k_offset(t, u) for t in range(4) for u in range(unroll))
+    assert starts == list(range(0, gv.STEP_K * unroll, 32))
+
+
+@pytest.mark.parametrize("t", range(4))
+def test_scale_steps_follow_the_blocked_layout(t):
+    """The kernel addresses scale pairs as band_offset(first K) + scale_step(trip/step K):
+    equal to band_offset of the true K element, for rows across bands and K across atoms."""
+    from tk_cute.layouts import nvfp4_scales
+
+    K = 2048
+    for n in (0, 5, 31, 32, 127, 128, 300):
+        for k_begin in (0, 512, 1024):
+            base = nvfp4_scales.band_offset(n, (k_begin + gv.k_offset(t, 0)) // 16, K // 64)
+            for trip in range(2):
+                for u in range(4):
+                    dk = trip * 512 + gv.k_offset(0, u)
+                    k = k_begin + gv.k_offset(t, 0) + dk
+                    assert base + gv.scale_step(dk) == nvfp4_scales.band_offset(n, k // 16,
+                                                                                K // 64)
 
 
 @pytest.mark.parametrize("M", [1, 3, 7, 8, 9, 16, 17, 33, 64])
@@ -173,10 +196,11 @@ def test_host_model_of_the_whole_kernel(M):
                         for lane in range(32):
                             for i in range(4):
                                 row, m = gv.acc_coord(cfg, warp, lane, mt, nt, i)
-                                ws[gv.ws_index(cfg, s, N, n_blk + row, m)] = \
-                                    c_tile[_c_elem(lane, i)]
+                                if m < M:  # the kernel stores no padding columns
+                                    ws[gv.ws_index(cfg, s, N, n_blk + row, m)] = \
+                                        c_tile[_c_elem(lane, i)]
         for it in range(gv.reduce_trips(cfg)):
-            for tidx in range(cfg.consumer_threads):
+            for tidx in range(cfg.threads):
                 row, m0 = gv.reduce_coord(cfg, it, tidx)
                 if m0 >= M:
                     continue
@@ -196,7 +220,7 @@ CONFIGS = {
     "m64": gv.config_for(64, 8192, 8192),
     "m16_w4a4": gv.config_for(16, 8192, 8192, w4a4=True),
     "m1_fp32": gv.config_for(1, 4096, 4096, out_dtype="float32"),
-    "m16_ldg": gv.config_for(16, 8160, 8192),
+    "m16_wn1": gv.config_for(16, 8160, 8192),
 }
 
 
@@ -211,19 +235,11 @@ def built(request):
 def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
     cfg, b = built
     steps = cfg.UNROLL * cfg.MT
-    # Weights: one 16-byte load per weight row (2 per MMA tile) per 128-K step: streaming
-    # LDG.128, or (TMA feed) LDS.128 from the ring that one producer warp fills with TMA.
-    ldg = b.sass_count(r"LDG\.E\.NA\.128")
-    if cfg.TMA:
-        assert b.sass_count(r"LDS\.128") == 2 * steps and ldg == 0
-        assert b.ptx_count(r"cp\.async\.bulk\.tensor\.2d") == 1 + cfg.rows // 128
-        assert b.sass_count(r"UTMALDG") == 1 + cfg.rows // 128
-    else:
-        assert b.ptx_count(r"ld\.global\.nc\.L1::no_allocate\.v4\.u32") == 2 * steps
-        assert ldg == 2 * steps and b.sass_count(r"LDS") == 0
+    # Weights: one 16-byte streaming load per weight row (2 per MMA tile) per 128-K step.
+    assert b.ptx_count(r"ld\.global\.nc\.L1::no_allocate\.v4\.u32") == 2 * steps
+    assert b.sass_count(r"LDG\.E\.NA\.128") == 2 * steps
     # Activations: 16-byte loads (bf16: 4 per MMA column tile and step; NVFP4: 1).
-    # X_AHEAD: in the loop, one trip ahead, and once in the prologue for the first trip.
-    act = (2 if cfg.X_AHEAD else 1) * cfg.NT * cfg.UNROLL * (1 if cfg.w4a4 else 4)
+    act = cfg.NT * cfg.UNROLL * (1 if cfg.w4a4 else 4)
     assert b.ptx_count(r"ld\.global\.nc\.v4\.u32") == act
     mmas = 8 * cfg.MT * cfg.NT * cfg.UNROLL
     assert b.ptx_count(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32") == mmas
@@ -265,7 +281,7 @@ def test_split_k_divides_the_k_chunks(M, N, K):
 
 # --- GPU --------------------------------------------------------------------------------------
 
-SHAPES = [(256, 512), (4096, 4096), (8192, 8192), (1024, 2048), (160, 384)]  # last: LDG feed
+SHAPES = [(256, 512), (4096, 4096), (8192, 8192), (1024, 2048), (160, 384)]
 
 
 def _weights(N, K):
@@ -301,14 +317,13 @@ def test_w4a16_matches_float64(seed, M, N, K):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 16, 64])
-@pytest.mark.parametrize("feed", [dict(TMA=True, STAGES=2), dict(TMA=True, STAGES=8),
-                                  dict(TMA=False, UNROLL=4), dict(TMA=False, UNROLL=1)],
-                         ids=["tma2", "tma8", "ldg4", "ldg1"])
-def test_every_feed_matches_float64(seed, M, feed):
+@pytest.mark.parametrize("tiling", [dict(UNROLL=1), dict(UNROLL=4), dict(MT=4, WN=2),
+                                    dict(MT=1, WN=8)], ids=["u1", "u4", "mt4", "mt1"])
+def test_every_tiling_matches_float64(seed, M, tiling):
     N, K = 1024, 4096
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
-    cfg = dataclasses.replace(gv.config_for(M, N, K), **feed)
+    cfg = dataclasses.replace(gv.config_for(M, N, K), **tiling)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     d = gv.gemm_small_m(a, b, out=out, config=cfg, splits=2)
     ref = a.double() @ b.dequantize(torch.float64).t()

@@ -63,25 +63,6 @@ class st:
     def shape(self) -> tuple[int, int]:
         return (self.rows, self.cols)
 
-    @property
-    def swizzle_bytes(self) -> int:
-        """Width of the swizzle atom (128, 64 or 32 bytes; the widest dividing a row, as
-        `layout` picks it); 0 for plain tiles."""
-        row_bytes = self.cols * self.dtype.width // 8
-        return 0 if not self.swizzle else next(a for a in (128, 64, 32) if row_bytes % a == 0)
-
-    def byte_offset(self, row, byte):
-        """Byte offset of byte `byte` of row `row` in one stage: the address arithmetic of
-        `layout` (TK's `st::idx`), for threads that read the tile with their own vector loads.
-        Swizzled: atoms of 8 rows x swizzle_bytes, stacked along rows, then along columns;
-        16-byte chunk bits [4, 7) ^= bits [7, 10) of the offset (CuTe's Swizzle<b, 4, 3>).
-        Plain integer arithmetic: works on Python ints and on device integers."""
-        a = self.swizzle_bytes
-        if a == 0:
-            return row * (self.cols * self.dtype.width // 8) + byte
-        plain = (byte // a) * (self.rows * a) + row * a + byte % a
-        return plain ^ (((plain >> 7) & (a // 16 - 1)) << 4)
-
     def layout(self, stages: int = 1):
         """The staged layout (rows, cols, stages): a CuTe ComposedLayout when swizzled."""
         if not self.swizzle:
