@@ -30,6 +30,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from tk_cute.layouts import nvfp4_scales
+from tk_cute.ops import memory
 from tk_cute.ops import nvfp4 as fp4
 
 ATOM_ROWS, ATOM_KBLOCKS, ATOM_BYTES, SF_VEC = 128, 4, 512, 16
@@ -135,7 +136,7 @@ def _load_row(cfg, x_base, row0, mt, warp, i, col, col_ok, M, K):
     row = mt * ATOM_ROWS + r_local
     valid = Uint32(row < M) & col_ok
     elem = (row0 + Int64(row)) * Int64(K) + Int64(col)
-    return fp4.ld_v4_pred(x_base + elem * cfg.esize, valid), valid, elem, r_local
+    return memory.ld_v4_pred(x_base + elem * cfg.esize, valid), valid, elem, r_local
 
 
 def _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base, sf_base, sf_ok):
@@ -155,10 +156,10 @@ def _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base, sf_base, sf_ok):
         signs = fp4.sign_nibbles_16bit(*words)
     q = fp4.e2m1x8_quantize(_to_f32(words, cfg.dtype), s_enc, cfg.arch, signs)
     if cfg.dtype == "f32":
-        fp4.st_u16_pred(d_base + elem // 2, q, valid)
+        memory.st_u16_pred(d_base + elem // 2, q, valid)
     else:
-        fp4.st_u32_pred(d_base + elem // 2, q, valid)
-    fp4.st_u8_pred(sf_base + Int64(nvfp4_scales.atom_offset(r_local, 0)), sf, sf_ok)
+        memory.st_u32_pred(d_base + elem // 2, q, valid)
+    memory.st_u8_pred(sf_base + Int64(nvfp4_scales.atom_offset(r_local, 0)), sf, sf_ok)
     return m
 
 
@@ -177,7 +178,7 @@ def _amax_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, partials: cute.Pointer
     for it in cutlass.range(Int32(iters)):
         for u in cutlass.range_constexpr(cfg.amax_unroll):
             v = first + Int64(it) * stride + u * cfg.amax_threads
-            words = fp4.ld_v4_pred(base + v * 16, Uint32(v < n_vec))
+            words = memory.ld_v4_pred(base + v * 16, Uint32(v < n_vec))
             m = Uint32(cutlass.max(m, _abs_max_bits(words, cfg.dtype)))
     m = cute.arch.warp_redux_sync(m, "umax")
     nw = cfg.amax_threads // 32
@@ -190,7 +191,7 @@ def _amax_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, partials: cute.Pointer
     if warp == 0:
         v = cute.arch.warp_redux_sync(Uint32(buf[lane % nw]), "umax")  # max is idempotent
         if lane == 0:
-            fp4.st_u32(partials.toint() + Int64(bidx) * 4, v)
+            memory.st_u32(partials.toint() + Int64(bidx) * 4, v)
 
 
 @cute.kernel
@@ -224,13 +225,13 @@ def _quantize_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer
 
     # global scales (recipe steps 2-3), while the first batch is in flight
     if cutlass.const_expr(cfg.given_scale):
-        s_dec_g = fp4.from_bits(fp4.ld_u32_pred(gs_in.toint(), Uint32(1)))
+        s_dec_g = fp4.from_bits(memory.ld_u32_pred(gs_in.toint(), Uint32(1)))
     else:
         p_base = partials.toint()
         am = Uint32(0)
         for j in cutlass.range((n_partials + 31) // 32):
             idx = j * 32 + lane
-            am = Uint32(cutlass.max(am, fp4.ld_u32_pred(p_base + Int64(idx) * 4,
+            am = Uint32(cutlass.max(am, memory.ld_u32_pred(p_base + Int64(idx) * 4,
                                                         Uint32(idx < n_partials))))
         am = cute.arch.warp_redux_sync(am, "umax")
         s_dec_g = fp4.div_rn(fp4.max_nan_f32(fp4.from_bits(am),
@@ -238,7 +239,7 @@ def _quantize_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer
                              Float32(2688.0))
     s_enc_g = fp4.div_rn(Float32(1.0), s_dec_g)
     if (bx + by + bz + tidx) == 0:
-        fp4.st_u32(gs_out.toint(), fp4.bits(s_dec_g))
+        memory.st_u32(gs_out.toint(), fp4.bits(s_dec_g))
 
     bad = Uint32(0)
     for b in cutlass.range_constexpr(nb):

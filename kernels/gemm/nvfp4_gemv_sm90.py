@@ -5,14 +5,21 @@ B is NVFP4 weights (N, K); A is bf16 activations (W4A16) or NVFP4 (W4A4). There 
 core on sm_90a, so each warp computes D^T = W X^T with ``mma.sync m16n8k16`` bf16 (Marlin-style):
 the MMA's 16 rows are weight rows, its 8 columns activation rows. A thread (group g = lane/4,
 t = lane%4) loads 16 bytes (32 codes) of weight rows g and g+8 per 128-K step with one LDG.128
-each, decodes the nibbles straight into A fragments (prmt + imad + lop3, no lookup table) and
-folds in the UE4M3 scale with one exact ``mul.bf16x2``: w = e2m1 * sf * 2^-7. The 16 K-slots of
-an MMA hold, per thread, K elements 32t + 4j .. +3, the same permutation for the activation
-fragment, so both sides are plain contiguous loads. Products are exact; fp32 accumulation.
+each and decodes them straight into A fragments with `ops.nvfp4.e2m1x8_scaled_shifted` (prmt +
+imad + lop3 per pair, no lookup table; the UE4M3 scale folded in with one exact ``mul.bf16x2``:
+w = e2m1 * sf * 2^-8). The 16 K-slots of an MMA hold, per thread, K elements 32t + 4j .. +3 (see
+`k_offset`), the same permutation for the activation fragment, so both sides are plain
+contiguous loads. Products are exact; fp32 accumulation.
 Grid (N / rows, S): CTA (r, s) owns `rows` weight rows (WN warps x MT MMA tiles) and the s-th
-of S K-slices; its fp32 partial goes to a workspace and the last CTA of a row block (atomic
-counter, reset by it) sums the S partials in order (deterministic), applies 2^7 (2^14 for
-W4A4) * global scales and writes D. Constraints (checked): M <= 64, K % 128 == 0, N % 32 == 0.
+of S K-slices; its fp32 partial goes to a workspace and the last CTA of a row block (an arrival
+counter, reset by it) sums the S partials in order (deterministic), applies 2^8 (2^16 for W4A4)
+* global scales and writes D. Constraints (checked): M <= 64, K % 128 == 0, N % 32 == 0.
+
+Where the time goes (H200, ncu, M = 1, N = K = 8192, 2026-11-30): the kernel issues ~6.6 M warp
+instructions, ~75% of them the decode (19 per 8 codes); at 2.0 IPC per SM and 77% of the time
+with SMs active it takes ~17.6 us while DRAM runs at 49% of peak: it is bound by instruction
+issue and load latency, not by bandwidth. A TMA ring feeding the weights through shared memory
+(commit 4e577cf) did not help: it moves the same decode work and costs occupancy.
 """
 
 from __future__ import annotations
@@ -24,16 +31,14 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 from tk_cute.layouts import nvfp4_scales
-from tk_cute.ops.nvfp4 import asm, mul_bf16x2
+from tk_cute.ops import group, memory, warp
+from tk_cute.ops import nvfp4 as fp4
 
 STEP_K = 128  # K elements per warp step: 4 lanes x 32 codes (one LDG.128 per weight row)
 MAX_M = 64
 OUT_TYPES = ("bfloat16", "float16", "float32")
-BF16_2P120, BF16_2P119 = 0x7B807B80, 0x7B007B00  # 2^120, 2^119 in both bf16 halves
 
 
 @dataclass(frozen=True)
@@ -135,118 +140,6 @@ def split_k(cfg: Config, N: int, K: int, sms: int, ctas_per_sm: int | None = Non
     return min(divisors, key=lambda d: (abs(math.log(d / want)), -d))
 
 
-# ---------------------------------------------------------------- PTX the kernel needs
-
-
-def _unpack(res, ty, n, cls, loc=None, ip=None):
-    return [cls(llvm.extractvalue(ty, res, [i], loc=loc, ip=ip)) for i in range(n)]
-
-
-@dsl_user_op
-def ld_v4(addr: Int64, stream: bool, *, loc=None, ip=None) -> list:
-    """16 bytes at `addr` (read-only path); `stream`: no L1 allocation (weights read once)."""
-    hint = ".L1::no_allocate" if stream else ""
-    ret = llvm.StructType.get_literal([T.i32()] * 4)
-    text = f"ld.global.nc{hint}.v4.u32 {{$0, $1, $2, $3}}, [$4];"
-    res = asm(ret, [Int64(addr)], text, "=r,=r,=r,=r,l", loc, ip)
-    return _unpack(res, T.i32(), 4, Uint32, loc, ip)
-
-
-@dsl_user_op
-def ld_u16(addr: Int64, *, loc=None, ip=None) -> Uint32:
-    return Uint32(asm(T.i32(), [Int64(addr)], "ld.global.nc.u16 $0, [$1];", "=r,l", loc, ip))
-
-
-@dsl_user_op
-def prmt(a: Uint32, b: Uint32, sel: int, *, loc=None, ip=None) -> Uint32:
-    return Uint32(asm(T.i32(), [Uint32(a), Uint32(b)], f"prmt.b32 $0, $1, $2, {sel};",
-                       "=r,r,r", loc, ip))
-
-
-@dsl_user_op
-def mma_bf16(a: list, b: list, c: list, *, loc=None, ip=None) -> list:
-    """c += A (16x16) B (16x8): ``mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32``."""
-    ret = llvm.StructType.get_literal([T.f32()] * 4)
-    text = ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, "
-            "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
-    args = [Uint32(v) for v in a] + [Uint32(v) for v in b] + [Float32(v) for v in c]
-    res = asm(ret, args, text, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", loc, ip)
-    return _unpack(res, T.f32(), 4, Float32, loc, ip)
-
-
-@dsl_user_op
-def st_v2_f32(addr: Int64, x: Float32, y: Float32, *, loc=None, ip=None) -> None:
-    asm(None, [Int64(addr), Float32(x), Float32(y)], "st.global.v2.f32 [$0], {$1, $2};",
-         "l,f,f", loc, ip, True)
-
-
-@dsl_user_op
-def ld_cg_v4_f32(addr: Int64, *, loc=None, ip=None) -> list:
-    """16 bytes from L2 (``.cg``: never a stale L1 line; other CTAs wrote them)."""
-    ret = llvm.StructType.get_literal([T.f32()] * 4)
-    res = asm(ret, [Int64(addr)], "ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];",
-               "=f,=f,=f,=f,l", loc, ip, True)
-    return _unpack(res, T.f32(), 4, Float32, loc, ip)
-
-
-@dsl_user_op
-def arrive_count(addr: Int64, last: Int32, *, loc=None, ip=None) -> Uint32:
-    """Atomically count one arrival at `addr` (acq_rel, gpu); 1 for the `last`-th (0-based)
-    arrival, which also resets the counter to 0 for the next launch."""
-    text = ("{ .reg .u32 old; .reg .pred p; atom.acq_rel.gpu.global.add.u32 old, [$1], 1;\n"
-            "setp.eq.u32 p, old, $2; selp.u32 $0, 1, 0, p; @p st.relaxed.gpu.global.u32 [$1], 0; }")
-    return Uint32(asm(T.i32(), [Int64(addr), Int32(last)], text, "=r,l,r", loc, ip, True))
-
-
-@dsl_user_op
-def cta_any(v: Uint32, *, loc=None, ip=None) -> Uint32:
-    """CTA barrier that also ORs `v != 0` over all threads (``bar.red.or.pred``)."""
-    text = ("{ .reg .pred p, q; setp.ne.u32 p, $1, 0; bar.red.or.pred q, 0, p; "
-            "selp.u32 $0, 1, 0, q; }")
-    return Uint32(asm(T.i32(), [Uint32(v)], text, "=r,r", loc, ip, True))
-
-
-@dsl_user_op
-def st_out(addr: Int64, x: Float32, dtype: str, *, loc=None, ip=None) -> None:
-    if dtype == "float32":
-        text, c = "st.global.f32 [$0], $1;", "l,f"
-    else:
-        cvt = "cvt.rn.bf16.f32" if dtype == "bfloat16" else "cvt.rn.f16.f32"
-        text, c = f"{{ .reg .b16 h; {cvt} h, $1; st.global.b16 [$0], h; }}", "l,f"
-    asm(None, [Int64(addr), Float32(x)], text, c, loc, ip, True)
-
-
-# ---------------------------------------------------------------- decode (thread scope)
-
-# prmt selectors: byte 0 <- u.byte j (even nibble 2j), byte 2 <- v.byte j (odd nibble 2j+1);
-# bytes 1, 3 sign-replicate a byte whose top bit is 0, i.e. 0x00.
-_PAIR_SEL = [j | (8 | j) << 4 | (4 + j) << 8 | (12 + j) << 12 for j in range(4)]
-
-
-def scale_pair(h: Uint32) -> tuple:
-    """Two UE4M3 bytes (h = lo | hi << 8) -> (F_lo, F_hi): bf16x2 words holding sf * 2^119 in
-    both halves, exact (subnormal scales too: bits << 4 is sf * 2^-120 as bf16)."""
-    p = prmt(h, Uint32(0), 0x4140) << 4  # [lo << 4, hi << 4] as bf16 halves
-    f = mul_bf16x2(mul_bf16x2(p, Uint32(BF16_2P120)), Uint32(BF16_2P119))
-    return prmt(f, f, 0x1010), prmt(f, f, 0x3232)
-
-
-def decode8(q: Uint32, f: Uint32) -> list:
-    """8 E2M1 codes (element i in nibble i) -> 4 bf16x2 words (elements 2j, 2j+1) of e2m1*sf*2^-7.
-
-    t = [nibble 2j, 0, nibble 2j+1, 0]; t * (2^6 + 2^12) puts the magnitude bits at 6..8 (bf16
-    exponent 0..3, mantissa top bit: e2m1 * 2^-126, subnormal for 0.5 as E2M1 is) and the sign at
-    15 without carries; the lop3 keeps those bits; the multiply by F = sf * 2^119 is exact."""
-    u = q & 0x0F0F0F0F
-    v = (q >> 4) & 0x0F0F0F0F
-    return [mul_bf16x2((prmt(u, v, s) * 0x1040) & 0x81C081C0, f) for s in _PAIR_SEL]
-
-
-def scale_row_offset(n, K):
-    """Byte offset of row n's first scale in the blocked layout (see tk_cute.layouts)."""
-    return nvfp4_scales.band_offset(Int64(n), 0, Int64(K // 64))
-
-
 # ---------------------------------------------------------------- index maps
 # Plain functions of ints (evaluated on DSL values in the kernel and on Python ints by the host
 # model in the tests). mma.sync m16n8k16 fragments, lane = 4 g + t: A row g (regs 0, 2) / g + 8
@@ -254,10 +147,10 @@ def scale_row_offset(n, K):
 # weight rows (n), columns activation rows (m).
 
 
-def weight_row(cfg, warp, lane, mt, h):
+def weight_row(cfg, wid, lane, mt, h):
     """Weight row (within the CTA's block of cfg.rows) whose codes lane loads as A-fragment rows
     g + 8h of MMA tile mt."""
-    return warp * (16 * cfg.MT) + 16 * mt + 8 * h + lane // 4
+    return wid * (16 * cfg.MT) + 16 * mt + 8 * h + lane // 4
 
 
 def act_row(nt, lane):
@@ -266,9 +159,9 @@ def act_row(nt, lane):
     return 8 * nt + lane // 4
 
 
-def acc_coord(cfg, warp, lane, mt, nt, i):
+def acc_coord(cfg, wid, lane, mt, nt, i):
     """(weight row within the CTA, activation row) of acc[(mt * NT + nt) * 4 + i]."""
-    return weight_row(cfg, warp, lane, mt, i // 2), 8 * nt + 2 * (lane % 4) + i % 2
+    return weight_row(cfg, wid, lane, mt, i // 2), 8 * nt + 2 * (lane % 4) + i % 2
 
 
 def ws_index(cfg, s, N, n, m):
@@ -299,10 +192,10 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Tensor, wsf: cute.Tensor, x: cute.Te
             ws: cute.Tensor, counters: cute.Tensor, M: Int32, N: Int32, K: Int32, trips: Int32):
     tidx, _, _ = cute.arch.thread_idx()
     rb, s, _ = cute.arch.block_idx()
-    warp, lane = tidx // 32, tidx % 32
+    wid, lane = tidx // 32, tidx % 32
     k_begin = Int64(s) * Int64(trips) * cfg.k_chunk  # this CTA's K slice
     n_blk = rb * cfg.rows  # first weight row of this CTA
-    w_rows, sf_rows = _weight_rows(cfg, w, wsf, warp, lane, n_blk, K, k_begin)
+    w_rows, sf_rows = _weight_rows(cfg, w, wsf, wid, lane, n_blk, K, k_begin)
     x_rows, xsf_rows = _activation_rows(cfg, x, xsf, lane, M, K, k_begin)
 
     acc = cute.make_rmem_tensor((cfg.MT * cfg.NT * 4,), Float32)
@@ -312,18 +205,18 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Tensor, wsf: cute.Tensor, x: cute.Te
         wq, sc = _load_weights(cfg, w_rows, sf_rows, Int64(trip))
         xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
         _mma_trip(cfg, acc, wq, sc, xw)
-    _store_partial(cfg, acc, ws, M, N, s, n_blk, warp, lane)
+    _store_partial(cfg, acc, ws, M, N, s, n_blk, wid, lane)
     _reduce_last(cfg, gsb, gsa, out, ws, counters, M, N, rb, n_blk, tidx)
 
 
-def _weight_rows(cfg, w, wsf, warp, lane, n_blk, K, k_begin):
+def _weight_rows(cfg, w, wsf, wid, lane, n_blk, K, k_begin):
     """Per MMA row (weight rows g, g+8 of each tile) the address of the thread's first
     16 weight bytes and of its first scale pair."""
     t = lane % 4
     w_rows, sf_rows = [], []
     for mt in range(cfg.MT):
         for h in range(2):
-            n = Int64(n_blk + weight_row(cfg, warp, lane, mt, h))
+            n = Int64(n_blk + weight_row(cfg, wid, lane, mt, h))
             k = k_begin + k_offset(t, 0)
             w_rows.append(w.iterator.toint() + n * Int64(K // 2) + k // 2)
             sf_rows.append(wsf.iterator.toint() + nvfp4_scales.band_offset(n, k // 16,
@@ -337,8 +230,8 @@ def _load_weights(cfg, w_rows, sf_rows, trip):
     wq, sc = [], []
     for u in range(cfg.UNROLL):
         k = trip * cfg.k_chunk + k_offset(0, u)
-        wq.append([ld_v4(a + k // 2, True) for a in w_rows])
-        sc.append([ld_u16(a + scale_step(k)) for a in sf_rows])
+        wq.append([memory.ld_v4(a + k // 2, True) for a in w_rows])
+        sc.append([memory.ld_u16(a + scale_step(k)) for a in sf_rows])
     return wq, sc
 
 
@@ -368,11 +261,11 @@ def _load_activations(cfg, x_rows, xsf_rows, trip):
         k = trip * cfg.k_chunk + k_offset(0, u)
         for nt in range(cfg.NT):
             if cfg.w4a4:
-                words += ld_v4(x_rows[nt] + k // 2, False)
-                words.append(ld_u16(xsf_rows[nt] + scale_step(k)))
+                words += memory.ld_v4(x_rows[nt] + k // 2, False)
+                words.append(memory.ld_u16(xsf_rows[nt] + scale_step(k)))
             else:
                 for j in range(4):
-                    words += ld_v4(x_rows[nt] + k * 2 + 16 * j, False)
+                    words += memory.ld_v4(x_rows[nt] + k * 2 + 16 * j, False)
     return words
 
 
@@ -390,8 +283,8 @@ def _activation_fragments(cfg, words, u):
     for nt in range(cfg.NT):
         w = words[(u * cfg.NT + nt) * per:][:per]
         if cfg.w4a4:
-            f = scale_pair(w[4])
-            out.append([decode8(w[j], f[j // 2]) for j in range(4)])
+            f = fp4.ue4m3x2_to_bf16x2_prescaled(w[4])
+            out.append([fp4.e2m1x8_scaled_shifted(w[j], f[j // 2]) for j in range(4)])
         else:
             out.append([w[4 * j: 4 * j + 4] for j in range(4)])
     return out
@@ -403,33 +296,33 @@ def _mma_trip(cfg, acc, wq, sc, xw):
     MT, NT = cfg.MT, cfg.NT
     for u in range(cfg.UNROLL):
         xb = _activation_fragments(cfg, xw, u)
-        wf = [scale_pair(h) for h in sc[u]]
+        wf = [fp4.ue4m3x2_to_bf16x2_prescaled(h) for h in sc[u]]
         for j in range(4):  # 32-bit word j of each row: MMAs 2j, 2j+1
             for mt in range(MT):
-                lo = decode8(wq[u][2 * mt][j], wf[2 * mt][j // 2])
-                hi = decode8(wq[u][2 * mt + 1][j], wf[2 * mt + 1][j // 2])
+                lo = fp4.e2m1x8_scaled_shifted(wq[u][2 * mt][j], wf[2 * mt][j // 2])
+                hi = fp4.e2m1x8_scaled_shifted(wq[u][2 * mt + 1][j], wf[2 * mt + 1][j // 2])
                 for nt in range(NT):
                     for e in range(2):
                         a = [lo[2 * e], hi[2 * e], lo[2 * e + 1], hi[2 * e + 1]]
                         base = (mt * NT + nt) * 4
-                        d = mma_bf16(a, xb[nt][j][2 * e: 2 * e + 2],
+                        d = warp.mma_m16n8k16_bf16(a, xb[nt][j][2 * e: 2 * e + 2],
                                      [acc[base + i] for i in range(4)])
                         for i in range(4):
                             acc[base + i] = d[i]
 
 
 @cute.jit
-def _store_partial(cfg: cutlass.Constexpr, acc, ws, M, N, s, n_blk, warp, lane):
+def _store_partial(cfg: cutlass.Constexpr, acc, ws, M, N, s, n_blk, wid, lane):
     """This CTA's fp32 partial (rows x activation rows < M) into workspace slice s."""
     ws_base = ws.iterator.toint()
     for mt in cutlass.range_constexpr(cfg.MT):
         for nt in cutlass.range_constexpr(cfg.NT):
             base = (mt * cfg.NT + nt) * 4
             for h in cutlass.range_constexpr(2):  # registers 2h, 2h+1: activation rows m, m+1
-                row, m = acc_coord(cfg, warp, lane, mt, nt, 2 * h)
+                row, m = acc_coord(cfg, wid, lane, mt, nt, 2 * h)
                 if m < M:  # columns m >= M are padding: never read back
                     off = ws_index(cfg, Int64(s), Int64(N), Int64(n_blk + row), Int64(m)) * 4
-                    st_v2_f32(ws_base + off, acc[base + 2 * h], acc[base + 2 * h + 1])
+                    memory.st_v2_f32(ws_base + off, acc[base + 2 * h], acc[base + 2 * h + 1])
 
 
 @cute.jit
@@ -441,12 +334,13 @@ def _reduce_last(cfg: cutlass.Constexpr, gsb, gsa, out, ws, counters, M, N, rb, 
     cute.arch.barrier()
     mine = Uint32(0)
     if tidx == 0:
-        mine = arrive_count(counters.iterator.toint() + Int64(rb) * 4, cfg.S - 1)
-    if cta_any(mine) != 0:
+        mine = memory.count_arrival(counters.iterator.toint() + Int64(rb) * 4, cfg.S - 1)
+    if group.sync_any(mine) != 0:
         cute.arch.fence_acq_rel_gpu()
-        scale = gsb[0] * Float32(128.0)
+        undo = Float32(2.0 ** fp4.BF16_DECODE_SHIFT)  # the decode's exact 2^-8 per operand
+        scale = gsb[0] * undo
         if cutlass.const_expr(cfg.w4a4):
-            scale = scale * (gsa[0] * Float32(128.0))
+            scale = scale * (gsa[0] * undo)
         out_base = out.iterator.toint()
         esize = 4 if cfg.out_dtype == "float32" else 2
         red = cute.make_rmem_tensor((4,), Float32)
@@ -455,7 +349,7 @@ def _reduce_last(cfg: cutlass.Constexpr, gsb, gsa, out, ws, counters, M, N, rb, 
             nr = Int64(n_blk + row)
             if m0 < M:  # columns at or past M are padding: skip their loads
                 # All S loads in flight at once (one L2 round trip), summed in split order.
-                parts = [ld_cg_v4_f32(ws_base + ws_index(cfg, Int64(k), Int64(N), nr,
+                parts = [memory.ld_v4_f32_cg(ws_base + ws_index(cfg, Int64(k), Int64(N), nr,
                                                          Int64(m0)) * 4)
                          for k in range(cfg.S)]
                 for e in cutlass.range_constexpr(4):
@@ -466,7 +360,7 @@ def _reduce_last(cfg: cutlass.Constexpr, gsb, gsa, out, ws, counters, M, N, rb, 
                 for e in cutlass.range_constexpr(4):
                     m = m0 + e
                     if m < M:
-                        st_out(out_base + (Int64(m) * Int64(N) + nr) * esize,
+                        memory.st_cvt(out_base + (Int64(m) * Int64(N) + nr) * esize,
                                red[e] * scale, cfg.out_dtype)
 
 

@@ -1,7 +1,7 @@
 """Small-M NVFP4 GEMM for Hopper (kernels/gemm/nvfp4_gemv_sm90.py).
 
-CPU tier: a host model of the register decode proves it exact for every E2M1 code and UE4M3
-scale; sm_90a compiles from fake tensors assert 16-byte loads, mma.sync and 0 spills; shape rules.
+CPU tier (the register decode's host model is in tests/tk_cute/ops/test_nvfp4_ops.py): host
+models of the index maps and of the whole kernel's data flow; sm_90a compiles from fake tensors assert 16-byte loads, mma.sync and 0 spills; shape rules.
 GPU tier (marker gpu): W4A16 against a float64 product of deq(b), W4A4 against `gemm_reference`,
 poisoned outputs, split-K invariance and bad input.
 """
@@ -13,72 +13,6 @@ import torch
 
 from tk_cute.compile import build
 from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
-from tk_cute.nvfp4 import E2M1_VALUES, e4m3_decode
-
-# --- host model of the decode (mirrors decode8 / scale_pair bit for bit) --------------------
-
-
-def _prmt(a: int, b: int, sel: int) -> int:
-    pool = (a | b << 32).to_bytes(8, "little")
-    out = 0
-    for i in range(4):
-        s = (sel >> 4 * i) & 0xF
-        byte = pool[s & 7]
-        if s & 8:
-            byte = 0xFF if byte & 0x80 else 0
-        out |= byte << 8 * i
-    return out
-
-
-def _bf16(bits: int) -> float:
-    return torch.tensor([bits], dtype=torch.int16).view(torch.bfloat16).float().item()
-
-
-def _bits(v: float) -> int:
-    return torch.tensor([v], dtype=torch.float32).bfloat16().view(torch.int16).item() & 0xFFFF
-
-
-def _mul_bf16x2(a: int, b: int) -> int:
-    lo = _bits(_bf16(_s16(a)) * _bf16(_s16(b)))
-    hi = _bits(_bf16(_s16(a >> 16)) * _bf16(_s16(b >> 16)))
-    return lo | hi << 16
-
-
-def _s16(x: int) -> int:
-    x &= 0xFFFF
-    return x - (1 << 16) if x & 0x8000 else x
-
-
-def _decode8_model(q: int, f: int) -> list:
-    u, v = q & 0x0F0F0F0F, (q >> 4) & 0x0F0F0F0F
-    return [_mul_bf16x2(((_prmt(u, v, s) * 0x1040) & 0xFFFFFFFF) & 0x81C081C0, f)
-            for s in gv._PAIR_SEL]
-
-
-def _scale_pair_model(h: int) -> tuple:
-    p = (_prmt(h, 0, 0x4140) << 4) & 0xFFFFFFFF
-    f = _mul_bf16x2(_mul_bf16x2(p, gv.BF16_2P120), gv.BF16_2P119)
-    return _prmt(f, f, 0x1010), _prmt(f, f, 0x3232)
-
-
-def test_decode_model_is_exact_for_every_code_and_scale():
-    """e2m1(code) * ue4m3(sf) * 2^-7 exactly, for all 16 codes (both halves, every nibble slot)
-    and all 127 finite scale bytes including subnormals."""
-    codes = list(range(16))
-    for sf in range(0x7F):
-        f_lo, f_hi = _scale_pair_model(sf | (0x7E - sf if sf < 0x7E else 0) << 8)
-        for f, byte in ((f_lo, sf), (f_hi, 0x7E - sf if sf < 0x7E else 0)):
-            want_sf = float(e4m3_decode(torch.tensor([byte], dtype=torch.uint8)))
-            for shift in range(2):  # codes c, c+1 .. packed in all eight nibbles
-                q = 0
-                vals = [codes[(i + 8 * shift) % 16] for i in range(8)]
-                for i, c in enumerate(vals):
-                    q |= c << 4 * i
-                words = _decode8_model(q, f)
-                got = [_bf16(_s16(w >> 16 * h)) for w in words for h in range(2)]
-                want = [float(E2M1_VALUES[c]) * want_sf * 2.0**-7 for c in vals]
-                assert got == want, (sf, vals, got, want)
-
 
 # --- host model of the index maps (the kernel's own formulas, evaluated on Python ints) -------
 # PTX ISA, mma.m16n8k16 with .bf16 (lane = 4 g + t): A register r (a bf16x2) holds row

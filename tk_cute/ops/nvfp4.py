@@ -22,7 +22,7 @@ into an FMA (the recipe forbids it) is written as explicit ``.rn`` PTX.
 
 from __future__ import annotations
 
-from cutlass import Float32, Int64, Uint32
+from cutlass import Float32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -254,21 +254,36 @@ def mul_bf16x2(a: Uint32, b: Uint32, *, loc=None, ip=None) -> Uint32:
 
 
 @dsl_user_op
-def _spread_pair(q: Uint32, q4: Uint32, j: int, *, loc=None, ip=None) -> Uint32:
-    """prmt: low half = byte j of q (nibble 2j in bits 0-3), high half = byte j of q >> 4
-    (nibble 2j+1 in bits 16-19); the other bits are garbage the caller masks."""
-    sel = j | ((4 + j) << 8)  # output byte 0 <- q.byte j, byte 2 <- q4.byte j
+def prmt(a: Uint32, b: Uint32, sel: int, *, loc=None, ip=None) -> Uint32:
+    """Byte permute (``prmt.b32``): output byte i <- byte (sel >> 4i) & 7 of the pair (a, b);
+    selector bit 3 replicates that byte's top bit instead."""
     text = f"prmt.b32 $0, $1, $2, {sel};"
-    return Uint32(asm(T.i32(), [_u32(q), _u32(q4)], text, "=r,r,r", loc, ip))
+    return Uint32(asm(T.i32(), [_u32(a), _u32(b)], text, "=r,r,r", loc, ip))
+
+
+# prmt selectors of `_bf16_patterns`: byte 0 <- u.byte j (nibble 2j), byte 2 <- v.byte j
+# (nibble 2j+1); bytes 1, 3 replicate the top bit of a byte below 0x10, i.e. give 0x00.
+_PAIR_SEL = [j | (8 | j) << 4 | (4 + j) << 8 | (12 + j) << 12 for j in range(4)]
+
+
+def _bf16_patterns(q: Uint32) -> list:
+    """`_e2m1x8_patterns(q, 6)` in 3 instructions a word: with t = [nibble 2j, 0, nibble 2j+1,
+    0] (prmt of the low and high nibbles), t * (2^6 + 2^12) places the magnitude bits at 6..8
+    and the sign at 15 of each half with no carries, and one lop3 keeps those bits."""
+    u = q & 0x0F0F0F0F
+    v = (q >> 4) & 0x0F0F0F0F
+    return [(prmt(u, v, sel) * 0x1040) & 0x81C081C0 for sel in _PAIR_SEL]
 
 
 def _e2m1x8_patterns(q: Uint32, mag_shift: int) -> list:
     """Four words, nibble 2j / 2j+1 magnitude bits at [mag_shift+2 : mag_shift] of each half and
     sign at bit 15 of each half."""
+    if mag_shift == 6:
+        return _bf16_patterns(q)
     q4 = q >> 4
     out = []
     for j in range(4):
-        t = _spread_pair(q, q4, j)
+        t = prmt(q, q4, j | ((4 + j) << 8))  # half 0 <- q.byte j, half 1 <- q4.byte j
         out.append(((t & 0x00070007) << mag_shift) | ((t & 0x00080008) << 12))
     return out
 
@@ -310,9 +325,18 @@ def ue4m3_to_bf16x2_prescaled(b: Uint32) -> Uint32:
     return mul_bf16x2(ue4m3_to_bf16x2(b), Uint32(0x7A807A80))  # 2^118
 
 
+def ue4m3x2_to_bf16x2_prescaled(h: Uint32) -> tuple:
+    """Two UE4M3 bytes (h = lo | hi << 8) -> (F_lo, F_hi), each sf * 2^118 in both bf16 halves
+    (exact; subnormal scales too: bits << 4 is sf * 2^-120 as bf16). Cheaper per scale than
+    two `ue4m3_to_bf16x2_prescaled`: one shift and two multiplies serve both."""
+    p = prmt(h, Uint32(0), 0x4140) << 4  # [lo << 4, hi << 4] as bf16 halves
+    f = mul_bf16x2(mul_bf16x2(p, Uint32(0x7B807B80)), Uint32(0x7A807A80))  # 2^120, 2^118
+    return prmt(f, f, 0x1010), prmt(f, f, 0x3232)
+
+
 def e2m1x8_scaled_shifted(q: Uint32, sf_prescaled: Uint32) -> list:
     """8 codes -> 4 bf16x2 words of e2m1 * ue4m3 * 2^-8 (exact); scale from
-    `ue4m3_to_bf16x2_prescaled`."""
+    `ue4m3_to_bf16x2_prescaled` or `ue4m3x2_to_bf16x2_prescaled`."""
     return [mul_bf16x2(w, sf_prescaled) for w in _e2m1x8_patterns(q, 6)]
 
 
@@ -321,62 +345,3 @@ def e2m1x8_scaled(q: Uint32, sf_x2: Uint32, dtype: str) -> list:
     if dtype == "f16":
         return [mul_f16x2(w, sf_x2) for w in e2m1x8_to_f16x8(q)]
     return [mul_bf16x2(w, sf_x2) for w in e2m1x8_to_bf16x8(q)]
-
-
-# ---------------------------------------------------------------- global memory (vector access)
-
-
-@dsl_user_op
-def ld_v4_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> list:
-    """16 bytes at `addr` as 4 Uint32 when pred != 0, else zeros (streaming, L1 evict-first)."""
-    ret = llvm.StructType.get_literal([T.i32()] * 4)
-    text = (
-        "{ .reg .pred p; setp.ne.b32 p, $5, 0; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; "
-        "mov.b32 $3, 0; @p ld.global.L1::evict_first.v4.b32 {$0, $1, $2, $3}, [$4]; }"
-    )
-    res = asm(ret, [Int64(addr), _u32(pred)], text, "=&r,=&r,=&r,=&r,l,r", loc, ip, True)
-    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
-
-
-@dsl_user_op
-def st_v2_pred(addr: Int64, a: Uint32, b: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
-    text = "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.v2.b32 [$0], {$1, $2}; }"
-    asm(None, [Int64(addr), _u32(a), _u32(b), _u32(pred)], text, "l,r,r,r", loc, ip, True)
-
-
-@dsl_user_op
-def st_u8(addr: Int64, v: Uint32, *, loc=None, ip=None) -> None:
-    asm(None, [Int64(addr), _u32(v)], "st.global.u8 [$0], $1;", "l,r", loc, ip, True)
-
-
-@dsl_user_op
-def st_u8_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
-    text = "{ .reg .pred p; .reg .b16 h; setp.ne.b32 p, $2, 0; cvt.u16.u32 h, $1; " \
-        "@p st.global.u8 [$0], h; }"
-    asm(None, [Int64(addr), _u32(v), _u32(pred)], text, "l,r,r", loc, ip, True)
-
-
-@dsl_user_op
-def st_u16_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
-    text = "{ .reg .pred p; .reg .b16 h; setp.ne.b32 p, $2, 0; cvt.u16.u32 h, $1; " \
-        "@p st.global.b16 [$0], h; }"
-    asm(None, [Int64(addr), _u32(v), _u32(pred)], text, "l,r,r", loc, ip, True)
-
-
-@dsl_user_op
-def st_u32_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
-    text = "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.b32 [$0], $1; }"
-    asm(None, [Int64(addr), _u32(v), _u32(pred)], text, "l,r,r", loc, ip, True)
-
-
-@dsl_user_op
-def st_u32(addr: Int64, v: Uint32, *, loc=None, ip=None) -> None:
-    asm(None, [Int64(addr), _u32(v)], "st.global.b32 [$0], $1;", "l,r", loc, ip, True)
-
-
-@dsl_user_op
-def ld_u32_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> Uint32:
-    """The 4 bytes at `addr` when pred != 0, else 0 (a plain coherent load: data written by an
-    earlier kernel of the stream)."""
-    text = "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.b32 $0, [$1]; }"
-    return Uint32(asm(T.i32(), [Int64(addr), _u32(pred)], text, "=&r,l,r", loc, ip, True))

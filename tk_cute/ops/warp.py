@@ -1,4 +1,5 @@
-"""Warp scope (32 lanes; TK's `warp::`): lane identity, electing one lane, lane exchange.
+"""Warp scope (32 lanes; TK's `warp::`): lane identity, electing one lane, lane exchange, and
+the register-operand MMA `mma_m16n8k16_bf16` (``mma.sync``, the MMA of TK's `warp::mma_AB`).
 
 `elect_leader()` is a context in which exactly one lane of a converged warp runs (PTX
 `elect.sync`): the way to issue single-thread work such as an mbarrier arrive or
@@ -9,6 +10,11 @@
 from __future__ import annotations
 
 import cutlass.cute as cute
+from cutlass import Float32, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from tk_cute.ops.nvfp4 import asm
 
 WARP_THREADS = 32
 
@@ -36,3 +42,17 @@ def sync():
 def shuffle_xor(value, lane_mask: int):
     """The value held by lane `laneid() ^ lane_mask` (butterfly exchange)."""
     return cute.arch.shuffle_sync_bfly(value, offset=lane_mask)
+
+
+@dsl_user_op
+def mma_m16n8k16_bf16(a: list, b: list, c: list, *, loc=None, ip=None) -> list:
+    """c += A (16x16) B (16x8) from registers, fp32 accumulate
+    (``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``). Lane 4g + t holds: `a` 4 bf16x2
+    words, A rows g, g+8, g, g+8 at K 2t..2t+1, 2t..2t+1, 2t+8..2t+9, 2t+8..2t+9; `b` 2 words,
+    B column g at K 2t..2t+1, 2t+8..2t+9; `c` 4 fp32, C (g + 8 (i // 2), 2t + i % 2)."""
+    ret = llvm.StructType.get_literal([T.f32()] * 4)
+    text = ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, "
+            "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+    args = [Uint32(v) for v in a] + [Uint32(v) for v in b] + [Float32(v) for v in c]
+    res = asm(ret, args, text, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", loc, ip)
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]

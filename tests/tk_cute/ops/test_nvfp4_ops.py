@@ -1,6 +1,7 @@
 """tk_cute.ops.nvfp4 register ops on the GPU against the host format library, bit for bit.
 
-Decode: every E2M1 code x every UE4M3 scale byte (0..0x7E) -> fp16 and bf16 products.
+Decode: every E2M1 code x every UE4M3 scale byte (0..0x7E) -> fp16 and bf16 products, and the
+bf16 products pre-shifted by 2^-8 (the GEMM decode: also modelled bit for bit on the host).
 Encode: E2M1 (software magic-add path, and the native cvt where the GPU has it) and UE4M3
 (software and cvt) on ties, saturation points, subnormals, -0 and random values.
 A CPU test compiles the probe kernels for every target.
@@ -20,7 +21,7 @@ THREADS = 128
 
 @cute.kernel
 def _decode_kernel(q: cute.Tensor, sf: cute.Tensor, out16: cute.Tensor, outbf: cute.Tensor,
-                   n: Int32):
+                   outsh: cute.Tensor, n: Int32):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     i = bidx * THREADS + tidx
@@ -28,9 +29,17 @@ def _decode_kernel(q: cute.Tensor, sf: cute.Tensor, out16: cute.Tensor, outbf: c
         qw, b = Uint32(q[i]), Uint32(sf[i])
         h = fp4.e2m1x8_scaled(qw, fp4.ue4m3_to_f16x2(b), "f16")
         g = fp4.e2m1x8_scaled(qw, fp4.ue4m3_to_bf16x2(b), "bf16")
+        # the pair form: scale byte b in the low byte, 0x7E - b in the high one
+        f_lo, f_hi = fp4.ue4m3x2_to_bf16x2_prescaled(b | ((Uint32(0x7E) - b) << 8))
+        s_lo = fp4.e2m1x8_scaled_shifted(qw, f_lo)
+        s_hi = fp4.e2m1x8_scaled_shifted(qw, f_hi)
+        s_one = fp4.e2m1x8_scaled_shifted(qw, fp4.ue4m3_to_bf16x2_prescaled(b))
         for j in cutlass.range_constexpr(4):
             out16[i * 4 + j] = Int32(h[j])
             outbf[i * 4 + j] = Int32(g[j])
+            outsh[i * 12 + j] = Int32(s_lo[j])
+            outsh[i * 12 + 4 + j] = Int32(s_hi[j])
+            outsh[i * 12 + 8 + j] = Int32(s_one[j])
 
 
 @cute.kernel
@@ -48,8 +57,8 @@ def _encode_kernel(arch: cutlass.Constexpr, y: cute.Tensor, packed: cute.Tensor,
 
 
 @cute.jit
-def _decode(q, sf, out16, outbf, n: Int32, stream):
-    _decode_kernel(q, sf, out16, outbf, n).launch(
+def _decode(q, sf, out16, outbf, outsh, n: Int32, stream):
+    _decode_kernel(q, sf, out16, outbf, outsh, n).launch(
         grid=[(n + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1], stream=stream)
 
 
@@ -71,12 +80,84 @@ def test_probe_kernels_compile(arch):
     from tk_cute.compile import build
 
     s = driver.CUstream(0)
-    d = build(_decode, *(_fake(cutlass.Int32) for _ in range(4)), Int32(8), s, arch=arch)
-    assert d.ptx_count(r"prmt\.b32") == 4 and d.kernel.local_bytes == 0
+    d = build(_decode, *(_fake(cutlass.Int32) for _ in range(5)), Int32(8), s, arch=arch)
+    # fp16 spread (4) + bf16 nibble pairs (4, shared by the three bf16 decodes) + the pair
+    # scale form (3)
+    assert d.ptx_count(r"prmt\.b32") == 11 and d.kernel.local_bytes == 0
     e = build(_encode, arch, _fake(cutlass.Float32), _fake(cutlass.Int32), _fake(cutlass.Int32),
               Int32(1), s, arch=arch)
     assert (e.ptx_count(r"cvt\.rn\.satfinite\.e2m1x2") == 4) == fp4.has_native_fp4(arch)
     assert e.kernel.local_bytes == 0
+
+
+# --- host model of the bf16 decode (mirrors _bf16_patterns / ue4m3x2_to_bf16x2_prescaled) ----
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    pool = (a | b << 32).to_bytes(8, "little")
+    out = 0
+    for i in range(4):
+        s = (sel >> 4 * i) & 0xF
+        byte = pool[s & 7]
+        if s & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << 8 * i
+    return out
+
+
+def _bf16(bits: int) -> float:
+    return torch.tensor([bits], dtype=torch.int16).view(torch.bfloat16).float().item()
+
+
+def _bits(v: float) -> int:
+    return torch.tensor([v], dtype=torch.float32).bfloat16().view(torch.int16).item() & 0xFFFF
+
+
+def _mul_bf16x2(a: int, b: int) -> int:
+    lo = _bits(_bf16(_s16(a)) * _bf16(_s16(b)))
+    hi = _bits(_bf16(_s16(a >> 16)) * _bf16(_s16(b >> 16)))
+    return lo | hi << 16
+
+
+def _s16(x: int) -> int:
+    x &= 0xFFFF
+    return x - (1 << 16) if x & 0x8000 else x
+
+
+def _decode8_model(q: int, f: int) -> list:
+    """e2m1x8_scaled_shifted(q, f) on the host."""
+    u, v = q & 0x0F0F0F0F, (q >> 4) & 0x0F0F0F0F
+    return [_mul_bf16x2(((_prmt(u, v, s) * 0x1040) & 0xFFFFFFFF) & 0x81C081C0, f)
+            for s in fp4._PAIR_SEL]
+
+
+def _scale_pair_model(h: int) -> tuple:
+    """ue4m3x2_to_bf16x2_prescaled(h) on the host."""
+    p = (_prmt(h, 0, 0x4140) << 4) & 0xFFFFFFFF
+    f = _mul_bf16x2(_mul_bf16x2(p, 0x7B807B80), 0x7A807A80)  # 2^120, then 2^118
+    return _prmt(f, f, 0x1010), _prmt(f, f, 0x3232)
+
+
+def test_bf16_decode_model_is_exact_for_every_code_and_scale():
+    """e2m1(code) * ue4m3(sf) * 2^-8 (BF16_DECODE_SHIFT) exactly, for all 16 codes (both
+    halves, every nibble slot) and all 127 finite scale bytes including subnormals."""
+    from tk_cute.nvfp4 import E2M1_VALUES, e4m3_decode
+
+    codes = list(range(16))
+    for sf in range(0x7F):
+        f_lo, f_hi = _scale_pair_model(sf | (0x7E - sf if sf < 0x7E else 0) << 8)
+        for f, byte in ((f_lo, sf), (f_hi, 0x7E - sf if sf < 0x7E else 0)):
+            want_sf = float(e4m3_decode(torch.tensor([byte], dtype=torch.uint8)))
+            for shift in range(2):  # codes c, c+1 .. packed in all eight nibbles
+                q = 0
+                vals = [codes[(i + 8 * shift) % 16] for i in range(8)]
+                for i, c in enumerate(vals):
+                    q |= c << 4 * i
+                words = _decode8_model(q, f)
+                got = [_bf16(_s16(w >> 16 * h)) for w in words for h in range(2)]
+                want = [float(E2M1_VALUES[c]) * want_sf * 2.0**-fp4.BF16_DECODE_SHIFT
+                        for c in vals]
+                assert got == want, (sf, vals, got, want)
 
 
 def _run(fn, *args):
@@ -104,12 +185,17 @@ def test_decode_every_code_every_scale():
     n = q.numel()
     out16 = torch.empty(n * 4, dtype=torch.int32, device="cuda")
     outbf = torch.empty(n * 4, dtype=torch.int32, device="cuda")
-    _run(_decode, q.cuda(), bb.to(torch.int32).cuda(), out16, outbf, Int32(n))
+    outsh = torch.empty(n * 12, dtype=torch.int32, device="cuda")
+    _run(_decode, q.cuda(), bb.to(torch.int32).cuda(), out16, outbf, outsh, Int32(n))
     vals = torch.tensor(E2M1_VALUES, dtype=torch.float64)[perm]
     sf = e4m3_decode(bb.to(torch.uint8)).to(torch.float64)[:, None]
     exact = (vals * sf).reshape(-1)
-    for got, dt in ((out16, torch.float16), (outbf, torch.bfloat16)):
-        want = exact.to(dt).view(torch.int16)
+    sf_hi = e4m3_decode((0x7E - bb).to(torch.uint8)).to(torch.float64)[:, None]
+    shift = 2.0**-fp4.BF16_DECODE_SHIFT
+    shifted = torch.cat([vals * sf * shift, vals * sf_hi * shift, vals * sf * shift], dim=1)
+    for got, want, dt in ((out16, exact, torch.float16), (outbf, exact, torch.bfloat16),
+                          (outsh, shifted.reshape(-1), torch.bfloat16)):
+        want = want.to(dt).view(torch.int16)
         have = got.cpu().view(torch.int16)
         bad = (want != have).nonzero()
         assert bad.numel() == 0, f"{dt}: {bad.numel()} mismatches, first at {bad[:4].tolist()}"

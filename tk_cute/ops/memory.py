@@ -1,0 +1,135 @@
+# SPDX-License-Identifier: MIT
+"""Global memory, thread scope: vector loads and stores with the cache hints the streaming
+kernels need, predicated forms for ragged edges, and arrival counters.
+
+Each op is one inline-PTX instruction (or a predicated one) on a 64-bit global address, so a
+kernel computes its own addresses (plain integer arithmetic on `tensor.iterator.toint()`) and
+the compiled code is exactly the access it names; the compile tests count these instructions.
+
+- Streaming reads: `ld_v4(addr, stream=True)` (``ld.global.nc.L1::no_allocate``: weights read
+  once), `ld_v4_pred` (evict-first, zeros when off), `ld_u16`, `ld_u32_pred`.
+- Reads of data other CTAs of the same launch wrote: `ld_v4_f32_cg` (``.cg``: from L2, never a
+  stale L1 line).
+- Stores: `st_u32`, `st_v2_f32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
+  `st_u8_pred`, `st_u16_pred`, `st_u32_pred`.
+- `count_arrival(addr, last)`: an acq_rel atomic counter that tells the `last`-th arrival (the
+  split-K "last CTA sums the partials" pattern) and resets itself for the next launch.
+"""
+
+from __future__ import annotations
+
+from cutlass import Float32, Int32, Int64, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from tk_cute.ops.nvfp4 import asm
+
+
+def _unpack(res, ty, n, cls, loc=None, ip=None):
+    return [cls(llvm.extractvalue(ty, res, [i], loc=loc, ip=ip)) for i in range(n)]
+
+
+# ---------------------------------------------------------------- loads
+
+
+@dsl_user_op
+def ld_v4(addr: Int64, stream: bool, *, loc=None, ip=None) -> list:
+    """16 bytes at `addr` as 4 Uint32 (read-only path); `stream`: no L1 allocation (data read
+    once)."""
+    hint = ".L1::no_allocate" if stream else ""
+    ret = llvm.StructType.get_literal([T.i32()] * 4)
+    text = f"ld.global.nc{hint}.v4.u32 {{$0, $1, $2, $3}}, [$4];"
+    res = asm(ret, [Int64(addr)], text, "=r,=r,=r,=r,l", loc, ip)
+    return _unpack(res, T.i32(), 4, Uint32, loc, ip)
+
+
+@dsl_user_op
+def ld_v4_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> list:
+    """16 bytes at `addr` as 4 Uint32 when pred != 0, else zeros (streaming, L1 evict-first)."""
+    ret = llvm.StructType.get_literal([T.i32()] * 4)
+    text = (
+        "{ .reg .pred p; setp.ne.b32 p, $5, 0; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; "
+        "mov.b32 $3, 0; @p ld.global.L1::evict_first.v4.b32 {$0, $1, $2, $3}, [$4]; }"
+    )
+    res = asm(ret, [Int64(addr), Uint32(pred)], text, "=&r,=&r,=&r,=&r,l,r", loc, ip, True)
+    return _unpack(res, T.i32(), 4, Uint32, loc, ip)
+
+
+@dsl_user_op
+def ld_u16(addr: Int64, *, loc=None, ip=None) -> Uint32:
+    """The 2 bytes at `addr` (read-only path), zero-extended."""
+    return Uint32(asm(T.i32(), [Int64(addr)], "ld.global.nc.u16 $0, [$1];", "=r,l", loc, ip))
+
+
+@dsl_user_op
+def ld_u32_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> Uint32:
+    """The 4 bytes at `addr` when pred != 0, else 0 (a plain coherent load: data written by an
+    earlier kernel of the stream)."""
+    text = "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.b32 $0, [$1]; }"
+    return Uint32(asm(T.i32(), [Int64(addr), Uint32(pred)], text, "=&r,l,r", loc, ip, True))
+
+
+@dsl_user_op
+def ld_v4_f32_cg(addr: Int64, *, loc=None, ip=None) -> list:
+    """16 bytes from L2 as 4 Float32 (``.cg``: never a stale L1 line; other CTAs wrote them)."""
+    ret = llvm.StructType.get_literal([T.f32()] * 4)
+    res = asm(ret, [Int64(addr)], "ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];",
+              "=f,=f,=f,=f,l", loc, ip, True)
+    return _unpack(res, T.f32(), 4, Float32, loc, ip)
+
+
+# ---------------------------------------------------------------- stores
+
+
+@dsl_user_op
+def st_u32(addr: Int64, v: Uint32, *, loc=None, ip=None) -> None:
+    asm(None, [Int64(addr), Uint32(v)], "st.global.b32 [$0], $1;", "l,r", loc, ip, True)
+
+
+@dsl_user_op
+def st_v2_f32(addr: Int64, x: Float32, y: Float32, *, loc=None, ip=None) -> None:
+    asm(None, [Int64(addr), Float32(x), Float32(y)], "st.global.v2.f32 [$0], {$1, $2};",
+        "l,f,f", loc, ip, True)
+
+
+@dsl_user_op
+def st_cvt(addr: Int64, x: Float32, dtype: str, *, loc=None, ip=None) -> None:
+    """Store `x` as one `dtype` element ("bfloat16" / "float16": round to nearest even)."""
+    if dtype == "float32":
+        text = "st.global.f32 [$0], $1;"
+    else:
+        cvt = "cvt.rn.bf16.f32" if dtype == "bfloat16" else "cvt.rn.f16.f32"
+        text = f"{{ .reg .b16 h; {cvt} h, $1; st.global.b16 [$0], h; }}"
+    asm(None, [Int64(addr), Float32(x)], text, "l,f", loc, ip, True)
+
+
+@dsl_user_op
+def st_u8_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
+    text = "{ .reg .pred p; .reg .b16 h; setp.ne.b32 p, $2, 0; cvt.u16.u32 h, $1; " \
+        "@p st.global.u8 [$0], h; }"
+    asm(None, [Int64(addr), Uint32(v), Uint32(pred)], text, "l,r,r", loc, ip, True)
+
+
+@dsl_user_op
+def st_u16_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
+    text = "{ .reg .pred p; .reg .b16 h; setp.ne.b32 p, $2, 0; cvt.u16.u32 h, $1; " \
+        "@p st.global.b16 [$0], h; }"
+    asm(None, [Int64(addr), Uint32(v), Uint32(pred)], text, "l,r,r", loc, ip, True)
+
+
+@dsl_user_op
+def st_u32_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
+    text = "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.b32 [$0], $1; }"
+    asm(None, [Int64(addr), Uint32(v), Uint32(pred)], text, "l,r,r", loc, ip, True)
+
+
+# ---------------------------------------------------------------- arrival counters
+
+
+@dsl_user_op
+def count_arrival(addr: Int64, last: Int32, *, loc=None, ip=None) -> Uint32:
+    """Atomically count one arrival at `addr` (acq_rel, gpu); 1 for the `last`-th (0-based)
+    arrival, which also resets the counter to 0 for the next launch."""
+    text = ("{ .reg .u32 old; .reg .pred p; atom.acq_rel.gpu.global.add.u32 old, [$1], 1;\n"
+            "setp.eq.u32 p, old, $2; selp.u32 $0, 1, 0, p; @p st.relaxed.gpu.global.u32 [$1], 0; }")
+    return Uint32(asm(T.i32(), [Int64(addr), Int32(last)], text, "=r,l,r", loc, ip, True))
