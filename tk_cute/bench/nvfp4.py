@@ -4,7 +4,7 @@
 
 Variants per shape: tk_cute W4A16 and W4A4 through the public `tk_cute.nvfp4.gemm` (which picks
 `kernels/gemm/nvfp4_gemv_sm90.py` for M <= 64 and the dequantize + bf16 GEMM path of
-`kernels/gemm/nvfp4_sm90.py` for M % 128 == 0), cuBLAS bf16 on
+`kernels/gemm/nvfp4_sm90.py` for M % 128 == 0; there its fused path runs beside it), cuBLAS bf16 on
 the dequantized weights (`a @ w.t()`), cuBLAS fp8 e4m3 (`torch._scaled_mm`, per-tensor scales)
 and the torch path a user would write (LUT dequantize to bf16, then cuBLAS). GB/s counts the
 NVFP4 weight payload (0.5625 B/element) for every variant, so the column compares speeds on one
@@ -64,6 +64,11 @@ def _variants(M, N, K, tune: bool, sms: int):
             s["a8"], s["w8"].t(), scale_a=s["sa"], scale_b=s["sw"], out_dtype=torch.bfloat16),
         "torch deq + matmul": lambda s: s["a"] @ _dequant_torch(s["b"]).t(),
     }
+    from tk_cute.kernels.gemm import nvfp4_sm90
+
+    if M > gv.MAX_M and nvfp4_sm90.supports(M, N, K):  # the other large-M path, side by side
+        v["tk_cute w4a16 fused"] = lambda s: nvfp4_sm90.gemm(s["a"], s["b"], path="fused")
+        v["tk_cute w4a4 fused"] = lambda s: nvfp4_sm90.gemm(s["aq"], s["b"], path="fused")
     if tune and M <= gv.MAX_M:
         import dataclasses
 
