@@ -11,9 +11,10 @@ warpgroup decodes each stage into a bf16 (Mb, 64) / (Nb, 64) pair of the compute
 epilogue, times gA * gB (read on the device). Decoding in its own warpgroup lets it overlap the
 MMAs: inside the consumers (which hold 128 accumulator registers each) it serialised with them.
 Constraints: K % 64 == 0, M % 128 == 0, N % 256 == 0 (checked by `check_shapes`).
-`gemm(..., path="dequantize")` (the default) instead expands the operands to bf16 in global
-memory and runs `GemmScaledSm90`: on the H200 the fused decode cannot keep up with the tensor
-cores (docs/nvfp4_hopper.md), while the separate pass costs ~2.5 B/element of traffic.
+`gemm(..., path="dequantize")` instead expands the operands to bf16 in global memory and runs
+`GemmScaledSm90`: on the H200 the fused decode cannot keep up with the tensor cores
+(docs/nvfp4_hopper.md), while the separate pass costs ~2.5 B/element of traffic, whatever M is.
+`default_path` picks per shape: fused only where its tiles fill one wave of SMs.
 """
 
 from __future__ import annotations
@@ -168,27 +169,39 @@ def supports(M: int, N: int, K: int, config: Config = Config()) -> bool:
 PATHS = ("dequantize", "fused")
 
 
+def default_path(M: int, N: int, sms: int, config: Config = Config()) -> str:
+    """"fused" when the output tiles make one nearly full wave (0.75 x SMs to SMs CTAs), else
+    "dequantize". The separate pass costs time in N x K whatever M is, the fused kernel time in
+    waves of tiles; on the H200 (docs/results.md, 2026-11-30) 128x28672x8192 (112 tiles) took
+    148 us fused against 298 us, while 128x8192x8192 (32 tiles) and every M = 1024 shape
+    (256-896 tiles) were faster dequantized."""
+    tiles = -(-M // 128) * -(-N // config.Nb)
+    return "fused" if 0.75 * sms <= tiles <= sms else "dequantize"
+
+
 def gemm(a, b, out_dtype=torch.bfloat16, out=None, config: Config | None = None,
-         path: str = "dequantize"):
+         path: str | None = None):
     """D (M, N) = a @ b^T on Hopper: a an NVFP4Tensor (W4A4) or a bf16 (M, K) tensor (W4A16),
     b an NVFP4Tensor (N, K); the operands validated by `tk_cute.nvfp4.gemm`.
 
     Args:
         out: an optional contiguous (M, N) tensor of out_dtype to write into.
         config: tuning of the fused kernel (its a_format and out_dtype follow the operands).
-        path: "dequantize" (default, faster on the H200): `kernels/nvfp4_dequantize.py` expands
-            the FP4 operands to exact bf16 e2m1 * ue4m3 in global memory (2 B per element of
-            workspace), then `GemmScaledSm90` multiplies with gA * gB in its epilogue.
-            "fused": this module's ltcf kernel, decoding in shared memory (no workspace).
+        path: "dequantize": `kernels/nvfp4_dequantize.py` expands the FP4 operands to exact
+            bf16 e2m1 * ue4m3 in global memory (2 B per element of workspace), then
+            `GemmScaledSm90` multiplies with gA * gB in its epilogue. "fused": this module's
+            ltcf kernel, decoding in shared memory (no workspace). None (default):
+            `default_path` for the shape.
     """
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if path not in PATHS + (None,):
+        raise ValueError(f"path must be one of {PATHS} or None, got {path!r}")
     w4a4 = not isinstance(a, torch.Tensor)
     config = dataclasses.replace(config or Config(), a_format="nvfp4" if w4a4 else "bf16",
                                  out_dtype=str(out_dtype).removeprefix("torch."))
     kernel, sms = _kernel(config, b.data.device)
     (M, K), N = a.shape[-2:], b.shape[-2]
     check_shapes(M, N, K, kernel)
+    path = path or default_path(M, N, sms, config)
     c = torch.empty(M, N, dtype=out_dtype, device=b.data.device) if out is None else out
     if c.shape != (M, N) or c.dtype != out_dtype or not c.is_contiguous():
         raise ValueError(f"out must be a contiguous ({M}, {N}) {out_dtype} tensor, got "

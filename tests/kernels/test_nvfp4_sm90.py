@@ -160,3 +160,16 @@ def test_dequantize_blocks_compiles_to_vector_accesses():
     assert b.sass_count(r"LDG\.E\b(?!\.)") == n and b.sass_count(r"STG\.E\.128") == n
     assert b.sass_count(r"LDG\.E\.U8") == n
     assert b.kernel.local_bytes == 0
+
+
+def test_default_path_fuses_only_one_near_full_wave():
+    from tk_cute.kernels.gemm.nvfp4_sm90 import default_path
+
+    # H200 (132 SMs) measurements behind the rule: 112 tiles fused 2x faster; 32 and >= 256
+    # tiles faster dequantized (docs/results.md).
+    assert default_path(128, 28672, 132) == "fused"  # 1 x 112 tiles
+    assert default_path(128, 8192, 132) == "dequantize"  # 32 tiles: a quarter of the SMs
+    assert default_path(1024, 8192, 132) == "dequantize"  # 256 tiles: two waves
+    assert default_path(1024, 28672, 132) == "dequantize"
+    assert default_path(8192, 8192, 132) == "dequantize"
+    assert default_path(256, 16384, 132) == "fused"  # 128 tiles
