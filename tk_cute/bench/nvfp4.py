@@ -9,9 +9,9 @@ the dequantized weights (`a @ w.t()`), cuBLAS fp8 e4m3 (`torch._scaled_mm`, per-
 and the torch path a user would write (LUT dequantize to bf16, then cuBLAS). GB/s counts the
 NVFP4 weight payload (0.5625 B/element) for every variant, so the column compares speeds on one
 scale; the device-to-device copy bandwidth (read + write) is measured in the same run.
-`--tune` adds small-M tk_cute variants (4 consumer warps) over the weight feed (a TMA ring of
-2 or 3 stages, or LDG with U 128-K steps per trip), activations loaded a trip ahead (xa) or not,
-a register cap for c CTAs per SM (cN) and split-K (S, from 1, 2 or 4 CTAs per SM).
+`--tune` adds small-M tk_cute variants over the tiling (MT MMA row tiles per warp, WN warps, U
+128-K steps per trip, cN: a register cap for N CTAs per SM) and split-K (S, from 1, 2 or 4 CTAs
+per SM).
 """
 
 from __future__ import annotations
@@ -73,17 +73,15 @@ def _variants(M, N, K, tune: bool, sms: int):
         import dataclasses
 
         base = gv.config_for(M, N, K)
-        tma = [dict(TMA=True, UNROLL=2, STAGES=st, X_AHEAD=xa) for st in (2, 3) for xa in (0, 1)]
-        ldg = [dict(TMA=False, UNROLL=u, X_AHEAD=False) for u in (2, 4)]
-        capped = [dict(TMA=True, UNROLL=2, STAGES=3, X_AHEAD=False, MIN_CTAS=4),
-                  dict(TMA=False, UNROLL=2, X_AHEAD=False, MIN_CTAS=6),
-                  dict(TMA=False, UNROLL=4, X_AHEAD=False, MIN_CTAS=5)]
-        for feed in tma + ldg + capped:
-            cfg = dataclasses.replace(base, WN=4, **feed)
+        tilings = [dict(MT=2, WN=4, UNROLL=2), dict(MT=2, WN=4, UNROLL=4),
+                   dict(MT=4, WN=2, UNROLL=2), dict(MT=1, WN=8, UNROLL=4),
+                   dict(MT=2, WN=4, UNROLL=2, MIN_CTAS=6)]
+        for tiling in tilings:
+            cfg = dataclasses.replace(base, **tiling)
             if N % cfg.rows or K % cfg.k_chunk:
                 continue
-            kind = f"tma{cfg.STAGES}" if cfg.TMA else f"ldg U{cfg.UNROLL}"
-            kind += (" xa" if cfg.X_AHEAD else "") + (f" c{cfg.MIN_CTAS}" if cfg.MIN_CTAS else "")
+            kind = f"MT{cfg.MT} WN{cfg.WN} U{cfg.UNROLL}" + (
+                f" c{cfg.MIN_CTAS}" if cfg.MIN_CTAS else "")
             for S in sorted({gv.split_k(cfg, N, K, sms, per_sm) for per_sm in (1, 2, 4)}):
                 v[f"tk_cute w4a16 {kind} S{S}"] = (
                     lambda s, c=dataclasses.replace(cfg, S=S): gv.gemm_small_m(
