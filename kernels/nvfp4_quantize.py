@@ -30,7 +30,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from tk_cute.layouts import nvfp4_scales
-from tk_cute.ops import memory
+from tk_cute.ops import memory, ptx
 from tk_cute.ops import nvfp4 as fp4
 
 ATOM_ROWS, ATOM_KBLOCKS, ATOM_BYTES, SF_VEC = 128, 4, 512, 16
@@ -111,7 +111,7 @@ def _f16_to_f32(w, half: int):
     from cutlass.cutlass_dsl import T
 
     text = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, %s; }" % ("lo", "hi")[half]
-    return Float32(fp4.asm(T.f32(), [Uint32(w)], text, "=f,r"))
+    return Float32(ptx.asm(T.f32(), [Uint32(w)], text, "=f,r"))
 
 
 def _abs_max_bits(words, dtype: str) -> Uint32:

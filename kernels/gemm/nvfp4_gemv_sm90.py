@@ -92,10 +92,9 @@ def k_offset(t, u):
 
 
 def scale_step(dk):
-    """Bytes from the blocked-layout scale of K element k to that of k + dk, for the steps
-    `k_offset` takes (multiples of 64: whole atoms; the general rule, dk % 64 // 16 more
-    columns, holds while no column passes its atom); tested against `band_offset`."""
-    return (dk // 64) * nvfp4_scales.ATOM_BYTES + (dk % 64) // 16
+    """Bytes from the blocked-layout scale of K element k to that of k + dk, for the multiples
+    of 64 (whole atoms) that `k_offset` and the trips step by; tested against `band_offset`."""
+    return (dk // 64) * nvfp4_scales.ATOM_BYTES
 
 
 def supports(M: int, N: int, K: int) -> bool:
@@ -269,16 +268,10 @@ def _load_activations(cfg, x_rows, xsf_rows, trip):
     return words
 
 
-def act_words(cfg) -> int:
-    """32-bit words of one trip's activations per thread (bf16: 16 per step and n8 tile;
-    NVFP4: 4 of codes + 1 of scales)."""
-    return cfg.UNROLL * cfg.NT * (5 if cfg.w4a4 else 16)
-
-
 def _activation_fragments(cfg, words, u):
     """B fragments of step u from `_load_activations`' words: [nt][word j] -> 4 bf16x2 words
     (K k_offset + 8j .. +7), decoded from NVFP4 for W4A4."""
-    per = act_words(cfg) // (cfg.UNROLL * cfg.NT)
+    per = 5 if cfg.w4a4 else 16  # words per step and n8 tile (see `_load_activations`)
     out = []
     for nt in range(cfg.NT):
         w = words[(u * cfg.NT + nt) * per:][:per]

@@ -7,6 +7,7 @@
 - `group` (several warps together): the NVFP4 tile decode, `sync_any` (CTA barrier + OR);
 - `register` (a register tile, whatever its scope): zero, copy, mul, add, row/col reductions;
 - `nvfp4` (one thread): FP4 / UE4M3 encode and decode in registers;
+- `ptx`: `asm`, the one inline-PTX helper every op above goes through;
 - `memory` (one thread): global loads / stores with cache hints, predicated forms, arrival
   counters (split-K "last CTA");
 - Blackwell/Rubin: `tcgen05` (tensor-memory MMAs, scale copies), `cluster` (CTA pairs, PDL),

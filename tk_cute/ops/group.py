@@ -20,7 +20,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import nvfp4
-from tk_cute.ops.nvfp4 import asm
+from tk_cute.ops.ptx import asm
 
 K_PER_ATOM = 64
 

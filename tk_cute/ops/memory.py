@@ -22,11 +22,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from tk_cute.ops.nvfp4 import asm
-
-
-def _unpack(res, ty, n, cls, loc=None, ip=None):
-    return [cls(llvm.extractvalue(ty, res, [i], loc=loc, ip=ip)) for i in range(n)]
+from tk_cute.ops.ptx import asm, unpack
 
 
 # ---------------------------------------------------------------- loads
@@ -40,7 +36,7 @@ def ld_v4(addr: Int64, stream: bool, *, loc=None, ip=None) -> list:
     ret = llvm.StructType.get_literal([T.i32()] * 4)
     text = f"ld.global.nc{hint}.v4.u32 {{$0, $1, $2, $3}}, [$4];"
     res = asm(ret, [Int64(addr)], text, "=r,=r,=r,=r,l", loc, ip)
-    return _unpack(res, T.i32(), 4, Uint32, loc, ip)
+    return unpack(res, T.i32(), 4, Uint32, loc, ip)
 
 
 @dsl_user_op
@@ -52,7 +48,7 @@ def ld_v4_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> list:
         "mov.b32 $3, 0; @p ld.global.L1::evict_first.v4.b32 {$0, $1, $2, $3}, [$4]; }"
     )
     res = asm(ret, [Int64(addr), Uint32(pred)], text, "=&r,=&r,=&r,=&r,l,r", loc, ip, True)
-    return _unpack(res, T.i32(), 4, Uint32, loc, ip)
+    return unpack(res, T.i32(), 4, Uint32, loc, ip)
 
 
 @dsl_user_op
@@ -75,7 +71,7 @@ def ld_v4_f32_cg(addr: Int64, *, loc=None, ip=None) -> list:
     ret = llvm.StructType.get_literal([T.f32()] * 4)
     res = asm(ret, [Int64(addr)], "ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];",
               "=f,=f,=f,=f,l", loc, ip, True)
-    return _unpack(res, T.f32(), 4, Float32, loc, ip)
+    return unpack(res, T.f32(), 4, Float32, loc, ip)
 
 
 # ---------------------------------------------------------------- stores

@@ -26,6 +26,8 @@ from cutlass import Float32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from tk_cute.ops.ptx import asm
+
 NATIVE_FP4_ARCHS = ("sm_100a", "sm_103a", "sm_107a")
 F32_1E_12 = 0x2B8CBCCC  # float32(1e-12), the recipe's floor
 
@@ -33,20 +35,6 @@ F32_1E_12 = 0x2B8CBCCC  # float32(1e-12), the recipe's floor
 def has_native_fp4(arch: str) -> bool:
     """True where ``cvt ... e2m1x2`` exists (Blackwell and Rubin)."""
     return arch in NATIVE_FP4_ARCHS
-
-
-def asm(ret, args, text, constraints, loc=None, ip=None, side_effects=False):
-    """Inline PTX `text` returning `ret` from DSL values `args` (the one helper every inline-PTX
-    op of tk_cute goes through)."""
-    return llvm.inline_asm(
-        ret,
-        [a.ir_value(loc=loc, ip=ip) for a in args],
-        text,
-        constraints,
-        has_side_effects=side_effects,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
 
 
 def _u32(v):
@@ -267,37 +255,36 @@ _PAIR_SEL = [j | (8 | j) << 4 | (4 + j) << 8 | (12 + j) << 12 for j in range(4)]
 
 
 def _bf16_patterns(q: Uint32) -> list:
-    """`_e2m1x8_patterns(q, 6)` in 3 instructions a word: with t = [nibble 2j, 0, nibble 2j+1,
-    0] (prmt of the low and high nibbles), t * (2^6 + 2^12) places the magnitude bits at 6..8
-    and the sign at 15 of each half with no carries, and one lop3 keeps those bits."""
+    """Four words, nibble 2j / 2j+1 magnitude bits at 8..6 (the bf16 exponent/mantissa
+    boundary) and sign at 15 of each half, in 3 instructions a word: with t = [nibble 2j, 0,
+    nibble 2j+1, 0] (prmt of the low and high nibbles), t * (2^6 + 2^12) places both with no
+    carries and one lop3 keeps those bits."""
     u = q & 0x0F0F0F0F
     v = (q >> 4) & 0x0F0F0F0F
     return [(prmt(u, v, sel) * 0x1040) & 0x81C081C0 for sel in _PAIR_SEL]
 
 
-def _e2m1x8_patterns(q: Uint32, mag_shift: int) -> list:
-    """Four words, nibble 2j / 2j+1 magnitude bits at [mag_shift+2 : mag_shift] of each half and
-    sign at bit 15 of each half."""
-    if mag_shift == 6:
-        return _bf16_patterns(q)
+def _f16_patterns(q: Uint32) -> list:
+    """Four words, nibble 2j / 2j+1 magnitude bits at 11..9 (fp16) and sign at 15 of each half.
+    (The multiply of `_bf16_patterns` does not fit: shifts 9 and 12 of a nibble overlap.)"""
     q4 = q >> 4
     out = []
     for j in range(4):
         t = prmt(q, q4, j | ((4 + j) << 8))  # half 0 <- q.byte j, half 1 <- q4.byte j
-        out.append(((t & 0x00070007) << mag_shift) | ((t & 0x00080008) << 12))
+        out.append(((t & 0x00070007) << 9) | ((t & 0x00080008) << 12))
     return out
 
 
 def e2m1x8_to_f16x8(q: Uint32) -> list:
     """8 E2M1 codes -> 4 f16x2 words (word j = elements 2j low, 2j+1 high), exact values."""
     two14 = 0x74007400  # 2^14 in both halves
-    return [mul_f16x2(w, Uint32(two14)) for w in _e2m1x8_patterns(q, 9)]
+    return [mul_f16x2(w, Uint32(two14)) for w in _f16_patterns(q)]
 
 
 def e2m1x8_to_bf16x8(q: Uint32) -> list:
     """8 E2M1 codes -> 4 bf16x2 words (word j = elements 2j low, 2j+1 high), exact values."""
     two126 = 0x7E807E80  # 2^126 in both halves
-    return [mul_bf16x2(w, Uint32(two126)) for w in _e2m1x8_patterns(q, 6)]
+    return [mul_bf16x2(w, Uint32(two126)) for w in _bf16_patterns(q)]
 
 
 def ue4m3_to_f16x2(b: Uint32) -> Uint32:
@@ -337,7 +324,7 @@ def ue4m3x2_to_bf16x2_prescaled(h: Uint32) -> tuple:
 def e2m1x8_scaled_shifted(q: Uint32, sf_prescaled: Uint32) -> list:
     """8 codes -> 4 bf16x2 words of e2m1 * ue4m3 * 2^-8 (exact); scale from
     `ue4m3_to_bf16x2_prescaled` or `ue4m3x2_to_bf16x2_prescaled`."""
-    return [mul_bf16x2(w, sf_prescaled) for w in _e2m1x8_patterns(q, 6)]
+    return [mul_bf16x2(w, sf_prescaled) for w in _bf16_patterns(q)]
 
 
 def e2m1x8_scaled(q: Uint32, sf_x2: Uint32, dtype: str) -> list:

@@ -14,7 +14,7 @@ from cutlass import Float32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from tk_cute.ops.nvfp4 import asm
+from tk_cute.ops.ptx import asm, unpack
 
 WARP_THREADS = 32
 
@@ -55,4 +55,4 @@ def mma_m16n8k16_bf16(a: list, b: list, c: list, *, loc=None, ip=None) -> list:
             "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
     args = [Uint32(v) for v in a] + [Uint32(v) for v in b] + [Float32(v) for v in c]
     res = asm(ret, args, text, "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", loc, ip)
-    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+    return unpack(res, T.f32(), 4, Float32, loc, ip)

@@ -215,13 +215,10 @@ def _store_vec(out, t: rt, v, axis: int, warp=None):
             out[warp, coords[i][1]] = v.frag[v.index[i]]
 
 
-@cute.kernel
-def _reg_kernel(A: gl, B: gl, T: cute.Tensor, Cb: cute.Tensor, V: cute.Tensor, W: cute.Tensor):
-    smem = Shared()
-    sa, sb = smem.alloc(A.tile), smem.alloc(B.tile)
-    sem = semaphore(smem.barriers(1))
-    tid = cute.arch.thread_idx()[0]
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+@cute.jit
+def _load_both(A: gl, B: gl, sa, sb, sem, tid, warp):
+    """Stage 0 of `sa` / `sb` <- tile (0, 0) of A / B through one semaphore phase: thread 0
+    initialises it, warp 0 issues both TMA loads, every thread waits."""
     if tid == 0:
         sem.init(1)
         init_fence()
@@ -232,11 +229,27 @@ def _reg_kernel(A: gl, B: gl, T: cute.Tensor, Cb: cute.Tensor, V: cute.Tensor, W
         tma.load_async(sa[None, None, 0], A, coord(0, 0), sem.ptr)
         tma.load_async(sb[None, None, 0], B, coord(0, 0), sem.ptr)
     sem.wait(0)
+
+
+def _product_ABt(sa, sb, tid):
+    """The warpgroup's RM x RN fp32 accumulator of A @ B^T (one wgmma batch, waited for)."""
     acc = rt.accumulator(warpgroup.tiled_mma(BF16, RN), tid, RM, RN)
     warpgroup.mma_fence()
     warpgroup.mm_ABt(acc, sa[None, None, 0], sb[None, None, 0])
     warpgroup.mma_commit_group()
     warpgroup.mma_async_wait(0)
+    return acc
+
+
+@cute.kernel
+def _reg_kernel(A: gl, B: gl, T: cute.Tensor, Cb: cute.Tensor, V: cute.Tensor, W: cute.Tensor):
+    smem = Shared()
+    sa, sb = smem.alloc(A.tile), smem.alloc(B.tile)
+    sem = semaphore(smem.barriers(1))
+    tid = cute.arch.thread_idx()[0]
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    _load_both(A, B, sa, sb, sem, tid, warp)
+    acc = _product_ABt(sa, sb, tid)
 
     t, u = acc.like(), acc.like()
     warpgroup.store_global(T[0, None, None], acc)
@@ -291,21 +304,8 @@ def _epi_kernel(A: gl, B: gl, Cg: gl, Cf: cute.Tensor):
     sem = semaphore(smem.barriers(1))
     tid = cute.arch.thread_idx()[0]
     warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    if tid == 0:
-        sem.init(1)
-        init_fence()
-    _sync_threads()
-    if warp == 0:  # a whole warp issues TMA loads (see ISSUE_RULE)
-        with cute.arch.elect_one():
-            sem.expect_bytes(A.tile.bytes + B.tile.bytes)
-        tma.load_async(sa[None, None, 0], A, coord(0, 0), sem.ptr)
-        tma.load_async(sb[None, None, 0], B, coord(0, 0), sem.ptr)
-    sem.wait(0)
-    acc = rt.accumulator(warpgroup.tiled_mma(BF16, RN), tid, RM, RN)
-    warpgroup.mma_fence()
-    warpgroup.mm_ABt(acc, sa[None, None, 0], sb[None, None, 0])
-    warpgroup.mma_commit_group()
-    warpgroup.mma_async_wait(0)
+    _load_both(A, B, sa, sb, sem, tid, warp)
+    acc = _product_ABt(sa, sb, tid)
     warpgroup.store_global(Cf, acc)
     group = warpgroup.sync(1, 1)
     for i in cutlass.range_constexpr(RN // EPI.cols):
