@@ -10,16 +10,21 @@ imad + lop3 per pair, no lookup table; the UE4M3 scale folded in with one exact 
 w = e2m1 * sf * 2^-8). The 16 K-slots of an MMA hold, per thread, K elements 32t + 4j .. +3 (see
 `k_offset`), the same permutation for the activation fragment, so both sides are plain
 contiguous loads. Products are exact; fp32 accumulation.
-Grid (N / rows, S): CTA (r, s) owns `rows` weight rows (WN warps x MT MMA tiles) and the s-th
-of S K-slices; its fp32 partial goes to a workspace and the last CTA of a row block (an arrival
-counter, reset by it) sums the S partials in order (deterministic), applies 2^8 (2^16 for W4A4)
-* global scales and writes D. Constraints (checked): M <= 64, K % 128 == 0, N % 32 == 0.
+Grid N / rows: a CTA owns `rows` weight rows and has WN x S warps: WN row groups (MT MMA tiles
+each) times S K-slices (split-K inside the CTA). With AHEAD (default at M <= 8) the next trip's
+weights are in flight while a trip decodes. At the end each warp puts its fp32 partial in shared
+memory and, after one CTA barrier, the CTA sums the S slices in order (deterministic), applies
+2^8 (2^16 for W4A4) * global scales and writes D: no global workspace, no atomics, no fences.
+Constraints (checked): M <= 64, K % 128 == 0, N % 32 == 0.
 
-Where the time goes (H200, ncu, M = 1, N = K = 8192, 2026-11-30): the kernel issues ~6.6 M warp
-instructions, ~75% of them the decode (19 per 8 codes); at 2.0 IPC per SM and 77% of the time
-with SMs active it takes ~17.6 us while DRAM runs at 49% of peak: it is bound by instruction
-issue and load latency, not by bandwidth. A TMA ring feeding the weights through shared memory
-(commit 4e577cf) did not help: it moves the same decode work and costs occupancy.
+Where the time goes (H200, 2026-11-30, M = 1, N = K = 8192; docs/nvfp4_hopper.md): the decode
+is ~75% of ~6.6 M warp instructions (19 per 8 codes), yet neither it nor the loads alone set the
+time: a variant without the decode (loads only) and one decoding L2-resident weights each took
+about as long as the kernel (~17.5 us) while the last-CTA split-K reduction over a global
+workspace cost ~2-3 us and loads issued only after the previous trip's decode left HBM idle.
+Splitting K between the warps of one CTA (reduced in shared memory) and keeping a trip of
+weights in flight took it to ~14.7 us (M = 16: 25 -> 19 us). A TMA ring feeding the weights
+through shared memory (commit 4e577cf) and a cluster (DSMEM) reduction did not help.
 """
 
 from __future__ import annotations
@@ -33,28 +38,33 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from tk_cute.layouts import nvfp4_scales
-from tk_cute.ops import group, memory, warp
+from tk_cute.ops import memory, warp
 from tk_cute.ops import nvfp4 as fp4
+from tk_cute.types.st import Shared, sv
 
 STEP_K = 128  # K elements per warp step: 4 lanes x 32 codes (one LDG.128 per weight row)
 MAX_M = 64
+MAX_THREADS = 1024
+MAX_PART_BYTES = 64 * 1024  # the CTA's S fp32 partials in shared memory
 OUT_TYPES = ("bfloat16", "float16", "float32")
 
 
 @dataclass(frozen=True)
 class Config:
-    """MT: 16-row MMA tiles per warp; NT: 8-column MMA tiles (M <= 8*NT); WN: warps per CTA
-    (stacked along N); UNROLL: 128-K steps per trip (their loads are issued together); S:
-    K-slices (grid y); w4a4: A is NVFP4."""
+    """MT: 16-row MMA tiles per warp; NT: 8-column MMA tiles (M <= 8*NT); WN: warps along N
+    (row groups); S: warps along K (K-slices, summed in shared memory at the end); a CTA has
+    WN x S warps. UNROLL: 128-K steps per trip (their loads are issued together); AHEAD: the
+    next trip's weights load while this one decodes; w4a4: A is NVFP4."""
 
     MT: int = 2
     NT: int = 2
-    WN: int = 4
+    WN: int = 1
     UNROLL: int = 2
     w4a4: bool = False
     out_dtype: str = "bfloat16"
     MIN_CTAS: int = 0  # CTAs per SM ptxas must fit (caps registers); 0: no cap
     S: int = 1
+    AHEAD: bool = False
 
     def __post_init__(self):
         if self.MT not in (1, 2, 4) or self.NT not in (1, 2, 4, 8):
@@ -62,8 +72,13 @@ class Config:
         if self.WN not in (1, 2, 4, 8, 16) or self.UNROLL not in (1, 2, 4):
             raise ValueError(f"WN must be 1..16 (power of 2) and UNROLL 1, 2 or 4, "
                              f"got {self.WN}, {self.UNROLL}")
-        if not 1 <= self.S <= 64:
-            raise ValueError(f"S (K-slices) must be 1..64, got {self.S}")
+        if self.S < 1 or self.threads > MAX_THREADS:
+            raise ValueError(f"S (K-slices) must be >= 1 with WN x S <= {MAX_THREADS // 32} "
+                             f"warps, got WN={self.WN}, S={self.S}")
+        if self.part_bytes > MAX_PART_BYTES:
+            raise ValueError(f"S x rows x m_pad = {self.S} x {self.rows} x {self.m_pad} fp32 "
+                             f"partials need {self.part_bytes} B of shared memory "
+                             f"(> {MAX_PART_BYTES})")
         if self.out_dtype not in OUT_TYPES:
             raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
 
@@ -73,15 +88,19 @@ class Config:
 
     @property
     def threads(self) -> int:
-        return 32 * self.WN
+        return 32 * self.WN * self.S
 
     @property
     def k_chunk(self) -> int:  # K elements per main-loop trip
         return STEP_K * self.UNROLL
 
     @property
-    def m_pad(self) -> int:  # activation rows per CTA partial (MMA columns)
+    def m_pad(self) -> int:  # activation rows per partial (MMA columns)
         return 8 * self.NT
+
+    @property
+    def part_bytes(self) -> int:  # the CTA's S fp32 partials in shared memory
+        return 4 * self.S * self.rows * self.m_pad
 
 
 def k_offset(t, u):
@@ -114,29 +133,35 @@ def config_for(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = "bfl
         raise ValueError(f"gemm_small_m needs N to be a multiple of 32, got N={N}")
     NT = max(1, -(-M // 8))
     NT = 1 << (NT - 1).bit_length()
-    # H200 sweeps 2026-11-30 (docs/results.md): 4 warps of 2 MMA row tiles; 2 steps per trip,
-    # 4 with two activation tiles (M 9..16).
-    WN = 4
-    while WN > 1 and N % (32 * WN):
-        WN //= 2
+    # H200 sweeps 2026-11-30 (docs/results.md): warps of 2 MMA row tiles; 2 steps per trip, the
+    # next trip's weights in flight at M <= 8 (registers capped for 16 warps per SM), 4 steps
+    # with two activation tiles (M 9..16); about 8 warps per CTA, at least one CTA per SM.
     unroll = 4 if NT == 2 else 2
     while (K // STEP_K) % unroll:
         unroll //= 2
-    cfg = Config(MT=2, NT=NT, WN=WN, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype)
-    return dataclasses.replace(cfg, S=split_k(cfg, N, K, sms))
+    cfg = Config(MT=2, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
+                 AHEAD=NT == 1)
+    cfg = dataclasses.replace(cfg, S=split_k(cfg, N, K, sms))
+    WN = max(1, 8 // cfg.S)
+    while WN > 1 and (N % (32 * WN) or N // (32 * WN) < sms):
+        WN //= 2
+    ctas = max(1, 16 // (WN * cfg.S)) if cfg.AHEAD else 0
+    return dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas)
 
 
 def split_k(cfg: Config, N: int, K: int, sms: int, ctas_per_sm: int | None = None) -> int:
-    """S: K-slices per row block, the divisor of K / k_chunk nearest (in ratio; ties: larger) to
-    about ctas_per_sm x 8-warp CTAs per SM: enough 16-byte loads in flight to cover HBM latency.
-    Default ctas_per_sm: 2 for up to two activation tiles (M <= 16), else 1 (H200 sweeps: S=8
-    at N=K=8192 and S=2 at N=28672 for M=1 and 16; S=4 at M=64)."""
+    """S: K-slices (warps along K), the divisor of K / k_chunk nearest (in ratio; ties: larger)
+    to about ctas_per_sm x 8 warps per SM in all: enough 16-byte loads in flight to cover HBM
+    latency; at most what fits a CTA. Default ctas_per_sm: 2 for up to two activation tiles
+    (M <= 16), else 1 (H200 sweeps: S=8 at N=K=8192 and S=2 at N=28672 for M=1 and 16; S=4 at
+    M=64)."""
     if ctas_per_sm is None:
         ctas_per_sm = 2 if cfg.NT <= 2 else 1
-    chunks, blocks = K // cfg.k_chunk, N // cfg.rows
-    want = max(1.0, sms * ctas_per_sm * 8 / cfg.WN / blocks)
-    divisors = [d for d in range(1, min(chunks, 64) + 1) if chunks % d == 0]
-    return min(divisors, key=lambda d: (abs(math.log(d / want)), -d))
+    chunks, groups = K // cfg.k_chunk, N // (16 * cfg.MT)
+    want = max(1.0, sms * ctas_per_sm * 8 / groups)
+    fits = [d for d in range(1, chunks + 1) if chunks % d == 0
+            and 32 * cfg.WN * d <= MAX_THREADS and 4 * d * cfg.rows * cfg.m_pad <= MAX_PART_BYTES]
+    return min(fits, key=lambda d: (abs(math.log(d / want)), -d))
 
 
 # ---------------------------------------------------------------- index maps
@@ -146,10 +171,10 @@ def split_k(cfg: Config, N: int, K: int, sms: int, ctas_per_sm: int | None = Non
 # weight rows (n), columns activation rows (m).
 
 
-def weight_row(cfg, wid, lane, mt, h):
-    """Weight row (within the CTA's block of cfg.rows) whose codes lane loads as A-fragment rows
-    g + 8h of MMA tile mt."""
-    return wid * (16 * cfg.MT) + 16 * mt + 8 * h + lane // 4
+def weight_row(cfg, wn, lane, mt, h):
+    """Weight row (within the CTA's block of cfg.rows) whose codes lane of row group wn loads as
+    A-fragment rows g + 8h of MMA tile mt."""
+    return wn * (16 * cfg.MT) + 16 * mt + 8 * h + lane // 4
 
 
 def act_row(nt, lane):
@@ -158,26 +183,31 @@ def act_row(nt, lane):
     return 8 * nt + lane // 4
 
 
-def acc_coord(cfg, wid, lane, mt, nt, i):
+def acc_coord(cfg, wn, lane, mt, nt, i):
     """(weight row within the CTA, activation row) of acc[(mt * NT + nt) * 4 + i]."""
-    return weight_row(cfg, wid, lane, mt, i // 2), 8 * nt + 2 * (lane % 4) + i % 2
+    return weight_row(cfg, wn, lane, mt, i // 2), 8 * nt + 2 * (lane % 4) + i % 2
 
 
-def ws_index(cfg, s, N, n, m):
-    """fp32 element index of partial (split s, weight row n, activation row m) in the
-    workspace, laid out [S][N][m_pad] (m contiguous: one st.v2 / ld.v4 covers adjacent m)."""
-    return (s * N + n) * cfg.m_pad + m
+def warp_role(cfg, wid):
+    """(row group wn, K-slice s) of warp wid: the WN warps of a slice are adjacent (they read
+    the same activations, close in time)."""
+    return wid % cfg.WN, wid // cfg.WN
+
+
+def slot_index(cfg, s, n, m):
+    """fp32 element index of K-slice s's partial for (weight row n, activation row m) in the
+    CTA's shared buffer, [S][rows][m_pad] (m contiguous: one st.v2 / ld.v4 covers adjacent m)."""
+    return (s * cfg.rows + n) * cfg.m_pad + m
 
 
 def reduce_trips(cfg) -> int:
-    """Loop trips of the final reduction: rows x m_pad partial sums, 4 per thread per trip."""
-    total = cfg.rows * cfg.m_pad // 4
-    assert total % cfg.threads == 0
-    return total // cfg.threads  # = MT * NT
+    """Loop trips of the final sum: rows x m_pad sums, 4 per thread per trip."""
+    return -(-cfg.rows * cfg.m_pad // (4 * cfg.threads))
 
 
 def reduce_coord(cfg, it, tidx):
-    """(weight row within the CTA, first of 4 activation rows) thread tidx sums in trip it."""
+    """(weight row, first of 4 activation rows) that thread tidx sums over the S slices in trip
+    it (past the block, m0 >= m_pad)."""
     i = it * cfg.threads + tidx
     return i % cfg.rows, 4 * (i // cfg.rows)
 
@@ -187,35 +217,50 @@ def reduce_coord(cfg, it, tidx):
 
 @cute.kernel
 def _kernel(cfg: cutlass.Constexpr, w: cute.Tensor, wsf: cute.Tensor, x: cute.Tensor,
-            xsf: cute.Tensor, gsb: cute.Tensor, gsa: cute.Tensor, out: cute.Tensor,
-            ws: cute.Tensor, counters: cute.Tensor, M: Int32, N: Int32, K: Int32, trips: Int32):
+            xsf: cute.Tensor, gsb: cute.Tensor, gsa: cute.Tensor, out: cute.Tensor, M: Int32,
+            N: Int32, K: Int32, trips: Int32):
     tidx, _, _ = cute.arch.thread_idx()
-    rb, s, _ = cute.arch.block_idx()
-    wid, lane = tidx // 32, tidx % 32
-    k_begin = Int64(s) * Int64(trips) * cfg.k_chunk  # this CTA's K slice
+    rb, _, _ = cute.arch.block_idx()
+    wn, s = warp_role(cfg, tidx // 32)
+    lane = tidx % 32
+    k_begin = Int64(s) * Int64(trips) * cfg.k_chunk  # this warp's K slice
     n_blk = rb * cfg.rows  # first weight row of this CTA
-    w_rows, sf_rows = _weight_rows(cfg, w, wsf, wid, lane, n_blk, K, k_begin)
+    w_rows, sf_rows = _weight_rows(cfg, w, wsf, wn, lane, n_blk, K, k_begin)
     x_rows, xsf_rows = _activation_rows(cfg, x, xsf, lane, M, K, k_begin)
 
     acc = cute.make_rmem_tensor((cfg.MT * cfg.NT * 4,), Float32)
     for i in cutlass.range_constexpr(cfg.MT * cfg.NT * 4):
         acc[i] = Float32(0.0)
-    for trip in cutlass.range(trips, unroll=1):
-        wq, sc = _load_weights(cfg, w_rows, sf_rows, Int64(trip))
-        xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
-        _mma_trip(cfg, acc, wq, sc, xw)
-    _store_partial(cfg, acc, ws, M, N, s, n_blk, wid, lane)
-    _reduce_last(cfg, gsb, gsa, out, ws, counters, M, N, rb, n_blk, tidx)
+    if cutlass.const_expr(cfg.AHEAD):
+        # The weights of trip i + 1 are in flight while trip i decodes: HBM latency hides
+        # behind decode instead of alternating with it (registers: one trip's words more).
+        regs = _weight_registers(cfg)
+        _keep_weights(cfg, regs, _load_weights(cfg, w_rows, sf_rows, Int64(0)))
+        for trip in cutlass.range(trips - 1, unroll=1):
+            cur = _kept_weights(cfg, regs)
+            _keep_weights(cfg, regs, _load_weights(cfg, w_rows, sf_rows, Int64(trip + 1)))
+            _mma_trip(cfg, acc, *cur, _load_activations(cfg, x_rows, xsf_rows, Int64(trip)))
+        _mma_trip(cfg, acc, *_kept_weights(cfg, regs),
+                  _load_activations(cfg, x_rows, xsf_rows, Int64(trips - 1)))
+    else:
+        for trip in cutlass.range(trips, unroll=1):
+            wq, sc = _load_weights(cfg, w_rows, sf_rows, Int64(trip))
+            xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
+            _mma_trip(cfg, acc, wq, sc, xw)
+    part = Shared().alloc(sv(Float32, cfg.S * cfg.rows * cfg.m_pad)).iterator.toint()
+    _store_partial(cfg, acc, part, M, wn, s, lane)
+    cute.arch.barrier()
+    _reduce(cfg, part, gsb, gsa, out, M, N, n_blk, tidx)
 
 
-def _weight_rows(cfg, w, wsf, wid, lane, n_blk, K, k_begin):
+def _weight_rows(cfg, w, wsf, wn, lane, n_blk, K, k_begin):
     """Per MMA row (weight rows g, g+8 of each tile) the address of the thread's first
     16 weight bytes and of its first scale pair."""
     t = lane % 4
     w_rows, sf_rows = [], []
     for mt in range(cfg.MT):
         for h in range(2):
-            n = Int64(n_blk + weight_row(cfg, wid, lane, mt, h))
+            n = Int64(n_blk + weight_row(cfg, wn, lane, mt, h))
             k = k_begin + k_offset(t, 0)
             w_rows.append(w.iterator.toint() + n * Int64(K // 2) + k // 2)
             sf_rows.append(wsf.iterator.toint() + nvfp4_scales.band_offset(n, k // 16,
@@ -232,6 +277,31 @@ def _load_weights(cfg, w_rows, sf_rows, trip):
         wq.append([memory.ld_v4(a + k // 2, True) for a in w_rows])
         sc.append([memory.ld_u16(a + scale_step(k)) for a in sf_rows])
     return wq, sc
+
+
+def _weight_registers(cfg):
+    """Register tensors that hold one trip of weight words and scale pairs across a loop
+    iteration (`_load_weights`' nesting, flattened)."""
+    rows = 2 * cfg.MT
+    return (cute.make_rmem_tensor((cfg.UNROLL * rows * 4,), Uint32),
+            cute.make_rmem_tensor((cfg.UNROLL * rows,), Uint32))
+
+
+def _keep_weights(cfg, regs, loaded):
+    words, scales = regs
+    for u, (wq_u, sc_u) in enumerate(zip(*loaded)):
+        for r, (q, h) in enumerate(zip(wq_u, sc_u)):
+            scales[u * len(sc_u) + r] = h
+            for j in range(4):
+                words[(u * len(sc_u) + r) * 4 + j] = q[j]
+
+
+def _kept_weights(cfg, regs):
+    words, scales = regs
+    rows = 2 * cfg.MT
+    wq = [[[words[(u * rows + r) * 4 + j] for j in range(4)] for r in range(rows)]
+          for u in range(cfg.UNROLL)]
+    return wq, [[scales[u * rows + r] for r in range(rows)] for u in range(cfg.UNROLL)]
 
 
 def _activation_rows(cfg, x, xsf, lane, M, K, k_begin):
@@ -305,66 +375,55 @@ def _mma_trip(cfg, acc, wq, sc, xw):
 
 
 @cute.jit
-def _store_partial(cfg: cutlass.Constexpr, acc, ws, M, N, s, n_blk, wid, lane):
-    """This CTA's fp32 partial (rows x activation rows < M) into workspace slice s."""
-    ws_base = ws.iterator.toint()
+def _store_partial(cfg: cutlass.Constexpr, acc, part, M, wn, s, lane):
+    """This warp's fp32 partial (its rows x activation rows < M) into slice s of `part`."""
     for mt in cutlass.range_constexpr(cfg.MT):
         for nt in cutlass.range_constexpr(cfg.NT):
             base = (mt * cfg.NT + nt) * 4
             for h in cutlass.range_constexpr(2):  # registers 2h, 2h+1: activation rows m, m+1
-                row, m = acc_coord(cfg, wid, lane, mt, nt, 2 * h)
+                row, m = acc_coord(cfg, wn, lane, mt, nt, 2 * h)
                 if m < M:  # columns m >= M are padding: never read back
-                    off = ws_index(cfg, Int64(s), Int64(N), Int64(n_blk + row), Int64(m)) * 4
-                    memory.st_v2_f32(ws_base + off, acc[base + 2 * h], acc[base + 2 * h + 1])
+                    memory.st_shared_v2_f32(part + slot_index(cfg, s, row, m) * 4,
+                                            acc[base + 2 * h], acc[base + 2 * h + 1])
 
 
 @cute.jit
-def _reduce_last(cfg: cutlass.Constexpr, gsb, gsa, out, ws, counters, M, N, rb, n_blk, tidx):
-    """Every thread: count this CTA's arrival; the last CTA of the row block sums the S
-    partials in split order (deterministic), scales by 2^7 (2^14 W4A4) * global scales, writes D."""
-    ws_base = ws.iterator.toint()
-    cute.arch.fence_acq_rel_gpu()
-    cute.arch.barrier()
-    mine = Uint32(0)
-    if tidx == 0:
-        mine = memory.count_arrival(counters.iterator.toint() + Int64(rb) * 4, cfg.S - 1)
-    if group.sync_any(mine) != 0:
-        cute.arch.fence_acq_rel_gpu()
-        undo = Float32(2.0 ** fp4.BF16_DECODE_SHIFT)  # the decode's exact 2^-8 per operand
-        scale = gsb[0] * undo
-        if cutlass.const_expr(cfg.w4a4):
-            scale = scale * (gsa[0] * undo)
-        out_base = out.iterator.toint()
-        esize = 4 if cfg.out_dtype == "float32" else 2
-        red = cute.make_rmem_tensor((4,), Float32)
-        for it in cutlass.range_constexpr(reduce_trips(cfg)):  # every (row, 4 columns) once
-            row, m0 = reduce_coord(cfg, it, tidx)
-            nr = Int64(n_blk + row)
-            if m0 < M:  # columns at or past M are padding: skip their loads
-                # All S loads in flight at once (one L2 round trip), summed in split order.
-                parts = [memory.ld_v4_f32_cg(ws_base + ws_index(cfg, Int64(k), Int64(N), nr,
-                                                         Int64(m0)) * 4)
-                         for k in range(cfg.S)]
+def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, out, M, N, n_blk, tidx):
+    """Split-K inside the CTA: sum the S slices' partials in order (deterministic), scale by
+    2^8 (2^16 W4A4) * global scales and write D."""
+    undo = Float32(2.0 ** fp4.BF16_DECODE_SHIFT)  # the decode's exact 2^-8 per operand
+    scale = gsb[0] * undo
+    if cutlass.const_expr(cfg.w4a4):
+        scale = scale * (gsa[0] * undo)
+    out_base = out.iterator.toint()
+    esize = 4 if cfg.out_dtype == "float32" else 2
+    total = cute.make_rmem_tensor((4,), Float32)
+    for it in cutlass.range_constexpr(reduce_trips(cfg)):
+        row, m0 = reduce_coord(cfg, it, tidx)
+        nr = Int64(n_blk + row)
+        if m0 < M:  # columns at or past M are padding (or past the block): skip
+            parts = [memory.ld_shared_v4_f32(part + slot_index(cfg, k, row, m0) * 4)
+                     for k in range(cfg.S)]
+            for e in cutlass.range_constexpr(4):
+                total[e] = parts[0][e]
+            for k in cutlass.range_constexpr(1, cfg.S):  # in K-slice order
                 for e in cutlass.range_constexpr(4):
-                    red[e] = parts[0][e]
-                for k in cutlass.range_constexpr(1, cfg.S):
-                    for e in cutlass.range_constexpr(4):
-                        red[e] = red[e] + parts[k][e]
-                for e in cutlass.range_constexpr(4):
-                    m = m0 + e
-                    if m < M:
-                        memory.st_cvt(out_base + (Int64(m) * Int64(N) + nr) * esize,
-                               red[e] * scale, cfg.out_dtype)
+                    total[e] = total[e] + parts[k][e]
+            for e in cutlass.range_constexpr(4):
+                m = m0 + e
+                if m < M:
+                    memory.st_cvt(out_base + (Int64(m) * Int64(N) + nr) * esize,
+                                  total[e] * scale, cfg.out_dtype)
 
 
 @cute.jit
 def _launch(cfg: cutlass.Constexpr, w: cute.Tensor, wsf: cute.Tensor, x: cute.Tensor,
-            xsf: cute.Tensor, gsb: cute.Tensor, gsa: cute.Tensor, out: cute.Tensor,
-            ws: cute.Tensor, counters: cute.Tensor, M: Int32, N: Int32, K: Int32, trips: Int32,
-            stream):
-    _kernel(cfg, w, wsf, x, xsf, gsb, gsa, out, ws, counters, M, N, K, trips).launch(
-        grid=[N // cfg.rows, cfg.S, 1], block=[cfg.threads, 1, 1], stream=stream,
-        min_blocks_per_mp=cfg.MIN_CTAS, preferred_smem_carveout=0)  # no smem: all L1
+            xsf: cute.Tensor, gsb: cute.Tensor, gsa: cute.Tensor, out: cute.Tensor, M: Int32,
+            N: Int32, K: Int32, trips: Int32, stream):
+    _kernel(cfg, w, wsf, x, xsf, gsb, gsa, out, M, N, K, trips).launch(
+        grid=[N // cfg.rows, 1, 1], block=[cfg.threads, 1, 1], stream=stream,
+        min_blocks_per_mp=cfg.MIN_CTAS,
+        preferred_smem_carveout=0)  # the least shared memory: the rest is L1
 
 
 def fake_args(cfg: Config):
@@ -379,15 +438,13 @@ def fake_args(cfg: Config):
              "float32": cutlass.Float32}[cfg.out_dtype]
     x_t = cutlass.Uint8 if cfg.w4a4 else cutlass.BFloat16
     return (cfg, flat(cutlass.Uint8), flat(cutlass.Uint8), flat(x_t), flat(cutlass.Uint8),
-            flat(cutlass.Float32, 4), flat(cutlass.Float32, 4), flat(out_t), flat(cutlass.Float32),
-            flat(cutlass.Int32, 4),
+            flat(cutlass.Float32, 4), flat(cutlass.Float32, 4), flat(out_t),
             Int32(16), Int32(8192), Int32(8192), Int32(2))
 
 
 # ---------------------------------------------------------------- host: validate, cache, launch
 
 _KERNELS = None
-_COUNTERS: dict = {}
 
 
 def _kernels():
@@ -397,17 +454,6 @@ def _kernels():
 
         _KERNELS = KernelCache()
     return _KERNELS
-
-
-def _counters(device, n):
-    """Zeroed int32 arrival counters, one per row block; the kernel leaves them zero again.
-    (One buffer per device: concurrent launches on different streams must not share it.)"""
-    import torch
-
-    c = _COUNTERS.get(device)
-    if c is None or c.numel() < n:
-        c = _COUNTERS[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return c
 
 
 def _validate(a, b, out_dtype):
@@ -505,12 +551,9 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None
           or not out.is_contiguous()):
         raise ValueError(f"gemm_small_m: out must be a contiguous ({M}, {N}) {out_dtype} tensor "
                          f"on {dev}, got {out.dtype} {tuple(out.shape)} on {out.device}")
-    ws = torch.empty(cfg.S * N * cfg.m_pad, dtype=torch.float32, device=dev)
-    counters = _counters(dev, N // cfg.rows)
     flat = lambda t, al=16: as_cute(t.reshape(-1), align=al)  # noqa: E731
     args = (flat(_aligned(b.data)), flat(b.scales.contiguous(), 2), flat(x),
-            flat(xsf.contiguous(), 2), flat(gsb, 4), flat(gsa, 4), flat(out, 4), flat(ws),
-            flat(counters, 4),
+            flat(xsf.contiguous(), 2), flat(gsb, 4), flat(gsa, 4), flat(out, 4),
             Int32(M), Int32(N), Int32(K), Int32(chunks // cfg.S))
     st = stream()
     fn = _kernels().get((cfg, dev.index), lambda: cute.compile(_launch, cfg, *args, st))

@@ -1,7 +1,8 @@
 """Small-M NVFP4 GEMM for Hopper (kernels/gemm/nvfp4_gemv_sm90.py).
 
 CPU tier (the register decode's host model is in tests/tk_cute/ops/test_nvfp4_ops.py): host
-models of the index maps and of the whole kernel's data flow; sm_90a compiles from fake tensors assert 16-byte loads, mma.sync and 0 spills; shape rules.
+models of the index maps and of the whole kernel's data flow; sm_90a compiles from fake tensors
+assert 16-byte loads, mma.sync, a fence-free shared-memory split-K and 0 spills; shape rules.
 GPU tier (marker gpu): W4A16 against a float64 product of deq(b), W4A4 against `gemm_reference`,
 poisoned outputs, split-K invariance and bad input.
 """
@@ -24,10 +25,18 @@ def _c_elem(lane, i):
     return lane // 4 + 8 * (i // 2), 2 * (lane % 4) + i % 2
 
 
+def _tilings():
+    """Every MT x NT x WN whose partial fits the shared-memory bound (Config checks it)."""
+    for mt in (1, 2, 4):
+        for nt in (1, 2, 4, 8):
+            for wn in (1, 4, 8):
+                if 4 * 16 * mt * wn * 8 * nt <= gv.MAX_PART_BYTES:
+                    yield gv.Config(MT=mt, NT=nt, WN=wn)
+
+
 INDEX_CONFIGS = sorted({gv.config_for(M, 8192, 8192) for M in range(1, 65)}
                        | {gv.config_for(M, 96, 8192) for M in range(1, 65)}
-                       | {gv.Config(MT=mt, NT=nt, WN=wn) for mt in (1, 2, 4)
-                          for nt in (1, 2, 4, 8) for wn in (1, 4, 8)}, key=repr)
+                       | set(_tilings()), key=repr)
 
 
 @pytest.mark.parametrize("cfg", INDEX_CONFIGS, ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}")
@@ -46,35 +55,49 @@ def test_partials_follow_the_mma_layout_and_cover_the_block_once(cfg):
                         for t in range(4):  # every lane of group r % 8 loads that A row ...
                             assert row == gv.weight_row(cfg, warp, 4 * (r % 8) + t, mt, r // 8)
                             assert m == gv.act_row(nt, 4 * c + t)  # ... and of group c, B col
-                        if i % 2:  # st.v2 of registers 2h, 2h+1: adjacent workspace words
-                            assert gv.ws_index(cfg, 1, 64, row, m) == \
-                                gv.ws_index(cfg, 1, 64, *gv.acc_coord(cfg, warp, lane, mt, nt,
-                                                                      i - 1)) + 1
+                        if i % 2:  # st.v2 of registers 2h, 2h+1: adjacent slot words
+                            assert gv.slot_index(cfg, 1, row, m) == \
+                                gv.slot_index(cfg, 1, *gv.acc_coord(cfg, warp, lane, mt, nt,
+                                                                    i - 1)) + 1
                         assert (row, m) not in seen, (row, m)
                         seen[(row, m)] = 1
     assert set(seen) == {(n, m) for n in range(cfg.rows) for m in range(cfg.m_pad)}
 
 
-@pytest.mark.parametrize("cfg", INDEX_CONFIGS, ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}")
+def _with_splits(configs, splits):
+    """(cfg with S) for every S that fits one CTA (warps, shared memory)."""
+    for cfg in configs:
+        for S in splits:
+            if (cfg.WN * S <= gv.MAX_THREADS // 32
+                    and 4 * S * cfg.rows * cfg.m_pad <= gv.MAX_PART_BYTES):
+                yield dataclasses.replace(cfg, S=S)
+
+
+@pytest.mark.parametrize("cfg", list(_with_splits(INDEX_CONFIGS, (1, 2, 8))),
+                         ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}S{c.S}")
 def test_reduction_reads_every_partial_once(cfg):
-    """The last CTA's loop (reduce_trips x threads, 4 columns each) covers rows x m_pad once;
-    the first GPU run summed only half of it (rows M >= m_pad / 2 were never written)."""
+    """The final loop (reduce_trips x threads, 4 columns each) covers rows x m_pad once (an
+    early version summed only half of the block: rows M >= m_pad / 2 were never read)."""
     seen = []
     for it in range(gv.reduce_trips(cfg)):
         for tidx in range(cfg.threads):
             row, m0 = gv.reduce_coord(cfg, it, tidx)
             assert m0 % 4 == 0
-            seen += [(row, m0 + e) for e in range(4)]
+            if m0 < cfg.m_pad:
+                assert row < cfg.rows
+                seen += [(row, m0 + e) for e in range(4)]
     assert len(seen) == len(set(seen))
     assert set(seen) == {(n, m) for n in range(cfg.rows) for m in range(cfg.m_pad)}
 
 
-def test_workspace_index_is_a_bijection():
-    cfg = gv.Config(MT=1, NT=2, WN=1)
-    S, N = 3, 32
-    idx = {gv.ws_index(cfg, s, N, n, m) for s in range(S) for n in range(N)
-           for m in range(cfg.m_pad)}
-    assert idx == set(range(S * N * cfg.m_pad))
+def test_warp_roles_and_slots_are_bijections():
+    """Warps -> (row group, K-slice) and (slice, row, column) -> the shared buffer, each once."""
+    cfg = gv.Config(MT=1, NT=2, WN=2, S=3)
+    assert sorted(gv.warp_role(cfg, w) for w in range(cfg.threads // 32)) == \
+        [(wn, s) for wn in range(cfg.WN) for s in range(cfg.S)]
+    idx = [gv.slot_index(cfg, s, n, m) for s in range(cfg.S) for n in range(cfg.rows)
+           for m in range(cfg.m_pad)]
+    assert sorted(idx) == list(range(cfg.part_bytes // 4))
 
 
 @pytest.mark.parametrize("unroll", [1, 2, 4])
@@ -102,46 +125,44 @@ def test_scale_steps_follow_the_blocked_layout(t):
                                                                                 K // 64)
 
 
+@pytest.mark.parametrize("S", [1, 2, 4])
 @pytest.mark.parametrize("M", [1, 3, 7, 8, 9, 16, 17, 33, 64])
-def test_host_model_of_the_whole_kernel(M):
-    """Simulate the kernel's data flow on the host with its own index maps: fragments, MMA,
-    split-K workspace, last-CTA reduction and the m < M store; compare with X @ W^T."""
-    N, K, S = 64, 8, 2  # K: one dot product per split (the K permutation is modelled elsewhere)
+def test_host_model_of_the_whole_kernel(M, S):
+    """Simulate the kernel's data flow on the host with its own index maps: warp roles,
+    fragments, MMA, the K-slices' partials in shared memory, their sum and the m < M store;
+    compare with X @ W^T."""
+    N, K = 64, 8  # K: one dot product per split (the K permutation is modelled elsewhere)
     g = torch.Generator().manual_seed(M)
     w = torch.randn(N, S * K, generator=g, dtype=torch.float64)
     x = torch.randn(M, S * K, generator=g, dtype=torch.float64)
-    cfg = dataclasses.replace(gv.config_for(M, N, 1024), WN=1)
+    cfg = dataclasses.replace(gv.config_for(M, N, 1024), WN=2, S=S)
     assert M <= cfg.m_pad and N % cfg.rows == 0
-    ws = torch.full((S * N * cfg.m_pad,), float("nan"), dtype=torch.float64)
     out = torch.full((M, N), float("nan"), dtype=torch.float64)
     for rb in range(N // cfg.rows):
         n_blk = rb * cfg.rows
-        for s in range(S):
+        part = torch.full((cfg.part_bytes // 4,), float("nan"), dtype=torch.float64)
+        for wid in range(cfg.threads // 32):
+            wn, s = gv.warp_role(cfg, wid)
             ks = slice(s * K, (s + 1) * K)
-            for warp in range(cfg.WN):
-                for mt in range(cfg.MT):
-                    for nt in range(cfg.NT):
-                        # A rows r: loaded by lanes 4 (r % 8) + t, half r // 8; B columns c: 4 c + t
-                        a = torch.stack([w[n_blk + gv.weight_row(cfg, warp, 4 * (r % 8), mt,
-                                                                 r // 8), ks] for r in range(16)])
-                        b = torch.stack([x[min(gv.act_row(nt, 4 * c), M - 1), ks]
-                                         for c in range(8)])
-                        c_tile = a @ b.t()
-                        for lane in range(32):
-                            for i in range(4):
-                                row, m = gv.acc_coord(cfg, warp, lane, mt, nt, i)
-                                if m < M:  # the kernel stores no padding columns
-                                    ws[gv.ws_index(cfg, s, N, n_blk + row, m)] = \
-                                        c_tile[_c_elem(lane, i)]
+            for mt in range(cfg.MT):
+                for nt in range(cfg.NT):
+                    # A rows r: loaded by lanes 4 (r % 8) + t, half r // 8; B columns c: 4 c + t
+                    a = torch.stack([w[n_blk + gv.weight_row(cfg, wn, 4 * (r % 8), mt, r // 8),
+                                       ks] for r in range(16)])
+                    b = torch.stack([x[min(gv.act_row(nt, 4 * c), M - 1), ks] for c in range(8)])
+                    c_tile = a @ b.t()
+                    for lane in range(32):
+                        for i in range(4):
+                            row, m = gv.acc_coord(cfg, wn, lane, mt, nt, i)
+                            if m - i % 2 < M:  # the kernel stores pairs (m, m + 1) from m < M
+                                part[gv.slot_index(cfg, s, row, m)] = c_tile[_c_elem(lane, i)]
         for it in range(gv.reduce_trips(cfg)):
             for tidx in range(cfg.threads):
                 row, m0 = gv.reduce_coord(cfg, it, tidx)
-                if m0 >= M:
-                    continue
                 for e in range(4):
                     if m0 + e < M:
                         out[m0 + e, n_blk + row] = sum(
-                            ws[gv.ws_index(cfg, k, N, n_blk + row, m0 + e)] for k in range(S))
+                            part[gv.slot_index(cfg, k, row, m0 + e)] for k in range(S))
     assert not out.isnan().any()
     torch.testing.assert_close(out, x @ w.t(), rtol=1e-12, atol=1e-12)
 
@@ -154,6 +175,7 @@ CONFIGS = {
     "m64": gv.config_for(64, 8192, 8192),
     "m16_w4a4": gv.config_for(16, 8192, 8192, w4a4=True),
     "m1_fp32": gv.config_for(1, 4096, 4096, out_dtype="float32"),
+    "m1_no_ahead": dataclasses.replace(gv.config_for(1, 8192, 8192), AHEAD=False, MIN_CTAS=0),
     "m16_wn1": gv.config_for(16, 8160, 8192),
 }
 
@@ -166,28 +188,37 @@ def built(request):
     return cfg, build(gv._launch, *gv.fake_args(cfg), driver.CUstream(0), arch="sm_90a")
 
 
+def _bodies(cfg):
+    """Copies of the trip body in the code: AHEAD peels the last trip (and loads the first one
+    before the loop)."""
+    return 2 if cfg.AHEAD else 1
+
+
 def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
     cfg, b = built
-    steps = cfg.UNROLL * cfg.MT
+    steps = cfg.UNROLL * cfg.MT * _bodies(cfg)
     # Weights: one 16-byte streaming load per weight row (2 per MMA tile) per 128-K step.
     assert b.ptx_count(r"ld\.global\.nc\.L1::no_allocate\.v4\.u32") == 2 * steps
     assert b.sass_count(r"LDG\.E\.NA\.128") == 2 * steps
     # Activations: 16-byte loads (bf16: 4 per MMA column tile and step; NVFP4: 1).
-    act = cfg.NT * cfg.UNROLL * (1 if cfg.w4a4 else 4)
+    act = cfg.NT * cfg.UNROLL * (1 if cfg.w4a4 else 4) * _bodies(cfg)
     assert b.ptx_count(r"ld\.global\.nc\.v4\.u32") == act
-    mmas = 8 * cfg.MT * cfg.NT * cfg.UNROLL
+    mmas = 8 * cfg.MT * cfg.NT * cfg.UNROLL * _bodies(cfg)
     assert b.ptx_count(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32") == mmas
     assert b.sass_count(r"HMMA\.16816\.F32\.BF16") == mmas
     assert b.ptx_count(r"cvt\.\w+\.e2m1") == 0  # no FP4 conversion on sm_90a
     assert b.kernel.local_bytes == 0 and b.kernel.stack_bytes == 0
     assert b.sass_count(r"\bSTL\b") == 0 and b.sass_count(r"\bLDL\b") == 0
+    # Split-K inside the CTA: one shared store per register pair, no fence, no global partials.
+    assert b.sass_count(r"\bSTS\.64\b") == 2 * cfg.MT * cfg.NT
+    assert b.sass_count(r"MEMBAR") == 0 and b.sass_count(r"STG\.E\.64") == 0
 
 
 def test_decode_instruction_budget(built):
     """Per 8 weight codes: 2 mask/shift, 4 prmt, 4 imad, 4 lop3, 4 exact bf16x2 multiplies."""
     cfg, b = built
-    words = 8 * cfg.MT * cfg.UNROLL + (4 * cfg.NT * cfg.UNROLL if cfg.w4a4 else 0)
-    scales = 2 * cfg.MT * cfg.UNROLL + (cfg.NT * cfg.UNROLL if cfg.w4a4 else 0)
+    words = (8 * cfg.MT * cfg.UNROLL + (4 * cfg.NT * cfg.UNROLL if cfg.w4a4 else 0)) * _bodies(cfg)
+    scales = (2 * cfg.MT * cfg.UNROLL + (cfg.NT * cfg.UNROLL if cfg.w4a4 else 0)) * _bodies(cfg)
     # ptxas may recompute a scale pair (2 HMUL2) rather than keep it live (seen at NT = 8).
     assert 4 * words + 2 * scales <= b.sass_count(r"HMUL2\.BF16") <= 4 * words + 4 * scales
     assert b.sass_count(r"\bPRMT\b") <= 4 * words + 6 * scales + 4
@@ -205,12 +236,13 @@ def test_config_rejects_unsupported_shapes(M, N, K, match):
 
 @pytest.mark.parametrize("M", [1, 7, 16, 33, 64])
 @pytest.mark.parametrize("N, K", [(256, 512), (4096, 4096), (8192, 8192), (28672, 8192),
-                                  (8192, 28672), (96, 128)])
+                                  (8192, 28672), (96, 128), (160, 384)])
 def test_split_k_divides_the_k_chunks(M, N, K):
     cfg = gv.config_for(M, N, K)
     assert M <= cfg.m_pad and N % cfg.rows == 0 and K % cfg.k_chunk == 0
     S = gv.split_k(cfg, N, K, 132)
-    assert (K // cfg.k_chunk) % S == 0
+    assert (K // cfg.k_chunk) % S == 0 and S == cfg.S and cfg.threads <= gv.MAX_THREADS
+    assert cfg.part_bytes <= gv.MAX_PART_BYTES
 
 
 # --- GPU --------------------------------------------------------------------------------------
@@ -252,14 +284,16 @@ def test_w4a16_matches_float64(seed, M, N, K):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 16, 64])
 @pytest.mark.parametrize("tiling", [dict(UNROLL=1), dict(UNROLL=4), dict(MT=4, WN=2),
-                                    dict(MT=1, WN=8)], ids=["u1", "u4", "mt4", "mt1"])
+                                    dict(MT=1, WN=8), dict(UNROLL=1, AHEAD=True),
+                                    dict(UNROLL=2, AHEAD=True)],
+                         ids=["u1", "u4", "mt4", "mt1", "u1_ahead", "u2_ahead"])
 def test_every_tiling_matches_float64(seed, M, tiling):
     N, K = 1024, 4096
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
-    cfg = dataclasses.replace(gv.config_for(M, N, K), **tiling)
+    cfg = dataclasses.replace(gv.config_for(M, N, K), **tiling, S=2)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    d = gv.gemm_small_m(a, b, out=out, config=cfg, splits=2)
+    d = gv.gemm_small_m(a, b, out=out, config=cfg)
     ref = a.double() @ b.dequantize(torch.float64).t()
     assert not d.isnan().any(), "unwritten or NaN outputs"
     assert _rel(d, ref) <= TOL[torch.bfloat16]
@@ -284,16 +318,17 @@ def test_w4a4_matches_gemm_reference(seed, M, N, K):
 @pytest.mark.parametrize("M", [1, 16, 64])
 def test_fp32_output_split_invariance_and_determinism(seed, M):
     """Every split count gives the same sum up to fp32 rounding; one split count is bitwise
-    reproducible run to run (the partials are summed in a fixed order; counters reset)."""
+    reproducible run to run (the partials are summed in a fixed order)."""
     N, K = 512, 4096
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     ref = a.double() @ b.dequantize(torch.float64).t()
-    cfg = gv.config_for(M, N, K)
+    cfg = dataclasses.replace(gv.config_for(M, N, K), WN=1)
     chunks = K // cfg.k_chunk
     results = {}
-    for S in [s for s in (1, 2, chunks) if chunks % s == 0]:
-        d = gv.gemm_small_m(a, b, torch.float32, splits=S)
+    for S in [s for s in (1, 2, chunks) if chunks % s == 0
+              and 4 * s * cfg.rows * cfg.m_pad <= gv.MAX_PART_BYTES]:
+        d = gv.gemm_small_m(a, b, torch.float32, config=cfg, splits=S)
         assert _rel(d, ref) <= TOL[torch.float32], S
         again = gv.gemm_small_m(a, b, torch.float32, splits=S)
         assert torch.equal(d, again), f"splits={S} not deterministic"

@@ -9,9 +9,9 @@ the dequantized weights (`a @ w.t()`), cuBLAS fp8 e4m3 (`torch._scaled_mm`, per-
 and the torch path a user would write (LUT dequantize to bf16, then cuBLAS). GB/s counts the
 NVFP4 weight payload (0.5625 B/element) for every variant, so the column compares speeds on one
 scale; the device-to-device copy bandwidth (read + write) is measured in the same run.
-`--tune` adds small-M tk_cute variants over the tiling (MT MMA row tiles per warp, WN warps, U
-128-K steps per trip, cN: a register cap for N CTAs per SM) and split-K (S, from 1, 2 or 4 CTAs
-per SM).
+`--tune` adds small-M tk_cute variants over the tiling (MT MMA row tiles per warp, WN warps
+along N, U 128-K steps per trip, ahead: the next trip's weights in flight, cN: a register cap for
+N CTAs per SM) and split-K (S warps along K, for about 8, 16 or 32 warps per SM).
 """
 
 from __future__ import annotations
@@ -73,14 +73,15 @@ def _variants(M, N, K, tune: bool, sms: int):
         import dataclasses
 
         base = gv.config_for(M, N, K)
-        tilings = [dict(MT=2, WN=4, UNROLL=2), dict(MT=2, WN=4, UNROLL=4),
-                   dict(MT=4, WN=2, UNROLL=2), dict(MT=1, WN=8, UNROLL=4),
-                   dict(MT=2, WN=4, UNROLL=2, MIN_CTAS=6)]
+        plain = dict(AHEAD=False, MIN_CTAS=0)
+        tilings = [dict(UNROLL=2, **plain), dict(UNROLL=4, **plain),
+                   dict(UNROLL=2, AHEAD=True, MIN_CTAS=2), dict(WN=2, UNROLL=4, **plain),
+                   dict(MT=1, WN=2, UNROLL=4, **plain), dict(MT=4, UNROLL=1, **plain)]
         for tiling in tilings:
-            cfg = dataclasses.replace(base, **tiling)
+            cfg = dataclasses.replace(base, S=1, **tiling)
             if N % cfg.rows or K % cfg.k_chunk:
                 continue
-            kind = f"MT{cfg.MT} WN{cfg.WN} U{cfg.UNROLL}" + (
+            kind = f"MT{cfg.MT} WN{cfg.WN} U{cfg.UNROLL}" + (" ahead" if cfg.AHEAD else "") + (
                 f" c{cfg.MIN_CTAS}" if cfg.MIN_CTAS else "")
             for S in sorted({gv.split_k(cfg, N, K, sms, per_sm) for per_sm in (1, 2, 4)}):
                 v[f"tk_cute w4a16 {kind} S{S}"] = (

@@ -1,19 +1,17 @@
 # SPDX-License-Identifier: MIT
-"""Global memory, thread scope: vector loads and stores with the cache hints the streaming
-kernels need, predicated forms for ragged edges, and arrival counters.
+"""Memory ops, thread scope: global vector loads and stores with the cache hints the streaming
+kernels need, predicated forms for ragged edges, and shared-memory vectors.
 
-Each op is one inline-PTX instruction (or a predicated one) on a 64-bit global address, so a
-kernel computes its own addresses (plain integer arithmetic on `tensor.iterator.toint()`) and
-the compiled code is exactly the access it names; the compile tests count these instructions.
+Each op is one inline-PTX instruction (or a predicated one) on a 64-bit global (32-bit shared)
+address, so a kernel computes its own addresses (plain integer arithmetic on
+`tensor.iterator.toint()`) and the compiled code is exactly the access it names; the compile
+tests count these instructions.
 
 - Streaming reads: `ld_v4(addr, stream=True)` (``ld.global.nc.L1::no_allocate``: weights read
   once), `ld_v4_pred` (evict-first, zeros when off), `ld_u16`, `ld_u32_pred`.
-- Reads of data other CTAs of the same launch wrote: `ld_v4_f32_cg` (``.cg``: from L2, never a
-  stale L1 line).
 - Stores: `st_u32`, `st_v2_f32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
   `st_u8_pred`, `st_u16_pred`, `st_u32_pred`.
-- `count_arrival(addr, last)`: an acq_rel atomic counter that tells the `last`-th arrival (the
-  split-K "last CTA sums the partials" pattern) and resets itself for the next launch.
+- Shared memory: `ld_shared_v4_f32`, `st_shared_v2_f32` on a 32-bit shared address.
 """
 
 from __future__ import annotations
@@ -66,18 +64,6 @@ def ld_u32_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> Uint32:
 
 
 @dsl_user_op
-def ld_v4_f32_cg(addr: Int64, *, loc=None, ip=None) -> list:
-    """16 bytes from L2 as 4 Float32 (``.cg``: never a stale L1 line; other CTAs wrote them)."""
-    ret = llvm.StructType.get_literal([T.f32()] * 4)
-    res = asm(ret, [Int64(addr)], "ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];",
-              "=f,=f,=f,=f,l", loc, ip, True)
-    return unpack(res, T.f32(), 4, Float32, loc, ip)
-
-
-# ---------------------------------------------------------------- stores
-
-
-@dsl_user_op
 def st_u32(addr: Int64, v: Uint32, *, loc=None, ip=None) -> None:
     asm(None, [Int64(addr), Uint32(v)], "st.global.b32 [$0], $1;", "l,r", loc, ip, True)
 
@@ -119,13 +105,20 @@ def st_u32_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> N
     asm(None, [Int64(addr), Uint32(v), Uint32(pred)], text, "l,r,r", loc, ip, True)
 
 
-# ---------------------------------------------------------------- arrival counters
+# ---------------------------------------------------------------- shared memory
 
 
 @dsl_user_op
-def count_arrival(addr: Int64, last: Int32, *, loc=None, ip=None) -> Uint32:
-    """Atomically count one arrival at `addr` (acq_rel, gpu); 1 for the `last`-th (0-based)
-    arrival, which also resets the counter to 0 for the next launch."""
-    text = ("{ .reg .u32 old; .reg .pred p; atom.acq_rel.gpu.global.add.u32 old, [$1], 1;\n"
-            "setp.eq.u32 p, old, $2; selp.u32 $0, 1, 0, p; @p st.relaxed.gpu.global.u32 [$1], 0; }")
-    return Uint32(asm(T.i32(), [Int64(addr), Int32(last)], text, "=r,l,r", loc, ip, True))
+def ld_shared_v4_f32(addr: Int32, *, loc=None, ip=None) -> list:
+    """4 float32 at 32-bit shared address `addr` (16-byte aligned)."""
+    ret = llvm.StructType.get_literal([T.f32()] * 4)
+    text = "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];"
+    res = asm(ret, [Int32(addr)], text, "=f,=f,=f,=f,r", loc, ip, True)
+    return unpack(res, T.f32(), 4, Float32, loc, ip)
+
+
+@dsl_user_op
+def st_shared_v2_f32(addr: Int32, x: Float32, y: Float32, *, loc=None, ip=None) -> None:
+    """x, y to 32-bit shared address `addr` (8-byte aligned)."""
+    asm(None, [Int32(addr), Float32(x), Float32(y)], "st.shared.v2.f32 [$0], {$1, $2};",
+        "r,f,f", loc, ip, True)
