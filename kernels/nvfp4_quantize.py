@@ -21,7 +21,6 @@ Peers: CUTLASS ``cute/ampere/kernel/elementwise`` (copy structure), TK ``nvfp4_b
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from dataclasses import dataclass
 
@@ -299,61 +298,11 @@ def _cache():
     return _CACHE
 
 
-def _ptr(dtype, align: int):
-    return cute.runtime.make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
-
-
 _ELEM = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32}
-# ctypes slot type of each runtime argument kind: pointers and the stream are one void* each,
-# sizes their integer width (checked against the DSL's own packing when a plan is made).
-_SLOT = {"p": ctypes.c_void_p, "i32": ctypes.c_int32, "i64": ctypes.c_int64}
+# Runtime argument kinds (`tk_cute.runtime.Launcher`; checked against the DSL's own packing when
+# a plan is made).
 AMAX_ARGS = ("p", "p", "i64", "i32", "p")  # x, partials, n_vec, grid, stream
 QUANT_ARGS = ("p",) * 7 + ("i32",) * 4 + ("p",)  # 7 pointers, M K L n_partials, stream
-
-
-class _Launcher:
-    """A compiled function called with its argument slots packed directly (the DSL's
-    `generate_execution_args` costs ~6 us per call plus ~1 us per runtime object)."""
-
-    def __init__(self, compiled, kinds):
-        self.compiled, self.kinds = compiled, kinds
-
-    def pack(self, values):
-        slots = [_SLOT[k](v) for k, v in zip(self.kinds, values)]
-        return slots, [ctypes.addressof(s) for s in slots]
-
-    def check_against_dsl(self, dsl_args, values) -> None:
-        """Raise unless our slots hold what the DSL's own packing holds (run once per plan)."""
-        exe, _ = self.compiled.execution_args.generate_execution_args(tuple(dsl_args), {})
-        slots, ours = self.pack(values)
-        if len(exe) != len(ours):
-            raise RuntimeError(f"DSL packs {len(exe)} arguments, expected {len(ours)}")
-        for kind, a, b in zip(self.kinds, exe, ours):
-            size = ctypes.sizeof(_SLOT[kind])
-            addr = a.value if isinstance(a, ctypes.c_void_p) else a
-            if ctypes.string_at(addr, size) != ctypes.string_at(b, size):
-                raise RuntimeError("DSL argument packing differs from the fast path")
-
-    def __call__(self, *values):
-        slots, addrs = self.pack(values)
-        self.compiled.run_compiled_program(addrs)
-        del slots  # kept alive through the call above
-
-
-def _dsl_values(kinds, values, dtypes):
-    """The same runtime values as DSL objects (for `check_against_dsl`)."""
-    from cuda.bindings import driver
-
-    out, di = [], iter(dtypes)
-    for i, (k, v) in enumerate(zip(kinds, values)):
-        if k == "p" and i == len(kinds) - 1:
-            out.append(driver.CUstream(v))
-        elif k == "p":
-            dt, align = next(di)
-            out.append(cute.runtime.make_ptr(dt, v, cute.AddressSpace.gmem, assumed_align=align))
-        else:
-            out.append((Int32 if k == "i32" else Int64)(v))
-    return out
 
 
 class _Plan:
@@ -367,7 +316,8 @@ class _Plan:
 
         from tk_cute.arch import device_target
         from tk_cute.layouts.nvfp4_scales import blocked_shape
-        from tk_cute.runtime import stream
+        from tk_cute.runtime import Launcher, dsl_values, stream
+        from tk_cute.runtime import placeholder_ptr as ptr
 
         dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
         cfg = dataclasses.replace(config or Config(), dtype=dtype, given_scale=given,
@@ -391,21 +341,21 @@ class _Plan:
         cache = _cache()
         self.amax = None
         if not given:
-            self.amax = _Launcher(cache.get(("amax", cfg), lambda: cute.compile(
-                _amax, cfg, _ptr(el, 16), _ptr(cutlass.Int32, 4), Int64(self.n_vec),
+            self.amax = Launcher(cache.get(("amax", cfg), lambda: cute.compile(
+                _amax, cfg, ptr(el, 16), ptr(cutlass.Int32, 4), Int64(self.n_vec),
                 Int32(self.grid), st)), AMAX_ARGS)
-        self.quant = _Launcher(cache.get(("quantize", cfg), lambda: cute.compile(
-            _quantize, cfg, _ptr(el, 16), _ptr(cutlass.Uint8, 16), _ptr(cutlass.Uint8, 16),
-            _ptr(cutlass.Int32, 4), _ptr(cutlass.Float32, 4), _ptr(cutlass.Float32, 4),
-            _ptr(cutlass.Int32, 4), Int32(M), Int32(K), Int32(self.L), Int32(self.grid), st)),
+        self.quant = Launcher(cache.get(("quantize", cfg), lambda: cute.compile(
+            _quantize, cfg, ptr(el, 16), ptr(cutlass.Uint8, 16), ptr(cutlass.Uint8, 16),
+            ptr(cutlass.Int32, 4), ptr(cutlass.Float32, 4), ptr(cutlass.Float32, 4),
+            ptr(cutlass.Int32, 4), Int32(M), Int32(K), Int32(self.L), Int32(self.grid), st)),
             QUANT_ARGS)
         # pin the fast packing to the DSL's (same bytes in every slot), once per plan
         if self.amax is not None:
             v = (16, 32, self.n_vec, self.grid, 48)
             self.amax.check_against_dsl(
-                _dsl_values(AMAX_ARGS, v, [(el, 16), (cutlass.Int32, 4)]), v)
+                dsl_values(AMAX_ARGS, v, [(el, 16), (cutlass.Int32, 4)]), v)
         v = (16, 32, 48, 64, 80, 96, 112, M, K, self.L, self.grid, 128)
-        self.quant.check_against_dsl(_dsl_values(QUANT_ARGS, v, [
+        self.quant.check_against_dsl(dsl_values(QUANT_ARGS, v, [
             (el, 16), (cutlass.Uint8, 16), (cutlass.Uint8, 16), (cutlass.Int32, 4),
             (cutlass.Float32, 4), (cutlass.Float32, 4), (cutlass.Int32, 4)]), v)
 
@@ -419,12 +369,6 @@ def _plan(x, given: bool, check: bool, config) -> _Plan:
             if plan is None:
                 plan = _PLANS[key] = _Plan(x, given, check, config)
     return plan
-
-
-def _raw_stream(device_index: int) -> int:
-    import torch
-
-    return torch.cuda.current_stream(device_index).cuda_stream
 
 
 def quantize_cuda(x, global_scale=None, *, check_finite: bool = True, config: Config | None = None):
@@ -449,6 +393,7 @@ def quantize_cuda(x, global_scale=None, *, check_finite: bool = True, config: Co
     import torch
 
     from tk_cute.nvfp4.tensor import NVFP4Tensor
+    from tk_cute.runtime import raw_stream
 
     given = global_scale is not None
     plan = _plan(x, given, check_finite, config)
@@ -462,7 +407,7 @@ def quantize_cuda(x, global_scale=None, *, check_finite: bool = True, config: Co
     ws = torch.empty(plan.ws_words, dtype=torch.float32, device=dev)
     wp, xp = ws.data_ptr(), x.data_ptr()
     gs_out = wp + 4 * plan.grid
-    st = _raw_stream(plan.device_index)
+    st = raw_stream(plan.device_index)
     if given:
         gs = global_scale
         if gs.dtype != torch.float32 or gs.device != dev:

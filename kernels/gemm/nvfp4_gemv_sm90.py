@@ -216,8 +216,8 @@ def reduce_coord(cfg, it, tidx):
 
 
 @cute.kernel
-def _kernel(cfg: cutlass.Constexpr, w: cute.Tensor, wsf: cute.Tensor, x: cute.Tensor,
-            xsf: cute.Tensor, gsb: cute.Tensor, gsa: cute.Tensor, out: cute.Tensor, M: Int32,
+def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.Pointer,
+            xsf: cute.Pointer, gsb: cute.Pointer, gsa: cute.Pointer, out: cute.Pointer, M: Int32,
             N: Int32, K: Int32, trips: Int32):
     tidx, _, _ = cute.arch.thread_idx()
     rb, _, _ = cute.arch.block_idx()
@@ -262,8 +262,8 @@ def _weight_rows(cfg, w, wsf, wn, lane, n_blk, K, k_begin):
         for h in range(2):
             n = Int64(n_blk + weight_row(cfg, wn, lane, mt, h))
             k = k_begin + k_offset(t, 0)
-            w_rows.append(w.iterator.toint() + n * Int64(K // 2) + k // 2)
-            sf_rows.append(wsf.iterator.toint() + nvfp4_scales.band_offset(n, k // 16,
+            w_rows.append(w.toint() + n * Int64(K // 2) + k // 2)
+            sf_rows.append(wsf.toint() + nvfp4_scales.band_offset(n, k // 16,
                                                                            Int64(K // 64)))
     return w_rows, sf_rows
 
@@ -313,11 +313,11 @@ def _activation_rows(cfg, x, xsf, lane, M, K, k_begin):
         m = Int64(cutlass.min(act_row(nt, lane), M - 1))
         k = k_begin + k_offset(t, 0)
         if cfg.w4a4:
-            x_rows.append(x.iterator.toint() + m * Int64(K // 2) + k // 2)
-            xsf_rows.append(xsf.iterator.toint()
+            x_rows.append(x.toint() + m * Int64(K // 2) + k // 2)
+            xsf_rows.append(xsf.toint()
                             + nvfp4_scales.band_offset(m, k // 16, Int64(K // 64)))
         else:
-            x_rows.append(x.iterator.toint() + (m * Int64(K) + k) * 2)
+            x_rows.append(x.toint() + (m * Int64(K) + k) * 2)
     return x_rows, xsf_rows
 
 
@@ -392,10 +392,10 @@ def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, out, M, N, n_blk, tidx):
     """Split-K inside the CTA: sum the S slices' partials in order (deterministic), scale by
     2^8 (2^16 W4A4) * global scales and write D."""
     undo = Float32(2.0 ** fp4.BF16_DECODE_SHIFT)  # the decode's exact 2^-8 per operand
-    scale = gsb[0] * undo
+    scale = _load_f32(gsb) * undo
     if cutlass.const_expr(cfg.w4a4):
-        scale = scale * (gsa[0] * undo)
-    out_base = out.iterator.toint()
+        scale = scale * (_load_f32(gsa) * undo)
+    out_base = out.toint()
     esize = 4 if cfg.out_dtype == "float32" else 2
     total = cute.make_rmem_tensor((4,), Float32)
     for it in cutlass.range_constexpr(reduce_trips(cfg)):
@@ -416,9 +416,14 @@ def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, out, M, N, n_blk, tidx):
                                   total[e] * scale, cfg.out_dtype)
 
 
+def _load_f32(p):
+    """The float32 at pointer p (a global scale)."""
+    return fp4.from_bits(memory.ld_u32_pred(p.toint(), Uint32(1)))
+
+
 @cute.jit
-def _launch(cfg: cutlass.Constexpr, w: cute.Tensor, wsf: cute.Tensor, x: cute.Tensor,
-            xsf: cute.Tensor, gsb: cute.Tensor, gsa: cute.Tensor, out: cute.Tensor, M: Int32,
+def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.Pointer,
+            xsf: cute.Pointer, gsb: cute.Pointer, gsa: cute.Pointer, out: cute.Pointer, M: Int32,
             N: Int32, K: Int32, trips: Int32, stream):
     _kernel(cfg, w, wsf, x, xsf, gsb, gsa, out, M, N, K, trips).launch(
         grid=[N // cfg.rows, 1, 1], block=[cfg.threads, 1, 1], stream=stream,
@@ -426,34 +431,51 @@ def _launch(cfg: cutlass.Constexpr, w: cute.Tensor, wsf: cute.Tensor, x: cute.Te
         preferred_smem_carveout=0)  # the least shared memory: the rest is L1
 
 
-def fake_args(cfg: Config):
-    """Fake tensors and scalars for a CPU compile of `_launch` (no GPU)."""
-    from cutlass.cute.runtime import make_fake_tensor
+# Runtime arguments of `_launch` (`tk_cute.runtime.Launcher` kinds): 7 pointers (w, wsf, x, xsf,
+# gsb, gsa, out), M N K trips, the stream; and the pointers' element types and alignments.
+ARGS = ("p",) * 7 + ("i32",) * 4 + ("p",)
 
-    def flat(dtype, align=16):
-        return make_fake_tensor(dtype, (cute.sym_int64(divisibility=16),), (1,),
-                                assumed_align=align)
 
+def _pointer_types(cfg: Config) -> list:
     out_t = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32}[cfg.out_dtype]
     x_t = cutlass.Uint8 if cfg.w4a4 else cutlass.BFloat16
-    return (cfg, flat(cutlass.Uint8), flat(cutlass.Uint8), flat(x_t), flat(cutlass.Uint8),
-            flat(cutlass.Float32, 4), flat(cutlass.Float32, 4), flat(out_t),
+    return [(cutlass.Uint8, 16), (cutlass.Uint8, 2), (x_t, 16), (cutlass.Uint8, 2),
+            (cutlass.Float32, 4), (cutlass.Float32, 4), (out_t, 4)]
+
+
+def fake_args(cfg: Config):
+    """Placeholder pointers and scalars to compile `_launch` against (no GPU needed)."""
+    from tk_cute.runtime import placeholder_ptr
+
+    return (cfg, *[placeholder_ptr(t, al) for t, al in _pointer_types(cfg)],
             Int32(16), Int32(8192), Int32(8192), Int32(2))
 
 
 # ---------------------------------------------------------------- host: validate, cache, launch
 
-_KERNELS = None
+_LAUNCHERS: dict = {}
 
 
-def _kernels():
-    global _KERNELS
-    if _KERNELS is None:
-        from tk_cute.runtime import KernelCache
+def compile_launcher(cfg: Config, options: str = ""):
+    """`_launch` for cfg compiled into a raw-pointer `Launcher` whose argument packing is checked
+    against the DSL's (`options`: e.g. "--gpu-arch sm_90a" to build without a GPU)."""
+    from cuda.bindings import driver
 
-        _KERNELS = KernelCache()
-    return _KERNELS
+    from tk_cute.runtime import Launcher, dsl_values
+
+    fn = Launcher(cute.compile(_launch, *fake_args(cfg), driver.CUstream(0), options=options),
+                  ARGS)
+    v = (16, 32, 48, 64, 80, 96, 112, 16, 8192, 4096, 3, 128)
+    fn.check_against_dsl(dsl_values(ARGS, v, _pointer_types(cfg)), v)
+    return fn
+
+
+def _launcher(cfg: Config, device_index: int):
+    fn = _LAUNCHERS.get((cfg, device_index))
+    if fn is None:
+        fn = _LAUNCHERS[(cfg, device_index)] = compile_launcher(cfg)
+    return fn
 
 
 def _validate(a, b, out_dtype):
@@ -493,9 +515,9 @@ def _validate(a, b, out_dtype):
     return M, b.M, K
 
 
-def _aligned(t):
+def _aligned(t, align: int = 16):
     t = t.contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
+    return t if t.data_ptr() % align == 0 else t.clone()
 
 
 def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None,
@@ -520,7 +542,7 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None
     import torch
 
     from tk_cute.nvfp4.tensor import NVFP4Tensor
-    from tk_cute.runtime import as_cute, stream
+    from tk_cute.runtime import raw_stream
 
     if out_dtype is None:
         out_dtype = out.dtype if out is not None else torch.bfloat16
@@ -539,10 +561,10 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None
     if M > cfg.m_pad or N % cfg.rows or K % cfg.k_chunk or chunks % cfg.S:
         raise ValueError(f"config {cfg} does not fit M={M}, N={N}, K={K} (needs M <= m_pad, "
                          f"N % rows == 0 and S dividing K / k_chunk = {chunks})")
-    gsb = b.global_scale.reshape(1)  # views: no extra kernel per call
-    gsa = (a.global_scale if w4a4 else b.global_scale).reshape(1)
+    gsb = b.global_scale  # 0-dim float32 (an NVFP4Tensor's global scale is aligned)
+    gsa = a.global_scale if w4a4 else gsb
     if w4a4:
-        x, xsf = _aligned(a.data), a.scales
+        x, xsf = _aligned(a.data), _aligned(a.scales, 2)
     else:
         x, xsf = _aligned(a), b.scales  # xsf unused
     if out is None:
@@ -551,11 +573,9 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None
           or not out.is_contiguous()):
         raise ValueError(f"gemm_small_m: out must be a contiguous ({M}, {N}) {out_dtype} tensor "
                          f"on {dev}, got {out.dtype} {tuple(out.shape)} on {out.device}")
-    flat = lambda t, al=16: as_cute(t.reshape(-1), align=al)  # noqa: E731
-    args = (flat(_aligned(b.data)), flat(b.scales.contiguous(), 2), flat(x),
-            flat(xsf.contiguous(), 2), flat(gsb, 4), flat(gsa, 4), flat(out, 4),
-            Int32(M), Int32(N), Int32(K), Int32(chunks // cfg.S))
-    st = stream()
-    fn = _kernels().get((cfg, dev.index), lambda: cute.compile(_launch, cfg, *args, st))
-    fn(*args, st)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    _launcher(cfg, index)(
+        _aligned(b.data).data_ptr(), _aligned(b.scales, 2).data_ptr(), x.data_ptr(),
+        xsf.data_ptr(), gsb.data_ptr(), gsa.data_ptr(), out.data_ptr(), M, N, K,
+        chunks // cfg.S, raw_stream(index))
     return out

@@ -224,6 +224,12 @@ def test_decode_instruction_budget(built):
     assert b.sass_count(r"\bPRMT\b") <= 4 * words + 6 * scales + 4
 
 
+def test_fast_argument_packing_matches_dsl():
+    """gemm_small_m packs raw pointers into ctypes slots itself: they must hold the DSL's bytes
+    (checked inside compile_launcher; a mismatch raises)."""
+    gv.compile_launcher(gv.config_for(16, 8192, 8192, w4a4=True), options="--gpu-arch sm_90a")
+
+
 @pytest.mark.parametrize(
     "M, N, K, match",
     [(65, 256, 512, "M <= 64"), (0, 256, 512, "M <= 64"), (16, 1000, 512, "multiple of 32"),

@@ -11,18 +11,15 @@ import pytest
 import torch
 
 import cutlass
-import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from tk_cute.compile import build
 from tk_cute.kernels import nvfp4_quantize as nq
+from tk_cute.runtime import Launcher, dsl_values
+from tk_cute.runtime import placeholder_ptr as ptr
 
 ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_107a")
 ELEM = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32}
-
-
-def _ptr(dtype, align=16):
-    return cute.runtime.make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
 
 
 def _stream():
@@ -32,9 +29,9 @@ def _stream():
 
 
 def _quantize_args(cfg):
-    return (cfg, _ptr(ELEM[cfg.dtype]), _ptr(cutlass.Uint8), _ptr(cutlass.Uint8),
-            _ptr(cutlass.Int32, 4), _ptr(cutlass.Float32, 4), _ptr(cutlass.Float32, 4),
-            _ptr(cutlass.Int32, 4), Int32(128), Int32(64), Int32(1), Int32(1), _stream())
+    return (cfg, ptr(ELEM[cfg.dtype]), ptr(cutlass.Uint8), ptr(cutlass.Uint8),
+            ptr(cutlass.Int32, 4), ptr(cutlass.Float32, 4), ptr(cutlass.Float32, 4),
+            ptr(cutlass.Int32, 4), Int32(128), Int32(64), Int32(1), Int32(1), _stream())
 
 
 def _build_quantize(arch, dtype="bf16", given=False, **kw):
@@ -87,7 +84,7 @@ def test_given_scale_skips_amax_word(arch, check):
 @pytest.mark.parametrize("dtype", ("bf16", "f32"))
 def test_amax_kernel_compiles(arch, dtype):
     cfg = nq.Config(dtype=dtype, arch=arch)
-    b = build(nq._amax, cfg, _ptr(ELEM[dtype]), _ptr(cutlass.Int32, 4), Int64(64), Int32(1),
+    b = build(nq._amax, cfg, ptr(ELEM[dtype]), ptr(cutlass.Int32, 4), Int64(64), Int32(1),
               _stream(), arch=arch)
     assert b.kernel.local_bytes == 0
     loads = b.sass_count(r"LDG\.E\.EF\.128")  # ptxas may unroll the grid-stride loop further
@@ -102,19 +99,19 @@ def test_fast_argument_packing_matches_dsl():
 
     cfg = nq.Config(arch="sm_90a")
     el = ELEM[cfg.dtype]
-    q = nq._Launcher(cute.compile(nq._quantize, *_quantize_args(cfg),
-                                  options="--gpu-arch sm_90a"), nq.QUANT_ARGS)
+    q = Launcher(cute.compile(nq._quantize, *_quantize_args(cfg),
+                              options="--gpu-arch sm_90a"), nq.QUANT_ARGS)
     v = (16, 32, 48, 64, 80, 96, 112, 8192, 4096, 3, 132, 128)
-    q.check_against_dsl(nq._dsl_values(nq.QUANT_ARGS, v, [
+    q.check_against_dsl(dsl_values(nq.QUANT_ARGS, v, [
         (el, 16), (cutlass.Uint8, 16), (cutlass.Uint8, 16), (cutlass.Int32, 4),
         (cutlass.Float32, 4), (cutlass.Float32, 4), (cutlass.Int32, 4)]), v)
-    a = nq._Launcher(cute.compile(nq._amax, cfg, _ptr(el), _ptr(cutlass.Int32, 4), Int64(64),
-                                  Int32(1), _stream(), options="--gpu-arch sm_90a"), nq.AMAX_ARGS)
+    a = Launcher(cute.compile(nq._amax, cfg, ptr(el), ptr(cutlass.Int32, 4), Int64(64),
+                              Int32(1), _stream(), options="--gpu-arch sm_90a"), nq.AMAX_ARGS)
     v = (16, 32, 2**40 + 5, 132, 48)
-    a.check_against_dsl(nq._dsl_values(nq.AMAX_ARGS, v, [(el, 16), (cutlass.Int32, 4)]), v)
+    a.check_against_dsl(dsl_values(nq.AMAX_ARGS, v, [(el, 16), (cutlass.Int32, 4)]), v)
     with pytest.raises(RuntimeError, match="differs"):
         w = (16, 32, 2**40 + 5, 133, 48)  # a different grid in our slots
-        a.check_against_dsl(nq._dsl_values(nq.AMAX_ARGS, v, [(el, 16), (cutlass.Int32, 4)]), w)
+        a.check_against_dsl(dsl_values(nq.AMAX_ARGS, v, [(el, 16), (cutlass.Int32, 4)]), w)
 
 
 def test_config_rejects_bad_values():

@@ -40,11 +40,12 @@ SWEEP = {
 def _amax_only(s):
     """The amax kernel alone (internal: for the GPU-time breakdown)."""
     from tk_cute.kernels import nvfp4_quantize as nq
+    from tk_cute.runtime import raw_stream
 
     x = s[0]
     plan = nq._plan(x, False, False, None)
     ws = torch.empty(plan.ws_words, dtype=torch.float32, device=x.device)
-    plan.amax(x.data_ptr(), ws.data_ptr(), plan.n_vec, plan.grid, nq._raw_stream(
+    plan.amax(x.data_ptr(), ws.data_ptr(), plan.n_vec, plan.grid, raw_stream(
         plan.device_index))
 
 
