@@ -30,6 +30,7 @@ through shared memory (commit 4e577cf) and a cluster (DSMEM) reduction did not h
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -121,10 +122,11 @@ def supports(M: int, N: int, K: int) -> bool:
     return 1 <= M <= MAX_M and K % STEP_K == 0 and N % 32 == 0
 
 
+@functools.lru_cache(maxsize=1024)
 def config_for(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = "bfloat16",
                sms: int = 132) -> Config:
     """The default configuration for a problem on a GPU with `sms` SMs (raises ValueError if
-    the shape is unsupported)."""
+    the shape is unsupported). Cached: it is on every call's host path."""
     if not 1 <= M <= MAX_M:
         raise ValueError(f"gemm_small_m supports 1 <= M <= {MAX_M}, got M={M}")
     if K % STEP_K:
