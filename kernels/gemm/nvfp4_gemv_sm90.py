@@ -265,8 +265,7 @@ def _weight_rows(cfg, w, wsf, wn, lane, n_blk, K, k_begin):
             n = Int64(n_blk + weight_row(cfg, wn, lane, mt, h))
             k = k_begin + k_offset(t, 0)
             w_rows.append(w.toint() + n * Int64(K // 2) + k // 2)
-            sf_rows.append(wsf.toint() + nvfp4_scales.band_offset(n, k // 16,
-                                                                           Int64(K // 64)))
+            sf_rows.append(wsf.toint() + nvfp4_scales.band_offset(n, k // 16, Int64(K // 64)))
     return w_rows, sf_rows
 
 
@@ -290,15 +289,18 @@ def _weight_registers(cfg):
 
 
 def _keep_weights(cfg, regs, loaded):
+    """Store `_load_weights`' (words, scales) into the registers `regs`."""
     words, scales = regs
-    for u, (wq_u, sc_u) in enumerate(zip(*loaded)):
-        for r, (q, h) in enumerate(zip(wq_u, sc_u)):
-            scales[u * len(sc_u) + r] = h
+    wq, sc = loaded
+    for u in range(cfg.UNROLL):
+        for r in range(2 * cfg.MT):
+            scales[u * 2 * cfg.MT + r] = sc[u][r]
             for j in range(4):
-                words[(u * len(sc_u) + r) * 4 + j] = q[j]
+                words[(u * 2 * cfg.MT + r) * 4 + j] = wq[u][r][j]
 
 
 def _kept_weights(cfg, regs):
+    """The (words, scales) of `regs`, nested as `_load_weights` returns them."""
     words, scales = regs
     rows = 2 * cfg.MT
     wq = [[[words[(u * rows + r) * 4 + j] for j in range(4)] for r in range(rows)]

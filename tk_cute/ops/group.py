@@ -1,14 +1,15 @@
 """Group scope (TK `group<N>`): ops the threads of several warps run together, each thread
-taking its share of a tile; `sync_any` is the whole-CTA barrier that also ORs a flag.
+taking its share of a tile.
 
 `decode_nvfp4(dst, src, sf, thread, threads)` expands a shared tile of packed NVFP4 bytes into a
 bf16 shared tile ready for wgmma: dst[r, k] = e2m1(src[r, k]) * ue4m3(sf of (r, k // 16)) * 2^-8
 (`nvfp4.BF16_DECODE_SHIFT`: the re-normalising power of two is folded into the scale, one
 multiply per two elements), exact (the product has at most 6 significant bits). `src` is
-(rows, Kb / 2) bytes, element 2i in the low nibble; `sf` holds the stage's scale atoms in the 128x4 blocked layout, one 512-byte
-atom per 128-row band covering 64 K (so Kb == 64); `dst` is (rows, Kb) bf16, any smem layout
-(the swizzled wgmma layout in practice). Thread t decodes 16-byte chunks t, t + threads, ...:
-a warp reads 512 contiguous bytes per step (no bank conflicts) and writes 16-byte vectors.
+(rows, Kb / 2) bytes, element 2i in the low nibble; `sf` holds the stage's scale atoms in the
+128x4 blocked layout, one 512-byte atom per 128-row band covering 64 K (so Kb == 64); `dst` is
+(rows, Kb) bf16, any smem layout (the swizzled wgmma layout in practice). Thread t decodes
+16-byte chunks t, t + threads, ...: a warp reads 512 contiguous bytes per step (no bank
+conflicts) and writes 16-byte vectors.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from __future__ import annotations
 import cutlass.cute as cute
 import cutlass
 from cutlass import Uint32
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import nvfp4
-from tk_cute.ops.ptx import asm
 
 K_PER_ATOM = 64
 
@@ -66,14 +65,3 @@ def _decode_chunk(dst, src32, sf_bytes, c, chunks_per_row: int):
         for p in range(4):
             piece = cute.local_tile(dst, (1, 8), (row, q * 4 + p))
             cute.autovec_copy(cute.local_tile(values, (8,), (p,)), piece)
-
-
-
-
-@dsl_user_op
-def sync_any(v: Uint32, *, loc=None, ip=None) -> Uint32:
-    """Barrier of every thread of the CTA that also ORs `v != 0` over them (``bar.red.or.pred``
-    on barrier 0): 1 on every thread if any passed a non-zero `v`."""
-    text = ("{ .reg .pred p, q; setp.ne.u32 p, $1, 0; bar.red.or.pred q, 0, p; "
-            "selp.u32 $0, 1, 0, q; }")
-    return Uint32(asm(T.i32(), [Uint32(v)], text, "=r,r", loc, ip, True))

@@ -9,7 +9,7 @@ tests count these instructions.
 
 - Streaming reads: `ld_v4(addr, stream=True)` (``ld.global.nc.L1::no_allocate``: weights read
   once), `ld_v4_pred` (evict-first, zeros when off), `ld_u16`, `ld_u32_pred`.
-- Stores: `st_u32`, `st_v2_f32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
+- Stores: `st_u32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
   `st_u8_pred`, `st_u16_pred`, `st_u32_pred`.
 - Shared memory: `ld_shared_v4_f32`, `st_shared_v2_f32` on a 32-bit shared address.
 """
@@ -66,12 +66,6 @@ def ld_u32_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> Uint32:
 @dsl_user_op
 def st_u32(addr: Int64, v: Uint32, *, loc=None, ip=None) -> None:
     asm(None, [Int64(addr), Uint32(v)], "st.global.b32 [$0], $1;", "l,r", loc, ip, True)
-
-
-@dsl_user_op
-def st_v2_f32(addr: Int64, x: Float32, y: Float32, *, loc=None, ip=None) -> None:
-    asm(None, [Int64(addr), Float32(x), Float32(y)], "st.global.v2.f32 [$0], {$1, $2};",
-        "l,f,f", loc, ip, True)
 
 
 @dsl_user_op
