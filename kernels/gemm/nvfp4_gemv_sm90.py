@@ -41,6 +41,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import memory, warp
 from tk_cute.ops import nvfp4 as fp4
+from tk_cute.runtime import KernelCache, Launcher, dsl_values, placeholder_ptr, raw_stream
 from tk_cute.types.st import Shared, sv
 
 STEP_K = 128  # K elements per warp step: 4 lanes x 32 codes (one LDG.128 per weight row)
@@ -73,13 +74,11 @@ class Config:
         if self.WN not in (1, 2, 4, 8, 16) or self.UNROLL not in (1, 2, 4):
             raise ValueError(f"WN must be 1..16 (power of 2) and UNROLL 1, 2 or 4, "
                              f"got {self.WN}, {self.UNROLL}")
-        if self.S < 1 or self.threads > MAX_THREADS:
-            raise ValueError(f"S (K-slices) must be >= 1 with WN x S <= {MAX_THREADS // 32} "
-                             f"warps, got WN={self.WN}, S={self.S}")
-        if self.part_bytes > MAX_PART_BYTES:
-            raise ValueError(f"S x rows x m_pad = {self.S} x {self.rows} x {self.m_pad} fp32 "
-                             f"partials need {self.part_bytes} B of shared memory "
-                             f"(> {MAX_PART_BYTES})")
+        if not self.fits(self.S):
+            raise ValueError(f"S={self.S} K-slices do not fit one CTA: needs S >= 1, WN x S = "
+                             f"{self.WN * self.S} <= {MAX_THREADS // 32} warps and S x rows x "
+                             f"m_pad = {self.S} x {self.rows} x {self.m_pad} fp32 partials "
+                             f"<= {MAX_PART_BYTES} B of shared memory")
         if self.out_dtype not in OUT_TYPES:
             raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
 
@@ -102,6 +101,11 @@ class Config:
     @property
     def part_bytes(self) -> int:  # the CTA's S fp32 partials in shared memory
         return 4 * self.S * self.rows * self.m_pad
+
+    def fits(self, S: int) -> bool:
+        """Whether S K-slices fit one CTA of this tiling (warps, shared-memory partials)."""
+        return (S >= 1 and 32 * self.WN * S <= MAX_THREADS
+                and 4 * S * self.rows * self.m_pad <= MAX_PART_BYTES)
 
 
 def k_offset(t, u):
@@ -161,8 +165,7 @@ def split_k(cfg: Config, N: int, K: int, sms: int, ctas_per_sm: int | None = Non
         ctas_per_sm = 2 if cfg.NT <= 2 else 1
     chunks, groups = K // cfg.k_chunk, N // (16 * cfg.MT)
     want = max(1.0, sms * ctas_per_sm * 8 / groups)
-    fits = [d for d in range(1, chunks + 1) if chunks % d == 0
-            and 32 * cfg.WN * d <= MAX_THREADS and 4 * d * cfg.rows * cfg.m_pad <= MAX_PART_BYTES]
+    fits = [d for d in range(1, chunks + 1) if chunks % d == 0 and cfg.fits(d)]
     return min(fits, key=lambda d: (abs(math.log(d / want)), -d))
 
 
@@ -450,15 +453,13 @@ def _pointer_types(cfg: Config) -> list:
 
 def fake_args(cfg: Config):
     """Placeholder pointers and scalars to compile `_launch` against (no GPU needed)."""
-    from tk_cute.runtime import placeholder_ptr
-
     return (cfg, *[placeholder_ptr(t, al) for t, al in _pointer_types(cfg)],
             Int32(16), Int32(8192), Int32(8192), Int32(2))
 
 
 # ---------------------------------------------------------------- host: validate, cache, launch
 
-_LAUNCHERS: dict = {}
+_CACHE = KernelCache()  # (config, device index) -> Launcher
 
 
 def compile_launcher(cfg: Config, options: str = ""):
@@ -466,19 +467,10 @@ def compile_launcher(cfg: Config, options: str = ""):
     against the DSL's (`options`: e.g. "--gpu-arch sm_90a" to build without a GPU)."""
     from cuda.bindings import driver
 
-    from tk_cute.runtime import Launcher, dsl_values
-
     fn = Launcher(cute.compile(_launch, *fake_args(cfg), driver.CUstream(0), options=options),
                   ARGS)
     v = (16, 32, 48, 64, 80, 96, 112, 16, 8192, 4096, 3, 128)
     fn.check_against_dsl(dsl_values(ARGS, v, _pointer_types(cfg)), v)
-    return fn
-
-
-def _launcher(cfg: Config, device_index: int):
-    fn = _LAUNCHERS.get((cfg, device_index))
-    if fn is None:
-        fn = _LAUNCHERS[(cfg, device_index)] = compile_launcher(cfg)
     return fn
 
 
@@ -546,7 +538,6 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None
     import torch
 
     from tk_cute.nvfp4.tensor import NVFP4Tensor
-    from tk_cute.runtime import raw_stream
 
     if out_dtype is None:
         out_dtype = out.dtype if out is not None else torch.bfloat16
@@ -578,7 +569,7 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None
         raise ValueError(f"gemm_small_m: out must be a contiguous ({M}, {N}) {out_dtype} tensor "
                          f"on {dev}, got {out.dtype} {tuple(out.shape)} on {out.device}")
     index = dev.index if dev.index is not None else torch.cuda.current_device()
-    _launcher(cfg, index)(
+    _CACHE.get((cfg, index), lambda: compile_launcher(cfg))(
         _aligned(b.data).data_ptr(), _aligned(b.scales, 2).data_ptr(), x.data_ptr(),
         xsf.data_ptr(), gsb.data_ptr(), gsa.data_ptr(), out.data_ptr(), M, N, K,
         chunks // cfg.S, raw_stream(index))

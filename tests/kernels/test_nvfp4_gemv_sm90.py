@@ -26,12 +26,15 @@ def _c_elem(lane, i):
 
 
 def _tilings():
-    """Every MT x NT x WN whose partial fits the shared-memory bound (Config checks it)."""
+    """Every MT x NT x WN whose partial fits one CTA (S = 1)."""
     for mt in (1, 2, 4):
         for nt in (1, 2, 4, 8):
             for wn in (1, 4, 8):
-                if 4 * 16 * mt * wn * 8 * nt <= gv.MAX_PART_BYTES:
-                    yield gv.Config(MT=mt, NT=nt, WN=wn)
+                try:
+                    cfg = gv.Config(MT=mt, NT=nt, WN=wn)
+                except ValueError:  # its partial does not fit one CTA's shared memory
+                    continue
+                yield cfg
 
 
 INDEX_CONFIGS = sorted({gv.config_for(M, 8192, 8192) for M in range(1, 65)}
@@ -68,8 +71,7 @@ def _with_splits(configs, splits):
     """(cfg with S) for every S that fits one CTA (warps, shared memory)."""
     for cfg in configs:
         for S in splits:
-            if (cfg.WN * S <= gv.MAX_THREADS // 32
-                    and 4 * S * cfg.rows * cfg.m_pad <= gv.MAX_PART_BYTES):
+            if cfg.fits(S):
                 yield dataclasses.replace(cfg, S=S)
 
 
@@ -332,8 +334,7 @@ def test_fp32_output_split_invariance_and_determinism(seed, M):
     cfg = dataclasses.replace(gv.config_for(M, N, K), WN=1)
     chunks = K // cfg.k_chunk
     results = {}
-    for S in [s for s in (1, 2, chunks) if chunks % s == 0
-              and 4 * s * cfg.rows * cfg.m_pad <= gv.MAX_PART_BYTES]:
+    for S in [s for s in (1, 2, chunks) if chunks % s == 0 and cfg.fits(s)]:
         d = gv.gemm_small_m(a, b, torch.float32, config=cfg, splits=S)
         assert _rel(d, ref) <= TOL[torch.float32], S
         again = gv.gemm_small_m(a, b, torch.float32, splits=S)
