@@ -5,14 +5,19 @@ B is NVFP4 weights (N, K); A is bf16 activations (W4A16) or NVFP4 (W4A4). There 
 core on sm_90a, so each warp computes D^T = W X^T with ``mma.sync m16n8k16`` bf16 (Marlin-style):
 the MMA's 16 rows are weight rows, its 8 columns activation rows. A thread (group g = lane/4,
 t = lane%4) loads 16 bytes (32 codes) of weight rows g and g+8 per 128-K step with one LDG.128
-each and decodes them straight into A fragments with `ops.nvfp4.e2m1x8_scaled_shifted` (prmt +
-imad + lop3 per pair, no lookup table; the UE4M3 scale folded in with one exact ``mul.bf16x2``:
-w = e2m1 * sf * 2^-8). The 16 K-slots of an MMA hold, per thread, K elements 32t + 4j .. +3 (see
-`k_offset`), the same permutation for the activation fragment, so both sides are plain
-contiguous loads. Products are exact; fp32 accumulation.
+each and decodes them straight into A fragments with `ops.nvfp4` (3 integer instructions per
+pair of codes, no lookup table; the UE4M3 scale folded in with one exact ``mul.bf16x2``:
+w = e2m1 * sf * 2^-8). The 16 K-slots of an MMA hold, per thread, 4 of the 8 K elements of one
+32-bit word of codes: 32t + 8j + {0..3} or {4..7} (see `k_offset`), or, in the strided pairing
+(`Config.strided`: codes i and i + 4 share a word, no byte permute, 2 instructions fewer per 8
+codes), {0, 1, 4, 5} or {2, 3, 6, 7}; the activation fragment follows the same permutation
+(strided: 4 prmt per 8 bf16 values, shared by the MT tiles; none for NVFP4 activations, decoded
+the same way). Products are exact; fp32 accumulation.
 Grid N / rows: a CTA owns `rows` weight rows and has WN x S warps: WN row groups (MT MMA tiles
 each) times S K-slices (split-K inside the CTA). With AHEAD (default at M <= 8) the next trip's
-weights are in flight while a trip decodes. At the end each warp puts its fp32 partial in shared
+weights are in flight while a trip decodes. With PDL (opt-in, `gemm_small_m(pdl=True)`) the
+kernel lets the next one launch at once and reads its first weights before the kernel before it
+has ended (activations after). At the end each warp puts its fp32 partial in shared
 memory and, after one CTA barrier, the CTA sums the S slices in order (deterministic), applies
 2^8 (2^16 for W4A4) * global scales and writes D: no global workspace, no atomics, no fences.
 Constraints (checked): M <= 64, K % 128 == 0, N % 32 == 0.
@@ -39,7 +44,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from tk_cute.layouts import nvfp4_scales
-from tk_cute.ops import memory, warp
+from tk_cute.ops import cluster, memory, warp
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import KernelCache, Launcher, dsl_values, placeholder_ptr, raw_stream
 from tk_cute.types.st import Shared, sv
@@ -67,6 +72,7 @@ class Config:
     MIN_CTAS: int = 0  # CTAs per SM ptxas must fit (caps registers); 0: no cap
     S: int = 1
     AHEAD: bool = False
+    PDL: bool = False  # programmatic dependent launch: weights read before the prior kernel ends
 
     def __post_init__(self):
         if self.MT not in (1, 2, 4) or self.NT not in (1, 2, 4, 8):
@@ -97,6 +103,14 @@ class Config:
     @property
     def m_pad(self) -> int:  # activation rows per partial (MMA columns)
         return 8 * self.NT
+
+    @property
+    def strided(self) -> bool:
+        """Whether the decode pairs codes (i, i + 4) (`ops.nvfp4.e2m1x8_scaled_shifted_strided`):
+        2 instructions fewer per 8 weight codes, 4 prmt more per 8 bf16 activations, so it pays
+        where a warp's weight words outnumber its activation words (MT > NT), and always for
+        NVFP4 activations (decoded the same way, with the same saving)."""
+        return self.w4a4 or self.MT > self.NT
 
     @property
     def part_bytes(self) -> int:  # the CTA's S fp32 partials in shared memory
@@ -236,11 +250,20 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
     acc = cute.make_rmem_tensor((cfg.MT * cfg.NT * 4,), Float32)
     for i in cutlass.range_constexpr(cfg.MT * cfg.NT * 4):
         acc[i] = Float32(0.0)
+    if cutlass.const_expr(cfg.PDL):
+        # Let the next kernel launch now: its CTAs start as ours exit and (AHEAD) load their
+        # first weights during our tail. Ours (AHEAD) are loaded before the kernel before us
+        # has ended (the caller promised it does not write them); activations only after.
+        # Without AHEAD nothing is read before the wait (an L2 prefetch of the first trip
+        # there made M = 16 slower on the H200).
+        cluster.pdl_launch_dependents()
     if cutlass.const_expr(cfg.AHEAD):
         # The weights of trip i + 1 are in flight while trip i decodes: HBM latency hides
         # behind decode instead of alternating with it (registers: one trip's words more).
         regs = _weight_registers(cfg)
         _keep_weights(cfg, regs, _load_weights(cfg, w_rows, sf_rows, Int64(0)))
+        if cutlass.const_expr(cfg.PDL):
+            cluster.pdl_wait()
         for trip in cutlass.range(trips - 1, unroll=1):
             cur = _kept_weights(cfg, regs)
             _keep_weights(cfg, regs, _load_weights(cfg, w_rows, sf_rows, Int64(trip + 1)))
@@ -248,6 +271,8 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
         _mma_trip(cfg, acc, *_kept_weights(cfg, regs),
                   _load_activations(cfg, x_rows, xsf_rows, Int64(trips - 1)))
     else:
+        if cutlass.const_expr(cfg.PDL):
+            cluster.pdl_wait()
         for trip in cutlass.range(trips, unroll=1):
             wq, sc = _load_weights(cfg, w_rows, sf_rows, Int64(trip))
             xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
@@ -354,10 +379,19 @@ def _activation_fragments(cfg, words, u):
         w = words[(u * cfg.NT + nt) * per:][:per]
         if cfg.w4a4:
             f = fp4.ue4m3x2_to_bf16x2_prescaled(w[4])
-            out.append([fp4.e2m1x8_scaled_shifted(w[j], f[j // 2]) for j in range(4)])
+            out.append([_decode(cfg, w[j], f[j // 2]) for j in range(4)])
+        elif cfg.strided:
+            out.append([fp4.bf16x8_strided(w[4 * j: 4 * j + 4]) for j in range(4)])
         else:
             out.append([w[4 * j: 4 * j + 4] for j in range(4)])
     return out
+
+
+def _decode(cfg, q, sf_prescaled):
+    """8 codes -> the 4 bf16x2 words of A (or W4A4 B) fragments, in the pairing cfg uses."""
+    if cfg.strided:
+        return fp4.e2m1x8_scaled_shifted_strided(q, sf_prescaled)
+    return fp4.e2m1x8_scaled_shifted(q, sf_prescaled)
 
 
 def _mma_trip(cfg, acc, wq, sc, xw):
@@ -369,8 +403,8 @@ def _mma_trip(cfg, acc, wq, sc, xw):
         wf = [fp4.ue4m3x2_to_bf16x2_prescaled(h) for h in sc[u]]
         for j in range(4):  # 32-bit word j of each row: MMAs 2j, 2j+1
             for mt in range(MT):
-                lo = fp4.e2m1x8_scaled_shifted(wq[u][2 * mt][j], wf[2 * mt][j // 2])
-                hi = fp4.e2m1x8_scaled_shifted(wq[u][2 * mt + 1][j], wf[2 * mt + 1][j // 2])
+                lo = _decode(cfg, wq[u][2 * mt][j], wf[2 * mt][j // 2])
+                hi = _decode(cfg, wq[u][2 * mt + 1][j], wf[2 * mt + 1][j // 2])
                 for nt in range(NT):
                     for e in range(2):
                         a = [lo[2 * e], hi[2 * e], lo[2 * e + 1], hi[2 * e + 1]]
@@ -434,7 +468,7 @@ def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
             N: Int32, K: Int32, trips: Int32, stream):
     _kernel(cfg, w, wsf, x, xsf, gsb, gsa, out, M, N, K, trips).launch(
         grid=[N // cfg.rows, 1, 1], block=[cfg.threads, 1, 1], stream=stream,
-        min_blocks_per_mp=cfg.MIN_CTAS,
+        min_blocks_per_mp=cfg.MIN_CTAS, use_pdl=cfg.PDL,
         preferred_smem_carveout=0)  # the least shared memory: the rest is L1
 
 
@@ -517,7 +551,7 @@ def _aligned(t, align: int = 16):
 
 
 def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None,
-                 splits: int | None = None):
+                 splits: int | None = None, pdl: bool = False):
     """D = a @ deq(b)^T for small M on Hopper (sm_90a), streaming the NVFP4 weights.
 
     Args:
@@ -527,6 +561,11 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None
         out: optional contiguous (M, N) CUDA tensor of out_dtype to write (default: a new one).
         config, splits: tuning overrides (`Config`; its S, the number of K-slices, a divisor
             of K / config.k_chunk).
+        pdl: programmatic dependent launch. The call may start (and read the weights b) while
+            the kernel before it on the stream is still running, and lets the next kernel start
+            during its own tail; it reads a and writes out only after that kernel has ended.
+            Only for weights that the kernel just before does not write (e.g. static weights in
+            a chain of decode GEMMs); the default waits for the stream as usual.
 
     Returns:
         D, (M, N) of out_dtype.
@@ -552,6 +591,8 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None
         cfg = dataclasses.replace(config, w4a4=w4a4, out_dtype=out_name)
     if splits is not None:
         cfg = dataclasses.replace(cfg, S=splits)
+    if pdl:
+        cfg = dataclasses.replace(cfg, PDL=True)
     chunks = K // cfg.k_chunk
     if M > cfg.m_pad or N % cfg.rows or K % cfg.k_chunk or chunks % cfg.S:
         raise ValueError(f"config {cfg} does not fit M={M}, N={N}, K={K} (needs M <= m_pad, "

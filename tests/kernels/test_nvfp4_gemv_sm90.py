@@ -179,6 +179,8 @@ CONFIGS = {
     "m1_fp32": gv.config_for(1, 4096, 4096, out_dtype="float32"),
     "m1_no_ahead": dataclasses.replace(gv.config_for(1, 8192, 8192), AHEAD=False, MIN_CTAS=0),
     "m16_wn1": gv.config_for(16, 8160, 8192),
+    "m1_pdl": dataclasses.replace(gv.config_for(1, 8192, 8192), PDL=True),
+    "m16_pdl": dataclasses.replace(gv.config_for(16, 8192, 8192), PDL=True),
 }
 
 
@@ -217,13 +219,36 @@ def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
 
 
 def test_decode_instruction_budget(built):
-    """Per 8 weight codes: 2 mask/shift, 4 prmt, 4 imad, 4 lop3, 4 exact bf16x2 multiplies."""
+    """Per 8 weight codes: 4 exact bf16x2 multiplies and 4 imad; natural pairing: 2 mask/shift,
+    4 prmt, 4 lop3; strided pairing (MT > NT or W4A4): 4 masks, 1 shift, 4 lop3 and no prmt,
+    the bf16 activations paying 4 prmt per 8 values instead (16 per step and n8 tile, shared by
+    the MT weight tiles); 3 prmt per scale pair."""
     cfg, b = built
     words = (8 * cfg.MT * cfg.UNROLL + (4 * cfg.NT * cfg.UNROLL if cfg.w4a4 else 0)) * _bodies(cfg)
     scales = (2 * cfg.MT * cfg.UNROLL + (cfg.NT * cfg.UNROLL if cfg.w4a4 else 0)) * _bodies(cfg)
     # ptxas may recompute a scale pair (2 HMUL2) rather than keep it live (seen at NT = 8).
     assert 4 * words + 2 * scales <= b.sass_count(r"HMUL2\.BF16") <= 4 * words + 4 * scales
-    assert b.sass_count(r"\bPRMT\b") <= 4 * words + 6 * scales + 4
+    act = 16 * cfg.NT * cfg.UNROLL * _bodies(cfg) if cfg.strided and not cfg.w4a4 else 0
+    words_permuted = 0 if cfg.strided else 4 * words
+    assert b.sass_count(r"\bPRMT\b") <= words_permuted + act + 6 * scales + 4
+
+
+def test_pdl_reads_weights_before_the_wait_and_activations_after(built):
+    """With PDL and AHEAD the first trip's weights are loaded before ``griddepcontrol.wait``,
+    every activation load after it; without AHEAD every load follows the wait; without PDL
+    neither op is there."""
+    cfg, b = built
+    ptx = b.ptx
+    if not cfg.PDL:
+        assert b.ptx_count(r"griddepcontrol") == 0
+        return
+    assert b.ptx_count(r"griddepcontrol\.wait") == 1
+    assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1
+    wait = ptx.index("griddepcontrol.wait")
+    first_weights = ptx.index("ld.global.nc.L1::no_allocate")
+    assert ptx.index("griddepcontrol.launch_dependents") < min(first_weights, wait)
+    assert (first_weights < wait) == cfg.AHEAD
+    assert ptx.index("ld.global.nc.v4.u32") > wait  # activations
 
 
 def test_fast_argument_packing_matches_dsl():
@@ -340,6 +365,26 @@ def test_fp32_output_split_invariance_and_determinism(seed, M):
         again = gv.gemm_small_m(a, b, torch.float32, splits=S)
         assert torch.equal(d, again), f"splits={S} not deterministic"
         results[S] = d
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 16])
+def test_pdl_chain_reads_each_activation_after_its_producer(seed, M):
+    """pdl=True calls chained through their outputs (call i + 1's activations are call i's
+    output; each may start during the previous one's tail, weights first): every link equals
+    the float64 product of the bf16 activations it was given."""
+    N = K = 4096
+    b = _weights(N, K)
+    w = b.dequantize(torch.float64)
+    xs = [torch.randn(M, K, device="cuda").bfloat16()]
+    outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            for _ in range(4)]  # poison
+    for out in outs:
+        xs.append(gv.gemm_small_m(xs[-1], b, out=out, pdl=True))
+    torch.cuda.synchronize()
+    for x, d in zip(xs, xs[1:]):
+        assert not d.isnan().any(), "unwritten or NaN outputs"
+        assert _rel(d, x.double() @ w.t()) <= TOL[torch.bfloat16]
 
 
 @pytest.mark.gpu

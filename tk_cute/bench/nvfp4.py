@@ -6,7 +6,9 @@ Variants per shape: tk_cute W4A16 and W4A4 through the public `tk_cute.nvfp4.gem
 `kernels/gemm/nvfp4_gemv_sm90.py` for M <= 64 and the dequantize + bf16 GEMM path of
 `kernels/gemm/nvfp4_sm90.py` for M % 128 == 0; there its fused path runs beside it), cuBLAS bf16 on
 the dequantized weights (`a @ w.t()`), cuBLAS fp8 e4m3 (`torch._scaled_mm`, per-tensor scales)
-and the torch path a user would write (LUT dequantize to bf16, then cuBLAS). GB/s counts the
+and the torch path a user would write (LUT dequantize to bf16, then cuBLAS); for M <= 64 also
+`gemm_small_m(pdl=True)`, whose back-to-back calls overlap (each reads its weights during the
+previous call's tail: what a chain of decode GEMMs on static weights gets). GB/s counts the
 NVFP4 weight payload (0.5625 B/element) for every variant, so the column compares speeds on one
 scale; the device-to-device copy bandwidth (read + write) is measured in the same run.
 `--tune` adds small-M tk_cute variants over the tiling (MT MMA row tiles per warp, WN warps
@@ -69,6 +71,8 @@ def _variants(M, N, K, tune: bool, sms: int):
     if M > gv.MAX_M and nvfp4_sm90.supports(M, N, K):  # the other large-M path, side by side
         v["tk_cute w4a16 fused"] = lambda s: nvfp4_sm90.gemm(s["a"], s["b"], path="fused")
         v["tk_cute w4a4 fused"] = lambda s: nvfp4_sm90.gemm(s["aq"], s["b"], path="fused")
+    if M <= gv.MAX_M:  # back-to-back calls that may overlap (static weights, `pdl=True`)
+        v["tk_cute w4a16 pdl"] = lambda s: gv.gemm_small_m(s["a"], s["b"], pdl=True)
     if tune and M <= gv.MAX_M:
         import dataclasses
 

@@ -34,12 +34,17 @@ def _decode_kernel(q: cute.Tensor, sf: cute.Tensor, out16: cute.Tensor, outbf: c
         s_lo = fp4.e2m1x8_scaled_shifted(qw, f_lo)
         s_hi = fp4.e2m1x8_scaled_shifted(qw, f_hi)
         s_one = fp4.e2m1x8_scaled_shifted(qw, fp4.ue4m3_to_bf16x2_prescaled(b))
+        # the strided pairing, put back in natural order (word j = elements 2j, 2j + 1)
+        st = fp4.e2m1x8_scaled_shifted_strided(qw, f_lo)
+        s_str = [fp4.prmt(st[j % 2 * 2], st[j % 2 * 2 + 1], 0x5410 + 0x2222 * (j // 2))
+                 for j in range(4)]
         for j in cutlass.range_constexpr(4):
             out16[i * 4 + j] = Int32(h[j])
             outbf[i * 4 + j] = Int32(g[j])
-            outsh[i * 12 + j] = Int32(s_lo[j])
-            outsh[i * 12 + 4 + j] = Int32(s_hi[j])
-            outsh[i * 12 + 8 + j] = Int32(s_one[j])
+            outsh[i * 16 + j] = Int32(s_lo[j])
+            outsh[i * 16 + 4 + j] = Int32(s_hi[j])
+            outsh[i * 16 + 8 + j] = Int32(s_one[j])
+            outsh[i * 16 + 12 + j] = Int32(s_str[j])
 
 
 @cute.kernel
@@ -81,9 +86,10 @@ def test_probe_kernels_compile(arch):
 
     s = driver.CUstream(0)
     d = build(_decode, *(_fake(cutlass.Int32) for _ in range(5)), Int32(8), s, arch=arch)
-    # fp16 spread (4) + bf16 nibble pairs (4, shared by the three bf16 decodes) + the pair
-    # scale form (3)
-    assert d.ptx_count(r"prmt\.b32") == 11 and d.kernel.local_bytes == 0
+    # fp16 spread (4) + bf16 nibble pairs (4, shared by the three natural-order bf16 decodes)
+    # + the pair scale form (3) + the probe's reordering of the strided decode (4; the strided
+    # decode itself has none)
+    assert d.ptx_count(r"prmt\.b32") == 15 and d.kernel.local_bytes == 0
     e = build(_encode, arch, _fake(cutlass.Float32), _fake(cutlass.Int32), _fake(cutlass.Int32),
               Int32(1), s, arch=arch)
     assert (e.ptx_count(r"cvt\.rn\.satfinite\.e2m1x2") == 4) == fp4.has_native_fp4(arch)
@@ -131,6 +137,12 @@ def _decode8_model(q: int, f: int) -> list:
             for s in fp4._PAIR_SEL]
 
 
+def _decode8_strided_model(q: int, f: int) -> list:
+    """e2m1x8_scaled_shifted_strided(q, f) on the host (word i = elements i, i + 4)."""
+    return [_mul_bf16x2((((x & m) * c) & 0xFFFFFFFF) & 0x81C081C0, f) for x in (q, q >> 8)
+            for m, c in ((0x000F000F, 0x1040), (0x00F000F0, 0x0104))]
+
+
 def _scale_pair_model(h: int) -> tuple:
     """ue4m3x2_to_bf16x2_prescaled(h) on the host."""
     p = (_prmt(h, 0, 0x4140) << 4) & 0xFFFFFFFF
@@ -158,6 +170,20 @@ def test_bf16_decode_model_is_exact_for_every_code_and_scale():
                 want = [float(E2M1_VALUES[c]) * want_sf * 2.0**-fp4.BF16_DECODE_SHIFT
                         for c in vals]
                 assert got == want, (sf, vals, got, want)
+                strided = _decode8_strided_model(q, f)  # word i: elements i, i + 4
+                got = [_bf16(_s16(strided[i % 4] >> 16 * (i // 4))) for i in range(8)]
+                assert got == want, (sf, vals, got, want)
+
+
+def test_strided_pairing_of_bf16_matches_the_decode():
+    """bf16x8_strided's selectors (host prmt model) pair elements (i, i + 4) like the decode."""
+    import random
+
+    rng = random.Random(0)
+    vals = [rng.getrandbits(16) for _ in range(8)]
+    natural = [vals[2 * j] | vals[2 * j + 1] << 16 for j in range(4)]
+    assert [_prmt(natural[a], natural[b], sel) for a, b, sel in fp4.STRIDED_PAIRS] == \
+        [vals[i] | vals[i + 4] << 16 for i in range(4)]
 
 
 def _run(fn, *args):
@@ -185,14 +211,15 @@ def test_decode_every_code_every_scale():
     n = q.numel()
     out16 = torch.empty(n * 4, dtype=torch.int32, device="cuda")
     outbf = torch.empty(n * 4, dtype=torch.int32, device="cuda")
-    outsh = torch.empty(n * 12, dtype=torch.int32, device="cuda")
+    outsh = torch.empty(n * 16, dtype=torch.int32, device="cuda")
     _run(_decode, q.cuda(), bb.to(torch.int32).cuda(), out16, outbf, outsh, Int32(n))
     vals = torch.tensor(E2M1_VALUES, dtype=torch.float64)[perm]
     sf = e4m3_decode(bb.to(torch.uint8)).to(torch.float64)[:, None]
     exact = (vals * sf).reshape(-1)
     sf_hi = e4m3_decode((0x7E - bb).to(torch.uint8)).to(torch.float64)[:, None]
     shift = 2.0**-fp4.BF16_DECODE_SHIFT
-    shifted = torch.cat([vals * sf * shift, vals * sf_hi * shift, vals * sf * shift], dim=1)
+    shifted = torch.cat([vals * sf * shift, vals * sf_hi * shift, vals * sf * shift,
+                         vals * sf * shift], dim=1)
     for got, want, dt in ((out16, exact, torch.float16), (outbf, exact, torch.bfloat16),
                           (outsh, shifted.reshape(-1), torch.bfloat16)):
         want = want.to(dt).view(torch.int16)
