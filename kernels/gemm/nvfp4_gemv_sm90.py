@@ -30,6 +30,13 @@ workspace cost ~2-3 us and loads issued only after the previous trip's decode le
 Splitting K between the warps of one CTA (reduced in shared memory) and keeping a trip of
 weights in flight took it to ~14.7 us (M = 16: 25 -> 19 us). A TMA ring feeding the weights
 through shared memory (commit 4e577cf) and a cluster (DSMEM) reduction did not help.
+Now (strided pairing, 6.43 M instructions, ~14.4 us): no pipe is saturated (ALU 56%, FMA-heavy
+48%, tensor 14% of peak while active; 2.26 IPC per SM); the top stall is the long scoreboard
+(2.4 of 6.7 cycles per issue), at the register ring's moves (ptxas issues the next trip's
+weight loads in the second half of the body under the 128-register cap) and at the first use of
+the activations. Yet L2-resident weights are only ~0.2-1.6 us faster, and 24-32 warps per SM,
+a per-thread cp.async ring of 2-4 trips (no registers in flight) and L1/L2 prefetches were each
+no faster or slower (docs/nvfp4_hopper.md).
 """
 
 from __future__ import annotations
