@@ -181,6 +181,7 @@ CONFIGS = {
     "m16_wn1": gv.config_for(16, 8160, 8192),
     "m1_pdl": dataclasses.replace(gv.config_for(1, 8192, 8192), PDL=True),
     "m16_pdl": dataclasses.replace(gv.config_for(16, 8192, 8192), PDL=True),
+    "m1_global_x": dataclasses.replace(gv.config_for(1, 8192, 8192), XSMEM=0),
 }
 
 
@@ -206,7 +207,12 @@ def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
     assert b.sass_count(r"LDG\.E\.NA\.128") == 2 * steps
     # Activations: 16-byte loads (bf16: 4 per MMA column tile and step; NVFP4: 1).
     act = cfg.NT * cfg.UNROLL * (1 if cfg.w4a4 else 4) * _bodies(cfg)
-    assert b.ptx_count(r"ld\.global\.nc\.v4\.u32") == act
+    if cfg.XSMEM:  # staged once in shared memory (one cp.async loop), then LDS.128 per trip
+        assert b.ptx_count(r"ld\.global\.nc\.v4\.u32") == 0
+        assert b.ptx_count(r"ld\.shared\.v4\.u32") == act
+        assert b.ptx_count(r"cp\.async\.cg\.shared\.global") == 1
+    else:
+        assert b.ptx_count(r"ld\.global\.nc\.v4\.u32") == act
     mmas = 8 * cfg.MT * cfg.NT * cfg.UNROLL * _bodies(cfg)
     assert b.ptx_count(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32") == mmas
     assert b.sass_count(r"HMMA\.16816\.F32\.BF16") == mmas
@@ -248,7 +254,18 @@ def test_pdl_reads_weights_before_the_wait_and_activations_after(built):
     first_weights = ptx.index("ld.global.nc.L1::no_allocate")
     assert ptx.index("griddepcontrol.launch_dependents") < min(first_weights, wait)
     assert (first_weights < wait) == cfg.AHEAD
-    assert ptx.index("ld.global.nc.v4.u32") > wait  # activations
+    first_activations = ptx.index("cp.async.cg" if cfg.XSMEM else "ld.global.nc.v4.u32")
+    assert first_activations > wait
+
+
+@pytest.mark.parametrize("M, K, staged", [(1, 8192, True), (1, 28672, True), (1, 32768, False),
+                                           (2, 8192, False), (1, 4096, True)])
+def test_activations_staged_in_shared_memory_at_m1_where_they_fit(M, K, staged):
+    cfg = gv.config_for(M, 8192, K)
+    assert bool(cfg.XSMEM) == staged
+    if staged:
+        assert gv.xsmem_bytes(M, K) <= cfg.XSMEM <= gv.MAX_XSMEM
+        assert cfg.part_bytes + cfg.XSMEM <= 227 * 1024
 
 
 def test_fast_argument_packing_matches_dsl():
@@ -407,6 +424,8 @@ def test_rejects_bad_input():
         gv.gemm_small_m(a.half(), b)
     with pytest.raises(TypeError, match="NVFP4Tensor"):
         gv.gemm_small_m(a, a)
+    with pytest.raises(ValueError, match="stages 2048 B of activations; M=2, K=512 needs 2080"):
+        gv.gemm_small_m(a[:2], b, config=gv.config_for(1, 256, 512))
 
 
 def test_validation_before_any_gpu_work():

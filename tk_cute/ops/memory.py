@@ -11,11 +11,14 @@ tests count these instructions.
   once), `ld_v4_pred` (evict-first, zeros when off), `ld_u16`, `ld_u32_pred`.
 - Stores: `st_u32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
   `st_u8_pred`, `st_u16_pred`, `st_u32_pred`.
-- Shared memory: `ld_shared_v4_f32`, `st_shared_v2_f32` on a 32-bit shared address.
+- Global -> shared without registers: `cp_async_16`, `cp_async_wait_all`.
+- Shared memory: `ld_shared_v4_f32`, `ld_shared_v4_u32`, `st_shared_v2_f32` on a 32-bit shared
+  address.
 """
 
 from __future__ import annotations
 
+import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -99,6 +102,24 @@ def st_u32_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> N
     asm(None, [Int64(addr), Uint32(v), Uint32(pred)], text, "l,r,r", loc, ip, True)
 
 
+# ---------------------------------------------------------------- global -> shared, asynchronous
+# ``cp.async`` (sm_80+): no register is held while the copy is in flight. Completion is per
+# thread and commit group; other threads may read the data after `cp_async_wait` and a barrier.
+
+
+@dsl_user_op
+def cp_async_16(smem: Int32, gmem: Int64, *, loc=None, ip=None) -> None:
+    """Copy 16 bytes from global `gmem` to shared `smem` (both 16-byte aligned), via L2 only."""
+    asm(None, [Int32(smem), Int64(gmem)], "cp.async.cg.shared.global [$0], [$1], 16;", "r,l",
+        loc, ip, True)
+
+
+def cp_async_wait_all() -> None:
+    """Commit this thread's outstanding `cp_async_16` copies and wait until they have landed."""
+    cute.arch.cp_async_commit_group()
+    cute.arch.cp_async_wait_group(0)
+
+
 # ---------------------------------------------------------------- shared memory
 
 
@@ -109,6 +130,15 @@ def ld_shared_v4_f32(addr: Int32, *, loc=None, ip=None) -> list:
     text = "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];"
     res = asm(ret, [Int32(addr)], text, "=f,=f,=f,=f,r", loc, ip, True)
     return unpack(res, T.f32(), 4, Float32, loc, ip)
+
+
+@dsl_user_op
+def ld_shared_v4_u32(addr: Int32, *, loc=None, ip=None) -> list:
+    """16 bytes at 32-bit shared address `addr` (16-byte aligned) as 4 Uint32."""
+    ret = llvm.StructType.get_literal([T.i32()] * 4)
+    text = "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];"
+    res = asm(ret, [Int32(addr)], text, "=r,=r,=r,=r,r", loc, ip, True)
+    return unpack(res, T.i32(), 4, Uint32, loc, ip)
 
 
 @dsl_user_op
