@@ -17,11 +17,12 @@ Grid N / rows: a CTA owns `rows` weight rows and has WN x S warps: WN row groups
 each) times S K-slices (split-K inside the CTA). With AHEAD (default at M <= 8) the next trip's
 weights are in flight while a trip decodes. At M = 1 (XSMEM) the CTA first copies its activation
 row to shared memory with cp.async (one barrier), so trips read their B fragments with LDS
-instead of L2 loads used right after they were issued. With PDL (opt-in, `gemm_small_m(pdl=True)`) the
-kernel lets the next one launch at once and reads its first weights before the kernel before it
-has ended (activations after). At the end each warp puts its fp32 partial in shared
-memory and, after one CTA barrier, the CTA sums the S slices in order (deterministic), applies
-2^8 (2^16 for W4A4) * global scales and writes D: no global workspace, no atomics, no fences.
+instead of L2 loads used right after they were issued. With PDL (opt-in,
+`gemm_small_m(pdl=True)`) the kernel lets the next one launch at once and reads its first
+weights before the kernel before it has ended (activations after). At the end each warp puts
+its fp32 partial in shared memory and, after one CTA barrier, the CTA sums the S slices in
+order (deterministic), applies 2^8 (2^16 for W4A4) * global scales and writes D: no global
+workspace, no atomics, no fences.
 Constraints (checked): M <= 64, K % 128 == 0, N % 32 == 0.
 
 Where the time goes (H200, 2026-11-30, M = 1, N = K = 8192; docs/nvfp4_hopper.md): the decode
