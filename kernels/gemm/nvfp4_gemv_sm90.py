@@ -424,7 +424,7 @@ def _load_activations(cfg, x_rows, xsf_rows, trip):
                 words.append(memory.ld_u16(xsf_rows[nt] + scale_step(k)))
             elif cfg.XSMEM:
                 for j in range(4):
-                    words += memory.ld_shared_v4_u32(x_rows[nt] + Int32(k) * 2 + 16 * j)
+                    words += memory.ld_shared_v4(x_rows[nt] + Int32(k) * 2 + 16 * j, Uint32)
             else:
                 for j in range(4):
                     words += memory.ld_v4(x_rows[nt] + k * 2 + 16 * j, False)
@@ -504,7 +504,7 @@ def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, out, M, N, n_blk, tidx):
         row, m0 = reduce_coord(cfg, it, tidx)
         nr = Int64(n_blk + row)
         if m0 < M:  # columns at or past M are padding (or past the block): skip
-            parts = [memory.ld_shared_v4_f32(part + slot_index(cfg, k, row, m0) * 4)
+            parts = [memory.ld_shared_v4(part + slot_index(cfg, k, row, m0) * 4)
                      for k in range(cfg.S)]
             for e in cutlass.range_constexpr(4):
                 total[e] = parts[0][e]

@@ -12,8 +12,8 @@ tests count these instructions.
 - Stores: `st_u32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
   `st_u8_pred`, `st_u16_pred`, `st_u32_pred`.
 - Global -> shared without registers: `cp_async_16`, `cp_async_wait_all`.
-- Shared memory: `ld_shared_v4_f32`, `ld_shared_v4_u32`, `st_shared_v2_f32` on a 32-bit shared
-  address.
+- Shared memory: `ld_shared_v4` (float32 or 32-bit words), `st_shared_v2_f32` on a 32-bit
+  shared address.
 """
 
 from __future__ import annotations
@@ -123,22 +123,18 @@ def cp_async_wait_all() -> None:
 # ---------------------------------------------------------------- shared memory
 
 
-@dsl_user_op
-def ld_shared_v4_f32(addr: Int32, *, loc=None, ip=None) -> list:
-    """4 float32 at 32-bit shared address `addr` (16-byte aligned)."""
-    ret = llvm.StructType.get_literal([T.f32()] * 4)
-    text = "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];"
-    res = asm(ret, [Int32(addr)], text, "=f,=f,=f,=f,r", loc, ip, True)
-    return unpack(res, T.f32(), 4, Float32, loc, ip)
+_V4 = {Float32: (T.f32, "f32", "f"), Uint32: (T.i32, "u32", "r")}  # type, PTX type, constraint
 
 
 @dsl_user_op
-def ld_shared_v4_u32(addr: Int32, *, loc=None, ip=None) -> list:
-    """16 bytes at 32-bit shared address `addr` (16-byte aligned) as 4 Uint32."""
-    ret = llvm.StructType.get_literal([T.i32()] * 4)
-    text = "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];"
-    res = asm(ret, [Int32(addr)], text, "=r,=r,=r,=r,r", loc, ip, True)
-    return unpack(res, T.i32(), 4, Uint32, loc, ip)
+def ld_shared_v4(addr: Int32, dtype=Float32, *, loc=None, ip=None) -> list:
+    """16 bytes at 32-bit shared address `addr` (16-byte aligned) as 4 `dtype` (Float32 or
+    Uint32)."""
+    ty, ptx, c = _V4[dtype]
+    ret = llvm.StructType.get_literal([ty()] * 4)
+    text = f"ld.shared.v4.{ptx} {{$0, $1, $2, $3}}, [$4];"
+    res = asm(ret, [Int32(addr)], text, f"={c},={c},={c},={c},r", loc, ip, True)
+    return unpack(res, ty(), 4, dtype, loc, ip)
 
 
 @dsl_user_op
