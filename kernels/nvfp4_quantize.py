@@ -29,10 +29,10 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from tk_cute.layouts import nvfp4_scales
+from tk_cute.layouts.nvfp4_scales import ATOM_BYTES, ATOM_K, ATOM_ROWS, ATOM_SF_COLS, SF_VEC
 from tk_cute.ops import memory, ptx
 from tk_cute.ops import nvfp4 as fp4
 
-ATOM_ROWS, ATOM_KBLOCKS, ATOM_BYTES, SF_VEC = 128, 4, 512, 16
 SEG_BYTES = 512  # a warp's 16-byte-per-lane load: the tile's row segment
 DTYPES = {"bf16": 2, "f16": 2, "f32": 4}  # element bytes
 
@@ -209,11 +209,11 @@ def _quantize_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer
     kb_tile = lane // lpb
     col = kt * cfg.cols + lane * (16 // cfg.esize)
     col_ok = Uint32(col < K)
-    n_atoms_k = (K // SF_VEC + ATOM_KBLOCKS - 1) // ATOM_KBLOCKS
-    a_g = kt * (cfg.cols // (ATOM_KBLOCKS * SF_VEC)) + kb_tile // ATOM_KBLOCKS
+    n_atoms_k = (K // SF_VEC + ATOM_SF_COLS - 1) // ATOM_SF_COLS
+    a_g = kt * (cfg.cols // ATOM_K) + kb_tile // ATOM_SF_COLS
     sf_ok = Uint32(lane % lpb == 0) & Uint32(a_g < n_atoms_k)
     sf_base = (scales.toint() + ((Int64(l) * ntm + mt) * n_atoms_k + a_g) * ATOM_BYTES
-               + kb_tile % ATOM_KBLOCKS)
+               + kb_tile % ATOM_SF_COLS)
     x_base, d_base = x.toint(), data.toint()
     row0 = Int64(l) * Int64(M)
 

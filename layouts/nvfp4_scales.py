@@ -35,6 +35,7 @@ ATOM_ROWS = 128  # rows per 512-byte atom
 ATOM_SF_COLS = 4  # scale columns (of 16 K elements each) per atom
 ATOM_BYTES = ATOM_ROWS * ATOM_SF_COLS  # 512
 SF_VEC = 16  # K elements per scale
+ATOM_K = ATOM_SF_COLS * SF_VEC  # 64 K elements per atom
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -80,7 +80,6 @@ def format_report(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-
     p = argparse.ArgumentParser(prog="python -m tk_cute report", description=__doc__)
     p.add_argument("--arch", default="sm_107a", choices=sorted(PEAKS))
     p.add_argument("--mnk", default="16384,16384,16384", help="M,N,K")
@@ -115,19 +114,17 @@ def peer(path: str, arch: str = "sm_100a", m: int = 8192, n: int = 8192, k: int 
 
     import cuda.bindings.driver as cuda
     import cutlass
-    import cutlass.cute as cute
     from cutlass.cute.nvgpu import OperandMajorMode
-    from cutlass.cute.runtime import make_ptr
     from cutlass.tensor_utils import LayoutEnum
 
     from tk_cute.arch import target
     from tk_cute.compile import build
+    from tk_cute.runtime import placeholder_ptr as ptr
 
     spec = importlib.util.spec_from_file_location("tk_cute_peer", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     kern = mod.Sm100BlockScaledPersistentDenseGemmKernel(16, mma_tiler_mn, cluster_shape_mn)
-    ptr = lambda dt, al: make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=al)
     fp4, sf = cutlass.Float4E2M1FN, cutlass.Float8E4M3FN
     clusters = (target(arch).sm_count or 148) // (cluster_shape_mn[0] * cluster_shape_mn[1])
     b = build(kern, ptr(fp4, 32), ptr(fp4, 32), ptr(sf, 16), ptr(sf, 16),
@@ -168,7 +165,8 @@ _FI_UTILS = "flashinfer.gemm.kernels.utils"
 
 
 def _flashinfer_modules(path: str, parent: str | None, epilogue: str | None):
-    """Load FlashInfer's `dense_blockscaled_gemm_sm107.py` from `path` without the flashinfer package.
+    """Load FlashInfer's `dense_blockscaled_gemm_sm107.py` from `path` without the flashinfer
+    package.
 
     The parent (CUTLASS `dense_blockscaled_gemm_persistent.py`) and `epilogue_utils.py` are looked
     for next to `path`, then one directory up, unless given. Shim packages live in `sys.modules`
@@ -254,13 +252,13 @@ def peer_flashinfer(path: str, arch: str = "sm_107a", m: int = 8192, n: int = 81
 
     import cuda.bindings.driver as cuda
     import cutlass
-    import cutlass.cute as cute
     from cutlass.cute.nvgpu import OperandMajorMode
-    from cutlass.cute.runtime import make_fake_tensor, make_ptr
+    from cutlass.cute.runtime import make_fake_tensor
     from cutlass.tensor_utils import LayoutEnum
 
     from tk_cute.arch import target
     from tk_cute.compile import build
+    from tk_cute.runtime import placeholder_ptr as ptr
 
     mod, utils = _flashinfer_modules(path, parent, epilogue)
     K = mod.Sm107BlockScaledPersistentDenseGemmKernel
@@ -275,7 +273,6 @@ def peer_flashinfer(path: str, arch: str = "sm_107a", m: int = 8192, n: int = 81
         cluster_shape_mn = cluster_shape_mn or chosen[2]
     kern = K(16, tuple(mma_inst_shape), tuple(mma_tiler), tuple(cluster_shape_mn),
              prefetch_dist=prefetch_dist)
-    ptr = lambda dt, al: make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=al)
     fp4, sf = cutlass.Float4E2M1FN, cutlass.Float8E4M3FN
     alpha = make_fake_tensor(cutlass.Float32, (1,), stride=(1,), assumed_align=4)
     b = build(kern, ptr(fp4, 32), ptr(fp4, 32), ptr(sf, 16), ptr(sf, 16),

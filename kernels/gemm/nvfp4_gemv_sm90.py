@@ -130,12 +130,16 @@ class Config:
 
     @property
     def part_bytes(self) -> int:  # the CTA's S fp32 partials in shared memory
-        return 4 * self.S * self.rows * self.m_pad
+        return self.partials_bytes(self.S)
+
+    def partials_bytes(self, S: int) -> int:
+        """Shared memory for the fp32 partials of S K-slices."""
+        return 4 * S * self.rows * self.m_pad
 
     def fits(self, S: int) -> bool:
         """Whether S K-slices fit one CTA of this tiling (warps, shared-memory partials)."""
         return (S >= 1 and 32 * self.WN * S <= MAX_THREADS
-                and 4 * S * self.rows * self.m_pad <= MAX_PART_BYTES)
+                and self.partials_bytes(S) <= MAX_PART_BYTES)
 
 
 def k_offset(t, u):
@@ -148,13 +152,17 @@ def k_offset(t, u):
 def scale_step(dk):
     """Bytes from the blocked-layout scale of K element k to that of k + dk, for the multiples
     of 64 (whole atoms) that `k_offset` and the trips step by; tested against `band_offset`."""
-    return (dk // 64) * nvfp4_scales.ATOM_BYTES
+    return (dk // nvfp4_scales.ATOM_K) * nvfp4_scales.ATOM_BYTES
+
+
+def xsmem_row_bytes(K):
+    """Bytes between staged activation rows: K bf16 plus 16 (rows start on different banks)."""
+    return 2 * K + 16
 
 
 def xsmem_bytes(M: int, K: int) -> int:
-    """Shared memory for M staged rows of K bf16 activations: each row padded by 16 bytes (rows
-    start on different banks)."""
-    return M * (2 * K + 16)
+    """Shared memory for M staged rows of K bf16 activations (a multiple of 16)."""
+    return M * xsmem_row_bytes(K)
 
 
 def supports(M: int, N: int, K: int) -> bool:
@@ -191,7 +199,6 @@ def config_for(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = "bfl
     # One activation row staged in shared memory: -0.7 us at 1x8192^2 (H200 A/B, 2 runs);
     # M = 2 was slower (15.0 -> 15.9 us), larger M do not fit.
     xs = xsmem_bytes(M, K) if M == 1 and not w4a4 else 0
-    xs = -(-xs // 1024) * 1024
     return dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas, XSMEM=xs if xs <= MAX_XSMEM else 0)
 
 
@@ -278,6 +285,7 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
         xs = Shared().alloc(sv(Uint32, cfg.XSMEM // 4)).iterator.toint()
         x_rows, xsf_rows = _staged_activation_rows(cfg, xs, lane, M, K, k_begin)
     else:
+        xs = None
         x_rows, xsf_rows = _activation_rows(cfg, x, xsf, lane, M, K, k_begin)
 
     acc = cute.make_rmem_tensor((cfg.MT * cfg.NT * 4,), Float32)
@@ -295,10 +303,7 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
         # behind decode instead of alternating with it (registers: one trip's words more).
         regs = _weight_registers(cfg)
         _keep_weights(cfg, regs, _load_weights(cfg, w_rows, sf_rows, Int64(0)))
-        if cutlass.const_expr(cfg.PDL):
-            cluster.pdl_wait()
-        if cutlass.const_expr(cfg.XSMEM > 0):
-            _stage_activations(cfg, x, xs, M, K, tidx)
+        _await_activations(cfg, x, xs, M, K, tidx)
         for trip in cutlass.range(trips - 1, unroll=1):
             cur = _kept_weights(cfg, regs)
             _keep_weights(cfg, regs, _load_weights(cfg, w_rows, sf_rows, Int64(trip + 1)))
@@ -306,10 +311,7 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
         _mma_trip(cfg, acc, *_kept_weights(cfg, regs),
                   _load_activations(cfg, x_rows, xsf_rows, Int64(trips - 1)))
     else:
-        if cutlass.const_expr(cfg.PDL):
-            cluster.pdl_wait()
-        if cutlass.const_expr(cfg.XSMEM > 0):
-            _stage_activations(cfg, x, xs, M, K, tidx)
+        _await_activations(cfg, x, xs, M, K, tidx)
         for trip in cutlass.range(trips, unroll=1):
             wq, sc = _load_weights(cfg, w_rows, sf_rows, Int64(trip))
             xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
@@ -390,14 +392,24 @@ def _activation_rows(cfg, x, xsf, lane, M, K, k_begin):
     return x_rows, xsf_rows
 
 
+def _await_activations(cfg, x, xs, M, K, tidx):
+    """Where the activations may first be read: after the previous kernel (PDL), and staged in
+    shared memory (XSMEM)."""
+    if cfg.PDL:
+        cluster.pdl_wait()
+    if cfg.XSMEM:
+        _stage_activations(cfg, x, xs, M, K, tidx)
+
+
 @cute.jit
 def _stage_activations(cfg: cutlass.Constexpr, x, xs, M, K, tidx):
-    """Copy the M x K bf16 activations to shared memory (row m at xs + m * (2K + 16)) with
-    16-byte cp.async, then wait and meet at a CTA barrier (threads read each other's rows)."""
+    """Copy the M x K bf16 activations to shared memory (row m at xs + m * xsmem_row_bytes)
+    with 16-byte cp.async, then wait and meet at a CTA barrier (threads read each other's
+    rows)."""
     per_row = K // 8  # 16-byte chunks
     for c in cutlass.range(tidx, M * per_row, cfg.threads, unroll=1):
         m, col = c // per_row, c % per_row
-        memory.cp_async_16(xs + m * (2 * K + 16) + col * 16,
+        memory.cp_async_16(xs + m * xsmem_row_bytes(K) + col * 16,
                            x.toint() + (Int64(m) * Int64(K) + Int64(col) * 8) * 2)
     memory.cp_async_wait_all()
     cute.arch.barrier()
@@ -406,7 +418,7 @@ def _stage_activations(cfg: cutlass.Constexpr, x, xs, M, K, tidx):
 def _staged_activation_rows(cfg, xs, lane, M, K, k_begin):
     """`_activation_rows` for activations staged in shared memory (32-bit addresses)."""
     t = lane % 4
-    rows = [xs + cutlass.min(act_row(nt, lane), M - 1) * (2 * K + 16)
+    rows = [xs + cutlass.min(act_row(nt, lane), M - 1) * xsmem_row_bytes(K)
             + Int32(k_begin + k_offset(t, 0)) * 2 for nt in range(cfg.NT)]
     return rows, []
 

@@ -21,7 +21,7 @@ from cutlass import Uint32
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import nvfp4
 
-K_PER_ATOM = 64
+K_PER_ATOM = nvfp4_scales.ATOM_K  # one scale atom per 64-wide K block
 
 
 @cute.jit
@@ -49,19 +49,18 @@ def decode_nvfp4(dst, src, sf, thread, threads: cutlass.Constexpr, share=(0, 1))
 
 def _decode_chunk(dst, src32, sf_bytes, c, chunks_per_row: int):
     """Decode 16-byte chunk `c` (32 elements of one row) into dst."""
-    if True:
-        row, q = c // chunks_per_row, c % chunks_per_row
-        # The stage holds one atom per 128-row band (Kb == 64): rk = 1.
-        words = cute.make_rmem_tensor((16,), Uint32)
-        for g in range(2):  # two 16-element scale groups per chunk
-            sf = sf_bytes[nvfp4_scales.band_offset(row, q * 2 + g, 1)]
-            scale = nvfp4.ue4m3_to_bf16x2_prescaled(Uint32(sf))
-            for h in range(2):
-                j = g * 2 + h
-                out = nvfp4.e2m1x8_scaled_shifted(src32[row, q * 4 + j], scale)
-                for t in range(4):
-                    words[j * 4 + t] = out[t]
-        values = cute.recast_tensor(words, dst.element_type)  # 32 bf16 in registers
-        for p in range(4):
-            piece = cute.local_tile(dst, (1, 8), (row, q * 4 + p))
-            cute.autovec_copy(cute.local_tile(values, (8,), (p,)), piece)
+    row, q = c // chunks_per_row, c % chunks_per_row
+    # The stage holds one atom per 128-row band (Kb == 64): rk = 1.
+    words = cute.make_rmem_tensor((16,), Uint32)
+    for g in range(2):  # two 16-element scale groups per chunk
+        sf = sf_bytes[nvfp4_scales.band_offset(row, q * 2 + g, 1)]
+        scale = nvfp4.ue4m3_to_bf16x2_prescaled(Uint32(sf))
+        for h in range(2):
+            j = g * 2 + h
+            out = nvfp4.e2m1x8_scaled_shifted(src32[row, q * 4 + j], scale)
+            for t in range(4):
+                words[j * 4 + t] = out[t]
+    values = cute.recast_tensor(words, dst.element_type)  # 32 bf16 in registers
+    for p in range(4):
+        piece = cute.local_tile(dst, (1, 8), (row, q * 4 + p))
+        cute.autovec_copy(cute.local_tile(values, (8,), (p,)), piece)

@@ -21,6 +21,8 @@ from cutlass.cute.nvgpu import tcgen05
 from cutlass.cute.nvgpu.tcgen05 import CollectorOp, CtaGroup, Field
 from cutlass.cutlass_dsl import Int16, dsl_user_op
 
+from tk_cute.ops import warp
+
 # Collector qualifiers for B (Rubin): FILL keeps B in the collector, LASTUSE reads it once more
 # and frees it; DISCARD is the plain MMA.
 FILL, LASTUSE, DISCARD = CollectorOp.FILL, CollectorOp.LASTUSE, CollectorOp.DISCARD
@@ -135,7 +137,7 @@ def release_stage(ring, state, a_only: cutlass.Constexpr = False):
     """Free a `load_ring` stage once the MMAs issued so far are done with it (`tensor_commit`
     multicast to the CTAs that loaded it); `a_only` (Rubin): once they have READ A."""
     if cutlass.const_expr(a_only):
-        with cute.arch.elect_one():
+        with warp.elect_leader():
             tensor_commit(ring.sync_object_empty.get_barrier(state.index), ring.consumer_mask,
                           pair=True, a_only=True)
     else:

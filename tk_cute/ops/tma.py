@@ -3,7 +3,7 @@
 Issue from a whole, converged warp (the producer warp of `lcf`), not from an `if tid == 0`
 branch: `cute.copy` of a TMA load elects its issuing lane itself with a full-warp `elect.sync`,
 which, reached by one thread, waits forever for the warp's other lanes (a deadlock). The
-single-thread part is the semaphore's: `with cute.arch.elect_one(): sem.expect_bytes(n)`, then
+single-thread part is the semaphore's: `with warp.elect_leader(): sem.expect_bytes(n)`, then
 the warp calls `load_async`.
 
 `load_async(dst, src, coord, sem)` copies tile `coord` of the `gl` `src` into the shared tile

@@ -16,9 +16,6 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from tk_cute.ops.ptx import asm, unpack
 
-WARP_THREADS = 32
-
-
 def laneid():
     """This thread's lane (0-31)."""
     return cute.arch.lane_idx()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 
-from tk_cute.ops import schedule, tma, warpgroup
+from tk_cute.ops import schedule, tma, warp, warpgroup
 from tk_cute.types.gl import coord
 from tk_cute.types.st import Shared, smem_bytes, st
 
@@ -88,9 +88,9 @@ class LCF:
     # --- device ---------------------------------------------------------------------------
     @cute.kernel
     def kernel(self, g, params: schedule.Params):
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        warp_id = warp.warpid()
         group = warpgroup.groupid()
-        if warp == 0:
+        if warp_id == 0:
             self.prefetch(g)
 
         cluster = cute.make_layout((self.CLUSTER_M, self.CLUSTER_N, 1))
@@ -106,14 +106,15 @@ class LCF:
 
         smem = Shared()
         ring = self._ring(smem.barriers(2 * self.LOAD_PIPE_DEPTH))
-        inputs = {name: smem.alloc(tile, self.LOAD_PIPE_DEPTH) for name, tile in self.inputs().items()}
+        inputs = {name: smem.alloc(tile, self.LOAD_PIPE_DEPTH)
+                  for name, tile in self.inputs().items()}
         consumer_smem = {name: smem.alloc(t, n) for name, (t, n) in self.consumer_tiles().items()}
         k_steps = self.k_steps(g)
         pipeline.pipeline_init_wait(cluster_shape_mn=(self.CLUSTER_M, self.CLUSTER_N))
 
         if group == 0:
             warpgroup.decrease_registers(self.PRODUCER_REGISTERS)
-            if warp == 0:
+            if warp_id == 0:
                 tiles = schedule.Tiles.create(schedule.STATIC, params)
                 work = tiles.first()
                 state = pipeline.make_pipeline_state(

@@ -10,10 +10,11 @@ accumulator):
   loader (warp 0 of warpgroup 0): TMA of the raw stage tiles (`inputs`) into a LOAD_PIPE_DEPTH
     ring; tiles that need no rewrite (`direct_inputs`) go straight into the compute ring;
   transform (warps 1-3 of warpgroup 0, PRODUCER_REGISTERS): waits for a raw stage, calls
-    `transform(g, raw, out, thread, threads)` to write the compute-ring stage, frees the raw
-    stage, arrives on the compute stage's full barrier (every thread, after a proxy fence);
+    `transform(g, raw, out, thread, threads, share=(0, TRANSFORM_SHARE))` to write its share
+    of the compute-ring stage, frees the raw stage, arrives on the compute stage's full barrier
+    (every thread, after a proxy fence);
   consumers (NUM_CONSUMERS warpgroups): wait for a compute stage, finish the transform's work
-    (`transform(..., part=1)`: the consumers' share, TRANSFORM_SHARE being the transform warps'),
+    (`transform(..., share=(TRANSFORM_SHARE, 1))`),
     free the raw stage, meet on a named barrier, `compute(...)`, commit, free the compute stage
     once the next batch is issued (one elected lane per warp), `finish` per tile.
 Splitting the rewrite pays because the 3 transform warps alone cannot keep up with the tensor

@@ -31,8 +31,8 @@ class semaphore(DeviceStruct):
 
     def expect_bytes(self, n):
         """Arrive and announce `n` bytes of TMA traffic that must land before the phase ends.
-        One arrival: call it from one lane (`with cute.arch.elect_one():`) of the warp that
-        then issues the loads (`tk_cute.ops.tma`: loads come from a whole warp)."""
+        One arrival: call it from one lane (`with tk_cute.ops.warp.elect_leader():`) of the warp
+        that then issues the loads (`tk_cute.ops.tma`: loads come from a whole warp)."""
         cute.arch.mbarrier_arrive_and_expect_tx(self.ptr, n)
 
     def wait(self, phase):

@@ -29,7 +29,7 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_ptr
 
 from tk_cute.compile import build
-from tk_cute.ops import register, tma, warpgroup
+from tk_cute.ops import register, tma, warp, warpgroup
 from tk_cute.types import Shared, coord, gl, rt, semaphore, st, sv
 from tk_cute.types.semaphore import init_fence
 from tk_cute.types.st import check_smem, smem_bytes
@@ -52,12 +52,13 @@ def _sync_threads():
 
 # ISSUE_RULE (the GEMM's producer, lcf + PipelineTmaAsync.producer_acquire): TMA loads are issued
 # by a whole, converged warp: `cute.copy` of a TMA load atom elects its issuing lane itself with
-# `elect.sync` over the full warp, so one elected lane arrives with the bytes (`with elect_one():
-# sem.expect_bytes(n)`) and the whole warp calls `tma.load_async`. Called from an `if tid == 0`
-# branch, that elect.sync waits for the 31 other lanes, which wait at the branch's reconvergence
-# point (BSYNC) for lane 0: a deadlock (the first GPU run hung so in _mma_kernel; _tma_kernel
-# survived only because its other lanes had exited). TMA stores likewise come from a whole warp
-# (the GEMM's finish). test_warp_collectives_run_on_converged_warps pins this on the SASS.
+# `elect.sync` over the full warp, so one elected lane arrives with the bytes (`with
+# warp.elect_leader(): sem.expect_bytes(n)`) and the whole warp calls `tma.load_async`. Called from
+# an `if tid == 0` branch, that elect.sync waits for the 31 other lanes, which wait at the branch's
+# reconvergence point (BSYNC) for lane 0: a deadlock (the first GPU run hung so in _mma_kernel;
+# _tma_kernel survived only because its other lanes had exited). TMA stores likewise come from a
+# whole warp (the GEMM's finish). test_warp_collectives_run_on_converged_warps pins this on the
+# SASS.
 
 # --- TMA round trip: global -> st (load_async, expect_bytes, wait) -> global (store_async) ---
 TMA_TILE = st(BF16, 64, 64)
@@ -77,7 +78,7 @@ def _tma_kernel(src: gl, dst: gl, tiles: cutlass.Constexpr):
     # The block is one warp and all of it issues (ISSUE_RULE): no single-thread branch.
     row = cute.arch.block_idx()[0]
     for c in range(tiles):  # a runtime loop: the phase bit is c % 2
-        with cute.arch.elect_one():
+        with warp.elect_leader():
             sem.expect_bytes(TMA_TILE.bytes)
         tma.load_async(buf, src, coord(row, c), sem.ptr)
         sem.wait(c % 2)
@@ -106,14 +107,14 @@ def _sem_kernel(out: cute.Tensor):
     bars = smem.barriers(2)
     full, empty = semaphore(bars), semaphore(bars + 1)
     tid = cute.arch.thread_idx()[0]
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    warp_id = warp.warpid()
     lane = cute.arch.lane_idx()
     if tid == 0:
         full.init(32)
         empty.init(32)
         init_fence()
     _sync_threads()
-    if warp == 0:
+    if warp_id == 0:
         for i in range(PHASES):
             if i > 0:
                 empty.wait((i - 1) % 2)  # the consumer has read use i - 1 of the slot
@@ -153,19 +154,7 @@ def _mma_kernel(A: gl, B: gl, C: cute.Tensor, form: cutlass.Constexpr, a_regs: c
     sa, sb = smem.alloc(a_t, 2), smem.alloc(b_t, 2)
     sem = semaphore(smem.barriers(1))
     tid = cute.arch.thread_idx()[0]
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    if tid == 0:
-        sem.init(1)
-        init_fence()
-    _sync_threads()
-    if warp == 0:  # a whole warp issues TMA loads (see ISSUE_RULE)
-        with cute.arch.elect_one():
-            sem.expect_bytes(2 * (a_t.bytes + b_t.bytes))
-        for k in cutlass.range_constexpr(2):
-            tma.load_async(sa[None, None, k], A, coord(0, k), sem.ptr)
-            at = coord(0, k) if cutlass.const_expr(form == "ABt") else coord(k, 0)
-            tma.load_async(sb[None, None, k], B, at, sem.ptr)
-    sem.wait(0)
+    _load_stages(A, B, sa, sb, sem, tid, 2, form == "AB")
 
     tiled = warpgroup.tiled_mma(a_t.dtype, MMA_N)
     acc = rt.accumulator(tiled, tid, MMA_M, MMA_N)
@@ -204,30 +193,34 @@ RM, RN, RK = 64, 64, 64
 REG_OUTS = ("acc", "mul", "add_tile", "add_scalar", "mul_row", "mul_col", "zero", "copy_back")
 
 
-def _store_vec(out, t: rt, v, axis: int, warp=None):
-    """out[row] (axis 0) or out[warp, col] (axis 1) = v at that row/col: every thread holding
+def _store_vec(out, t: rt, v, axis: int, warp_id=None):
+    """out[row] (axis 0) or out[warp_id, col] (axis 1) = v at that row/col: every thread holding
     an element writes its slot (threads that share a row hold the same reduced value)."""
     coords = t.coords()
     for i in range(cute.size(t.frag)):  # a plain helper: Python loops unroll at trace time
         if axis == 0:
             out[coords[i][0]] = v.frag[v.index[i]]
         else:
-            out[warp, coords[i][1]] = v.frag[v.index[i]]
+            out[warp_id, coords[i][1]] = v.frag[v.index[i]]
 
 
 @cute.jit
-def _load_both(A: gl, B: gl, sa, sb, sem, tid, warp):
-    """Stage 0 of `sa` / `sb` <- tile (0, 0) of A / B through one semaphore phase: thread 0
-    initialises it, warp 0 issues both TMA loads, every thread waits."""
+def _load_stages(A: gl, B: gl, sa, sb, sem, tid, stages: cutlass.Constexpr = 1,
+                 b_k_rows: cutlass.Constexpr = False):
+    """Stages k < `stages` of `sa` / `sb` <- K tile k of A / B (B's K along its rows if
+    `b_k_rows`: the AB form) through one semaphore phase: thread 0 initialises it, warp 0
+    issues the TMA loads, every thread waits."""
     if tid == 0:
         sem.init(1)
         init_fence()
     _sync_threads()
-    if warp == 0:  # a whole warp issues TMA loads (see ISSUE_RULE)
-        with cute.arch.elect_one():
-            sem.expect_bytes(A.tile.bytes + B.tile.bytes)
-        tma.load_async(sa[None, None, 0], A, coord(0, 0), sem.ptr)
-        tma.load_async(sb[None, None, 0], B, coord(0, 0), sem.ptr)
+    if warp.warpid() == 0:  # a whole warp issues TMA loads (see ISSUE_RULE)
+        with warp.elect_leader():
+            sem.expect_bytes(stages * (A.tile.bytes + B.tile.bytes))
+        for k in cutlass.range_constexpr(stages):
+            tma.load_async(sa[None, None, k], A, coord(0, k), sem.ptr)
+            tma.load_async(sb[None, None, k], B, coord(k, 0) if b_k_rows else coord(0, k),
+                           sem.ptr)
     sem.wait(0)
 
 
@@ -247,9 +240,9 @@ def _reg_kernel(A: gl, B: gl, T: cute.Tensor, Cb: cute.Tensor, V: cute.Tensor, W
     sa, sb = smem.alloc(A.tile), smem.alloc(B.tile)
     sem = semaphore(smem.barriers(1))
     tid = cute.arch.thread_idx()[0]
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    _load_both(A, B, sa, sb, sem, tid, warp)
+    _load_stages(A, B, sa, sb, sem, tid)
     acc = _product_ABt(sa, sb, tid)
+    warp_id = warp.warpid()
 
     t, u = acc.like(), acc.like()
     warpgroup.store_global(T[0, None, None], acc)
@@ -274,8 +267,8 @@ def _reg_kernel(A: gl, B: gl, T: cute.Tensor, Cb: cute.Tensor, V: cute.Tensor, W
     warpgroup.store_global(T[6, None, None], u)
     _store_vec(V[0, None], acc, rmax, 0)
     _store_vec(V[1, None], acc, rsum, 0)
-    _store_vec(W[0, None, None], acc, cmax, 1, warp)
-    _store_vec(W[1, None, None], acc, csum, 1, warp)
+    _store_vec(W[0, None, None], acc, cmax, 1, warp_id)
+    _store_vec(W[1, None, None], acc, csum, 1, warp_id)
 
 
 @cute.jit
@@ -303,18 +296,18 @@ def _epi_kernel(A: gl, B: gl, Cg: gl, Cf: cute.Tensor):
     sc = smem.alloc(EPI, 2)
     sem = semaphore(smem.barriers(1))
     tid = cute.arch.thread_idx()[0]
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    _load_both(A, B, sa, sb, sem, tid, warp)
+    _load_stages(A, B, sa, sb, sem, tid)
     acc = _product_ABt(sa, sb, tid)
+    warp_id = warp.warpid()
     warpgroup.store_global(Cf, acc)
     group = warpgroup.sync(1, 1)
     for i in cutlass.range_constexpr(RN // EPI.cols):
         warpgroup.store(sc[None, None, i], acc, tid, subtile=i)
         group()  # every thread's stmatrix has landed before warp 0 issues the TMA store
-        if warp == 0:  # as the GEMM's finish (`thread < 32`): a whole warp, no lone thread
+        if warp_id == 0:  # as the GEMM's finish (`thread < 32`): a whole warp, no lone thread
             tma.store_async(Cg, sc[None, None, i], coord(0, i))
             tma.store_commit_group()
-    if warp == 0:
+    if warp_id == 0:
         tma.store_async_wait(0)
 
 

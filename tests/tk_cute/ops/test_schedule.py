@@ -14,6 +14,7 @@ import torch
 from cutlass.cute.runtime import make_fake_tensor, make_ptr
 
 from tk_cute.compile import build
+from tk_cute.runtime import placeholder_ptr
 from tk_cute.ops import epilogue, schedule
 
 
@@ -44,7 +45,7 @@ def test_walk_compiles(arch):
 
     out = make_fake_tensor(cutlass.Float32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
                            (1, cute.sym_int(), cute.sym_int()))
-    ptr = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
+    ptr = placeholder_ptr(cutlass.Float32, 4)
     b = build(walk_tiles, ptr, ptr, out, 2, 66, cuda.CUstream(0), arch=arch)
     assert b.ptx_count(r"ld\.global\.(b32|f32)") >= 2 and b.ptx_count(r"mul\.(rn\.)?f32") == 1
     assert b.ptx_count(r"(red|atom)\.global\.add\.f32") == 1
