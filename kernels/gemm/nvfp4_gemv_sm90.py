@@ -85,6 +85,7 @@ class Config:
     AHEAD: bool = False
     PDL: bool = False  # programmatic dependent launch: weights read before the prior kernel ends
     XSMEM: int = 0  # > 0: shared memory bytes staging the CTA's bf16 activations (default: M = 1)
+    L2_FETCH: int = 0  # 128 / 256: each weight load asks L2 for the whole 128 / 256-byte block
 
     def __post_init__(self):
         if self.MT not in (1, 2, 4) or self.NT not in (1, 2, 4, 8):
@@ -101,6 +102,9 @@ class Config:
             raise ValueError(f"XSMEM (staged bf16 activations) must be a multiple of 16 up to "
                              f"{MAX_XSMEM} B and W4A16 only, got XSMEM={self.XSMEM}, "
                              f"w4a4={self.w4a4}")
+        if self.L2_FETCH not in (0, 128, 256):
+            raise ValueError(f"L2_FETCH (L2 prefetch size of the weight loads) must be 0, 128 "
+                             f"or 256, got {self.L2_FETCH}")
         if self.out_dtype not in OUT_TYPES:
             raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
 
@@ -189,8 +193,11 @@ def config_for(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = "bfl
     unroll = 4 if NT == 2 else 2
     while (K // STEP_K) % unroll:
         unroll //= 2
+    # With AHEAD a trip reads 128 bytes of each weight row as two 64-byte loads: asking L2 for
+    # the whole 128-byte line at the first was 2-4% faster at M = 1 (H200 A/B, 3 shapes x 2
+    # passes); at M = 16 (four 64-byte loads a trip) it was mixed, 256 bytes slower everywhere.
     cfg = Config(MT=2, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
-                 AHEAD=NT == 1)
+                 AHEAD=NT == 1, L2_FETCH=128 if NT == 1 else 0)
     cfg = dataclasses.replace(cfg, S=split_k(cfg, N, K, sms))
     WN = max(1, 8 // cfg.S)
     while WN > 1 and (N % (32 * WN) or N // (32 * WN) < sms):
@@ -338,11 +345,12 @@ def _weight_rows(cfg, w, wsf, wn, lane, n_blk, K, k_begin):
 
 def _load_weights(cfg, w_rows, sf_rows, trip):
     """One trip's weights: [u][row] -> 4 words (32 codes), [u][row] -> 2 scale bytes (low half
-    of a word). One LDG.128 (streaming: no L1 allocation) and one LDG.16 per row and step."""
+    of a word). One LDG.128 (streaming: no L1 allocation; L2_FETCH: L2 prefetch size) and one
+    LDG.16 per row and step."""
     wq, sc = [], []
     for u in range(cfg.UNROLL):
         k = trip * cfg.k_chunk + k_offset(0, u)
-        wq.append([memory.ld_v4(a + k // 2, True) for a in w_rows])
+        wq.append([memory.ld_v4(a + k // 2, True, cfg.L2_FETCH) for a in w_rows])
         sc.append([memory.ld_u16(a + scale_step(k)) for a in sf_rows])
     return wq, sc
 

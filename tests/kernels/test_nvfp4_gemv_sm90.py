@@ -203,8 +203,10 @@ def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
     cfg, b = built
     steps = cfg.UNROLL * cfg.MT * _bodies(cfg)
     # Weights: one 16-byte streaming load per weight row (2 per MMA tile) per 128-K step.
-    assert b.ptx_count(r"ld\.global\.nc\.L1::no_allocate\.v4\.u32") == 2 * steps
-    assert b.sass_count(r"LDG\.E\.NA\.128") == 2 * steps
+    hint = rf"\.L2::{cfg.L2_FETCH}B" if cfg.L2_FETCH else ""
+    assert b.ptx_count(rf"ld\.global\.nc\.L1::no_allocate{hint}\.v4\.u32") == 2 * steps
+    hint = rf"\.LTC{cfg.L2_FETCH}B" if cfg.L2_FETCH else ""
+    assert b.sass_count(rf"LDG\.E\.NA{hint}\.128") == 2 * steps
     # Activations: 16-byte loads (bf16: 4 per MMA column tile and step; NVFP4: 1).
     act = cfg.NT * cfg.UNROLL * (1 if cfg.w4a4 else 4) * _bodies(cfg)
     if cfg.XSMEM:  # staged once in shared memory (one cp.async loop), then LDS.128 per trip
@@ -266,6 +268,18 @@ def test_activations_staged_in_shared_memory_at_m1_where_they_fit(M, K, staged):
     if staged:
         assert cfg.XSMEM == gv.xsmem_bytes(M, K) <= gv.MAX_XSMEM
         assert cfg.part_bytes + cfg.XSMEM <= 227 * 1024
+
+
+@pytest.mark.parametrize("M, fetch", [(1, 128), (8, 128), (9, 0), (16, 0), (64, 0)])
+def test_weight_loads_fetch_whole_l2_lines_where_a_trip_reads_one(M, fetch):
+    """With AHEAD (M <= 8) a trip reads one 128-byte line of each weight row as two 64-byte
+    loads, the first asking L2 for the whole line; other sizes are rejected by name."""
+    cfg = gv.config_for(M, 8192, 8192)
+    assert cfg.L2_FETCH == fetch and (cfg.L2_FETCH > 0) == cfg.AHEAD
+    if fetch:
+        assert gv.k_offset(0, cfg.UNROLL) // 2 == fetch  # bytes of each row a trip reads
+    with pytest.raises(ValueError, match="L2_FETCH .* must be 0, 128 or 256, got 64"):
+        dataclasses.replace(cfg, L2_FETCH=64)
 
 
 def test_fast_argument_packing_matches_dsl():
@@ -335,8 +349,8 @@ def test_w4a16_matches_float64(seed, M, N, K):
 @pytest.mark.parametrize("M", [1, 16, 64])
 @pytest.mark.parametrize("tiling", [dict(UNROLL=1), dict(UNROLL=4), dict(MT=4, WN=2),
                                     dict(MT=1, WN=8), dict(UNROLL=1, AHEAD=True),
-                                    dict(UNROLL=2, AHEAD=True)],
-                         ids=["u1", "u4", "mt4", "mt1", "u1_ahead", "u2_ahead"])
+                                    dict(UNROLL=2, AHEAD=True), dict(UNROLL=4, L2_FETCH=256)],
+                         ids=["u1", "u4", "mt4", "mt1", "u1_ahead", "u2_ahead", "u4_l2_256"])
 def test_every_tiling_matches_float64(seed, M, tiling):
     N, K = 1024, 4096
     b = _weights(N, K)

@@ -8,7 +8,7 @@ address, so a kernel computes its own addresses (plain integer arithmetic on
 tests count these instructions.
 
 - Streaming reads: `ld_v4(addr, stream=True)` (``ld.global.nc.L1::no_allocate``: weights read
-  once), `ld_v4_pred` (evict-first, zeros when off), `ld_u16`, `ld_u32_pred`.
+  once; `l2_fetch`: ``.L2::128B`` / ``.L2::256B`` prefetch sizes), `ld_v4_pred` (evict-first, zeros when off), `ld_u16`, `ld_u32_pred`.
 - Stores: `st_u32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
   `st_u8_pred`, `st_u16_pred`, `st_u32_pred`.
 - Global -> shared without registers: `cp_async_16`, `cp_async_wait_all`.
@@ -30,10 +30,10 @@ from tk_cute.ops.ptx import asm, unpack
 
 
 @dsl_user_op
-def ld_v4(addr: Int64, stream: bool, *, loc=None, ip=None) -> list:
+def ld_v4(addr: Int64, stream: bool, l2_fetch: int = 0, *, loc=None, ip=None) -> list:
     """16 bytes at `addr` as 4 Uint32 (read-only path); `stream`: no L1 allocation (data read
-    once)."""
-    hint = ".L1::no_allocate" if stream else ""
+    once); `l2_fetch` (128 or 256): L2 fetches that many bytes around it (a prefetch hint)."""
+    hint = (".L1::no_allocate" if stream else "") + (f".L2::{l2_fetch}B" if l2_fetch else "")
     ret = llvm.StructType.get_literal([T.i32()] * 4)
     text = f"ld.global.nc{hint}.v4.u32 {{$0, $1, $2, $3}}, [$4];"
     res = asm(ret, [Int64(addr)], text, "=r,=r,=r,=r,l", loc, ip)
