@@ -412,7 +412,8 @@ def _await_activations(cfg, x, xs, M, K, tidx):
 @cute.jit
 def _stage_activations(cfg: cutlass.Constexpr, x, xs, M, K, tidx):
     """Copy the M x K bf16 activations to shared memory (row m at xs + m * xsmem_row_bytes)
-    with 16-byte cp.async, then wait and meet at a CTA barrier (threads read each other's
+    with 16-byte cp.async, wait, and (strided pairing) re-pair each 16-byte group in place, once
+    per CTA instead of in every trip; then meet at a CTA barrier (threads read each other's
     rows)."""
     per_row = K // 8  # 16-byte chunks
     for c in cutlass.range(tidx, M * per_row, cfg.threads, unroll=1):
@@ -420,6 +421,10 @@ def _stage_activations(cfg: cutlass.Constexpr, x, xs, M, K, tidx):
         memory.cp_async_16(xs + m * xsmem_row_bytes(K) + col * 16,
                            x.toint() + (Int64(m) * Int64(K) + Int64(col) * 8) * 2)
     memory.cp_async_wait_all()
+    if cutlass.const_expr(cfg.strided):  # each thread re-pairs the chunks it copied
+        for c in cutlass.range(tidx, M * per_row, cfg.threads, unroll=1):
+            addr = xs + (c // per_row) * xsmem_row_bytes(K) + (c % per_row) * 16
+            memory.st_shared_v4_u32(addr, fp4.bf16x8_strided(memory.ld_shared_v4(addr, Uint32)))
     cute.arch.barrier()
 
 
@@ -461,7 +466,7 @@ def _activation_fragments(cfg, words, u):
         if cfg.w4a4:
             f = fp4.ue4m3x2_to_bf16x2_prescaled(w[4])
             out.append([_decode(cfg, w[j], f[j // 2]) for j in range(4)])
-        elif cfg.strided:
+        elif cfg.strided and not cfg.XSMEM:  # (staged activations are re-paired once)
             out.append([fp4.bf16x8_strided(w[4 * j: 4 * j + 4]) for j in range(4)])
         else:
             out.append([w[4 * j: 4 * j + 4] for j in range(4)])

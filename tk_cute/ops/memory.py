@@ -8,12 +8,13 @@ address, so a kernel computes its own addresses (plain integer arithmetic on
 tests count these instructions.
 
 - Streaming reads: `ld_v4(addr, stream=True)` (``ld.global.nc.L1::no_allocate``: weights read
-  once; `l2_fetch`: ``.L2::128B`` / ``.L2::256B`` prefetch sizes), `ld_v4_pred` (evict-first, zeros when off), `ld_u16`, `ld_u32_pred`.
+  once; `l2_fetch`: ``.L2::128B`` / ``.L2::256B`` prefetch sizes), `ld_v4_pred` (evict-first,
+  zeros when off), `ld_u16`, `ld_u32_pred`.
 - Stores: `st_u32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
   `st_u8_pred`, `st_u16_pred`, `st_u32_pred`.
 - Global -> shared without registers: `cp_async_16`, `cp_async_wait_all`.
-- Shared memory: `ld_shared_v4` (float32 or 32-bit words), `st_shared_v2_f32` on a 32-bit
-  shared address.
+- Shared memory: `ld_shared_v4` (float32 or 32-bit words), `st_shared_v2_f32`,
+  `st_shared_v4_u32` on a 32-bit shared address.
 """
 
 from __future__ import annotations
@@ -142,3 +143,10 @@ def st_shared_v2_f32(addr: Int32, x: Float32, y: Float32, *, loc=None, ip=None) 
     """x, y to 32-bit shared address `addr` (8-byte aligned)."""
     asm(None, [Int32(addr), Float32(x), Float32(y)], "st.shared.v2.f32 [$0], {$1, $2};",
         "r,f,f", loc, ip, True)
+
+
+@dsl_user_op
+def st_shared_v4_u32(addr: Int32, words: list, *, loc=None, ip=None) -> None:
+    """4 32-bit words to 32-bit shared address `addr` (16-byte aligned)."""
+    asm(None, [Int32(addr)] + [Uint32(w) for w in words],
+        "st.shared.v4.u32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r", loc, ip, True)

@@ -315,10 +315,20 @@ def ue4m3_to_bf16x2_prescaled(b: Uint32) -> Uint32:
 def ue4m3x2_to_bf16x2_prescaled(h: Uint32) -> tuple:
     """Two UE4M3 bytes (h = lo | hi << 8) -> (F_lo, F_hi), each sf * 2^118 in both bf16 halves
     (exact; subnormal scales too: bits << 4 is sf * 2^-120 as bf16). Cheaper per scale than
-    two `ue4m3_to_bf16x2_prescaled`: one shift and two multiplies serve both."""
+    two `ue4m3_to_bf16x2_prescaled`: one shift and two multiplies serve both, and the halves'
+    broadcast folds into the bf16x2 multiplies that use them (`broadcast_half`)."""
     p = prmt(h, Uint32(0), 0x4140) << 4  # [lo << 4, hi << 4] as bf16 halves
     f = mul_bf16x2(mul_bf16x2(p, Uint32(0x7B807B80)), Uint32(0x7A807A80))  # 2^120, 2^118
-    return prmt(f, f, 0x1010), prmt(f, f, 0x3232)
+    return broadcast_half(f, 0), broadcast_half(f, 1)
+
+
+@dsl_user_op
+def broadcast_half(w: Uint32, half: int, *, loc=None, ip=None) -> Uint32:
+    """Half `half` (0: low, 1: high) of w in both halves. Written as 16-bit register moves, not a
+    byte permute, so ptxas folds it into a consuming ``HMUL2``'s operand select (``.H0_H0``)."""
+    pick = "lo, lo" if half == 0 else "hi, hi"
+    text = f"{{ .reg .b16 lo, hi; mov.b32 {{lo, hi}}, $1; mov.b32 $0, {{{pick}}}; }}"
+    return Uint32(asm(T.i32(), [_u32(w)], text, "=r,r", loc, ip))
 
 
 def e2m1x8_scaled_shifted(q: Uint32, sf_prescaled: Uint32) -> list:
