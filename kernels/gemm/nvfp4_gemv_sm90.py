@@ -16,9 +16,10 @@ the same way). Products are exact; fp32 accumulation.
 Grid N / rows: a CTA owns `rows` weight rows and has WN x S warps: WN row groups (MT MMA tiles
 each) times S K-slices (split-K inside the CTA). With AHEAD (default at M <= 8) the next trip's
 weights are in flight while a trip decodes. At M = 1 (XSMEM) the CTA first copies its activation
-row to shared memory with cp.async (one barrier), so trips read their B fragments with LDS
-instead of L2 loads used right after they were issued. With PDL (opt-in,
-`gemm_small_m(pdl=True)`) the kernel lets the next one launch at once and reads its first
+row to shared memory with cp.async and re-pairs it there for the strided decode (one barrier),
+so trips read ready B fragments with LDS instead of L2 loads used right after they were issued;
+there each weight load also asks L2 for the row's whole 128-byte line (L2_FETCH). With PDL
+(opt-in, `gemm_small_m(pdl=True)`) the kernel lets the next one launch at once and reads its first
 weights before the kernel before it has ended (activations after). At the end each warp puts
 its fp32 partial in shared memory and, after one CTA barrier, the CTA sums the S slices in
 order (deterministic), applies 2^8 (2^16 for W4A4) * global scales and writes D: no global
@@ -33,13 +34,15 @@ workspace cost ~2-3 us and loads issued only after the previous trip's decode le
 Splitting K between the warps of one CTA (reduced in shared memory) and keeping a trip of
 weights in flight took it to ~14.7 us (M = 16: 25 -> 19 us). A TMA ring feeding the weights
 through shared memory (commit 4e577cf) and a cluster (DSMEM) reduction did not help.
-Now (strided pairing, 6.43 M instructions, ~14.4 us): no pipe is saturated (ALU 56%, FMA-heavy
-48%, tensor 14% of peak while active; 2.26 IPC per SM); the top stall is the long scoreboard
-(2.4 of 6.7 cycles per issue), at the register ring's moves (ptxas issues the next trip's
-weight loads in the second half of the body under the 128-register cap) and at the first use of
-the activations. Yet L2-resident weights are only ~0.2-1.6 us faster, and 24-32 warps per SM,
-a per-thread cp.async ring of 2-4 trips (no registers in flight) and L1/L2 prefetches were each
-no faster or slower (docs/nvfp4_hopper.md).
+Now (strided pairing, staged activations re-paired once per CTA, scale broadcasts folded into
+the multiplies: 667 SASS instructions per M = 1 trip of 32 weight words, 544 of them decode;
+6.47 M in all): no pipe is saturated (2.1-2.6 IPC per SM); the top stall is the long scoreboard
+(1.4-2.5 cycles per issue) where the next trip's weights arrive late (ptxas issues them
+mid-body under the 128-register cap; a second register set makes it sink them further). At
+1x8192^2 the kernel is short (4 trips per warp): the first load and the last trip's decode
+are not overlapped. Yet L2-resident weights are only ~0.2-1.6 us faster, and 24-32 warps per
+SM, a per-thread cp.async ring of 2-4 trips, activation rings in shared memory (per thread or
+per warp) and L1/L2 prefetches were each no faster or slower (docs/nvfp4_hopper.md).
 """
 
 from __future__ import annotations
@@ -193,11 +196,11 @@ def config_for(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = "bfl
     unroll = 4 if NT == 2 else 2
     while (K // STEP_K) % unroll:
         unroll //= 2
-    # With AHEAD a trip reads 128 bytes of each weight row as two 64-byte loads: asking L2 for
-    # the whole 128-byte line at the first was 2-4% faster at M = 1 (H200 A/B, 3 shapes x 2
-    # passes); at M = 16 (four 64-byte loads a trip) it was mixed, 256 bytes slower everywhere.
+    # At M = 1 a trip reads 128 bytes of each weight row as two 64-byte loads: asking L2 for
+    # the whole 128-byte line at the first was 2-4% faster (H200 A/B, 3 shapes x 2 passes); at
+    # M = 4, 8 and 16 it was 1% slower or mixed, 256 bytes slower everywhere.
     cfg = Config(MT=2, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
-                 AHEAD=NT == 1, L2_FETCH=128 if NT == 1 else 0)
+                 AHEAD=NT == 1, L2_FETCH=128 if M == 1 else 0)
     cfg = dataclasses.replace(cfg, S=split_k(cfg, N, K, sms))
     WN = max(1, 8 // cfg.S)
     while WN > 1 and (N % (32 * WN) or N // (32 * WN) < sms):
