@@ -130,9 +130,10 @@ class Config:
     @property
     def strided(self) -> bool:
         """Whether the decode pairs codes (i, i + 4) (`ops.nvfp4.e2m1x8_scaled_shifted_strided`):
-        2 instructions fewer per 8 weight codes, 4 prmt more per 8 bf16 activations, so it pays
-        where a warp's weight words outnumber its activation words (MT > NT), and always for
-        NVFP4 activations (decoded the same way, with the same saving)."""
+        2 instructions fewer per 8 weight codes, 4 prmt more per 8 bf16 activations (once per
+        CTA when they are staged, XSMEM), so it pays where a warp's weight words outnumber its
+        activation words (MT > NT), and always for NVFP4 activations (decoded the same way, with
+        the same saving)."""
         return self.w4a4 or self.MT > self.NT
 
     @property

@@ -28,6 +28,7 @@ import cutlass.cute as cute
 import torch
 
 from tk_cute.kernels.gemm import gemm_sm90
+from tk_cute.layouts import nvfp4_scales
 from tk_cute.runtime import KernelCache, as_cute, batched, stream
 from tk_cute.ops import group, tma, warpgroup
 from tk_cute.ops import nvfp4 as nvfp4_ops
@@ -70,7 +71,7 @@ class GemmNvfp4Sm90(LTCF, gemm_sm90.GemmScaledSm90):
         self.COMPUTE_PIPE_DEPTH = config.COMPUTE_PIPE_DEPTH
         self.TRANSFORM_SHARE = config.TRANSFORM_SHARE
         super().__init__(gemm_sm90.Config(
-            dtype="bfloat16", out_dtype=config.out_dtype, Nb=config.Nb, Kb=group.K_PER_ATOM,
+            dtype="bfloat16", out_dtype=config.out_dtype, Nb=config.Nb, Kb=nvfp4_scales.ATOM_K,
             LOAD_PIPE_DEPTH=config.LOAD_PIPE_DEPTH, EPI_PIPE_DEPTH=config.EPI_PIPE_DEPTH,
             SUPERGROUP_SIZE=config.SUPERGROUP_SIZE, arch=config.arch))
 
@@ -163,7 +164,7 @@ def _kernel(config: Config, device):
 
 def supports(M: int, N: int, K: int, config: Config = Config()) -> bool:
     """Whether `gemm` takes this shape (else `tk_cute.nvfp4.gemm` uses another path)."""
-    return M % 128 == 0 and N % config.Nb == 0 and K % group.K_PER_ATOM == 0
+    return M % 128 == 0 and N % config.Nb == 0 and K % nvfp4_scales.ATOM_K == 0
 
 
 PATHS = ("dequantize", "fused")

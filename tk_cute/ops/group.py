@@ -21,8 +21,6 @@ from cutlass import Uint32
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import nvfp4
 
-K_PER_ATOM = nvfp4_scales.ATOM_K  # one scale atom per 64-wide K block
-
 
 @cute.jit
 def decode_nvfp4(dst, src, sf, thread, threads: cutlass.Constexpr, share=(0, 1)):
@@ -30,7 +28,7 @@ def decode_nvfp4(dst, src, sf, thread, threads: cutlass.Constexpr, share=(0, 1))
     work. `share` = (lo, hi) restricts the group to that fraction of the tile's chunks (static),
     so that two groups can split one tile."""
     rows, kb = cute.size(dst, mode=[0]), cute.size(dst, mode=[1])
-    if cutlass.const_expr(kb != K_PER_ATOM):
+    if cutlass.const_expr(kb != nvfp4_scales.ATOM_K):
         raise ValueError(f"decode_nvfp4 decodes 64-wide K blocks (one scale atom); got {kb}")
     chunks_per_row = kb // 32  # 16 bytes = 32 elements
     first = int(rows * chunks_per_row * share[0])

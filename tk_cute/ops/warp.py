@@ -16,6 +16,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from tk_cute.ops.ptx import asm, unpack
 
+
 def laneid():
     """This thread's lane (0-31)."""
     return cute.arch.lane_idx()
