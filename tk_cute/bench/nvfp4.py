@@ -3,8 +3,9 @@
     python -m tk_cute.bench nvfp4 [--m 1 16 64 128 1024 8192] [--nk 8192,8192 28672,8192 ...]
 
 Variants per shape: tk_cute W4A16 and W4A4 through the public `tk_cute.nvfp4.gemm` (which picks
-`kernels/gemm/nvfp4_gemv_sm90.py` for M <= 64 and the dequantize + bf16 GEMM path of
-`kernels/gemm/nvfp4_sm90.py` for M % 128 == 0; there its fused path runs beside it), cuBLAS bf16 on
+`kernels/gemm/nvfp4_rs_sm90.py` for W4A16 at 9 <= M <= 128, `kernels/gemm/nvfp4_gemv_sm90.py` for
+the other M <= 64 and the dequantize + bf16 GEMM path of `kernels/gemm/nvfp4_sm90.py` for
+M % 128 == 0; the paths not taken run beside it where they apply), cuBLAS bf16 on
 the dequantized weights (`a @ w.t()`), cuBLAS fp8 e4m3 (`torch._scaled_mm`, per-tensor scales)
 and the torch path a user would write (LUT dequantize to bf16, then cuBLAS); for M <= 64 also
 `gemm_small_m(pdl=True)`, whose back-to-back calls overlap (each reads its weights during the
@@ -68,11 +69,19 @@ def _variants(M, N, K, tune: bool, sms: int):
     }
     from tk_cute.kernels.gemm import nvfp4_sm90
 
-    if M > gv.MAX_M and nvfp4_sm90.supports(M, N, K):  # the other large-M path, side by side
+    if M > gv.MAX_M and nvfp4_sm90.supports(M, N, K):  # the other large-M paths, side by side
+        if M <= rs.MAX_M:  # (`tk_cute.nvfp4.gemm` took rs)
+            v["tk_cute w4a16 dequantize"] = lambda s: nvfp4_sm90.gemm(s["a"], s["b"])
         v["tk_cute w4a16 fused"] = lambda s: nvfp4_sm90.gemm(s["a"], s["b"], path="fused")
         v["tk_cute w4a4 fused"] = lambda s: nvfp4_sm90.gemm(s["aq"], s["b"], path="fused")
+    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+
     if M <= gv.MAX_M:  # back-to-back calls that may overlap (static weights, `pdl=True`)
         v["tk_cute w4a16 pdl"] = lambda s: gv.gemm_small_m(s["a"], s["b"], pdl=True)
+    if rs.MIN_M <= M <= gv.MAX_M and gv.supports(M, N, K):  # the small-M kernel beside rs
+        v["tk_cute w4a16 small-M kernel"] = lambda s: gv.gemm_small_m(s["a"], s["b"])
+    if M < rs.MIN_M and rs.supports(M, N, K):
+        v["tk_cute w4a16 rs"] = lambda s: rs.gemm_rs(s["a"], s["b"])
     if tune and M <= gv.MAX_M:
         import dataclasses
 

@@ -130,8 +130,11 @@ def _kernel_for(a, b, out_dtype):
     target = arch.device_target(b.device)
     M, N, K = a.shape[-2], b.shape[-2], b.K
     if target.family == "hopper" and b.ndim == 2:
-        from tk_cute.kernels.gemm import nvfp4_gemv_sm90, nvfp4_sm90
+        from tk_cute.kernels.gemm import nvfp4_gemv_sm90, nvfp4_rs_sm90, nvfp4_sm90
 
+        if (isinstance(a, torch.Tensor) and M >= nvfp4_rs_sm90.MIN_M
+                and nvfp4_rs_sm90.supports(M, N, K)):
+            return nvfp4_rs_sm90.gemm_rs
         if M <= nvfp4_gemv_sm90.MAX_M and nvfp4_gemv_sm90.supports(M, N, K):
             return nvfp4_gemv_sm90.gemm_small_m
         if nvfp4_sm90.supports(M, N, K):
@@ -147,8 +150,10 @@ def _kernel_for(a, b, out_dtype):
 def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """``D = a @ b^T`` for NVFP4 operands (public entry point; kernels dispatch from here).
 
-    Paths: on Hopper, M <= 64 runs the weight-streaming kernel (`kernels/gemm/nvfp4_gemv_sm90.py`)
-    and M % 128 == 0, N % 256 == 0, K % 64 == 0 the emulating GEMM (`kernels/gemm/nvfp4_sm90.py`);
+    Paths: on Hopper, W4A16 with 9 <= M <= 128, N % 128 == 0, K % 256 == 0 runs the register-A
+    wgmma kernel (`kernels/gemm/nvfp4_rs_sm90.py`); otherwise M <= 64 runs the weight-streaming
+    kernel (`kernels/gemm/nvfp4_gemv_sm90.py`) and M % 128 == 0, N % 256 == 0, K % 64 == 0 the
+    emulating GEMM (`kernels/gemm/nvfp4_sm90.py`);
     on sm_100a/sm_103a/sm_107a, W4A4 runs the block-scaled tcgen05 kernel
     (`kernels/gemm/nvfp4_sm100.py`, via `dispatch_sm100`). Everything else (CPU tensors, float32
     output, shapes no kernel takes) runs the exact reference on the operands' device: correct,

@@ -1,0 +1,477 @@
+# SPDX-License-Identifier: MIT
+"""W4A16 NVFP4 GEMM for Hopper with register-A wgmma: D (M, N) = A (M, K) @ deq(B)^T, M <= 128.
+
+Each consumer warpgroup decodes 64 weight rows straight into the registers of a wgmma A operand
+(the RS form) and multiplies them by the activations, which the tensor cores read from shared
+memory as the B operand (N = the activation rows, padded to a multiple of 16): D^T = W X^T. The
+decode is the small-M kernel's (`ops.nvfp4`, exact: w = e2m1 * sf * 2^-8, strided pairing), but
+the activations no longer pass through registers (the small-M kernel's limit from M = 16 on:
+twice the weight bytes per warp, loaded from L2) and the MMAs run asynchronously beside the next
+decode.
+
+Pipeline (a STAGES-deep ring of STAGE_K = 256 K per stage; mbarriers loaded / full / empty):
+  TMA warp (warp 0): once the consumers freed a stage, TMA-loads its weight bytes (128 rows x
+    128 B, 128-byte swizzle: conflict-free 16-byte reads), their scale atoms (2 KB) and the
+    activations (N_ACT rows x 256 K bf16, swizzled as wgmma reads them; rows past M arrive as
+    zeros), all completing on `loaded`;
+  permuting warps (warps 1-3): put the landed activations in the K order of the decode, in
+    place (`act_column`, `_load_natural` / `_store_permuted`: 4 LDS.128, 16 prmt, 4 STS.128 per
+    64 bytes), fence them for the async proxy and arrive on `full`;
+  consumer warpgroups (2 x 64 rows): per 128-K half of a stage, read their 16 weight bytes of
+    rows g, g + 8 and two scale bytes (LDS), decode them into one of two A register sets, issue
+    8 wgmma (m64 n N_ACT k16) and commit; waiting for all but the last group frees the other
+    register set and, after the first half, the previous stage (`empty`);
+  finish: each thread writes its accumulator elements (S = 1: times 2^8 * gB, in out_dtype;
+    S > 1: fp32 partials, summed in split order by `_reduce_kernel`: deterministic).
+The K order: a thread's 16 weight bytes hold 32 consecutive codes (K 32t .. 32t + 31 of a
+128-K block, t = lane % 4), but a wgmma A operand wants K 2t, 2t + 1, 2t + 8, 2t + 9 of every
+k16 step from thread t. Any permutation of K applied to both operands leaves the sum unchanged,
+so the activations (read by every weight row) are permuted instead of the weights.
+Split-K across CTAs (grid N / 128 x S) fills the SMs when N / 128 is small. One CTA per SM
+(the ring takes the shared memory). Constraints (checked): M <= 128, N % 128 == 0,
+K % (256 S) == 0.
+
+Measured (H200, 2026-11-30, docs/results.md): at M = 16 on par with the small-M kernel at
+8192^2 (20.2 vs 19.8 us) and 14-19% faster at the large shapes (16x8192x28672: 54.0 vs 66.4 us);
+M = 64 38.1 us (small-M kernel 51.5, cuBLAS bf16 36.4); M = 128 76.0 us (the dequantize path
+128.7, cuBLAS bf16 38.9): there every CTA reads all activations of its K range (1 MB) and only
+two 82 KB stages fit. At M = 1 the small-M kernel stays faster (14.2 vs 18.2 us).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint32
+
+from tk_cute.layouts import nvfp4_scales
+from tk_cute.ops import memory, register, tma, warp, warpgroup
+from tk_cute.ops import nvfp4 as fp4
+from tk_cute.runtime import KernelCache, Launcher, dsl_values, placeholder_ptr, raw_stream
+from tk_cute.types.gl import coord, gl
+from tk_cute.types.rt import rt
+from tk_cute.types.semaphore import semaphore
+from tk_cute.types.st import Shared, smem_bytes, st
+
+STAGE_K = 256  # K per ring stage: 128 bytes of every weight row (a whole L2 line)
+SUB_K = 128  # K per MMA batch (8 wgmma k16 steps) and period of the activation permutation
+ROWS = 128  # weight rows per CTA: 2 consumer warpgroups x 64 (one scale band)
+CONSUMERS = ROWS // 64
+WG = warpgroup.WARPGROUP_THREADS
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+MAX_M = 128
+# Below this M `tk_cute.nvfp4.gemm` keeps the small-M kernel (nvfp4_gemv_sm90): its M = 1 path
+# (one n8 MMA tile, staged activations) beat this one on the H200 (1x8192^2: 14.2 vs 18.2 us).
+MIN_M = 9
+SMEM_BUDGET = 227 * 1024
+OUT_TYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class Config:
+    """N_ACT: activation rows per MMA (wgmma N, >= M: 8 or a multiple of 16); S: K splits across CTAs
+    (S > 1: fp32 partials and a second kernel); STAGES: ring depth (0: as many as fit)."""
+
+    N_ACT: int = 16
+    S: int = 1
+    STAGES: int = 0
+    out_dtype: str = "bfloat16"
+
+    def __post_init__(self):
+        # (wgmma takes any multiple of 8, but slicing an st of 8 x odd rows aborts the DSL 4.8.1)
+        if (self.N_ACT != 8 and self.N_ACT % 16) or not 8 <= self.N_ACT <= MAX_M:
+            raise ValueError(f"N_ACT must be 8 or a multiple of 16 up to {MAX_M}, "
+                             f"got {self.N_ACT}")
+        if self.S < 1:
+            raise ValueError(f"S (K splits) must be >= 1, got {self.S}")
+        if self.out_dtype not in OUT_TYPES:
+            raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
+        if self.stages < 2:
+            raise ValueError(f"a ring of >= 2 stages of {self.stage_bytes} B must fit "
+                             f"{SMEM_BUDGET} B of shared memory (N_ACT={self.N_ACT}, "
+                             f"STAGES={self.STAGES})")
+
+    # Bytes move as Int8: raw pointer arguments carry no signedness (the decode reads bits).
+    @property
+    def weight_tile(self) -> st:  # 128-byte rows, 128-byte swizzle
+        return st(cutlass.Int8, ROWS, STAGE_K // 2)
+
+    @property
+    def scale_tile(self) -> st:  # the band's STAGE_K / 64 scale atoms, as rows of 256 bytes
+        return st(cutlass.Int8, 2 * (STAGE_K // nvfp4_scales.ATOM_K), 256, swizzle=False)
+
+    @property
+    def act_tile(self) -> st:
+        return st(cutlass.BFloat16, self.N_ACT, STAGE_K)
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.weight_tile.bytes + self.scale_tile.bytes + self.act_tile.bytes
+
+    @property
+    def stages(self) -> int:
+        if self.STAGES:
+            return self.STAGES
+        fits = [d for d in range(2, 9) if self.smem(d) <= SMEM_BUDGET]
+        return max(fits) if fits else 0
+
+    def smem(self, stages: int) -> int:
+        return smem_bytes((self.weight_tile, stages), (self.scale_tile, stages),
+                          (self.act_tile, stages), barriers=3 * stages)
+
+
+def act_column(k: int) -> int:
+    """Column of a stage's activation tile that holds K element k (of the stage). The decode
+    gives thread t, from its word j of codes 32t + 8j .. + 7, the bf16 pairs (i, i + 4) (the
+    strided pairing), and k16 step 2j + e of the A operand takes pairs 2e (slots 2t, 2t + 1)
+    and 2e + 1 (slots 2t + 8, 2t + 9). So within each 128-K block, element 32t + 8j + i + 4h
+    (i < 4, h < 2) goes to column 32j + 8i + 2t + h: what `_load_natural` and
+    `_store_permuted` do to each landed tile."""
+    block, r = divmod(k, SUB_K)
+    t, r = divmod(r, 32)
+    j, r = divmod(r, 8)
+    h, i = divmod(r, 4)
+    return block * SUB_K + 32 * j + 8 * i + 2 * t + h
+
+
+def act_offset(n_act: int, m, col):
+    """Byte offset of element (m, col) in an `st(bfloat16, n_act, STAGE_K)` tile: 64-column
+    atoms of 8 rows x 128 B stacked along the rows, 16-byte chunks XOR-swizzled by m % 8."""
+    return ((col // 64) * n_act + m) * 128 + (((col % 64) // 8) ^ (m % 8)) * 16 + (col % 8) * 2
+
+
+def weight_offset(r, chunk):
+    """Byte offset of 16-byte chunk `chunk` of row r in the stage's weight tile (128-byte rows,
+    128-byte swizzle)."""
+    return r * 128 + (chunk ^ (r % 8)) * 16
+
+
+def supports(M: int, N: int, K: int) -> bool:
+    """Whether `gemm_rs` takes this shape (else `tk_cute.nvfp4.gemm` uses another path)."""
+    return 1 <= M <= MAX_M and N % ROWS == 0 and K % STAGE_K == 0
+
+
+@functools.lru_cache(maxsize=1024)
+def config_for(M: int, N: int, K: int, out_dtype: str = "bfloat16", sms: int = 132) -> Config:
+    """N_ACT = M rounded up to 16 (8 up to M = 8); S: the fewest K splits (dividing K / 256) whose CTAs fill the
+    SMs once."""
+    _check_shape(M, N, K, Config(N_ACT=MAX_M))
+    blocks, stages = N // ROWS, K // STAGE_K
+    S = next((d for d in range(1, stages + 1) if stages % d == 0 and blocks * d >= 0.9 * sms),
+             stages)
+    return Config(N_ACT=8 if M <= 8 else -(-M // 16) * 16, S=S, out_dtype=out_dtype)
+
+
+# ---------------------------------------------------------------- kernel
+
+
+@cute.kernel
+def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, gsb: cute.Pointer,
+            out: cute.Pointer, ws: cute.Pointer, M: Int32, N: Int32, K: Int32, steps: Int32):
+    tid, _, _ = cute.arch.thread_idx()
+    rb, split, _ = cute.arch.block_idx()
+    depth = cfg.stages
+    smem = Shared()
+    loaded, full, empty = (smem.barriers(depth) for _ in range(3))
+    wq = smem.alloc(cfg.weight_tile, depth)
+    sf = smem.alloc(cfg.scale_tile, depth)
+    xs = smem.alloc(cfg.act_tile, depth)
+    if tid == 0:
+        for s in cutlass.range_constexpr(depth):
+            semaphore(loaded + s).init(1)  # the TMA warp's expect-tx arrival
+            semaphore(full + s).init(WG - 32)  # every permuting thread
+            semaphore(empty + s).init(CONSUMERS * 4)  # one per consumer warp
+    cute.arch.mbarrier_init_fence()
+    cute.arch.barrier()
+    first = split * steps  # this CTA's first stage along K
+    if warpgroup.groupid() == 0:
+        warpgroup.decrease_registers(PRODUCER_REGISTERS)
+        if tid < 32:
+            _load(cfg, gw, gsf, gx, wq, sf, xs, loaded, empty, rb, first, steps, K)
+        else:
+            _permute(cfg, xs, loaded, full, steps, tid - 32)
+    else:
+        warpgroup.increase_registers(CONSUMER_REGISTERS)
+        thread = tid - WG
+        acc = _consume(cfg, wq, sf, xs, full, empty, steps, thread)
+        _finish(cfg, acc, gsb, out, ws, M, N, rb * ROWS + (thread // WG) * 64, split)
+
+
+@cute.jit
+def _load(cfg: cutlass.Constexpr, gw, gsf, gx, wq, sf, xs, loaded, empty, rb, first, steps, K):
+    """TMA warp: per stage, once the consumers freed it, the weight bytes, their scale atoms and
+    the activations (rows past M arrive as zeros)."""
+    depth = cfg.stages
+    sf_tiles = K // STAGE_K  # scale tiles per 128-row band
+    for i in cutlass.range(steps, unroll=1):
+        s = i % depth
+        semaphore(empty + s).wait(((i // depth) & 1) ^ 1)
+        stage = first + i
+        with warp.elect_leader():
+            semaphore(loaded + s).expect_bytes(cfg.stage_bytes)
+        tma.load_async(wq[None, None, s], gw, coord(rb, stage), loaded + s)
+        tma.load_async(sf[None, None, s], gsf, coord(rb * sf_tiles + stage, 0), loaded + s)
+        tma.load_async(xs[None, None, s], gx, coord(0, stage), loaded + s)
+
+
+@cute.jit
+def _permute(cfg: cutlass.Constexpr, xs, loaded, full, steps, thread):
+    """Permuting warps (96 threads): put each landed activation tile in the K order of the
+    decode (`act_column`), in place: 4 threads own the 16 chunks of a (row, 128-K block); thread
+    p reads natural chunks 4u + p (u = 0..3), re-pairs each (`ops.nvfp4.bf16x8_strided`) and
+    writes permuted chunks 4p + i = word i of its chunks u = 0..3. Then the consumers may read."""
+    depth = cfg.stages
+    tasks = cfg.N_ACT * (STAGE_K // SUB_K) * 4  # a multiple of 64: warps stay converged
+    lane, wid = thread % 32, thread // 32
+    p = lane % 4
+    for i in cutlass.range(steps, unroll=1):
+        s = i % depth
+        semaphore(loaded + s).wait((i // depth) & 1)
+        base = xs[None, None, s].iterator.toint()
+        for first_task in cutlass.range(32 * wid, tasks, 96, unroll=1):
+            task = first_task + lane
+            m, blk = (task // 4) // (STAGE_K // SUB_K), (task // 4) % (STAGE_K // SUB_K)
+            chunks = _load_natural(base, cfg.N_ACT, m, blk, p)
+            cute.arch.sync_warp()  # the group's loads before any of its stores
+            _store_permuted(base, cfg.N_ACT, m, blk, p, chunks)
+        cute.arch.fence_proxy("async.shared", space="cta")  # our stores -> the wgmma reads
+        semaphore(full + s).arrive()
+
+
+def _load_natural(base, n_act, m, blk, p):
+    """Natural chunks 4u + p (u = 0..3) of (row m, 128-K block blk), each re-paired for the
+    strided decode (word i = elements i, i + 4)."""
+    return [fp4.bf16x8_strided(memory.ld_shared_v4(
+        base + act_offset(n_act, m, blk * SUB_K + 8 * (4 * u + p)), Uint32)) for u in range(4)]
+
+
+def _store_permuted(base, n_act, m, blk, p, chunks):
+    """Permuted chunks 4p + e (e = 0..3): word u of chunk 4p + e is word e of natural chunk
+    4u + p."""
+    for e in range(4):
+        memory.st_shared_v4_u32(base + act_offset(n_act, m, blk * SUB_K + 8 * (4 * p + e)),
+                                [chunks[u][e] for u in range(4)])
+
+
+@cute.jit
+def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, steps, thread):
+    """Consumer warpgroup thread: decode, wgmma, release; returns the accumulator (64 weight
+    rows x N_ACT activation rows)."""
+    depth = cfg.stages
+    wg_thread = thread % WG
+    lane = wg_thread % 32
+    g, t = lane // 4, lane % 4
+    r_lo = (thread // WG) * 64 + (wg_thread // 32) * 16 + g  # weight rows r_lo, r_lo + 8
+    mma = warpgroup.tiled_mma(cutlass.BFloat16, cfg.N_ACT)
+    acc = rt.accumulator(mma, wg_thread, 64, cfg.N_ACT)
+    register.zero(acc)
+    regs = [rt.operand_A(mma, wg_thread, 64, SUB_K) for _ in range(2)]  # A sets, alternating
+    for i in cutlass.range(steps, unroll=1):
+        s = i % depth
+        semaphore(full + s).wait((i // depth) & 1)
+        w_base = wq[None, None, s].iterator.toint()
+        sf_base = sf[None, None, s].iterator.toint()
+        for blk in cutlass.range_constexpr(STAGE_K // SUB_K):
+            _decode(regs[blk], w_base, sf_base, r_lo, t, blk)
+            warpgroup.mma_fence()
+            warpgroup.mma_ABt(acc, regs[blk],
+                              cute.local_tile(xs[None, None, s], (cfg.N_ACT, SUB_K), (0, blk)))
+            warpgroup.mma_commit_group()
+            # All but the last batch done: the other register set is free and, after the
+            # first half, so is the previous stage.
+            warpgroup.mma_async_wait(1)
+            if blk == 0 and i > 0:
+                with warp.elect_leader():
+                    semaphore(empty + (i - 1) % depth).arrive()
+    warpgroup.mma_async_wait(0)
+    return acc
+
+
+def _decode(a: rt, w_base, sf_base, r_lo, t, blk):
+    """Decode this thread's weights of 128-K block `blk` (rows r_lo, r_lo + 8; K 32t .. 32t +
+    31) into the A operand registers `a`: k16 step 2j + e gets codes 32t + 8j + 4e + {0..3}."""
+    words, scales = [], []
+    for r in (r_lo, r_lo + 8):
+        words.append(memory.ld_shared_v4(w_base + weight_offset(r, 4 * blk + t), Uint32))
+        atom = (SUB_K * blk + 32 * t) // nvfp4_scales.ATOM_K
+        kb = (32 * t // nvfp4_scales.SF_VEC) % nvfp4_scales.ATOM_SF_COLS
+        scales.append(fp4.ue4m3x2_to_bf16x2_prescaled(memory.ld_shared_u16(
+            sf_base + atom * nvfp4_scales.ATOM_BYTES + nvfp4_scales.atom_offset(r, kb))))
+    frag = cute.recast_tensor(a.frag, Uint32)  # per k16 step: (g, 2t) (g+8, 2t) (g, +8) (g+8, +8)
+    for j in range(4):
+        lo = fp4.e2m1x8_scaled_shifted_strided(words[0][j], scales[0][j // 2])
+        hi = fp4.e2m1x8_scaled_shifted_strided(words[1][j], scales[1][j // 2])
+        for e in range(2):
+            for q, v in enumerate((lo[2 * e], hi[2 * e], lo[2 * e + 1], hi[2 * e + 1])):
+                frag[4 * (2 * j + e) + q] = v
+
+
+@cute.jit
+def _finish(cfg: cutlass.Constexpr, acc, gsb, out, ws, M, N, n0, split):
+    """Write this thread's accumulator elements (weight row n0 + r, activation row m < M):
+    S = 1: D in out_dtype, times 2^8 * gB; else fp32 partials to ws[split]."""
+    coords = acc.coords()
+    if cutlass.const_expr(cfg.S == 1):
+        scale = fp4.from_bits(memory.ld_u32_pred(gsb.toint(), Uint32(1)))
+        scale = scale * Float32(2.0 ** fp4.BF16_DECODE_SHIFT)
+        esize = 4 if cfg.out_dtype == "float32" else 2
+        for i in cutlass.range_constexpr(cute.size(acc.frag)):
+            r, m = coords[i]
+            if m < M:
+                memory.st_cvt(out.toint() + (Int64(m) * Int64(N) + Int64(n0 + r)) * esize,
+                              acc.frag[i] * scale, cfg.out_dtype)
+    else:
+        for i in cutlass.range_constexpr(cute.size(acc.frag)):
+            r, m = coords[i]
+            if m < M:
+                memory.st_cvt(ws.toint() + (Int64(split * M + m) * Int64(N) + Int64(n0 + r)) * 4,
+                              acc.frag[i], "float32")
+
+
+REDUCE_THREADS = 256
+
+
+@cute.kernel
+def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
+                   out: cute.Pointer, MN: Int32):
+    """D = 2^8 * gB * (sum of the S fp32 partials, in split order), 4 elements per thread."""
+    tid, _, _ = cute.arch.thread_idx()
+    bid, _, _ = cute.arch.block_idx()
+    i = (bid * REDUCE_THREADS + tid) * 4
+    if i < MN:
+        scale = fp4.from_bits(memory.ld_u32_pred(gsb.toint(), Uint32(1)))
+        scale = scale * Float32(2.0 ** fp4.BF16_DECODE_SHIFT)
+        total = cute.make_rmem_tensor((4,), Float32)
+        for e in cutlass.range_constexpr(4):
+            total[e] = Float32(0.0)
+        for s in cutlass.range_constexpr(cfg.S):
+            part = memory.ld_v4(ws.toint() + (Int64(s) * Int64(MN) + i) * 4, True)
+            for e in cutlass.range_constexpr(4):
+                total[e] = total[e] + fp4.from_bits(part[e])
+        esize = 4 if cfg.out_dtype == "float32" else 2
+        for e in cutlass.range_constexpr(4):
+            memory.st_cvt(out.toint() + (Int64(i) + e) * esize, total[e] * scale, cfg.out_dtype)
+
+
+@cute.jit
+def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.Pointer,
+            gsb: cute.Pointer, out: cute.Pointer, ws: cute.Pointer, M: Int32, N: Int32,
+            K: Int32, stream):
+    half = K // 2
+    wt = cute.make_tensor(w, cute.make_layout((N, half, 1), stride=(half, 1, N * half)))
+    sf_rows = (N // ROWS) * (K // nvfp4_scales.ATOM_K) * 2  # 512-byte atoms as 2 rows each
+    sft = cute.make_tensor(wsf, cute.make_layout((sf_rows, 256, 1),
+                                                 stride=(256, 1, sf_rows * 256)))
+    xt = cute.make_tensor(x, cute.make_layout((M, K, 1), stride=(K, 1, M * K)))
+    steps = K // (STAGE_K * cfg.S)
+    _kernel(cfg, gl.load(wt, cfg.weight_tile), gl.load(sft, cfg.scale_tile),
+            gl.load(xt, cfg.act_tile), gsb, out, ws, M, N, K, steps).launch(
+        grid=[N // ROWS, cfg.S, 1], block=[(1 + CONSUMERS) * WG, 1, 1], stream=stream)
+    if cutlass.const_expr(cfg.S > 1):
+        MN = M * N
+        _reduce_kernel(cfg, ws, gsb, out, MN).launch(
+            grid=[(MN // 4 + REDUCE_THREADS - 1) // REDUCE_THREADS, 1, 1],
+            block=[REDUCE_THREADS, 1, 1], stream=stream)
+
+
+# ---------------------------------------------------------------- host
+
+ARGS = ("p",) * 6 + ("i32",) * 3 + ("p",)
+
+
+def _pointer_types(cfg: Config) -> list:
+    out_t = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
+             "float32": cutlass.Float32}[cfg.out_dtype]
+    return [(cutlass.Uint8, 16), (cutlass.Uint8, 16), (cutlass.BFloat16, 16),
+            (cutlass.Float32, 4), (out_t, 4), (cutlass.Float32, 16)]
+
+
+def fake_args(cfg: Config):
+    """Placeholder pointers and scalars to compile `_launch` against (no GPU needed)."""
+    return (cfg, *[placeholder_ptr(t, al) for t, al in _pointer_types(cfg)],
+            Int32(16), Int32(8192), Int32(8192))
+
+
+_CACHE = KernelCache()  # (config, device index) -> Launcher
+
+
+def compile_launcher(cfg: Config, options: str = ""):
+    """`_launch` for cfg compiled into a raw-pointer `Launcher` (argument packing checked
+    against the DSL's; `options`: e.g. "--gpu-arch sm_90a" to build without a GPU)."""
+    from cuda.bindings import driver
+
+    fn = Launcher(cute.compile(_launch, *fake_args(cfg), driver.CUstream(0), options=options),
+                  ARGS)
+    v = (1024, 2048, 4096, 64, 8192, 16384, 16, 8192, 4096, 128)
+    fn.check_against_dsl(dsl_values(ARGS, v, _pointer_types(cfg)), v)
+    return fn
+
+
+def _check_shape(M: int, N: int, K: int, cfg: Config) -> None:
+    """Raise ValueError naming the first constraint of the kernel that M, N, K or cfg break."""
+    if not 1 <= M <= min(MAX_M, cfg.N_ACT):
+        raise ValueError(f"gemm_rs needs 1 <= M <= N_ACT = {cfg.N_ACT} (at most {MAX_M}), "
+                         f"got M={M}")
+    if N % ROWS:
+        raise ValueError(f"gemm_rs needs N to be a multiple of {ROWS}, got N={N}")
+    if K % (STAGE_K * cfg.S):
+        raise ValueError(f"gemm_rs needs K to be a multiple of {STAGE_K} x S = "
+                         f"{STAGE_K * cfg.S}, got K={K}")
+
+
+def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None):
+    """D = a @ deq(b)^T (W4A16) on Hopper with register-A wgmma.
+
+    Args:
+        a: bf16 CUDA tensor (M, K), 1 <= M <= 128.
+        b: NVFP4Tensor (N, K), the weights; N % 128 == 0, K % 256 == 0 (and % 256 S).
+        out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
+        out: optional contiguous (M, N) tensor of out_dtype to write.
+        config: tuning override (`Config`; default `config_for` the shape).
+
+    Returns:
+        D, (M, N) of out_dtype.
+
+    Raises:
+        TypeError, ValueError: operands (`tk_cute.nvfp4.gemm` rules: dtypes, K mismatch,
+            devices), a non-CUDA device, or a shape the kernel does not take (`_check_shape`).
+    """
+    import dataclasses
+
+    import torch
+
+    from tk_cute.kernels.gemm.nvfp4_gemv_sm90 import _aligned
+    from tk_cute.nvfp4.gemm import _check_w4a16_operands
+
+    if out_dtype is None:
+        out_dtype = out.dtype if out is not None else torch.bfloat16
+    _check_w4a16_operands(a, b, out_dtype)
+    if b.device.type != "cuda":
+        raise ValueError(f"gemm_rs runs on a CUDA device; operands are on {b.device}")
+    (M, K), N = a.shape, b.M
+    out_name = str(out_dtype).removeprefix("torch.")
+    dev = b.device
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    if config is None:
+        _check_shape(M, N, K, Config(N_ACT=MAX_M))
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        config = config_for(M, N, K, out_name, sms)
+    else:
+        config = dataclasses.replace(config, out_dtype=out_name)
+    _check_shape(M, N, K, config)
+    if out is None:
+        out = torch.empty((M, N), dtype=out_dtype, device=dev)
+    elif (out.shape != (M, N) or out.dtype != out_dtype or out.device != dev
+          or not out.is_contiguous()):
+        raise ValueError(f"gemm_rs: out must be a contiguous ({M}, {N}) {out_dtype} tensor on "
+                         f"{dev}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+    # S > 1: fp32 partials, one (M, N) plane per split (from the stream's caching allocator).
+    ws = torch.empty(config.S * M * N, dtype=torch.float32, device=dev) if config.S > 1 else out
+    _CACHE.get((config, index), lambda: compile_launcher(config))(
+        _aligned(b.data).data_ptr(), _aligned(b.scales).data_ptr(), _aligned(a).data_ptr(),
+        b.global_scale.data_ptr(), out.data_ptr(), ws.data_ptr(), M, N, K, raw_stream(index))
+    return out

@@ -1,0 +1,318 @@
+"""Register-A wgmma W4A16 kernel (kernels/gemm/nvfp4_rs_sm90.py).
+
+CPU: host proofs of the K permutation (decode side and permuting-warp side agree on every
+element), of the shared-memory addresses against the swizzled `st` layouts, of the scale reads
+against the blocked layout; configuration rules; sm_90a compile tests on the instructions and
+resources. GPU (marker `gpu`): results against a float64 reference on fresh random data.
+"""
+
+import dataclasses
+
+import cutlass
+import pytest
+import torch
+
+from tk_cute.compile import build
+from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+from tk_cute.layouts import nvfp4_scales
+
+# --- the K permutation (host model) -----------------------------------------------------------
+
+
+def test_act_column_permutes_each_stage():
+    cols = [rs.act_column(k) for k in range(rs.STAGE_K)]
+    assert sorted(cols) == list(range(rs.STAGE_K))
+    assert all(c // rs.SUB_K == k // rs.SUB_K for k, c in enumerate(cols))  # blocks stay put
+
+
+def _decode_slots():
+    """(k16 step, slot, K) for what `_decode` puts in a thread's A registers: word j of lane t
+    holds codes 32t + 8j + 0..7; the strided decode gives bf16 pairs (i, i + 4); k16 step 2j + e
+    gets pair 2e in slots 2t, 2t + 1 and pair 2e + 1 in slots 2t + 8, 2t + 9."""
+    for t in range(4):
+        for j in range(4):
+            pairs = [(32 * t + 8 * j + i, 32 * t + 8 * j + i + 4) for i in range(4)]
+            for e in range(2):
+                for half, slot0 in ((0, 2 * t), (1, 2 * t + 8)):
+                    lo, hi = pairs[2 * e + half]
+                    yield 2 * j + e, slot0, lo
+                    yield 2 * j + e, slot0 + 1, hi
+
+
+def test_decode_meets_each_activation_at_its_column():
+    """wgmma k16 step s reads activation columns 16 s .. 16 s + 15 of the block: the K the A
+    operand holds in slot x of step s must sit at column 16 s + x."""
+    seen = set()
+    for step, slot, k in _decode_slots():
+        assert rs.act_column(k) == 16 * step + slot
+        seen.add(k)
+    assert seen == set(range(rs.SUB_K))
+
+
+def _permuted_block():
+    """Model of `_load_natural` / `_store_permuted` on one 128-K block of one row: column ->
+    natural K after the 4 threads p = 0..3 of a group have run."""
+    natural = list(range(rs.SUB_K))
+    chunks = [natural[8 * c: 8 * c + 8] for c in range(16)]
+    strided = [[(ch[i], ch[i + 4]) for i in range(4)] for ch in chunks]  # bf16x8_strided
+    out = [None] * rs.SUB_K
+    for p in range(4):
+        loaded = [strided[4 * u + p] for u in range(4)]
+        for e in range(4):
+            for u in range(4):
+                out[8 * (4 * p + e) + 2 * u: 8 * (4 * p + e) + 2 * u + 2] = loaded[u][e]
+    return out
+
+
+def test_permuting_warps_implement_act_column():
+    for col, k in enumerate(_permuted_block()):
+        assert rs.act_column(k) == col
+
+
+def test_strided_pairs_match_the_ops_selector():
+    """The model's (i, i + 4) pairing is what `ops.nvfp4.bf16x8_strided` selects."""
+    from tk_cute.ops.nvfp4 import STRIDED_PAIRS
+
+    for i, (a, b, sel) in enumerate(STRIDED_PAIRS):
+        first_bytes = (sel & 0xF, (sel >> 8) & 0xF)  # source byte of each bf16 half
+        elems = [2 * (a if byte < 4 else b) + (byte % 4) // 2 for byte in first_bytes]
+        assert elems == [i, i + 4]
+
+
+# --- shared-memory addresses --------------------------------------------------------------------
+
+
+def _swizzle128(byte):
+    """The 128-byte swizzle TMA and wgmma apply to a shared address (CuTe Swizzle<3,4,3> on the
+    byte address): 16-byte chunk bits 4..6 XOR row-of-128-bytes bits 7..9."""
+    return byte ^ (((byte >> 7) & 7) << 4)
+
+
+def _outer_offsets(tile, coords):
+    import cutlass.cute as cute
+
+    out = {}
+
+    def body():
+        layout = tile.layout(1).outer  # the swizzle applies to the byte address, after this
+        out["offsets"] = [int(layout(c)) for c in coords]
+
+    @cute.jit
+    def trace():
+        body()
+
+    trace()
+    return out["offsets"]
+
+
+@pytest.mark.parametrize("n_act", [8, 16, 48, 128])
+def test_act_offset_is_the_swizzled_tile(n_act):
+    coords = [(m, c, 0) for m in range(n_act) for c in range(0, rs.STAGE_K, 2)]
+    offsets = _outer_offsets(rs.Config(N_ACT=n_act, STAGES=2).act_tile, coords)
+    for (m, c, _), off in zip(coords, offsets):
+        assert rs.act_offset(n_act, m, c) == _swizzle128(2 * off)
+
+
+def test_weight_offset_is_the_swizzled_tile():
+    coords = [(r, 16 * c, 0) for r in range(rs.ROWS) for c in range(8)]
+    offsets = _outer_offsets(rs.Config().weight_tile, coords)
+    for (r, c, _), off in zip(coords, offsets):
+        assert rs.weight_offset(r, c // 16) == _swizzle128(off)
+
+
+@pytest.mark.parametrize("K", [256, 8192])
+def test_scale_reads_follow_the_blocked_layout(K):
+    """The consumer reads the two scales of K 32t .. 32t + 31 of block blk at atom 2 blk + t // 2,
+    byte atom_offset(r, 2 (t % 2)) of the stage's scale tile: the tile TMA copies starting at
+    band rb's atom 4 stage."""
+    rk = K // nvfp4_scales.ATOM_K
+    for rb in (0, 3):
+        for stage in range(K // rs.STAGE_K):
+            base = (rb * rk + stage * rs.STAGE_K // nvfp4_scales.ATOM_K) * nvfp4_scales.ATOM_BYTES
+            for r in range(rs.ROWS):
+                for blk in range(2):
+                    for t in range(4):
+                        k = stage * rs.STAGE_K + blk * rs.SUB_K + 32 * t
+                        atom = (rs.SUB_K * blk + 32 * t) // nvfp4_scales.ATOM_K
+                        mine = atom * nvfp4_scales.ATOM_BYTES + nvfp4_scales.atom_offset(
+                            r, 2 * (t % 2))
+                        want = nvfp4_scales.band_offset(rb * rs.ROWS + r, k // 16, rk) - base
+                        assert mine == want
+                        assert nvfp4_scales.band_offset(rb * rs.ROWS + r, k // 16 + 1, rk) \
+                            - base == mine + 1
+
+
+# --- configuration -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("M, N, K, n_act, S", [
+    (9, 8192, 8192, 16, 2), (16, 8192, 8192, 16, 2), (16, 28672, 8192, 16, 1),
+    (16, 8192, 28672, 16, 2), (64, 8192, 8192, 64, 2), (100, 8192, 8192, 112, 2),
+    (1, 8192, 8192, 8, 2), (33, 4096, 4096, 48, 4),
+    (128, 4096, 4096, 128, 4)])
+def test_config_for(M, N, K, n_act, S):
+    cfg = rs.config_for(M, N, K, sms=132)
+    assert (cfg.N_ACT, cfg.S) == (n_act, S)
+    assert (K // rs.STAGE_K) % cfg.S == 0 and cfg.stages >= 2
+    assert cfg.smem(cfg.stages) <= rs.SMEM_BUDGET
+
+
+@pytest.mark.parametrize("M, N, K, match", [
+    (129, 256, 512, "M <= N_ACT = 128.*got M=129"), (0, 256, 512, "got M=0"),
+    (16, 200, 512, "multiple of 128, got N=200"), (16, 256, 384, "multiple of 256.*K=384")])
+def test_config_rejects_unsupported_shapes(M, N, K, match):
+    assert not rs.supports(M, N, K)
+    with pytest.raises(ValueError, match=match):
+        rs.config_for(M, N, K)
+
+
+def test_config_rejects_bad_fields():
+    for n_act in (12, 24, 136):
+        with pytest.raises(ValueError, match=f"8 or a multiple of 16 up to 128, got {n_act}"):
+            rs.Config(N_ACT=n_act)
+    with pytest.raises(ValueError, match="S .K splits. must be >= 1, got 0"):
+        rs.Config(S=0)
+    with pytest.raises(ValueError, match="out_dtype"):
+        rs.Config(out_dtype="int8")
+
+
+# --- compile (CPU, sm_90a) -------------------------------------------------------------------------
+
+CONFIGS = {"n8": rs.Config(N_ACT=8, S=2), "n16": rs.Config(N_ACT=16, S=2),
+           "n48": rs.Config(N_ACT=48, S=2),
+           "n64_s1": rs.Config(N_ACT=64), "n128": rs.Config(N_ACT=128, S=2),
+           "n16_fp32": rs.Config(N_ACT=16, out_dtype="float32")}
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def built(request):
+    from cuda.bindings import driver
+
+    cfg = CONFIGS[request.param]
+    return cfg, build(rs._launch, *rs.fake_args(cfg), driver.CUstream(0), arch="sm_90a")
+
+
+def test_register_a_wgmma_fed_by_tma_without_spills(built):
+    cfg, b = built
+    main = [k for k in b.resources if "reduce" not in k.name]
+    assert len(main) == 1 and len(b.resources) == (2 if cfg.S > 1 else 1)
+    # 2 x 8 wgmma per stage, A from registers (an R operand, not a descriptor), B from shared.
+    assert b.sass_count(rf"HGMMA\.64x{cfg.N_ACT}x16\.F32\.BF16 R\d+, R\d+, gdesc") == 16
+    assert b.sass_count(r"\bHGMMA\b") == 16
+    assert b.ptx_count(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16 ") == 16
+    # TMA tile loads per stage: weights, scales and the activations in 64-column (128-byte,
+    # one swizzle span) boxes; no global vector loads but the reduction's (one per split).
+    tma_loads = 2 + rs.STAGE_K // 64
+    assert b.ptx_count(r"cp\.async\.bulk\.tensor\.2d") == tma_loads
+    assert b.sass_count(r"\bUTMALDG\b") == tma_loads
+    assert b.ptx_count(r"ld\.global\.nc\S*\.v4") == (cfg.S if cfg.S > 1 else 0)
+    # Consumers: 2 LDS.128 of weights per 128-K block; permuting warps: 4 LDS.128 + 4 STS.128.
+    assert b.ptx_count(r"ld\.shared\.v4\.u32") == 2 * 2 + 4
+    assert b.ptx_count(r"st\.shared\.v4\.u32") == 4
+    assert b.ptx_count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40") == 1
+    assert b.ptx_count(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{rs.CONSUMER_REGISTERS}") == 1
+    assert b.ptx_count(r"cvt\.\w+\.e2m1") == 0  # no FP4 conversion on sm_90a
+    assert all(k.local_bytes == 0 and k.stack_bytes == 0 for k in b.resources)
+    assert b.sass_count(r"\bSTL\b") == 0 and b.sass_count(r"\bLDL\b") == 0
+
+
+def test_decode_instruction_budget(built):
+    """Per 8 weight codes (the strided decode) 4 exact bf16x2 multiplies; per scale pair one
+    byte permute and 2 multiplies (the broadcasts fold into operand selects); the permuting
+    warps re-pair 4 chunks with at most 16 byte permutes."""
+    cfg, b = built
+    words = 2 * 2 * 4  # 2 rows x 2 blocks x 4 words per thread and stage
+    assert b.sass_count(r"\bHMUL2\b") == 4 * words + 2 * 2 * 2
+    assert b.sass_count(r"PRMT R\d+, R\d+, 0x4140") == 2 * 2
+    assert b.sass_count(r"PRMT R\d+, R\d+, 0x(5410|7632)") <= 16
+
+
+def test_fast_argument_packing_matches_dsl():
+    rs.compile_launcher(rs.Config(N_ACT=16, S=2), options="--gpu-arch sm_90a")
+
+
+# --- GPU --------------------------------------------------------------------------------------------
+
+SHAPES = [(128, 256), (384, 1024), (1024, 2048), (256, 4096)]
+# Every product e2m1 * ue4m3 * activation is exact and the MMAs accumulate in fp32 (K <= 4096
+# additions: ~K * 2^-24 relative at worst, far less in norm); the final bf16 rounding adds
+# <= 2^-9 (~1.95e-3) per element and ~2^-9/sqrt(3) in the Frobenius norm for random data, so
+# 2e-3 bounds the bf16 output with margin; fp32 output must be ~1e-6 (1e-5 allowed).
+TOL = {torch.bfloat16: 2e-3, torch.float32: 1e-5}
+
+
+def _weights(N, K):
+    from tk_cute.nvfp4 import quantize
+
+    return quantize(torch.randn(N, K, device="cuda") * 0.02)
+
+
+def _rel(d, ref):
+    return ((d.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 9, 16, 33, 64, 100, 128])
+@pytest.mark.parametrize("N, K", SHAPES)
+def test_w4a16_matches_float64(seed, M, N, K):
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison
+    d = rs.gemm_rs(a, b, out=out)
+    ref = a.double() @ b.dequantize(torch.float64).t()
+    assert d.data_ptr() == out.data_ptr()
+    assert not d.isnan().any(), "unwritten or NaN outputs"
+    assert _rel(d, ref) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [16, 72])
+def test_fp32_output_split_invariance_and_determinism(seed, M):
+    """Every split count gives the same sum up to fp32 rounding; one split count is bitwise
+    reproducible run to run (partials summed in split order)."""
+    N, K = 256, 2048
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    ref = a.double() @ b.dequantize(torch.float64).t()
+    base = rs.config_for(M, N, K)
+    for S in (1, 2, 8):
+        cfg = dataclasses.replace(base, S=S)
+        out = torch.full((M, N), float("nan"), device="cuda")
+        d = rs.gemm_rs(a, b, torch.float32, out=out, config=cfg)
+        assert not d.isnan().any(), S
+        assert _rel(d, ref) <= TOL[torch.float32], S
+        assert torch.equal(d, rs.gemm_rs(a, b, torch.float32, config=cfg)), S
+    d16 = rs.gemm_rs(a, b, torch.float16, config=dataclasses.replace(base, S=2))
+    assert d16.dtype == torch.float16 and _rel(d16, ref) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [9, 64, 128])
+def test_public_gemm_dispatches_here(seed, M):
+    from tk_cute.nvfp4 import gemm
+
+    b = _weights(256, 1024)
+    a = torch.randn(M, 1024, device="cuda").bfloat16()
+    assert torch.equal(gemm(a, b), rs.gemm_rs(a, b))
+
+
+@pytest.mark.gpu
+def test_rejects_bad_input():
+    b = _weights(256, 512)
+    a = torch.randn(16, 512, device="cuda").bfloat16()
+    with pytest.raises(ValueError, match="K mismatch"):
+        rs.gemm_rs(a[:, :256], b)
+    with pytest.raises(ValueError, match="one device"):
+        rs.gemm_rs(a.cpu(), b)
+    with pytest.raises(ValueError, match="CUDA device"):
+        rs.gemm_rs(a.cpu(), b.to("cpu"))
+    with pytest.raises(ValueError, match="multiple of 128, got N=160"):
+        rs.gemm_rs(a, _weights(160, 512))
+    with pytest.raises(ValueError, match="multiple of 256 x S = 256, got K=384"):
+        rs.gemm_rs(torch.randn(16, 384, device="cuda").bfloat16(), _weights(256, 384))
+    with pytest.raises(ValueError, match="got M=129"):
+        rs.gemm_rs(torch.randn(129, 512, device="cuda").bfloat16(), b)
+    with pytest.raises(ValueError, match="N_ACT = 16.*got M=17"):
+        rs.gemm_rs(torch.randn(17, 512, device="cuda").bfloat16(), b, config=rs.Config())
+    with pytest.raises(TypeError, match="bfloat16"):
+        rs.gemm_rs(a.half(), b)
