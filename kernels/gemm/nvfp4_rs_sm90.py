@@ -73,8 +73,9 @@ OUT_TYPES = ("bfloat16", "float16", "float32")
 
 @dataclass(frozen=True)
 class Config:
-    """N_ACT: activation rows per MMA (wgmma N, >= M: 8 or a multiple of 16); S: K splits across CTAs
-    (S > 1: fp32 partials and a second kernel); STAGES: ring depth (0: as many as fit)."""
+    """N_ACT: activation rows per MMA (wgmma N, >= M: 8 or a multiple of 16); S: K splits
+    across CTAs (S > 1: fp32 partials and a second kernel); STAGES: ring depth (0: as many as
+    fit)."""
 
     N_ACT: int = 16
     S: int = 1
@@ -157,8 +158,8 @@ def supports(M: int, N: int, K: int) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def config_for(M: int, N: int, K: int, out_dtype: str = "bfloat16", sms: int = 132) -> Config:
-    """N_ACT = M rounded up to 16 (8 up to M = 8); S: the fewest K splits (dividing K / 256) whose CTAs fill the
-    SMs once."""
+    """N_ACT = M rounded up to 16 (8 up to M = 8); S: the fewest K splits (dividing K / 256)
+    whose CTAs fill the SMs once."""
     _check_shape(M, N, K, Config(N_ACT=MAX_M))
     blocks, stages = N // ROWS, K // STAGE_K
     S = next((d for d in range(1, stages + 1) if stages % d == 0 and blocks * d >= 0.9 * sms),

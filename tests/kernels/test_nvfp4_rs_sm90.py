@@ -8,7 +8,6 @@ resources. GPU (marker `gpu`): results against a float64 reference on fresh rand
 
 import dataclasses
 
-import cutlass
 import pytest
 import torch
 
@@ -176,7 +175,7 @@ def test_config_rejects_bad_fields():
         rs.Config(out_dtype="int8")
 
 
-# --- compile (CPU, sm_90a) -------------------------------------------------------------------------
+# --- compile (CPU, sm_90a) --------------------------------------------------------------------
 
 CONFIGS = {"n8": rs.Config(N_ACT=8, S=2), "n16": rs.Config(N_ACT=16, S=2),
            "n48": rs.Config(N_ACT=48, S=2),
@@ -231,7 +230,7 @@ def test_fast_argument_packing_matches_dsl():
     rs.compile_launcher(rs.Config(N_ACT=16, S=2), options="--gpu-arch sm_90a")
 
 
-# --- GPU --------------------------------------------------------------------------------------------
+# --- GPU --------------------------------------------------------------------------------------
 
 SHAPES = [(128, 256), (384, 1024), (1024, 2048), (256, 4096)]
 # Every product e2m1 * ue4m3 * activation is exact and the MMAs accumulate in fp32 (K <= 4096

@@ -67,6 +67,7 @@ def _variants(M, N, K, tune: bool, sms: int):
             s["a8"], s["w8"].t(), scale_a=s["sa"], scale_b=s["sw"], out_dtype=torch.bfloat16),
         "torch deq + matmul": lambda s: s["a"] @ _dequant_torch(s["b"]).t(),
     }
+    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
     from tk_cute.kernels.gemm import nvfp4_sm90
 
     if M > gv.MAX_M and nvfp4_sm90.supports(M, N, K):  # the other large-M paths, side by side
@@ -74,8 +75,6 @@ def _variants(M, N, K, tune: bool, sms: int):
             v["tk_cute w4a16 dequantize"] = lambda s: nvfp4_sm90.gemm(s["a"], s["b"])
         v["tk_cute w4a16 fused"] = lambda s: nvfp4_sm90.gemm(s["a"], s["b"], path="fused")
         v["tk_cute w4a4 fused"] = lambda s: nvfp4_sm90.gemm(s["aq"], s["b"], path="fused")
-    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-
     if M <= gv.MAX_M:  # back-to-back calls that may overlap (static weights, `pdl=True`)
         v["tk_cute w4a16 pdl"] = lambda s: gv.gemm_small_m(s["a"], s["b"], pdl=True)
     if rs.MIN_M <= M <= gv.MAX_M and gv.supports(M, N, K):  # the small-M kernel beside rs

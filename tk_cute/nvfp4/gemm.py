@@ -109,7 +109,8 @@ def _check_w4a16_operands(a, b, out_dtype) -> None:
     if a.shape[1] != b.K:
         raise ValueError(f"gemm K mismatch: a has K={a.shape[1]}, b has K={b.K} (D = a @ b^T)")
     if a.device != b.device:
-        raise ValueError(f"gemm operands must be on one device: a is on {a.device}, b on {b.device}")
+        raise ValueError(f"gemm operands must be on one device: a is on {a.device}, "
+                         f"b on {b.device}")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"gemm out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
 
