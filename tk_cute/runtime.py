@@ -43,6 +43,25 @@ def batched(t: torch.Tensor) -> torch.Tensor:
     return t.permute(1, 2, 0)
 
 
+def aligned(t: torch.Tensor, align: int = 16) -> torch.Tensor:
+    """`t` contiguous and starting on an `align`-byte boundary (copied only if it is not), for
+    kernels compiled against pointers assumed that aligned."""
+    t = t.contiguous()
+    return t if t.data_ptr() % align == 0 else t.clone()
+
+
+def output(out, shape: tuple, dtype, device, who: str) -> torch.Tensor:
+    """The output tensor of a raw-pointer kernel call: a new one, or the caller's `out` if it is
+    contiguous and of this shape, dtype and device (ValueError naming `who` otherwise)."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if (tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device
+            or not out.is_contiguous()):
+        raise ValueError(f"{who}: out must be a contiguous {tuple(shape)} {dtype} tensor on "
+                         f"{device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+    return out
+
+
 def stream():
     """The current torch CUDA stream as a CUDA driver stream handle."""
     from cuda.bindings import driver as cuda

@@ -59,7 +59,8 @@ from cutlass import Float32, Int32, Int64, Uint32
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import cluster, memory, warp
 from tk_cute.ops import nvfp4 as fp4
-from tk_cute.runtime import KernelCache, Launcher, dsl_values, placeholder_ptr, raw_stream
+from tk_cute.runtime import (KernelCache, Launcher, aligned, dsl_values, output, placeholder_ptr,
+                             raw_stream)
 from tk_cute.types.st import Shared, sv
 
 STEP_K = 128  # K elements per warp step: 4 lanes x 32 codes (one LDG.128 per weight row)
@@ -635,11 +636,6 @@ def _validate(a, b, out_dtype):
     return M, b.M, K
 
 
-def _aligned(t, align: int = 16):
-    t = t.contiguous()
-    return t if t.data_ptr() % align == 0 else t.clone()
-
-
 def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None,
                  splits: int | None = None, pdl: bool = False):
     """D = a @ deq(b)^T for small M on Hopper (sm_90a), streaming the NVFP4 weights.
@@ -693,18 +689,13 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None
     gsb = b.global_scale  # 0-dim float32 (an NVFP4Tensor's global scale is aligned)
     gsa = a.global_scale if w4a4 else gsb
     if w4a4:
-        x, xsf = _aligned(a.data), _aligned(a.scales, 2)
+        x, xsf = aligned(a.data), aligned(a.scales, 2)
     else:
-        x, xsf = _aligned(a), b.scales  # xsf unused
-    if out is None:
-        out = torch.empty((M, N), dtype=out_dtype, device=dev)
-    elif (out.shape != (M, N) or out.dtype != out_dtype or out.device != dev
-          or not out.is_contiguous()):
-        raise ValueError(f"gemm_small_m: out must be a contiguous ({M}, {N}) {out_dtype} tensor "
-                         f"on {dev}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+        x, xsf = aligned(a), b.scales  # xsf unused
+    out = output(out, (M, N), out_dtype, dev, "gemm_small_m")
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     _CACHE.get((cfg, index), lambda: compile_launcher(cfg))(
-        _aligned(b.data).data_ptr(), _aligned(b.scales, 2).data_ptr(), x.data_ptr(),
+        aligned(b.data).data_ptr(), aligned(b.scales, 2).data_ptr(), x.data_ptr(),
         xsf.data_ptr(), gsb.data_ptr(), gsa.data_ptr(), out.data_ptr(), M, N, K,
         chunks // cfg.S, raw_stream(index))
     return out

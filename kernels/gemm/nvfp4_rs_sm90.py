@@ -50,7 +50,8 @@ from cutlass import Float32, Int32, Int64, Uint32
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import memory, register, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
-from tk_cute.runtime import KernelCache, Launcher, dsl_values, placeholder_ptr, raw_stream
+from tk_cute.runtime import (KernelCache, Launcher, aligned, dsl_values, output, placeholder_ptr,
+                             raw_stream)
 from tk_cute.types.gl import coord, gl
 from tk_cute.types.rt import rt
 from tk_cute.types.semaphore import semaphore
@@ -445,7 +446,6 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None):
 
     import torch
 
-    from tk_cute.kernels.gemm.nvfp4_gemv_sm90 import _aligned
     from tk_cute.nvfp4.gemm import _check_w4a16_operands
 
     if out_dtype is None:
@@ -464,15 +464,10 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None):
     else:
         config = dataclasses.replace(config, out_dtype=out_name)
     _check_shape(M, N, K, config)
-    if out is None:
-        out = torch.empty((M, N), dtype=out_dtype, device=dev)
-    elif (out.shape != (M, N) or out.dtype != out_dtype or out.device != dev
-          or not out.is_contiguous()):
-        raise ValueError(f"gemm_rs: out must be a contiguous ({M}, {N}) {out_dtype} tensor on "
-                         f"{dev}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+    out = output(out, (M, N), out_dtype, dev, "gemm_rs")
     # S > 1: fp32 partials, one (M, N) plane per split (from the stream's caching allocator).
     ws = torch.empty(config.S * M * N, dtype=torch.float32, device=dev) if config.S > 1 else out
     _CACHE.get((config, index), lambda: compile_launcher(config))(
-        _aligned(b.data).data_ptr(), _aligned(b.scales).data_ptr(), _aligned(a).data_ptr(),
+        aligned(b.data).data_ptr(), aligned(b.scales).data_ptr(), aligned(a).data_ptr(),
         b.global_scale.data_ptr(), out.data_ptr(), ws.data_ptr(), M, N, K, raw_stream(index))
     return out
