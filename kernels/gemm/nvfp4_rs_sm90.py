@@ -318,8 +318,7 @@ def _finish(cfg: cutlass.Constexpr, acc, gsb, out, ws, M, N, n0, split):
     S = 1: D in out_dtype, times 2^8 * gB; else fp32 partials to ws[split]."""
     coords = acc.coords()
     if cutlass.const_expr(cfg.S == 1):
-        scale = fp4.from_bits(memory.ld_u32_pred(gsb.toint(), Uint32(1)))
-        scale = scale * Float32(2.0 ** fp4.BF16_DECODE_SHIFT)
+        scale = _output_scale(gsb)
         esize = 4 if cfg.out_dtype == "float32" else 2
         for i in cutlass.range_constexpr(cute.size(acc.frag)):
             r, m = coords[i]
@@ -334,6 +333,12 @@ def _finish(cfg: cutlass.Constexpr, acc, gsb, out, ws, M, N, n0, split):
                               acc.frag[i], "float32")
 
 
+def _output_scale(gsb):
+    """2^8 (undoing the decode's exact 2^-8) times the weights' global scale gB."""
+    gb = fp4.from_bits(memory.ld_u32_pred(gsb.toint(), Uint32(1)))
+    return gb * Float32(2.0 ** fp4.BF16_DECODE_SHIFT)
+
+
 REDUCE_THREADS = 256
 
 
@@ -345,8 +350,7 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
     bid, _, _ = cute.arch.block_idx()
     i = (bid * REDUCE_THREADS + tid) * 4
     if i < MN:
-        scale = fp4.from_bits(memory.ld_u32_pred(gsb.toint(), Uint32(1)))
-        scale = scale * Float32(2.0 ** fp4.BF16_DECODE_SHIFT)
+        scale = _output_scale(gsb)
         total = cute.make_rmem_tensor((4,), Float32)
         for e in cutlass.range_constexpr(4):
             total[e] = Float32(0.0)
@@ -457,8 +461,7 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None):
     out_name = str(out_dtype).removeprefix("torch.")
     dev = b.device
     index = dev.index if dev.index is not None else torch.cuda.current_device()
-    if config is None:
-        _check_shape(M, N, K, Config(N_ACT=MAX_M))
+    if config is None:  # (config_for rejects unsupported shapes)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         config = config_for(M, N, K, out_name, sms)
     else:
