@@ -11,18 +11,21 @@ decode.
 
 Pipeline (a STAGES-deep ring of STAGE_K = 256 K per stage; mbarriers loaded / full / empty):
   TMA warp (warp 0): once the consumers freed a stage, TMA-loads its weight bytes (128 rows x
-    128 B, 128-byte swizzle: conflict-free 16-byte reads), their scale atoms (2 KB) and the
+    128 B, 128-byte swizzle), their scale atoms (2 KB) and the
     activations (N_ACT rows x 256 K bf16, swizzled as wgmma reads them; rows past M arrive as
     zeros), all completing on `loaded`;
   permuting warps (warps 1-3): put the landed activations in the K order of the decode, in
     place (`act_column`, `_load_natural` / `_store_permuted`: 4 LDS.128, 16 prmt, 4 STS.128 per
     64 bytes), fence them for the async proxy and arrive on `full`;
   consumer warpgroups (2 x 64 rows): per 128-K half of a stage, read their 16 weight bytes of
-    rows g, g + 8 and two scale bytes (LDS), decode them into one of two A register sets, issue
+    accumulator rows g, g + 8 (weight rows `spread_row(g)`, + 8: with it every 16-byte shared
+    access of the kernel is conflict-free) and two scale bytes, decode them into one of two A
+    register sets, issue
     8 wgmma (m64 n N_ACT k16) and commit; waiting for all but the last group frees the other
     register set and, after the first half, the previous stage (`empty`);
   finish: each thread writes its accumulator elements (S = 1: times 2^8 * gB, in out_dtype;
-    S > 1: fp32 partials, summed in split order by `_reduce_kernel`: deterministic).
+    S > 1: fp32 partials, summed in split order by `_reduce_kernel`: deterministic; it is
+    launched with PDL, so its launch overlaps this kernel, and waits for the partials).
 The K order: a thread's 16 weight bytes hold 32 consecutive codes (K 32t .. 32t + 31 of a
 128-K block, t = lane % 4), but a wgmma A operand wants K 2t, 2t + 1, 2t + 8, 2t + 9 of every
 k16 step from thread t. Any permutation of K applied to both operands leaves the sum unchanged,
@@ -31,11 +34,13 @@ Split-K across CTAs (grid N / 128 x S) fills the SMs when N / 128 is small. One 
 (the ring takes the shared memory). Constraints (checked): M <= 128, N % 128 == 0,
 K % (256 S) == 0.
 
-Measured (H200, 2026-11-30, docs/results.md): at M = 16 on par with the small-M kernel at
-8192^2 (20.2 vs 19.8 us) and 14-19% faster at the large shapes (16x8192x28672: 54.0 vs 66.4 us);
-M = 64 38.1 us (small-M kernel 51.5, cuBLAS bf16 36.4); M = 128 76.0 us (the dequantize path
-128.7, cuBLAS bf16 38.9): there every CTA reads all activations of its K range (1 MB) and only
-two 82 KB stages fit. At M = 1 the small-M kernel stays faster (14.2 vs 18.2 us).
+Measured (H200, 2026-11-30, docs/results.md, seventh session): M = 16 18.9 / 57.5 / 49.0 us at
+8192^2 / 28672x8192 / 8192x28672 (cuBLAS bf16 34.8 / 114.5 / 114.2, fp8 20.7 / 60.3 / 57.5);
+M = 64 38.0 us at 8192^2 (cuBLAS bf16 37.7); M = 128 75.8 us (cuBLAS bf16 39.6): there every
+CTA reads all activations of its K range and only two 82 KB stages fit. At M = 1 the small-M
+kernel stays faster (13.8 vs 16.5 us). Where the time goes (docs/nvfp4_hopper.md): the TMA
+stream alone (no permutation, decode or MMA) takes 39-40 us at the 28672-wide shapes and 13-14
+us at 8192^2; the rest is the decode (ALU pipe ~50% busy, issue slots ~57%).
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from tk_cute.layouts import nvfp4_scales
-from tk_cute.ops import memory, register, tma, warp, warpgroup
+from tk_cute.ops import cluster, memory, register, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import (KernelCache, Launcher, aligned, dsl_values, output, placeholder_ptr,
                              raw_stream)
@@ -129,15 +134,24 @@ class Config:
 def act_column(k: int) -> int:
     """Column of a stage's activation tile that holds K element k (of the stage). The decode
     gives thread t, from its word j of codes 32t + 8j .. + 7, the bf16 pairs (i, i + 4) (the
-    strided pairing), and k16 step 2j + e of the A operand takes pairs 2e (slots 2t, 2t + 1)
-    and 2e + 1 (slots 2t + 8, 2t + 9). So within each 128-K block, element 32t + 8j + i + 4h
-    (i < 4, h < 2) goes to column 32j + 8i + 2t + h: what `_load_natural` and
-    `_store_permuted` do to each landed tile."""
+    strided pairing); pair i of word j goes to k16 step 2i + j // 2 of the A operand, in slots
+    2t, 2t + 1 (j even) or 2t + 8, 2t + 9 (j odd). So within each 128-K block, element
+    32t + 8j + i + 4h (i < 4, h < 2) goes to column 32i + 8j + 2t + h: what `_load_natural`
+    and `_store_permuted` do to each landed tile (the order that makes their 16-byte accesses
+    conflict-free)."""
     block, r = divmod(k, SUB_K)
     t, r = divmod(r, 32)
     j, r = divmod(r, 8)
     h, i = divmod(r, 4)
-    return block * SUB_K + 32 * j + 8 * i + 2 * t + h
+    return block * SUB_K + 32 * i + 8 * j + 2 * t + h
+
+
+def spread_row(x):
+    """Row behind index x: within each 8, indices 2q, 2q + 1 take rows q, q + 4. In a 128-byte
+    swizzled tile, rows q and q + 4 place any 16-byte chunk in opposite halves of the banks, so
+    the 8 lanes of a quarter-warp that read 4 chunks of each of two such rows hit all 32 banks
+    once (the weight reads of `_decode`, the activation reads and writes of `_permute`)."""
+    return x - x % 8 + (x % 8) // 2 + 4 * (x % 2)
 
 
 def act_offset(n_act: int, m, col):
@@ -190,6 +204,8 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, gsb: cute.Pointer,
     cute.arch.mbarrier_init_fence()
     cute.arch.barrier()
     first = split * steps  # this CTA's first stage along K
+    if cutlass.const_expr(cfg.S > 1):
+        cluster.pdl_launch_dependents()  # the reduction may launch now and wait for us
     if warpgroup.groupid() == 0:
         warpgroup.decrease_registers(PRODUCER_REGISTERS)
         if tid < 32:
@@ -225,9 +241,11 @@ def _permute(cfg: cutlass.Constexpr, xs, loaded, full, steps, thread):
     """Permuting warps (96 threads): put each landed activation tile in the K order of the
     decode (`act_column`), in place: 4 threads own the 16 chunks of a (row, 128-K block); thread
     p reads natural chunks 4u + p (u = 0..3), re-pairs each (`ops.nvfp4.bf16x8_strided`) and
-    writes permuted chunks 4p + i = word i of its chunks u = 0..3. Then the consumers may read."""
+    writes permuted chunks 4e + p = word e of its chunks u = 0..3. The two groups of a
+    quarter-warp take rows `spread_row` apart. Then the consumers may read."""
     depth = cfg.stages
-    tasks = cfg.N_ACT * (STAGE_K // SUB_K) * 4  # a multiple of 64: warps stay converged
+    blocks = STAGE_K // SUB_K
+    tasks = cfg.N_ACT * blocks * 4  # a multiple of 64: warps stay converged
     lane, wid = thread % 32, thread // 32
     p = lane % 4
     for i in cutlass.range(steps, unroll=1):
@@ -235,13 +253,18 @@ def _permute(cfg: cutlass.Constexpr, xs, loaded, full, steps, thread):
         semaphore(loaded + s).wait((i // depth) & 1)
         base = xs[None, None, s].iterator.toint()
         for first_task in cutlass.range(32 * wid, tasks, 96, unroll=1):
-            task = first_task + lane
-            m, blk = (task // 4) // (STAGE_K // SUB_K), (task // 4) % (STAGE_K // SUB_K)
+            m, blk = quad_task((first_task + lane) // 4, blocks)
             chunks = _load_natural(base, cfg.N_ACT, m, blk, p)
             cute.arch.sync_warp()  # the group's loads before any of its stores
             _store_permuted(base, cfg.N_ACT, m, blk, p, chunks)
         cute.arch.fence_proxy("async.shared", space="cta")  # our stores -> the wgmma reads
         semaphore(full + s).arrive()
+
+
+def quad_task(quad, blocks: int):
+    """(activation row, 128-K block) that quad (4 permuting lanes) `quad` re-orders: the 8 quads
+    of a warp take 8 rows of one block, the two of each quarter-warp `spread_row` apart."""
+    return spread_row(8 * (quad // (8 * blocks)) + quad % 8), (quad // 8) % blocks
 
 
 def _load_natural(base, n_act, m, blk, p):
@@ -252,10 +275,10 @@ def _load_natural(base, n_act, m, blk, p):
 
 
 def _store_permuted(base, n_act, m, blk, p, chunks):
-    """Permuted chunks 4p + e (e = 0..3): word u of chunk 4p + e is word e of natural chunk
+    """Permuted chunks 4e + p (e = 0..3): word u of chunk 4e + p is word e of natural chunk
     4u + p."""
     for e in range(4):
-        memory.st_shared_v4_u32(base + act_offset(n_act, m, blk * SUB_K + 8 * (4 * p + e)),
+        memory.st_shared_v4_u32(base + act_offset(n_act, m, blk * SUB_K + 8 * (4 * e + p)),
                                 [chunks[u][e] for u in range(4)])
 
 
@@ -267,7 +290,8 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, steps, thread):
     wg_thread = thread % WG
     lane = wg_thread % 32
     g, t = lane // 4, lane % 4
-    r_lo = (thread // WG) * 64 + (wg_thread // 32) * 16 + g  # weight rows r_lo, r_lo + 8
+    # Accumulator rows g, g + 8 of the warp's 16 hold weight rows r_lo, r_lo + 8
+    r_lo = (thread // WG) * 64 + (wg_thread // 32) * 16 + spread_row(g)
     mma = warpgroup.tiled_mma(cutlass.BFloat16, cfg.N_ACT)
     acc = rt.accumulator(mma, wg_thread, 64, cfg.N_ACT)
     register.zero(acc)
@@ -295,7 +319,8 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, steps, thread):
 
 def _decode(a: rt, w_base, sf_base, r_lo, t, blk):
     """Decode this thread's weights of 128-K block `blk` (rows r_lo, r_lo + 8; K 32t .. 32t +
-    31) into the A operand registers `a`: k16 step 2j + e gets codes 32t + 8j + 4e + {0..3}."""
+    31) into the A operand registers `a`: pair i of word j (codes 32t + 8j + i, + 4) goes to
+    k16 step 2i + j // 2 (`act_column`)."""
     words, scales = [], []
     for r in (r_lo, r_lo + 8):
         words.append(memory.ld_shared_v4(w_base + weight_offset(r, 4 * blk + t), Uint32))
@@ -307,15 +332,16 @@ def _decode(a: rt, w_base, sf_base, r_lo, t, blk):
     for j in range(4):
         lo = fp4.e2m1x8_scaled_shifted_strided(words[0][j], scales[0][j // 2])
         hi = fp4.e2m1x8_scaled_shifted_strided(words[1][j], scales[1][j // 2])
-        for e in range(2):
-            for q, v in enumerate((lo[2 * e], hi[2 * e], lo[2 * e + 1], hi[2 * e + 1])):
-                frag[4 * (2 * j + e) + q] = v
+        for i in range(4):
+            frag[4 * (2 * i + j // 2) + 2 * (j % 2)] = lo[i]
+            frag[4 * (2 * i + j // 2) + 2 * (j % 2) + 1] = hi[i]
 
 
 @cute.jit
 def _finish(cfg: cutlass.Constexpr, acc, gsb, out, ws, M, N, n0, split):
-    """Write this thread's accumulator elements (weight row n0 + r, activation row m < M):
-    S = 1: D in out_dtype, times 2^8 * gB; else fp32 partials to ws[split]."""
+    """Write this thread's accumulator elements (row r: weight row n0 + spread_row(r);
+    activation row m < M): S = 1: D in out_dtype, times 2^8 * gB; else fp32 partials to
+    ws[split]."""
     coords = acc.coords()
     if cutlass.const_expr(cfg.S == 1):
         scale = _output_scale(gsb)
@@ -323,13 +349,15 @@ def _finish(cfg: cutlass.Constexpr, acc, gsb, out, ws, M, N, n0, split):
         for i in cutlass.range_constexpr(cute.size(acc.frag)):
             r, m = coords[i]
             if m < M:
-                memory.st_cvt(out.toint() + (Int64(m) * Int64(N) + Int64(n0 + r)) * esize,
+                n = Int64(n0 + spread_row(r))
+                memory.st_cvt(out.toint() + (Int64(m) * Int64(N) + n) * esize,
                               acc.frag[i] * scale, cfg.out_dtype)
     else:
         for i in cutlass.range_constexpr(cute.size(acc.frag)):
             r, m = coords[i]
             if m < M:
-                memory.st_cvt(ws.toint() + (Int64(split * M + m) * Int64(N) + Int64(n0 + r)) * 4,
+                n = Int64(n0 + spread_row(r))
+                memory.st_cvt(ws.toint() + (Int64(split * M + m) * Int64(N) + n) * 4,
                               acc.frag[i], "float32")
 
 
@@ -348,6 +376,7 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
     """D = 2^8 * gB * (sum of the S fp32 partials, in split order), 4 elements per thread."""
     tid, _, _ = cute.arch.thread_idx()
     bid, _, _ = cute.arch.block_idx()
+    cluster.pdl_wait()  # launched early (PDL): the partials are complete once this returns
     i = (bid * REDUCE_THREADS + tid) * 4
     if i < MN:
         scale = _output_scale(gsb)
@@ -381,7 +410,7 @@ def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
         MN = M * N
         _reduce_kernel(cfg, ws, gsb, out, MN).launch(
             grid=[(MN // 4 + REDUCE_THREADS - 1) // REDUCE_THREADS, 1, 1],
-            block=[REDUCE_THREADS, 1, 1], stream=stream)
+            block=[REDUCE_THREADS, 1, 1], stream=stream, use_pdl=True)
 
 
 # ---------------------------------------------------------------- host

@@ -26,16 +26,14 @@ def test_act_column_permutes_each_stage():
 
 def _decode_slots():
     """(k16 step, slot, K) for what `_decode` puts in a thread's A registers: word j of lane t
-    holds codes 32t + 8j + 0..7; the strided decode gives bf16 pairs (i, i + 4); k16 step 2j + e
-    gets pair 2e in slots 2t, 2t + 1 and pair 2e + 1 in slots 2t + 8, 2t + 9."""
+    holds codes 32t + 8j + 0..7; the strided decode gives bf16 pairs (i, i + 4); pair i goes to
+    k16 step 2i + j // 2, slots 2t, 2t + 1 (j even) or 2t + 8, 2t + 9 (j odd)."""
     for t in range(4):
         for j in range(4):
-            pairs = [(32 * t + 8 * j + i, 32 * t + 8 * j + i + 4) for i in range(4)]
-            for e in range(2):
-                for half, slot0 in ((0, 2 * t), (1, 2 * t + 8)):
-                    lo, hi = pairs[2 * e + half]
-                    yield 2 * j + e, slot0, lo
-                    yield 2 * j + e, slot0 + 1, hi
+            for i in range(4):
+                slot0 = 2 * t + 8 * (j % 2)
+                yield 2 * i + j // 2, slot0, 32 * t + 8 * j + i
+                yield 2 * i + j // 2, slot0 + 1, 32 * t + 8 * j + i + 4
 
 
 def test_decode_meets_each_activation_at_its_column():
@@ -59,7 +57,7 @@ def _permuted_block():
         loaded = [strided[4 * u + p] for u in range(4)]
         for e in range(4):
             for u in range(4):
-                out[8 * (4 * p + e) + 2 * u: 8 * (4 * p + e) + 2 * u + 2] = loaded[u][e]
+                out[8 * (4 * e + p) + 2 * u: 8 * (4 * e + p) + 2 * u + 2] = loaded[u][e]
     return out
 
 
@@ -117,6 +115,40 @@ def test_weight_offset_is_the_swizzled_tile():
     offsets = _outer_offsets(rs.Config().weight_tile, coords)
     for (r, c, _), off in zip(coords, offsets):
         assert rs.weight_offset(r, c // 16) == _swizzle128(off)
+
+
+def _wavefronts(offsets):
+    """Shared-memory wavefronts of one 16-byte access per lane (32 offsets): each quarter-warp
+    is served at once unless two of its lanes hit the same banks at different addresses."""
+    waves = 0
+    for q in range(4):
+        banks = {}
+        for off in offsets[8 * q: 8 * q + 8]:
+            banks.setdefault((off // 16) % 8, set()).add(off)
+        waves += max(len(v) for v in banks.values())
+    return waves
+
+
+def test_16_byte_shared_accesses_are_conflict_free():
+    """Every LDS.128 / STS.128 of the consumers and the permuting warps takes the minimum of 4
+    wavefronts (Nsight Compute counted 2x the ideal before `spread_row`)."""
+    for warp in range(4):  # consumers: rows r_lo, r_lo + 8 of lane (g, t), chunk 4 blk + t
+        for blk in range(rs.STAGE_K // rs.SUB_K):
+            for row8 in (0, 8):
+                offs = [rs.weight_offset(16 * warp + rs.spread_row(lane // 4) + row8,
+                                         4 * blk + lane % 4) for lane in range(32)]
+                assert _wavefronts(offs) == 4
+    blocks = rs.STAGE_K // rs.SUB_K
+    for n_act in (8, 16, 48):
+        for first in range(0, n_act * blocks * 4, 32):  # permuting warps: one warp's 32 tasks
+            tasks = [rs.quad_task((first + lane) // 4, blocks) for lane in range(32)]
+            for x in range(4):  # natural chunk 4u + p loaded, permuted chunk 4e + p stored
+                offs = [rs.act_offset(n_act, m, blk * rs.SUB_K + 8 * (4 * x + lane % 4))
+                        for lane, (m, blk) in enumerate(tasks)]
+                assert _wavefronts(offs) == 4
+    rows = sorted(m * blocks + blk for q in range(16 * blocks)
+                  for m, blk in [rs.quad_task(q, blocks)])
+    assert rows == list(range(16 * blocks))  # every (row, block) of 16 rows once
 
 
 @pytest.mark.parametrize("K", [256, 8192])
@@ -199,12 +231,17 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     assert b.sass_count(rf"HGMMA\.64x{cfg.N_ACT}x16\.F32\.BF16 R\d+, R\d+, gdesc") == 16
     assert b.sass_count(r"\bHGMMA\b") == 16
     assert b.ptx_count(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16 ") == 16
+    # not serialized by ptxas (a full wait after each wgmma): full waits only in the finish
+    assert b.sass_count(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0") <= 3
     # TMA tile loads per stage: weights, scales and the activations in 64-column (128-byte,
     # one swizzle span) boxes; no global vector loads but the reduction's (one per split).
     tma_loads = 2 + rs.STAGE_K // 64
     assert b.ptx_count(r"cp\.async\.bulk\.tensor\.2d") == tma_loads
     assert b.sass_count(r"\bUTMALDG\b") == tma_loads
     assert b.ptx_count(r"ld\.global\.nc\S*\.v4") == (cfg.S if cfg.S > 1 else 0)
+    # S > 1: the reduction launches early (PDL) and waits for the partials.
+    assert b.ptx_count(r"griddepcontrol\.launch_dependents") == (cfg.S > 1)
+    assert b.ptx_count(r"griddepcontrol\.wait") == (cfg.S > 1)
     # Consumers: 2 LDS.128 of weights per 128-K block; permuting warps: 4 LDS.128 + 4 STS.128.
     assert b.ptx_count(r"ld\.shared\.v4\.u32") == 2 * 2 + 4
     assert b.ptx_count(r"st\.shared\.v4\.u32") == 4
