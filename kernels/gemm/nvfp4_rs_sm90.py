@@ -9,30 +9,32 @@ the activations no longer pass through registers (the small-M kernel's limit fro
 twice the weight bytes per warp, loaded from L2) and the MMAs run asynchronously beside the next
 decode.
 
-Pipeline (a STAGES-deep ring of STAGE_K = 256 K per stage; mbarriers loaded / full / empty):
-  TMA warp (warp 0): once the consumers freed a stage, TMA-loads its weight bytes (128 rows x
-    128 B, 128-byte swizzle), their scale atoms (2 KB) and the
-    activations (N_ACT rows x 256 K bf16, swizzled as wgmma reads them; rows past M arrive as
-    zeros), all completing on `loaded`;
+Schedule (stream-K): the work is (N / 128 row blocks) x (K / 256 stages) units, row block
+major; each of `ctas` CTAs (one per SM) streams an equal contiguous share (`cta_units`), so no
+wave is left part-empty whatever N and K, and the pipeline runs on across row blocks.
+Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / empty):
+  TMA warp (warp 0): once the consumers freed a stage, TMA-loads the unit's weight bytes (128
+    rows x 128 B, 128-byte swizzle), their scale atoms (2 KB) and the activations (N_ACT rows
+    x 256 K bf16, swizzled as wgmma reads them; rows past M arrive as zeros), all completing
+    on `loaded`;
   permuting warps (warps 1-3): put the landed activations in the K order of the decode, in
     place (`act_column`, `_load_natural` / `_store_permuted`: 4 LDS.128, 16 prmt, 4 STS.128 per
     64 bytes), fence them for the async proxy and arrive on `full`;
   consumer warpgroups (2 x 64 rows): per 128-K half of a stage, read their 16 weight bytes of
     accumulator rows g, g + 8 (weight rows `spread_row(g)`, + 8: with it every 16-byte shared
     access of the kernel is conflict-free) and two scale bytes, decode them into one of two A
-    register sets, issue
-    8 wgmma (m64 n N_ACT k16) and commit; waiting for all but the last group frees the other
-    register set and, after the first half, the previous stage (`empty`);
-  finish: each thread writes its accumulator elements (S = 1: times 2^8 * gB, in out_dtype;
-    S > 1: fp32 partials, summed in split order by `_reduce_kernel`: deterministic; it is
-    launched with PDL, so its launch overlaps this kernel, and waits for the partials).
+    register sets, issue 8 wgmma (m64 n N_ACT k16; the first of a row block overwrites the
+    accumulator) and commit; waiting for all but the last group frees the other register set
+    and, after the first half, the previous stage (`empty`); where the share leaves a row
+    block, each thread writes its fp32 partial sum to the block's workspace plane for this CTA;
+  `_reduce_kernel` sums each row block's planes in CTA order (deterministic) times 2^8 * gB
+    into D; it is launched with PDL, so its launch overlaps this kernel, and waits for it.
 The K order: a thread's 16 weight bytes hold 32 consecutive codes (K 32t .. 32t + 31 of a
 128-K block, t = lane % 4), but a wgmma A operand wants K 2t, 2t + 1, 2t + 8, 2t + 9 of every
 k16 step from thread t. Any permutation of K applied to both operands leaves the sum unchanged,
 so the activations (read by every weight row) are permuted instead of the weights.
-Split-K across CTAs (grid N / 128 x S) fills the SMs when N / 128 is small. One CTA per SM
-(the ring takes the shared memory). Constraints (checked): M <= 128, N % 128 == 0,
-K % (256 S) == 0.
+One CTA per SM (the ring takes the shared memory). Constraints (checked): M <= 128,
+N % 128 == 0, K % 256 == 0.
 
 Measured (H200, 2026-11-30, docs/results.md, seventh session): M = 16 18.9 / 57.5 / 49.0 us at
 8192^2 / 28672x8192 / 8192x28672 (cuBLAS bf16 34.8 / 114.5 / 114.2, fp8 20.7 / 60.3 / 57.5);
@@ -53,7 +55,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from tk_cute.layouts import nvfp4_scales
-from tk_cute.ops import cluster, memory, register, tma, warp, warpgroup
+from tk_cute.ops import cluster, memory, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import (KernelCache, Launcher, aligned, dsl_values, output, placeholder_ptr,
                              raw_stream)
@@ -79,12 +81,10 @@ OUT_TYPES = ("bfloat16", "float16", "float32")
 
 @dataclass(frozen=True)
 class Config:
-    """N_ACT: activation rows per MMA (wgmma N, >= M: 8 or a multiple of 16); S: K splits
-    across CTAs (S > 1: fp32 partials and a second kernel); STAGES: ring depth (0: as many as
-    fit)."""
+    """N_ACT: activation rows per MMA (wgmma N, >= M: 8 or a multiple of 16); STAGES: ring
+    depth (0: as many as fit)."""
 
     N_ACT: int = 16
-    S: int = 1
     STAGES: int = 0
     out_dtype: str = "bfloat16"
 
@@ -93,8 +93,6 @@ class Config:
         if (self.N_ACT != 8 and self.N_ACT % 16) or not 8 <= self.N_ACT <= MAX_M:
             raise ValueError(f"N_ACT must be 8 or a multiple of 16 up to {MAX_M}, "
                              f"got {self.N_ACT}")
-        if self.S < 1:
-            raise ValueError(f"S (K splits) must be >= 1, got {self.S}")
         if self.out_dtype not in OUT_TYPES:
             raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
         if self.stages < 2:
@@ -172,24 +170,38 @@ def supports(M: int, N: int, K: int) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def config_for(M: int, N: int, K: int, out_dtype: str = "bfloat16", sms: int = 132) -> Config:
-    """N_ACT = M rounded up to 16 (8 up to M = 8); S: the fewest K splits (dividing K / 256)
-    whose CTAs fill the SMs once."""
+def config_for(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> Config:
+    """N_ACT = M rounded up to 16 (8 up to M = 8)."""
     _check_shape(M, N, K, Config(N_ACT=MAX_M))
-    blocks, stages = N // ROWS, K // STAGE_K
-    S = next((d for d in range(1, stages + 1) if stages % d == 0 and blocks * d >= 0.9 * sms),
-             stages)
-    return Config(N_ACT=8 if M <= 8 else -(-M // 16) * 16, S=S, out_dtype=out_dtype)
+    return Config(N_ACT=8 if M <= 8 else -(-M // 16) * 16, out_dtype=out_dtype)
+
+
+def cta_units(cta, ctas, units):
+    """[start, end) of the stage units (row block x 256-K stage, row block major) that CTA `cta`
+    of `ctas` streams: equal shares, whatever the number of row blocks (stream-K)."""
+    return cta * units // ctas, (cta + 1) * units // ctas
+
+
+def unit_owner(u, ctas, units):
+    """The CTA whose share holds stage unit u (the inverse of `cta_units`)."""
+    return ((u + 1) * ctas - 1) // units
+
+
+def partial_planes(ctas: int, blocks: int) -> int:
+    """Workspace planes (M x N fp32 each) the CTAs' partials of one row block can need: a row
+    block spans at most ceil(ctas / blocks) + 1 CTAs' shares."""
+    return min(ctas, -(-ctas // blocks) + 1)
 
 
 # ---------------------------------------------------------------- kernel
 
 
 @cute.kernel
-def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, gsb: cute.Pointer,
-            out: cute.Pointer, ws: cute.Pointer, M: Int32, N: Int32, K: Int32, steps: Int32):
+def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer, M: Int32,
+            N: Int32, K: Int32):
     tid, _, _ = cute.arch.thread_idx()
-    rb, split, _ = cute.arch.block_idx()
+    cta, _, _ = cute.arch.block_idx()
+    ctas, _, _ = cute.arch.grid_dim()
     depth = cfg.stages
     smem = Shared()
     loaded, full, empty = (smem.barriers(depth) for _ in range(3))
@@ -203,36 +215,34 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, gsb: cute.Pointer,
             semaphore(empty + s).init(CONSUMERS * 4)  # one per consumer warp
     cute.arch.mbarrier_init_fence()
     cute.arch.barrier()
-    first = split * steps  # this CTA's first stage along K
-    if cutlass.const_expr(cfg.S > 1):
-        cluster.pdl_launch_dependents()  # the reduction may launch now and wait for us
+    cluster.pdl_launch_dependents()  # the reduction may launch now and wait for us
+    start, end = cta_units(cta, ctas, (N // ROWS) * (K // STAGE_K))
     if warpgroup.groupid() == 0:
         warpgroup.decrease_registers(PRODUCER_REGISTERS)
         if tid < 32:
-            _load(cfg, gw, gsf, gx, wq, sf, xs, loaded, empty, rb, first, steps, K)
+            _load(cfg, gw, gsf, gx, wq, sf, xs, loaded, empty, start, end - start, K)
         else:
-            _permute(cfg, xs, loaded, full, steps, tid - 32)
+            _permute(cfg, xs, loaded, full, end - start, tid - 32)
     else:
         warpgroup.increase_registers(CONSUMER_REGISTERS)
-        thread = tid - WG
-        acc = _consume(cfg, wq, sf, xs, full, empty, steps, thread)
-        _finish(cfg, acc, gsb, out, ws, M, N, rb * ROWS + (thread // WG) * 64, split)
+        _consume(cfg, wq, sf, xs, full, empty, start, end - start, tid - WG, ws, M, N, K, cta,
+                 ctas)
 
 
 @cute.jit
-def _load(cfg: cutlass.Constexpr, gw, gsf, gx, wq, sf, xs, loaded, empty, rb, first, steps, K):
-    """TMA warp: per stage, once the consumers freed it, the weight bytes, their scale atoms and
-    the activations (rows past M arrive as zeros)."""
+def _load(cfg: cutlass.Constexpr, gw, gsf, gx, wq, sf, xs, loaded, empty, start, steps, K):
+    """TMA warp: per stage unit, once the consumers freed its slot, the weight bytes, their
+    scale atoms and the activations (rows past M arrive as zeros)."""
     depth = cfg.stages
-    sf_tiles = K // STAGE_K  # scale tiles per 128-row band
+    stages = K // STAGE_K  # per row block (and scale tiles per 128-row band)
     for i in cutlass.range(steps, unroll=1):
         s = i % depth
         semaphore(empty + s).wait(((i // depth) & 1) ^ 1)
-        stage = first + i
+        rb, stage = (start + i) // stages, (start + i) % stages
         with warp.elect_leader():
             semaphore(loaded + s).expect_bytes(cfg.stage_bytes)
         tma.load_async(wq[None, None, s], gw, coord(rb, stage), loaded + s)
-        tma.load_async(sf[None, None, s], gsf, coord(rb * sf_tiles + stage, 0), loaded + s)
+        tma.load_async(sf[None, None, s], gsf, coord(rb * stages + stage, 0), loaded + s)
         tma.load_async(xs[None, None, s], gx, coord(0, stage), loaded + s)
 
 
@@ -283,38 +293,48 @@ def _store_permuted(base, n_act, m, blk, p, chunks):
 
 
 @cute.jit
-def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, steps, thread):
-    """Consumer warpgroup thread: decode, wgmma, release; returns the accumulator (64 weight
-    rows x N_ACT activation rows)."""
+def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thread, ws, M, N,
+             K, cta, ctas):
+    """Consumer warpgroup thread: decode, wgmma, release; where its share leaves a row block,
+    write that block's accumulator (64 weight rows x N_ACT activation rows) and start the next
+    one from zero."""
     depth = cfg.stages
+    stages = K // STAGE_K
     wg_thread = thread % WG
     lane = wg_thread % 32
     g, t = lane // 4, lane % 4
+    rows = (thread // WG) * 64  # this warpgroup's rows of the 128-row block
     # Accumulator rows g, g + 8 of the warp's 16 hold weight rows r_lo, r_lo + 8
-    r_lo = (thread // WG) * 64 + (wg_thread // 32) * 16 + spread_row(g)
+    r_lo = rows + (wg_thread // 32) * 16 + spread_row(g)
     mma = warpgroup.tiled_mma(cutlass.BFloat16, cfg.N_ACT)
     acc = rt.accumulator(mma, wg_thread, 64, cfg.N_ACT)
-    register.zero(acc)
     regs = [rt.operand_A(mma, wg_thread, 64, SUB_K) for _ in range(2)]  # A sets, alternating
-    for i in cutlass.range(steps, unroll=1):
-        s = i % depth
-        semaphore(full + s).wait((i // depth) & 1)
-        w_base = wq[None, None, s].iterator.toint()
-        sf_base = sf[None, None, s].iterator.toint()
-        for blk in cutlass.range_constexpr(STAGE_K // SUB_K):
-            _decode(regs[blk], w_base, sf_base, r_lo, t, blk)
-            warpgroup.mma_fence()
-            warpgroup.mma_ABt(acc, regs[blk],
-                              cute.local_tile(xs[None, None, s], (cfg.N_ACT, SUB_K), (0, blk)))
-            warpgroup.mma_commit_group()
-            # All but the last batch done: the other register set is free and, after the
-            # first half, so is the previous stage.
-            warpgroup.mma_async_wait(1)
-            if blk == 0 and i > 0:
-                with warp.elect_leader():
-                    semaphore(empty + (i - 1) % depth).arrive()
-    warpgroup.mma_async_wait(0)
-    return acc
+    end = start + steps
+    for rb in cutlass.range(start // stages, (end - 1) // stages + 1, unroll=1):
+        first, last = cutlass.max(start, rb * stages), cutlass.min(end, rb * stages + stages)
+        for u in cutlass.range(first, last, unroll=1):  # this share's units of row block rb
+            i = u - start
+            s = i % depth
+            semaphore(full + s).wait((i // depth) & 1)
+            w_base = wq[None, None, s].iterator.toint()
+            sf_base = sf[None, None, s].iterator.toint()
+            for blk in cutlass.range_constexpr(STAGE_K // SUB_K):
+                _decode(regs[blk], w_base, sf_base, r_lo, t, blk)
+                warpgroup.mma_fence()
+                x = cute.local_tile(xs[None, None, s], (cfg.N_ACT, SUB_K), (0, blk))
+                if cutlass.const_expr(blk == 0):  # the row block's first unit starts from 0
+                    warpgroup.mma_ABt(acc, regs[blk], x, accumulate=u > first)
+                else:
+                    warpgroup.mma_ABt(acc, regs[blk], x)
+                warpgroup.mma_commit_group()
+                # All but the last batch done: the other register set is free and, after the
+                # first half, so is the previous stage.
+                warpgroup.mma_async_wait(1)
+                if blk == 0 and i > 0:
+                    with warp.elect_leader():
+                        semaphore(empty + (i - 1) % depth).arrive()
+        warpgroup.mma_async_wait(0)
+        _store(cfg, acc, ws, M, N, K, cta, ctas, rb * ROWS + rows)
 
 
 def _decode(a: rt, w_base, sf_base, r_lo, t, blk):
@@ -338,27 +358,19 @@ def _decode(a: rt, w_base, sf_base, r_lo, t, blk):
 
 
 @cute.jit
-def _finish(cfg: cutlass.Constexpr, acc, gsb, out, ws, M, N, n0, split):
-    """Write this thread's accumulator elements (row r: weight row n0 + spread_row(r);
-    activation row m < M): S = 1: D in out_dtype, times 2^8 * gB; else fp32 partials to
-    ws[split]."""
+def _store(cfg: cutlass.Constexpr, acc, ws, M, N, K, cta, ctas, n0):
+    """Write acc (row r: weight row n0 + spread_row(r); activation rows m < M), this CTA's fp32
+    partial sum of its row block, to workspace plane (this CTA - the block's first CTA):
+    `_reduce_kernel` sums the planes in CTA order (deterministic)."""
+    stages = K // STAGE_K
+    plane = cta - unit_owner((n0 // ROWS) * stages, ctas, (N // ROWS) * stages)
     coords = acc.coords()
-    if cutlass.const_expr(cfg.S == 1):
-        scale = _output_scale(gsb)
-        esize = 4 if cfg.out_dtype == "float32" else 2
-        for i in cutlass.range_constexpr(cute.size(acc.frag)):
-            r, m = coords[i]
-            if m < M:
-                n = Int64(n0 + spread_row(r))
-                memory.st_cvt(out.toint() + (Int64(m) * Int64(N) + n) * esize,
-                              acc.frag[i] * scale, cfg.out_dtype)
-    else:
-        for i in cutlass.range_constexpr(cute.size(acc.frag)):
-            r, m = coords[i]
-            if m < M:
-                n = Int64(n0 + spread_row(r))
-                memory.st_cvt(ws.toint() + (Int64(split * M + m) * Int64(N) + n) * 4,
-                              acc.frag[i], "float32")
+    for i in cutlass.range_constexpr(cute.size(acc.frag)):
+        r, m = coords[i]
+        if m < M:
+            n = Int64(n0 + spread_row(r))
+            memory.st_cvt(ws.toint() + (Int64(plane * M + m) * Int64(N) + n) * 4, acc.frag[i],
+                          "float32")
 
 
 def _output_scale(gsb):
@@ -372,19 +384,25 @@ REDUCE_THREADS = 256
 
 @cute.kernel
 def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
-                   out: cute.Pointer, MN: Int32):
-    """D = 2^8 * gB * (sum of the S fp32 partials, in split order), 4 elements per thread."""
+                   out: cute.Pointer, M: Int32, N: Int32, K: Int32, ctas: Int32):
+    """D = 2^8 * gB * (sum of the row block's fp32 partials, in CTA order), 4 elements per
+    thread."""
     tid, _, _ = cute.arch.thread_idx()
     bid, _, _ = cute.arch.block_idx()
     cluster.pdl_wait()  # launched early (PDL): the partials are complete once this returns
     i = (bid * REDUCE_THREADS + tid) * 4
-    if i < MN:
+    stages = K // STAGE_K
+    units = (N // ROWS) * stages
+    first_unit = ((i % N) // ROWS) * stages
+    first = unit_owner(first_unit, ctas, units)
+    planes = unit_owner(first_unit + stages - 1, ctas, units) - first + 1
+    if i < M * N:
         scale = _output_scale(gsb)
         total = cute.make_rmem_tensor((4,), Float32)
         for e in cutlass.range_constexpr(4):
             total[e] = Float32(0.0)
-        for s in cutlass.range_constexpr(cfg.S):
-            part = memory.ld_v4(ws.toint() + (Int64(s) * Int64(MN) + i) * 4, True)
+        for p in cutlass.range(planes, unroll=1):
+            part = memory.ld_v4(ws.toint() + (Int64(p) * Int64(M * N) + i) * 4, True)
             for e in cutlass.range_constexpr(4):
                 total[e] = total[e] + fp4.from_bits(part[e])
         esize = 4 if cfg.out_dtype == "float32" else 2
@@ -395,27 +413,25 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
 @cute.jit
 def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.Pointer,
             gsb: cute.Pointer, out: cute.Pointer, ws: cute.Pointer, M: Int32, N: Int32,
-            K: Int32, stream):
+            K: Int32, ctas: Int32, stream):
     half = K // 2
     wt = cute.make_tensor(w, cute.make_layout((N, half, 1), stride=(half, 1, N * half)))
     sf_rows = (N // ROWS) * (K // nvfp4_scales.ATOM_K) * 2  # 512-byte atoms as 2 rows each
     sft = cute.make_tensor(wsf, cute.make_layout((sf_rows, 256, 1),
                                                  stride=(256, 1, sf_rows * 256)))
     xt = cute.make_tensor(x, cute.make_layout((M, K, 1), stride=(K, 1, M * K)))
-    steps = K // (STAGE_K * cfg.S)
     _kernel(cfg, gl.load(wt, cfg.weight_tile), gl.load(sft, cfg.scale_tile),
-            gl.load(xt, cfg.act_tile), gsb, out, ws, M, N, K, steps).launch(
-        grid=[N // ROWS, cfg.S, 1], block=[(1 + CONSUMERS) * WG, 1, 1], stream=stream)
-    if cutlass.const_expr(cfg.S > 1):
-        MN = M * N
-        _reduce_kernel(cfg, ws, gsb, out, MN).launch(
-            grid=[(MN // 4 + REDUCE_THREADS - 1) // REDUCE_THREADS, 1, 1],
-            block=[REDUCE_THREADS, 1, 1], stream=stream, use_pdl=True)
+            gl.load(xt, cfg.act_tile), ws, M, N, K).launch(
+        grid=[ctas, 1, 1], block=[(1 + CONSUMERS) * WG, 1, 1], stream=stream)
+    MN = M * N
+    _reduce_kernel(cfg, ws, gsb, out, M, N, K, ctas).launch(
+        grid=[(MN // 4 + REDUCE_THREADS - 1) // REDUCE_THREADS, 1, 1],
+        block=[REDUCE_THREADS, 1, 1], stream=stream, use_pdl=True)
 
 
 # ---------------------------------------------------------------- host
 
-ARGS = ("p",) * 6 + ("i32",) * 3 + ("p",)
+ARGS = ("p",) * 6 + ("i32",) * 4 + ("p",)
 
 
 def _pointer_types(cfg: Config) -> list:
@@ -428,7 +444,7 @@ def _pointer_types(cfg: Config) -> list:
 def fake_args(cfg: Config):
     """Placeholder pointers and scalars to compile `_launch` against (no GPU needed)."""
     return (cfg, *[placeholder_ptr(t, al) for t, al in _pointer_types(cfg)],
-            Int32(16), Int32(8192), Int32(8192))
+            Int32(16), Int32(8192), Int32(8192), Int32(132))
 
 
 _CACHE = KernelCache()  # (config, device index) -> Launcher
@@ -441,7 +457,7 @@ def compile_launcher(cfg: Config, options: str = ""):
 
     fn = Launcher(cute.compile(_launch, *fake_args(cfg), driver.CUstream(0), options=options),
                   ARGS)
-    v = (1024, 2048, 4096, 64, 8192, 16384, 16, 8192, 4096, 128)
+    v = (1024, 2048, 4096, 64, 8192, 16384, 16, 8192, 4096, 132, 128)
     fn.check_against_dsl(dsl_values(ARGS, v, _pointer_types(cfg)), v)
     return fn
 
@@ -453,27 +469,30 @@ def _check_shape(M: int, N: int, K: int, cfg: Config) -> None:
                          f"got M={M}")
     if N % ROWS:
         raise ValueError(f"gemm_rs needs N to be a multiple of {ROWS}, got N={N}")
-    if K % (STAGE_K * cfg.S):
-        raise ValueError(f"gemm_rs needs K to be a multiple of {STAGE_K} x S = "
-                         f"{STAGE_K * cfg.S}, got K={K}")
+    if K % STAGE_K:
+        raise ValueError(f"gemm_rs needs K to be a multiple of {STAGE_K}, got K={K}")
 
 
-def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None):
+def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
+            ctas: int | None = None):
     """D = a @ deq(b)^T (W4A16) on Hopper with register-A wgmma.
 
     Args:
         a: bf16 CUDA tensor (M, K), 1 <= M <= 128.
-        b: NVFP4Tensor (N, K), the weights; N % 128 == 0, K % 256 == 0 (and % 256 S).
+        b: NVFP4Tensor (N, K), the weights; N % 128 == 0, K % 256 == 0.
         out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
         out: optional contiguous (M, N) tensor of out_dtype to write.
         config: tuning override (`Config`; default `config_for` the shape).
+        ctas: CTAs sharing the (N / 128) x (K / 256) stage units (default: one per SM, at most
+            one per unit).
 
     Returns:
         D, (M, N) of out_dtype.
 
     Raises:
         TypeError, ValueError: operands (`tk_cute.nvfp4.gemm` rules: dtypes, K mismatch,
-            devices), a non-CUDA device, or a shape the kernel does not take (`_check_shape`).
+            devices), a non-CUDA device, a shape the kernel does not take (`_check_shape`), or
+            ctas < 1.
     """
     import dataclasses
 
@@ -491,15 +510,22 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None):
     dev = b.device
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     if config is None:  # (config_for rejects unsupported shapes)
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        config = config_for(M, N, K, out_name, sms)
+        config = config_for(M, N, K, out_name)
     else:
         config = dataclasses.replace(config, out_dtype=out_name)
     _check_shape(M, N, K, config)
+    if ctas is not None and ctas < 1:
+        raise ValueError(f"gemm_rs needs ctas >= 1, got ctas={ctas}")
+    units = (N // ROWS) * (K // STAGE_K)
+    if ctas is None:
+        ctas = torch.cuda.get_device_properties(dev).multi_processor_count
+    ctas = min(ctas, units)
     out = output(out, (M, N), out_dtype, dev, "gemm_rs")
-    # S > 1: fp32 partials, one (M, N) plane per split (from the stream's caching allocator).
-    ws = torch.empty(config.S * M * N, dtype=torch.float32, device=dev) if config.S > 1 else out
+    # fp32 partials of split row blocks (from the stream's caching allocator)
+    planes = partial_planes(ctas, N // ROWS)
+    ws = torch.empty(planes * M * N, dtype=torch.float32, device=dev)
     _CACHE.get((config, index), lambda: compile_launcher(config))(
         aligned(b.data).data_ptr(), aligned(b.scales).data_ptr(), aligned(a).data_ptr(),
-        b.global_scale.data_ptr(), out.data_ptr(), ws.data_ptr(), M, N, K, raw_stream(index))
+        b.global_scale.data_ptr(), out.data_ptr(), ws.data_ptr(), M, N, K, ctas,
+        raw_stream(index))
     return out

@@ -6,7 +6,6 @@ against the blocked layout; configuration rules; sm_90a compile tests on the ins
 resources. GPU (marker `gpu`): results against a float64 reference on fresh random data.
 """
 
-import dataclasses
 
 import pytest
 import torch
@@ -176,16 +175,33 @@ def test_scale_reads_follow_the_blocked_layout(K):
 # --- configuration -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("M, N, K, n_act, S", [
-    (9, 8192, 8192, 16, 2), (16, 8192, 8192, 16, 2), (16, 28672, 8192, 16, 1),
-    (16, 8192, 28672, 16, 2), (64, 8192, 8192, 64, 2), (100, 8192, 8192, 112, 2),
-    (1, 8192, 8192, 8, 2), (33, 4096, 4096, 48, 4),
-    (128, 4096, 4096, 128, 4)])
-def test_config_for(M, N, K, n_act, S):
-    cfg = rs.config_for(M, N, K, sms=132)
-    assert (cfg.N_ACT, cfg.S) == (n_act, S)
-    assert (K // rs.STAGE_K) % cfg.S == 0 and cfg.stages >= 2
+@pytest.mark.parametrize("M, N, K, n_act", [
+    (9, 8192, 8192, 16), (16, 28672, 8192, 16), (64, 8192, 8192, 64), (100, 8192, 8192, 112),
+    (1, 8192, 8192, 8), (33, 4096, 4096, 48), (128, 4096, 4096, 128)])
+def test_config_for(M, N, K, n_act):
+    cfg = rs.config_for(M, N, K)
+    assert cfg.N_ACT == n_act and cfg.stages >= 2
     assert cfg.smem(cfg.stages) <= rs.SMEM_BUDGET
+
+
+@pytest.mark.parametrize("blocks, stages", [(1, 1), (2, 16), (64, 32), (224, 32), (64, 112),
+                                            (7, 3)])
+@pytest.mark.parametrize("ctas", [1, 3, 7, 64, 132])
+def test_stream_k_shares(blocks, stages, ctas):
+    """The CTAs' shares tile the units once, differ by at most one unit, `unit_owner` inverts
+    them, and no row block spans more CTAs than `partial_planes` allocates for."""
+    units = blocks * stages
+    ctas = min(ctas, units)
+    shares = [rs.cta_units(c, ctas, units) for c in range(ctas)]
+    assert shares[0][0] == 0 and shares[-1][1] == units
+    assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
+    assert max(e - s for s, e in shares) - min(e - s for s, e in shares) <= 1
+    assert min(e - s for s, e in shares) >= 1
+    for c, (s, e) in enumerate(shares):
+        assert all(rs.unit_owner(u, ctas, units) == c for u in range(s, e))
+    spans = [rs.unit_owner(rb * stages + stages - 1, ctas, units)
+             - rs.unit_owner(rb * stages, ctas, units) + 1 for rb in range(blocks)]
+    assert max(spans) <= rs.partial_planes(ctas, blocks)
 
 
 @pytest.mark.parametrize("M, N, K, match", [
@@ -201,17 +217,14 @@ def test_config_rejects_bad_fields():
     for n_act in (12, 24, 136):
         with pytest.raises(ValueError, match=f"8 or a multiple of 16 up to 128, got {n_act}"):
             rs.Config(N_ACT=n_act)
-    with pytest.raises(ValueError, match="S .K splits. must be >= 1, got 0"):
-        rs.Config(S=0)
     with pytest.raises(ValueError, match="out_dtype"):
         rs.Config(out_dtype="int8")
 
 
 # --- compile (CPU, sm_90a) --------------------------------------------------------------------
 
-CONFIGS = {"n8": rs.Config(N_ACT=8, S=2), "n16": rs.Config(N_ACT=16, S=2),
-           "n48": rs.Config(N_ACT=48, S=2),
-           "n64_s1": rs.Config(N_ACT=64), "n128": rs.Config(N_ACT=128, S=2),
+CONFIGS = {"n8": rs.Config(N_ACT=8), "n16": rs.Config(N_ACT=16), "n48": rs.Config(N_ACT=48),
+           "n64": rs.Config(N_ACT=64), "n128": rs.Config(N_ACT=128),
            "n16_fp32": rs.Config(N_ACT=16, out_dtype="float32")}
 
 
@@ -226,7 +239,7 @@ def built(request):
 def test_register_a_wgmma_fed_by_tma_without_spills(built):
     cfg, b = built
     main = [k for k in b.resources if "reduce" not in k.name]
-    assert len(main) == 1 and len(b.resources) == (2 if cfg.S > 1 else 1)
+    assert len(main) == 1 and len(b.resources) == 2  # and the reduction
     # 2 x 8 wgmma per stage, A from registers (an R operand, not a descriptor), B from shared.
     assert b.sass_count(rf"HGMMA\.64x{cfg.N_ACT}x16\.F32\.BF16 R\d+, R\d+, gdesc") == 16
     assert b.sass_count(r"\bHGMMA\b") == 16
@@ -234,14 +247,16 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     # not serialized by ptxas (a full wait after each wgmma): full waits only in the finish
     assert b.sass_count(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0") <= 3
     # TMA tile loads per stage: weights, scales and the activations in 64-column (128-byte,
-    # one swizzle span) boxes; no global vector loads but the reduction's (one per split).
+    # one swizzle span) boxes; no global vector loads but the reduction's (one per plane).
     tma_loads = 2 + rs.STAGE_K // 64
     assert b.ptx_count(r"cp\.async\.bulk\.tensor\.2d") == tma_loads
     assert b.sass_count(r"\bUTMALDG\b") == tma_loads
-    assert b.ptx_count(r"ld\.global\.nc\S*\.v4") == (cfg.S if cfg.S > 1 else 0)
-    # S > 1: the reduction launches early (PDL) and waits for the partials.
-    assert b.ptx_count(r"griddepcontrol\.launch_dependents") == (cfg.S > 1)
-    assert b.ptx_count(r"griddepcontrol\.wait") == (cfg.S > 1)
+    assert b.ptx_count(r"ld\.global\.nc\S*\.v4") == 1
+    # The reduction launches early (PDL) and waits for the partials.
+    assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1
+    assert b.ptx_count(r"griddepcontrol\.wait") == 1
+    # A row block's first wgmma overwrites the accumulator under a run-time predicate.
+    assert b.sass_count(r"HGMMA\.\S+ R\d+, R\d+, gdesc\[UR\d+\], R\d+, !?UPT?\d") == 1
     # Consumers: 2 LDS.128 of weights per 128-K block; permuting warps: 4 LDS.128 + 4 STS.128.
     assert b.ptx_count(r"ld\.shared\.v4\.u32") == 2 * 2 + 4
     assert b.ptx_count(r"st\.shared\.v4\.u32") == 4
@@ -264,7 +279,7 @@ def test_decode_instruction_budget(built):
 
 
 def test_fast_argument_packing_matches_dsl():
-    rs.compile_launcher(rs.Config(N_ACT=16, S=2), options="--gpu-arch sm_90a")
+    rs.compile_launcher(rs.Config(N_ACT=16), options="--gpu-arch sm_90a")
 
 
 # --- GPU --------------------------------------------------------------------------------------
@@ -303,22 +318,21 @@ def test_w4a16_matches_float64(seed, M, N, K):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [16, 72])
-def test_fp32_output_split_invariance_and_determinism(seed, M):
-    """Every split count gives the same sum up to fp32 rounding; one split count is bitwise
-    reproducible run to run (partials summed in split order)."""
-    N, K = 256, 2048
+def test_fp32_output_share_invariance_and_determinism(seed, M):
+    """Every CTA count (one CTA for all, shares that split row blocks unevenly, one unit per
+    CTA) gives the same sum up to fp32 rounding; one CTA count is bitwise reproducible run to
+    run (partials summed in CTA order)."""
+    N, K = 384, 2048
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     ref = a.double() @ b.dequantize(torch.float64).t()
-    base = rs.config_for(M, N, K)
-    for S in (1, 2, 8):
-        cfg = dataclasses.replace(base, S=S)
+    for ctas in (1, 5, 7, 24, None):
         out = torch.full((M, N), float("nan"), device="cuda")
-        d = rs.gemm_rs(a, b, torch.float32, out=out, config=cfg)
-        assert not d.isnan().any(), S
-        assert _rel(d, ref) <= TOL[torch.float32], S
-        assert torch.equal(d, rs.gemm_rs(a, b, torch.float32, config=cfg)), S
-    d16 = rs.gemm_rs(a, b, torch.float16, config=dataclasses.replace(base, S=2))
+        d = rs.gemm_rs(a, b, torch.float32, out=out, ctas=ctas)
+        assert not d.isnan().any(), ctas
+        assert _rel(d, ref) <= TOL[torch.float32], ctas
+        assert torch.equal(d, rs.gemm_rs(a, b, torch.float32, ctas=ctas)), ctas
+    d16 = rs.gemm_rs(a, b, torch.float16, ctas=7)
     assert d16.dtype == torch.float16 and _rel(d16, ref) <= TOL[torch.bfloat16]
 
 
@@ -344,8 +358,10 @@ def test_rejects_bad_input():
         rs.gemm_rs(a.cpu(), b.to("cpu"))
     with pytest.raises(ValueError, match="multiple of 128, got N=160"):
         rs.gemm_rs(a, _weights(160, 512))
-    with pytest.raises(ValueError, match="multiple of 256 x S = 256, got K=384"):
+    with pytest.raises(ValueError, match="multiple of 256, got K=384"):
         rs.gemm_rs(torch.randn(16, 384, device="cuda").bfloat16(), _weights(256, 384))
+    with pytest.raises(ValueError, match="ctas >= 1, got ctas=0"):
+        rs.gemm_rs(a, b, ctas=0)
     with pytest.raises(ValueError, match="got M=129"):
         rs.gemm_rs(torch.randn(129, 512, device="cuda").bfloat16(), b)
     with pytest.raises(ValueError, match="N_ACT = 16.*got M=17"):

@@ -117,9 +117,10 @@ def _check_ab(acc: rt):
             "operands K-major only (fp8 exists only as ABt); store B as (N, K) and use mma_ABt")
 
 
-def mma_ABt(acc: rt, a, b):
-    """acc += a @ b^T (a: shared (M, K) tile or register operand tile; b: shared (N, K))."""
-    _mma(acc, a, b, True)
+def mma_ABt(acc: rt, a, b, accumulate=True):
+    """acc += a @ b^T (a: shared (M, K) tile or register operand tile; b: shared (N, K));
+    `accumulate` False, or a run-time predicate that is false, makes it acc = a @ b^T."""
+    _mma(acc, a, b, accumulate)
 
 
 def mm_ABt(acc: rt, a, b):
