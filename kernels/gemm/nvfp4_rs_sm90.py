@@ -36,13 +36,14 @@ so the activations (read by every weight row) are permuted instead of the weight
 One CTA per SM (the ring takes the shared memory). Constraints (checked): M <= 128,
 N % 128 == 0, K % 256 == 0.
 
-Measured (H200, 2026-11-30, docs/results.md, seventh session): M = 16 18.9 / 57.5 / 49.0 us at
-8192^2 / 28672x8192 / 8192x28672 (cuBLAS bf16 34.8 / 114.5 / 114.2, fp8 20.7 / 60.3 / 57.5);
-M = 64 38.0 us at 8192^2 (cuBLAS bf16 37.7); M = 128 75.8 us (cuBLAS bf16 39.6): there every
-CTA reads all activations of its K range and only two 82 KB stages fit. At M = 1 the small-M
-kernel stays faster (13.8 vs 16.5 us). Where the time goes (docs/nvfp4_hopper.md): the TMA
-stream alone (no permutation, decode or MMA) takes 39-40 us at the 28672-wide shapes and 13-14
-us at 8192^2; the rest is the decode (ALU pipe ~50% busy, issue slots ~57%).
+Measured (H200, 2026-11-30, docs/results.md, seventh session): M = 16 19.4 / 50.8 / 49.8 us at
+8192^2 / 28672x8192 / 8192x28672 (cuBLAS bf16 34.7 / 122.0 / 115.2, fp8 20.5 / 64.3 / 58.5);
+M = 64 38.3 / 108.6 / 108.6 (cuBLAS bf16 37.0 / 117.8 / 122.8); M = 128 77.5 us at 8192^2
+(cuBLAS bf16 38.3): there every CTA reads all activations of its K range and only two 82 KB
+stages fit. At M = 1 the small-M kernel stays faster (14.4 vs 17.6 us). Where the time goes
+(docs/nvfp4_hopper.md): the TMA stream alone (no permutation, decode or MMA) takes 39-40 us at
+the 28672-wide shapes and 13-14 us at 8192^2; the rest is the decode (ALU pipe ~50% busy,
+issue slots ~57%).
 """
 
 from __future__ import annotations
