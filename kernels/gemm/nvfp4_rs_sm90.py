@@ -522,7 +522,7 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
         ctas = torch.cuda.get_device_properties(dev).multi_processor_count
     ctas = min(ctas, units)
     out = output(out, (M, N), out_dtype, dev, "gemm_rs")
-    # fp32 partials of split row blocks (from the stream's caching allocator)
+    # fp32 partials: per row block, one (M, N) plane per CTA it spans (caching allocator)
     planes = partial_planes(ctas, N // ROWS)
     ws = torch.empty(planes * M * N, dtype=torch.float32, device=dev)
     _CACHE.get((config, index), lambda: compile_launcher(config))(
