@@ -9,9 +9,10 @@ the activations no longer pass through registers (the small-M kernel's limit fro
 twice the weight bytes per warp, loaded from L2) and the MMAs run asynchronously beside the next
 decode.
 
-Schedule (stream-K): the work is (N / 128 row blocks) x (K / 256 stages) units, row block
-major; each of `ctas` CTAs (one per SM) streams an equal contiguous share (`cta_units`), so no
-wave is left part-empty whatever N and K, and the pipeline runs on across row blocks.
+Schedule (stream-K, `ops.schedule.stream_k_share`): the work is (N / 128 row blocks) x (K / 256
+stages) units, row block major; each of `ctas` CTAs (one per SM) streams an equal contiguous
+share, so no wave is left part-empty whatever N and K, and the pipeline runs on across row
+blocks.
 Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / empty):
   TMA warp (warp 0): once the consumers freed a stage, TMA-loads the unit's weight bytes (128
     rows x 128 B, 128-byte swizzle), their scale atoms (2 KB) and the activations (N_ACT rows
@@ -56,7 +57,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from tk_cute.layouts import nvfp4_scales
-from tk_cute.ops import cluster, memory, tma, warp, warpgroup
+from tk_cute.ops import cluster, memory, schedule, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import (KernelCache, Launcher, aligned, dsl_values, output, placeholder_ptr,
                              raw_stream)
@@ -177,23 +178,6 @@ def config_for(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> Config:
     return Config(N_ACT=8 if M <= 8 else -(-M // 16) * 16, out_dtype=out_dtype)
 
 
-def cta_units(cta, ctas, units):
-    """[start, end) of the stage units (row block x 256-K stage, row block major) that CTA `cta`
-    of `ctas` streams: equal shares, whatever the number of row blocks (stream-K)."""
-    return cta * units // ctas, (cta + 1) * units // ctas
-
-
-def unit_owner(u, ctas, units):
-    """The CTA whose share holds stage unit u (the inverse of `cta_units`)."""
-    return ((u + 1) * ctas - 1) // units
-
-
-def partial_planes(ctas: int, blocks: int) -> int:
-    """Workspace planes (M x N fp32 each) the CTAs' partials of one row block can need: a row
-    block spans at most ceil(ctas / blocks) + 1 CTAs' shares."""
-    return min(ctas, -(-ctas // blocks) + 1)
-
-
 # ---------------------------------------------------------------- kernel
 
 
@@ -217,7 +201,7 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer, M
     cute.arch.mbarrier_init_fence()
     cute.arch.barrier()
     cluster.pdl_launch_dependents()  # the reduction may launch now and wait for us
-    start, end = cta_units(cta, ctas, (N // ROWS) * (K // STAGE_K))
+    start, end = schedule.stream_k_share(cta, ctas, (N // ROWS) * (K // STAGE_K))
     if warpgroup.groupid() == 0:
         warpgroup.decrease_registers(PRODUCER_REGISTERS)
         if tid < 32:
@@ -364,7 +348,7 @@ def _store(cfg: cutlass.Constexpr, acc, ws, M, N, K, cta, ctas, n0):
     partial sum of its row block, to workspace plane (this CTA - the block's first CTA):
     `_reduce_kernel` sums the planes in CTA order (deterministic)."""
     stages = K // STAGE_K
-    plane = cta - unit_owner((n0 // ROWS) * stages, ctas, (N // ROWS) * stages)
+    plane = cta - schedule.stream_k_owner((n0 // ROWS) * stages, ctas, (N // ROWS) * stages)
     coords = acc.coords()
     for i in cutlass.range_constexpr(cute.size(acc.frag)):
         r, m = coords[i]
@@ -395,8 +379,8 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
     stages = K // STAGE_K
     units = (N // ROWS) * stages
     first_unit = ((i % N) // ROWS) * stages
-    first = unit_owner(first_unit, ctas, units)
-    planes = unit_owner(first_unit + stages - 1, ctas, units) - first + 1
+    first = schedule.stream_k_owner(first_unit, ctas, units)
+    planes = schedule.stream_k_owner(first_unit + stages - 1, ctas, units) - first + 1
     if i < M * N:
         scale = _output_scale(gsb)
         total = cute.make_rmem_tensor((4,), Float32)
@@ -523,7 +507,7 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
     ctas = min(ctas, units)
     out = output(out, (M, N), out_dtype, dev, "gemm_rs")
     # fp32 partials: per row block, one (M, N) plane per CTA it spans (caching allocator)
-    planes = partial_planes(ctas, N // ROWS)
+    planes = schedule.stream_k_spans(ctas, N // ROWS)
     ws = torch.empty(planes * M * N, dtype=torch.float32, device=dev)
     _CACHE.get((config, index), lambda: compile_launcher(config))(
         aligned(b.data).data_ptr(), aligned(b.scales).data_ptr(), aligned(a).data_ptr(),

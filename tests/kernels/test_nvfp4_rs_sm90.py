@@ -184,26 +184,6 @@ def test_config_for(M, N, K, n_act):
     assert cfg.smem(cfg.stages) <= rs.SMEM_BUDGET
 
 
-@pytest.mark.parametrize("blocks, stages", [(1, 1), (2, 16), (64, 32), (224, 32), (64, 112),
-                                            (7, 3)])
-@pytest.mark.parametrize("ctas", [1, 3, 7, 64, 132])
-def test_stream_k_shares(blocks, stages, ctas):
-    """The CTAs' shares tile the units once, differ by at most one unit, `unit_owner` inverts
-    them, and no row block spans more CTAs than `partial_planes` allocates for."""
-    units = blocks * stages
-    ctas = min(ctas, units)
-    shares = [rs.cta_units(c, ctas, units) for c in range(ctas)]
-    assert shares[0][0] == 0 and shares[-1][1] == units
-    assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
-    assert max(e - s for s, e in shares) - min(e - s for s, e in shares) <= 1
-    assert min(e - s for s, e in shares) >= 1
-    for c, (s, e) in enumerate(shares):
-        assert all(rs.unit_owner(u, ctas, units) == c for u in range(s, e))
-    spans = [rs.unit_owner(rb * stages + stages - 1, ctas, units)
-             - rs.unit_owner(rb * stages, ctas, units) + 1 for rb in range(blocks)]
-    assert max(spans) <= rs.partial_planes(ctas, blocks)
-
-
 @pytest.mark.parametrize("M, N, K, match", [
     (129, 256, 512, "M <= N_ACT = 128.*got M=129"), (0, 256, 512, "got M=0"),
     (16, 200, 512, "multiple of 128, got N=200"), (16, 256, 384, "multiple of 256.*K=384")])

@@ -16,6 +16,12 @@ count along N up to a multiple of the swizzle and hands out the padding as valid
 past the problem's N, a kernel without TMA bounds writes out of bounds or into the next batch),
 and under CLC, whose grid is not padded, it never hands out the last real tiles at all.
 
+Stream-K (`stream_k_share`, `stream_k_owner`, `stream_k_spans`): a grid of `ctas` persistent
+CTAs splits the flattened (tile x K step) units into equal contiguous shares, so no wave is left
+part-empty whatever the tile count; a tile whose units span several CTAs gets one partial sum
+per CTA, to be reduced in CTA order (deterministic). Plain integer arithmetic, the same on the
+host and in a kernel.
+
 Every role writes the same loop for both kinds:
     tiles = Tiles.create(*walk(kind, params, clc_barriers, clc_response, cluster, walkers))
     work = tiles.first()
@@ -174,3 +180,20 @@ def clc_steal(tiles: Tiles):
         produce.advance()
         work = tiles.next()
     tiles.clc.producer_tail(produce)
+
+
+def stream_k_share(cta, ctas, units):
+    """[start, end) of the units (tile major) that CTA `cta` of `ctas` takes: equal contiguous
+    shares (sizes differ by at most one)."""
+    return cta * units // ctas, (cta + 1) * units // ctas
+
+
+def stream_k_owner(u, ctas, units):
+    """The CTA whose `stream_k_share` holds unit u."""
+    return ((u + 1) * ctas - 1) // units
+
+
+def stream_k_spans(ctas: int, tiles: int) -> int:
+    """The most CTAs whose shares one tile's units can span (partial sums per tile to keep):
+    at most ceil(ctas / tiles) + 1."""
+    return min(ctas, -(-ctas // tiles) + 1)

@@ -108,3 +108,23 @@ def test_walk_visits_every_tile_once_with_device_alpha(shape, cluster_m, max_clu
     assert not hit, (f"{len(hit)} writes outside the output (tiles outside the problem), at "
                      "element offsets from its start: "
                      + ", ".join(str(o - guard if o < guard else o + numel) for o in hit[:24]))
+
+
+@pytest.mark.parametrize("tiles, steps", [(1, 1), (2, 16), (64, 32), (224, 32), (64, 112),
+                                          (7, 3)])
+@pytest.mark.parametrize("ctas", [1, 3, 7, 64, 132])
+def test_stream_k_shares(tiles, steps, ctas):
+    """The CTAs' shares tile the units once, differ by at most one unit, `stream_k_owner`
+    inverts them, and no tile spans more CTAs than `stream_k_spans` says."""
+    units = tiles * steps
+    ctas = min(ctas, units)
+    shares = [schedule.stream_k_share(c, ctas, units) for c in range(ctas)]
+    assert shares[0][0] == 0 and shares[-1][1] == units
+    assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
+    assert max(e - s for s, e in shares) - min(e - s for s, e in shares) <= 1
+    assert min(e - s for s, e in shares) >= 1
+    for c, (s, e) in enumerate(shares):
+        assert all(schedule.stream_k_owner(u, ctas, units) == c for u in range(s, e))
+    spans = [schedule.stream_k_owner(t * steps + steps - 1, ctas, units)
+             - schedule.stream_k_owner(t * steps, ctas, units) + 1 for t in range(tiles)]
+    assert max(spans) <= schedule.stream_k_spans(ctas, tiles)
