@@ -68,26 +68,36 @@ from tk_cute.types.st import Shared, smem_bytes, st
 
 STAGE_K = 256  # K per ring stage: 128 bytes of every weight row (a whole L2 line)
 SUB_K = 128  # K per MMA batch (8 wgmma k16 steps) and period of the activation permutation
-ROWS = 128  # weight rows per CTA: 2 consumer warpgroups x 64 (one scale band)
-CONSUMERS = ROWS // 64
+BAND = nvfp4_scales.ATOM_ROWS  # weight rows per scale band (128)
 WG = warpgroup.WARPGROUP_THREADS
-PRODUCER_REGISTERS = 40
-CONSUMER_REGISTERS = 232
+REGISTER_FILE = 64 * 1024
+PRODUCER_REGISTERS = 48
+MAX_CONSUMER_REGISTERS = 232
 MAX_M = 128
 # Below this M `tk_cute.nvfp4.gemm` keeps the small-M kernel (nvfp4_gemv_sm90): its M = 1 path
 # (one n8 MMA tile, staged activations) beat this one on the H200 (1x8192^2: 14.2 vs 18.2 us).
 MIN_M = 9
 SMEM_BUDGET = 227 * 1024
 OUT_TYPES = ("bfloat16", "float16", "float32")
+# Largest N_ACT given 256 rows per CTA. There the consumers have 104 registers (640 threads, one
+# A register set from N_ACT = 32 on), the ring 2-5 stages; on the H200 (docs/results.md, eighth
+# session) 256 rows were 1.3-1.45x faster than 128 at N_ACT = 64, 5-7% at 16, 32 and 80, even
+# at 48, and 3% slower at 96.
+WIDE_MAX_N_ACT = 80
 
 
 @dataclass(frozen=True)
 class Config:
-    """N_ACT: activation rows per MMA (wgmma N, >= M: 8 or a multiple of 16); STAGES: ring
-    depth (0: as many as fit)."""
+    """N_ACT: activation rows per MMA (wgmma N, >= M: 8 or a multiple of 16); ROWS: weight rows
+    per CTA and stage (128 or 256: one consumer warpgroup per 64); STAGES: ring depth (0: as
+    many as fit); A_SETS: A operand register sets a consumer alternates (2: a batch's decode
+    overlaps the previous batch's MMAs; 1: each batch waits for its MMAs; 0: 2 where they fit
+    the consumer registers)."""
 
     N_ACT: int = 16
+    ROWS: int = 128
     STAGES: int = 0
+    A_SETS: int = 0
     out_dtype: str = "bfloat16"
 
     def __post_init__(self):
@@ -95,6 +105,10 @@ class Config:
         if (self.N_ACT != 8 and self.N_ACT % 16) or not 8 <= self.N_ACT <= MAX_M:
             raise ValueError(f"N_ACT must be 8 or a multiple of 16 up to {MAX_M}, "
                              f"got {self.N_ACT}")
+        if self.ROWS not in (BAND, 2 * BAND):
+            raise ValueError(f"ROWS must be {BAND} or {2 * BAND}, got {self.ROWS}")
+        if self.A_SETS not in (0, 1, 2):
+            raise ValueError(f"A_SETS must be 0 (auto), 1 or 2, got {self.A_SETS}")
         if self.out_dtype not in OUT_TYPES:
             raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
         if self.stages < 2:
@@ -102,13 +116,48 @@ class Config:
                              f"{SMEM_BUDGET} B of shared memory (N_ACT={self.N_ACT}, "
                              f"STAGES={self.STAGES})")
 
+    @property
+    def consumers(self) -> int:  # consumer warpgroups
+        return self.ROWS // 64
+
+    @property
+    def bands(self) -> int:  # scale bands per stage
+        return self.ROWS // BAND
+
+    @property
+    def threads(self) -> int:
+        return (1 + self.consumers) * WG
+
+    @property
+    def a_sets(self) -> int:
+        """With 104 consumer registers (256 rows) two sets fit beside an N_ACT = 16 accumulator
+        only: ptxas serializes the wgmma (a full wait after each) from N_ACT = 32 on."""
+        if self.A_SETS:
+            return self.A_SETS
+        return 2 if self.ROWS == BAND or self.N_ACT <= 16 else 1
+
+    @property
+    def entry_registers(self) -> int:
+        """Registers per thread at launch: the block's whole allocation, fixed for its life."""
+        per_thread = REGISTER_FILE // self.threads
+        return per_thread - per_thread % 8
+
+    @property
+    def consumer_registers(self) -> int:
+        """setmaxnreg.inc can only take what the producer warpgroup's setmaxnreg.dec gave back
+        to the block (more never arrives: the consumers would wait forever), shared by the
+        consumer warpgroups; counts are multiples of 8."""
+        entry = self.entry_registers
+        regs = entry + (entry - PRODUCER_REGISTERS) // self.consumers
+        return min(MAX_CONSUMER_REGISTERS, regs - regs % 8)
+
     # Bytes move as Int8: raw pointer arguments carry no signedness (the decode reads bits).
     @property
     def weight_tile(self) -> st:  # 128-byte rows, 128-byte swizzle
-        return st(cutlass.Int8, ROWS, STAGE_K // 2)
+        return st(cutlass.Int8, self.ROWS, STAGE_K // 2)
 
     @property
-    def scale_tile(self) -> st:  # the band's STAGE_K / 64 scale atoms, as rows of 256 bytes
+    def scale_tile(self) -> st:  # one band's STAGE_K / 64 scale atoms, as rows of 256 bytes
         return st(cutlass.Int8, 2 * (STAGE_K // nvfp4_scales.ATOM_K), 256, swizzle=False)
 
     @property
@@ -117,7 +166,7 @@ class Config:
 
     @property
     def stage_bytes(self) -> int:
-        return self.weight_tile.bytes + self.scale_tile.bytes + self.act_tile.bytes
+        return self.weight_tile.bytes + self.bands * self.scale_tile.bytes + self.act_tile.bytes
 
     @property
     def stages(self) -> int:
@@ -127,7 +176,7 @@ class Config:
         return max(fits) if fits else 0
 
     def smem(self, stages: int) -> int:
-        return smem_bytes((self.weight_tile, stages), (self.scale_tile, stages),
+        return smem_bytes((self.weight_tile, stages), (self.scale_tile, self.bands * stages),
                           (self.act_tile, stages), barriers=3 * stages)
 
 
@@ -168,14 +217,17 @@ def weight_offset(r, chunk):
 
 def supports(M: int, N: int, K: int) -> bool:
     """Whether `gemm_rs` takes this shape (else `tk_cute.nvfp4.gemm` uses another path)."""
-    return 1 <= M <= MAX_M and N % ROWS == 0 and K % STAGE_K == 0
+    return 1 <= M <= MAX_M and N % BAND == 0 and K % STAGE_K == 0
 
 
 @functools.lru_cache(maxsize=1024)
 def config_for(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> Config:
-    """N_ACT = M rounded up to 16 (8 up to M = 8)."""
+    """N_ACT = M rounded up to 16 (8 up to M = 8); 256 rows per CTA where N allows and N_ACT <=
+    WIDE_MAX_N_ACT (each activation byte then serves twice the weight rows)."""
     _check_shape(M, N, K, Config(N_ACT=MAX_M))
-    return Config(N_ACT=8 if M <= 8 else -(-M // 16) * 16, out_dtype=out_dtype)
+    n_act = 8 if M <= 8 else -(-M // 16) * 16
+    wide = N % (2 * BAND) == 0 and n_act <= WIDE_MAX_N_ACT
+    return Config(N_ACT=n_act, ROWS=2 * BAND if wide else BAND, out_dtype=out_dtype)
 
 
 # ---------------------------------------------------------------- kernel
@@ -191,17 +243,17 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer, M
     smem = Shared()
     loaded, full, empty = (smem.barriers(depth) for _ in range(3))
     wq = smem.alloc(cfg.weight_tile, depth)
-    sf = smem.alloc(cfg.scale_tile, depth)
+    sf = smem.alloc(cfg.scale_tile, cfg.bands * depth)  # stage s: bands s * bands + b
     xs = smem.alloc(cfg.act_tile, depth)
     if tid == 0:
         for s in cutlass.range_constexpr(depth):
             semaphore(loaded + s).init(1)  # the TMA warp's expect-tx arrival
             semaphore(full + s).init(WG - 32)  # every permuting thread
-            semaphore(empty + s).init(CONSUMERS * 4)  # one per consumer warp
+            semaphore(empty + s).init(cfg.consumers * 4)  # one per consumer warp
     cute.arch.mbarrier_init_fence()
     cute.arch.barrier()
     cluster.pdl_launch_dependents()  # the reduction may launch now and wait for us
-    start, end = schedule.stream_k_share(cta, ctas, (N // ROWS) * (K // STAGE_K))
+    start, end = schedule.stream_k_share(cta, ctas, (N // cfg.ROWS) * (K // STAGE_K))
     if warpgroup.groupid() == 0:
         warpgroup.decrease_registers(PRODUCER_REGISTERS)
         if tid < 32:
@@ -209,7 +261,7 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer, M
         else:
             _permute(cfg, xs, loaded, full, end - start, tid - 32)
     else:
-        warpgroup.increase_registers(CONSUMER_REGISTERS)
+        warpgroup.increase_registers(cfg.consumer_registers)
         _consume(cfg, wq, sf, xs, full, empty, start, end - start, tid - WG, ws, M, N, K, cta,
                  ctas)
 
@@ -227,7 +279,10 @@ def _load(cfg: cutlass.Constexpr, gw, gsf, gx, wq, sf, xs, loaded, empty, start,
         with warp.elect_leader():
             semaphore(loaded + s).expect_bytes(cfg.stage_bytes)
         tma.load_async(wq[None, None, s], gw, coord(rb, stage), loaded + s)
-        tma.load_async(sf[None, None, s], gsf, coord(rb * stages + stage, 0), loaded + s)
+        for b in cutlass.range_constexpr(cfg.bands):
+            band = rb * cfg.bands + b
+            tma.load_async(sf[None, None, s * cfg.bands + b], gsf, coord(band * stages + stage, 0),
+                           loaded + s)
         tma.load_async(xs[None, None, s], gx, coord(0, stage), loaded + s)
 
 
@@ -288,12 +343,12 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
     wg_thread = thread % WG
     lane = wg_thread % 32
     g, t = lane // 4, lane % 4
-    rows = (thread // WG) * 64  # this warpgroup's rows of the 128-row block
+    rows = (thread // WG) * 64  # this warpgroup's rows of the ROWS-row block
     # Accumulator rows g, g + 8 of the warp's 16 hold weight rows r_lo, r_lo + 8
     r_lo = rows + (wg_thread // 32) * 16 + spread_row(g)
     mma = warpgroup.tiled_mma(cutlass.BFloat16, cfg.N_ACT)
     acc = rt.accumulator(mma, wg_thread, 64, cfg.N_ACT)
-    regs = [rt.operand_A(mma, wg_thread, 64, SUB_K) for _ in range(2)]  # A sets, alternating
+    regs = [rt.operand_A(mma, wg_thread, 64, SUB_K) for _ in range(cfg.a_sets)]
     end = start + steps
     for rb in cutlass.range(start // stages, (end - 1) // stages + 1, unroll=1):
         first, last = cutlass.max(start, rb * stages), cutlass.min(end, rb * stages + stages)
@@ -302,24 +357,25 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
             s = i % depth
             semaphore(full + s).wait((i // depth) & 1)
             w_base = wq[None, None, s].iterator.toint()
-            sf_base = sf[None, None, s].iterator.toint()
+            sf_base = sf[None, None, s * cfg.bands + rows // BAND].iterator.toint()
             for blk in cutlass.range_constexpr(STAGE_K // SUB_K):
-                _decode(regs[blk], w_base, sf_base, r_lo, t, blk)
+                a = regs[blk % cfg.a_sets]
+                _decode(a, w_base, sf_base, r_lo, t, blk)
                 warpgroup.mma_fence()
                 x = cute.local_tile(xs[None, None, s], (cfg.N_ACT, SUB_K), (0, blk))
                 if cutlass.const_expr(blk == 0):  # the row block's first unit starts from 0
-                    warpgroup.mma_ABt(acc, regs[blk], x, accumulate=u > first)
+                    warpgroup.mma_ABt(acc, a, x, accumulate=u > first)
                 else:
-                    warpgroup.mma_ABt(acc, regs[blk], x)
+                    warpgroup.mma_ABt(acc, a, x)
                 warpgroup.mma_commit_group()
-                # All but the last batch done: the other register set is free and, after the
-                # first half, so is the previous stage.
-                warpgroup.mma_async_wait(1)
+                # All but the last batch done (two sets; all of them with one): the next batch's
+                # register set is free and, after the first half, so is the previous stage.
+                warpgroup.mma_async_wait(cfg.a_sets - 1)
                 if blk == 0 and i > 0:
                     with warp.elect_leader():
                         semaphore(empty + (i - 1) % depth).arrive()
         warpgroup.mma_async_wait(0)
-        _store(cfg, acc, ws, M, N, K, cta, ctas, rb * ROWS + rows)
+        _store(cfg, acc, ws, M, N, K, cta, ctas, rb * cfg.ROWS + rows)
 
 
 def _decode(a: rt, w_base, sf_base, r_lo, t, blk):
@@ -348,7 +404,8 @@ def _store(cfg: cutlass.Constexpr, acc, ws, M, N, K, cta, ctas, n0):
     partial sum of its row block, to workspace plane (this CTA - the block's first CTA):
     `_reduce_kernel` sums the planes in CTA order (deterministic)."""
     stages = K // STAGE_K
-    plane = cta - schedule.stream_k_owner((n0 // ROWS) * stages, ctas, (N // ROWS) * stages)
+    units = (N // cfg.ROWS) * stages
+    plane = cta - schedule.stream_k_owner((n0 // cfg.ROWS) * stages, ctas, units)
     coords = acc.coords()
     for i in cutlass.range_constexpr(cute.size(acc.frag)):
         r, m = coords[i]
@@ -377,8 +434,8 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
     cluster.pdl_wait()  # launched early (PDL): the partials are complete once this returns
     i = (bid * REDUCE_THREADS + tid) * 4
     stages = K // STAGE_K
-    units = (N // ROWS) * stages
-    first_unit = ((i % N) // ROWS) * stages
+    units = (N // cfg.ROWS) * stages
+    first_unit = ((i % N) // cfg.ROWS) * stages
     first = schedule.stream_k_owner(first_unit, ctas, units)
     planes = schedule.stream_k_owner(first_unit + stages - 1, ctas, units) - first + 1
     if i < M * N:
@@ -401,13 +458,14 @@ def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
             K: Int32, ctas: Int32, stream):
     half = K // 2
     wt = cute.make_tensor(w, cute.make_layout((N, half, 1), stride=(half, 1, N * half)))
-    sf_rows = (N // ROWS) * (K // nvfp4_scales.ATOM_K) * 2  # 512-byte atoms as 2 rows each
+    sf_rows = (N // BAND) * (K // nvfp4_scales.ATOM_K) * 2  # 512-byte atoms as 2 rows each
     sft = cute.make_tensor(wsf, cute.make_layout((sf_rows, 256, 1),
                                                  stride=(256, 1, sf_rows * 256)))
     xt = cute.make_tensor(x, cute.make_layout((M, K, 1), stride=(K, 1, M * K)))
     _kernel(cfg, gl.load(wt, cfg.weight_tile), gl.load(sft, cfg.scale_tile),
             gl.load(xt, cfg.act_tile), ws, M, N, K).launch(
-        grid=[ctas, 1, 1], block=[(1 + CONSUMERS) * WG, 1, 1], stream=stream)
+        grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream,
+        min_blocks_per_mp=1)  # (without it ptxas drops setmaxnreg: `ops.warpgroup`)
     MN = M * N
     _reduce_kernel(cfg, ws, gsb, out, M, N, K, ctas).launch(
         grid=[(MN // 4 + REDUCE_THREADS - 1) // REDUCE_THREADS, 1, 1],
@@ -452,8 +510,8 @@ def _check_shape(M: int, N: int, K: int, cfg: Config) -> None:
     if not 1 <= M <= min(MAX_M, cfg.N_ACT):
         raise ValueError(f"gemm_rs needs 1 <= M <= N_ACT = {cfg.N_ACT} (at most {MAX_M}), "
                          f"got M={M}")
-    if N % ROWS:
-        raise ValueError(f"gemm_rs needs N to be a multiple of {ROWS}, got N={N}")
+    if N % cfg.ROWS:
+        raise ValueError(f"gemm_rs needs N to be a multiple of ROWS = {cfg.ROWS}, got N={N}")
     if K % STAGE_K:
         raise ValueError(f"gemm_rs needs K to be a multiple of {STAGE_K}, got K={K}")
 
@@ -501,13 +559,13 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
     _check_shape(M, N, K, config)
     if ctas is not None and ctas < 1:
         raise ValueError(f"gemm_rs needs ctas >= 1, got ctas={ctas}")
-    units = (N // ROWS) * (K // STAGE_K)
+    units = (N // config.ROWS) * (K // STAGE_K)
     if ctas is None:
         ctas = torch.cuda.get_device_properties(dev).multi_processor_count
     ctas = min(ctas, units)
     out = output(out, (M, N), out_dtype, dev, "gemm_rs")
     # fp32 partials: per row block, one (M, N) plane per CTA it spans (caching allocator)
-    planes = schedule.stream_k_spans(ctas, N // ROWS)
+    planes = schedule.stream_k_spans(ctas, N // config.ROWS)
     ws = torch.empty(planes * M * N, dtype=torch.float32, device=dev)
     _CACHE.get((config, index), lambda: compile_launcher(config))(
         aligned(b.data).data_ptr(), aligned(b.scales).data_ptr(), aligned(a).data_ptr(),

@@ -109,9 +109,10 @@ def test_act_offset_is_the_swizzled_tile(n_act):
         assert rs.act_offset(n_act, m, c) == _swizzle128(2 * off)
 
 
-def test_weight_offset_is_the_swizzled_tile():
-    coords = [(r, 16 * c, 0) for r in range(rs.ROWS) for c in range(8)]
-    offsets = _outer_offsets(rs.Config().weight_tile, coords)
+@pytest.mark.parametrize("rows", [128, 256])
+def test_weight_offset_is_the_swizzled_tile(rows):
+    coords = [(r, 16 * c, 0) for r in range(rows) for c in range(8)]
+    offsets = _outer_offsets(rs.Config(ROWS=rows).weight_tile, coords)
     for (r, c, _), off in zip(coords, offsets):
         assert rs.weight_offset(r, c // 16) == _swizzle128(off)
 
@@ -131,7 +132,7 @@ def _wavefronts(offsets):
 def test_16_byte_shared_accesses_are_conflict_free():
     """Every LDS.128 / STS.128 of the consumers and the permuting warps takes the minimum of 4
     wavefronts (Nsight Compute counted 2x the ideal before `spread_row`)."""
-    for warp in range(4):  # consumers: rows r_lo, r_lo + 8 of lane (g, t), chunk 4 blk + t
+    for warp in range(16):  # consumers: rows r_lo, r_lo + 8 of lane (g, t), chunk 4 blk + t
         for blk in range(rs.STAGE_K // rs.SUB_K):
             for row8 in (0, 8):
                 offs = [rs.weight_offset(16 * warp + rs.spread_row(lane // 4) + row8,
@@ -150,43 +151,63 @@ def test_16_byte_shared_accesses_are_conflict_free():
     assert rows == list(range(16 * blocks))  # every (row, block) of 16 rows once
 
 
+@pytest.mark.parametrize("rows", [128, 256])
 @pytest.mark.parametrize("K", [256, 8192])
-def test_scale_reads_follow_the_blocked_layout(K):
+def test_scale_reads_follow_the_blocked_layout(K, rows):
     """The consumer reads the two scales of K 32t .. 32t + 31 of block blk at atom 2 blk + t // 2,
-    byte atom_offset(r, 2 (t % 2)) of the stage's scale tile: the tile TMA copies starting at
-    band rb's atom 4 stage."""
+    byte atom_offset(r, 2 (t % 2)) of its band's scale tile (band r // 128 of the row block),
+    which TMA copies (box (band * stages + stage) of 4 atoms) from the band's atom 4 stage."""
+    cfg = rs.Config(ROWS=rows)
     rk = K // nvfp4_scales.ATOM_K
     for rb in (0, 3):
         for stage in range(K // rs.STAGE_K):
-            base = (rb * rk + stage * rs.STAGE_K // nvfp4_scales.ATOM_K) * nvfp4_scales.ATOM_BYTES
-            for r in range(rs.ROWS):
+            for r in range(rows):
+                band = rb * cfg.bands + r // rs.BAND
+                box = (band * (K // rs.STAGE_K) + stage) * cfg.scale_tile.bytes
+                assert box == (band * rk + stage * rs.STAGE_K // nvfp4_scales.ATOM_K) \
+                    * nvfp4_scales.ATOM_BYTES
                 for blk in range(2):
                     for t in range(4):
                         k = stage * rs.STAGE_K + blk * rs.SUB_K + 32 * t
                         atom = (rs.SUB_K * blk + 32 * t) // nvfp4_scales.ATOM_K
                         mine = atom * nvfp4_scales.ATOM_BYTES + nvfp4_scales.atom_offset(
                             r, 2 * (t % 2))
-                        want = nvfp4_scales.band_offset(rb * rs.ROWS + r, k // 16, rk) - base
+                        want = nvfp4_scales.band_offset(rb * rows + r, k // 16, rk) - box
                         assert mine == want
-                        assert nvfp4_scales.band_offset(rb * rs.ROWS + r, k // 16 + 1, rk) \
-                            - base == mine + 1
+                        assert nvfp4_scales.band_offset(rb * rows + r, k // 16 + 1, rk) \
+                            - box == mine + 1
 
 
 # --- configuration -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("M, N, K, n_act", [
-    (9, 8192, 8192, 16), (16, 28672, 8192, 16), (64, 8192, 8192, 64), (100, 8192, 8192, 112),
-    (1, 8192, 8192, 8), (33, 4096, 4096, 48), (128, 4096, 4096, 128)])
-def test_config_for(M, N, K, n_act):
+@pytest.mark.parametrize("M, N, K, n_act, rows", [
+    (9, 8192, 8192, 16, 256), (16, 28672, 8192, 16, 256), (64, 8192, 8192, 64, 256),
+    (72, 8192, 8192, 80, 256), (100, 8192, 8192, 112, 128), (16, 384, 8192, 16, 128),
+    (1, 8192, 8192, 8, 256), (33, 4096, 4096, 48, 256), (128, 4096, 4096, 128, 128)])
+def test_config_for(M, N, K, n_act, rows):
     cfg = rs.config_for(M, N, K)
-    assert cfg.N_ACT == n_act and cfg.stages >= 2
+    assert (cfg.N_ACT, cfg.ROWS) == (n_act, rows) and cfg.stages >= 2
     assert cfg.smem(cfg.stages) <= rs.SMEM_BUDGET
+
+
+@pytest.mark.parametrize("rows", [128, 256])
+def test_register_split_is_feasible(rows):
+    """setmaxnreg.inc only takes registers the block already holds (its launch allocation): the
+    consumers' increase must fit in what the producer warpgroup's decrease gives back, or they
+    wait forever (a hang seen on the H200 with 640 threads at 40 / 112)."""
+    cfg = rs.Config(ROWS=rows)
+    entry = cfg.entry_registers
+    assert entry * cfg.threads <= rs.REGISTER_FILE and entry % 8 == 0
+    assert cfg.consumers * (cfg.consumer_registers - entry) <= entry - rs.PRODUCER_REGISTERS
+    assert cfg.consumer_registers % 8 == 0 and cfg.consumer_registers >= entry
+    assert (cfg.threads, cfg.consumer_registers) == {128: (384, 224), 256: (640, 104)}[rows]
 
 
 @pytest.mark.parametrize("M, N, K, match", [
     (129, 256, 512, "M <= N_ACT = 128.*got M=129"), (0, 256, 512, "got M=0"),
-    (16, 200, 512, "multiple of 128, got N=200"), (16, 256, 384, "multiple of 256.*K=384")])
+    (16, 200, 512, "multiple of ROWS = 128, got N=200"),
+    (16, 256, 384, "multiple of 256.*K=384")])
 def test_config_rejects_unsupported_shapes(M, N, K, match):
     assert not rs.supports(M, N, K)
     with pytest.raises(ValueError, match=match):
@@ -199,13 +220,27 @@ def test_config_rejects_bad_fields():
             rs.Config(N_ACT=n_act)
     with pytest.raises(ValueError, match="out_dtype"):
         rs.Config(out_dtype="int8")
+    with pytest.raises(ValueError, match="ROWS must be 128 or 256, got 192"):
+        rs.Config(ROWS=192)
+    with pytest.raises(ValueError, match="A_SETS must be 0 .auto., 1 or 2, got 3"):
+        rs.Config(A_SETS=3)
+
+
+def test_a_register_sets():
+    """Two A sets where they fit the consumer registers (ptxas would serialize the wgmma
+    otherwise: `test_register_a_wgmma_fed_by_tma_without_spills`), else one; or as configured."""
+    assert rs.Config(N_ACT=128).a_sets == 2 and rs.Config(N_ACT=16, ROWS=256).a_sets == 2
+    assert rs.Config(N_ACT=32, ROWS=256).a_sets == 1 and rs.Config(N_ACT=80, ROWS=256).a_sets == 1
+    assert rs.Config(N_ACT=16, ROWS=256, A_SETS=1).a_sets == 1
 
 
 # --- compile (CPU, sm_90a) --------------------------------------------------------------------
 
 CONFIGS = {"n8": rs.Config(N_ACT=8), "n16": rs.Config(N_ACT=16), "n48": rs.Config(N_ACT=48),
            "n64": rs.Config(N_ACT=64), "n128": rs.Config(N_ACT=128),
-           "n16_fp32": rs.Config(N_ACT=16, out_dtype="float32")}
+           "n16_fp32": rs.Config(N_ACT=16, out_dtype="float32"),
+           "n16_r256": rs.Config(N_ACT=16, ROWS=256), "n64_r256": rs.Config(N_ACT=64, ROWS=256),
+           "n80_r256": rs.Config(N_ACT=80, ROWS=256)}
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -226,9 +261,9 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     assert b.ptx_count(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16 ") == 16
     # not serialized by ptxas (a full wait after each wgmma): full waits only in the finish
     assert b.sass_count(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0") <= 3
-    # TMA tile loads per stage: weights, scales and the activations in 64-column (128-byte,
-    # one swizzle span) boxes; no global vector loads but the reduction's (one per plane).
-    tma_loads = 2 + rs.STAGE_K // 64
+    # TMA tile loads per stage: weights, each band's scales and the activations in 64-column
+    # (128-byte, one swizzle span) boxes; no global vector loads but the reduction's.
+    tma_loads = 1 + cfg.bands + rs.STAGE_K // 64
     assert b.ptx_count(r"cp\.async\.bulk\.tensor\.2d") == tma_loads
     assert b.sass_count(r"\bUTMALDG\b") == tma_loads
     assert b.ptx_count(r"ld\.global\.nc\S*\.v4") == 1
@@ -240,8 +275,11 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     # Consumers: 2 LDS.128 of weights per 128-K block; permuting warps: 4 LDS.128 + 4 STS.128.
     assert b.ptx_count(r"ld\.shared\.v4\.u32") == 2 * 2 + 4
     assert b.ptx_count(r"st\.shared\.v4\.u32") == 4
-    assert b.ptx_count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40") == 1
-    assert b.ptx_count(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{rs.CONSUMER_REGISTERS}") == 1
+    assert b.ptx_count(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{rs.PRODUCER_REGISTERS}") == 1
+    assert b.ptx_count(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{cfg.consumer_registers}") == 1
+    # ptxas honours setmaxnreg only knowing the register count at entry (`ops.warpgroup`)
+    assert b.ptx_count(r"\.minnctapersm 1") == 1
+    assert b.ptx_count(rf"\.reqntid {cfg.threads}, 1, 1") == 1
     assert b.ptx_count(r"cvt\.\w+\.e2m1") == 0  # no FP4 conversion on sm_90a
     assert all(k.local_bytes == 0 and k.stack_bytes == 0 for k in b.resources)
     assert b.sass_count(r"\bSTL\b") == 0 and b.sass_count(r"\bLDL\b") == 0
@@ -298,11 +336,13 @@ def test_w4a16_matches_float64(seed, M, N, K):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [16, 72])
-def test_fp32_output_share_invariance_and_determinism(seed, M):
+@pytest.mark.parametrize("N", [384, 512])  # 128 / 256 rows per CTA (config_for)
+def test_fp32_output_share_invariance_and_determinism(seed, M, N):
     """Every CTA count (one CTA for all, shares that split row blocks unevenly, one unit per
     CTA) gives the same sum up to fp32 rounding; one CTA count is bitwise reproducible run to
     run (partials summed in CTA order)."""
-    N, K = 384, 2048
+    K = 2048
+    assert rs.config_for(M, N, K).ROWS == {384: 128, 512: 256}[N]
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     ref = a.double() @ b.dequantize(torch.float64).t()
@@ -336,10 +376,12 @@ def test_rejects_bad_input():
         rs.gemm_rs(a.cpu(), b)
     with pytest.raises(ValueError, match="CUDA device"):
         rs.gemm_rs(a.cpu(), b.to("cpu"))
-    with pytest.raises(ValueError, match="multiple of 128, got N=160"):
+    with pytest.raises(ValueError, match="multiple of ROWS = 128, got N=160"):
         rs.gemm_rs(a, _weights(160, 512))
     with pytest.raises(ValueError, match="multiple of 256, got K=384"):
         rs.gemm_rs(torch.randn(16, 384, device="cuda").bfloat16(), _weights(256, 384))
+    with pytest.raises(ValueError, match="multiple of ROWS = 256, got N=384"):
+        rs.gemm_rs(a, _weights(384, 512), config=rs.Config(ROWS=256))
     with pytest.raises(ValueError, match="ctas >= 1, got ctas=0"):
         rs.gemm_rs(a, b, ctas=0)
     with pytest.raises(ValueError, match="got M=129"):
