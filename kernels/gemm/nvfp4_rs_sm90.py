@@ -9,42 +9,47 @@ the activations no longer pass through registers (the small-M kernel's limit fro
 twice the weight bytes per warp, loaded from L2) and the MMAs run asynchronously beside the next
 decode.
 
-Schedule (stream-K, `ops.schedule.stream_k_share`): the work is (N / 128 row blocks) x (K / 256
+Schedule (stream-K, `ops.schedule.stream_k_share`): the work is (N / ROWS row blocks) x (K / 256
 stages) units, row block major; each of `ctas` CTAs (one per SM) streams an equal contiguous
 share, so no wave is left part-empty whatever N and K, and the pipeline runs on across row
-blocks.
+blocks. ROWS is 256 (four consumer warpgroups, 640 threads) where N allows and N_ACT <= 80:
+each activation tile then serves twice the weight rows (half the L2 reads and permutation work
+per weight byte; 1.3-1.45x at N_ACT = 64, 5-7% at 16-32), else 128 (two, 384 threads).
 Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / empty):
-  TMA warp (warp 0): once the consumers freed a stage, TMA-loads the unit's weight bytes (128
-    rows x 128 B, 128-byte swizzle), their scale atoms (2 KB) and the activations (N_ACT rows
-    x 256 K bf16, swizzled as wgmma reads them; rows past M arrive as zeros), all completing
-    on `loaded`;
+  TMA warp (warp 0): once the consumers freed a stage, TMA-loads the unit's weight bytes (ROWS
+    rows x 128 B, 128-byte swizzle), their scale atoms (2 KB per 128-row band) and the
+    activations (N_ACT rows x 256 K bf16, swizzled as wgmma reads them; rows past M arrive as
+    zeros), all completing on `loaded`;
   permuting warps (warps 1-3): put the landed activations in the K order of the decode, in
     place (`act_column`, `_load_natural` / `_store_permuted`: 4 LDS.128, 16 prmt, 4 STS.128 per
     64 bytes), fence them for the async proxy and arrive on `full`;
-  consumer warpgroups (2 x 64 rows): per 128-K half of a stage, read their 16 weight bytes of
-    accumulator rows g, g + 8 (weight rows `spread_row(g)`, + 8: with it every 16-byte shared
-    access of the kernel is conflict-free) and two scale bytes, decode them into one of two A
-    register sets, issue 8 wgmma (m64 n N_ACT k16; the first of a row block overwrites the
-    accumulator) and commit; waiting for all but the last group frees the other register set
-    and, after the first half, the previous stage (`empty`); where the share leaves a row
-    block, each thread writes its fp32 partial sum to the block's workspace plane for this CTA;
+  consumer warpgroups (ROWS / 64, 64 rows each): per 128-K half of a stage, read their 16
+    weight bytes of accumulator rows g, g + 8 (weight rows `spread_row(g)`, + 8: with it every
+    16-byte shared access of the kernel is conflict-free) and two scale bytes, decode them into
+    one of two A register sets (one where two do not fit: `Config.a_sets`), issue 8 wgmma (m64
+    n N_ACT k16; the first of a row block overwrites the accumulator) and commit; waiting for
+    all but the last group (all of them with one set) frees the next set and, after the first
+    half, the previous stage (`empty`); where the share leaves a row block, each thread writes
+    its fp32 partial sum to the block's workspace plane for this CTA;
   `_reduce_kernel` sums each row block's planes in CTA order (deterministic) times 2^8 * gB
     into D; it is launched with PDL, so its launch overlaps this kernel, and waits for it.
 The K order: a thread's 16 weight bytes hold 32 consecutive codes (K 32t .. 32t + 31 of a
 128-K block, t = lane % 4), but a wgmma A operand wants K 2t, 2t + 1, 2t + 8, 2t + 9 of every
 k16 step from thread t. Any permutation of K applied to both operands leaves the sum unchanged,
 so the activations (read by every weight row) are permuted instead of the weights.
-One CTA per SM (the ring takes the shared memory). Constraints (checked): M <= 128,
-N % 128 == 0, K % 256 == 0.
+One CTA per SM (the ring takes the shared memory). The register split comes from the launch
+allocation (`Config.consumer_registers`: setmaxnreg.inc only takes what the producer
+warpgroup's .dec gave back). Constraints (checked): M <= 128, N % ROWS == 0, K % 256 == 0.
 
-Measured (H200, 2026-11-30, docs/results.md, seventh session): M = 16 19.4 / 50.8 / 49.8 us at
-8192^2 / 28672x8192 / 8192x28672 (cuBLAS bf16 34.7 / 122.0 / 115.2, fp8 20.5 / 64.3 / 58.5);
-M = 64 38.3 / 108.6 / 108.6 (cuBLAS bf16 37.0 / 117.8 / 122.8); M = 128 77.5 us at 8192^2
-(cuBLAS bf16 38.3): there every CTA reads all activations of its K range and only two 82 KB
-stages fit. At M = 1 the small-M kernel stays faster (14.4 vs 17.6 us). Where the time goes
-(docs/nvfp4_hopper.md): the TMA stream alone (no permutation, decode or MMA) takes 39-40 us at
-the 28672-wide shapes and 13-14 us at 8192^2; the rest is the decode (ALU pipe ~50% busy,
-issue slots ~57%).
+Measured (H200, 2026-11-30, docs/results.md, eighth session): M = 16 19.7 / 48.5 / 49.7 us at
+8192^2 / 28672x8192 / 8192x28672 (cuBLAS bf16 34.9 / 116.6 / 121.2, fp8 20.3 / 62.3 / 61.8);
+M = 64 29.1 / 78.2 / 76.1 (cuBLAS bf16 37.4 / 125.6 / 131.4); M = 128 76.9 us at 8192^2
+(cuBLAS bf16 39.6): there every CTA reads all activations of its K range, only two 82 KB
+stages fit and 256 rows do not fit the registers. At M = 1 the small-M kernel stays faster
+(13.9 vs 17.9 us). Where the time goes (docs/nvfp4_hopper.md): the TMA stream alone (no
+permutation, decode or MMA) takes 39-40 us at the 28672-wide shapes and 13-14 us at 8192^2;
+the consumers set the pace beyond it (86% of the instructions, 17 per 8 decoded codes; issue
+slots ~61% busy with ~1 eligible warp per scheduler at 128 rows).
 """
 
 from __future__ import annotations
