@@ -38,7 +38,7 @@ The K order: a thread's 16 weight bytes hold 32 consecutive codes (K 32t .. 32t 
 k16 step from thread t. Any permutation of K applied to both operands leaves the sum unchanged,
 so the activations (read by every weight row) are permuted instead of the weights.
 One CTA per SM (the ring takes the shared memory). The register split comes from the launch
-allocation (`Config.consumer_registers`: setmaxnreg.inc only takes what the producer
+allocation (`warpgroup.consumer_registers`: setmaxnreg.inc only takes what the producer
 warpgroup's .dec gave back). Constraints (checked): M <= 128, N % ROWS == 0, K % 256 == 0.
 
 Measured (H200, 2026-11-30, docs/results.md, eighth session): M = 16 19.7 / 48.5 / 49.7 us at
@@ -75,7 +75,6 @@ STAGE_K = 256  # K per ring stage: 128 bytes of every weight row (a whole L2 lin
 SUB_K = 128  # K per MMA batch (8 wgmma k16 steps) and period of the activation permutation
 BAND = nvfp4_scales.ATOM_ROWS  # weight rows per scale band (128)
 WG = warpgroup.WARPGROUP_THREADS
-REGISTER_FILE = 64 * 1024
 PRODUCER_REGISTERS = 48
 MAX_CONSUMER_REGISTERS = 232
 MAX_M = 128
@@ -142,19 +141,11 @@ class Config:
         return 2 if self.ROWS == BAND or self.N_ACT <= 16 else 1
 
     @property
-    def entry_registers(self) -> int:
-        """Registers per thread at launch: the block's whole allocation, fixed for its life."""
-        per_thread = REGISTER_FILE // self.threads
-        return per_thread - per_thread % 8
-
-    @property
     def consumer_registers(self) -> int:
-        """setmaxnreg.inc can only take what the producer warpgroup's setmaxnreg.dec gave back
-        to the block (more never arrives: the consumers would wait forever), shared by the
-        consumer warpgroups; counts are multiples of 8."""
-        entry = self.entry_registers
-        regs = entry + (entry - PRODUCER_REGISTERS) // self.consumers
-        return min(MAX_CONSUMER_REGISTERS, regs - regs % 8)
+        """What the producer warpgroup's drop to PRODUCER_REGISTERS leaves the consumers
+        (`warpgroup.consumer_registers`: 224 at 384 threads, 104 at 640)."""
+        return warpgroup.consumer_registers(self.threads, PRODUCER_REGISTERS, self.consumers,
+                                            MAX_CONSUMER_REGISTERS)
 
     # Bytes move as Int8: raw pointer arguments carry no signedness (the decode reads bits).
     @property
@@ -235,6 +226,12 @@ def config_for(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> Config:
     return Config(N_ACT=n_act, ROWS=2 * BAND if wide else BAND, out_dtype=out_dtype)
 
 
+def stream_units(cfg: Config, N, K):
+    """The stream-K schedule's units: (N / ROWS row blocks) x (K / STAGE_K stages), row block
+    major (plain integer arithmetic: the host and the kernel use it alike)."""
+    return (N // cfg.ROWS) * (K // STAGE_K)
+
+
 # ---------------------------------------------------------------- kernel
 
 
@@ -258,7 +255,7 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer, M
     cute.arch.mbarrier_init_fence()
     cute.arch.barrier()
     cluster.pdl_launch_dependents()  # the reduction may launch now and wait for us
-    start, end = schedule.stream_k_share(cta, ctas, (N // cfg.ROWS) * (K // STAGE_K))
+    start, end = schedule.stream_k_share(cta, ctas, stream_units(cfg, N, K))
     if warpgroup.groupid() == 0:
         warpgroup.decrease_registers(PRODUCER_REGISTERS)
         if tid < 32:
@@ -409,8 +406,8 @@ def _store(cfg: cutlass.Constexpr, acc, ws, M, N, K, cta, ctas, n0):
     partial sum of its row block, to workspace plane (this CTA - the block's first CTA):
     `_reduce_kernel` sums the planes in CTA order (deterministic)."""
     stages = K // STAGE_K
-    units = (N // cfg.ROWS) * stages
-    plane = cta - schedule.stream_k_owner((n0 // cfg.ROWS) * stages, ctas, units)
+    plane = cta - schedule.stream_k_owner((n0 // cfg.ROWS) * stages, ctas,
+                                          stream_units(cfg, N, K))
     coords = acc.coords()
     for i in cutlass.range_constexpr(cute.size(acc.frag)):
         r, m = coords[i]
@@ -439,7 +436,7 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
     cluster.pdl_wait()  # launched early (PDL): the partials are complete once this returns
     i = (bid * REDUCE_THREADS + tid) * 4
     stages = K // STAGE_K
-    units = (N // cfg.ROWS) * stages
+    units = stream_units(cfg, N, K)
     first_unit = ((i % N) // cfg.ROWS) * stages
     first = schedule.stream_k_owner(first_unit, ctas, units)
     planes = schedule.stream_k_owner(first_unit + stages - 1, ctas, units) - first + 1
@@ -531,7 +528,7 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
         out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
         out: optional contiguous (M, N) tensor of out_dtype to write.
         config: tuning override (`Config`; default `config_for` the shape).
-        ctas: CTAs sharing the (N / 128) x (K / 256) stage units (default: one per SM, at most
+        ctas: CTAs sharing the (N / ROWS) x (K / 256) stage units (default: one per SM, at most
             one per unit).
 
     Returns:
@@ -564,7 +561,7 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
     _check_shape(M, N, K, config)
     if ctas is not None and ctas < 1:
         raise ValueError(f"gemm_rs needs ctas >= 1, got ctas={ctas}")
-    units = (N // config.ROWS) * (K // STAGE_K)
+    units = stream_units(config, N, K)
     if ctas is None:
         ctas = torch.cuda.get_device_properties(dev).multi_processor_count
     ctas = min(ctas, units)

@@ -13,6 +13,7 @@ import torch
 from tk_cute.compile import build
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.layouts import nvfp4_scales
+from tk_cute.ops import warpgroup
 
 # --- the K permutation (host model) -----------------------------------------------------------
 
@@ -197,8 +198,8 @@ def test_register_split_is_feasible(rows):
     consumers' increase must fit in what the producer warpgroup's decrease gives back, or they
     wait forever (a hang seen on the H200 with 640 threads at 40 / 112)."""
     cfg = rs.Config(ROWS=rows)
-    entry = cfg.entry_registers
-    assert entry * cfg.threads <= rs.REGISTER_FILE and entry % 8 == 0
+    entry = warpgroup.entry_registers(cfg.threads)
+    assert entry * cfg.threads <= warpgroup.REGISTER_FILE and entry % 8 == 0
     assert cfg.consumers * (cfg.consumer_registers - entry) <= entry - rs.PRODUCER_REGISTERS
     assert cfg.consumer_registers % 8 == 0 and cfg.consumer_registers >= entry
     assert (cfg.threads, cfg.consumer_registers) == {128: (384, 224), 256: (640, 104)}[rows]
@@ -279,6 +280,7 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     assert b.ptx_count(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{cfg.consumer_registers}") == 1
     # ptxas honours setmaxnreg only knowing the register count at entry (`ops.warpgroup`)
     assert b.ptx_count(r"\.minnctapersm 1") == 1
+    assert b.sass_count(r"USETMAXREG\.DEALLOC") == 1 and b.sass_count(r"USETMAXREG\.TRY_ALLOC") == 1
     assert b.ptx_count(rf"\.reqntid {cfg.threads}, 1, 1") == 1
     assert b.ptx_count(r"cvt\.\w+\.e2m1") == 0  # no FP4 conversion on sm_90a
     assert all(k.local_bytes == 0 and k.stack_bytes == 0 for k in b.resources)

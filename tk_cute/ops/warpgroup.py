@@ -14,7 +14,8 @@ any of these for another target raises at trace time, naming sm_90a.
 
 Also: register reallocation (`increase_registers` / `decrease_registers`, setmaxnreg: needs
 sm_90a, a block whose warpgroups each take one branch, and a launch with `min_blocks_per_mp`:
-without it ptxas does not know the register count at entry and silently drops setmaxnreg),
+without it ptxas does not know the register count at entry and silently drops setmaxnreg;
+`consumer_registers` says how far consumers may rise beside a producer warpgroup),
 `load` of a shared tile into a register operand tile (ldmatrix), `store` of a register tile
 into a shared tile (stmatrix), `store_global` of a register tile into global memory, and `sync`
 of a set of warpgroups on a named barrier.
@@ -60,6 +61,27 @@ def tiled_mma(a_dtype, cols: int, warpgroups: int = 1, b_dtype=None, acc_dtype=c
     return sm90_utils.make_trivial_tiled_mma(
         a_dtype, b_dtype or a_dtype, OperandMajorMode.K, OperandMajorMode.K, acc_dtype,
         (warpgroups, 1, 1), tiler_mn=(WGMMA_M, cols))
+
+
+REGISTER_FILE = 64 * 1024  # 32-bit registers per SM (sm_90a)
+MAX_REGISTERS = 256  # per thread, setmaxnreg's ceiling
+
+
+def entry_registers(threads: int) -> int:
+    """Registers per thread a one-block-per-SM launch of `threads` starts with (multiples of 8):
+    the block's whole allocation, fixed for its life."""
+    per_thread = min(MAX_REGISTERS, REGISTER_FILE // threads)
+    return per_thread - per_thread % 8
+
+
+def consumer_registers(threads: int, producer: int, consumer_groups: int,
+                       cap: int = MAX_REGISTERS) -> int:
+    """The most registers `consumer_groups` warpgroups may `increase_registers` to once the
+    block's other warpgroup dropped to `producer` (at most `cap`). setmaxnreg.inc only takes
+    what the block's .dec gave back: asking for more waits forever (a hang, seen on the H200)."""
+    entry = entry_registers(threads)
+    regs = min(cap, entry + (entry - producer) // consumer_groups)
+    return regs - regs % 8
 
 
 def increase_registers(n: int):
