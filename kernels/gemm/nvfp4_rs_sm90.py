@@ -12,20 +12,26 @@ decode.
 Schedule (stream-K, `ops.schedule.stream_k_share`): the work is (N / ROWS row blocks) x (K / 256
 stages) units, row block major; each of `ctas` CTAs (one per SM) streams an equal contiguous
 share, so no wave is left part-empty whatever N and K, and the pipeline runs on across row
-blocks. ROWS is 256 (four consumer warpgroups, 640 threads) where N allows and N_ACT <= 80:
-each activation tile then serves twice the weight rows (half the L2 reads and permutation work
-per weight byte; 1.3-1.45x at N_ACT = 64, 5-7% at 16-32), else 128 (two, 384 threads).
+blocks. ROWS is 256 (four consumer warpgroups, 640 threads) where N allows and N_ACT <= 64:
+each activation tile then serves twice the weight rows (half the L2 reads per weight byte),
+else 128 (two, 384 threads).
+Activations: the decode's K order is not memory order (below), so they are permuted either
+  once per call ("call", N_ACT >= 32): `_permute_kernel` writes a permuted copy, and this
+    kernel, launched behind it with PDL, asks for its first unit's weights before waiting; or
+  per stage ("stage", N_ACT <= 16, where the extra kernel boundary cost more than it saved):
+    the producer warpgroup's warps 1-3 permute each landed tile in place.
 Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / empty):
   TMA warp (warp 0): once the consumers freed a stage, TMA-loads the unit's weight bytes (ROWS
     rows x 128 B, 128-byte swizzle), their scale atoms (2 KB per 128-row band) and the
     activations (N_ACT rows x 256 K bf16, swizzled as wgmma reads them; rows past M arrive as
     zeros), all completing on `loaded`;
-  permuting warps (warps 1-3): put the landed activations in the K order of the decode, in
-    place (`act_column`, `_load_natural` / `_store_permuted`: 4 LDS.128, 16 prmt, 4 STS.128 per
-    64 bytes), fence them for the async proxy and arrive on `full`;
-  consumer warpgroups (ROWS / 64, 64 rows each): per 128-K half of a stage, read their 16
-    weight bytes of accumulator rows g, g + 8 (weight rows `spread_row(g)`, + 8: with it every
-    16-byte shared access of the kernel is conflict-free) and two scale bytes, decode them into
+  permuting warps ("stage" only, warps 1-3): put the landed activations in the K order of the
+    decode, in place (`act_column`, `_load_natural` / `_store_permuted`: 4 LDS.128, 16 prmt, 4
+    STS.128 per 64 bytes), fence them for the async proxy and arrive on `full`;
+  consumer warpgroups (ROWS / 64, 64 rows each): once a stage is ready (`full`; `loaded` with
+    "call"), per 128-K half of it read their 16 weight bytes of accumulator rows g, g + 8
+    (weight rows `spread_row(g)`, + 8: with it every 16-byte shared access of the kernel is
+    conflict-free) and two scale bytes, decode them into
     one of two A register sets (one where two do not fit: `Config.a_sets`), issue 8 wgmma (m64
     n N_ACT k16; the first of a row block overwrites the accumulator) and commit; waiting for
     all but the last group (all of them with one set) frees the next set and, after the first
@@ -84,10 +90,13 @@ MIN_M = 9
 SMEM_BUDGET = 227 * 1024
 OUT_TYPES = ("bfloat16", "float16", "float32")
 # Largest N_ACT given 256 rows per CTA. There the consumers have 104 registers (640 threads, one
-# A register set from N_ACT = 32 on), the ring 2-5 stages; on the H200 (docs/results.md, eighth
-# session) 256 rows were 1.3-1.45x faster than 128 at N_ACT = 64, 5-7% at 16, 32 and 80, even
-# at 48, and 3% slower at 96.
-WIDE_MAX_N_ACT = 80
+# A register set from N_ACT = 32 on), the ring 2-5 stages. On the H200 (docs/results.md, ninth
+# session, activations permuted once per call) 256 rows were 2% faster than 128 at N_ACT = 48,
+# even at 64, and 128 rows 18% faster at 80 (two A sets, 3 stages).
+WIDE_MAX_N_ACT = 64
+# From this N_ACT on the activations are permuted once per call (`Config.permute`): on the H200
+# (ninth session) even at 32, 7-13% faster at 48-96 and 1.6x at 128; 5% slower at 16.
+CALL_PERMUTE_MIN_N_ACT = 32
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,7 @@ class Config:
     ROWS: int = 128
     STAGES: int = 0
     A_SETS: int = 0
+    PERMUTE: str = "auto"
     out_dtype: str = "bfloat16"
 
     def __post_init__(self):
@@ -113,6 +123,8 @@ class Config:
             raise ValueError(f"ROWS must be {BAND} or {2 * BAND}, got {self.ROWS}")
         if self.A_SETS not in (0, 1, 2):
             raise ValueError(f"A_SETS must be 0 (auto), 1 or 2, got {self.A_SETS}")
+        if self.PERMUTE not in ("auto", "stage", "call"):
+            raise ValueError(f"PERMUTE must be 'auto', 'stage' or 'call', got {self.PERMUTE!r}")
         if self.out_dtype not in OUT_TYPES:
             raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
         if self.stages < 2:
@@ -139,6 +151,16 @@ class Config:
         if self.A_SETS:
             return self.A_SETS
         return 2 if self.ROWS == BAND or self.N_ACT <= 16 else 1
+
+    @property
+    def permute(self) -> str:
+        """Where the activations are put in the decode's K order: "stage" (3 permuting warps,
+        each landed tile in place) or "call" (`_permute_kernel`, once per call, before the
+        GEMM). The per-call pass costs a kernel boundary but no longer scales with the units a
+        CTA streams: it pays from N_ACT = CALL_PERMUTE_MIN_N_ACT on."""
+        if self.PERMUTE != "auto":
+            return self.PERMUTE
+        return "call" if self.N_ACT >= CALL_PERMUTE_MIN_N_ACT else "stage"
 
     @property
     def consumer_registers(self) -> int:
@@ -236,6 +258,28 @@ def stream_units(cfg: Config, N, K):
 
 
 @cute.kernel
+def _permute_kernel(x: cute.Pointer, xp: cute.Pointer, M: Int32, K: Int32):
+    """Permute "call": the activations in the K order of the decode (`act_column`), once per
+    call into `xp`, which the GEMM's TMA then reads: 4 threads own the 16 chunks of a (row,
+    128-K block), as the permuting warps do per stage (`_load_natural`, `_store_permuted`)."""
+    tid, _, _ = cute.arch.thread_idx()
+    bid, _, _ = cute.arch.block_idx()
+    cluster.pdl_wait()  # x may be the previous kernel's output
+    cluster.pdl_launch_dependents()  # the GEMM may start streaming weights
+    m, blk, p = permute_task(bid * PERMUTE_THREADS + tid, K // SUB_K)
+    if m < M:
+        row = (Int64(m) * Int64(K) + blk * SUB_K) * 2
+        chunks = _load_natural(_ld_global, lambda c: x.toint() + row + 16 * c, p)
+        _store_permuted(memory.st_v4_u32, lambda c: xp.toint() + row + 16 * c, p, chunks)
+
+
+def permute_task(task, blocks):
+    """(row, 128-K block, p) of `_permute_kernel` thread `task` (blocks: K / 128): the 4 threads
+    of a (row, block) are adjacent, so each load of a quad reads 64 contiguous bytes."""
+    return task // (4 * blocks), (task // 4) % blocks, task % 4
+
+
+@cute.kernel
 def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer, M: Int32,
             N: Int32, K: Int32):
     tid, _, _ = cute.arch.thread_idx()
@@ -250,7 +294,7 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer, M
     if tid == 0:
         for s in cutlass.range_constexpr(depth):
             semaphore(loaded + s).init(1)  # the TMA warp's expect-tx arrival
-            semaphore(full + s).init(WG - 32)  # every permuting thread
+            semaphore(full + s).init(WG - 32)  # every permuting thread (permute "stage")
             semaphore(empty + s).init(cfg.consumers * 4)  # one per consumer warp
     cute.arch.mbarrier_init_fence()
     cute.arch.barrier()
@@ -260,41 +304,54 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer, M
         warpgroup.decrease_registers(PRODUCER_REGISTERS)
         if tid < 32:
             _load(cfg, gw, gsf, gx, wq, sf, xs, loaded, empty, start, end - start, K)
-        else:
+        elif cutlass.const_expr(cfg.permute == "stage"):
             _permute(cfg, xs, loaded, full, end - start, tid - 32)
     else:
         warpgroup.increase_registers(cfg.consumer_registers)
-        _consume(cfg, wq, sf, xs, full, empty, start, end - start, tid - WG, ws, M, N, K, cta,
+        ready = full if cutlass.const_expr(cfg.permute == "stage") else loaded
+        _consume(cfg, wq, sf, xs, ready, empty, start, end - start, tid - WG, ws, M, N, K, cta,
                  ctas)
 
 
 @cute.jit
 def _load(cfg: cutlass.Constexpr, gw, gsf, gx, wq, sf, xs, loaded, empty, start, steps, K):
     """TMA warp: per stage unit, once the consumers freed its slot, the weight bytes, their
-    scale atoms and the activations (rows past M arrive as zeros)."""
+    scale atoms and the activations (rows past M arrive as zeros). The first unit's weights are
+    asked for before waiting for `_permute_kernel` (PDL; a no-op without it)."""
     depth = cfg.stages
-    stages = K // STAGE_K  # per row block (and scale tiles per 128-row band)
     for i in cutlass.range(steps, unroll=1):
         s = i % depth
         semaphore(empty + s).wait(((i // depth) & 1) ^ 1)
-        rb, stage = (start + i) // stages, (start + i) % stages
-        with warp.elect_leader():
-            semaphore(loaded + s).expect_bytes(cfg.stage_bytes)
-        tma.load_async(wq[None, None, s], gw, coord(rb, stage), loaded + s)
-        for b in cutlass.range_constexpr(cfg.bands):
-            band = rb * cfg.bands + b
-            tma.load_async(sf[None, None, s * cfg.bands + b], gsf, coord(band * stages + stage, 0),
-                           loaded + s)
-        tma.load_async(xs[None, None, s], gx, coord(0, stage), loaded + s)
+        _load_weights(cfg, gw, gsf, wq, sf, loaded, start, i, K)
+        if i == 0:
+            cluster.pdl_wait()
+        tma.load_async(xs[None, None, s], gx, coord(0, (start + i) % (K // STAGE_K)), loaded + s)
+
+
+@cute.jit
+def _load_weights(cfg: cutlass.Constexpr, gw, gsf, wq, sf, loaded, start, i, K):
+    """Unit start + i's weight bytes and scale atoms into stage i % depth, whose `loaded` then
+    expects the whole stage (the activations too)."""
+    s = i % cfg.stages
+    stages = K // STAGE_K  # per row block (and scale tiles per 128-row band)
+    rb, stage = (start + i) // stages, (start + i) % stages
+    with warp.elect_leader():
+        semaphore(loaded + s).expect_bytes(cfg.stage_bytes)
+    tma.load_async(wq[None, None, s], gw, coord(rb, stage), loaded + s)
+    for b in cutlass.range_constexpr(cfg.bands):
+        band = rb * cfg.bands + b
+        tma.load_async(sf[None, None, s * cfg.bands + b], gsf, coord(band * stages + stage, 0),
+                       loaded + s)
 
 
 @cute.jit
 def _permute(cfg: cutlass.Constexpr, xs, loaded, full, steps, thread):
-    """Permuting warps (96 threads): put each landed activation tile in the K order of the
-    decode (`act_column`), in place: 4 threads own the 16 chunks of a (row, 128-K block); thread
-    p reads natural chunks 4u + p (u = 0..3), re-pairs each (`ops.nvfp4.bf16x8_strided`) and
-    writes permuted chunks 4e + p = word e of its chunks u = 0..3. The two groups of a
-    quarter-warp take rows `spread_row` apart. Then the consumers may read."""
+    """Permute "stage", permuting warps (96 threads): put each landed activation tile in the K
+    order of the decode (`act_column`), in place: 4 threads own the 16 chunks of a (row, 128-K
+    block); thread p reads natural chunks 4u + p (u = 0..3), re-pairs each
+    (`ops.nvfp4.bf16x8_strided`) and writes permuted chunks 4e + p = word e of its chunks u =
+    0..3. The two groups of a quarter-warp take rows `spread_row` apart. Then the consumers may
+    read."""
     depth = cfg.stages
     blocks = STAGE_K // SUB_K
     tasks = cfg.N_ACT * blocks * 4  # a multiple of 64: warps stay converged
@@ -306,9 +363,10 @@ def _permute(cfg: cutlass.Constexpr, xs, loaded, full, steps, thread):
         base = xs[None, None, s].iterator.toint()
         for first_task in cutlass.range(32 * wid, tasks, 96, unroll=1):
             m, blk = quad_task((first_task + lane) // 4, blocks)
-            chunks = _load_natural(base, cfg.N_ACT, m, blk, p)
+            chunk = functools.partial(_act_chunk, base, cfg.N_ACT, m, blk)
+            chunks = _load_natural(_ld_shared, chunk, p)
             cute.arch.sync_warp()  # the group's loads before any of its stores
-            _store_permuted(base, cfg.N_ACT, m, blk, p, chunks)
+            _store_permuted(memory.st_shared_v4_u32, chunk, p, chunks)
         cute.arch.fence_proxy("async.shared", space="cta")  # our stores -> the wgmma reads
         semaphore(full + s).arrive()
 
@@ -319,23 +377,34 @@ def quad_task(quad, blocks: int):
     return spread_row(8 * (quad // (8 * blocks)) + quad % 8), (quad // 8) % blocks
 
 
-def _load_natural(base, n_act, m, blk, p):
-    """Natural chunks 4u + p (u = 0..3) of (row m, 128-K block blk), each re-paired for the
-    strided decode (word i = elements i, i + 4)."""
-    return [fp4.bf16x8_strided(memory.ld_shared_v4(
-        base + act_offset(n_act, m, blk * SUB_K + 8 * (4 * u + p)), Uint32)) for u in range(4)]
+def _act_chunk(base, n_act, m, blk, c):
+    """Shared address of 16-byte chunk c of (row m, 128-K block blk) of a stage's tile."""
+    return base + act_offset(n_act, m, blk * SUB_K + 8 * c)
 
 
-def _store_permuted(base, n_act, m, blk, p, chunks):
+def _ld_shared(addr):
+    return memory.ld_shared_v4(addr, Uint32)
+
+
+def _ld_global(addr):
+    return memory.ld_v4(addr, True)
+
+
+def _load_natural(load, chunk, p):
+    """Natural chunks 4u + p (u = 0..3) of one (row, 128-K block) (`chunk(c)`: the address of
+    chunk c), each re-paired for the strided decode (word i = elements i, i + 4)."""
+    return [fp4.bf16x8_strided(load(chunk(4 * u + p))) for u in range(4)]
+
+
+def _store_permuted(store, chunk, p, chunks):
     """Permuted chunks 4e + p (e = 0..3): word u of chunk 4e + p is word e of natural chunk
     4u + p."""
     for e in range(4):
-        memory.st_shared_v4_u32(base + act_offset(n_act, m, blk * SUB_K + 8 * (4 * e + p)),
-                                [chunks[u][e] for u in range(4)])
+        store(chunk(4 * e + p), [chunks[u][e] for u in range(4)])
 
 
 @cute.jit
-def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thread, ws, M, N,
+def _consume(cfg: cutlass.Constexpr, wq, sf, xs, ready, empty, start, steps, thread, ws, M, N,
              K, cta, ctas):
     """Consumer warpgroup thread: decode, wgmma, release; where its share leaves a row block,
     write that block's accumulator (64 weight rows x N_ACT activation rows) and start the next
@@ -357,7 +426,7 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
         for u in cutlass.range(first, last, unroll=1):  # this share's units of row block rb
             i = u - start
             s = i % depth
-            semaphore(full + s).wait((i // depth) & 1)
+            semaphore(ready + s).wait((i // depth) & 1)
             w_base = wq[None, None, s].iterator.toint()
             sf_base = sf[None, None, s * cfg.bands + rows // BAND].iterator.toint()
             for blk in cutlass.range_constexpr(STAGE_K // SUB_K):
@@ -424,6 +493,7 @@ def _output_scale(gsb):
 
 
 REDUCE_THREADS = 256
+PERMUTE_THREADS = 256
 
 
 @cute.kernel
@@ -456,17 +526,23 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
 
 @cute.jit
 def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.Pointer,
-            gsb: cute.Pointer, out: cute.Pointer, ws: cute.Pointer, M: Int32, N: Int32,
-            K: Int32, ctas: Int32, stream):
+            xp: cute.Pointer, gsb: cute.Pointer, out: cute.Pointer, ws: cute.Pointer, M: Int32,
+            N: Int32, K: Int32, ctas: Int32, stream):
     half = K // 2
     wt = cute.make_tensor(w, cute.make_layout((N, half, 1), stride=(half, 1, N * half)))
     sf_rows = (N // BAND) * (K // nvfp4_scales.ATOM_K) * 2  # 512-byte atoms as 2 rows each
     sft = cute.make_tensor(wsf, cute.make_layout((sf_rows, 256, 1),
                                                  stride=(256, 1, sf_rows * 256)))
-    xt = cute.make_tensor(x, cute.make_layout((M, K, 1), stride=(K, 1, M * K)))
+    per_call = cfg.permute == "call"  # (x: the permuted copy xp, which the TMA then reads)
+    if cutlass.const_expr(per_call):
+        _permute_kernel(x, xp, M, K).launch(
+            grid=[(M * (K // SUB_K) * 4 + PERMUTE_THREADS - 1) // PERMUTE_THREADS, 1, 1],
+            block=[PERMUTE_THREADS, 1, 1], stream=stream, use_pdl=True)
+    xt = cute.make_tensor(xp if per_call else x, cute.make_layout((M, K, 1),
+                                                                 stride=(K, 1, M * K)))
     _kernel(cfg, gl.load(wt, cfg.weight_tile), gl.load(sft, cfg.scale_tile),
             gl.load(xt, cfg.act_tile), ws, M, N, K).launch(
-        grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream,
+        grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=per_call,
         min_blocks_per_mp=1)  # (without it ptxas drops setmaxnreg: `ops.warpgroup`)
     MN = M * N
     _reduce_kernel(cfg, ws, gsb, out, M, N, K, ctas).launch(
@@ -476,14 +552,14 @@ def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
 
 # ---------------------------------------------------------------- host
 
-ARGS = ("p",) * 6 + ("i32",) * 4 + ("p",)
+ARGS = ("p",) * 7 + ("i32",) * 4 + ("p",)
 
 
 def _pointer_types(cfg: Config) -> list:
     out_t = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32}[cfg.out_dtype]
     return [(cutlass.Uint8, 16), (cutlass.Uint8, 16), (cutlass.BFloat16, 16),
-            (cutlass.Float32, 4), (out_t, 4), (cutlass.Float32, 16)]
+            (cutlass.BFloat16, 16), (cutlass.Float32, 4), (out_t, 4), (cutlass.Float32, 16)]
 
 
 def fake_args(cfg: Config):
@@ -502,7 +578,7 @@ def compile_launcher(cfg: Config, options: str = ""):
 
     fn = Launcher(cute.compile(_launch, *fake_args(cfg), driver.CUstream(0), options=options),
                   ARGS)
-    v = (1024, 2048, 4096, 64, 8192, 16384, 16, 8192, 4096, 132, 128)
+    v = (1024, 2048, 4096, 3072, 64, 8192, 16384, 16, 8192, 4096, 132, 128)
     fn.check_against_dsl(dsl_values(ARGS, v, _pointer_types(cfg)), v)
     return fn
 
@@ -569,8 +645,10 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
     # fp32 partials: per row block, one (M, N) plane per CTA it spans (caching allocator)
     planes = schedule.stream_k_spans(ctas, N // config.ROWS)
     ws = torch.empty(planes * M * N, dtype=torch.float32, device=dev)
+    # the permuted activations (permute "call")
+    xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev) if config.permute == "call" else a
     _CACHE.get((config, index), lambda: compile_launcher(config))(
         aligned(b.data).data_ptr(), aligned(b.scales).data_ptr(), aligned(a).data_ptr(),
-        b.global_scale.data_ptr(), out.data_ptr(), ws.data_ptr(), M, N, K, ctas,
+        xp.data_ptr(), b.global_scale.data_ptr(), out.data_ptr(), ws.data_ptr(), M, N, K, ctas,
         raw_stream(index))
     return out

@@ -66,6 +66,17 @@ def test_permuting_warps_implement_act_column():
         assert rs.act_column(k) == col
 
 
+@pytest.mark.parametrize("M, K", [(1, 256), (9, 512), (32, 8192), (128, 2048)])
+def test_permute_kernel_threads_cover_every_row_block_once(M, K):
+    """Permute "call": `_permute_kernel`'s threads (the grid `_launch` gives it) take each (row,
+    128-K block, p) once, so with the model above every activation lands at `act_column`."""
+    blocks = K // rs.SUB_K
+    threads = -(-M * blocks * 4 // rs.PERMUTE_THREADS) * rs.PERMUTE_THREADS
+    tasks = [rs.permute_task(t, blocks) for t in range(threads)]
+    mine = sorted(x for x in tasks if x[0] < M)
+    assert mine == [(m, blk, p) for m in range(M) for blk in range(blocks) for p in range(4)]
+
+
 def test_strided_pairs_match_the_ops_selector():
     """The model's (i, i + 4) pairing is what `ops.nvfp4.bf16x8_strided` selects."""
     from tk_cute.ops.nvfp4 import STRIDED_PAIRS
@@ -184,7 +195,7 @@ def test_scale_reads_follow_the_blocked_layout(K, rows):
 
 @pytest.mark.parametrize("M, N, K, n_act, rows", [
     (9, 8192, 8192, 16, 256), (16, 28672, 8192, 16, 256), (64, 8192, 8192, 64, 256),
-    (72, 8192, 8192, 80, 256), (100, 8192, 8192, 112, 128), (16, 384, 8192, 16, 128),
+    (72, 8192, 8192, 80, 128), (100, 8192, 8192, 112, 128), (16, 384, 8192, 16, 128),
     (1, 8192, 8192, 8, 256), (33, 4096, 4096, 48, 256), (128, 4096, 4096, 128, 128)])
 def test_config_for(M, N, K, n_act, rows):
     cfg = rs.config_for(M, N, K)
@@ -225,6 +236,16 @@ def test_config_rejects_bad_fields():
         rs.Config(ROWS=192)
     with pytest.raises(ValueError, match="A_SETS must be 0 .auto., 1 or 2, got 3"):
         rs.Config(A_SETS=3)
+    with pytest.raises(ValueError, match="PERMUTE must be 'auto', 'stage' or 'call', got 'x'"):
+        rs.Config(PERMUTE="x")
+
+
+def test_permute_mode():
+    """The activations are permuted per stage by the permuting warps up to N_ACT = 16, once per
+    call by `_permute_kernel` beyond (measured, `CALL_PERMUTE_MIN_N_ACT`), or as configured."""
+    assert rs.Config(N_ACT=16).permute == "stage" and rs.Config(N_ACT=8).permute == "stage"
+    assert rs.Config(N_ACT=32).permute == "call" and rs.Config(N_ACT=128).permute == "call"
+    assert rs.Config(N_ACT=64, PERMUTE="stage").permute == "stage"
 
 
 def test_a_register_sets():
@@ -241,7 +262,9 @@ CONFIGS = {"n8": rs.Config(N_ACT=8), "n16": rs.Config(N_ACT=16), "n48": rs.Confi
            "n64": rs.Config(N_ACT=64), "n128": rs.Config(N_ACT=128),
            "n16_fp32": rs.Config(N_ACT=16, out_dtype="float32"),
            "n16_r256": rs.Config(N_ACT=16, ROWS=256), "n64_r256": rs.Config(N_ACT=64, ROWS=256),
-           "n80_r256": rs.Config(N_ACT=80, ROWS=256)}
+           "n80_r256": rs.Config(N_ACT=80, ROWS=256),
+           "n16_r256_call": rs.Config(N_ACT=16, ROWS=256, PERMUTE="call"),
+           "n64_stage": rs.Config(N_ACT=64, PERMUTE="stage")}
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -254,8 +277,9 @@ def built(request):
 
 def test_register_a_wgmma_fed_by_tma_without_spills(built):
     cfg, b = built
-    main = [k for k in b.resources if "reduce" not in k.name]
-    assert len(main) == 1 and len(b.resources) == 2  # and the reduction
+    per_call = cfg.permute == "call"
+    main = [k for k in b.resources if "reduce" not in k.name and "permute" not in k.name]
+    assert len(main) == 1 and len(b.resources) == 2 + per_call  # the reduction (and permute)
     # 2 x 8 wgmma per stage, A from registers (an R operand, not a descriptor), B from shared.
     assert b.sass_count(rf"HGMMA\.64x{cfg.N_ACT}x16\.F32\.BF16 R\d+, R\d+, gdesc") == 16
     assert b.sass_count(r"\bHGMMA\b") == 16
@@ -263,19 +287,22 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     # not serialized by ptxas (a full wait after each wgmma): full waits only in the finish
     assert b.sass_count(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0") <= 3
     # TMA tile loads per stage: weights, each band's scales and the activations in 64-column
-    # (128-byte, one swizzle span) boxes; no global vector loads but the reduction's.
+    # (128-byte, one swizzle span) boxes; no global vector loads but the reduction's and the
+    # permute kernel's 4 (natural chunks) and its 4 stores (permuted chunks).
     tma_loads = 1 + cfg.bands + rs.STAGE_K // 64
     assert b.ptx_count(r"cp\.async\.bulk\.tensor\.2d") == tma_loads
     assert b.sass_count(r"\bUTMALDG\b") == tma_loads
-    assert b.ptx_count(r"ld\.global\.nc\S*\.v4") == 1
-    # The reduction launches early (PDL) and waits for the partials.
-    assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1
-    assert b.ptx_count(r"griddepcontrol\.wait") == 1
+    assert b.ptx_count(r"ld\.global\.nc\S*\.v4") == 1 + 4 * per_call
+    assert b.ptx_count(r"st\.global\.v4") == 4 * per_call
+    # PDL: the reduction launches early and waits for the partials; the GEMM waits (a no-op
+    # without PDL) for the permute kernel, which waits for the kernel before it.
+    assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1 + per_call
+    assert b.ptx_count(r"griddepcontrol\.wait") == 2 + per_call
     # A row block's first wgmma overwrites the accumulator under a run-time predicate.
     assert b.sass_count(r"HGMMA\.\S+ R\d+, R\d+, gdesc\[UR\d+\], R\d+, !?UPT?\d") == 1
     # Consumers: 2 LDS.128 of weights per 128-K block; permuting warps: 4 LDS.128 + 4 STS.128.
-    assert b.ptx_count(r"ld\.shared\.v4\.u32") == 2 * 2 + 4
-    assert b.ptx_count(r"st\.shared\.v4\.u32") == 4
+    assert b.ptx_count(r"ld\.shared\.v4\.u32") == 2 * 2 + 4 * (not per_call)
+    assert b.ptx_count(r"st\.shared\.v4\.u32") == 4 * (not per_call)
     assert b.ptx_count(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{rs.PRODUCER_REGISTERS}") == 1
     assert b.ptx_count(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{cfg.consumer_registers}") == 1
     # ptxas honours setmaxnreg only knowing the register count at entry (`ops.warpgroup`)
@@ -356,6 +383,40 @@ def test_fp32_output_share_invariance_and_determinism(seed, M, N):
         assert torch.equal(d, rs.gemm_rs(a, b, torch.float32, ctas=ctas)), ctas
     d16 = rs.gemm_rs(a, b, torch.float16, ctas=7)
     assert d16.dtype == torch.float16 and _rel(d16, ref) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N", [(16, 512), (40, 384), (128, 256)])
+def test_permute_modes_agree_bitwise(seed, M, N):
+    """Permuting per stage (in shared memory) and once per call (`_permute_kernel`) put the same
+    activations at the same columns: identical bits."""
+    import dataclasses
+
+    K = 2048
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    cfg = rs.config_for(M, N, K)
+    outs = []
+    for mode in ("stage", "call"):
+        out = torch.full((M, N), float("nan"), device="cuda")
+        outs.append(rs.gemm_rs(a, b, torch.float32, out=out,
+                               config=dataclasses.replace(cfg, PERMUTE=mode)))
+    assert not outs[0].isnan().any() and torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+def test_chained_calls_read_the_previous_output(seed):
+    """A call whose activations are the previous call's output (its reduction kernel) reads them
+    complete: the permute kernel, launched with PDL, waits for the kernel before it."""
+    M, K = 32, 512
+    b1, b2 = _weights(1024, K), _weights(256, 1024)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    assert rs.config_for(M, 256, 1024).permute == "call"
+    for _ in range(3):
+        d1 = rs.gemm_rs(a, b1)
+        d2 = rs.gemm_rs(d1, b2)  # back to back on the stream
+        torch.cuda.synchronize()
+        assert torch.equal(d2, rs.gemm_rs(d1.clone(), b2))
 
 
 @pytest.mark.gpu

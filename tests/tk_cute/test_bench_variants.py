@@ -15,4 +15,4 @@ def test_nvfp4_variants_with_tuning(M, N, K):
     assert bool(tuned) == (M <= 64)
     assert ("tk_cute w4a16 fused" in v) == (M % 128 == 0)
     assert ("tk_cute w4a16 small-M kernel" in v) == (9 <= M <= 64)
-    assert ("tk_cute w4a16 rs" in v) == (M < 9 or M == 128)
+    assert ("tk_cute w4a16 rs" in v) == (M < 9)

@@ -79,7 +79,7 @@ def _variants(M, N, K, tune: bool, sms: int):
         v["tk_cute w4a16 pdl"] = lambda s: gv.gemm_small_m(s["a"], s["b"], pdl=True)
     if rs.MIN_M <= M <= gv.MAX_M and gv.supports(M, N, K):  # the small-M kernel beside rs
         v["tk_cute w4a16 small-M kernel"] = lambda s: gv.gemm_small_m(s["a"], s["b"])
-    if rs.supports(M, N, K) and (M < rs.MIN_M or M % 128 == 0):  # where the dispatch may not
+    if rs.supports(M, N, K) and M < rs.MIN_M:  # where the dispatch does not take it
         v["tk_cute w4a16 rs"] = lambda s: rs.gemm_rs(s["a"], s["b"])
     if tune and M <= gv.MAX_M:
         import dataclasses

@@ -133,11 +133,8 @@ def _kernel_for(a, b, out_dtype):
     if target.family == "hopper" and b.ndim == 2:
         from tk_cute.kernels.gemm import nvfp4_gemv_sm90, nvfp4_rs_sm90, nvfp4_sm90
 
-        sms = torch.cuda.get_device_properties(b.device).multi_processor_count
-        large_fused = (nvfp4_sm90.supports(M, N, K)
-                       and nvfp4_sm90.default_path(M, N, sms) == "fused")
         if (isinstance(a, torch.Tensor) and M >= nvfp4_rs_sm90.MIN_M
-                and nvfp4_rs_sm90.supports(M, N, K) and not large_fused):
+                and nvfp4_rs_sm90.supports(M, N, K)):
             return nvfp4_rs_sm90.gemm_rs
         if M <= nvfp4_gemv_sm90.MAX_M and nvfp4_gemv_sm90.supports(M, N, K):
             return nvfp4_gemv_sm90.gemm_small_m
@@ -155,9 +152,9 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Te
     """``D = a @ b^T`` for NVFP4 operands (public entry point; kernels dispatch from here).
 
     Paths: on Hopper, W4A16 with 9 <= M <= 128, N % 128 == 0, K % 256 == 0 runs the register-A
-    wgmma kernel (`kernels/gemm/nvfp4_rs_sm90.py`) unless the large-M kernel's fused path fills
-    one wave there (M = 128, N / 256 tiles near the SM count: on the H200 128x28672x8192 took
-    147 us fused, 281 us in the register-A kernel); otherwise M <= 64 runs the weight-streaming
+    wgmma kernel (`kernels/gemm/nvfp4_rs_sm90.py`; on the H200 it beat the large-M kernel's
+    fused path at M = 128 too: 139 against 148 us at 128x28672x8192); otherwise M <= 64 runs
+    the weight-streaming
     kernel (`kernels/gemm/nvfp4_gemv_sm90.py`) and M % 128 == 0, N % 256 == 0, K % 64 == 0 the
     emulating GEMM (`kernels/gemm/nvfp4_sm90.py`);
     on sm_100a/sm_103a/sm_107a, W4A4 runs the block-scaled tcgen05 kernel

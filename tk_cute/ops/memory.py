@@ -10,7 +10,7 @@ tests count these instructions.
 - Streaming reads: `ld_v4(addr, stream=True)` (``ld.global.nc.L1::no_allocate``: weights read
   once; `l2_fetch`: ``.L2::128B`` / ``.L2::256B`` prefetch sizes), `ld_v4_pred` (evict-first,
   zeros when off), `ld_u16`, `ld_u32_pred`.
-- Stores: `st_u32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
+- Stores: `st_u32`, `st_v4_u32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
   `st_u8_pred`, `st_u16_pred`, `st_u32_pred`.
 - Global -> shared without registers: `cp_async_16`, `cp_async_wait_all`.
 - Shared memory: `ld_shared_v4` (float32 or 32-bit words), `ld_shared_u16`, `st_shared_v2_f32`,
@@ -70,6 +70,13 @@ def ld_u32_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> Uint32:
 @dsl_user_op
 def st_u32(addr: Int64, v: Uint32, *, loc=None, ip=None) -> None:
     asm(None, [Int64(addr), Uint32(v)], "st.global.b32 [$0], $1;", "l,r", loc, ip, True)
+
+
+@dsl_user_op
+def st_v4_u32(addr: Int64, words: list, *, loc=None, ip=None) -> None:
+    """4 32-bit words to global `addr` (16-byte aligned)."""
+    asm(None, [Int64(addr)] + [Uint32(w) for w in words],
+        "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r", loc, ip, True)
 
 
 @dsl_user_op
