@@ -12,9 +12,9 @@ decode.
 Schedule (stream-K, `ops.schedule.stream_k_share`): the work is (N / ROWS row blocks) x (K / 256
 stages) units, row block major; each of `ctas` CTAs (one per SM) streams an equal contiguous
 share, so no wave is left part-empty whatever N and K, and the pipeline runs on across row
-blocks. ROWS is 256 (four consumer warpgroups, 640 threads) where N allows and N_ACT <= 64:
-each activation tile then serves twice the weight rows (half the L2 reads per weight byte),
-else 128 (two, 384 threads).
+blocks. ROWS is 256 where N allows and N_ACT <= 64 (four consumer warpgroups, 640 threads) or
+N_ACT = 128 (two warpgroups of two MMA tiles, 384 threads): each activation tile then serves
+twice the weight rows (half the L2 reads per weight byte); else 128 (two warpgroups).
 Activations: the decode's K order is not memory order (below), so they are permuted either
   once per call ("call", N_ACT >= 32): `_permute_kernel` writes a permuted copy, and this
     kernel, launched behind it with PDL, asks for its first unit's weights before waiting; or
@@ -28,15 +28,15 @@ Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / em
   permuting warps ("stage" only, warps 1-3): put the landed activations in the K order of the
     decode, in place (`act_column`, `_load_natural` / `_store_permuted`: 4 LDS.128, 16 prmt, 4
     STS.128 per 64 bytes), fence them for the async proxy and arrive on `full`;
-  consumer warpgroups (ROWS / 64, 64 rows each): once a stage is ready (`full`; `loaded` with
-    "call"), per 128-K half of it read their 16 weight bytes of accumulator rows g, g + 8
-    (weight rows `spread_row(g)`, + 8: with it every 16-byte shared access of the kernel is
-    conflict-free) and two scale bytes, decode them into
-    one of two A register sets (one where two do not fit: `Config.a_sets`), issue 8 wgmma (m64
-    n N_ACT k16; the first of a row block overwrites the accumulator) and commit; waiting for
-    all but the last group (all of them with one set) frees the next set and, after the first
-    half, the previous stage (`empty`); where the share leaves a row block, each thread writes
-    its fp32 partial sum to the block's workspace plane for this CTA;
+  consumer warpgroups (64 TILES rows each): once a stage is ready (`full`; `loaded` with
+    "call"), per 128-K half of it and MMA tile read their 16 weight bytes of accumulator rows
+    g, g + 8 (weight rows `spread_row(g)`, + 8: with it every 16-byte shared access of the
+    kernel is conflict-free) and two scale bytes, decode them into one of two A register sets
+    (one where two do not fit: `Config.a_sets`), issue 8 wgmma (m64 n N_ACT k16; the first of
+    a row block overwrites the accumulator) and commit; waiting for all but the last group (all
+    of them with one set) frees the next set and, after the stage's first batch, the previous
+    stage (`empty`); where the share leaves a row block, each thread writes its fp32 partial
+    sums to the block's workspace plane for this CTA;
   `_reduce_kernel` sums each row block's planes in CTA order (deterministic) times 2^8 * gB
     into D; it is launched with PDL, so its launch overlaps this kernel, and waits for it.
 The K order: a thread's 16 weight bytes hold 32 consecutive codes (K 32t .. 32t + 31 of a
@@ -102,13 +102,15 @@ CALL_PERMUTE_MIN_N_ACT = 32
 @dataclass(frozen=True)
 class Config:
     """N_ACT: activation rows per MMA (wgmma N, >= M: 8 or a multiple of 16); ROWS: weight rows
-    per CTA and stage (128 or 256: one consumer warpgroup per 64); STAGES: ring depth (0: as
-    many as fit); A_SETS: A operand register sets a consumer alternates (2: a batch's decode
+    per CTA and stage (128 or 256); TILES: 64-row MMA tiles (accumulators) per consumer
+    warpgroup (1 or 2; ROWS / (64 TILES) consumer warpgroups); STAGES: ring depth (0: as many
+    as fit); A_SETS: A operand register sets a consumer alternates (2: a batch's decode
     overlaps the previous batch's MMAs; 1: each batch waits for its MMAs; 0: 2 where they fit
-    the consumer registers)."""
+    the consumer registers); PERMUTE: see `permute`."""
 
     N_ACT: int = 16
     ROWS: int = 128
+    TILES: int = 1
     STAGES: int = 0
     A_SETS: int = 0
     PERMUTE: str = "auto"
@@ -121,6 +123,8 @@ class Config:
                              f"got {self.N_ACT}")
         if self.ROWS not in (BAND, 2 * BAND):
             raise ValueError(f"ROWS must be {BAND} or {2 * BAND}, got {self.ROWS}")
+        if self.TILES not in (1, 2):
+            raise ValueError(f"TILES must be 1 or 2, got {self.TILES}")
         if self.A_SETS not in (0, 1, 2):
             raise ValueError(f"A_SETS must be 0 (auto), 1 or 2, got {self.A_SETS}")
         if self.PERMUTE not in ("auto", "stage", "call"):
@@ -134,7 +138,7 @@ class Config:
 
     @property
     def consumers(self) -> int:  # consumer warpgroups
-        return self.ROWS // 64
+        return self.ROWS // (64 * self.TILES)
 
     @property
     def bands(self) -> int:  # scale bands per stage
@@ -146,11 +150,13 @@ class Config:
 
     @property
     def a_sets(self) -> int:
-        """With 104 consumer registers (256 rows) two sets fit beside an N_ACT = 16 accumulator
-        only: ptxas serializes the wgmma (a full wait after each) from N_ACT = 32 on."""
+        """With 104 consumer registers (640 threads) two sets fit beside an N_ACT = 16
+        accumulator only: ptxas serializes the wgmma (a full wait after each) from N_ACT = 32
+        on. With two tiles it serializes them with two sets at any N_ACT (C7513: "non wgmma
+        instructions defining input registers"); one set was as fast on the H200."""
         if self.A_SETS:
             return self.A_SETS
-        return 2 if self.ROWS == BAND or self.N_ACT <= 16 else 1
+        return 2 if self.TILES == 1 and (self.ROWS == BAND or self.N_ACT <= 16) else 1
 
     @property
     def permute(self) -> str:
@@ -240,12 +246,20 @@ def supports(M: int, N: int, K: int) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def config_for(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> Config:
-    """N_ACT = M rounded up to 16 (8 up to M = 8); 256 rows per CTA where N allows and N_ACT <=
-    WIDE_MAX_N_ACT (each activation byte then serves twice the weight rows)."""
+    """N_ACT = M rounded up to 16 (8 up to M = 8). Where N allows, 256 rows per CTA (each
+    activation byte then serves twice the weight rows): as four warpgroups of one MMA tile up
+    to N_ACT = WIDE_MAX_N_ACT, and as two of two tiles where 128 rows would leave a ring of two
+    stages anyway (N_ACT = 128; beyond that 128 rows keep three stages and were faster)."""
     _check_shape(M, N, K, Config(N_ACT=MAX_M))
     n_act = 8 if M <= 8 else -(-M // 16) * 16
-    wide = N % (2 * BAND) == 0 and n_act <= WIDE_MAX_N_ACT
-    return Config(N_ACT=n_act, ROWS=2 * BAND if wide else BAND, out_dtype=out_dtype)
+    narrow = Config(N_ACT=n_act, out_dtype=out_dtype)
+    if N % (2 * BAND):
+        return narrow
+    if n_act <= WIDE_MAX_N_ACT:
+        return Config(N_ACT=n_act, ROWS=2 * BAND, out_dtype=out_dtype)
+    if narrow.stages == 2:
+        return Config(N_ACT=n_act, ROWS=2 * BAND, TILES=2, out_dtype=out_dtype)
+    return narrow
 
 
 def stream_units(cfg: Config, N, K):
@@ -407,18 +421,18 @@ def _store_permuted(store, chunk, p, chunks):
 def _consume(cfg: cutlass.Constexpr, wq, sf, xs, ready, empty, start, steps, thread, ws, M, N,
              K, cta, ctas):
     """Consumer warpgroup thread: decode, wgmma, release; where its share leaves a row block,
-    write that block's accumulator (64 weight rows x N_ACT activation rows) and start the next
-    one from zero."""
+    write that block's accumulators (TILES x 64 weight rows x N_ACT activation rows) and start
+    the next one from zero."""
     depth = cfg.stages
     stages = K // STAGE_K
     wg_thread = thread % WG
     lane = wg_thread % 32
     g, t = lane // 4, lane % 4
-    rows = (thread // WG) * 64  # this warpgroup's rows of the ROWS-row block
-    # Accumulator rows g, g + 8 of the warp's 16 hold weight rows r_lo, r_lo + 8
+    rows = (thread // WG) * 64 * cfg.TILES  # this warpgroup's rows of the ROWS-row block
+    # Accumulator rows g, g + 8 of the warp's 16 in tile j hold weight rows r_lo + 64 j, + 8
     r_lo = rows + (wg_thread // 32) * 16 + spread_row(g)
     mma = warpgroup.tiled_mma(cutlass.BFloat16, cfg.N_ACT)
-    acc = rt.accumulator(mma, wg_thread, 64, cfg.N_ACT)
+    acc = [rt.accumulator(mma, wg_thread, 64, cfg.N_ACT) for _ in range(cfg.TILES)]
     regs = [rt.operand_A(mma, wg_thread, 64, SUB_K) for _ in range(cfg.a_sets)]
     end = start + steps
     for rb in cutlass.range(start // stages, (end - 1) // stages + 1, unroll=1):
@@ -428,25 +442,27 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, ready, empty, start, steps, thr
             s = i % depth
             semaphore(ready + s).wait((i // depth) & 1)
             w_base = wq[None, None, s].iterator.toint()
-            sf_base = sf[None, None, s * cfg.bands + rows // BAND].iterator.toint()
-            for blk in cutlass.range_constexpr(STAGE_K // SUB_K):
-                a = regs[blk % cfg.a_sets]
-                _decode(a, w_base, sf_base, r_lo, t, blk)
+            for batch in cutlass.range_constexpr(STAGE_K // SUB_K * cfg.TILES):
+                blk, j = divmod(batch, cfg.TILES)  # 128-K block, MMA tile
+                a = regs[batch % cfg.a_sets]
+                band = s * cfg.bands + (rows + 64 * j) // BAND
+                _decode(a, w_base, sf[None, None, band].iterator.toint(), r_lo + 64 * j, t, blk)
                 warpgroup.mma_fence()
                 x = cute.local_tile(xs[None, None, s], (cfg.N_ACT, SUB_K), (0, blk))
                 if cutlass.const_expr(blk == 0):  # the row block's first unit starts from 0
-                    warpgroup.mma_ABt(acc, a, x, accumulate=u > first)
+                    warpgroup.mma_ABt(acc[j], a, x, accumulate=u > first)
                 else:
-                    warpgroup.mma_ABt(acc, a, x)
+                    warpgroup.mma_ABt(acc[j], a, x)
                 warpgroup.mma_commit_group()
                 # All but the last batch done (two sets; all of them with one): the next batch's
-                # register set is free and, after the first half, so is the previous stage.
+                # register set is free and, after the first batch, so is the previous stage.
                 warpgroup.mma_async_wait(cfg.a_sets - 1)
-                if blk == 0 and i > 0:
+                if batch == 0 and i > 0:
                     with warp.elect_leader():
                         semaphore(empty + (i - 1) % depth).arrive()
         warpgroup.mma_async_wait(0)
-        _store(cfg, acc, ws, M, N, K, cta, ctas, rb * cfg.ROWS + rows)
+        for j in cutlass.range_constexpr(cfg.TILES):
+            _store(cfg, acc[j], ws, M, N, K, cta, ctas, rb * cfg.ROWS + rows + 64 * j)
 
 
 def _decode(a: rt, w_base, sf_base, r_lo, t, blk):

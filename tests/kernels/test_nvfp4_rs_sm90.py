@@ -193,27 +193,29 @@ def test_scale_reads_follow_the_blocked_layout(K, rows):
 # --- configuration -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("M, N, K, n_act, rows", [
-    (9, 8192, 8192, 16, 256), (16, 28672, 8192, 16, 256), (64, 8192, 8192, 64, 256),
-    (72, 8192, 8192, 80, 128), (100, 8192, 8192, 112, 128), (16, 384, 8192, 16, 128),
-    (1, 8192, 8192, 8, 256), (33, 4096, 4096, 48, 256), (128, 4096, 4096, 128, 128)])
-def test_config_for(M, N, K, n_act, rows):
+@pytest.mark.parametrize("M, N, K, n_act, rows, tiles", [
+    (9, 8192, 8192, 16, 256, 1), (16, 28672, 8192, 16, 256, 1), (64, 8192, 8192, 64, 256, 1),
+    (72, 8192, 8192, 80, 128, 1), (100, 8192, 8192, 112, 128, 1), (16, 384, 8192, 16, 128, 1),
+    (1, 8192, 8192, 8, 256, 1), (33, 4096, 4096, 48, 256, 1), (128, 4096, 4096, 128, 256, 2),
+    (128, 384, 4096, 128, 128, 1)])
+def test_config_for(M, N, K, n_act, rows, tiles):
     cfg = rs.config_for(M, N, K)
-    assert (cfg.N_ACT, cfg.ROWS) == (n_act, rows) and cfg.stages >= 2
+    assert (cfg.N_ACT, cfg.ROWS, cfg.TILES) == (n_act, rows, tiles) and cfg.stages >= 2
     assert cfg.smem(cfg.stages) <= rs.SMEM_BUDGET
 
 
-@pytest.mark.parametrize("rows", [128, 256])
-def test_register_split_is_feasible(rows):
+@pytest.mark.parametrize("rows, tiles", [(128, 1), (256, 1), (256, 2)])
+def test_register_split_is_feasible(rows, tiles):
     """setmaxnreg.inc only takes registers the block already holds (its launch allocation): the
     consumers' increase must fit in what the producer warpgroup's decrease gives back, or they
     wait forever (a hang seen on the H200 with 640 threads at 40 / 112)."""
-    cfg = rs.Config(ROWS=rows)
+    cfg = rs.Config(ROWS=rows, TILES=tiles)
     entry = warpgroup.entry_registers(cfg.threads)
     assert entry * cfg.threads <= warpgroup.REGISTER_FILE and entry % 8 == 0
     assert cfg.consumers * (cfg.consumer_registers - entry) <= entry - rs.PRODUCER_REGISTERS
     assert cfg.consumer_registers % 8 == 0 and cfg.consumer_registers >= entry
-    assert (cfg.threads, cfg.consumer_registers) == {128: (384, 224), 256: (640, 104)}[rows]
+    assert (cfg.threads, cfg.consumer_registers) == {128: (384, 224), 256: (640, 104)}[
+        rows // tiles]
 
 
 @pytest.mark.parametrize("M, N, K, match", [
@@ -236,6 +238,8 @@ def test_config_rejects_bad_fields():
         rs.Config(ROWS=192)
     with pytest.raises(ValueError, match="A_SETS must be 0 .auto., 1 or 2, got 3"):
         rs.Config(A_SETS=3)
+    with pytest.raises(ValueError, match="TILES must be 1 or 2, got 3"):
+        rs.Config(TILES=3)
     with pytest.raises(ValueError, match="PERMUTE must be 'auto', 'stage' or 'call', got 'x'"):
         rs.Config(PERMUTE="x")
 
@@ -254,6 +258,7 @@ def test_a_register_sets():
     assert rs.Config(N_ACT=128).a_sets == 2 and rs.Config(N_ACT=16, ROWS=256).a_sets == 2
     assert rs.Config(N_ACT=32, ROWS=256).a_sets == 1 and rs.Config(N_ACT=80, ROWS=256).a_sets == 1
     assert rs.Config(N_ACT=16, ROWS=256, A_SETS=1).a_sets == 1
+    assert rs.Config(N_ACT=128, ROWS=256, TILES=2).a_sets == 1
 
 
 # --- compile (CPU, sm_90a) --------------------------------------------------------------------
@@ -264,7 +269,8 @@ CONFIGS = {"n8": rs.Config(N_ACT=8), "n16": rs.Config(N_ACT=16), "n48": rs.Confi
            "n16_r256": rs.Config(N_ACT=16, ROWS=256), "n64_r256": rs.Config(N_ACT=64, ROWS=256),
            "n80_r256": rs.Config(N_ACT=80, ROWS=256),
            "n16_r256_call": rs.Config(N_ACT=16, ROWS=256, PERMUTE="call"),
-           "n64_stage": rs.Config(N_ACT=64, PERMUTE="stage")}
+           "n64_stage": rs.Config(N_ACT=64, PERMUTE="stage"),
+           "n128_r256_t2": rs.Config(N_ACT=128, ROWS=256, TILES=2)}
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -280,12 +286,15 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     per_call = cfg.permute == "call"
     main = [k for k in b.resources if "reduce" not in k.name and "permute" not in k.name]
     assert len(main) == 1 and len(b.resources) == 2 + per_call  # the reduction (and permute)
-    # 2 x 8 wgmma per stage, A from registers (an R operand, not a descriptor), B from shared.
-    assert b.sass_count(rf"HGMMA\.64x{cfg.N_ACT}x16\.F32\.BF16 R\d+, R\d+, gdesc") == 16
-    assert b.sass_count(r"\bHGMMA\b") == 16
-    assert b.ptx_count(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16 ") == 16
-    # not serialized by ptxas (a full wait after each wgmma): full waits only in the finish
-    assert b.sass_count(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0") <= 3
+    # 2 x 8 wgmma per stage and tile, A from registers (an R operand, not a descriptor), B from
+    # shared memory.
+    mmas = 16 * cfg.TILES
+    assert b.sass_count(rf"HGMMA\.64x{cfg.N_ACT}x16\.F32\.BF16 R\d+, R\d+, gdesc") == mmas
+    assert b.sass_count(r"\bHGMMA\b") == mmas
+    assert b.ptx_count(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16 ") == mmas
+    # not serialized by ptxas (a full wait after each wgmma): full waits only after each batch
+    # with one A set (2 per tile) and in the finish
+    assert b.sass_count(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0") <= 2 * cfg.TILES + 1
     # TMA tile loads per stage: weights, each band's scales and the activations in 64-column
     # (128-byte, one swizzle span) boxes; no global vector loads but the reduction's and the
     # permute kernel's 4 (natural chunks) and its 4 stores (permuted chunks).
@@ -298,10 +307,11 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     # without PDL) for the permute kernel, which waits for the kernel before it.
     assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1 + per_call
     assert b.ptx_count(r"griddepcontrol\.wait") == 2 + per_call
-    # A row block's first wgmma overwrites the accumulator under a run-time predicate.
-    assert b.sass_count(r"HGMMA\.\S+ R\d+, R\d+, gdesc\[UR\d+\], R\d+, !?UPT?\d") == 1
-    # Consumers: 2 LDS.128 of weights per 128-K block; permuting warps: 4 LDS.128 + 4 STS.128.
-    assert b.ptx_count(r"ld\.shared\.v4\.u32") == 2 * 2 + 4 * (not per_call)
+    # A row block's first wgmma (per tile) overwrites the accumulator under a run-time predicate.
+    assert b.sass_count(r"HGMMA\.\S+ R\d+, R\d+, gdesc\[UR\d+\], R\d+, !?UPT?\d") == cfg.TILES
+    # Consumers: 2 LDS.128 of weights per 128-K block and tile; permuting warps: 4 LDS.128 + 4
+    # STS.128.
+    assert b.ptx_count(r"ld\.shared\.v4\.u32") == 2 * 2 * cfg.TILES + 4 * (not per_call)
     assert b.ptx_count(r"st\.shared\.v4\.u32") == 4 * (not per_call)
     assert b.ptx_count(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{rs.PRODUCER_REGISTERS}") == 1
     assert b.ptx_count(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{cfg.consumer_registers}") == 1
@@ -319,9 +329,9 @@ def test_decode_instruction_budget(built):
     byte permute and 2 multiplies (the broadcasts fold into operand selects); the permuting
     warps re-pair 4 chunks with at most 16 byte permutes."""
     cfg, b = built
-    words = 2 * 2 * 4  # 2 rows x 2 blocks x 4 words per thread and stage
-    assert b.sass_count(r"\bHMUL2\b") == 4 * words + 2 * 2 * 2
-    assert b.sass_count(r"PRMT R\d+, R\d+, 0x4140") == 2 * 2
+    words = 2 * 2 * 4 * cfg.TILES  # 2 rows x 2 blocks x 4 words per thread, stage and tile
+    assert b.sass_count(r"\bHMUL2\b") == 4 * words + 2 * 2 * 2 * cfg.TILES
+    assert b.sass_count(r"PRMT R\d+, R\d+, 0x4140") == 2 * 2 * cfg.TILES
     assert b.sass_count(r"PRMT R\d+, R\d+, 0x(5410|7632)") <= 16
 
 
@@ -364,14 +374,15 @@ def test_w4a16_matches_float64(seed, M, N, K):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [16, 72])
-@pytest.mark.parametrize("N", [384, 512])  # 128 / 256 rows per CTA (config_for)
+@pytest.mark.parametrize("M", [16, 48, 128])  # activations permuted per stage / per call
+@pytest.mark.parametrize("N", [384, 512])  # 128 / 256 rows per CTA (config_for; 2 tiles at 128)
 def test_fp32_output_share_invariance_and_determinism(seed, M, N):
     """Every CTA count (one CTA for all, shares that split row blocks unevenly, one unit per
     CTA) gives the same sum up to fp32 rounding; one CTA count is bitwise reproducible run to
     run (partials summed in CTA order)."""
     K = 2048
     assert rs.config_for(M, N, K).ROWS == {384: 128, 512: 256}[N]
+    assert rs.config_for(M, N, K).TILES == (2 if (M, N) == (128, 512) else 1)
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     ref = a.double() @ b.dequantize(torch.float64).t()
