@@ -47,15 +47,17 @@ One CTA per SM (the ring takes the shared memory). The register split comes from
 allocation (`warpgroup.consumer_registers`: setmaxnreg.inc only takes what the producer
 warpgroup's .dec gave back). Constraints (checked): M <= 128, N % ROWS == 0, K % 256 == 0.
 
-Measured (H200, 2026-11-30, docs/results.md, eighth session): M = 16 19.7 / 48.5 / 49.7 us at
-8192^2 / 28672x8192 / 8192x28672 (cuBLAS bf16 34.9 / 116.6 / 121.2, fp8 20.3 / 62.3 / 61.8);
-M = 64 29.1 / 78.2 / 76.1 (cuBLAS bf16 37.4 / 125.6 / 131.4); M = 128 76.9 us at 8192^2
-(cuBLAS bf16 39.6): there every CTA reads all activations of its K range, only two 82 KB
-stages fit and 256 rows do not fit the registers. At M = 1 the small-M kernel stays faster
-(13.9 vs 17.9 us). Where the time goes (docs/nvfp4_hopper.md): the TMA stream alone (no
-permutation, decode or MMA) takes 39-40 us at the 28672-wide shapes and 13-14 us at 8192^2;
-the consumers set the pace beyond it (86% of the instructions, 17 per 8 decoded codes; issue
-slots ~61% busy with ~1 eligible warp per scheduler at 128 rows).
+Measured (H200, 2026-11-30, docs/results.md, ninth session), us:
+- M = 16: 20.0 / 46.5 / 48.0 at 8192^2 / 28672x8192 / 8192x28672 (cuBLAS bf16 34.5 / 122.7 /
+  115.6, fp8 20.1 / 64.7 / 59.5).
+- M = 64: 26.3 / 69.1 / 66.6 (cuBLAS bf16 36.4 / 119.2 / 125.5).
+- M = 128: 41.4 / 110.2 / 115.7 (cuBLAS bf16 38.1 / 128.8 / 126.9). Before the per-call
+  permutation and the two-tile warpgroups it was 76.9 us at 8192^2.
+- At M = 1 the small-M kernel stays faster (14.1 vs 18.3 us).
+Where the time goes (docs/nvfp4_hopper.md): the TMA stream alone (no permutation, decode or
+MMA) takes 39-40 us at the 28672-wide shapes and 13-14 us at 8192^2. Beyond it the consumers
+set the pace: 86% of the instructions, 17 per 8 decoded codes; issue slots ~61% busy with ~1
+eligible warp per scheduler at 128 rows.
 """
 
 from __future__ import annotations
@@ -625,6 +627,9 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
 
     Returns:
         D, (M, N) of out_dtype.
+
+    Workspace (torch's caching allocator, per call): the fp32 partial planes and, where the
+    activations are permuted once per call (`Config.permute`), an (M, K) bf16 permuted copy.
 
     Raises:
         TypeError, ValueError: operands (`tk_cute.nvfp4.gemm` rules: dtypes, K mismatch,
