@@ -202,8 +202,9 @@ class Config:
         return max(fits) if fits else 0
 
     def smem(self, stages: int) -> int:
+        barrier_sets = 3 if self.permute == "stage" else 2  # loaded, empty (, full)
         return smem_bytes((self.weight_tile, stages), (self.scale_tile, self.bands * stages),
-                          (self.act_tile, stages), barriers=3 * stages)
+                          (self.act_tile, stages), barriers=barrier_sets * stages)
 
 
 def act_column(k: int) -> int:
@@ -212,8 +213,8 @@ def act_column(k: int) -> int:
     strided pairing); pair i of word j goes to k16 step 2i + j // 2 of the A operand, in slots
     2t, 2t + 1 (j even) or 2t + 8, 2t + 9 (j odd). So within each 128-K block, element
     32t + 8j + i + 4h (i < 4, h < 2) goes to column 32i + 8j + 2t + h: what `_load_natural`
-    and `_store_permuted` do to each landed tile (the order that makes their 16-byte accesses
-    conflict-free)."""
+    and `_store_permuted` do to each landed tile or, once per call, to the activations in
+    global memory (the order that makes their 16-byte shared accesses conflict-free)."""
     block, r = divmod(k, SUB_K)
     t, r = divmod(r, 32)
     j, r = divmod(r, 8)
@@ -303,15 +304,19 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer, M
     ctas, _, _ = cute.arch.grid_dim()
     depth = cfg.stages
     smem = Shared()
-    loaded, full, empty = (smem.barriers(depth) for _ in range(3))
+    per_stage = cfg.permute == "stage"
+    loaded, empty = smem.barriers(depth), smem.barriers(depth)
+    # The consumers' signal: the permuting warps' `full` (permute "stage"), else `loaded`
+    full = smem.barriers(depth) if per_stage else loaded
     wq = smem.alloc(cfg.weight_tile, depth)
     sf = smem.alloc(cfg.scale_tile, cfg.bands * depth)  # stage s: bands s * bands + b
     xs = smem.alloc(cfg.act_tile, depth)
     if tid == 0:
         for s in cutlass.range_constexpr(depth):
             semaphore(loaded + s).init(1)  # the TMA warp's expect-tx arrival
-            semaphore(full + s).init(WG - 32)  # every permuting thread (permute "stage")
             semaphore(empty + s).init(cfg.consumers * 4)  # one per consumer warp
+            if cutlass.const_expr(per_stage):
+                semaphore(full + s).init(WG - 32)  # every permuting thread
     cute.arch.mbarrier_init_fence()
     cute.arch.barrier()
     cluster.pdl_launch_dependents()  # the reduction may launch now and wait for us
@@ -320,12 +325,11 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer, M
         warpgroup.decrease_registers(PRODUCER_REGISTERS)
         if tid < 32:
             _load(cfg, gw, gsf, gx, wq, sf, xs, loaded, empty, start, end - start, K)
-        elif cutlass.const_expr(cfg.permute == "stage"):
+        elif cutlass.const_expr(per_stage):
             _permute(cfg, xs, loaded, full, end - start, tid - 32)
     else:
         warpgroup.increase_registers(cfg.consumer_registers)
-        ready = full if cutlass.const_expr(cfg.permute == "stage") else loaded
-        _consume(cfg, wq, sf, xs, ready, empty, start, end - start, tid - WG, ws, M, N, K, cta,
+        _consume(cfg, wq, sf, xs, full, empty, start, end - start, tid - WG, ws, M, N, K, cta,
                  ctas)
 
 
@@ -338,16 +342,16 @@ def _load(cfg: cutlass.Constexpr, gw, gsf, gx, wq, sf, xs, loaded, empty, start,
     for i in cutlass.range(steps, unroll=1):
         s = i % depth
         semaphore(empty + s).wait(((i // depth) & 1) ^ 1)
-        _load_weights(cfg, gw, gsf, wq, sf, loaded, start, i, K)
+        stage = _load_weights(cfg, gw, gsf, wq, sf, loaded, start, i, K)
         if i == 0:
             cluster.pdl_wait()
-        tma.load_async(xs[None, None, s], gx, coord(0, (start + i) % (K // STAGE_K)), loaded + s)
+        tma.load_async(xs[None, None, s], gx, coord(0, stage), loaded + s)
 
 
 @cute.jit
 def _load_weights(cfg: cutlass.Constexpr, gw, gsf, wq, sf, loaded, start, i, K):
     """Unit start + i's weight bytes and scale atoms into stage i % depth, whose `loaded` then
-    expects the whole stage (the activations too)."""
+    expects the whole stage (the activations too); returns the unit's K stage."""
     s = i % cfg.stages
     stages = K // STAGE_K  # per row block (and scale tiles per 128-row band)
     rb, stage = (start + i) // stages, (start + i) % stages
@@ -358,6 +362,7 @@ def _load_weights(cfg: cutlass.Constexpr, gw, gsf, wq, sf, loaded, start, i, K):
         band = rb * cfg.bands + b
         tma.load_async(sf[None, None, s * cfg.bands + b], gsf, coord(band * stages + stage, 0),
                        loaded + s)
+    return stage
 
 
 @cute.jit
@@ -379,7 +384,7 @@ def _permute(cfg: cutlass.Constexpr, xs, loaded, full, steps, thread):
         base = xs[None, None, s].iterator.toint()
         for first_task in cutlass.range(32 * wid, tasks, 96, unroll=1):
             m, blk = quad_task((first_task + lane) // 4, blocks)
-            chunk = functools.partial(_act_chunk, base, cfg.N_ACT, m, blk)
+            chunk = functools.partial(_act_chunk, base, cfg.N_ACT, m, blk)  # chunk c's address
             chunks = _load_natural(_ld_shared, chunk, p)
             cute.arch.sync_warp()  # the group's loads before any of its stores
             _store_permuted(memory.st_shared_v4_u32, chunk, p, chunks)
@@ -420,7 +425,7 @@ def _store_permuted(store, chunk, p, chunks):
 
 
 @cute.jit
-def _consume(cfg: cutlass.Constexpr, wq, sf, xs, ready, empty, start, steps, thread, ws, M, N,
+def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thread, ws, M, N,
              K, cta, ctas):
     """Consumer warpgroup thread: decode, wgmma, release; where its share leaves a row block,
     write that block's accumulators (TILES x 64 weight rows x N_ACT activation rows) and start
@@ -442,7 +447,7 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, ready, empty, start, steps, thr
         for u in cutlass.range(first, last, unroll=1):  # this share's units of row block rb
             i = u - start
             s = i % depth
-            semaphore(ready + s).wait((i // depth) & 1)
+            semaphore(full + s).wait((i // depth) & 1)
             w_base = wq[None, None, s].iterator.toint()
             for batch in cutlass.range_constexpr(STAGE_K // SUB_K * cfg.TILES):
                 blk, j = divmod(batch, cfg.TILES)  # 128-K block, MMA tile

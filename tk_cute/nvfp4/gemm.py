@@ -153,10 +153,9 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Te
 
     Paths: on Hopper, W4A16 with 9 <= M <= 128, N % 128 == 0, K % 256 == 0 runs the register-A
     wgmma kernel (`kernels/gemm/nvfp4_rs_sm90.py`; on the H200 it beat the large-M kernel's
-    fused path at M = 128 too: 139 against 148 us at 128x28672x8192); otherwise M <= 64 runs
-    the weight-streaming
-    kernel (`kernels/gemm/nvfp4_gemv_sm90.py`) and M % 128 == 0, N % 256 == 0, K % 64 == 0 the
-    emulating GEMM (`kernels/gemm/nvfp4_sm90.py`);
+    fused path at M = 128 too: 110 against 150 us at 128x28672x8192); otherwise M <= 64 runs
+    the weight-streaming kernel (`kernels/gemm/nvfp4_gemv_sm90.py`) and M % 128 == 0,
+    N % 256 == 0, K % 64 == 0 the emulating GEMM (`kernels/gemm/nvfp4_sm90.py`);
     on sm_100a/sm_103a/sm_107a, W4A4 runs the block-scaled tcgen05 kernel
     (`kernels/gemm/nvfp4_sm100.py`, via `dispatch_sm100`). Everything else (CPU tensors, float32
     output, shapes no kernel takes) runs the exact reference on the operands' device: correct,
