@@ -10,9 +10,10 @@ twice the weight bytes per warp, loaded from L2) and the MMAs run asynchronously
 decode.
 
 Schedule (stream-K, `ops.schedule.stream_k_share`): the work is (N / ROWS row blocks) x (K / 256
-stages) units, row block major; each of `ctas` CTAs (one per SM) streams an equal contiguous
-share, so no wave is left part-empty whatever N and K, and the pipeline runs on across row
-blocks. ROWS is 256 where N allows and N_ACT <= 64 (four consumer warpgroups, 640 threads) or
+stages) units, row block major; each of `ctas` CTAs (one per SM, or up to 5% fewer where
+their shares then line up with the row blocks: 2-3% faster at 8192^2) streams an equal
+contiguous share, so no wave is left part-empty whatever N and K, and the pipeline runs on
+across row blocks. ROWS is 256 where N allows and N_ACT <= 64 (four consumer warpgroups, 640 threads) or
 N_ACT = 128 (two warpgroups of two MMA tiles, 384 threads): each activation tile then serves
 twice the weight rows (half the L2 reads per weight byte); else 128 (two warpgroups).
 Activations: the decode's K order is not memory order (below), so they are permuted either
@@ -627,8 +628,9 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
         out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
         out: optional contiguous (M, N) tensor of out_dtype to write.
         config: tuning override (`Config`; default `config_for` the shape).
-        ctas: CTAs sharing the (N / ROWS) x (K / 256) stage units (default: one per SM, at most
-            one per unit).
+        ctas: CTAs sharing the (N / ROWS) x (K / 256) stage units (default: one per SM, or
+            up to 5% fewer where their shares then line up with the row blocks,
+            `schedule.stream_k_aligned_ctas`; at most one per unit).
 
     Returns:
         D, (M, N) of out_dtype.
@@ -664,8 +666,9 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
     if ctas is not None and ctas < 1:
         raise ValueError(f"gemm_rs needs ctas >= 1, got ctas={ctas}")
     units = stream_units(config, N, K)
-    if ctas is None:
-        ctas = torch.cuda.get_device_properties(dev).multi_processor_count
+    if ctas is None:  # one per SM, or a few fewer where the shares then line up with row blocks
+        ctas = schedule.stream_k_aligned_ctas(
+            units, K // STAGE_K, torch.cuda.get_device_properties(dev).multi_processor_count)
     ctas = min(ctas, units)
     out = output(out, (M, N), out_dtype, dev, "gemm_rs")
     # fp32 partials: per row block, one (M, N) plane per CTA it spans (caching allocator)

@@ -19,8 +19,9 @@ and under CLC, whose grid is not padded, it never hands out the last real tiles 
 Stream-K (`stream_k_share`, `stream_k_owner`, `stream_k_spans`): a grid of `ctas` persistent
 CTAs splits the flattened (tile x K step) units into equal contiguous shares, so no wave is left
 part-empty whatever the tile count; a tile whose units span several CTAs gets one partial sum
-per CTA, to be reduced in CTA order (deterministic). Plain integer arithmetic, the same on the
-host and in a kernel.
+per CTA, to be reduced in CTA order (deterministic). `stream_k_aligned_ctas` picks a grid just
+under one CTA per SM whose shares line up with the tiles where one exists. Plain integer
+arithmetic, the same on the host and in a kernel.
 
 Every role writes the same loop for both kinds:
     tiles = Tiles.create(*walk(kind, params, clc_barriers, clc_response, cluster, walkers))
@@ -191,6 +192,19 @@ def stream_k_share(cta, ctas, units):
 def stream_k_owner(u, ctas, units):
     """The CTA whose `stream_k_share` holds unit u."""
     return ((u + 1) * ctas - 1) // units
+
+
+def stream_k_aligned_ctas(units: int, tile_units: int, limit: int, slack: float = 0.05) -> int:
+    """A stream-K grid size for `units` (`tile_units` per tile) on at most `limit` CTAs: the
+    largest count within `slack` of `limit` whose equal shares line up with the tiles (a share
+    is whole tiles, or a tile whole shares), else `limit`. Aligned, no share straddles a tile
+    boundary: each CTA writes one partial per tile and every tile has the fewest partials."""
+    for ctas in range(limit, int(limit * (1 - slack)) - 1, -1):
+        if ctas > 0 and units % ctas == 0:
+            share = units // ctas
+            if tile_units % share == 0 or share % tile_units == 0:
+                return ctas
+    return limit
 
 
 def stream_k_spans(ctas: int, tiles: int) -> int:

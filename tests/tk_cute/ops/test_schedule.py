@@ -128,3 +128,26 @@ def test_stream_k_shares(tiles, steps, ctas):
     spans = [schedule.stream_k_owner(t * steps + steps - 1, ctas, units)
              - schedule.stream_k_owner(t * steps, ctas, units) + 1 for t in range(tiles)]
     assert max(spans) <= schedule.stream_k_spans(ctas, tiles)
+
+
+@pytest.mark.parametrize("units, tile_units, limit, expected", [
+    (1024, 32, 132, 128),  # 32 row blocks x 32 K steps (8192^2, 256 rows): 8 units, a quarter
+    (3584, 112, 132, 128),  # 32 x 112 (8192 x 28672): 28 units, a quarter of a tile
+    (3584, 32, 132, 132),  # 112 x 32 (28672 x 8192): the aligned 112 is not within 5%
+    (2048, 32, 132, 128),
+    (64, 32, 132, 132),  # fewer units than CTAs: the caller caps the grid at the units
+    (7, 7, 1, 1),
+])
+def test_stream_k_aligned_ctas(units, tile_units, limit, expected):
+    """The largest grid within 5% of the limit whose shares line up with the tiles, else the
+    limit; an aligned grid's shares never straddle a tile boundary."""
+    ctas = schedule.stream_k_aligned_ctas(units, tile_units, limit)
+    assert ctas == expected
+    if ctas != limit:
+        tiles = units // tile_units
+        spans = [schedule.stream_k_owner(t * tile_units + tile_units - 1, ctas, units)
+                 - schedule.stream_k_owner(t * tile_units, ctas, units) + 1 for t in range(tiles)]
+        assert max(spans) == max(1, ctas // tiles)  # each tile: whole shares only
+        for c in range(ctas):
+            start, end = schedule.stream_k_share(c, ctas, units)
+            assert start // tile_units == (end - 1) // tile_units or start % tile_units == 0
