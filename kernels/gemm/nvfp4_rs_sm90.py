@@ -13,9 +13,10 @@ Schedule (stream-K, `ops.schedule.stream_k_share`): the work is (N / ROWS row bl
 stages) units, row block major; each of `ctas` CTAs (one per SM, or up to 5% fewer where
 their shares then line up with the row blocks: 2-3% faster at 8192^2) streams an equal
 contiguous share, so no wave is left part-empty whatever N and K, and the pipeline runs on
-across row blocks. ROWS is 256 where N allows and N_ACT <= 64 (four consumer warpgroups, 640 threads) or
-N_ACT = 128 (two warpgroups of two MMA tiles, 384 threads): each activation tile then serves
-twice the weight rows (half the L2 reads per weight byte); else 128 (two warpgroups).
+across row blocks. ROWS is 256 where N allows and N_ACT <= 64 (four consumer warpgroups, 640
+threads) or N_ACT = 128 (two warpgroups of two MMA tiles, 384 threads): each activation tile
+then serves twice the weight rows (half the L2 reads per weight byte); else 128 (two
+warpgroups).
 Activations: the decode's K order is not memory order (below), so they are permuted either
   once per call ("call", N_ACT >= 32): `_permute_kernel` writes a permuted copy, and this
     kernel, launched behind it with PDL, asks for its first unit's weights before waiting; or
