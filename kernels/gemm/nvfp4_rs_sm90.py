@@ -49,12 +49,12 @@ One CTA per SM (the ring takes the shared memory). The register split comes from
 allocation (`warpgroup.consumer_registers`: setmaxnreg.inc only takes what the producer
 warpgroup's .dec gave back). Constraints (checked): M <= 128, N % ROWS == 0, K % 256 == 0.
 
-Measured (H200, 2026-11-30, docs/results.md, ninth session), us:
-- M = 16: 20.0 / 46.5 / 48.0 at 8192^2 / 28672x8192 / 8192x28672 (cuBLAS bf16 34.5 / 122.7 /
-  115.6, fp8 20.1 / 64.7 / 59.5).
-- M = 64: 26.3 / 69.1 / 66.6 (cuBLAS bf16 36.4 / 119.2 / 125.5).
-- M = 128: 41.4 / 110.2 / 115.7 (cuBLAS bf16 38.1 / 128.8 / 126.9). Before the per-call
-  permutation and the two-tile warpgroups it was 76.9 us at 8192^2.
+Measured (H200, 2026-11-30, docs/results.md, tenth session), us:
+- M = 16: 19.3 / 47.0 / 47.9 at 8192^2 / 28672x8192 / 8192x28672 (cuBLAS bf16 34.2 / 115.0 /
+  115.9, fp8 19.9 / 59.3 / 58.8).
+- M = 64: 25.7 / 66.7 / 67.3 (cuBLAS bf16 37.6 / 118.0 / 127.9).
+- M = 128: 38.0 / 105.8 / 106.0 (cuBLAS bf16 38.0 / 126.5 / 128.4). Before the per-call
+  permutation and the two-tile warpgroups (ninth session) it was 76.9 us at 8192^2.
 - At M = 1 the small-M kernel stays faster (14.1 vs 18.3 us).
 Where the time goes (docs/nvfp4_hopper.md): the TMA stream alone (no permutation, decode or
 MMA) takes 39-40 us at the 28672-wide shapes and 13-14 us at 8192^2. Beyond it the consumers
