@@ -31,6 +31,8 @@ Every role writes the same loop for both kinds:
 
 from __future__ import annotations
 
+import math
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -199,8 +201,8 @@ def stream_k_aligned_ctas(units: int, tile_units: int, limit: int, slack: float 
     largest count within `slack` of `limit` whose equal shares line up with the tiles (a share
     is whole tiles, or a tile whole shares), else `limit`. Aligned, no share straddles a tile
     boundary: each CTA writes one partial per tile and every tile has the fewest partials."""
-    for ctas in range(limit, int(limit * (1 - slack)) - 1, -1):
-        if ctas > 0 and units % ctas == 0:
+    for ctas in range(limit, max(1, math.ceil(limit * (1 - slack))) - 1, -1):
+        if units % ctas == 0:
             share = units // ctas
             if tile_units % share == 0 or share % tile_units == 0:
                 return ctas
