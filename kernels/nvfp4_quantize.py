@@ -316,7 +316,7 @@ class _Plan:
 
         from tk_cute.arch import device_target
         from tk_cute.layouts.nvfp4_scales import blocked_shape
-        from tk_cute.runtime import Launcher, dsl_values, stream
+        from tk_cute.runtime import Launcher, device_index, dsl_values, stream
         from tk_cute.runtime import placeholder_ptr as ptr
 
         dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
@@ -328,8 +328,7 @@ class _Plan:
         self.data_shape = (*lead, M, K // 2)
         self.scales_shape = blocked_shape(M, K, *lead)
         self.device = x.device
-        self.device_index = x.device.index if x.device.index is not None else \
-            torch.cuda.current_device()
+        self.device_index = device_index(x.device)
         self.n_vec = x.numel() * cfg.esize // 16
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
         per_cta = cfg.amax_threads * cfg.amax_unroll

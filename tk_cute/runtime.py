@@ -96,6 +96,11 @@ def placeholder_ptr(dtype, align: int = 16):
     return cute.runtime.make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
 
 
+def device_index(device: torch.device) -> int:
+    """The index of a CUDA device ("cuda" without one: the current device)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def raw_stream(device_index: int) -> int:
     """The current torch stream of a device as a plain handle."""
     return torch.cuda.current_stream(device_index).cuda_stream

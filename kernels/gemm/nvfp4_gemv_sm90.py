@@ -59,8 +59,8 @@ from cutlass import Float32, Int32, Int64, Uint32
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import cluster, memory, warp
 from tk_cute.ops import nvfp4 as fp4
-from tk_cute.runtime import (KernelCache, Launcher, aligned, dsl_values, output, placeholder_ptr,
-                             raw_stream)
+from tk_cute.runtime import (KernelCache, Launcher, aligned, device_index, dsl_values, output,
+                             placeholder_ptr, raw_stream)
 from tk_cute.types.st import Shared, sv
 
 STEP_K = 128  # K elements per warp step: 4 lanes x 32 codes (one LDG.128 per weight row)
@@ -693,7 +693,7 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None
     else:
         x, xsf = aligned(a), b.scales  # xsf unused
     out = output(out, (M, N), out_dtype, dev, "gemm_small_m")
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    index = device_index(dev)
     _CACHE.get((cfg, index), lambda: compile_launcher(cfg))(
         aligned(b.data).data_ptr(), aligned(b.scales, 2).data_ptr(), x.data_ptr(),
         xsf.data_ptr(), gsb.data_ptr(), gsa.data_ptr(), out.data_ptr(), M, N, K,

@@ -74,8 +74,8 @@ from cutlass import Float32, Int32, Int64, Uint32
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import cluster, memory, schedule, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
-from tk_cute.runtime import (KernelCache, Launcher, aligned, dsl_values, output, placeholder_ptr,
-                             raw_stream)
+from tk_cute.runtime import (KernelCache, Launcher, aligned, device_index, dsl_values, output,
+                             placeholder_ptr, raw_stream)
 from tk_cute.types.gl import coord, gl
 from tk_cute.types.rt import rt
 from tk_cute.types.semaphore import semaphore
@@ -658,7 +658,7 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
     (M, K), N = a.shape, b.M
     out_name = str(out_dtype).removeprefix("torch.")
     dev = b.device
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    index = device_index(dev)
     if config is None:  # (config_for rejects unsupported shapes)
         config = config_for(M, N, K, out_name)
     else:
