@@ -49,17 +49,21 @@ One CTA per SM (the ring takes the shared memory). The register split comes from
 allocation (`warpgroup.consumer_registers`: setmaxnreg.inc only takes what the producer
 warpgroup's .dec gave back). Constraints (checked): M <= 128, N % ROWS == 0, K % 256 == 0.
 
-Measured (H200, 2026-11-30, docs/results.md, tenth session), us:
-- M = 16: 19.3 / 47.0 / 47.9 at 8192^2 / 28672x8192 / 8192x28672 (cuBLAS bf16 34.2 / 115.0 /
-  115.9, fp8 19.9 / 59.3 / 58.8).
-- M = 64: 25.7 / 66.7 / 67.3 (cuBLAS bf16 37.6 / 118.0 / 127.9).
-- M = 128: 38.0 / 105.8 / 106.0 (cuBLAS bf16 38.0 / 126.5 / 128.4). Before the per-call
+Measured (H200, 2026-11-30, docs/results.md, eleventh session; 64 calls per CUDA graph), us,
+at 8192^2 / 28672x8192 / 8192x28672:
+- M = 16: 18.5 / 43.7 / 44.3 (cuBLAS bf16 34.0 / 109.5 / 116.3, fp8 19.2 / 57.5 / 56.0);
+  with `pdl=True` 17.9 / 42.9 / 43.5. A read of the same weight bytes and nothing else
+  (`kernels/stream_read.py`) takes 10.8 / 31.1 / 31.1.
+- M = 64: 24.8 / 63.4 / 62.8 (cuBLAS bf16 37.7 / 118.4 / 126.8).
+- M = 128: 36.2 / 103.9 / 96.0 (cuBLAS bf16 36.9 / 128.2 / 124.6). Before the per-call
   permutation and the two-tile warpgroups (ninth session) it was 76.9 us at 8192^2.
-- At M = 1 the small-M kernel stays faster (14.1 vs 18.3 us).
+- At M = 1 the small-M kernel stays faster (12.7 vs 15.9 us at 8192^2).
 Where the time goes (docs/nvfp4_hopper.md): the TMA stream alone (no permutation, decode or
-MMA) takes 39-40 us at the 28672-wide shapes and 13-14 us at 8192^2. Beyond it the consumers
-set the pace: 86% of the instructions, 17 per 8 decoded codes; issue slots ~61% busy with ~1
-eligible warp per scheduler at 128 rows.
+MMA) took 39-40 us at the 28672-wide shapes and 13-14 us at 8192^2 (seventh session, timed
+with 2-5 calls per graph, which added a few us per call); TMA boxes of 128-byte row pieces
+read 6-10% slower than 1D bulk copies of the same bytes (eleventh session). Beyond it the
+consumers set the pace: 86% of the instructions, 17 per 8 decoded codes; issue slots ~61% busy
+with ~1 eligible warp per scheduler at 128 rows.
 """
 
 from __future__ import annotations
@@ -110,7 +114,10 @@ class Config:
     warpgroup (1 or 2; ROWS / (64 TILES) consumer warpgroups); STAGES: ring depth (0: as many
     as fit); A_SETS: A operand register sets a consumer alternates (2: a batch's decode
     overlaps the previous batch's MMAs; 1: each batch waits for its MMAs; 0: 2 where they fit
-    the consumer registers); PERMUTE: see `permute`."""
+    the consumer registers); PERMUTE: see `permute`; PDL: calls chain with programmatic
+    dependent launch (`gemm_rs(pdl=True)`: the reduction lets the next kernel launch at once;
+    the GEMM launches during the kernel before it and asks for its first unit's weights
+    before waiting for that kernel)."""
 
     N_ACT: int = 16
     ROWS: int = 128
@@ -118,6 +125,7 @@ class Config:
     STAGES: int = 0
     A_SETS: int = 0
     PERMUTE: str = "auto"
+    PDL: bool = False
     out_dtype: str = "bfloat16"
 
     def __post_init__(self):
@@ -339,7 +347,10 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer, M
 def _load(cfg: cutlass.Constexpr, gw, gsf, gx, wq, sf, xs, loaded, empty, start, steps, K):
     """TMA warp: per stage unit, once the consumers freed its slot, the weight bytes, their
     scale atoms and the activations (rows past M arrive as zeros). The first unit's weights are
-    asked for before waiting for `_permute_kernel` (PDL; a no-op without it)."""
+    asked for before waiting for the kernel before this one (PDL: `_permute_kernel`, or with
+    Config.PDL the previous call's reduction; a no-op without PDL). Asking for more units'
+    weights before the wait was slower (ninth session; and with the weights kept that far
+    ahead of the activations: 16x8192^2 17.7 -> 22.4 us, eleventh session)."""
     depth = cfg.stages
     for i in cutlass.range(steps, unroll=1):
         s = i % depth
@@ -528,6 +539,8 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
     thread."""
     tid, _, _ = cute.arch.thread_idx()
     bid, _, _ = cute.arch.block_idx()
+    if cutlass.const_expr(cfg.PDL):
+        cluster.pdl_launch_dependents()  # the next call's GEMM may start streaming weights
     cluster.pdl_wait()  # launched early (PDL): the partials are complete once this returns
     i = (bid * REDUCE_THREADS + tid) * 4
     stages = K // STAGE_K
@@ -567,7 +580,7 @@ def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
                                                                  stride=(K, 1, M * K)))
     _kernel(cfg, gl.load(wt, cfg.weight_tile), gl.load(sft, cfg.scale_tile),
             gl.load(xt, cfg.act_tile), ws, M, N, K).launch(
-        grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=per_call,
+        grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=per_call or cfg.PDL,
         min_blocks_per_mp=1)  # (without it ptxas drops setmaxnreg: `ops.warpgroup`)
     MN = M * N
     _reduce_kernel(cfg, ws, gsb, out, M, N, K, ctas).launch(
@@ -620,7 +633,7 @@ def _check_shape(M: int, N: int, K: int, cfg: Config) -> None:
 
 
 def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
-            ctas: int | None = None):
+            ctas: int | None = None, pdl: bool = False):
     """D = a @ deq(b)^T (W4A16) on Hopper with register-A wgmma.
 
     Args:
@@ -632,6 +645,13 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
         ctas: CTAs sharing the (N / ROWS) x (K / 256) stage units (default: one per SM, or
             up to 5% fewer where their shares then line up with the row blocks,
             `schedule.stream_k_aligned_ctas`; at most one per unit).
+        pdl: programmatic dependent launch (`Config.PDL`) where the activations are permuted
+            per stage (N_ACT <= 16; elsewhere ignored: with the permute kernel between the
+            calls it was 1-8% slower on the H200 at M = 32-128). The GEMM may start, and read
+            the weights b, while the kernel before it on the stream is still running; it reads
+            a and writes anything only after that kernel has ended, and the call lets the next
+            kernel start during its own tail. Only for weights that the kernels just before do
+            not write (e.g. static weights in a chain of decode GEMMs).
 
     Returns:
         D, (M, N) of out_dtype.
@@ -663,6 +683,8 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
         config = config_for(M, N, K, out_name)
     else:
         config = dataclasses.replace(config, out_dtype=out_name)
+    if pdl and config.permute == "stage":
+        config = dataclasses.replace(config, PDL=True)
     _check_shape(M, N, K, config)
     if ctas is not None and ctas < 1:
         raise ValueError(f"gemm_rs needs ctas >= 1, got ctas={ctas}")

@@ -426,6 +426,18 @@ def test_pdl_chain_reads_each_activation_after_its_producer(seed, M):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 8])
+def test_public_gemm_takes_pdl_here(seed, M):
+    """`tk_cute.nvfp4.gemm(..., pdl=True)` runs this kernel with PDL: the same sums in the same
+    order as without it."""
+    from tk_cute.nvfp4 import gemm
+
+    b = _weights(1024, 2048)
+    a = torch.randn(M, 2048, device="cuda").bfloat16()
+    assert torch.equal(gemm(a, b, pdl=True), gv.gemm_small_m(a, b))
+
+
+@pytest.mark.gpu
 def test_rejects_bad_input():
     b = _weights(256, 512)
     a = torch.randn(4, 512, device="cuda").bfloat16()

@@ -270,7 +270,9 @@ CONFIGS = {"n8": rs.Config(N_ACT=8), "n16": rs.Config(N_ACT=16), "n48": rs.Confi
            "n80_r256": rs.Config(N_ACT=80, ROWS=256),
            "n16_r256_call": rs.Config(N_ACT=16, ROWS=256, PERMUTE="call"),
            "n64_stage": rs.Config(N_ACT=64, PERMUTE="stage"),
-           "n128_r256_t2": rs.Config(N_ACT=128, ROWS=256, TILES=2)}
+           "n128_r256_t2": rs.Config(N_ACT=128, ROWS=256, TILES=2),
+           "n16_r256_pdl": rs.Config(N_ACT=16, ROWS=256, PDL=True),
+           "n64_r256_pdl": rs.Config(N_ACT=64, ROWS=256, PDL=True)}
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -304,8 +306,9 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     assert b.ptx_count(r"ld\.global\.nc\S*\.v4") == 1 + 4 * per_call
     assert b.ptx_count(r"st\.global\.v4") == 4 * per_call
     # PDL: the reduction launches early and waits for the partials; the GEMM waits (a no-op
-    # without PDL) for the permute kernel, which waits for the kernel before it.
-    assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1 + per_call
+    # without PDL) for the permute kernel, which waits for the kernel before it. With
+    # Config.PDL the reduction lets the next call's GEMM launch too.
+    assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1 + per_call + cfg.PDL
     assert b.ptx_count(r"griddepcontrol\.wait") == 2 + per_call
     # A row block's first wgmma (per tile) overwrites the accumulator under a run-time predicate.
     assert b.sass_count(r"HGMMA\.\S+ R\d+, R\d+, gdesc\[UR\d+\], R\d+, !?UPT?\d") == cfg.TILES
@@ -431,6 +434,31 @@ def test_chained_calls_read_the_previous_output(seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M", [16, 48])  # activations permuted per stage / per call
+@pytest.mark.parametrize("ctas", [None, 8])  # one unit per CTA, or 8
+def test_pdl_chain_reads_each_activation_after_its_producer(seed, M, ctas):
+    """pdl=True calls chained through their outputs (call i + 1's activations are call i's
+    output, written by its reduction, during which the next GEMM may launch and ask for its
+    first unit's weights): every link matches the float64 product of the activations it was
+    given, and every output element is written."""
+    import dataclasses
+
+    N = K = 2048
+    b = _weights(N, K)
+    w = b.dequantize(torch.float64)
+    cfg = dataclasses.replace(rs.config_for(M, N, K), PDL=True)  # (the host's pdl: stage only)
+    xs = [torch.randn(M, K, device="cuda").bfloat16()]
+    outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            for _ in range(4)]  # poison
+    for out in outs:
+        xs.append(rs.gemm_rs(xs[-1], b, out=out, config=cfg, ctas=ctas))
+    torch.cuda.synchronize()
+    for x, d in zip(xs, xs[1:]):
+        assert not d.isnan().any(), "unwritten or NaN outputs"
+        assert _rel(d, x.double() @ w.t()) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("M", [9, 64, 128])
 def test_public_gemm_dispatches_here(seed, M):
     from tk_cute.nvfp4 import gemm
@@ -438,6 +466,7 @@ def test_public_gemm_dispatches_here(seed, M):
     b = _weights(256, 1024)
     a = torch.randn(M, 1024, device="cuda").bfloat16()
     assert torch.equal(gemm(a, b), rs.gemm_rs(a, b))
+    assert torch.equal(gemm(a, b, pdl=True), rs.gemm_rs(a, b))  # same sums, in the same order
 
 
 @pytest.mark.gpu

@@ -16,6 +16,8 @@ docstring); W4A16 (a bf16 activation matrix times NVFP4 weights) goes through it
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .format import e2m1_decode, e4m3_decode, unpack_fp4
@@ -122,8 +124,9 @@ def w4a16_reference(a: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16) -
     return (a.double() @ b.dequantize(torch.float64).t()).to(out_dtype)
 
 
-def _kernel_for(a, b, out_dtype):
-    """The GPU kernel entry for these operands, or None (then the reference runs)."""
+def _kernel_for(a, b, out_dtype, pdl: bool = False):
+    """The GPU kernel entry for these operands, called as (a, b, out_dtype), or None (then the
+    reference runs); `pdl` goes to the entries that take it."""
     if b.device.type != "cuda" or out_dtype == torch.float32:
         return None
     from tk_cute import arch
@@ -135,9 +138,9 @@ def _kernel_for(a, b, out_dtype):
 
         if (isinstance(a, torch.Tensor) and M >= nvfp4_rs_sm90.MIN_M
                 and nvfp4_rs_sm90.supports(M, N, K)):
-            return nvfp4_rs_sm90.gemm_rs
+            return functools.partial(nvfp4_rs_sm90.gemm_rs, pdl=pdl)
         if M <= nvfp4_gemv_sm90.MAX_M and nvfp4_gemv_sm90.supports(M, N, K):
-            return nvfp4_gemv_sm90.gemm_small_m
+            return functools.partial(nvfp4_gemv_sm90.gemm_small_m, pdl=pdl)
         if nvfp4_sm90.supports(M, N, K):
             return nvfp4_sm90.gemm
     if target.family != "hopper" and isinstance(a, NVFP4Tensor):
@@ -148,7 +151,8 @@ def _kernel_for(a, b, out_dtype):
     return None
 
 
-def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
+         pdl: bool = False) -> torch.Tensor:
     """``D = a @ b^T`` for NVFP4 operands (public entry point; kernels dispatch from here).
 
     Paths: on Hopper, W4A16 with 9 <= M <= 128, N % 128 == 0, K % 256 == 0 runs the register-A
@@ -165,6 +169,14 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Te
         a: NVFP4Tensor (M, K) or (L, M, K), K-major; or a bfloat16 (M, K) tensor (W4A16).
         b: NVFP4Tensor (N, K) or (L, N, K), K-major.
         out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
+        pdl: let back-to-back calls overlap (programmatic dependent launch) where the path
+            supports it (the Hopper kernels for M <= 128: register-A and small-M); others
+            ignore it. The call may then read the weights b while the kernel before it on the
+            stream is still running (it reads a and writes D only after that kernel has ended),
+            so pass it only for weights that the kernels just before do not write, e.g. static
+            weights in a chain of decode GEMMs. On the H200 (docs/results.md, bench row
+            `tk_cute w4a16 pdl`) it saved 1.4-1.7 us per call at M = 1 (1x8192^2: 12.7 -> 11.3
+            us) and 0.4-0.8 us at M = 16.
 
     Returns:
         D, (M, N) or (L, M, N), of out_dtype.
@@ -177,7 +189,7 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Te
         _check_w4a16_operands(a, b, out_dtype)
     else:
         _check_gemm_operands(a, b, out_dtype)
-    kernel = _kernel_for(a, b, out_dtype)
+    kernel = _kernel_for(a, b, out_dtype, pdl)
     if kernel is not None:
         return kernel(a, b, out_dtype)
     return w4a16_reference(a, b, out_dtype) if w4a16 else gemm_reference(a, b, out_dtype)
