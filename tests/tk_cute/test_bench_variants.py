@@ -16,3 +16,4 @@ def test_nvfp4_variants_with_tuning(M, N, K):
     assert ("tk_cute w4a16 fused" in v) == (M % 128 == 0)
     assert ("tk_cute w4a16 small-M kernel" in v) == (9 <= M <= 64)
     assert ("tk_cute w4a16 rs" in v) == (M < 9)
+    assert (bench_nvfp4.SPEED_OF_LIGHT in v) == (M <= 128)

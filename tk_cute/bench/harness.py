@@ -7,7 +7,10 @@
 - CUDA events around a batch of calls (one per input set), warm-up first, median over rounds.
 - `graph=True` captures each variant's batch in a CUDA graph and times its replay: the GPU time
   alone, without the host's per-call cost (Python validation, DLPack views, launch), which
-  `host_overhead` measures separately.
+  `host_overhead` measures separately. The graph passes over the input sets until it holds
+  GRAPH_CALLS calls: launching a graph costs a few microseconds, which over the 5 calls of one
+  pass had added ~0.8 us to each call of a 10 us kernel (H200, docs/results.md, eleventh
+  session), a constant that shrank every speedup over a slower peer.
 - Every result line records the GPU; `environment()` gives clocks and versions for the results
   file.
 """
@@ -31,6 +34,9 @@ def input_sets(make, bytes_per_set: int, minimum: int = 2, factor: int = 3) -> l
     return [make() for _ in range(n)]
 
 
+GRAPH_CALLS = 64  # calls per captured graph, at least (whole passes over the input sets)
+
+
 @dataclass
 class Result:
     name: str
@@ -43,7 +49,8 @@ def bench(variants: dict, sets: list, warmup: int = 3, rounds: int = 20, pause: 
     """Time each `variants[name](inputs)` over `sets`; return {name: Result}.
 
     One round calls a variant once on every input set between two CUDA events (or replays the
-    captured graph of those calls); the per-call time is that span over the number of sets.
+    captured graph of GRAPH_CALLS or more such calls); the per-call time is that span over the
+    number of calls.
     Rounds alternate between variants."""
     for fn in variants.values():
         for _ in range(warmup):
@@ -52,8 +59,9 @@ def bench(variants: dict, sets: list, warmup: int = 3, rounds: int = 20, pause: 
     torch.cuda.synchronize()
     calls_per_batch = len(sets)
     if graph:
-        variants = {name: _captured(fn, sets) for name, fn in variants.items()}
-        sets = [None]
+        passes = -(-GRAPH_CALLS // len(sets))
+        variants = {name: _captured(fn, sets * passes) for name, fn in variants.items()}
+        calls_per_batch, sets = len(sets) * passes, [None]
     times = {name: [] for name in variants}
     for _ in range(rounds):
         for name, fn in variants.items():

@@ -7,11 +7,15 @@ Variants per shape: tk_cute W4A16 and W4A4 through the public `tk_cute.nvfp4.gem
 the other M <= 64 and the dequantize + bf16 GEMM path of `kernels/gemm/nvfp4_sm90.py` for
 M % 128 == 0; the paths not taken run beside it where they apply), cuBLAS bf16 on
 the dequantized weights (`a @ w.t()`), cuBLAS fp8 e4m3 (`torch._scaled_mm`, per-tensor scales)
-and the torch path a user would write (LUT dequantize to bf16, then cuBLAS); for M <= 64 also
-`gemm_small_m(pdl=True)`, whose back-to-back calls overlap (each reads its weights during the
-previous call's tail: what a chain of decode GEMMs on static weights gets). GB/s counts the
-NVFP4 weight payload (0.5625 B/element) for every variant, so the column compares speeds on one
-scale; the device-to-device copy bandwidth (read + write) is measured in the same run.
+and the torch path a user would write (LUT dequantize to bf16, then cuBLAS). For M <= 128
+also `tk_cute.nvfp4.gemm(pdl=True)`, whose back-to-back calls overlap (each starts reading its
+weights during the previous call's tail: what a chain of decode GEMMs on static weights gets),
+and "speed of light: read W": `kernels/stream_read.py` reading the same weight bytes (codes and
+scales) and nothing else, with the fastest read pattern measured on the H200; its "vs base" is
+about the largest speedup over cuBLAS bf16 a memory-bound NVFP4 kernel can reach in that run.
+GB/s counts the NVFP4 weight payload (0.5625 B/element) for every variant, so the column
+compares speeds on one scale; the device-to-device copy bandwidth (read + write) is measured in
+the same run.
 `--tune` adds small-M tk_cute variants over the tiling (MT MMA row tiles per warp, WN warps
 along N, U 128-K steps per trip, ahead: the next trip's weights in flight, cN: a register cap for
 N CTAs per SM) and split-K (S warps along K, for about 8, 16 or 32 warps per SM).
@@ -26,6 +30,7 @@ import torch
 from tk_cute.bench.harness import HEADER, bench, environment, host_overhead, input_sets, row
 
 DEFAULT_NK = ["8192,8192", "28672,8192", "8192,28672"]
+SPEED_OF_LIGHT = "speed of light: read W"
 
 
 def _dequant_torch(b) -> torch.Tensor:
@@ -75,8 +80,12 @@ def _variants(M, N, K, tune: bool, sms: int):
             v["tk_cute w4a16 dequantize"] = lambda s: nvfp4_sm90.gemm(s["a"], s["b"])
         v["tk_cute w4a16 fused"] = lambda s: nvfp4_sm90.gemm(s["a"], s["b"], path="fused")
         v["tk_cute w4a4 fused"] = lambda s: nvfp4_sm90.gemm(s["aq"], s["b"], path="fused")
-    if M <= gv.MAX_M:  # back-to-back calls that may overlap (static weights, `pdl=True`)
-        v["tk_cute w4a16 pdl"] = lambda s: gv.gemm_small_m(s["a"], s["b"], pdl=True)
+    if M <= rs.MAX_M:  # the floor of the memory-bound paths: only reading the weight bytes
+        from tk_cute.kernels.stream_read import stream_read
+
+        v[SPEED_OF_LIGHT] = lambda s: stream_read(s["b"].data, s["b"].scales)
+    if M <= rs.MAX_M:  # back-to-back calls that may overlap (static weights, `pdl=True`)
+        v["tk_cute w4a16 pdl"] = lambda s: nvfp4.gemm(s["a"], s["b"], pdl=True)
     if rs.MIN_M <= M <= gv.MAX_M and gv.supports(M, N, K):  # the small-M kernel beside rs
         v["tk_cute w4a16 small-M kernel"] = lambda s: gv.gemm_small_m(s["a"], s["b"])
     if rs.supports(M, N, K) and M < rs.MIN_M:  # where the dispatch does not take it
