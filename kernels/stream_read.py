@@ -2,8 +2,8 @@
 """Speed-of-light read: every byte of up to two device buffers read once, as fast as the GPU
 reads memory, and folded into a checkable result. It is the yardstick of the memory-bound
 kernels: `python -m tk_cute.bench nvfp4` times it on the same NVFP4 weight bytes (codes and
-scales) the decode GEMMs stream, so "the fastest any kernel could read these bytes" stands
-beside their times in one run.
+scales) the decode GEMMs stream, so the fastest read of these bytes measured here stands beside
+their times in one run.
 
 The access is the one that read fastest on the H200 among those measured (docs/results.md,
 eleventh session: 16-byte loads, 1D bulk copies (TMA), 2D TMA boxes of weight-row pieces, per

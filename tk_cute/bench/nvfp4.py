@@ -80,12 +80,13 @@ def _variants(M, N, K, tune: bool, sms: int):
             v["tk_cute w4a16 dequantize"] = lambda s: nvfp4_sm90.gemm(s["a"], s["b"])
         v["tk_cute w4a16 fused"] = lambda s: nvfp4_sm90.gemm(s["a"], s["b"], path="fused")
         v["tk_cute w4a4 fused"] = lambda s: nvfp4_sm90.gemm(s["aq"], s["b"], path="fused")
-    if M <= rs.MAX_M:  # the floor of the memory-bound paths: only reading the weight bytes
+    if M <= rs.MAX_M:  # the memory-bound regime
         from tk_cute.kernels.stream_read import stream_read
 
-        v[SPEED_OF_LIGHT] = lambda s: stream_read(s["b"].data, s["b"].scales)
-    if M <= rs.MAX_M:  # back-to-back calls that may overlap (static weights, `pdl=True`)
+        # back-to-back calls that may overlap (static weights), and the floor: only reading the
+        # weight bytes
         v["tk_cute w4a16 pdl"] = lambda s: nvfp4.gemm(s["a"], s["b"], pdl=True)
+        v[SPEED_OF_LIGHT] = lambda s: stream_read(s["b"].data, s["b"].scales)
     if rs.MIN_M <= M <= gv.MAX_M and gv.supports(M, N, K):  # the small-M kernel beside rs
         v["tk_cute w4a16 small-M kernel"] = lambda s: gv.gemm_small_m(s["a"], s["b"])
     if rs.supports(M, N, K) and M < rs.MIN_M:  # where the dispatch does not take it

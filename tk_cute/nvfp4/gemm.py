@@ -176,7 +176,8 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
             so pass it only for weights that the kernels just before do not write, e.g. static
             weights in a chain of decode GEMMs. On the H200 (docs/results.md, bench row
             `tk_cute w4a16 pdl`) it saved 1.4-1.7 us per call at M = 1 (1x8192^2: 12.7 -> 11.3
-            us) and 0.4-0.8 us at M = 16.
+            us; at 1x8192x28672 it was 0.5 us slower, within the spread) and 0.4-1.0 us at
+            M = 16.
 
     Returns:
         D, (M, N) or (L, M, N), of out_dtype.
