@@ -127,7 +127,7 @@ def stream_read(a, b=None, *, out=None):
     index = device_index(a.device)
     grid = ctas(index)
     out = output(out, (grid * WARPS,), torch.int32, a.device, "stream_read")
-    views = tensors + [a]
+    views = tensors + [a]  # without b the kernel's second buffer is a again, with 0 pieces
     pieces = [t.numel() * t.element_size() // PIECE for t in tensors] + [0]
     _CACHE.get(index, compile_launcher)(
         views[0].data_ptr(), pieces[0], views[1].data_ptr(), pieces[1], out.data_ptr(), grid,

@@ -524,9 +524,9 @@ def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, out, M, N, n_blk, tidx):
     """Split-K inside the CTA: sum the S slices' partials in order (deterministic), scale by
     2^8 (2^16 W4A4) * global scales and write D."""
     undo = Float32(2.0 ** fp4.BF16_DECODE_SHIFT)  # the decode's exact 2^-8 per operand
-    scale = _load_f32(gsb) * undo
+    scale = memory.ld_f32(gsb.toint()) * undo
     if cutlass.const_expr(cfg.w4a4):
-        scale = scale * (_load_f32(gsa) * undo)
+        scale = scale * (memory.ld_f32(gsa.toint()) * undo)
     out_base = out.toint()
     esize = 4 if cfg.out_dtype == "float32" else 2
     total = cute.make_rmem_tensor((4,), Float32)
@@ -546,11 +546,6 @@ def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, out, M, N, n_blk, tidx):
                 if m < M:
                     memory.st_cvt(out_base + (Int64(m) * Int64(N) + nr) * esize,
                                   total[e] * scale, cfg.out_dtype)
-
-
-def _load_f32(p):
-    """The float32 at pointer p (a global scale)."""
-    return fp4.from_bits(memory.ld_u32_pred(p.toint(), Uint32(1)))
 
 
 @cute.jit

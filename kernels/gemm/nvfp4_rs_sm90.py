@@ -524,8 +524,7 @@ def _store(cfg: cutlass.Constexpr, acc, ws, M, N, K, cta, ctas, n0):
 
 def _output_scale(gsb):
     """2^8 (undoing the decode's exact 2^-8) times the weights' global scale gB."""
-    gb = fp4.from_bits(memory.ld_u32_pred(gsb.toint(), Uint32(1)))
-    return gb * Float32(2.0 ** fp4.BF16_DECODE_SHIFT)
+    return memory.ld_f32(gsb.toint()) * Float32(2.0 ** fp4.BF16_DECODE_SHIFT)
 
 
 REDUCE_THREADS = 256

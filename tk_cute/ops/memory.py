@@ -9,7 +9,7 @@ tests count these instructions.
 
 - Streaming reads: `ld_v4(addr, stream=True)` (``ld.global.nc.L1::no_allocate``: weights read
   once; `l2_fetch`: ``.L2::128B`` / ``.L2::256B`` prefetch sizes), `ld_v4_pred` (evict-first,
-  zeros when off), `ld_u16`, `ld_u32_pred`.
+  zeros when off), `ld_u16`, `ld_u32_pred`, `ld_f32` (a scalar such as a global scale).
 - Stores: `st_u32`, `st_v4_u32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
   `st_u8_pred`, `st_u16_pred`, `st_u32_pred`.
 - Global -> shared without registers: `cp_async_16`, `cp_async_wait_all`.
@@ -57,6 +57,14 @@ def ld_v4_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> list:
 def ld_u16(addr: Int64, *, loc=None, ip=None) -> Uint32:
     """The 2 bytes at `addr` (read-only path), zero-extended."""
     return Uint32(asm(T.i32(), [Int64(addr)], "ld.global.nc.u16 $0, [$1];", "=r,l", loc, ip))
+
+
+@dsl_user_op
+def ld_f32(addr: Int64, *, loc=None, ip=None) -> Float32:
+    """The float32 at `addr` (a plain coherent load, kept in program order: e.g. a global scale
+    that an earlier kernel of the stream wrote, read after the PDL wait)."""
+    return Float32(asm(T.f32(), [Int64(addr)], "ld.global.b32 $0, [$1];", "=f,l", loc, ip,
+                       True))
 
 
 @dsl_user_op
