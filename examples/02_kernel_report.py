@@ -12,9 +12,9 @@ from tk_cute import report
 
 # %%
 def rubin_report(mnk=(8192, 8192, 8192)):
-    from tk_cute.nvfp4.dispatch_sm100 import select_config
+    from tk_cute.nvfp4.heuristics import sm100_config
 
-    cfg = select_config("sm_107a", *mnk)
+    cfg = sm100_config("sm_107a", *mnk)
     return report.report(cfg, *mnk)
 
 

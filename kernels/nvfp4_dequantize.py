@@ -11,19 +11,19 @@ contiguous bytes, and 4 loads per thread are in flight), each with its scale byt
 blocked-layout offset (`tk_cute.layouts.nvfp4_scales.band_offset`) and the register decode
 of `tk_cute.ops.nvfp4`. H200 history: 32 elements per thread with four strided 16-byte stores
 per warp instruction ran at 0.2 TB/s; one word per thread at 0.73 TB/s (too few bytes in
-flight). Memory-bound: 0.5625 B read + 2 B written per element.
+flight). Memory-bound: 0.5625 B read + 2 B written per element. Any K % 16 == 0: rows of codes
+need not be 16-byte aligned (the walk is over the flat array of 4-byte words, two per scale
+block). Torch entry: `tk_cute.nvfp4.hopper.dequantize_blocks`.
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import torch
 from cutlass import Uint32
 
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import nvfp4 as fp4
-from tk_cute.runtime import KernelCache, as_cute, stream
 
 THREADS = 256
 WORDS_PER_THREAD = 4  # loads in flight per thread: enough bytes in flight to cover DRAM latency
@@ -56,26 +56,3 @@ def _dequantize(data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor,
     _dequantize_kernel(data, scales, out, words_per_row).launch(
         grid=((cute.size(data) + per_block - 1) // per_block, 1, 1), block=(THREADS, 1, 1),
         stream=stream)
-
-
-_CACHE = KernelCache()
-
-
-def dequantize_blocks(q, out: torch.Tensor | None = None) -> torch.Tensor:
-    """e2m1 * ue4m3 of a 2-D CUDA NVFP4Tensor as a bf16 (M, K) tensor (global scale NOT applied).
-
-    K must be a multiple of 32 (16-byte aligned rows of packed codes)."""
-    M, K = q.shape
-    if q.data.device.type != "cuda":
-        raise ValueError(f"dequantize_blocks runs on CUDA tensors, got {q.data.device}")
-    if K % 32:
-        raise ValueError(f"dequantize_blocks needs K to be a multiple of 32, got K={K}")
-    out = torch.empty(M, K, dtype=torch.bfloat16, device=q.data.device) if out is None else out
-    if not (q.data.is_contiguous() and out.is_contiguous()):
-        raise ValueError("dequantize_blocks needs contiguous data and output")
-    args = [as_cute(q.data.view(torch.int32).reshape(-1), leading_dim=0),
-            as_cute(q.scales.reshape(-1), leading_dim=0), as_cute(out.reshape(-1), leading_dim=0),
-            cutlass.Int32(K // 8)]
-    fn = _CACHE.get("bf16", lambda: cute.compile(_dequantize, *args, stream()))
-    fn(*args, stream())
-    return out

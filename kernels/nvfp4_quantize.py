@@ -21,7 +21,6 @@ Peers: CUTLASS ``cute/ampere/kernel/elementwise`` (copy structure), TK ``nvfp4_b
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import cutlass
@@ -32,6 +31,7 @@ from tk_cute.layouts import nvfp4_scales
 from tk_cute.layouts.nvfp4_scales import ATOM_BYTES, ATOM_K, ATOM_ROWS, ATOM_SF_COLS, SF_VEC
 from tk_cute.ops import memory, ptx
 from tk_cute.ops import nvfp4 as fp4
+from tk_cute.runtime import Signature, i32, i64, ptr
 
 SEG_BYTES = 512  # a warp's 16-byte-per-lane load: the tile's row segment
 DTYPES = {"bf16": 2, "f16": 2, "f32": 4}  # element bytes
@@ -279,154 +279,33 @@ def _quantize(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer,
                                         preferred_smem_carveout=0)  # no smem: all L1
 
 
-# ---------------------------------------------------------------- host: compile once, launch
-# Per call the host does: a dict lookup (the per-shape plan), up to 3 torch.empty (+1 zeros on
-# the given-scale checked path), and 1-2 launches whose arguments are packed straight into
-# ctypes slots (no DLPack, no cute.Tensor). One sync on a checked call, none otherwise.
-
-_CACHE = None
-_PLANS: dict = {}
-_PLANS_LOCK = threading.Lock()
-
-
-def _cache():
-    global _CACHE
-    if _CACHE is None:
-        from tk_cute.runtime import KernelCache
-
-        _CACHE = KernelCache()
-    return _CACHE
-
+# ---------------------------------------------------------------- host: signatures
+# Torch entry: `tk_cute.nvfp4.hopper.quantize` (plans per shape, launches through these).
 
 _ELEM = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32}
-# Runtime argument kinds (`tk_cute.runtime.Launcher`; checked against the DSL's own packing when
-# a plan is made).
-AMAX_ARGS = ("p", "p", "i64", "i32", "p")  # x, partials, n_vec, grid, stream
-QUANT_ARGS = ("p",) * 7 + ("i32",) * 4 + ("p",)  # 7 pointers, M K L n_partials, stream
 
 
-class _Plan:
-    """Everything about one (dtype, shape, device, mode, config): compiled launchers, grids,
-    output shapes."""
-
-    def __init__(self, x, given: bool, check: bool, config):
-        import dataclasses
-
-        import torch
-
-        from tk_cute.arch import device_target
-        from tk_cute.layouts.nvfp4_scales import blocked_shape
-        from tk_cute.runtime import Launcher, device_index, dsl_values, stream
-        from tk_cute.runtime import placeholder_ptr as ptr
-
-        dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
-        cfg = dataclasses.replace(config or Config(), dtype=dtype, given_scale=given,
-                                  check_finite=check, arch=device_target(x.device).name)
-        self.cfg, self.validated = cfg, False
-        *lead, M, K = x.shape
-        self.M, self.K, self.L = M, K, (lead[0] if lead else 1)
-        self.data_shape = (*lead, M, K // 2)
-        self.scales_shape = blocked_shape(M, K, *lead)
-        self.device = x.device
-        self.device_index = device_index(x.device)
-        self.n_vec = x.numel() * cfg.esize // 16
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        per_cta = cfg.amax_threads * cfg.amax_unroll
-        self.grid = 0 if given else max(1, min(sms * cfg.amax_ctas_per_sm,
-                                               -(-self.n_vec // per_cta)))
-        self.ws_words = self.grid + 1  # amax partials, then the decode scale
-        el = _ELEM[dtype]
-        st = stream()
-        cache = _cache()
-        self.amax = None
-        if not given:
-            self.amax = Launcher(cache.get(("amax", cfg), lambda: cute.compile(
-                _amax, cfg, ptr(el, 16), ptr(cutlass.Int32, 4), Int64(self.n_vec),
-                Int32(self.grid), st)), AMAX_ARGS)
-        self.quant = Launcher(cache.get(("quantize", cfg), lambda: cute.compile(
-            _quantize, cfg, ptr(el, 16), ptr(cutlass.Uint8, 16), ptr(cutlass.Uint8, 16),
-            ptr(cutlass.Int32, 4), ptr(cutlass.Float32, 4), ptr(cutlass.Float32, 4),
-            ptr(cutlass.Int32, 4), Int32(M), Int32(K), Int32(self.L), Int32(self.grid), st)),
-            QUANT_ARGS)
-        # pin the fast packing to the DSL's (same bytes in every slot), once per plan
-        if self.amax is not None:
-            v = (16, 32, self.n_vec, self.grid, 48)
-            self.amax.check_against_dsl(
-                dsl_values(AMAX_ARGS, v, [(el, 16), (cutlass.Int32, 4)]), v)
-        v = (16, 32, 48, 64, 80, 96, 112, M, K, self.L, self.grid, 128)
-        self.quant.check_against_dsl(dsl_values(QUANT_ARGS, v, [
-            (el, 16), (cutlass.Uint8, 16), (cutlass.Uint8, 16), (cutlass.Int32, 4),
-            (cutlass.Float32, 4), (cutlass.Float32, 4), (cutlass.Int32, 4)]), v)
+def amax_signature(cfg: Config) -> Signature:
+    """`_amax`'s runtime arguments: x, one uint32 |x| maximum per CTA, x's 16-byte pieces,
+    the grid."""
+    return Signature(ptr("x", _ELEM[cfg.dtype]), ptr("partials", cutlass.Int32, 4),
+                     i64("n_vec"), i32("grid"))
 
 
-def _plan(x, given: bool, check: bool, config) -> _Plan:
-    key = (x.dtype, x.shape, x.device, given, check, config)
-    plan = _PLANS.get(key)
-    if plan is None:
-        with _PLANS_LOCK:
-            plan = _PLANS.get(key)
-            if plan is None:
-                plan = _PLANS[key] = _Plan(x, given, check, config)
-    return plan
+def quantize_signature(cfg: Config) -> Signature:
+    """`_quantize`'s runtime arguments: x, the outputs (codes, blocked scales), the amax
+    partials, the given decode scale (gs_in) or where to write the computed one (gs_out), the
+    non-finite flag (given scale, checked), the shape and the number of partials."""
+    return Signature(ptr("x", _ELEM[cfg.dtype]), ptr("data", cutlass.Uint8),
+                     ptr("scales", cutlass.Uint8), ptr("partials", cutlass.Int32, 4),
+                     ptr("gs_in", cutlass.Float32, 4), ptr("gs_out", cutlass.Float32, 4),
+                     ptr("flag", cutlass.Int32, 4), i32("M"), i32("K"), i32("L"),
+                     i32("n_partials"))
 
 
-def quantize_cuda(x, global_scale=None, *, check_finite: bool = True, config: Config | None = None):
-    """Quantize a CUDA tensor with the kernels above (arguments as `tk_cute.nvfp4.quantize`).
+def compile_amax(cfg: Config, options: str = ""):
+    return amax_signature(cfg).compile(_amax, cfg, options=options)
 
-    Args:
-        x: (M, K) or (L, M, K) bf16/fp16/fp32 CUDA tensor, K % 16 == 0 (validated by the caller).
-        global_scale: None (amax pass) or a float32 0-dim CUDA tensor, the DECODE scale.
-        check_finite: True (default): one host sync reads the global scale back (amax path: a
-            NaN/Inf input makes it non-finite) or a device-reduced flag (given scale), and
-            NaN/Inf raises ValueError. False: no sync and no error; blocks holding NaN/Inf get
-            unspecified scale and data bytes, and with the amax pass a NaN/Inf also spoils the
-            global scale and so every block; finite inputs give the same bytes either way.
-        config: kernel configuration override (tuning); dtype/arch/given_scale/check_finite are
-            filled in.
 
-    Returns:
-        NVFP4Tensor on x's device (global_scale: a 0-dim view into a small workspace).
-    """
-    import math
-
-    import torch
-
-    from tk_cute.nvfp4.tensor import NVFP4Tensor
-    from tk_cute.runtime import raw_stream
-
-    given = global_scale is not None
-    plan = _plan(x, given, check_finite, config)
-    if not x.is_contiguous():
-        x = x.contiguous()
-    if x.data_ptr() % 16:  # 16-byte vector loads
-        x = x.clone()
-    dev = plan.device
-    data = torch.empty(plan.data_shape, dtype=torch.uint8, device=dev)
-    scales = torch.empty(plan.scales_shape, dtype=torch.uint8, device=dev)
-    ws = torch.empty(plan.ws_words, dtype=torch.float32, device=dev)
-    wp, xp = ws.data_ptr(), x.data_ptr()
-    gs_out = wp + 4 * plan.grid
-    st = raw_stream(plan.device_index)
-    if given:
-        gs = global_scale
-        if gs.dtype != torch.float32 or gs.device != dev:
-            gs = gs.to(device=dev, dtype=torch.float32)
-        gs_in = gs.data_ptr()
-    else:
-        gs_in = wp
-        plan.amax(xp, wp, plan.n_vec, plan.grid, st)
-    flag = torch.zeros(1, dtype=torch.int32, device=dev) if plan.cfg.flag else None
-    plan.quant(xp, data.data_ptr(), scales.data_ptr(), wp, gs_in, gs_out,
-               wp if flag is None else flag.data_ptr(), plan.M, plan.K, plan.L, plan.grid, st)
-    bad = False
-    if check_finite:  # the one host sync
-        bad = bool(flag.item()) if flag is not None else not math.isfinite(ws[plan.grid].item())
-    if bad:
-        raise ValueError("quantize input must be finite: x contains NaN/Inf value(s) "
-                         "(found on the device; pass check_finite=False to skip this check)")
-    if not plan.validated:  # the container's checks (~13 us) once per plan, then a bare build
-        plan.validated = True
-        return NVFP4Tensor(data=data, scales=scales, global_scale=ws[plan.grid], shape=x.shape)
-    out = NVFP4Tensor.__new__(NVFP4Tensor)
-    out.__dict__.update(data=data, scales=scales, global_scale=ws[plan.grid], shape=x.shape)
-    return out
+def compile_quantize(cfg: Config, options: str = ""):
+    return quantize_signature(cfg).compile(_quantize, cfg, options=options)

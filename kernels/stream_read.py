@@ -12,7 +12,7 @@ allocation), LOADS of them in flight per thread, CTAS_PER_SM x THREADS threads p
 SM), so at any moment the whole grid reads one contiguous window of the buffer. The loaded
 words are XOR-folded (one instruction per word, so the loads are not dead code and the ALU
 never limits) and each warp writes its fold: the XOR of all of them is the XOR of every 32-bit
-word read, which a test checks against the host.
+word read, which a test checks against the host. Torch entry: `tk_cute.bench.stream_read`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 
 from tk_cute.ops import memory, warp
-from tk_cute.runtime import (KernelCache, Launcher, device_index, dsl_values, output,
-                             placeholder_ptr, raw_stream)
+from tk_cute.runtime import Signature, i32, i64, ptr
 
 THREADS = 512
 CTAS_PER_SM = 4  # 2048 threads: a full Hopper SM (32 registers per thread)
@@ -72,64 +71,12 @@ def _launch(a: cute.Pointer, a_pieces: Int64, b: cute.Pointer, b_pieces: Int64,
         grid=[ctas, 1, 1], block=[THREADS, 1, 1], stream=stream)
 
 
-# Runtime arguments (`tk_cute.runtime.Launcher` kinds): a, its pieces, b, its pieces, out, CTAs,
-# the stream.
-ARGS = ("p", "i64", "p", "i64", "p", "i32", "p")
-_POINTER_TYPES = [(cutlass.Uint8, PIECE), (cutlass.Uint8, PIECE), (cutlass.Uint32, 4)]
-
-
-def fake_args():
-    """Placeholder pointers and sizes to compile `_launch` against (no GPU needed)."""
-    p = [placeholder_ptr(t, al) for t, al in _POINTER_TYPES]
-    return p[0], Int64(1 << 20), p[1], Int64(1 << 16), p[2], Int32(528)
+SIGNATURE = Signature(ptr("a", cutlass.Uint8, PIECE), i64("a_pieces"),
+                      ptr("b", cutlass.Uint8, PIECE), i64("b_pieces"),
+                      ptr("out", cutlass.Uint32, 4), i32("ctas"))
 
 
 def compile_launcher(options: str = ""):
-    """`_launch` compiled into a raw-pointer `Launcher`, its argument packing checked against
-    the DSL's (`options`: e.g. "--gpu-arch sm_90a" to build without a GPU)."""
-    from cuda.bindings import driver
-
-    fn = Launcher(cute.compile(_launch, *fake_args(), driver.CUstream(0), options=options), ARGS)
-    v = (16, 1 << 20, 32, 1 << 16, 64, 528, 128)
-    fn.check_against_dsl(dsl_values(ARGS, v, _POINTER_TYPES), v)
-    return fn
-
-
-_CACHE = KernelCache()  # device index -> Launcher
-
-
-def ctas(device) -> int:
-    """The grid: CTAS_PER_SM CTAs on every SM of the device."""
-    import torch
-
-    return CTAS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def stream_read(a, b=None, *, out=None):
-    """Read every byte of CUDA tensors `a` (and `b`) once; returns int32 (ctas * WARPS,) whose
-    XOR is the XOR of all their 32-bit words. Each tensor must be contiguous, of a whole
-    number of 16-byte pieces, on one device; `out` (optional) receives the result."""
-    import torch
-
-    tensors = [t for t in (a, b) if t is not None]
-    for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.device.type != "cuda":
-            raise ValueError(f"stream_read: tensors must be CUDA tensors, got "
-                             f"{getattr(t, 'device', type(t).__name__)}")
-        if t.device != a.device:
-            raise ValueError(f"stream_read: tensors on different devices: {a.device} and "
-                             f"{t.device}")
-        nbytes = t.numel() * t.element_size()
-        if not t.is_contiguous() or nbytes % PIECE or t.data_ptr() % PIECE:
-            raise ValueError(f"stream_read: tensors must be contiguous, {PIECE}-byte aligned and "
-                             f"a multiple of {PIECE} bytes, got {tuple(t.shape)} {t.dtype} "
-                             f"({nbytes} bytes at address % {PIECE} = {t.data_ptr() % PIECE})")
-    index = device_index(a.device)
-    grid = ctas(index)
-    out = output(out, (grid * WARPS,), torch.int32, a.device, "stream_read")
-    views = tensors + [a]  # without b the kernel's second buffer is a again, with 0 pieces
-    pieces = [t.numel() * t.element_size() // PIECE for t in tensors] + [0]
-    _CACHE.get(index, compile_launcher)(
-        views[0].data_ptr(), pieces[0], views[1].data_ptr(), pieces[1], out.data_ptr(), grid,
-        raw_stream(index))
-    return out
+    """`_launch` compiled into a raw-pointer `Launcher` (`options`: e.g. "--gpu-arch sm_90a" to
+    build without a GPU)."""
+    return SIGNATURE.compile(_launch, options=options)

@@ -14,31 +14,48 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Target:
-    """One compile target (`CUTE_DSL_ARCH` value) and the limits kernels plan against."""
+    """One compile target (`CUTE_DSL_ARCH` value) and the facts kernels plan against. Every
+    architecture test in the code asks one of these fields, never the name."""
 
     name: str  # e.g. "sm_90a"
     family: str  # "hopper" | "blackwell" | "rubin"
     smem_bytes: int  # dynamic shared memory one block may use (opt-in maximum)
-    tmem_columns: int  # 0 where there is no tensor memory
+    tmem_columns: int  # 0 where there is no tensor memory (the most one allocation may take)
     sm_count: int | None  # None where the product spans SKUs with different counts
-    fp4_tensor_cores: bool
+    fp4_tensor_cores: bool  # block-scaled tcgen05 MMAs (kind::mxf4nvf4)
     nvfp4_mma_k: int  # elements of K per block-scaled MMA instruction (0: none)
+    wgmma: bool = False  # Hopper warpgroup MMAs (and setmaxnreg): sm_90a only
+    native_fp4_cvt: bool = False  # cvt.rn.satfinite.e2m1x2.f32 (else integer decode/encode)
+    exclusive_tmem_columns: int = 0  # columns that need tcgen05.alloc.exclusive (Rubin: 576)
+    b_collector: bool = False  # tcgen05.mma .collector::b::{fill,use,lastuse} (B reuse)
+    early_a_release: bool = False  # tcgen05.commit ... sync_restrict (A stage freed early)
+    ue5m3_scales: bool = False  # UE5M3 (FloatNV8E5M3FNU) block scales in the MMA
 
     @property
     def compute_capability(self) -> tuple[int, int]:
         digits = self.name[3:].rstrip("af")
         return int(digits[:-1]), int(digits[-1])
 
+    @property
+    def dsl_arch(self) -> str:
+        """The arch key the DSL's helpers take ("sm_107" for sm_107a): the TMEM allocator's
+        exclusive mode follows it."""
+        return self.name.rstrip("af")
 
+
+_BLACKWELL = dict(fp4_tensor_cores=True, nvfp4_mma_k=64, native_fp4_cvt=True)
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
-        Target("sm_90a", "hopper", 227 * 1024, 0, 132, False, 0),
-        Target("sm_100a", "blackwell", 227 * 1024, 512, 148, True, 64),
-        Target("sm_103a", "blackwell", 227 * 1024, 512, None, True, 64),
+        Target("sm_90a", "hopper", 227 * 1024, 0, 132, False, 0, wgmma=True),
+        Target("sm_100a", "blackwell", 227 * 1024, 512, 148, **_BLACKWELL),
+        Target("sm_103a", "blackwell", 227 * 1024, 512, None, **_BLACKWELL),
         # Rubin: 576 TMEM columns only through an exclusive allocation; 328 KiB shared memory
-        # opt-in; block-scaled MMAs take 64 bytes of K (128 FP4 elements).
-        Target("sm_107a", "rubin", 327 * 1024, 576, 224, True, 128),
+        # opt-in; block-scaled MMAs take 64 bytes of K (128 FP4 elements); B collector, early
+        # release of A and UE5M3 scales are Rubin ISA (../shared/reference/rubin.md).
+        Target("sm_107a", "rubin", 327 * 1024, 576, 224, True, 128, native_fp4_cvt=True,
+               exclusive_tmem_columns=576, b_collector=True, early_a_release=True,
+               ue5m3_scales=True),
     )
 }
 

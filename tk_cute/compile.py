@@ -7,6 +7,10 @@ them. The target is passed to the DSL as a compile option (`--gpu-arch`), so one
 build for several targets; `CUTE_DSL_ARCH` is not needed.
 
 Arguments may be fake (`fake_tensor`, `cute.runtime.make_fake_tensor`): nothing touches a GPU.
+
+`COMPILE_LOCK` serializes every compile in the process: the DSL's compile state is global, and
+two threads compiling at once abort the interpreter. `build` and `tk_cute.runtime`'s caches take
+it; so must any other caller of `cute.compile` that may run beside them.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tk_cute.arch import target as _target
+
+COMPILE_LOCK = threading.RLock()
 
 
 @dataclass(frozen=True)
@@ -136,11 +143,12 @@ def build(fn, *args, arch: str, options: str = "", **kwargs) -> Build:
     _target(arch)  # rejects unknown targets with the list of known ones
     with tempfile.TemporaryDirectory(prefix="tk_cute_build_") as dump:
         opts = f"--gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {dump} {options}".strip()
-        start = time.perf_counter()
-        compiled = cute.compile(fn, *args, options=opts, **kwargs)
-        seconds = time.perf_counter() - start
-        ptx = compiled.__ptx__
-        cubin = compiled.__cubin__
+        with COMPILE_LOCK:
+            start = time.perf_counter()
+            compiled = cute.compile(fn, *args, options=opts, **kwargs)
+            seconds = time.perf_counter() - start
+            ptx = compiled.__ptx__
+            cubin = compiled.__cubin__
         if isinstance(cubin, str):  # some DSL paths hand back the file name
             cubin = Path(cubin).read_bytes()
     return Build(arch, compiled, ptx, cubin, seconds)

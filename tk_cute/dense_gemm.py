@@ -2,7 +2,12 @@
 
 Validates, picks the kernel for the device (Hopper: `kernels/gemm/gemm_sm90.py`), compiles it
 once per configuration (cached; `compile_seconds()` reports what compiling cost) and runs it on
-the current stream.
+the current stream. `scaled` is the same launch with a device-side fp32 scale applied to the
+accumulator (`GemmScaledSm90`), which the NVFP4 "dequantize" path runs on exact bf16 operands.
+
+Shapes: any M, N, K whose rows meet TMA's 16-byte alignment (K * element size and N * output
+element size multiples of 16 bytes, tensors 16-byte aligned): the kernel's edge tiles are
+partial (zero-filled loads, clipped stores), never padded on the host.
 """
 
 from __future__ import annotations
@@ -12,10 +17,16 @@ import functools
 import torch
 
 from tk_cute import arch
-from tk_cute.runtime import KernelCache, as_cute, batched, stream
+from tk_cute.runtime import KernelCache, as_cute, batched, compile_locked, output, stream
 
 _CACHE = KernelCache()
 _DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+TMA_ALIGN = 16  # bytes: TMA global addresses and row strides
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _check(a: torch.Tensor, b: torch.Tensor, out_dtype):
@@ -28,17 +39,33 @@ def _check(a: torch.Tensor, b: torch.Tensor, out_dtype):
             raise ValueError(f"{name} must be 2-D (rows, K), got shape {tuple(t.shape)}")
         if not t.is_cuda:
             raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
-        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
-            raise ValueError(f"{name} must be K-major (stride (>=K, 1)) with 16-byte aligned rows;"
-                             f" got stride {t.stride()}")
+        if (t.stride(1) != 1 or (t.stride(0) * t.element_size()) % TMA_ALIGN
+                or t.data_ptr() % TMA_ALIGN):
+            raise ValueError(f"{name} must be K-major (stride (>=K, 1)) with {TMA_ALIGN}-byte "
+                             f"aligned rows and start (TMA); got shape {tuple(t.shape)}, stride "
+                             f"{t.stride()}, {t.dtype}, address % 16 = {t.data_ptr() % 16}")
     if a.dtype != b.dtype:
         raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"K mismatch: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
     if a.device != b.device:
         raise ValueError(f"a and b are on different devices: {a.device}, {b.device}")
-    if out_dtype not in (torch.bfloat16, torch.float16):
-        raise TypeError(f"out_dtype must be bfloat16 or float16, got {out_dtype}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+    N = b.shape[0]
+    if (N * out_dtype.itemsize) % TMA_ALIGN:
+        raise ValueError(f"N={N} gives {N * out_dtype.itemsize}-byte rows of {out_dtype} C; "
+                         f"TMA stores need a multiple of {TMA_ALIGN} bytes (N % "
+                         f"{TMA_ALIGN // out_dtype.itemsize} == 0)")
+
+
+def default_config(dtype: torch.dtype, out_dtype: torch.dtype):
+    """The kernel config `gemm` uses: the Config defaults, with two epilogue buffers for fp32
+    C (each 128 x 32 fp32 block is 16 KiB; four would cost a load stage)."""
+    from tk_cute.kernels.gemm.gemm_sm90 import Config
+
+    extra = {"EPI_PIPE_DEPTH": 2} if out_dtype == torch.float32 else {}
+    return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), **extra)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None,
@@ -46,59 +73,68 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None
     """C (M, N) = A (M, K) @ B (N, K)^T with fp32 accumulation.
 
     Args:
-        a: (M, K) bf16/fp16/fp8 CUDA tensor, K contiguous.
+        a: (M, K) bf16/fp16/fp8 CUDA tensor, K contiguous, rows 16-byte aligned.
         b: (N, K), same dtype and device.
-        out_dtype: torch.bfloat16 or torch.float16.
+        out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
         config: a `tk_cute.kernels.gemm.gemm_sm90.Config` to override the default tiles.
-        out: optional (M, N) contiguous tensor of `out_dtype` to write C into.
+        out: optional (M, N) contiguous tensor of `out_dtype` on the device to write C into.
 
     Returns:
-        C, a new (M, N) tensor of `out_dtype`.
-    """
-    from tk_cute.kernels.gemm.gemm_sm90 import Config
+        C, (M, N) of `out_dtype` (`out` when given).
 
+    Raises:
+        TypeError: operand types or dtypes, out_dtype, a config of another input dtype.
+        ValueError: shapes, strides, alignment, devices, `out`, a non-Hopper GPU.
+    """
     _check(a, b, out_dtype)
-    dtype = str(a.dtype).removeprefix("torch.")
-    config = config or Config(dtype=dtype, out_dtype=str(out_dtype).removeprefix("torch."))
-    if config.dtype != dtype:
-        raise TypeError(f"config.dtype {config.dtype} does not match the inputs' {dtype}")
-    kernel, sms = _kernel(config, a.device)
-    (M, K), N = a.shape, b.shape[0]
-    for name, size, tile in (("M", M, kernel.Mb), ("N", N, kernel.Nb), ("K", K, kernel.Kb)):
-        if size % tile:
-            raise ValueError(f"{name}={size} must be a multiple of the tile's {tile} "
-                             f"(config {config})")
-    for name, tiles, cluster in (("M", M // kernel.Mb, config.CLUSTER_M),
-                                 ("N", N // kernel.Nb, config.CLUSTER_N)):
-        if tiles % cluster:
-            raise ValueError(f"{name} has {tiles} tiles, not a multiple of the cluster's "
-                             f"{cluster} (config {config})")
-    c = torch.empty(M, N, dtype=out_dtype, device=a.device) if out is None else out
-    if c.shape != (M, N) or c.dtype != out_dtype or not c.is_contiguous() or c.device != a.device:
-        raise ValueError(f"out must be a contiguous ({M}, {N}) {out_dtype} tensor on {a.device}; "
-                         f"got {tuple(c.shape)} {c.dtype} on {c.device}")
+    config = config or default_config(a.dtype, out_dtype)
+    if config.dtype != _name(a.dtype) or config.out_dtype != _name(out_dtype):
+        raise TypeError(f"config is for {config.dtype} -> {config.out_dtype}; the call is "
+                        f"{_name(a.dtype)} -> {_name(out_dtype)}")
+    c = output(out, (a.shape[0], b.shape[0]), out_dtype, a.device, "tk_cute.gemm")
+    return _run(config, a, b, c)
+
+
+def scaled(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out: torch.Tensor):
+    """out = alpha * (a @ b^T) for bf16 a (M, K), b (N, K) and a 1-element fp32 device tensor
+    alpha (read on the device: no host sync). For callers that validated already."""
+    config = default_config(a.dtype, out.dtype)
+    return _run(config, a, b, out, alpha.reshape(1))
+
+
+def _run(config, a, b, c, alpha=None):
+    kernel, sms = _kernel(config, alpha is not None, a.device)
+    _check_cluster(kernel, config, c.shape[0], c.shape[1])
     args = [as_cute(batched(t), leading_dim=1) for t in (a, b, c)]
-    fn = _CACHE.get((config, sms), lambda: _compile(kernel, args, sms))
+    if alpha is not None:
+        args.append(as_cute(alpha, leading_dim=0, align=4))
+    fn = _CACHE.get((config, alpha is not None, sms),
+                    lambda: compile_locked(kernel, *args, sms, stream()))
     fn(*args, stream())
     return c
 
 
+def _check_cluster(kernel, config, M, N):
+    for name, size, tile, cluster in (("M", M, kernel.Mb, config.CLUSTER_M),
+                                      ("N", N, kernel.Nb, config.CLUSTER_N)):
+        tiles = -(-size // tile)
+        if tiles % cluster:
+            raise ValueError(f"{name}={size} gives {tiles} tiles of {tile}, not a multiple of "
+                             f"the cluster's {cluster} (config {config})")
+
+
 @functools.cache
-def _kernel(config, device):
+def _kernel(config, scaled: bool, device):
     """The kernel object and SM count for a config on a device (cached: host time matters for
     small problems)."""
-    from tk_cute.kernels.gemm.gemm_sm90 import GemmSm90
+    from tk_cute.kernels.gemm.gemm_sm90 import GemmScaledSm90, GemmSm90
 
     target = arch.device_target(device)
-    if target.family != "hopper":
-        raise ValueError(f"tk_cute.gemm has a Hopper kernel only; this GPU is {target.name}")
-    return GemmSm90(config), torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _compile(kernel, args, sms):
-    import cutlass.cute as cute
-
-    return cute.compile(kernel, *args, sms, stream())
+    if not target.wgmma:
+        raise ValueError(f"tk_cute.gemm has a Hopper (wgmma) kernel only; this GPU is "
+                         f"{target.name}")
+    cls = GemmScaledSm90 if scaled else GemmSm90
+    return cls(config), torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def compile_seconds() -> dict:

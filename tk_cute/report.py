@@ -87,9 +87,9 @@ def main(argv=None) -> int:
         p.add_argument(f"--{f}", type=int, help="override the heuristic's choice")
     a = p.parse_args(argv)
     m, n, k = (int(x) for x in a.mnk.split(","))
-    from tk_cute.nvfp4.dispatch_sm100 import select_config
+    from tk_cute.nvfp4.heuristics import sm100_config
 
-    cfg = select_config(a.arch, m, n, k)
+    cfg = sm100_config(a.arch, m, n, k)
     over = {f: getattr(a, f) for f in ("Mb", "Nb", "LOAD_PIPE_DEPTH", "ACC_PIPE_DEPTH",
                                        "CLUSTER_M", "CLUSTER_N") if getattr(a, f) is not None}
     if over:

@@ -1,20 +1,29 @@
 """Running compiled kernels on torch tensors: CuTe views of torch tensors, the current stream,
-a per-process cache of compiled kernels (compile once per configuration and target), and
-`Launcher`, the fast call path for kernels whose runtime arguments are raw pointers and integers.
+a per-process cache of compiled kernels (compile once per configuration and target), and the
+raw-pointer call path: a kernel's runtime arguments are declared once as a `Signature` (name,
+kind, element type and alignment of each), which builds the placeholders it is compiled
+against, checks the fast packing against the DSL's own, and launches by name (`Launcher`).
 
-Compile time is kept apart from run time: `KernelCache.compile_seconds` records what each
-configuration cost to build, so benchmarks can report it separately.
+Contracts:
+- Thread safety: the DSL's compile state is process-global, so every compile goes through
+  `tk_cute.compile.COMPILE_LOCK`; `KernelCache.get` builds a key once however many threads ask
+  (single flight under that lock) and never holds it on the hit path.
+- Compile time is kept apart from run time: `KernelCache.compile_seconds` records what each
+  configuration cost to build, so benchmarks can report it separately.
 """
 
 from __future__ import annotations
 
 import ctypes
 import time
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import from_dlpack
+
+from tk_cute.compile import COMPILE_LOCK
 
 # torch dtypes DLPack cannot carry travel as bytes and get their CuTe element type back.
 _BYTE_VIEWS = {
@@ -70,7 +79,10 @@ def stream():
 
 
 class KernelCache:
-    """Compiled kernels by key; `get(key, build)` compiles on first use (build() -> callable)."""
+    """Compiled kernels by key; `get(key, build)` compiles on first use (build() -> callable).
+
+    Thread-safe: a miss takes `COMPILE_LOCK` (the DSL cannot compile two programs at once) and
+    looks again, so each key is built once; hits take no lock."""
 
     def __init__(self):
         self._kernels: dict = {}
@@ -78,22 +90,158 @@ class KernelCache:
 
     def get(self, key, build):
         fn = self._kernels.get(key)
-        if fn is None:
-            start = time.perf_counter()
-            fn = self._kernels[key] = build()
-            self.compile_seconds[key] = time.perf_counter() - start
+        if fn is not None:
+            return fn
+        with COMPILE_LOCK:
+            fn = self._kernels.get(key)
+            if fn is None:
+                start = time.perf_counter()
+                fn = build()
+                self.compile_seconds[key] = time.perf_counter() - start
+                self._kernels[key] = fn
         return fn
+
+    def __len__(self) -> int:
+        return len(self._kernels)
+
+
+def compile_locked(fn, *args, **kwargs):
+    """`cute.compile(fn, *args, **kwargs)` under `COMPILE_LOCK`."""
+    with COMPILE_LOCK:
+        return cute.compile(fn, *args, **kwargs)
 
 
 # ---------------------------------------------------------------- raw-pointer launches
-# A kernel compiled against `placeholder_ptr` arguments takes plain addresses at run time. Its
-# argument kinds: "p" (a pointer, or the stream last), "i32", "i64": one ctypes slot each.
-ARG_SLOTS = {"p": ctypes.c_void_p, "i32": ctypes.c_int32, "i64": ctypes.c_int64}
+# A kernel compiled against placeholder pointers takes plain addresses at run time, one ctypes
+# slot per argument (the stream last).
+_SLOTS = {"ptr": ctypes.c_void_p, "i32": ctypes.c_int32, "i64": ctypes.c_int64}
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One runtime argument: `kind` "ptr" (a global-memory address of `dtype` elements, assumed
+    `align`-byte aligned), "i32" or "i64"."""
+
+    name: str
+    kind: str
+    dtype: object = None
+    align: int = 16
+
+
+def ptr(name: str, dtype, align: int = 16) -> Arg:
+    return Arg(name, "ptr", dtype, align)
+
+
+def i32(name: str) -> Arg:
+    return Arg(name, "i32")
+
+
+def i64(name: str) -> Arg:
+    return Arg(name, "i64")
 
 
 def placeholder_ptr(dtype, align: int = 16):
     """A global-memory pointer of `dtype` (assumed `align`-byte aligned) to compile against."""
     return cute.runtime.make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=align)
+
+
+class Signature:
+    """The runtime argument list of a raw-pointer kernel launch, declared once, the stream
+    implied last. It builds the placeholders to compile against (`compile_args`), compiles
+    (`compile`) and names the slots a `Launcher` packs."""
+
+    def __init__(self, *args: Arg):
+        names = [a.name for a in args]
+        if len(set(names)) != len(names) or "stream" in names:
+            raise ValueError(f"Signature argument names must be unique (stream is implied): "
+                             f"{names}")
+        self.args = args
+        self.names = tuple(names)
+        self._slots = tuple(_SLOTS[a.kind] for a in args) + (ctypes.c_void_p,)
+
+    def placeholders(self) -> list:
+        """Fake pointers and integers of the declared kinds (no GPU needed)."""
+        out = []
+        for a in self.args:
+            if a.kind == "ptr":
+                out.append(placeholder_ptr(a.dtype, a.align))
+            else:
+                out.append((cutlass.Int32 if a.kind == "i32" else cutlass.Int64)(1))
+        return out
+
+    def compile_args(self, *constexpr) -> tuple:
+        """What `cute.compile(launch_fn, ...)` takes: the leading compile-time arguments (e.g.
+        the Config), the placeholders and a null stream."""
+        from cuda.bindings import driver
+
+        return (*constexpr, *self.placeholders(), driver.CUstream(0))
+
+    def compile(self, fn, *constexpr, options: str = "") -> "Launcher":
+        """`fn` compiled against the placeholders into a `Launcher` whose packing has been
+        checked against the DSL's own (`options`: e.g. "--gpu-arch sm_90a" without a GPU)."""
+        launcher = Launcher(compile_locked(fn, *self.compile_args(*constexpr), options=options),
+                            self)
+        launcher.check_against_dsl()
+        return launcher
+
+    def pack(self, values: dict):
+        if len(values) != len(self._slots) or any(n not in values for n in self.names):
+            raise TypeError(f"launch arguments are {self.names + ('stream',)}, got "
+                            f"{tuple(values)}")
+        slots = [cls(values[n]) for n, cls in zip(self.names, self._slots)]
+        slots.append(ctypes.c_void_p(values["stream"]))
+        return slots, [ctypes.addressof(s) for s in slots]
+
+    def sample_values(self) -> dict:
+        """Distinct, suitably aligned sample values of every argument (for the packing check)."""
+        values = {a.name: 4096 * (i + 1) if a.kind == "ptr" else 7 + i
+                  for i, a in enumerate(self.args)}
+        values["stream"] = 128
+        return values
+
+    def dsl_values(self, values: dict) -> list:
+        """The same runtime values as DSL objects, as `cute.compile`'s result takes them."""
+        from cuda.bindings import driver
+
+        out = []
+        for a in self.args:
+            v = values[a.name]
+            if a.kind == "ptr":
+                out.append(cute.runtime.make_ptr(a.dtype, v, cute.AddressSpace.gmem,
+                                                 assumed_align=a.align))
+            else:
+                out.append((cutlass.Int32 if a.kind == "i32" else cutlass.Int64)(v))
+        out.append(driver.CUstream(values["stream"]))
+        return out
+
+
+class Launcher:
+    """A compiled function called with its argument slots packed directly, by name: the DSL's
+    `generate_execution_args` costs ~6 us per call plus ~1 us per runtime object, DLPack views
+    ~10-20 us per tensor."""
+
+    def __init__(self, compiled, signature: Signature):
+        self.compiled, self.signature = compiled, signature
+
+    def check_against_dsl(self, values: dict | None = None) -> None:
+        """Raise unless our slots hold what the DSL's own packing holds (once per kernel)."""
+        values = values or self.signature.sample_values()
+        dsl_args = tuple(self.signature.dsl_values(values))  # alive while exe points into it
+        exe, _ = self.compiled.execution_args.generate_execution_args(dsl_args, {})
+        slots, ours = self.signature.pack(values)
+        if len(exe) != len(ours):
+            raise RuntimeError(f"DSL packs {len(exe)} arguments, the signature {len(ours)}")
+        for cls, a, b in zip(self.signature._slots, exe, ours):
+            size = ctypes.sizeof(cls)
+            addr = a.value if isinstance(a, ctypes.c_void_p) else a
+            if ctypes.string_at(addr, size) != ctypes.string_at(b, size):
+                raise RuntimeError("DSL argument packing differs from the signature's")
+        del dsl_args
+
+    def __call__(self, **values):
+        slots, addrs = self.signature.pack(values)
+        self.compiled.run_compiled_program(addrs)
+        del slots  # kept alive through the call above
 
 
 def device_index(device: torch.device) -> int:
@@ -104,50 +252,3 @@ def device_index(device: torch.device) -> int:
 def raw_stream(device_index: int) -> int:
     """The current torch stream of a device as a plain handle."""
     return torch.cuda.current_stream(device_index).cuda_stream
-
-
-class Launcher:
-    """A compiled function called with its argument slots packed directly: the DSL's
-    `generate_execution_args` costs ~6 us per call plus ~1 us per runtime object, DLPack views
-    ~10-20 us per tensor. `kinds` lists ARG_SLOTS keys in argument order (stream last)."""
-
-    def __init__(self, compiled, kinds):
-        self.compiled, self.kinds = compiled, kinds
-
-    def pack(self, values):
-        slots = [ARG_SLOTS[k](v) for k, v in zip(self.kinds, values)]
-        return slots, [ctypes.addressof(s) for s in slots]
-
-    def check_against_dsl(self, dsl_args, values) -> None:
-        """Raise unless our slots hold what the DSL's own packing holds (run once per kernel)."""
-        exe, _ = self.compiled.execution_args.generate_execution_args(tuple(dsl_args), {})
-        slots, ours = self.pack(values)
-        if len(exe) != len(ours):
-            raise RuntimeError(f"DSL packs {len(exe)} arguments, expected {len(ours)}")
-        for kind, a, b in zip(self.kinds, exe, ours):
-            size = ctypes.sizeof(ARG_SLOTS[kind])
-            addr = a.value if isinstance(a, ctypes.c_void_p) else a
-            if ctypes.string_at(addr, size) != ctypes.string_at(b, size):
-                raise RuntimeError("DSL argument packing differs from the fast path")
-
-    def __call__(self, *values):
-        slots, addrs = self.pack(values)
-        self.compiled.run_compiled_program(addrs)
-        del slots  # kept alive through the call above
-
-
-def dsl_values(kinds, values, dtypes):
-    """The same runtime values as DSL objects (for `Launcher.check_against_dsl`); `dtypes`:
-    (element type, alignment) of each pointer but the stream."""
-    from cuda.bindings import driver
-
-    out, di = [], iter(dtypes)
-    for i, (k, v) in enumerate(zip(kinds, values)):
-        if k == "p" and i == len(kinds) - 1:
-            out.append(driver.CUstream(v))
-        elif k == "p":
-            dt, align = next(di)
-            out.append(cute.runtime.make_ptr(dt, v, cute.AddressSpace.gmem, assumed_align=align))
-        else:
-            out.append((cutlass.Int32 if k == "i32" else cutlass.Int64)(v))
-    return out

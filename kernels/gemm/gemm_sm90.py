@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""Hopper GEMM, C = A @ B^T: bf16/fp16 or fp8 (e4m3/e5m2) inputs, fp32 accumulate, 16-bit out.
+"""Hopper GEMM, C = A @ B^T: bf16/fp16 or fp8 (e4m3/e5m2) inputs, fp32 accumulate, bf16 / fp16
+/ fp32 out.
 
 Pipeline (TK's H100 GEMM on the `lcf` template): a producer warp issues TMA loads of an
 (Mb, Kb) A tile and an (Nb, Kb) B tile per stage into a LOAD_PIPE_DEPTH ring; two consumer
@@ -7,7 +8,9 @@ warpgroups each run SS wgmma on 64 rows of the (Mb, Nb) fp32 accumulator, one co
 stage, releasing a stage once the next one's MMAs are issued; finish converts the accumulator
 in (Mb, EPI_N) column blocks, stmatrix-stores each into one of EPI_PIPE_DEPTH shared buffers and
 TMA-stores it while the next is written. Persistent CTAs walk tiles in supergroup order.
-Constraints: A (M, K) and B (N, K) K-major, M % Mb == N % Nb == K % Kb == 0 (checked).
+Constraints: A (M, K) and B (N, K) K-major with 16-byte aligned rows; any M, N, K: the TMA
+loads of edge tiles fill zeros past the tensors (they add nothing to the sums; a stage still
+carries its whole box of bytes) and the TMA stores clip the edge tiles of C.
 Replaces CUTLASS's `examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py`.
 """
 
@@ -28,7 +31,8 @@ from tk_cute.types.struct import DeviceStruct
 
 INPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
                "float8_e4m3fn": cutlass.Float8E4M3FN, "float8_e5m2": cutlass.Float8E5M2}
-OUTPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
+OUTPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
+                "float32": cutlass.Float32}
 
 
 @dataclass(frozen=True)

@@ -59,8 +59,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import cluster, memory, warp
 from tk_cute.ops import nvfp4 as fp4
-from tk_cute.runtime import (KernelCache, Launcher, aligned, device_index, dsl_values, output,
-                             placeholder_ptr, raw_stream)
+from tk_cute.runtime import Signature, i32, ptr
 from tk_cute.types.st import Shared, sv
 
 STEP_K = 128  # K elements per warp step: 4 lanes x 32 codes (one LDG.128 per weight row)
@@ -175,57 +174,9 @@ def xsmem_bytes(M: int, K: int) -> int:
 
 
 def supports(M: int, N: int, K: int) -> bool:
-    """Whether `gemm_small_m` takes this shape (else `tk_cute.nvfp4.gemm` uses another path)."""
+    """Whether some Config of this kernel takes this shape (`tk_cute.nvfp4.heuristics` picks
+    it)."""
     return 1 <= M <= MAX_M and K % STEP_K == 0 and N % 32 == 0
-
-
-@functools.lru_cache(maxsize=1024)
-def config_for(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = "bfloat16",
-               sms: int = 132) -> Config:
-    """The default configuration for a problem on a GPU with `sms` SMs (raises ValueError if
-    the shape is unsupported). Cached: it is on every call's host path."""
-    if not 1 <= M <= MAX_M:
-        raise ValueError(f"gemm_small_m supports 1 <= M <= {MAX_M}, got M={M}")
-    if K % STEP_K:
-        raise ValueError(f"gemm_small_m needs K to be a multiple of {STEP_K}, got K={K}")
-    if N % 32:
-        raise ValueError(f"gemm_small_m needs N to be a multiple of 32, got N={N}")
-    NT = max(1, -(-M // 8))
-    NT = 1 << (NT - 1).bit_length()
-    # H200 sweeps 2026-11-30 (docs/results.md): warps of 2 MMA row tiles; 2 steps per trip, the
-    # next trip's weights in flight at M <= 8 (registers capped for 16 warps per SM), 4 steps
-    # with two activation tiles (M 9..16); about 8 warps per CTA, at least one CTA per SM.
-    unroll = 4 if NT == 2 else 2
-    while (K // STEP_K) % unroll:
-        unroll //= 2
-    # At M = 1 a trip reads 128 bytes of each weight row as two 64-byte loads: asking L2 for
-    # the whole 128-byte line at the first was 2-4% faster (H200 A/B, 3 shapes x 2 passes); at
-    # M = 4, 8 and 16 it was 1% slower or mixed, 256 bytes slower everywhere.
-    cfg = Config(MT=2, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
-                 AHEAD=NT == 1, L2_FETCH=128 if M == 1 else 0)
-    cfg = dataclasses.replace(cfg, S=split_k(cfg, N, K, sms))
-    WN = max(1, 8 // cfg.S)
-    while WN > 1 and (N % (32 * WN) or N // (32 * WN) < sms):
-        WN //= 2
-    ctas = max(1, 16 // (WN * cfg.S)) if cfg.AHEAD else 0
-    # One activation row staged in shared memory: -0.7 us at 1x8192^2 (H200 A/B, 2 runs);
-    # M = 2 was slower (15.0 -> 15.9 us), larger M do not fit.
-    xs = xsmem_bytes(M, K) if M == 1 and not w4a4 else 0
-    return dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas, XSMEM=xs if xs <= MAX_XSMEM else 0)
-
-
-def split_k(cfg: Config, N: int, K: int, sms: int, ctas_per_sm: int | None = None) -> int:
-    """S: K-slices (warps along K), the divisor of K / k_chunk nearest (in ratio; ties: larger)
-    to about ctas_per_sm x 8 warps per SM in all: enough 16-byte loads in flight to cover HBM
-    latency; at most what fits a CTA. Default ctas_per_sm: 2 for up to two activation tiles
-    (M <= 16), else 1 (H200 sweeps: S=8 at N=K=8192 and S=2 at N=28672 for M=1 and 16; S=4 at
-    M=64)."""
-    if ctas_per_sm is None:
-        ctas_per_sm = 2 if cfg.NT <= 2 else 1
-    chunks, groups = K // cfg.k_chunk, N // (16 * cfg.MT)
-    want = max(1.0, sms * ctas_per_sm * 8 / groups)
-    fits = [d for d in range(1, chunks + 1) if chunks % d == 0 and cfg.fits(d)]
-    return min(fits, key=lambda d: (abs(math.log(d / want)), -d))
 
 
 # ---------------------------------------------------------------- index maps
@@ -558,139 +509,32 @@ def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
         preferred_smem_carveout=0)  # the least shared memory: the rest is L1
 
 
-# Runtime arguments of `_launch` (`tk_cute.runtime.Launcher` kinds): 7 pointers (w, wsf, x, xsf,
-# gsb, gsa, out), M N K trips, the stream; and the pointers' element types and alignments.
-ARGS = ("p",) * 7 + ("i32",) * 4 + ("p",)
-
-
-def _pointer_types(cfg: Config) -> list:
+def signature(cfg: Config) -> Signature:
+    """`_launch`'s runtime arguments: the weights' codes and blocked scales, the activations
+    (bf16, or NVFP4 codes and scales), the global decode scales (W4A16 reads gsb only), D, the
+    shape and the trips per K-slice."""
     out_t = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32}[cfg.out_dtype]
     x_t = cutlass.Uint8 if cfg.w4a4 else cutlass.BFloat16
-    return [(cutlass.Uint8, 16), (cutlass.Uint8, 2), (x_t, 16), (cutlass.Uint8, 2),
-            (cutlass.Float32, 4), (cutlass.Float32, 4), (out_t, 4)]
-
-
-def fake_args(cfg: Config):
-    """Placeholder pointers and scalars to compile `_launch` against (no GPU needed)."""
-    return (cfg, *[placeholder_ptr(t, al) for t, al in _pointer_types(cfg)],
-            Int32(16), Int32(8192), Int32(8192), Int32(2))
-
-
-# ---------------------------------------------------------------- host: validate, cache, launch
-
-_CACHE = KernelCache()  # (config, device index) -> Launcher
+    return Signature(ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8, 2), ptr("x", x_t),
+                     ptr("xsf", cutlass.Uint8, 2), ptr("gsb", cutlass.Float32, 4),
+                     ptr("gsa", cutlass.Float32, 4), ptr("out", out_t, 4),
+                     i32("M"), i32("N"), i32("K"), i32("trips"))
 
 
 def compile_launcher(cfg: Config, options: str = ""):
-    """`_launch` for cfg compiled into a raw-pointer `Launcher` whose argument packing is checked
-    against the DSL's (`options`: e.g. "--gpu-arch sm_90a" to build without a GPU)."""
-    from cuda.bindings import driver
-
-    fn = Launcher(cute.compile(_launch, *fake_args(cfg), driver.CUstream(0), options=options),
-                  ARGS)
-    v = (16, 32, 48, 64, 80, 96, 112, 16, 8192, 4096, 3, 128)
-    fn.check_against_dsl(dsl_values(ARGS, v, _pointer_types(cfg)), v)
-    return fn
+    """`_launch` for cfg compiled into a raw-pointer `Launcher` (`options`: e.g.
+    "--gpu-arch sm_90a" to build without a GPU)."""
+    return signature(cfg).compile(_launch, cfg, options=options)
 
 
-def _validate(a, b, out_dtype):
-    import torch
-
-    from tk_cute.nvfp4.gemm import _check_gemm_operands
-    from tk_cute.nvfp4.tensor import NVFP4Tensor
-
-    if not isinstance(b, NVFP4Tensor):
-        raise TypeError(f"gemm_small_m: b must be an NVFP4Tensor (N, K), got {type(b).__name__}")
-    if isinstance(a, NVFP4Tensor):
-        _check_gemm_operands(a, b, out_dtype)
-        if a.ndim != 2:
-            raise ValueError(f"gemm_small_m: operands must be 2-D, got a {tuple(a.shape)}")
-        M, K = a.M, a.K
-    else:
-        if not isinstance(a, torch.Tensor):
-            raise TypeError(f"gemm_small_m: a must be a bf16 tensor or an NVFP4Tensor, "
-                            f"got {type(a).__name__}")
-        if a.dtype != torch.bfloat16:
-            raise TypeError(f"gemm_small_m: W4A16 activations must be torch.bfloat16, "
-                            f"got {a.dtype}")
-        if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            raise TypeError(f"gemm_small_m: out_dtype must be bfloat16, float16 or float32, "
-                            f"got {out_dtype}")
-        if a.dim() != 2 or b.ndim != 2:
-            raise ValueError(f"gemm_small_m: operands must be 2-D (M, K) x (N, K), got a "
-                             f"{tuple(a.shape)} and b {tuple(b.shape)}")
-        M, K = a.shape
-        if K != b.K:
-            raise ValueError(f"gemm_small_m K mismatch: a has K={K}, b has K={b.K} (D = a @ b^T)")
-        if a.device != b.device:
-            raise ValueError(f"gemm_small_m operands must be on one device: a is on {a.device}, "
-                             f"b on {b.device}")
-    if b.device.type != "cuda":
-        raise ValueError(f"gemm_small_m runs on a CUDA device; operands are on {b.device}")
-    return M, b.M, K
-
-
-def gemm_small_m(a, b, out_dtype=None, *, out=None, config: Config | None = None,
-                 splits: int | None = None, pdl: bool = False):
-    """D = a @ deq(b)^T for small M on Hopper (sm_90a), streaming the NVFP4 weights.
-
-    Args:
-        a: bf16 CUDA tensor (M, K) (W4A16) or NVFP4Tensor (M, K) (W4A4), 1 <= M <= 64.
-        b: NVFP4Tensor (N, K), the weights; K % 128 == 0, N % 32 == 0.
-        out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
-        out: optional contiguous (M, N) CUDA tensor of out_dtype to write (default: a new one).
-        config, splits: tuning overrides (`Config`; its S, the number of K-slices, a divisor
-            of K / config.k_chunk).
-        pdl: programmatic dependent launch. The call may start (and read the weights b) while
-            the kernel before it on the stream is still running, and lets the next kernel start
-            during its own tail; it reads a and writes out only after that kernel has ended.
-            Only for weights that the kernel just before does not write (e.g. static weights in
-            a chain of decode GEMMs); the default waits for the stream as usual.
-
-    Returns:
-        D, (M, N) of out_dtype.
-
-    Raises:
-        TypeError: wrong operand types or dtypes.
-        ValueError: shapes (K mismatch, M > 64, K % 128, N % 32), devices, non-CUDA operands.
-    """
-    import torch
-
-    from tk_cute.nvfp4.tensor import NVFP4Tensor
-
-    if out_dtype is None:
-        out_dtype = out.dtype if out is not None else torch.bfloat16
-    M, N, K = _validate(a, b, out_dtype)
-    w4a4 = isinstance(a, NVFP4Tensor)
-    out_name = str(out_dtype).removeprefix("torch.")
-    dev = b.device
-    if config is None:
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        cfg = config_for(M, N, K, w4a4, out_name, sms)
-    else:
-        cfg = dataclasses.replace(config, w4a4=w4a4, out_dtype=out_name)
-    if splits is not None:
-        cfg = dataclasses.replace(cfg, S=splits)
-    if pdl:
-        cfg = dataclasses.replace(cfg, PDL=True)
+def check_shape(cfg: Config, M: int, N: int, K: int) -> None:
+    """Raise ValueError naming the constraint of `cfg` that (M, N, K) breaks."""
     chunks = K // cfg.k_chunk
     if cfg.XSMEM and xsmem_bytes(M, K) > cfg.XSMEM:
         raise ValueError(f"config {cfg} stages {cfg.XSMEM} B of activations; M={M}, K={K} "
                          f"needs {xsmem_bytes(M, K)} B (XSMEM=0 reads them from global memory)")
-    if M > cfg.m_pad or N % cfg.rows or K % cfg.k_chunk or chunks % cfg.S:
-        raise ValueError(f"config {cfg} does not fit M={M}, N={N}, K={K} (needs M <= m_pad, "
-                         f"N % rows == 0 and S dividing K / k_chunk = {chunks})")
-    gsb = b.global_scale  # 0-dim float32 (an NVFP4Tensor's global scale is aligned)
-    gsa = a.global_scale if w4a4 else gsb
-    if w4a4:
-        x, xsf = aligned(a.data), aligned(a.scales, 2)
-    else:
-        x, xsf = aligned(a), b.scales  # xsf unused
-    out = output(out, (M, N), out_dtype, dev, "gemm_small_m")
-    index = device_index(dev)
-    _CACHE.get((cfg, index), lambda: compile_launcher(cfg))(
-        aligned(b.data).data_ptr(), aligned(b.scales, 2).data_ptr(), x.data_ptr(),
-        xsf.data_ptr(), gsb.data_ptr(), gsa.data_ptr(), out.data_ptr(), M, N, K,
-        chunks // cfg.S, raw_stream(index))
-    return out
+    if not 1 <= M <= cfg.m_pad or N % cfg.rows or K % cfg.k_chunk or chunks % cfg.S:
+        raise ValueError(f"config {cfg} does not fit M={M}, N={N}, K={K} (needs 1 <= M <= "
+                         f"m_pad = {cfg.m_pad}, N % rows = {cfg.rows} == 0, K % k_chunk = "
+                         f"{cfg.k_chunk} == 0 and S dividing K / k_chunk = {chunks})")

@@ -78,8 +78,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import cluster, memory, schedule, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
-from tk_cute.runtime import (KernelCache, Launcher, aligned, device_index, dsl_values, output,
-                             placeholder_ptr, raw_stream)
+from tk_cute.runtime import Signature, i32, ptr
 from tk_cute.types.gl import coord, gl
 from tk_cute.types.rt import rt
 from tk_cute.types.semaphore import semaphore
@@ -92,16 +91,8 @@ WG = warpgroup.WARPGROUP_THREADS
 PRODUCER_REGISTERS = 48
 MAX_CONSUMER_REGISTERS = 232
 MAX_M = 128
-# Below this M `tk_cute.nvfp4.gemm` keeps the small-M kernel (nvfp4_gemv_sm90): its M = 1 path
-# (one n8 MMA tile, staged activations) beat this one on the H200 (1x8192^2: 14.2 vs 18.2 us).
-MIN_M = 9
 SMEM_BUDGET = 227 * 1024
 OUT_TYPES = ("bfloat16", "float16", "float32")
-# Largest N_ACT given 256 rows per CTA. There the consumers have 104 registers (640 threads, one
-# A register set from N_ACT = 32 on), the ring 2-5 stages. On the H200 (docs/results.md, ninth
-# session, activations permuted once per call) 256 rows were 2% faster than 128 at N_ACT = 48,
-# even at 64, and 128 rows 18% faster at 80 (two A sets, 3 stages).
-WIDE_MAX_N_ACT = 64
 # From this N_ACT on the activations are permuted once per call (`Config.permute`): on the H200
 # (ninth session) even at 32, 7-13% faster at 48-96 and 1.6x at 128; 5% slower at 16.
 CALL_PERMUTE_MIN_N_ACT = 32
@@ -253,26 +244,9 @@ def weight_offset(r, chunk):
 
 
 def supports(M: int, N: int, K: int) -> bool:
-    """Whether `gemm_rs` takes this shape (else `tk_cute.nvfp4.gemm` uses another path)."""
+    """Whether some Config of this kernel takes this shape (`tk_cute.nvfp4.heuristics` picks
+    it)."""
     return 1 <= M <= MAX_M and N % BAND == 0 and K % STAGE_K == 0
-
-
-@functools.lru_cache(maxsize=1024)
-def config_for(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> Config:
-    """N_ACT = M rounded up to 16 (8 up to M = 8). Where N allows, 256 rows per CTA (each
-    activation byte then serves twice the weight rows): as four warpgroups of one MMA tile up
-    to N_ACT = WIDE_MAX_N_ACT, and as two of two tiles where 128 rows would leave a ring of two
-    stages anyway (N_ACT = 128; beyond that 128 rows keep three stages and were faster)."""
-    _check_shape(M, N, K, Config(N_ACT=MAX_M))
-    n_act = 8 if M <= 8 else -(-M // 16) * 16
-    narrow = Config(N_ACT=n_act, out_dtype=out_dtype)
-    if N % (2 * BAND):
-        return narrow
-    if n_act <= WIDE_MAX_N_ACT:
-        return Config(N_ACT=n_act, ROWS=2 * BAND, out_dtype=out_dtype)
-    if narrow.stages == 2:
-        return Config(N_ACT=n_act, ROWS=2 * BAND, TILES=2, out_dtype=out_dtype)
-    return narrow
 
 
 def stream_units(cfg: Config, N, K):
@@ -589,117 +563,35 @@ def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
 
 # ---------------------------------------------------------------- host
 
-ARGS = ("p",) * 7 + ("i32",) * 4 + ("p",)
 
-
-def _pointer_types(cfg: Config) -> list:
+def signature(cfg: Config) -> Signature:
+    """`_launch`'s runtime arguments: weights (codes, blocked scales), activations and their
+    permuted copy (permute "call"), the weights' global decode scale (the output's whole
+    scale), D, the fp32 partial planes, the shape and the stream-K CTA count."""
     out_t = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32}[cfg.out_dtype]
-    return [(cutlass.Uint8, 16), (cutlass.Uint8, 16), (cutlass.BFloat16, 16),
-            (cutlass.BFloat16, 16), (cutlass.Float32, 4), (out_t, 4), (cutlass.Float32, 16)]
-
-
-def fake_args(cfg: Config):
-    """Placeholder pointers and scalars to compile `_launch` against (no GPU needed)."""
-    return (cfg, *[placeholder_ptr(t, al) for t, al in _pointer_types(cfg)],
-            Int32(16), Int32(8192), Int32(8192), Int32(132))
-
-
-_CACHE = KernelCache()  # (config, device index) -> Launcher
+    return Signature(ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8),
+                     ptr("x", cutlass.BFloat16), ptr("xp", cutlass.BFloat16),
+                     ptr("gsb", cutlass.Float32, 4), ptr("out", out_t, 4),
+                     ptr("ws", cutlass.Float32), i32("M"), i32("N"), i32("K"), i32("ctas"))
 
 
 def compile_launcher(cfg: Config, options: str = ""):
-    """`_launch` for cfg compiled into a raw-pointer `Launcher` (argument packing checked
-    against the DSL's; `options`: e.g. "--gpu-arch sm_90a" to build without a GPU)."""
-    from cuda.bindings import driver
-
-    fn = Launcher(cute.compile(_launch, *fake_args(cfg), driver.CUstream(0), options=options),
-                  ARGS)
-    v = (1024, 2048, 4096, 3072, 64, 8192, 16384, 16, 8192, 4096, 132, 128)
-    fn.check_against_dsl(dsl_values(ARGS, v, _pointer_types(cfg)), v)
-    return fn
+    """`_launch` for cfg compiled into a raw-pointer `Launcher` (`options`: e.g.
+    "--gpu-arch sm_90a" to build without a GPU)."""
+    return signature(cfg).compile(_launch, cfg, options=options)
 
 
-def _check_shape(M: int, N: int, K: int, cfg: Config) -> None:
+def check_shape(cfg: Config, M: int, N: int, K: int) -> None:
     """Raise ValueError naming the first constraint of the kernel that M, N, K or cfg break."""
     if not 1 <= M <= min(MAX_M, cfg.N_ACT):
-        raise ValueError(f"gemm_rs needs 1 <= M <= N_ACT = {cfg.N_ACT} (at most {MAX_M}), "
-                         f"got M={M}")
+        raise ValueError(f"the register-A kernel needs 1 <= M <= N_ACT = {cfg.N_ACT} (at most "
+                         f"{MAX_M}), got M={M}")
     if N % cfg.ROWS:
-        raise ValueError(f"gemm_rs needs N to be a multiple of ROWS = {cfg.ROWS}, got N={N}")
+        raise ValueError(f"the register-A kernel needs N to be a multiple of ROWS = {cfg.ROWS}, "
+                         f"got N={N}")
     if K % STAGE_K:
-        raise ValueError(f"gemm_rs needs K to be a multiple of {STAGE_K}, got K={K}")
+        raise ValueError(f"the register-A kernel needs K to be a multiple of {STAGE_K}, "
+                         f"got K={K}")
 
 
-def gemm_rs(a, b, out_dtype=None, *, out=None, config: Config | None = None,
-            ctas: int | None = None, pdl: bool = False):
-    """D = a @ deq(b)^T (W4A16) on Hopper with register-A wgmma.
-
-    Args:
-        a: bf16 CUDA tensor (M, K), 1 <= M <= 128.
-        b: NVFP4Tensor (N, K), the weights; N % 128 == 0, K % 256 == 0.
-        out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
-        out: optional contiguous (M, N) tensor of out_dtype to write.
-        config: tuning override (`Config`; default `config_for` the shape).
-        ctas: CTAs sharing the (N / ROWS) x (K / 256) stage units (default: one per SM, or
-            up to 5% fewer where their shares then line up with the row blocks,
-            `schedule.stream_k_aligned_ctas`; at most one per unit).
-        pdl: programmatic dependent launch (`Config.PDL`) where the activations are permuted
-            per stage (N_ACT <= 16; elsewhere ignored: with the permute kernel between the
-            calls it was 1-8% slower on the H200 at M = 32-128). The GEMM may start, and read
-            the weights b, while the kernel before it on the stream is still running; it reads
-            a and writes anything only after that kernel has ended, and the call lets the next
-            kernel start during its own tail. Only for weights that the kernels just before do
-            not write (e.g. static weights in a chain of decode GEMMs).
-
-    Returns:
-        D, (M, N) of out_dtype.
-
-    Workspace (torch's caching allocator, per call): the fp32 partial planes and, where the
-    activations are permuted once per call (`Config.permute`), an (M, K) bf16 permuted copy.
-
-    Raises:
-        TypeError, ValueError: operands (`tk_cute.nvfp4.gemm` rules: dtypes, K mismatch,
-            devices), a non-CUDA device, a shape the kernel does not take (`_check_shape`), or
-            ctas < 1.
-    """
-    import dataclasses
-
-    import torch
-
-    from tk_cute.nvfp4.gemm import _check_w4a16_operands
-
-    if out_dtype is None:
-        out_dtype = out.dtype if out is not None else torch.bfloat16
-    _check_w4a16_operands(a, b, out_dtype)
-    if b.device.type != "cuda":
-        raise ValueError(f"gemm_rs runs on a CUDA device; operands are on {b.device}")
-    (M, K), N = a.shape, b.M
-    out_name = str(out_dtype).removeprefix("torch.")
-    dev = b.device
-    index = device_index(dev)
-    if config is None:  # (config_for rejects unsupported shapes)
-        config = config_for(M, N, K, out_name)
-    else:
-        config = dataclasses.replace(config, out_dtype=out_name)
-    if pdl and config.permute == "stage":
-        config = dataclasses.replace(config, PDL=True)
-    _check_shape(M, N, K, config)
-    if ctas is not None and ctas < 1:
-        raise ValueError(f"gemm_rs needs ctas >= 1, got ctas={ctas}")
-    units = stream_units(config, N, K)
-    if ctas is None:  # one per SM, or a few fewer where the shares then line up with row blocks
-        ctas = schedule.stream_k_aligned_ctas(
-            units, K // STAGE_K, torch.cuda.get_device_properties(dev).multi_processor_count)
-    ctas = min(ctas, units)
-    out = output(out, (M, N), out_dtype, dev, "gemm_rs")
-    # fp32 partials: per row block, one (M, N) plane per CTA it spans (caching allocator)
-    planes = schedule.stream_k_spans(ctas, N // config.ROWS)
-    ws = torch.empty(planes * M * N, dtype=torch.float32, device=dev)
-    # the permuted activations (permute "call")
-    xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev) if config.permute == "call" else a
-    _CACHE.get((config, index), lambda: compile_launcher(config))(
-        aligned(b.data).data_ptr(), aligned(b.scales).data_ptr(), aligned(a).data_ptr(),
-        xp.data_ptr(), b.global_scale.data_ptr(), out.data_ptr(), ws.data_ptr(), M, N, K, ctas,
-        raw_stream(index))
-    return out

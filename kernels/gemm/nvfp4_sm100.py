@@ -82,7 +82,7 @@ class Config:
             raise ConfigError(f"tile {self.Mb}x{self.Nb}: Mb in (256, 512), Nb in (128, 256)")
         if self.Kb % 64 or self.Kb % self.mma_k:
             raise ConfigError(f"Kb={self.Kb} must hold whole MMAs (K={self.mma_k}) and atoms")
-        if self.sf not in tc.SCALE_TYPES or (self.sf == "ue5m3" and not self.rubin):
+        if self.sf not in tc.SCALE_TYPES or (self.sf == "ue5m3" and not t.ue5m3_scales):
             raise ConfigError(f"scale type {self.sf} not supported on {self.arch}")
         if self.out not in OUT_TYPES or self.scheduler not in schedule.KINDS:
             raise ConfigError(f"out={self.out!r} not in {list(OUT_TYPES)} or scheduler="
@@ -99,7 +99,8 @@ class Config:
     # --- derived -----------------------------------------------------------------------
     @property
     def rubin(self) -> bool:
-        return self.arch.startswith("sm_107")
+        """Rubin's ISA (B collector, early A release, UE5M3, K = 128 MMAs, 576 columns)."""
+        return target(self.arch).b_collector
 
     @property
     def mma_k(self) -> int:

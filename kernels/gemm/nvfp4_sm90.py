@@ -11,25 +11,19 @@ warpgroup decodes each stage into a bf16 (Mb, 64) / (Nb, 64) pair of the compute
 epilogue, times gA * gB (read on the device). Decoding in its own warpgroup lets it overlap the
 MMAs: inside the consumers (which hold 128 accumulator registers each) it serialised with them.
 Constraints: K % 64 == 0, M % 128 == 0, N % 256 == 0 (checked by `check_shapes`).
-`gemm(..., path="dequantize")` instead expands the operands to bf16 in global memory and runs
-`GemmScaledSm90`: on the H200 the fused decode cannot keep up with the tensor cores
-(docs/nvfp4_hopper.md), while the separate pass costs ~2.5 B/element of traffic, whatever M is.
-`default_path` picks per shape: fused only where its tiles fill one wave of SMs.
+The alternative for large M, path "dequantize" of `tk_cute.nvfp4.gemm`, expands the operands to
+bf16 in global memory (`kernels/nvfp4_dequantize.py`) and runs `GemmScaledSm90`; the choice
+between the two is `tk_cute.nvfp4.heuristics.large_m_path` (docs/nvfp4_hopper.md has why).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-import torch
-
 from tk_cute.kernels.gemm import gemm_sm90
 from tk_cute.layouts import nvfp4_scales
-from tk_cute.runtime import KernelCache, as_cute, batched, stream
 from tk_cute.ops import group, tma, warpgroup
 from tk_cute.ops import nvfp4 as nvfp4_ops
 from tk_cute.templates.ltcf import LTCF
@@ -153,84 +147,6 @@ def check_shapes(M: int, N: int, K: int, kernel: GemmNvfp4Sm90):
                              "GEMM")
 
 
-# --- torch entry -------------------------------------------------------------------------------
-_CACHE = KernelCache()
-
-
-@functools.cache
-def _kernel(config: Config, device):
-    return GemmNvfp4Sm90(config), torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def supports(M: int, N: int, K: int, config: Config = Config()) -> bool:
-    """Whether `gemm` takes this shape (else `tk_cute.nvfp4.gemm` uses another path)."""
+    """Whether this kernel takes the shape (`tk_cute.nvfp4.heuristics` picks it)."""
     return M % 128 == 0 and N % config.Nb == 0 and K % nvfp4_scales.ATOM_K == 0
-
-
-PATHS = ("dequantize", "fused")
-
-
-def default_path(M: int, N: int, sms: int, config: Config = Config()) -> str:
-    """"fused" when the output tiles make one nearly full wave (0.75 x SMs to SMs CTAs), else
-    "dequantize". The separate pass costs time in N x K whatever M is, the fused kernel time in
-    waves of tiles; on the H200 (docs/results.md, 2026-11-30) 128x28672x8192 (112 tiles) took
-    148 us fused against 298 us, while 128x8192x8192 (32 tiles) and every M = 1024 shape
-    (256-896 tiles) were faster dequantized."""
-    tiles = -(-M // 128) * -(-N // config.Nb)
-    return "fused" if 0.75 * sms <= tiles <= sms else "dequantize"
-
-
-def gemm(a, b, out_dtype=torch.bfloat16, out=None, config: Config | None = None,
-         path: str | None = None):
-    """D (M, N) = a @ b^T on Hopper: a an NVFP4Tensor (W4A4) or a bf16 (M, K) tensor (W4A16),
-    b an NVFP4Tensor (N, K); the operands validated by `tk_cute.nvfp4.gemm`.
-
-    Args:
-        out: an optional contiguous (M, N) tensor of out_dtype to write into.
-        config: tuning of the fused kernel (its a_format and out_dtype follow the operands).
-        path: "dequantize": `kernels/nvfp4_dequantize.py` expands the FP4 operands to exact
-            bf16 e2m1 * ue4m3 in global memory (2 B per element of workspace), then
-            `GemmScaledSm90` multiplies with gA * gB in its epilogue. "fused": this module's
-            ltcf kernel, decoding in shared memory (no workspace). None (default):
-            `default_path` for the shape.
-    """
-    if path not in PATHS + (None,):
-        raise ValueError(f"path must be one of {PATHS} or None, got {path!r}")
-    w4a4 = not isinstance(a, torch.Tensor)
-    config = dataclasses.replace(config or Config(), a_format="nvfp4" if w4a4 else "bf16",
-                                 out_dtype=str(out_dtype).removeprefix("torch."))
-    kernel, sms = _kernel(config, b.data.device)
-    (M, K), N = a.shape[-2:], b.shape[-2]
-    check_shapes(M, N, K, kernel)
-    path = path or default_path(M, N, sms, config)
-    c = torch.empty(M, N, dtype=out_dtype, device=b.data.device) if out is None else out
-    if c.shape != (M, N) or c.dtype != out_dtype or not c.is_contiguous():
-        raise ValueError(f"out must be a contiguous ({M}, {N}) {out_dtype} tensor, got "
-                         f"{tuple(c.shape)} {c.dtype}")
-    g = a.global_scale * b.global_scale if w4a4 else b.global_scale
-    if path == "dequantize":
-        from tk_cute.kernels.nvfp4_dequantize import dequantize_blocks
-
-        a16 = dequantize_blocks(a) if w4a4 else a
-        args = [as_cute(batched(t), leading_dim=1) for t in (a16, dequantize_blocks(b), c)]
-        args.append(as_cute(g.reshape(1), leading_dim=0, align=4))
-        scaled = _scaled_kernel(config.out_dtype)
-        fn = _CACHE.get(("dequantize", config.out_dtype, sms),
-                        lambda: cute.compile(scaled, *args, sms, stream()))
-        fn(*args, stream())
-        return c
-    # The decode leaves each operand scaled by 2^-BF16_DECODE_SHIFT (exact); undo it here.
-    alpha = (g * 2.0 ** (nvfp4_ops.BF16_DECODE_SHIFT * (2 if w4a4 else 1))).reshape(1)
-    a_view = a.data if w4a4 else a
-    sfa = (a if w4a4 else b).scales.view(-1, 256)  # W4A16 reads no A scales
-    args = [as_cute(batched(t), leading_dim=1)
-            for t in (a_view, sfa, b.data, b.scales.view(-1, 256), c)]
-    args.append(as_cute(alpha, leading_dim=0, align=4))
-    fn = _CACHE.get((config, sms), lambda: cute.compile(kernel, *args, sms, stream()))
-    fn(*args, stream())
-    return c
-
-
-@functools.cache
-def _scaled_kernel(out_dtype: str):
-    return gemm_sm90.GemmScaledSm90(gemm_sm90.Config(dtype="bfloat16", out_dtype=out_dtype))

@@ -55,7 +55,7 @@ def test_shared_memory_fits_the_target(built):
     "kwargs, match",
     [
         (dict(dtype="float32"), "input dtype"),
-        (dict(out_dtype="float32"), "out_dtype"),
+        (dict(out_dtype="float64"), "out_dtype"),
         (dict(Nb=96), "tile must be"),
         (dict(arch="sm_100a"), "needs wgmma"),
         (dict(CLUSTER_M=4, CLUSTER_N=2), "exceeds 4"),

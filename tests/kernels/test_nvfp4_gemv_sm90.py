@@ -14,6 +14,7 @@ import torch
 
 from tk_cute.compile import build
 from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
+from tk_cute.nvfp4 import heuristics, launch
 
 # --- host model of the index maps (the kernel's own formulas, evaluated on Python ints) -------
 # PTX ISA, mma.m16n8k16 with .bf16 (lane = 4 g + t): A register r (a bf16x2) holds row
@@ -37,8 +38,8 @@ def _tilings():
                 yield cfg
 
 
-INDEX_CONFIGS = sorted({gv.config_for(M, 8192, 8192) for M in range(1, 65)}
-                       | {gv.config_for(M, 96, 8192) for M in range(1, 65)}
+INDEX_CONFIGS = sorted({heuristics.small_m_config(M, 8192, 8192) for M in range(1, 65)}
+                       | {heuristics.small_m_config(M, 96, 8192) for M in range(1, 65)}
                        | set(_tilings()), key=repr)
 
 
@@ -137,7 +138,7 @@ def test_host_model_of_the_whole_kernel(M, S):
     g = torch.Generator().manual_seed(M)
     w = torch.randn(N, S * K, generator=g, dtype=torch.float64)
     x = torch.randn(M, S * K, generator=g, dtype=torch.float64)
-    cfg = dataclasses.replace(gv.config_for(M, N, 1024), WN=2, S=S)
+    cfg = dataclasses.replace(heuristics.small_m_config(M, N, 1024), WN=2, S=S)
     assert M <= cfg.m_pad and N % cfg.rows == 0
     out = torch.full((M, N), float("nan"), dtype=torch.float64)
     for rb in range(N // cfg.rows):
@@ -172,16 +173,16 @@ def test_host_model_of_the_whole_kernel(M, S):
 # --- compile (CPU, sm_90a) ------------------------------------------------------------------
 
 CONFIGS = {
-    "m8": gv.config_for(8, 8192, 8192),
-    "m16": gv.config_for(16, 8192, 8192),
-    "m64": gv.config_for(64, 8192, 8192),
-    "m16_w4a4": gv.config_for(16, 8192, 8192, w4a4=True),
-    "m1_fp32": gv.config_for(1, 4096, 4096, out_dtype="float32"),
-    "m1_no_ahead": dataclasses.replace(gv.config_for(1, 8192, 8192), AHEAD=False, MIN_CTAS=0),
-    "m16_wn1": gv.config_for(16, 8160, 8192),
-    "m1_pdl": dataclasses.replace(gv.config_for(1, 8192, 8192), PDL=True),
-    "m16_pdl": dataclasses.replace(gv.config_for(16, 8192, 8192), PDL=True),
-    "m1_global_x": dataclasses.replace(gv.config_for(1, 8192, 8192), XSMEM=0),
+    "m8": heuristics.small_m_config(8, 8192, 8192),
+    "m16": heuristics.small_m_config(16, 8192, 8192),
+    "m64": heuristics.small_m_config(64, 8192, 8192),
+    "m16_w4a4": heuristics.small_m_config(16, 8192, 8192, w4a4=True),
+    "m1_fp32": heuristics.small_m_config(1, 4096, 4096, out_dtype="float32"),
+    "m1_no_ahead": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192), AHEAD=False, MIN_CTAS=0),
+    "m16_wn1": heuristics.small_m_config(16, 8160, 8192),
+    "m1_pdl": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192), PDL=True),
+    "m16_pdl": dataclasses.replace(heuristics.small_m_config(16, 8192, 8192), PDL=True),
+    "m1_global_x": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192), XSMEM=0),
 }
 
 
@@ -190,7 +191,7 @@ def built(request):
     from cuda.bindings import driver
 
     cfg = CONFIGS[request.param]
-    return cfg, build(gv._launch, *gv.fake_args(cfg), driver.CUstream(0), arch="sm_90a")
+    return cfg, build(gv._launch, *gv.signature(cfg).compile_args(cfg), arch="sm_90a")
 
 
 def _bodies(cfg):
@@ -269,7 +270,7 @@ def test_pdl_reads_weights_before_the_wait_and_activations_after(built):
 @pytest.mark.parametrize("M, K, staged", [(1, 8192, True), (1, 28672, True), (1, 32768, False),
                                            (2, 8192, False), (1, 4096, True)])
 def test_activations_staged_in_shared_memory_at_m1_where_they_fit(M, K, staged):
-    cfg = gv.config_for(M, 8192, K)
+    cfg = heuristics.small_m_config(M, 8192, K)
     assert bool(cfg.XSMEM) == staged
     if staged:
         assert cfg.XSMEM == gv.xsmem_bytes(M, K) <= gv.MAX_XSMEM
@@ -281,7 +282,7 @@ def test_weight_loads_fetch_whole_l2_lines_at_m1(M, fetch):
     """At M = 1 a trip reads one 128-byte line of each weight row as two 64-byte loads, the
     first asking L2 for the whole line (measured: faster there only); other sizes are rejected
     by name."""
-    cfg = gv.config_for(M, 8192, 8192)
+    cfg = heuristics.small_m_config(M, 8192, 8192)
     assert cfg.L2_FETCH == fetch
     if fetch:
         assert gv.k_offset(0, cfg.UNROLL) // 2 == fetch  # bytes of each row a trip reads
@@ -292,7 +293,7 @@ def test_weight_loads_fetch_whole_l2_lines_at_m1(M, fetch):
 def test_fast_argument_packing_matches_dsl():
     """gemm_small_m packs raw pointers into ctypes slots itself: they must hold the DSL's bytes
     (checked inside compile_launcher; a mismatch raises)."""
-    gv.compile_launcher(gv.config_for(16, 8192, 8192, w4a4=True), options="--gpu-arch sm_90a")
+    gv.compile_launcher(heuristics.small_m_config(16, 8192, 8192, w4a4=True), options="--gpu-arch sm_90a")
 
 
 @pytest.mark.parametrize(
@@ -302,16 +303,16 @@ def test_fast_argument_packing_matches_dsl():
 )
 def test_config_rejects_unsupported_shapes(M, N, K, match):
     with pytest.raises(ValueError, match=match):
-        gv.config_for(M, N, K)
+        heuristics.small_m_config(M, N, K)
 
 
 @pytest.mark.parametrize("M", [1, 7, 16, 33, 64])
 @pytest.mark.parametrize("N, K", [(256, 512), (4096, 4096), (8192, 8192), (28672, 8192),
                                   (8192, 28672), (96, 128), (160, 384)])
 def test_split_k_divides_the_k_chunks(M, N, K):
-    cfg = gv.config_for(M, N, K)
+    cfg = heuristics.small_m_config(M, N, K)
     assert M <= cfg.m_pad and N % cfg.rows == 0 and K % cfg.k_chunk == 0
-    S = gv.split_k(cfg, N, K, 132)
+    S = heuristics.small_m_splits(cfg, N, K, 132)
     assert (K // cfg.k_chunk) % S == 0 and S == cfg.S and cfg.threads <= gv.MAX_THREADS
     assert cfg.part_bytes <= gv.MAX_PART_BYTES
 
@@ -345,7 +346,7 @@ def test_w4a16_matches_float64(seed, M, N, K):
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison
-    d = gv.gemm_small_m(a, b, out=out)
+    d = launch.gemm_small_m(a, b, out=out)
     ref = a.double() @ b.dequantize(torch.float64).t()
     assert d.data_ptr() == out.data_ptr()
     assert not d.isnan().any(), "unwritten or NaN outputs"
@@ -362,9 +363,9 @@ def test_every_tiling_matches_float64(seed, M, tiling):
     N, K = 1024, 4096
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
-    cfg = dataclasses.replace(gv.config_for(M, N, K), **tiling, S=2)
+    cfg = dataclasses.replace(heuristics.small_m_config(M, N, K), **tiling, S=2)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    d = gv.gemm_small_m(a, b, out=out, config=cfg)
+    d = launch.gemm_small_m(a, b, out=out, config=cfg)
     ref = a.double() @ b.dequantize(torch.float64).t()
     assert not d.isnan().any(), "unwritten or NaN outputs"
     assert _rel(d, ref) <= TOL[torch.bfloat16]
@@ -379,7 +380,7 @@ def test_w4a4_matches_gemm_reference(seed, M, N, K):
     b = _weights(N, K)
     a = quantize(torch.randn(M, K, device="cuda"))
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    d = gv.gemm_small_m(a, b, out=out)
+    d = launch.gemm_small_m(a, b, out=out)
     ref = gemm_reference(a, b, torch.float32)  # exact sum, one fp32 rounding
     assert not d.isnan().any(), "unwritten or NaN outputs"
     assert _rel(d, ref) <= TOL[torch.bfloat16]
@@ -394,13 +395,13 @@ def test_fp32_output_split_invariance_and_determinism(seed, M):
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     ref = a.double() @ b.dequantize(torch.float64).t()
-    cfg = dataclasses.replace(gv.config_for(M, N, K), WN=1)
+    cfg = dataclasses.replace(heuristics.small_m_config(M, N, K), WN=1)
     chunks = K // cfg.k_chunk
     results = {}
     for S in [s for s in (1, 2, chunks) if chunks % s == 0 and cfg.fits(s)]:
-        d = gv.gemm_small_m(a, b, torch.float32, config=cfg, splits=S)
+        d = launch.gemm_small_m(a, b, torch.float32, config=cfg, splits=S)
         assert _rel(d, ref) <= TOL[torch.float32], S
-        again = gv.gemm_small_m(a, b, torch.float32, splits=S)
+        again = launch.gemm_small_m(a, b, torch.float32, splits=S)
         assert torch.equal(d, again), f"splits={S} not deterministic"
         results[S] = d
 
@@ -418,7 +419,7 @@ def test_pdl_chain_reads_each_activation_after_its_producer(seed, M):
     outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
             for _ in range(4)]  # poison
     for out in outs:
-        xs.append(gv.gemm_small_m(xs[-1], b, out=out, pdl=True))
+        xs.append(launch.gemm_small_m(xs[-1], b, out=out, pdl=True))
     torch.cuda.synchronize()
     for x, d in zip(xs, xs[1:]):
         assert not d.isnan().any(), "unwritten or NaN outputs"
@@ -434,7 +435,7 @@ def test_public_gemm_takes_pdl_here(seed, M):
 
     b = _weights(1024, 2048)
     a = torch.randn(M, 2048, device="cuda").bfloat16()
-    assert torch.equal(gemm(a, b, pdl=True), gv.gemm_small_m(a, b))
+    assert torch.equal(gemm(a, b, pdl=True), launch.gemm_small_m(a, b))
 
 
 @pytest.mark.gpu
@@ -442,23 +443,23 @@ def test_rejects_bad_input():
     b = _weights(256, 512)
     a = torch.randn(4, 512, device="cuda").bfloat16()
     with pytest.raises(ValueError, match="K mismatch"):
-        gv.gemm_small_m(a[:, :256], b)
+        launch.gemm_small_m(a[:, :256], b)
     with pytest.raises(ValueError, match="one device"):
-        gv.gemm_small_m(a.cpu(), b)
+        launch.gemm_small_m(a.cpu(), b)
     with pytest.raises(ValueError, match="CUDA device"):
-        gv.gemm_small_m(a.cpu(), b.to("cpu"))
+        launch.gemm_small_m(a.cpu(), b.to("cpu"))
     with pytest.raises(ValueError, match="multiple of 32.*N=1000"):
-        gv.gemm_small_m(torch.randn(4, 512, device="cuda").bfloat16(), _weights(1000, 512))
+        launch.gemm_small_m(torch.randn(4, 512, device="cuda").bfloat16(), _weights(1000, 512))
     with pytest.raises(ValueError, match="multiple of 128.*K=528"):
-        gv.gemm_small_m(torch.randn(4, 528, device="cuda").bfloat16(), _weights(256, 528))
+        launch.gemm_small_m(torch.randn(4, 528, device="cuda").bfloat16(), _weights(256, 528))
     with pytest.raises(ValueError, match="M <= 64, got M=65"):
-        gv.gemm_small_m(torch.randn(65, 512, device="cuda").bfloat16(), b)
+        launch.gemm_small_m(torch.randn(65, 512, device="cuda").bfloat16(), b)
     with pytest.raises(TypeError, match="bfloat16"):
-        gv.gemm_small_m(a.half(), b)
+        launch.gemm_small_m(a.half(), b)
     with pytest.raises(TypeError, match="NVFP4Tensor"):
-        gv.gemm_small_m(a, a)
+        launch.gemm_small_m(a, a)
     with pytest.raises(ValueError, match="stages 1040 B of activations; M=2, K=512 needs 2080"):
-        gv.gemm_small_m(a[:2], b, config=gv.config_for(1, 256, 512))
+        launch.gemm_small_m(a[:2], b, config=heuristics.small_m_config(1, 256, 512))
 
 
 def test_validation_before_any_gpu_work():
@@ -468,10 +469,10 @@ def test_validation_before_any_gpu_work():
     b = quantize(torch.randn(256, 512))
     a = torch.randn(4, 512).bfloat16()
     with pytest.raises(ValueError, match="K mismatch: a has K=256, b has K=512"):
-        gv.gemm_small_m(a[:, :256], b)
+        launch.gemm_small_m(a[:, :256], b)
     with pytest.raises(TypeError, match="bfloat16"):
-        gv.gemm_small_m(a.half(), b)
+        launch.gemm_small_m(a.half(), b)
     with pytest.raises(TypeError, match="NVFP4Tensor"):
-        gv.gemm_small_m(a, a)
+        launch.gemm_small_m(a, a)
     with pytest.raises(ValueError, match="CUDA device"):
-        gv.gemm_small_m(a, b)
+        launch.gemm_small_m(a, b)

@@ -3,7 +3,7 @@
 CPU tier: builds the amax and quantize kernels from fake tensors for sm_90a/100a/103a/107a and
 asserts the instructions (native ``cvt ... e2m1x2`` on sm_100a+ only, IEEE ``div.rn``, no
 approximate division), and no spills.
-GPU tier (marker gpu): `quantize_cuda` equals `quantize_reference` byte for byte (data, scales
+GPU tier (marker gpu): `launch.quantize` equals `quantize_reference` byte for byte (data, scales
 including padding, global scale) on many shapes and adversarial values.
 """
 
@@ -11,27 +11,17 @@ import pytest
 import torch
 
 import cutlass
-from cutlass import Int32, Int64
 
 from tk_cute.compile import build
 from tk_cute.kernels import nvfp4_quantize as nq
-from tk_cute.runtime import Launcher, dsl_values
-from tk_cute.runtime import placeholder_ptr as ptr
+from tk_cute.nvfp4 import launch
 
 ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_107a")
 ELEM = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32}
 
 
-def _stream():
-    from cuda.bindings import driver
-
-    return driver.CUstream(0)
-
-
 def _quantize_args(cfg):
-    return (cfg, ptr(ELEM[cfg.dtype]), ptr(cutlass.Uint8), ptr(cutlass.Uint8),
-            ptr(cutlass.Int32, 4), ptr(cutlass.Float32, 4), ptr(cutlass.Float32, 4),
-            ptr(cutlass.Int32, 4), Int32(128), Int32(64), Int32(1), Int32(1), _stream())
+    return nq.quantize_signature(cfg).compile_args(cfg)
 
 
 def _build_quantize(arch, dtype="bf16", given=False, **kw):
@@ -84,8 +74,7 @@ def test_given_scale_skips_amax_word(arch, check):
 @pytest.mark.parametrize("dtype", ("bf16", "f32"))
 def test_amax_kernel_compiles(arch, dtype):
     cfg = nq.Config(dtype=dtype, arch=arch)
-    b = build(nq._amax, cfg, ptr(ELEM[dtype]), ptr(cutlass.Int32, 4), Int64(64), Int32(1),
-              _stream(), arch=arch)
+    b = build(nq._amax, *nq.amax_signature(cfg).compile_args(cfg), arch=arch)
     assert b.kernel.local_bytes == 0
     loads = b.sass_count(r"LDG\.E\.EF\.128")  # ptxas may unroll the grid-stride loop further
     assert loads >= cfg.amax_unroll and loads % cfg.amax_unroll == 0
@@ -94,24 +83,23 @@ def test_amax_kernel_compiles(arch, dtype):
 
 
 def test_fast_argument_packing_matches_dsl():
-    """The launch path packs ctypes slots itself; they must hold the DSL's own bytes."""
-    import cutlass.cute as cute
-
+    """The launch path packs ctypes slots itself (`runtime.Signature`); they must hold the DSL's
+    own bytes for every argument, and a mismatch must be caught."""
     cfg = nq.Config(arch="sm_90a")
-    el = ELEM[cfg.dtype]
-    q = Launcher(cute.compile(nq._quantize, *_quantize_args(cfg),
-                              options="--gpu-arch sm_90a"), nq.QUANT_ARGS)
-    v = (16, 32, 48, 64, 80, 96, 112, 8192, 4096, 3, 132, 128)
-    q.check_against_dsl(dsl_values(nq.QUANT_ARGS, v, [
-        (el, 16), (cutlass.Uint8, 16), (cutlass.Uint8, 16), (cutlass.Int32, 4),
-        (cutlass.Float32, 4), (cutlass.Float32, 4), (cutlass.Int32, 4)]), v)
-    a = Launcher(cute.compile(nq._amax, cfg, ptr(el), ptr(cutlass.Int32, 4), Int64(64),
-                              Int32(1), _stream(), options="--gpu-arch sm_90a"), nq.AMAX_ARGS)
-    v = (16, 32, 2**40 + 5, 132, 48)
-    a.check_against_dsl(dsl_values(nq.AMAX_ARGS, v, [(el, 16), (cutlass.Int32, 4)]), v)
+    q = nq.compile_quantize(cfg, options="--gpu-arch sm_90a")  # checks its packing
+    values = q.signature.sample_values()
+    q.check_against_dsl(values)
+    a = nq.compile_amax(cfg, options="--gpu-arch sm_90a")
+    v = dict(x=16, partials=32, n_vec=2**40 + 5, grid=132, stream=48)
+    a.check_against_dsl(v)
+
+    class Shifted(type(a.signature)):  # our slots hold another grid than the DSL's
+        def pack(self, values):
+            return super().pack({**values, "grid": values["grid"] + 1})
+
+    wrong = type(a)(a.compiled, Shifted(*a.signature.args))
     with pytest.raises(RuntimeError, match="differs"):
-        w = (16, 32, 2**40 + 5, 133, 48)  # a different grid in our slots
-        a.check_against_dsl(dsl_values(nq.AMAX_ARGS, v, [(el, 16), (cutlass.Int32, 4)]), w)
+        wrong.check_against_dsl(v)
 
 
 def test_config_rejects_bad_values():
@@ -130,7 +118,7 @@ def _check(x, global_scale=None):
     from tk_cute.nvfp4 import quantize_reference
 
     ref = quantize_reference(x, global_scale=global_scale)
-    got = nq.quantize_cuda(x, None if global_scale is None else
+    got = launch.quantize(x, None if global_scale is None else
                            torch.as_tensor(global_scale, dtype=torch.float32, device=x.device))
     torch.cuda.synchronize()
     assert got.data.shape == ref.data.shape and got.scales.shape == ref.scales.shape
@@ -203,12 +191,12 @@ def test_non_finite_rejected_and_opt_out():
         y = x.clone()
         y[100, 17] = bad
         with pytest.raises(ValueError, match="finite"):
-            nq.quantize_cuda(y)
+            launch.quantize(y)
         with pytest.raises(ValueError, match="finite"):
-            nq.quantize_cuda(y, torch.tensor(0.01, device="cuda"))
-        nq.quantize_cuda(y, check_finite=False)  # no error, no sync
+            launch.quantize(y, torch.tensor(0.01, device="cuda"))
+        launch.quantize(y, check_finite=False)  # no error, no sync
     # finite input: same bytes with and without the check
-    a, b = nq.quantize_cuda(x), nq.quantize_cuda(x, check_finite=False)
+    a, b = launch.quantize(x), launch.quantize(x, check_finite=False)
     assert torch.equal(a.data, b.data) and torch.equal(a.scales, b.scales)
 
 
@@ -219,7 +207,7 @@ def test_outputs_fully_written():
     torch.cuda.synchronize()
     # The caching allocator hands back the poisoned blocks of the same sizes.
     for _ in range(2):
-        ref = nq.quantize_cuda(x)
+        ref = launch.quantize(x)
         junk = [torch.full_like(ref.data, 0xAB), torch.full_like(ref.scales, 0xAB)]
         del ref, junk
     got = _check(x)
@@ -240,7 +228,7 @@ def test_tuning_configs_match_reference(kw):
     x = torch.randn(2, 300, 1040, device="cuda", dtype=torch.bfloat16)
     ref = quantize_reference(x)
     for gs in (None, ref.global_scale):
-        got = nq.quantize_cuda(x, gs, config=nq.Config(**kw))
+        got = launch.quantize(x, gs, config=nq.Config(**kw))
         assert torch.equal(got.data, ref.data) and torch.equal(got.scales, ref.scales)
         assert torch.equal(got.global_scale, ref.global_scale)
 
@@ -253,15 +241,15 @@ def test_graph_capture_and_repeated_calls():
 
     x = torch.randn(512, 768, device="cuda", dtype=torch.bfloat16)
     ref = quantize_reference(x)
-    nq.quantize_cuda(x, check_finite=False)  # plan + compile outside the capture
+    launch.quantize(x, check_finite=False)  # plan + compile outside the capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        got = nq.quantize_cuda(x, check_finite=False)
+        got = launch.quantize(x, check_finite=False)
     for _ in range(3):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(got.data, ref.data) and torch.equal(got.scales, ref.scales)
         assert torch.equal(got.global_scale, ref.global_scale)
     for _ in range(3):  # the cached plan's bare NVFP4Tensor path
-        again = nq.quantize_cuda(x)
+        again = launch.quantize(x)
         assert torch.equal(again.data, ref.data) and again.data.shape == ref.data.shape

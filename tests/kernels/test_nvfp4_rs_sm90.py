@@ -12,6 +12,7 @@ import torch
 
 from tk_cute.compile import build
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+from tk_cute.nvfp4 import heuristics, launch
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import warpgroup
 
@@ -199,7 +200,7 @@ def test_scale_reads_follow_the_blocked_layout(K, rows):
     (1, 8192, 8192, 8, 256, 1), (33, 4096, 4096, 48, 256, 1), (128, 4096, 4096, 128, 256, 2),
     (128, 384, 4096, 128, 128, 1)])
 def test_config_for(M, N, K, n_act, rows, tiles):
-    cfg = rs.config_for(M, N, K)
+    cfg = heuristics.register_a_config(M, N, K)
     assert (cfg.N_ACT, cfg.ROWS, cfg.TILES) == (n_act, rows, tiles) and cfg.stages >= 2
     assert cfg.smem(cfg.stages) <= rs.SMEM_BUDGET
 
@@ -225,7 +226,7 @@ def test_register_split_is_feasible(rows, tiles):
 def test_config_rejects_unsupported_shapes(M, N, K, match):
     assert not rs.supports(M, N, K)
     with pytest.raises(ValueError, match=match):
-        rs.config_for(M, N, K)
+        heuristics.register_a_config(M, N, K)
 
 
 def test_config_rejects_bad_fields():
@@ -280,7 +281,7 @@ def built(request):
     from cuda.bindings import driver
 
     cfg = CONFIGS[request.param]
-    return cfg, build(rs._launch, *rs.fake_args(cfg), driver.CUstream(0), arch="sm_90a")
+    return cfg, build(rs._launch, *rs.signature(cfg).compile_args(cfg), arch="sm_90a")
 
 
 def test_register_a_wgmma_fed_by_tma_without_spills(built):
@@ -369,7 +370,7 @@ def test_w4a16_matches_float64(seed, M, N, K):
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison
-    d = rs.gemm_rs(a, b, out=out)
+    d = launch.gemm_rs(a, b, out=out)
     ref = a.double() @ b.dequantize(torch.float64).t()
     assert d.data_ptr() == out.data_ptr()
     assert not d.isnan().any(), "unwritten or NaN outputs"
@@ -384,18 +385,18 @@ def test_fp32_output_share_invariance_and_determinism(seed, M, N):
     CTA) gives the same sum up to fp32 rounding; one CTA count is bitwise reproducible run to
     run (partials summed in CTA order)."""
     K = 2048
-    assert rs.config_for(M, N, K).ROWS == {384: 128, 512: 256}[N]
-    assert rs.config_for(M, N, K).TILES == (2 if (M, N) == (128, 512) else 1)
+    assert heuristics.register_a_config(M, N, K).ROWS == {384: 128, 512: 256}[N]
+    assert heuristics.register_a_config(M, N, K).TILES == (2 if (M, N) == (128, 512) else 1)
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     ref = a.double() @ b.dequantize(torch.float64).t()
     for ctas in (1, 5, 7, 24, None):
         out = torch.full((M, N), float("nan"), device="cuda")
-        d = rs.gemm_rs(a, b, torch.float32, out=out, ctas=ctas)
+        d = launch.gemm_rs(a, b, torch.float32, out=out, ctas=ctas)
         assert not d.isnan().any(), ctas
         assert _rel(d, ref) <= TOL[torch.float32], ctas
-        assert torch.equal(d, rs.gemm_rs(a, b, torch.float32, ctas=ctas)), ctas
-    d16 = rs.gemm_rs(a, b, torch.float16, ctas=7)
+        assert torch.equal(d, launch.gemm_rs(a, b, torch.float32, ctas=ctas)), ctas
+    d16 = launch.gemm_rs(a, b, torch.float16, ctas=7)
     assert d16.dtype == torch.float16 and _rel(d16, ref) <= TOL[torch.bfloat16]
 
 
@@ -409,11 +410,11 @@ def test_permute_modes_agree_bitwise(seed, M, N):
     K = 2048
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
-    cfg = rs.config_for(M, N, K)
+    cfg = heuristics.register_a_config(M, N, K)
     outs = []
     for mode in ("stage", "call"):
         out = torch.full((M, N), float("nan"), device="cuda")
-        outs.append(rs.gemm_rs(a, b, torch.float32, out=out,
+        outs.append(launch.gemm_rs(a, b, torch.float32, out=out,
                                config=dataclasses.replace(cfg, PERMUTE=mode)))
     assert not outs[0].isnan().any() and torch.equal(outs[0], outs[1])
 
@@ -425,12 +426,12 @@ def test_chained_calls_read_the_previous_output(seed):
     M, K = 32, 512
     b1, b2 = _weights(1024, K), _weights(256, 1024)
     a = torch.randn(M, K, device="cuda").bfloat16()
-    assert rs.config_for(M, 256, 1024).permute == "call"
+    assert heuristics.register_a_config(M, 256, 1024).permute == "call"
     for _ in range(3):
-        d1 = rs.gemm_rs(a, b1)
-        d2 = rs.gemm_rs(d1, b2)  # back to back on the stream
+        d1 = launch.gemm_rs(a, b1)
+        d2 = launch.gemm_rs(d1, b2)  # back to back on the stream
         torch.cuda.synchronize()
-        assert torch.equal(d2, rs.gemm_rs(d1.clone(), b2))
+        assert torch.equal(d2, launch.gemm_rs(d1.clone(), b2))
 
 
 @pytest.mark.gpu
@@ -446,12 +447,12 @@ def test_pdl_chain_reads_each_activation_after_its_producer(seed, M, ctas):
     N = K = 2048
     b = _weights(N, K)
     w = b.dequantize(torch.float64)
-    cfg = dataclasses.replace(rs.config_for(M, N, K), PDL=True)  # (the host's pdl: stage only)
+    cfg = dataclasses.replace(heuristics.register_a_config(M, N, K), PDL=True)  # (the host's pdl: stage only)
     xs = [torch.randn(M, K, device="cuda").bfloat16()]
     outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
             for _ in range(4)]  # poison
     for out in outs:
-        xs.append(rs.gemm_rs(xs[-1], b, out=out, config=cfg, ctas=ctas))
+        xs.append(launch.gemm_rs(xs[-1], b, out=out, config=cfg, ctas=ctas))
     torch.cuda.synchronize()
     for x, d in zip(xs, xs[1:]):
         assert not d.isnan().any(), "unwritten or NaN outputs"
@@ -465,8 +466,8 @@ def test_public_gemm_dispatches_here(seed, M):
 
     b = _weights(256, 1024)
     a = torch.randn(M, 1024, device="cuda").bfloat16()
-    assert torch.equal(gemm(a, b), rs.gemm_rs(a, b))
-    assert torch.equal(gemm(a, b, pdl=True), rs.gemm_rs(a, b))  # same sums, in the same order
+    assert torch.equal(gemm(a, b), launch.gemm_rs(a, b))
+    assert torch.equal(gemm(a, b, pdl=True), launch.gemm_rs(a, b))  # same sums, in the same order
 
 
 @pytest.mark.gpu
@@ -474,22 +475,22 @@ def test_rejects_bad_input():
     b = _weights(256, 512)
     a = torch.randn(16, 512, device="cuda").bfloat16()
     with pytest.raises(ValueError, match="K mismatch"):
-        rs.gemm_rs(a[:, :256], b)
+        launch.gemm_rs(a[:, :256], b)
     with pytest.raises(ValueError, match="one device"):
-        rs.gemm_rs(a.cpu(), b)
+        launch.gemm_rs(a.cpu(), b)
     with pytest.raises(ValueError, match="CUDA device"):
-        rs.gemm_rs(a.cpu(), b.to("cpu"))
+        launch.gemm_rs(a.cpu(), b.to("cpu"))
     with pytest.raises(ValueError, match="multiple of ROWS = 128, got N=160"):
-        rs.gemm_rs(a, _weights(160, 512))
+        launch.gemm_rs(a, _weights(160, 512))
     with pytest.raises(ValueError, match="multiple of 256, got K=384"):
-        rs.gemm_rs(torch.randn(16, 384, device="cuda").bfloat16(), _weights(256, 384))
+        launch.gemm_rs(torch.randn(16, 384, device="cuda").bfloat16(), _weights(256, 384))
     with pytest.raises(ValueError, match="multiple of ROWS = 256, got N=384"):
-        rs.gemm_rs(a, _weights(384, 512), config=rs.Config(ROWS=256))
+        launch.gemm_rs(a, _weights(384, 512), config=rs.Config(ROWS=256))
     with pytest.raises(ValueError, match="ctas >= 1, got ctas=0"):
-        rs.gemm_rs(a, b, ctas=0)
+        launch.gemm_rs(a, b, ctas=0)
     with pytest.raises(ValueError, match="got M=129"):
-        rs.gemm_rs(torch.randn(129, 512, device="cuda").bfloat16(), b)
+        launch.gemm_rs(torch.randn(129, 512, device="cuda").bfloat16(), b)
     with pytest.raises(ValueError, match="N_ACT = 16.*got M=17"):
-        rs.gemm_rs(torch.randn(17, 512, device="cuda").bfloat16(), b, config=rs.Config())
+        launch.gemm_rs(torch.randn(17, 512, device="cuda").bfloat16(), b, config=rs.Config())
     with pytest.raises(TypeError, match="bfloat16"):
-        rs.gemm_rs(a.half(), b)
+        launch.gemm_rs(a.half(), b)

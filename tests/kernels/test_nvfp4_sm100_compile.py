@@ -18,6 +18,7 @@ from tk_cute.kernels.gemm import nvfp4_sm100 as K
 from tk_cute.layouts.nvfp4_scales import blocked_shape
 from tk_cute.nvfp4 import NVFP4Tensor
 from tk_cute.nvfp4 import dispatch_sm100 as D
+from tk_cute.nvfp4 import heuristics
 from tk_cute.ops import schedule
 
 ARCHS = ["sm_100a", "sm_103a", "sm_107a"]
@@ -45,7 +46,7 @@ def entry_build(arch, cfg, m=256, n=256, k=512):
 @pytest.fixture(scope="module", params=ARCHS)
 def built(request):
     arch = request.param
-    cfg = D.select_config(arch, 8192, 8192, 8192)
+    cfg = heuristics.sm100_config(arch, 8192, 8192, 8192)
     b, kern = entry_build(arch, cfg)
     return arch, cfg, b, kern
 
@@ -130,7 +131,7 @@ def test_cluster_launch_control(built):
 
 
 def test_static_scheduler_and_fp16_out():
-    cfg = dataclasses.replace(D.select_config("sm_100a", 8192, 8192, 8192),
+    cfg = dataclasses.replace(heuristics.sm100_config("sm_100a", 8192, 8192, 8192),
                               scheduler=schedule.STATIC, out="float16")
     b, _ = K.compile(cfg)
     assert b.ptx_count("clusterlaunchcontrol") == 0 and b.ptx_count(r"\.reqntid 192") == 1
@@ -146,9 +147,9 @@ def test_alpha_read_on_device(built):
 
 
 def test_select_config_scheduler_by_waves():
-    assert D.select_config("sm_100a", 8192, 8192, 8192).scheduler == schedule.CLC
-    assert D.select_config("sm_100a", 512, 1024, 8192).scheduler == schedule.STATIC
-    assert D.select_config("sm_107a", 16384, 16384, 256).scheduler == schedule.CLC
+    assert heuristics.sm100_config("sm_100a", 8192, 8192, 8192).scheduler == schedule.CLC
+    assert heuristics.sm100_config("sm_100a", 512, 1024, 8192).scheduler == schedule.STATIC
+    assert heuristics.sm100_config("sm_107a", 16384, 16384, 256).scheduler == schedule.CLC
 
 
 @pytest.mark.parametrize(

@@ -163,7 +163,7 @@ def test_dequantize_blocks_compiles_to_vector_accesses():
 
 
 def test_default_path_fuses_only_one_near_full_wave():
-    from tk_cute.kernels.gemm.nvfp4_sm90 import default_path
+    from tk_cute.nvfp4.heuristics import large_m_path as default_path
 
     # H200 (132 SMs) measurements behind the rule: 112 tiles fused 2x faster; 32 and >= 256
     # tiles faster dequantized (docs/results.md).

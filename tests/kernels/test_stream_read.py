@@ -8,15 +8,14 @@ import numpy as np
 import pytest
 import torch
 
+from tk_cute.bench.stream_read import ctas, stream_read
 from tk_cute.compile import build
 from tk_cute.kernels import stream_read as sr
 
 
 @pytest.fixture(scope="module")
 def built():
-    from cuda.bindings import driver
-
-    return build(sr._launch, *sr.fake_args(), driver.CUstream(0), arch="sm_90a")
+    return build(sr._launch, *sr.SIGNATURE.compile_args(), arch="sm_90a")
 
 
 def test_compiles_to_streaming_ldg128_within_a_full_sm_of_registers(built):
@@ -38,7 +37,7 @@ def test_fast_argument_packing_matches_dsl():
 
 def test_rejects_bad_input_before_any_gpu_work():
     with pytest.raises(ValueError, match="must be CUDA tensors, got cpu"):
-        sr.stream_read(torch.zeros(16, dtype=torch.uint8))
+        stream_read(torch.zeros(16, dtype=torch.uint8))
 
 
 def _xor_words(*tensors) -> int:
@@ -54,9 +53,9 @@ def test_every_byte_read_once(seed, nbytes_a, nbytes_b):
     a = torch.randint(-2**31, 2**31, (nbytes_a // 4,), dtype=torch.int32, device="cuda")
     b = (torch.randint(-2**31, 2**31, (nbytes_b // 4,), dtype=torch.int32, device="cuda")
          if nbytes_b else None)
-    out = torch.randint(-2**31, 2**31, (sr.ctas(0) * sr.WARPS,), dtype=torch.int32,
+    out = torch.randint(-2**31, 2**31, (ctas(0) * sr.WARPS,), dtype=torch.int32,
                         device="cuda")  # poison: every warp must write its fold
-    sr.stream_read(a.view(torch.uint8), None if b is None else b.view(torch.uint8), out=out)
+    stream_read(a.view(torch.uint8), None if b is None else b.view(torch.uint8), out=out)
     assert _xor_words(out) == _xor_words(a, *([] if b is None else [b]))
 
 
@@ -64,8 +63,8 @@ def test_every_byte_read_once(seed, nbytes_a, nbytes_b):
 def test_rejects_misaligned_and_ragged_tensors():
     x = torch.zeros(64, dtype=torch.uint8, device="cuda")
     with pytest.raises(ValueError, match="16-byte aligned .* address % 16 = 4"):
-        sr.stream_read(x[4:20])
+        stream_read(x[4:20])
     with pytest.raises(ValueError, match="multiple of 16 bytes, got \\(20,\\)"):
-        sr.stream_read(x[:20])
+        stream_read(x[:20])
     with pytest.raises(ValueError, match="out must be a contiguous"):
-        sr.stream_read(x, out=torch.empty(3, dtype=torch.int32, device="cuda"))
+        stream_read(x, out=torch.empty(3, dtype=torch.int32, device="cuda"))

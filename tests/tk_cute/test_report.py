@@ -4,6 +4,7 @@ import pytest
 
 from tk_cute import report as R
 from tk_cute.nvfp4 import dispatch_sm100 as D
+from tk_cute.nvfp4 import heuristics
 
 
 def test_roofline_model_numbers():
@@ -20,7 +21,7 @@ def test_report_sm107a(capsys):
     assert R.main(["--arch", "sm_107a", "--mnk", "16384,16384,16384"]) == 0
     out = capsys.readouterr().out
     assert "ROOFLINE MODEL" in out and "576 / 576 columns (exclusive)" in out
-    cfg = D.select_config("sm_107a", 16384, 16384, 16384)
+    cfg = heuristics.sm100_config("sm_107a", 16384, 16384, 16384)
     r = R.report(cfg, 16384, 16384, 16384)
     assert r["spill_bytes"] == 0 and r["smem_bytes"] <= r["smem_capacity"]
     # 64 K stages x (2 MMAs of K = 128 x 2 M halves) per 512x256 tile

@@ -39,29 +39,29 @@ SWEEP = {
 
 def _amax_only(s):
     """The amax kernel alone (internal: for the GPU-time breakdown)."""
-    from tk_cute.kernels import nvfp4_quantize as nq
+    from tk_cute.nvfp4 import launch
     from tk_cute.runtime import raw_stream
 
     x = s[0]
-    plan = nq._plan(x, False, False, None)
+    plan = launch._quantize_plan(x, False, False, None)
     ws = torch.empty(plan.ws_words, dtype=torch.float32, device=x.device)
-    plan.amax(x.data_ptr(), ws.data_ptr(), plan.n_vec, plan.grid, raw_stream(
-        plan.device_index))
+    plan.amax(x=x.data_ptr(), partials=ws.data_ptr(), n_vec=plan.n_vec, grid=plan.grid,
+              stream=raw_stream(plan.device_index))
 
 
 def _variants(sweep: bool):
     from tk_cute.kernels import nvfp4_quantize as nq
-    from tk_cute.nvfp4 import quantize_reference
+    from tk_cute.nvfp4 import launch, quantize_reference
 
     copy = lambda s: s[1].copy_(s[0])
     eager = {
-        "tk amax+quantize (checked)": lambda s: nq.quantize_cuda(s[0]),
+        "tk amax+quantize (checked)": lambda s: launch.quantize(s[0]),
         "torch reference (CUDA)": lambda s: quantize_reference(s[0]),
         "copy (x -> y)": copy,
     }
     graph = {
-        "tk amax+quantize (no check)": lambda s: nq.quantize_cuda(s[0], check_finite=False),
-        "tk given scale (no check)": lambda s: nq.quantize_cuda(s[0], s[2], check_finite=False),
+        "tk amax+quantize (no check)": lambda s: launch.quantize(s[0], check_finite=False),
+        "tk given scale (no check)": lambda s: launch.quantize(s[0], s[2], check_finite=False),
         "tk amax pass only": _amax_only,
         "copy (x -> y)": copy,
     }
@@ -69,7 +69,7 @@ def _variants(sweep: bool):
         for name, kw in SWEEP.items():
             cfg = nq.Config(**kw)
             graph[f"tk no check {name}"] = (
-                lambda s, cfg=cfg: nq.quantize_cuda(s[0], check_finite=False, config=cfg))
+                lambda s, cfg=cfg: launch.quantize(s[0], check_finite=False, config=cfg))
     return eager, graph
 
 
@@ -102,8 +102,7 @@ def main(argv=None) -> int:
     esize = torch.empty((), dtype=dtype).element_size()
     print(environment())
     print(HEADER)
-    from tk_cute.kernels import nvfp4_quantize as nq
-    from tk_cute.nvfp4 import quantize_reference
+    from tk_cute.nvfp4 import launch, quantize_reference
 
     for spec in args.shapes.split(","):
         shape = tuple(int(s) for s in spec.split("x"))
@@ -119,7 +118,7 @@ def main(argv=None) -> int:
         sets = input_sets(make, n * esize)
         eager, graph = _variants(args.sweep)
         # correctness first: the kernel must equal the reference on this very input
-        got, ref = nq.quantize_cuda(sets[0][0]), quantize_reference(sets[0][0])
+        got, ref = launch.quantize(sets[0][0]), quantize_reference(sets[0][0])
         exact = (torch.equal(got.data, ref.data) and torch.equal(got.scales, ref.scales)
                  and torch.equal(got.global_scale, ref.global_scale))
         rounds = max(args.rounds, 50 // len(sets) + 1)
@@ -133,7 +132,7 @@ def main(argv=None) -> int:
         print(f"  copy {cg:.0f} GB/s (graph), {ce:.0f} GB/s (eager); bit-exact vs reference: "
               f"{exact}; host overhead us/call: "
               + ", ".join(f"{k} {v:.1f}" for k, v in hu.items())
-              + f"; compile s: {sum(nq._cache().compile_seconds.values()):.1f}")
+              + f"; compile s: {sum(launch._QUANTIZE.compile_seconds.values()):.1f}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """`gemm_sm100(a, b)`: NVFP4 ``D = a @ b^T`` on Blackwell (sm_100a, sm_103a) and Rubin (sm_107a).
 
 Validates the operands against what `kernels/gemm/nvfp4_sm100.py` needs, picks its `Config`
-(`select_config`), compiles once per (config, target, cluster budget) (`KernelCache`) and
+(`heuristics.sm100_config`), compiles once per (config, target, cluster budget) (`KernelCache`) and
 launches on the current stream. The global scales stay on the device: the kernel reads both
 0-dim fp32 tensors and multiplies in its epilogue (no `.item()`, no host sync).
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from tk_cute import arch
-from tk_cute.arch import target as _target
-from tk_cute.runtime import KernelCache
+from tk_cute.runtime import KernelCache, compile_locked
 
+from . import heuristics
 from .tensor import NVFP4Tensor
 
 TARGETS = ("sm_100a", "sm_103a", "sm_107a")
@@ -44,40 +44,6 @@ class Launch:
         return (*self.args[:11], stream)
 
 
-def select_config(arch: str, m: int, n: int, k: int, out: str = "bfloat16"):
-    """The `kernels.gemm.nvfp4_sm100.Config` for a GEMM shape (docs/rubin.md has the table).
-
-    Rubin with enough pair tiles to fill the GPU: Mb = 512 (two 256x256 accumulators sharing B,
-    576 exclusive columns), pairs multicasting A along N; otherwise Mb = 256 with a
-    double-buffered 256x128 accumulator. Blackwell: Mb = 256, Nb = 256 single accumulator when
-    the grid is full, Nb = 128 double-buffered otherwise. Stages: as many as shared memory holds
-    (at most 8); K must be a multiple of Kb = 256. Scheduler: cluster launch control (work
-    stealing) when the tiles take more than one wave of clusters, static persistent otherwise.
-    """
-    from tk_cute.kernels.gemm.nvfp4_sm100 import Config, SmemBudgetError
-    from tk_cute.ops import schedule
-
-    t = _target(arch)
-    pairs = (t.sm_count or 148) // 2
-    big = -(-m // 512) * -(-n // 256) >= pairs
-    if arch.startswith("sm_107") and big:
-        base = dict(Mb=512, Nb=256, ACC_PIPE_DEPTH=1, CLUSTER_N=2 if n >= 512 else 1)
-    elif big:
-        base = dict(Mb=256, Nb=256, ACC_PIPE_DEPTH=1, CLUSTER_N=2 if n >= 512 else 1)
-    else:
-        base = dict(Mb=256, Nb=128, ACC_PIPE_DEPTH=2)
-    cn = base.setdefault("CLUSTER_N", 1)
-    clusters = -(-m // base["Mb"]) * -(-n // (base["Nb"] * cn))  # CLUSTER_M = 2: one pair
-    waves = clusters > (t.sm_count or 148) // (2 * cn)
-    base.update(out=out, scheduler=schedule.CLC if waves else schedule.STATIC)
-    for depth in range(8, 1, -1):
-        try:
-            return Config(arch=arch, LOAD_PIPE_DEPTH=depth, **base)
-        except SmemBudgetError:
-            continue
-    raise SmemBudgetError(f"no stage count fits {arch}")
-
-
 def device_target(device: torch.device) -> str:
     """The tk_cute target of `device`; ValueError unless a CUDA device of sm_100a/103a/107a."""
     if device.type != "cuda":
@@ -88,10 +54,13 @@ def device_target(device: torch.device) -> str:
     return name
 
 
-def supports(m: int, n: int, k: int, out_dtype=torch.bfloat16) -> bool:
+def supports(m: int, n: int, k: int, out_dtype="bfloat16") -> bool:
     """Whether `gemm_sm100` takes an (m, n, k) NVFP4 x NVFP4 GEMM (on an sm_100a/103a/107a GPU):
-    K a multiple of the configs' Kb (256), N of 8, bf16/fp16 output."""
-    return k % 256 == 0 and n % 8 == 0 and out_dtype in OUT_DTYPES and min(m, n, k) > 0
+    K a multiple of the configs' Kb (256), N of 8, bf16/fp16 output (a torch dtype or its
+    name)."""
+    names = set(OUT_DTYPES.values())
+    out_ok = out_dtype in names if isinstance(out_dtype, str) else out_dtype in OUT_DTYPES
+    return k % 256 == 0 and n % 8 == 0 and out_ok and min(m, n, k) > 0
 
 
 def sm_count(device: torch.device) -> int:
@@ -127,7 +96,7 @@ def prepare(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=Non
     _check(a, b, out_dtype)
     target = device_target(a.device)
     M, N, Kdim, L = a.M, b.M, a.K, a.L or 1
-    cfg = config or select_config(target, M, N, Kdim, out=OUT_DTYPES[out_dtype])
+    cfg = config or heuristics.sm100_config(target, M, N, Kdim, out=OUT_DTYPES[out_dtype])
     if cfg.arch != target or cfg.out != OUT_DTYPES[out_dtype]:
         raise ValueError(f"config is for {cfg.arch} / {cfg.out}; the call needs {target} / "
                          f"{OUT_DTYPES[out_dtype]}")
@@ -154,15 +123,13 @@ def compile_launch(launch: Launch, keep: bool = False):
     """Compile the kernel for `launch` (its config's target). keep=True returns
     (`tk_cute.compile.Build` with PTX, SASS and resources, the kernel object) instead of the
     bare compiled function."""
-    import cutlass.cute as cute
-
     from tk_cute.compile import build
     from tk_cute.kernels.gemm.nvfp4_sm100 import GemmNvfp4Sm100
 
     kern = GemmNvfp4Sm100(launch.config)
     if keep:
         return build(kern, *launch.args, arch=launch.config.arch), kern
-    return cute.compile(kern, *launch.args, options=f"--gpu-arch {launch.config.arch}")
+    return compile_locked(kern, *launch.args, options=f"--gpu-arch {launch.config.arch}")
 
 
 def gemm_sm100(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=None,
@@ -173,7 +140,7 @@ def gemm_sm100(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=
         a: NVFP4Tensor (M, K) or (L, M, K) on a CUDA device.
         b: NVFP4Tensor (N, K) or (L, N, K) on the same device.
         out_dtype: torch.bfloat16 (default) or torch.float16.
-        config: a `kernels.gemm.nvfp4_sm100.Config` overriding `select_config`.
+        config: a `kernels.gemm.nvfp4_sm100.Config` overriding `heuristics.sm100_config`.
         out: optional contiguous (M, N) / (L, M, N) tensor of `out_dtype` to write D into.
 
     Returns:

@@ -1,196 +1,234 @@
-"""NVFP4 GEMM semantics, ``D = A @ B^T`` for K-major A (M, K) and B (N, K), and its reference.
+"""`tk_cute.nvfp4.gemm`: the one dispatch of every NVFP4 GEMM path on every target.
 
-``D[m, n] = cast_out(gA * gB * sum_k e2m1(qA[m,k]) sfA[m,k/16] e2m1(qB[n,k]) sfB[n,k/16])``.
+``D = a @ b^T`` with b NVFP4 weights (N, K) and a either NVFP4 (W4A4) or bfloat16 (W4A16); the
+semantics and the exact references are in `tk_cute.nvfp4.reference`.
 
-`gemm_reference` computes the sum EXACTLY: every e2m1 value is a multiple of 2^-1 and every UE4M3
-scale a multiple of 2^-9, so ``a_int = 2*e2m1 * 2^9*sf`` is an integer below 2^22 and the sum is
-``2^-20 * sum_k a_int * b_int``, an integer dot product. It is split into 11-bit halves so each
-float64 matmul only adds integers below 2^53 (exact for K < 2^30) and recombined in int64 (exact
-for K < 2^19). The exact sum is then converted to float64, multiplied by ``2^-20 * gA * gB``
-(exact in float64) and cast to the output dtype: at most two float64 roundings (relative error
-< 2^-51) before the cast. A kernel accumulating in float32 is then judged against the true value.
+A call validates once (`validate.gemm_operands`), makes a `Plan` (`plan`: which kernel, which
+Config, from the shape and the device: `heuristics`) and runs it through the kernels' torch
+launches (`launch`, `dispatch_sm100`). On a CUDA tensor a call runs kernels or raises: it never
+runs a reference. CPU tensors run the exact reference (`Plan.path == "reference"`), which is
+what a CPU can do.
 
-`gemm` is the public entry point: it validates and dispatches by device and shape (see its
-docstring); W4A16 (a bf16 activation matrix times NVFP4 weights) goes through it too.
+What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
+- Hopper (sm_90a): every shape the format allows: any M >= 1, any N >= 1, any K % 16 == 0, 2-D
+  or batched, W4A16 and W4A4, bf16 / fp16 / fp32 out. "small_m", "register_a", "rows" (the
+  register-A kernel on 128-row slices), "fused" and "dequantize" (any shape: the operands
+  expanded to exact bf16 in global memory, then the dense Hopper GEMM). Batched operands run
+  one 2-D plan per batch ("batches"). W4A4 above `heuristics.W4A4_NATIVE_MAX_M` decodes its
+  activations once per call into exact bf16 and runs the W4A16 kernels ("decode_a").
+  D's rows must be 16-byte aligned for the kernels' stores: where N * element size is not, D
+  is computed N-padded and copied into place (`Plan.pad_n`).
+- Blackwell / Rubin (sm_100a, sm_103a, sm_107a): W4A4 with K % 256 == 0 and N % 8 == 0, bf16 /
+  fp16 out (`kernels/gemm/nvfp4_sm100.py`, path "sm100"). Other combinations have no kernel
+  there yet and raise NotImplementedError naming the constraint.
 """
 
 from __future__ import annotations
 
-import functools
+from dataclasses import dataclass
 
 import torch
 
-from .format import e2m1_decode, e4m3_decode, unpack_fp4
-from .tensor import SF_VEC, NVFP4Tensor
+from . import heuristics, validate
+from .tensor import NVFP4Tensor
 
-OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_SPLIT = 11  # bits per half of an operand integer (|a_int| < 2^22)
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
-def _check_gemm_operands(a, b, out_dtype) -> None:
-    """Validate `gemm` arguments; shared by the reference and kernel paths.
+@dataclass(frozen=True)
+class Plan:
+    """What `gemm` runs for one call.
 
-    Raises:
-        TypeError: a or b is not an NVFP4Tensor, or out_dtype is not bfloat16/float16/float32.
-        ValueError: ndim differs or is not 2/3, K differs, batch counts differ, or the operands
-            live on different devices.
+    Attributes:
+        path: "small_m", "register_a", "fused", "dequantize", "sm100" (one kernel), "rows"
+            (`parts` over slices of the activation rows), "batches" (`parts[0]` for each batch)
+            or "reference" (CPU tensors only).
+        config: the kernel's Config (one-kernel paths).
+        parts: ((start, stop, Plan), ...) for "rows" and "batches".
+        decode_a: W4A4 activations decoded to exact bf16 first, gA folded into D's scale.
+        pad_n: D computed with N rounded up to this (0: not padded), then copied into place.
     """
-    for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, NVFP4Tensor):
-            raise TypeError(f"gemm operand {name} must be an NVFP4Tensor, got {type(t).__name__}")
-    if out_dtype not in OUT_DTYPES:
-        raise TypeError(
-            "gemm out_dtype must be torch.bfloat16, torch.float16 or torch.float32, "
-            f"got {out_dtype}"
-        )
-    if a.ndim != b.ndim or a.ndim not in (2, 3):
-        raise ValueError(
-            f"gemm operands must both be 2-D (M, K) x (N, K) or both 3-D (L, M, K) x (L, N, K), "
-            f"got a {tuple(a.shape)} and b {tuple(b.shape)}"
-        )
-    if a.K != b.K:
-        raise ValueError(f"gemm K mismatch: a has K={a.K}, b has K={b.K} (D = a @ b^T)")
-    if a.ndim == 3 and a.L != b.L:
-        raise ValueError(f"gemm batch mismatch: a has L={a.L}, b has L={b.L}")
-    if a.device != b.device:
-        raise ValueError(
-            f"gemm operands must be on one device: a is on {a.device}, b on {b.device}"
-        )
+
+    path: str
+    config: object = None
+    parts: tuple = ()
+    decode_a: bool = False
+    pad_n: int = 0
+
+    def kernels(self) -> list[str]:
+        """The one-kernel paths this plan runs, in order (a "rows" plan lists each slice)."""
+        if self.path in ("rows", "batches"):
+            return [k for _, _, p in self.parts for k in p.kernels()]
+        return [self.path]
+
+    def __str__(self) -> str:
+        head = ("decode_a + " if self.decode_a else "")
+        tail = f" (N padded to {self.pad_n})" if self.pad_n else ""
+        if self.path in ("rows", "batches"):
+            inner = ", ".join(f"{m0}:{m1} {p}" for m0, m1, p in self.parts)
+            return f"{head}{self.path}[{inner}]{tail}"
+        return f"{head}{self.path}{tail}"
 
 
-def _operand_integers(q: NVFP4Tensor) -> torch.Tensor:
-    """int64 (..., R, K): 2*e2m1 * 2^9*ue4m3, the operand as exact integers (|value| < 2^22)."""
-    codes2 = (e2m1_decode(unpack_fp4(q.data)) * 2).to(torch.int64)  # -12 .. 12
-    sf512 = (e4m3_decode(q.scales_logical()) * 512).to(torch.int64)  # 0 .. 229376
-    return codes2 * sf512.repeat_interleave(SF_VEC, dim=-1)
+def plan(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16, *, pdl: bool = False,
+         path: str | None = None) -> Plan:
+    """The `Plan` `gemm(a, b, out_dtype, pdl=pdl, path=path)` would run (validates like
+    `gemm`)."""
+    op = validate.gemm_operands(a, b, out_dtype, pdl=pdl)
+    return _plan(op, b.device, out_dtype, pdl, path)
 
 
-def _exact_int_matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Exact int64 ``a @ b^T`` for int64 operands below 2^22 in magnitude, via float64 matmuls."""
-    mask = (1 << _SPLIT) - 1
-    a1, a0 = (a >> _SPLIT).double(), (a & mask).double()  # a = a1 * 2^11 + a0, 0 <= a0 < 2^11
-    b1, b0 = (b >> _SPLIT).double(), (b & mask).double()
-    mm = lambda x, y: torch.matmul(x, y.transpose(-1, -2)).to(torch.int64)  # noqa: E731
-    hi = mm(a1, b1)
-    mid = mm(torch.cat((a1, a0), dim=-1), torch.cat((b0, b1), dim=-1))  # a1.b0 + a0.b1
-    lo = mm(a0, b0)
-    return (hi << (2 * _SPLIT)) + (mid << _SPLIT) + lo
-
-
-def gemm_reference(
-    a: NVFP4Tensor, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16
-) -> torch.Tensor:
-    """Reference ``D = a @ b^T`` with an exact accumulation (see the module docstring).
-
-    Args:
-        a: NVFP4Tensor (M, K) or (L, M, K).
-        b: NVFP4Tensor (N, K) or (L, N, K).
-        out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
-
-    Returns:
-        D, (M, N) or (L, M, N), of out_dtype on the operands' device.
-
-    Raises:
-        TypeError, ValueError: see `_check_gemm_operands`.
-    """
-    _check_gemm_operands(a, b, out_dtype)
-    acc = _exact_int_matmul_nt(_operand_integers(a), _operand_integers(b))
-    scale = a.global_scale.double() * b.global_scale.double() * 2.0**-20  # exact in float64
-    return (acc.double() * scale).to(out_dtype)
-
-
-def _check_w4a16_operands(a, b, out_dtype) -> None:
-    """W4A16: a bf16 (M, K) activation tensor and NVFP4 weights b (N, K)."""
-    if not isinstance(b, NVFP4Tensor):
-        raise TypeError(f"gemm operand b must be an NVFP4Tensor, got {type(b).__name__}")
-    if a.dtype != torch.bfloat16 or a.dim() != 2:
-        raise TypeError(f"a W4A16 activation must be a 2-D bfloat16 tensor, got {a.dtype} "
-                        f"{tuple(a.shape)}")
-    if b.ndim != 2:
-        raise ValueError(f"W4A16 weights must be 2-D (N, K), got {tuple(b.shape)}")
-    if a.shape[1] != b.K:
-        raise ValueError(f"gemm K mismatch: a has K={a.shape[1]}, b has K={b.K} (D = a @ b^T)")
-    if a.device != b.device:
-        raise ValueError(f"gemm operands must be on one device: a is on {a.device}, "
-                         f"b on {b.device}")
-    if out_dtype not in OUT_DTYPES:
-        raise TypeError(f"gemm out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
-
-
-def w4a16_reference(a: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """``D = a @ deq(b)^T`` in float64 (bf16 activations and decoded weights are exact there),
-    then cast."""
-    _check_w4a16_operands(a, b, out_dtype)
-    return (a.double() @ b.dequantize(torch.float64).t()).to(out_dtype)
-
-
-def _kernel_for(a, b, out_dtype, pdl: bool = False):
-    """The GPU kernel entry for these operands, called as (a, b, out_dtype), or None (then the
-    reference runs); `pdl` goes to the entries that take it."""
-    if b.device.type != "cuda" or out_dtype == torch.float32:
-        return None
+def _plan(op: validate.Operands, device: torch.device, out_dtype, pdl: bool,
+          path: str | None = None) -> Plan:
+    if device.type != "cuda":
+        return Plan("reference")
     from tk_cute import arch
 
-    target = arch.device_target(b.device)
-    M, N, K = a.shape[-2], b.shape[-2], b.K
-    if target.family == "hopper" and b.ndim == 2:
-        from tk_cute.kernels.gemm import nvfp4_gemv_sm90, nvfp4_rs_sm90, nvfp4_sm90
+    target = arch.device_target(device)
+    name = _DTYPE_NAMES[out_dtype]
+    if target.wgmma:
+        from .launch import sm_count
 
-        if (isinstance(a, torch.Tensor) and M >= nvfp4_rs_sm90.MIN_M
-                and nvfp4_rs_sm90.supports(M, N, K)):
-            return functools.partial(nvfp4_rs_sm90.gemm_rs, pdl=pdl)
-        if M <= nvfp4_gemv_sm90.MAX_M and nvfp4_gemv_sm90.supports(M, N, K):
-            return functools.partial(nvfp4_gemv_sm90.gemm_small_m, pdl=pdl)
-        if nvfp4_sm90.supports(M, N, K):
-            return nvfp4_sm90.gemm
-    if target.family != "hopper" and isinstance(a, NVFP4Tensor):
-        from . import dispatch_sm100
-
-        if target.name in dispatch_sm100.TARGETS and dispatch_sm100.supports(M, N, K, out_dtype):
-            return dispatch_sm100.gemm_sm100
-    return None
+        one = _plan_hopper(op.w4a4, op.M, op.N, op.K, name, sm_count(device), pdl, path)
+        if op.batched:
+            return Plan("batches", parts=tuple((l, l + 1, one) for l in range(op.L)))
+        return one
+    if path not in (None, "sm100"):
+        raise ValueError(f"path {path!r} is a Hopper path; {target.name} runs 'sm100'")
+    return _plan_sm100(op, target.name, name)
 
 
-def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
-         pdl: bool = False) -> torch.Tensor:
-    """``D = a @ b^T`` for NVFP4 operands (public entry point; kernels dispatch from here).
+def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bool,
+                 force: str | None = None) -> Plan:
+    import dataclasses
 
-    Paths: on Hopper, W4A16 with 9 <= M <= 128, N % 128 == 0, K % 256 == 0 runs the register-A
-    wgmma kernel (`kernels/gemm/nvfp4_rs_sm90.py`; on the H200 it beat the large-M kernel's
-    fused path at M = 128 too: 110 against 150 us at 128x28672x8192); otherwise M <= 64 runs
-    the weight-streaming kernel (`kernels/gemm/nvfp4_gemv_sm90.py`) and M % 128 == 0,
-    N % 256 == 0, K % 64 == 0 the emulating GEMM (`kernels/gemm/nvfp4_sm90.py`);
-    on sm_100a/sm_103a/sm_107a, W4A4 runs the block-scaled tcgen05 kernel
-    (`kernels/gemm/nvfp4_sm100.py`, via `dispatch_sm100`). Everything else (CPU tensors, float32
-    output, shapes no kernel takes) runs the exact reference on the operands' device: correct,
-    not fast.
+    if force is None:
+        path = heuristics.hopper_path(w4a4, M, N, K, out, sms)
+    else:
+        path = heuristics.check_hopper_path(force, w4a4, M, N, K, out)
+    decode_a = w4a4 and path in ("register_a", "rows")
+    if path == "small_m":
+        cfg = heuristics.small_m_config(M, N, K, w4a4, out, sms)
+        return Plan(path, dataclasses.replace(cfg, PDL=pdl))
+    if path == "register_a":
+        cfg = heuristics.register_a_config(M, N, K, out)
+        if pdl and cfg.permute == "stage":
+            cfg = dataclasses.replace(cfg, PDL=True)
+        return Plan(path, cfg, decode_a=decode_a)
+    if path == "rows":
+        step = heuristics.ROWS_MIN_M
+        parts = tuple((m0, min(M, m0 + step),
+                       _plan_hopper(False, min(M, m0 + step) - m0, N, K, out, sms, pdl))
+                      for m0 in range(0, M, step))
+        return Plan(path, parts=parts, decode_a=decode_a)
+    if path == "fused":
+        return Plan(path)
+    esize = {"bfloat16": 2, "float16": 2, "float32": 4}[out]
+    per_row = validate.OUT_ALIGN // esize  # D rows must be 16-byte aligned for TMA stores
+    return Plan(path, pad_n=-(-N // per_row) * per_row if N % per_row else 0)
+
+
+def _plan_sm100(op: validate.Operands, target: str, out: str) -> Plan:
+    from . import dispatch_sm100
+
+    if not op.w4a4:
+        raise NotImplementedError(f"W4A16 has no kernel on {target} yet (W4A4 runs the "
+                                  f"block-scaled tcgen05 GEMM): quantize the activations")
+    if not dispatch_sm100.supports(op.M, op.N, op.K, out):
+        raise NotImplementedError(
+            f"the {target} NVFP4 GEMM needs K % 256 == 0, N % 8 == 0 and bf16/fp16 output; got "
+            f"M={op.M}, N={op.N}, K={op.K}, out_dtype={out}")
+    return Plan("sm100", heuristics.sm100_config(target, op.M, op.N, op.K, out))
+
+
+def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | None = None, *,
+         out: torch.Tensor | None = None, pdl: bool = False,
+         path: str | None = None) -> torch.Tensor:
+    """``D = a @ b^T`` for NVFP4 weights b (the public entry point; module docstring: paths).
 
     Args:
-        a: NVFP4Tensor (M, K) or (L, M, K), K-major; or a bfloat16 (M, K) tensor (W4A16).
+        a: NVFP4Tensor (M, K) or (L, M, K) (W4A4); or a bfloat16 tensor (..., K), or (L, M, K)
+            with b batched (W4A16). A non-contiguous bf16 `a` is copied once (a small M x K
+            tensor) before the kernels read it.
         b: NVFP4Tensor (N, K) or (L, N, K), K-major.
-        out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
+        out_dtype: torch.bfloat16, torch.float16 or torch.float32 (default: out's dtype, else
+            bfloat16).
+        out: optional preallocated D: contiguous, 16-byte aligned, of D's shape and dtype, on
+            the operands' device.
         pdl: let back-to-back calls overlap (programmatic dependent launch) where the path
             supports it (the Hopper kernels for M <= 128: register-A and small-M); others
             ignore it. The call may then read the weights b while the kernel before it on the
             stream is still running (it reads a and writes D only after that kernel has ended),
             so pass it only for weights that the kernels just before do not write, e.g. static
-            weights in a chain of decode GEMMs. On the H200 (docs/results.md, bench row
-            `tk_cute w4a16 pdl`) it saved 1.4-1.7 us per call at M = 1 (1x8192^2: 12.7 -> 11.3
-            us; at 1x8192x28672 it was 0.5 us slower, within the spread) and 0.4-1.0 us at
-            M = 16.
+            weights in a chain of decode GEMMs (docs/results.md: 0.4-1.7 us per call).
+        path: force one kernel path (`heuristics.PATHS`, for comparisons and tests); ValueError
+            when that path cannot take the shape. Default: the heuristics' choice.
 
     Returns:
-        D, (M, N) or (L, M, N), of out_dtype.
+        D of out_dtype: (..., N) for W4A16, (M, N) or (L, M, N) for W4A4; `out` when given.
 
     Raises:
-        TypeError, ValueError: see `_check_gemm_operands` / `_check_w4a16_operands`.
+        TypeError, ValueError: see `validate.gemm_operands`.
+        NotImplementedError: a combination no kernel of this GPU takes (Blackwell / Rubin:
+            W4A16, K % 256, N % 8, fp32 output).
     """
-    w4a16 = isinstance(a, torch.Tensor)
-    if w4a16:
-        _check_w4a16_operands(a, b, out_dtype)
+    if out_dtype is None:
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
+    op = validate.gemm_operands(a, b, out_dtype, out=out, pdl=pdl)
+    p = _plan(op, b.device, out_dtype, pdl, path)
+    if p.path == "reference":
+        from .reference import gemm_reference, w4a16_reference
+
+        d = (gemm_reference if op.w4a4 else w4a16_reference)(a, b, out_dtype)
+        return d if out is None else out.copy_(d)
+    d = out if out is not None else torch.empty(op.out_shape, dtype=out_dtype,
+                                                device=b.device)
+    if op.w4a4 or op.batched:
+        run(p, a, b, d)
+    else:  # W4A16 (..., K): rows are all leading dims
+        run(p, a.reshape(op.M, op.K), b, d.view(op.M, op.N))
+    return d
+
+
+def run(p: Plan, a, b: NVFP4Tensor, out: torch.Tensor, gsb=None) -> torch.Tensor:
+    """Run plan `p` on validated operands into the contiguous `out` (2-D, or 3-D for
+    "batches"); `gsb` replaces gB as D's scale (set by "decode_a")."""
+    from . import launch
+
+    if p.decode_a:
+        gsb = a.global_scale * b.global_scale
+        a = launch.dequantize_blocks(a)
+    if p.pad_n:
+        wide = torch.empty(out.shape[0], p.pad_n, dtype=out.dtype, device=out.device)
+        run(Plan(p.path, p.config), a, b, wide, gsb)
+        out.copy_(wide[:, :out.shape[1]])
+    elif p.path == "small_m":
+        launch.small_m(a, b, out, p.config, gsb)
+    elif p.path == "register_a":
+        launch.register_a(a, b, out, p.config, gsb=gsb)
+    elif p.path == "rows":
+        for m0, m1, sub in p.parts:
+            run(sub, a[m0:m1], b, out[m0:m1], gsb)
+    elif p.path == "batches":
+        sub = p.parts[0][2]
+        for l in range(out.shape[0]):
+            run(sub, _batch(a, l), _batch(b, l), out[l], gsb)
+    elif p.path == "fused":
+        launch.fused(a, b, out)
+    elif p.path == "dequantize":
+        launch.dequantize(a, b, out)
+    elif p.path == "sm100":
+        from . import dispatch_sm100
+
+        dispatch_sm100.gemm_sm100(a, b, out.dtype, config=p.config, out=out)
     else:
-        _check_gemm_operands(a, b, out_dtype)
-    kernel = _kernel_for(a, b, out_dtype, pdl)
-    if kernel is not None:
-        return kernel(a, b, out_dtype)
-    return w4a16_reference(a, b, out_dtype) if w4a16 else gemm_reference(a, b, out_dtype)
+        raise AssertionError(f"no runner for path {p.path!r}")
+    return out
+
+
+def _batch(t, l: int):
+    """Batch l of an operand: a tensor row, or an NVFP4Tensor view (its parts are contiguous
+    per batch; the global scale is shared)."""
+    if isinstance(t, NVFP4Tensor):
+        return NVFP4Tensor.trusted(t.data[l], t.scales[l], t.global_scale, t.shape[1:])
+    return t[l] if t.dim() == 3 else t

@@ -170,7 +170,8 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True) -
         x: (M, K) or (L, M, K) float32/bfloat16/float16 tensor on CPU or CUDA; K a multiple of
             16; no NaN/Inf.
         global_scale: optional per-tensor DECODE scale; default ``max(amax, 1e-12) / 2688``.
-        check_finite: CUDA tensors run the kernels of ``tk_cute.kernels.nvfp4_quantize``, which
+        check_finite: CUDA tensors run the kernels of ``tk_cute.kernels.nvfp4_quantize``
+            (launched by `tk_cute.nvfp4.launch.quantize`), which
             detect NaN/Inf on the device (a non-finite global scale from the amax pass, or a
             flag with a given scale); True (default) reads it back (one host sync) and raises
             ValueError. (A CUDA-tensor `global_scale` is also range-checked on the host, which
@@ -185,7 +186,7 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True) -
         TypeError, ValueError: see `_check_quantize_input`.
     """
     if isinstance(x, torch.Tensor) and x.is_cuda:
-        from tk_cute.kernels.nvfp4_quantize import quantize_cuda
+        from .launch import quantize as quantize_cuda
 
         gs = _check_quantize_input(x, global_scale, finite=False)
         return quantize_cuda(x, gs, check_finite=check_finite)

@@ -26,15 +26,15 @@ from cutlass import Float32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from tk_cute.arch import target
 from tk_cute.ops.ptx import asm
 
-NATIVE_FP4_ARCHS = ("sm_100a", "sm_103a", "sm_107a")
 F32_1E_12 = 0x2B8CBCCC  # float32(1e-12), the recipe's floor
 
 
 def has_native_fp4(arch: str) -> bool:
-    """True where ``cvt ... e2m1x2`` exists (Blackwell and Rubin)."""
-    return arch in NATIVE_FP4_ARCHS
+    """True where ``cvt ... e2m1x2`` exists (`arch.Target.native_fp4_cvt`: Blackwell, Rubin)."""
+    return target(arch).native_fp4_cvt
 
 
 def _u32(v):

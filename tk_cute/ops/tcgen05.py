@@ -21,6 +21,7 @@ from cutlass.cute.nvgpu import tcgen05
 from cutlass.cute.nvgpu.tcgen05 import CollectorOp, CtaGroup, Field
 from cutlass.cutlass_dsl import Int16, dsl_user_op
 
+from tk_cute.arch import target
 from tk_cute.ops import warp
 
 # Collector qualifiers for B (Rubin): FILL keeps B in the collector, LASTUSE reads it once more
@@ -49,7 +50,7 @@ def block_scaled_op(arch: str, n: int, sf_dtype, sf_vec: int = 16, pair: bool = 
     group = CtaGroup.TWO if pair else CtaGroup.ONE
     m = 256 if pair else 128
     src = tcgen05.OperandSource.SMEM
-    if arch.startswith("sm_107"):
+    if target(arch).b_collector:  # the Rubin op: K = 128, collectors
         return tcgen05.SM107MmaMXF4NVF4Op(sf_dtype, sf_vec, (m, n, 128), group, src,
                                          DISCARD, b_collector)
     if b_collector != DISCARD:

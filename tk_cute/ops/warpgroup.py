@@ -17,7 +17,7 @@ sm_90a, a block whose warpgroups each take one branch, and a launch with `min_bl
 without it ptxas does not know the register count at entry and silently drops setmaxnreg;
 `consumer_registers` says how far consumers may rise beside a producer warpgroup),
 `load` of a shared tile into a register operand tile (ldmatrix), `store` of a register tile
-into a shared tile (stmatrix), `store_global` of a register tile into global memory, and `sync`
+into a shared tile (stmatrix; plain stores for fp32), `store_global` of a register tile into global memory, and `sync`
 of a set of warpgroups on a named barrier.
 """
 
@@ -187,12 +187,13 @@ def store_global(dst, src: rt):
 
 def store(dst, src: rt, thread_idx, subtile: int = 0):
     """Store column block `subtile` of the register tile `src` into the shared tile `dst`
-    (rows x dst-cols, converted to dst's type) with stmatrix, then fence so that TMA may read
-    `dst` once the group has passed a barrier. With dst as wide as `src`, subtile 0 is all of it.
+    (rows x dst-cols, converted to dst's type): stmatrix for 16-bit tiles, per-thread stores
+    for 32-bit ones (no stmatrix exists for them); then fence so that TMA may read `dst` once
+    the group has passed a barrier. With dst as wide as `src`, subtile 0 is all of it.
 
     The epilogue walks a wide accumulator in narrow blocks so that a few small shared buffers
     (not a whole output tile) stage the output: shared memory stays with the load ring."""
-    tiled = _stmatrix_copy(dst.element_type, src)
+    tiled = _smem_store_copy(dst.element_type, src)
     thr = tiled.get_slice(thread_idx)
     acc = tiled.retile(src.frag)
     block = cute.make_rmem_tensor(cute.shape(thr.partition_S(dst))[:3], src.frag.element_type)
@@ -205,12 +206,16 @@ def store(dst, src: rt, thread_idx, subtile: int = 0):
     cute.arch.fence_proxy("async.shared", space="cta")
 
 
-def _stmatrix_copy(dtype, src: rt):
-    """The register->shared tiled copy for `src`'s MMA layout: stmatrix for 16-bit outputs."""
-    if dtype.width != 16:
-        raise TypeError(f"warpgroup.store writes 16-bit shared tiles (stmatrix); got {dtype}")
-    atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), dtype)
-    return cute.make_tiled_copy_S(atom, cute.make_tiled_copy_C_atom(atom, src.tiled_mma))
+def _smem_store_copy(dtype, src: rt):
+    """The register->shared tiled copy for `src`'s MMA layout: stmatrix for 16-bit outputs,
+    the universal (per-thread) copy for 32-bit ones, both over the stmatrix thread layout."""
+    if dtype.width not in (16, 32):
+        raise TypeError(f"warpgroup.store writes 16- or 32-bit shared tiles; got {dtype}")
+    c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4),
+                                 dtype if dtype.width == 16 else cutlass.BFloat16)
+    atom = c_atom if dtype.width == 16 else cute.make_copy_atom(
+        cute.nvgpu.CopyUniversalOp(), dtype)
+    return cute.make_tiled_copy_S(atom, cute.make_tiled_copy_C_atom(c_atom, src.tiled_mma))
 
 
 class sync:

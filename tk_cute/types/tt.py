@@ -41,12 +41,13 @@ def alloc_columns(used: int, arch: str) -> int:
 
 def is_exclusive(columns: int, arch: str) -> bool:
     """Whether `columns` needs Rubin's exclusive allocation (`tcgen05.alloc.exclusive`)."""
-    return columns > 512 and arch.startswith("sm_107")
+    t = target(arch)
+    return columns > 512 and columns <= t.exclusive_tmem_columns
 
 
 def dsl_arch(arch: str) -> str:
     """The arch key the DSL's TMEM helpers expect ("sm_107" for sm_107a): it decides exclusivity."""
-    return arch.rstrip("af")
+    return target(arch).dsl_arch
 
 
 def tensor_allocator(holding_buf, columns: int, arch: str, pair: bool, sync_barrier,

@@ -9,6 +9,7 @@ from tk_cute import arch
 from tk_cute.layouts.nvfp4_scales import blocked_shape
 from tk_cute.nvfp4 import NVFP4Tensor, gemm_reference, quantize
 from tk_cute.nvfp4 import dispatch_sm100 as D
+from tk_cute.nvfp4 import heuristics
 
 
 def operand(rows, k, lead=(), gs=0.5):
@@ -82,14 +83,14 @@ def test_supports_matches_the_checks():
     # every config select_config returns has the Kb `supports` assumes
     for arch_name in D.TARGETS:
         for m, n in ((128, 128), (16384, 16384)):
-            assert D.select_config(arch_name, m, n, 1024).Kb == 256
+            assert heuristics.sm100_config(arch_name, m, n, 1024).Kb == 256
 
 
 def test_config_for_another_target(on_gpu):
 
     with pytest.raises(ValueError, match="sm_107a"):
         D.prepare(operand(256, 256), operand(256, 256),
-                  config=D.select_config("sm_107a", 256, 256, 256))
+                  config=heuristics.sm100_config("sm_107a", 256, 256, 256))
 
 
 @pytest.mark.parametrize("lead", [(), (3,)])

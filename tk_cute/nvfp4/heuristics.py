@@ -1,0 +1,209 @@
+"""Every heuristic of the NVFP4 GEMMs, in one place: which kernel takes a shape, and each
+kernel's default Config. Kernels keep their `Config` (what can run) and `supports` (what some
+Config can run); this module decides what should run, from the shape and the device. The
+numbers behind each rule are in docs/results.md and docs/nvfp4_hopper.md; the rules cite them.
+
+Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
+- "small_m" (`kernels/gemm/nvfp4_gemv_sm90.py`, mma.sync streaming the weights): M < RS_MIN_M
+  and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M; also W4A16 M <= 64 where
+  the register-A kernel cannot take N or K.
+- "register_a" (`kernels/gemm/nvfp4_rs_sm90.py`, weights decoded into wgmma A registers):
+  RS_MIN_M <= M <= 128.
+- "rows": ROWS_MIN_M < M <= ROWS_MAX_M, the register-A kernel on 128-row slices of the
+  activations (each pass streams the weights again, which stays cheaper than writing them out
+  as bf16 up to ROWS_MAX_M).
+- "fused" (`kernels/gemm/nvfp4_sm90.py`, decode in shared memory): large M where its tiles make
+  one nearly full wave of SMs (`large_m_path`), bf16 / fp16 out.
+- "dequantize" (`kernels/nvfp4_dequantize.py` + `kernels/gemm/gemm_sm90.py`): everything else
+  (any M, any K % 16, N % 8, any output dtype).
+W4A4 above W4A4_NATIVE_MAX_M decodes its activations once per call into exact bf16 (e2m1 * sf,
+a small M x K tensor) and takes the W4A16 path, its global scale folded into the output's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+from tk_cute.arch import target
+from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
+from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+from tk_cute.kernels.gemm import nvfp4_sm90 as sm90
+from tk_cute.ops import schedule
+
+# Below this M the small-M kernel beats the register-A one: its M = 1 path (one n8 MMA tile,
+# staged activations) on the H200 (1x8192^2: 14.2 vs 18.2 us, docs/results.md).
+RS_MIN_M = 9
+# Largest N_ACT given 256 rows per CTA. There the consumers have 104 registers (640 threads, one
+# A register set from N_ACT = 32 on), the ring 2-5 stages. On the H200 (docs/results.md, ninth
+# session, activations permuted once per call) 256 rows were 2% faster than 128 at N_ACT = 48,
+# even at 64, and 128 rows 18% faster at 80 (two A sets, 3 stages).
+WIDE_MAX_N_ACT = 64
+# W4A4 up to this M runs the small-M kernel, which decodes NVFP4 activations in registers; above
+# it the activations are decoded once per call and the W4A16 path runs (the decode is one small
+# kernel: at M = 1 its launch would cost more than it saves).
+W4A4_NATIVE_MAX_M = 8
+# "rows": the register-A kernel on 128-row slices from just above 128 rows up to this M.
+ROWS_MIN_M = rs.MAX_M
+ROWS_MAX_M = 512
+PATHS = ("small_m", "register_a", "rows", "fused", "dequantize")
+
+
+def hopper_path(w4a4: bool, M: int, N: int, K: int, out_dtype: str, sms: int) -> str:
+    """The path of one 2-D Hopper GEMM (module docstring); every valid shape has one."""
+    if M <= W4A4_NATIVE_MAX_M and w4a4 and gv.supports(M, N, K):
+        return "small_m"
+    if M < RS_MIN_M and not w4a4 and gv.supports(M, N, K):
+        return "small_m"
+    if M <= rs.MAX_M and rs.supports(M, N, K):
+        return "register_a"
+    if M <= gv.MAX_M and not w4a4 and gv.supports(M, N, K):
+        return "small_m"
+    if ROWS_MIN_M < M <= ROWS_MAX_M and rs.supports(rs.MAX_M, N, K):
+        return "rows"
+    if (out_dtype != "float32" and sm90.supports(M, N, K)
+            and large_m_path(M, N, sms) == "fused"):
+        return "fused"
+    return "dequantize"
+
+
+def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: str) -> str:
+    """`path` if it can run this Hopper GEMM (a forced path), else ValueError naming why."""
+    takes = {
+        "small_m": gv.supports(M, N, K),
+        "register_a": M <= rs.MAX_M and rs.supports(M, N, K),
+        "rows": rs.supports(rs.MAX_M, N, K),
+        "fused": out_dtype != "float32" and sm90.supports(M, N, K),
+        "dequantize": True,
+    }
+    if path not in takes:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if not takes[path]:
+        raise ValueError(f"path {path!r} cannot run M={M}, N={N}, K={K}, out {out_dtype} "
+                         f"(small_m: M <= 64, N % 32, K % 128; register_a: M <= 128, N % 128, "
+                         f"K % 256; rows: N % 128, K % 256; fused: M % 128, N % 256, K % 64, "
+                         f"16-bit out)")
+    return path
+
+
+def large_m_path(M: int, N: int, sms: int, config: sm90.Config = sm90.Config()) -> str:
+    """"fused" when the output tiles make one nearly full wave (0.75 x SMs to SMs CTAs), else
+    "dequantize". The separate pass costs time in N x K whatever M is, the fused kernel time in
+    waves of tiles; on the H200 (docs/results.md, 2026-11-30) 128x28672x8192 (112 tiles) took
+    148 us fused against 298 us, while 128x8192x8192 (32 tiles) and every M = 1024 shape
+    (256-896 tiles) were faster dequantized."""
+    tiles = -(-M // 128) * -(-N // config.Nb)
+    return "fused" if 0.75 * sms <= tiles <= sms else "dequantize"
+
+
+@functools.lru_cache(maxsize=1024)
+def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = "bfloat16",
+                   sms: int = 132) -> gv.Config:
+    """The default configuration for a problem on a GPU with `sms` SMs (raises ValueError if
+    the shape is unsupported). Cached: it is on every call's host path."""
+    if not 1 <= M <= gv.MAX_M:
+        raise ValueError(f"the small-M kernel supports 1 <= M <= {gv.MAX_M}, got M={M}")
+    if K % gv.STEP_K:
+        raise ValueError(f"the small-M kernel needs K to be a multiple of {gv.STEP_K}, got K={K}")
+    if N % 32:
+        raise ValueError(f"the small-M kernel needs N to be a multiple of 32, got N={N}")
+    NT = max(1, -(-M // 8))
+    NT = 1 << (NT - 1).bit_length()
+    # H200 sweeps 2026-11-30 (docs/results.md): warps of 2 MMA row tiles; 2 steps per trip, the
+    # next trip's weights in flight at M <= 8 (registers capped for 16 warps per SM), 4 steps
+    # with two activation tiles (M 9..16); about 8 warps per CTA, at least one CTA per SM.
+    unroll = 4 if NT == 2 else 2
+    while (K // gv.STEP_K) % unroll:
+        unroll //= 2
+    # At M = 1 a trip reads 128 bytes of each weight row as two 64-byte loads: asking L2 for
+    # the whole 128-byte line at the first was 2-4% faster (H200 A/B, 3 shapes x 2 passes); at
+    # M = 4, 8 and 16 it was 1% slower or mixed, 256 bytes slower everywhere.
+    cfg = gv.Config(MT=2, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
+                 AHEAD=NT == 1, L2_FETCH=128 if M == 1 else 0)
+    cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms))
+    WN = max(1, 8 // cfg.S)
+    while WN > 1 and (N % (32 * WN) or N // (32 * WN) < sms):
+        WN //= 2
+    ctas = max(1, 16 // (WN * cfg.S)) if cfg.AHEAD else 0
+    # One activation row staged in shared memory: -0.7 us at 1x8192^2 (H200 A/B, 2 runs);
+    # M = 2 was slower (15.0 -> 15.9 us), larger M do not fit.
+    xs = gv.xsmem_bytes(M, K) if M == 1 and not w4a4 else 0
+    return dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas, XSMEM=xs if xs <= gv.MAX_XSMEM else 0)
+
+
+def small_m_splits(cfg: gv.Config, N: int, K: int, sms: int, ctas_per_sm: int | None = None) -> int:
+    """S: K-slices (warps along K), the divisor of K / k_chunk nearest (in ratio; ties: larger)
+    to about ctas_per_sm x 8 warps per SM in all: enough 16-byte loads in flight to cover HBM
+    latency; at most what fits a CTA. Default ctas_per_sm: 2 for up to two activation tiles
+    (M <= 16), else 1 (H200 sweeps: S=8 at N=K=8192 and S=2 at N=28672 for M=1 and 16; S=4 at
+    M=64)."""
+    if ctas_per_sm is None:
+        ctas_per_sm = 2 if cfg.NT <= 2 else 1
+    chunks, groups = K // cfg.k_chunk, N // (16 * cfg.MT)
+    want = max(1.0, sms * ctas_per_sm * 8 / groups)
+    fits = [d for d in range(1, chunks + 1) if chunks % d == 0 and cfg.fits(d)]
+    return min(fits, key=lambda d: (abs(math.log(d / want)), -d))
+
+
+
+@functools.lru_cache(maxsize=1024)
+def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs.Config:
+    """N_ACT = M rounded up to 16 (8 up to M = 8). Where N allows, 256 rows per CTA (each
+    activation byte then serves twice the weight rows): as four warpgroups of one MMA tile up
+    to N_ACT = WIDE_MAX_N_ACT, and as two of two tiles where 128 rows would leave a ring of two
+    stages anyway (N_ACT = 128; beyond that 128 rows keep three stages and were faster)."""
+    rs.check_shape(rs.Config(N_ACT=rs.MAX_M), M, N, K)
+    n_act = 8 if M <= 8 else -(-M // 16) * 16
+    narrow = rs.Config(N_ACT=n_act, out_dtype=out_dtype)
+    if N % (2 * rs.BAND):
+        return narrow
+    if n_act <= WIDE_MAX_N_ACT:
+        return rs.Config(N_ACT=n_act, ROWS=2 * rs.BAND, out_dtype=out_dtype)
+    if narrow.stages == 2:
+        return rs.Config(N_ACT=n_act, ROWS=2 * rs.BAND, TILES=2, out_dtype=out_dtype)
+    return narrow
+
+
+
+def register_a_ctas(cfg: rs.Config, N: int, K: int, sms: int) -> int:
+    """The register-A kernel's stream-K grid: one CTA per SM, or up to 5% fewer where their
+    shares then line up with the row blocks (2-3% faster at 8192^2 on the H200), at most one
+    per unit."""
+    units = rs.stream_units(cfg, N, K)
+    return min(units, schedule.stream_k_aligned_ctas(units, K // rs.STAGE_K, sms))
+
+
+def sm100_config(arch: str, m: int, n: int, k: int, out: str = "bfloat16"):
+    """The `kernels.gemm.nvfp4_sm100.Config` for a GEMM shape (docs/rubin.md has the table).
+
+    Rubin with enough pair tiles to fill the GPU: Mb = 512 (two 256x256 accumulators sharing B,
+    576 exclusive columns), pairs multicasting A along N; otherwise Mb = 256 with a
+    double-buffered 256x128 accumulator. Blackwell: Mb = 256, Nb = 256 single accumulator when
+    the grid is full, Nb = 128 double-buffered otherwise. Stages: as many as shared memory holds
+    (at most 8); K must be a multiple of Kb = 256. Scheduler: cluster launch control (work
+    stealing) when the tiles take more than one wave of clusters, static persistent otherwise.
+    """
+    from tk_cute.kernels.gemm.nvfp4_sm100 import Config, SmemBudgetError
+
+    t = target(arch)
+    pairs = (t.sm_count or 148) // 2
+    big = -(-m // 512) * -(-n // 256) >= pairs
+    if t.exclusive_tmem_columns and big:  # two 256x256 accumulators need > 512 columns
+        base = dict(Mb=512, Nb=256, ACC_PIPE_DEPTH=1, CLUSTER_N=2 if n >= 512 else 1)
+    elif big:
+        base = dict(Mb=256, Nb=256, ACC_PIPE_DEPTH=1, CLUSTER_N=2 if n >= 512 else 1)
+    else:
+        base = dict(Mb=256, Nb=128, ACC_PIPE_DEPTH=2)
+    cn = base.setdefault("CLUSTER_N", 1)
+    clusters = -(-m // base["Mb"]) * -(-n // (base["Nb"] * cn))  # CLUSTER_M = 2: one pair
+    waves = clusters > (t.sm_count or 148) // (2 * cn)
+    base.update(out=out, scheduler=schedule.CLC if waves else schedule.STATIC)
+    for depth in range(8, 1, -1):
+        try:
+            return Config(arch=arch, LOAD_PIPE_DEPTH=depth, **base)
+        except SmemBudgetError:
+            continue
+    raise SmemBudgetError(f"no stage count fits {arch}")
+
+

@@ -1,0 +1,317 @@
+"""Torch-side launches of the NVFP4 kernels below the public calls: the Hopper (sm_90a) GEMM
+paths under `tk_cute.nvfp4.gemm`, and the format kernels (quantize, block dequantize) that run
+on every target.
+
+Contract: the functions named after a path (`small_m`, `register_a`, `fused`, `dequantize`)
+take operands that `tk_cute.nvfp4.gemm` validated once (`validate`), a Config the heuristics
+picked (`heuristics`) and a preallocated contiguous output; they allocate workspaces, pack raw
+pointers (each kernel's `signature`) and launch on the current stream. Nothing here syncs with
+the host. `gemm_small_m` and `gemm_rs` are the tuning entries: they validate, then run one
+kernel with a forced Config. `quantize` and `dequantize_blocks` are the format kernels' entries.
+
+Global scales stay on the device: a path that needs gA * gB gets a 0-dim product computed on
+the stream (`output_scale`), never a host value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import threading
+
+import torch
+
+from tk_cute import dense_gemm
+from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
+from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+from tk_cute.kernels.gemm import nvfp4_sm90 as sm90
+from tk_cute.ops import nvfp4 as fp4_ops
+from tk_cute.ops import schedule
+from tk_cute.runtime import (KernelCache, aligned, as_cute, batched, compile_locked,
+                             device_index, output, raw_stream, stream)
+
+from . import heuristics, validate
+from .tensor import NVFP4Tensor
+
+_SMALL_M = KernelCache()  # (config, device index) -> Launcher
+_REGISTER_A = KernelCache()
+_FUSED = KernelCache()
+_DEQUANTIZE = KernelCache()
+
+
+def sm_count(device: torch.device) -> int:
+    return _sm_count(device_index(device))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def output_scale(a, b: NVFP4Tensor) -> torch.Tensor:
+    """The 0-dim fp32 scale of D: gB (W4A16) or gA * gB (W4A4), on the device."""
+    return a.global_scale * b.global_scale if isinstance(a, NVFP4Tensor) else b.global_scale
+
+
+# ---------------------------------------------------------------- paths
+
+
+def small_m(a, b: NVFP4Tensor, out: torch.Tensor, cfg: gv.Config, gsb=None) -> torch.Tensor:
+    """The small-M kernel: a bf16 (M, K) or NVFP4Tensor (W4A4, decoded in the kernel); `gsb`
+    replaces gB as the output's scale (W4A4 on decoded bf16 activations: gA * gB)."""
+    w4a4 = isinstance(a, NVFP4Tensor)
+    M, K = a.shape[-2], a.shape[-1]
+    gsb = b.global_scale if gsb is None else gsb
+    if w4a4:
+        x, xsf, gsa = aligned(a.data), aligned(a.scales, 2), a.global_scale
+    else:
+        x, xsf, gsa = aligned(a), b.scales, gsb  # (xsf, gsa unused)
+    index = device_index(b.device)
+    launch = _SMALL_M.get((cfg, index), lambda: gv.compile_launcher(cfg))
+    launch(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales, 2).data_ptr(), x=x.data_ptr(),
+           xsf=xsf.data_ptr(), gsb=gsb.data_ptr(), gsa=gsa.data_ptr(), out=out.data_ptr(),
+           M=M, N=b.M, K=K, trips=K // cfg.k_chunk // cfg.S, stream=raw_stream(index))
+    return out
+
+
+def register_a(a: torch.Tensor, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
+               ctas: int | None = None, gsb=None) -> torch.Tensor:
+    """The register-A kernel on bf16 activations a (M <= 128, K); `gsb` as in `small_m`.
+    Workspace (torch's caching allocator): the fp32 partial planes and, with permute "call",
+    the permuted activations."""
+    (M, K), N = a.shape, b.M
+    dev = b.device
+    if ctas is None:
+        ctas = heuristics.register_a_ctas(cfg, N, K, sm_count(dev))
+    ctas = min(ctas, rs.stream_units(cfg, N, K))
+    planes = schedule.stream_k_spans(ctas, N // cfg.ROWS)
+    ws = torch.empty(planes * M * N, dtype=torch.float32, device=dev)
+    x = aligned(a)
+    xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev) if cfg.permute == "call" else x
+    index = device_index(dev)
+    launch = _REGISTER_A.get((cfg, index), lambda: rs.compile_launcher(cfg))
+    launch(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales).data_ptr(), x=x.data_ptr(),
+           xp=xp.data_ptr(), gsb=(b.global_scale if gsb is None else gsb).data_ptr(),
+           out=out.data_ptr(), ws=ws.data_ptr(), M=M, N=N, K=K, ctas=ctas,
+           stream=raw_stream(index))
+    return out
+
+
+def fused(a, b: NVFP4Tensor, out: torch.Tensor, config: sm90.Config | None = None):
+    """The large-M kernel decoding in shared memory (M % 128, N % 256, K % 64)."""
+    w4a4 = isinstance(a, NVFP4Tensor)
+    config = dataclasses.replace(config or sm90.Config(), a_format="nvfp4" if w4a4 else "bf16",
+                                 out_dtype=str(out.dtype).removeprefix("torch."))
+    kernel = _fused_kernel(config)
+    sm90.check_shapes(a.shape[-2], b.M, b.K, kernel)
+    # The decode leaves each operand scaled by 2^-BF16_DECODE_SHIFT (exact); undo it here.
+    alpha = output_scale(a, b) * 2.0 ** (fp4_ops.BF16_DECODE_SHIFT * (2 if w4a4 else 1))
+    sfa = (a if w4a4 else b).scales.view(-1, 256)  # W4A16 reads no A scales
+    args = [as_cute(batched(t), leading_dim=1)
+            for t in (a.data if w4a4 else a, sfa, b.data, b.scales.view(-1, 256), out)]
+    args.append(as_cute(alpha.reshape(1), leading_dim=0, align=4))
+    sms = sm_count(b.device)
+    fn = _FUSED.get((config, sms), lambda: compile_locked(kernel, *args, sms, stream()))
+    fn(*args, stream())
+    return out
+
+
+@functools.cache
+def _fused_kernel(config: sm90.Config):
+    return sm90.GemmNvfp4Sm90(config)
+
+
+def dequantize(a, b: NVFP4Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Any shape: the FP4 operands expanded to exact bf16 e2m1 * ue4m3 in global memory (2 B
+    per element of workspace), then the dense Hopper GEMM times gA * gB (gB for W4A16) in its
+    epilogue. Output rows must be 16-byte aligned (the caller pads N otherwise)."""
+    a16 = dequantize_blocks(a) if isinstance(a, NVFP4Tensor) else aligned(a)
+    dense_gemm.scaled(a16, dequantize_blocks(b), output_scale(a, b), out)
+    return out
+
+
+# ---------------------------------------------------------------- format kernels
+
+
+def dequantize_blocks(q: NVFP4Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """e2m1 * ue4m3 of a 2-D CUDA NVFP4Tensor as a bf16 (M, K) tensor (global scale NOT
+    applied: the product is exact in bf16, times the fp32 scale it would not be)."""
+    from tk_cute.kernels import nvfp4_dequantize as dq
+
+    M, K = q.shape
+    if q.device.type != "cuda":
+        raise ValueError(f"dequantize_blocks runs on CUDA tensors, got {q.device}")
+    out = output(out, (M, K), torch.bfloat16, q.device, "dequantize_blocks")
+    args = [as_cute(q.data.view(torch.int32).reshape(-1), leading_dim=0),
+            as_cute(q.scales.reshape(-1), leading_dim=0), as_cute(out.reshape(-1), leading_dim=0)]
+    import cutlass
+
+    args.append(cutlass.Int32(K // 8))
+    fn = _DEQUANTIZE.get("bf16", lambda: compile_locked(dq._dequantize, *args, stream()))
+    fn(*args, stream())
+    return out
+
+
+_QUANTIZE = KernelCache()
+_PLANS: dict = {}
+_PLANS_LOCK = threading.Lock()
+
+
+class _QuantizePlan:
+    """Everything about one (dtype, shape, device, mode, config) of the quantizer: compiled
+    launchers, grids, output shapes."""
+
+    def __init__(self, x, given: bool, check: bool, config):
+        from tk_cute.arch import device_target
+        from tk_cute.kernels import nvfp4_quantize as nq
+        from tk_cute.layouts.nvfp4_scales import blocked_shape
+
+        dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
+        cfg = dataclasses.replace(config or nq.Config(), dtype=dtype, given_scale=given,
+                                  check_finite=check, arch=device_target(x.device).name)
+        self.cfg = cfg
+        *lead, M, K = x.shape
+        self.M, self.K, self.L = M, K, (lead[0] if lead else 1)
+        self.data_shape = (*lead, M, K // 2)
+        self.scales_shape = blocked_shape(M, K, *lead)
+        self.device = x.device
+        self.device_index = device_index(x.device)
+        self.n_vec = x.numel() * cfg.esize // 16
+        per_cta = cfg.amax_threads * cfg.amax_unroll
+        self.grid = 0 if given else max(1, min(sm_count(x.device) * cfg.amax_ctas_per_sm,
+                                               -(-self.n_vec // per_cta)))
+        self.ws_words = self.grid + 1  # amax partials, then the decode scale
+        self.amax = None if given else _QUANTIZE.get(("amax", cfg),
+                                                     lambda: nq.compile_amax(cfg))
+        self.quant = _QUANTIZE.get(("quantize", cfg), lambda: nq.compile_quantize(cfg))
+
+
+def _quantize_plan(x, given: bool, check: bool, config) -> _QuantizePlan:
+    key = (x.dtype, x.shape, x.device, given, check, config)
+    plan = _PLANS.get(key)
+    if plan is None:
+        with _PLANS_LOCK:
+            plan = _PLANS.get(key)
+            if plan is None:
+                plan = _PLANS[key] = _QuantizePlan(x, given, check, config)
+    return plan
+
+
+def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
+             config=None) -> NVFP4Tensor:
+    """Quantize a CUDA tensor validated by `tk_cute.nvfp4.quantize` (its docstring has the
+    arguments). Per call: a dict lookup (the per-shape plan), up to 3 torch.empty (+1 zeros on
+    the given-scale checked path) and 1-2 launches; one host sync when check_finite.
+
+    Returns:
+        NVFP4Tensor on x's device (global_scale: a 0-dim view into a small workspace).
+    """
+    given = global_scale is not None
+    plan = _quantize_plan(x, given, check_finite, config)
+    x = aligned(x)  # 16-byte vector loads
+    dev = plan.device
+    data = torch.empty(plan.data_shape, dtype=torch.uint8, device=dev)
+    scales = torch.empty(plan.scales_shape, dtype=torch.uint8, device=dev)
+    ws = torch.empty(plan.ws_words, dtype=torch.float32, device=dev)
+    wp = ws.data_ptr()
+    st = raw_stream(plan.device_index)
+    if given:
+        gs = global_scale
+        if gs.dtype != torch.float32 or gs.device != dev:
+            gs = gs.to(device=dev, dtype=torch.float32)
+        gs_in = gs.data_ptr()
+    else:
+        gs_in = wp
+        plan.amax(x=x.data_ptr(), partials=wp, n_vec=plan.n_vec, grid=plan.grid, stream=st)
+    flag = torch.zeros(1, dtype=torch.int32, device=dev) if plan.cfg.flag else None
+    plan.quant(x=x.data_ptr(), data=data.data_ptr(), scales=scales.data_ptr(), partials=wp,
+               gs_in=gs_in, gs_out=wp + 4 * plan.grid,
+               flag=wp if flag is None else flag.data_ptr(), M=plan.M, K=plan.K, L=plan.L,
+               n_partials=plan.grid, stream=st)
+    if check_finite:  # the one host sync
+        bad = bool(flag.item()) if flag is not None else not math.isfinite(ws[plan.grid].item())
+        if bad:
+            raise ValueError("quantize input must be finite: x contains NaN/Inf value(s) "
+                             "(found on the device; pass check_finite=False to skip this check)")
+    return NVFP4Tensor.trusted(data, scales, ws[plan.grid], x.shape)
+
+
+# ---------------------------------------------------------------- tuning entries
+
+
+def gemm_small_m(a, b, out_dtype=None, *, out=None, config: gv.Config | None = None,
+                 splits: int | None = None, pdl: bool = False):
+    """D = a @ deq(b)^T with the small-M kernel and a chosen Config (tuning and tests; the
+    public `tk_cute.nvfp4.gemm` picks kernels itself).
+
+    Args:
+        a: bf16 CUDA tensor (M, K) (W4A16) or NVFP4Tensor (M, K) (W4A4), 1 <= M <= 64.
+        b: NVFP4Tensor (N, K), the weights.
+        out_dtype, out: as `tk_cute.nvfp4.gemm`.
+        config, splits: tuning overrides (`Config`; its S, the number of K-slices, a divisor
+            of K / config.k_chunk); default `heuristics.small_m_config`.
+        pdl: programmatic dependent launch (`tk_cute.nvfp4.gemm`'s pdl).
+
+    Raises:
+        TypeError, ValueError: the operand rules of `tk_cute.nvfp4.gemm`, a non-CUDA device, or
+            a shape the Config does not take (`nvfp4_gemv_sm90.check_shape`).
+    """
+    out_dtype = out.dtype if out_dtype is None and out is not None else (
+        out_dtype or torch.bfloat16)
+    op = validate.gemm_operands(a, b, out_dtype, out=out, pdl=pdl, cuda=True)
+    if op.batched:
+        raise ValueError(f"gemm_small_m takes 2-D operands, got a {tuple(a.shape)}")
+    name = str(out_dtype).removeprefix("torch.")
+    if config is None:
+        cfg = heuristics.small_m_config(op.M, op.N, op.K, op.w4a4, name, sm_count(b.device))
+    else:
+        cfg = dataclasses.replace(config, w4a4=op.w4a4, out_dtype=name)
+    if splits is not None:
+        cfg = dataclasses.replace(cfg, S=splits)
+    if pdl:
+        cfg = dataclasses.replace(cfg, PDL=True)
+    gv.check_shape(cfg, op.M, op.N, op.K)
+    out = output(out, (op.M, op.N), out_dtype, b.device, "gemm_small_m")
+    return small_m(a, b, out, cfg)
+
+
+def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
+            ctas: int | None = None, pdl: bool = False):
+    """D = a @ deq(b)^T (W4A16) with the register-A kernel and a chosen Config or grid
+    (tuning and tests; the public `tk_cute.nvfp4.gemm` picks kernels itself).
+
+    Args:
+        a: bf16 CUDA tensor (M, K), 1 <= M <= 128.
+        b: NVFP4Tensor (N, K), the weights.
+        out_dtype, out: as `tk_cute.nvfp4.gemm`.
+        config: tuning override (`Config`; default `heuristics.register_a_config`).
+        ctas: CTAs sharing the (N / ROWS) x (K / 256) stage units (default
+            `heuristics.register_a_ctas`).
+        pdl: programmatic dependent launch where the activations are permuted per stage
+            (N_ACT <= 16; elsewhere ignored: with the permute kernel between the calls it was
+            1-8% slower on the H200 at M = 32-128).
+
+    Raises:
+        TypeError, ValueError: the operand rules of `tk_cute.nvfp4.gemm`, NVFP4 activations, a
+            non-CUDA device, a shape the Config does not take (`nvfp4_rs_sm90.check_shape`),
+            or ctas < 1.
+    """
+    out_dtype = out.dtype if out_dtype is None and out is not None else (
+        out_dtype or torch.bfloat16)
+    op = validate.gemm_operands(a, b, out_dtype, out=out, pdl=pdl, cuda=True)
+    if op.w4a4 or op.batched:
+        raise TypeError(f"gemm_rs takes 2-D bf16 activations (W4A16), got "
+                        f"{type(a).__name__} {tuple(a.shape)}")
+    name = str(out_dtype).removeprefix("torch.")
+    if config is None:
+        config = heuristics.register_a_config(op.M, op.N, op.K, name)
+    else:
+        config = dataclasses.replace(config, out_dtype=name)
+    if pdl and config.permute == "stage":
+        config = dataclasses.replace(config, PDL=True)
+    rs.check_shape(config, op.M, op.N, op.K)
+    if ctas is not None and ctas < 1:
+        raise ValueError(f"gemm_rs needs ctas >= 1, got ctas={ctas}")
+    out = output(out, (op.M, op.N), out_dtype, b.device, "gemm_rs")
+    return register_a(a, b, out, config, ctas)

@@ -1,0 +1,128 @@
+"""The one validator of NVFP4 GEMM arguments, shared by `gemm`, `plan`, the references and the
+tuning entries: every rule a call can break, each raising with the constraint and the value.
+
+Operand forms (D = a @ b^T):
+- W4A4: a and b NVFP4Tensors, both (M, K) x (N, K) or both (L, M, K) x (L, N, K).
+- W4A16: a a bfloat16 tensor and b an NVFP4Tensor: a (..., K) x b (N, K) (leading dims of a
+  are rows, as in `F.linear`) or a (L, M, K) x b (L, N, K).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .tensor import NVFP4Tensor
+
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+OUT_ALIGN = 16  # bytes: kernels write D through 16-byte vector stores or TMA
+
+
+class Operands(NamedTuple):
+    """What a validated call is: rows M (all leading dims of a W4A16 a), N, K, the batch count
+    L (None: unbatched), W4A4 or W4A16, and D's shape."""
+
+    M: int
+    N: int
+    K: int
+    L: int | None
+    w4a4: bool
+    out_shape: tuple
+
+    @property
+    def batched(self) -> bool:
+        return self.L is not None
+
+
+def flag(name: str, value) -> bool:
+    """A boolean option: True or False, nothing else (`pdl="yes"` is an error, not True)."""
+    if value is not True and value is not False:
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def out_dtype(dtype) -> torch.dtype:
+    if dtype not in OUT_DTYPES:
+        raise TypeError(f"gemm out_dtype must be torch.bfloat16, torch.float16 or torch.float32, "
+                        f"got {dtype}")
+    return dtype
+
+
+def gemm_operands(a, b, dtype, *, out=None, pdl: bool = False, cuda: bool = False) -> Operands:
+    """Validate a `gemm` call (`cuda`: the operands must be on a CUDA device).
+
+    Raises:
+        TypeError: b is not an NVFP4Tensor; a is neither an NVFP4Tensor nor a bfloat16 tensor;
+            out_dtype is not bfloat16/float16/float32; pdl is not a bool.
+        ValueError: ranks, K or L differ; the operands (or out) live on different devices, or
+            not on CUDA where required; out is not a contiguous, 16-byte aligned tensor of D's
+            shape and dtype.
+    """
+    out_dtype(dtype)
+    flag("pdl", pdl)
+    if not isinstance(b, NVFP4Tensor):
+        raise TypeError(f"gemm operand b must be an NVFP4Tensor (the weights, N x K), got "
+                        f"{type(b).__name__}")
+    if isinstance(a, NVFP4Tensor):
+        w4a4 = True
+        if a.ndim != b.ndim:
+            raise ValueError(f"gemm NVFP4 operands must both be 2-D (M, K) x (N, K) or both 3-D "
+                             f"(L, M, K) x (L, N, K), got a {tuple(a.shape)} and b "
+                             f"{tuple(b.shape)}")
+        M, L = a.M, a.L
+        out_shape = (M, b.M) if L is None else (L, M, b.M)
+        K = a.K
+    elif isinstance(a, torch.Tensor):
+        w4a4 = False
+        if a.dtype != torch.bfloat16:
+            raise TypeError(f"W4A16 activations must be a torch.bfloat16 tensor, got {a.dtype}")
+        if a.dim() < 1 or a.numel() == 0:
+            raise ValueError(f"W4A16 activations must be a non-empty (..., K) tensor, got "
+                             f"{tuple(a.shape)}")
+        K = a.shape[-1]
+        if b.ndim == 3:
+            if a.dim() != 3 or a.shape[0] != b.L:
+                raise ValueError(f"batched weights {tuple(b.shape)} need activations (L, M, K) "
+                                 f"with L={b.L}, got {tuple(a.shape)}")
+            L, M = b.L, a.shape[1]
+            out_shape = (L, M, b.M)
+        else:
+            L, M = None, a.numel() // K
+            out_shape = (*a.shape[:-1], b.M)
+    else:
+        raise TypeError(f"gemm operand a must be an NVFP4Tensor (W4A4) or a bfloat16 tensor "
+                        f"(W4A16), got {type(a).__name__}")
+    if K != b.K:
+        raise ValueError(f"gemm K mismatch: a has K={K}, b has K={b.K} (D = a @ b^T)")
+    if w4a4 and L is not None and L != b.L:
+        raise ValueError(f"gemm batch mismatch: a has L={L}, b has L={b.L}")
+    if a.device != b.device:
+        raise ValueError(f"gemm operands must be on one device: a is on {a.device}, b on "
+                         f"{b.device}")
+    if cuda and b.device.type != "cuda":
+        raise ValueError(f"this entry runs on a CUDA device; the operands are on {b.device}")
+    if out is not None:
+        check_out(out, out_shape, dtype, b.device)
+    return Operands(M, b.M, K, L, w4a4, out_shape)
+
+
+def check_out(out, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    """`out` must be a contiguous tensor of D's shape and dtype on the operands' device, 16-byte
+    aligned."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"gemm out must be a torch.Tensor, got {type(out).__name__}")
+    problems = []
+    if tuple(out.shape) != tuple(shape):
+        problems.append(f"shape {tuple(out.shape)} (needs {tuple(shape)})")
+    if out.dtype != dtype:
+        problems.append(f"dtype {out.dtype} (needs {dtype})")
+    if out.device != device:
+        problems.append(f"device {out.device} (needs {device})")
+    if not out.is_contiguous():
+        problems.append(f"stride {out.stride()} (needs contiguous)")
+    if out.data_ptr() % OUT_ALIGN:
+        problems.append(f"address % {OUT_ALIGN} = {out.data_ptr() % OUT_ALIGN} (needs "
+                        f"{OUT_ALIGN}-byte alignment)")
+    if problems:
+        raise ValueError("gemm out has " + ", ".join(problems))
