@@ -1,11 +1,8 @@
-"""`python -m tk_cute` (or `tk-cute`): the main job, and `report` for kernel reports.
+"""`python -m tk_cute` (or `tk-cute`): the main job and the command-line tools.
 
-    python -m tk_cute [--m 256 --n 512 --k 1024] [--seed S]
-        quantizes a random A (M, K) and B (N, K) to NVFP4, runs `tk_cute.nvfp4.gemm` (the
-        fastest path for this machine: a GPU kernel where one exists, the exact reference on
-        CPU), checks it against `gemm_reference` and prints the format's figures.
-    python -m tk_cute report --arch sm_107a ...
-        compile-only kernel report for any target (see `tk_cute.report`).
+    python -m tk_cute [run] [--m M --n N --k K] [--seed S]
+    python -m tk_cute report --arch sm_107a --mnk 16384,16384,16384
+    python -m tk_cute --help
 """
 
 from __future__ import annotations
@@ -13,56 +10,142 @@ from __future__ import annotations
 import argparse
 import sys
 
+COMMANDS = {
+    "run": "the main job: NVFP4 GEMMs checked element by element (kernels on a GPU; on a CPU "
+           "the Rubin kernel compiled and checked, and the exact reference)",
+    "report": "compile-only kernel report for any target: resources, MMAs, roofline model",
+}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tk_cute run", description=COMMANDS["run"])
+    p.add_argument("--m", type=_positive_int, default=256, help="rows of A (default 256)")
+    p.add_argument("--n", type=_positive_int, default=512, help="rows of B (default 512)")
+    p.add_argument("--k", type=_positive_int, default=1024,
+                   help="K, a multiple of 16 (default 1024)")
+    p.add_argument("--seed", type=int, default=None)
+    return p
+
+
+def _check(label: str, fn) -> bool:
+    try:
+        detail = fn()
+    except AssertionError as e:
+        print(f"  FAIL {label}: {e}")
+        return False
+    print(f"  ok   {label}{': ' + detail if detail else ''}")
+    return True
+
 
 def _main_job(argv) -> int:
     import torch
 
     from tk_cute import nvfp4
+    from tk_cute.testing import assert_gemm_close
 
-    p = argparse.ArgumentParser(prog="python -m tk_cute")
-    p.add_argument("--m", type=int, default=256)
-    p.add_argument("--n", type=int, default=512)
-    p.add_argument("--k", type=int, default=1024)
-    p.add_argument("--seed", type=int, default=None)
+    p = _run_parser()
     args = p.parse_args(argv)
+    if args.k % 16:
+        p.error(f"--k must be a multiple of 16 (the NVFP4 scale block), got {args.k}")
     if args.seed is not None:
         torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    x = torch.randn(args.m, args.k, device=device)
-    w = torch.randn(args.n, args.k, device=device)
+    M, N, K = args.m, args.n, args.k
+    x = torch.randn(M, K, device=device)
+    w = torch.randn(N, K, device=device)
     a, b = nvfp4.quantize(x), nvfp4.quantize(w)
-    # On a GPU the kernels write bf16 (the dispatch's fast path); on the CPU the exact reference
-    # writes fp32.
-    out_dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    d = nvfp4.gemm(a, b, out_dtype=out_dtype)
-    ref = nvfp4.gemm_reference(a, b, out_dtype=torch.float32).double()
-    kernel_err = ((d.double() - ref).norm() / ref.norm()).item()
-    exact = x.double() @ w.double().t()
-    quant_err = ((ref - exact).norm() / exact.norm()).item()
-    elems = args.m * args.k
-    data_bytes, scale_bytes = a.data.numel(), a.scales.numel()
-    print(f"tk_cute NVFP4 GEMM on {device}: D ({args.m}, {args.n}) = A ({args.m}, {args.k}) "
-          f"x B ({args.n}, {args.k})^T, {str(out_dtype).removeprefix('torch.')} output")
+    print(f"tk_cute NVFP4 on {device}: D ({M}, {N}) = A ({M}, {K}) x B ({N}, {K})^T")
     print(f"  format: E2M1 elements (2 per byte) + one UE4M3 scale per 16 K-elements + fp32 "
-          f"global scale = {0.5 + 1 / 16} bytes/element (bf16: 2)")
-    print(f"  A: data {tuple(a.data.shape)} uint8 = {data_bytes} B, scales {tuple(a.scales.shape)}"
-          f" (128x4 blocked, padded) = {scale_bytes} B, {(data_bytes + scale_bytes) / elems:.4f}"
-          f" B/element; global scale (decode) {a.global_scale.item():.6g}")
-    print(f"  gemm vs exact NVFP4 reference: relative error {kernel_err:.3g}")
-    print(f"  NVFP4 vs fp64 GEMM of the unquantized inputs: relative error {quant_err:.3g}")
-    # Exact products with fp32 accumulation: the output rounding decides, 2^-9 per element for
-    # bf16 (2^-8 leaves a 2x margin), 2^-24 for fp32 (1e-5 is generous).
-    ok = kernel_err < (2**-8 if out_dtype == torch.bfloat16 else 1e-5)
+          f"global scale = {0.5 + 1 / 16} bytes/element (bf16: 2); B's decode scale "
+          f"{b.global_scale.item():.6g}")
+    exact = x.double() @ w.double().t()
+    quant_err = ((nvfp4.gemm_reference(a, b, torch.float32).double() - exact).norm()
+                 / exact.norm()).item()
+    print(f"  NVFP4 vs fp64 GEMM of the unquantized inputs: relative error {quant_err:.3g} "
+          f"(the format's own error)")
+    ok = True
+    for kind, act in (("W4A4", a), ("W4A16", x.bfloat16())):
+        for out_dtype in (torch.bfloat16, torch.float32):
+            plan = nvfp4.plan(act, b, out_dtype)
+
+            def gemm_check(act=act, out_dtype=out_dtype, plan=plan):
+                d = nvfp4.gemm(act, b, out_dtype)
+                assert_gemm_close(d, act, b, f"{kind} via {plan}")
+                return f"every element within the fp32-sum + output-rounding bound, ran {plan}"
+
+            ok &= _check(f"{kind} -> {str(out_dtype).removeprefix('torch.')}", gemm_check)
+    if device == "cpu":
+        print("  no GPU: gemm ran the exact integer reference (checked above against the "
+              "independent float64 product); the kernels are checked by compiling them:")
+        ok &= _check("Rubin (sm_107a) NVFP4 GEMM compiled", lambda: _rubin_compile(M, N, K))
+        ok &= _check("Hopper (sm_90a) register-A kernel compiled", _hopper_compile)
     print("  check:", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 
 
+def _rubin_compile(M: int, N: int, K: int) -> str:
+    """Compile the Rubin kernel (the heuristics' config for the shape, K rounded up to its
+    Kb) and assert what the compiler produced."""
+    from tk_cute import report
+    from tk_cute.nvfp4.heuristics import sm100_config
+
+    K = -(-K // 256) * 256
+    cfg = sm100_config("sm_107a", M, N, K)
+    r = report.report(cfg, M, N, K)
+    assert r["mma_instructions_per_stage"] > 0, "no tcgen05 block-scaled MMA in the PTX"
+    assert r["spill_bytes"] == 0, f"{r['spill_bytes']} bytes of register spills"
+    assert r["smem_bytes"] <= r["smem_capacity"], "shared memory over capacity"
+    assert r["tmem_columns"] <= r["tmem_capacity"], "tensor memory over capacity"
+    return (f"{r['tile_per_pair']} tiles, {r['mma_instructions_per_stage']} MMAs per stage, "
+            f"{r['registers']} registers, 0 spills, {r['smem_bytes']} B shared, "
+            f"{r['tmem_columns']} TMEM columns")
+
+
+def _hopper_compile() -> str:
+    from tk_cute.compile import build
+    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+
+    cfg = rs.Config(N_ACT=16)
+    b = build(rs._launch, *rs.signature(cfg).compile_args(cfg), arch="sm_90a")
+    wgmma = b.ptx_count(r"wgmma\.mma_async\.sync\.aligned\.m64n16k16\.f32\.bf16\.bf16")
+    assert wgmma > 0, "no register-A wgmma in the PTX"
+    assert all(k.local_bytes == 0 for k in b.resources), "register spills"
+    return f"{wgmma} wgmma m64n16k16 per unit, 0 spills in {len(b.resources)} kernels"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tk_cute", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="tk_cute: ThunderKittens-style NVFP4 GEMMs on the CuTe DSL.",
+        epilog="commands:\n" + "\n".join(f"  {name:<8} {desc}" for name, desc in
+                                         COMMANDS.items())
+        + "\n\nWithout a command: run. `python -m tk_cute COMMAND --help` for its options.")
+    return p
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        _parser().print_help()
+        return 0
     if argv and argv[0] == "report":
         from tk_cute import report
 
         return report.main(argv[1:])
+    if argv and argv[0] == "run":
+        argv = argv[1:]
+    elif argv and not argv[0].startswith("-"):
+        _parser().error(f"unknown command {argv[0]!r} (choose from {', '.join(COMMANDS)})")
     return _main_job(argv)
 
 

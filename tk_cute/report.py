@@ -79,21 +79,44 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _mnk(text: str) -> tuple[int, int, int]:
+    """argparse type of --mnk: three positive integers M,N,K."""
+    parts = text.split(",")
+    try:
+        values = tuple(int(v) for v in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected M,N,K (three integers), got {text!r}") from None
+    if len(values) != 3 or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected M,N,K of three positive integers, got "
+                                         f"{text!r}")
+    return values
+
+
+OVERRIDES = ("Mb", "Nb", "LOAD_PIPE_DEPTH", "ACC_PIPE_DEPTH", "CLUSTER_M", "CLUSTER_N")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tk_cute report", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m tk_cute report",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="sm_107a", choices=sorted(PEAKS))
-    p.add_argument("--mnk", default="16384,16384,16384", help="M,N,K")
-    for f in ("Mb", "Nb", "LOAD_PIPE_DEPTH", "ACC_PIPE_DEPTH", "CLUSTER_M", "CLUSTER_N"):
+    p.add_argument("--mnk", default=(16384, 16384, 16384), type=_mnk, help="M,N,K")
+    for f in OVERRIDES:
         p.add_argument(f"--{f}", type=int, help="override the heuristic's choice")
     a = p.parse_args(argv)
-    m, n, k = (int(x) for x in a.mnk.split(","))
+    m, n, k = a.mnk
+    from tk_cute.kernels.gemm.nvfp4_sm100 import ConfigError
+    from tk_cute.nvfp4 import dispatch_sm100
     from tk_cute.nvfp4.heuristics import sm100_config
 
-    cfg = sm100_config(a.arch, m, n, k)
-    over = {f: getattr(a, f) for f in ("Mb", "Nb", "LOAD_PIPE_DEPTH", "ACC_PIPE_DEPTH",
-                                       "CLUSTER_M", "CLUSTER_N") if getattr(a, f) is not None}
-    if over:
-        cfg = dataclasses.replace(cfg, **over)
+    if not dispatch_sm100.supports(m, n, k):
+        p.error(f"the NVFP4 GEMM needs K % 256 == 0 and N % 8 == 0; got M={m}, N={n}, K={k}")
+    try:
+        cfg = sm100_config(a.arch, m, n, k)
+        over = {f: getattr(a, f) for f in OVERRIDES if getattr(a, f) is not None}
+        if over:
+            cfg = dataclasses.replace(cfg, **over)
+    except (ConfigError, ValueError) as e:
+        p.error(f"no kernel config for this request: {e}")
     print(format_report(report(cfg, m, n, k)))
     return 0
 

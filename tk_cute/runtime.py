@@ -59,15 +59,36 @@ def aligned(t: torch.Tensor, align: int = 16) -> torch.Tensor:
     return t if t.data_ptr() % align == 0 else t.clone()
 
 
+OUT_ALIGN = 16  # bytes: kernels write outputs with 16-byte vector stores or TMA
+
+
+def check_out(out, shape: tuple, dtype, device, who: str) -> None:
+    """Raise unless `out` is a contiguous, 16-byte aligned tensor of `shape` and `dtype` on
+    `device` (TypeError for a non-tensor, else ValueError listing every violation)."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{who}: out must be a torch.Tensor, got {type(out).__name__}")
+    problems = []
+    if tuple(out.shape) != tuple(shape):
+        problems.append(f"shape {tuple(out.shape)} (needs {tuple(shape)})")
+    if out.dtype != dtype:
+        problems.append(f"dtype {out.dtype} (needs {dtype})")
+    if out.device != torch.device(device):
+        problems.append(f"device {out.device} (needs {device})")
+    if not out.is_contiguous():
+        problems.append(f"stride {out.stride()} (needs contiguous)")
+    if out.data_ptr() % OUT_ALIGN:
+        problems.append(f"address % {OUT_ALIGN} = {out.data_ptr() % OUT_ALIGN} (needs "
+                        f"{OUT_ALIGN}-byte alignment)")
+    if problems:
+        raise ValueError(f"{who}: out has " + ", ".join(problems))
+
+
 def output(out, shape: tuple, dtype, device, who: str) -> torch.Tensor:
-    """The output tensor of a raw-pointer kernel call: a new one, or the caller's `out` if it is
-    contiguous and of this shape, dtype and device (ValueError naming `who` otherwise)."""
+    """The output tensor of a kernel call: a new one, or the caller's `out` once `check_out`
+    accepts it."""
     if out is None:
         return torch.empty(shape, dtype=dtype, device=device)
-    if (tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device
-            or not out.is_contiguous()):
-        raise ValueError(f"{who}: out must be a contiguous {tuple(shape)} {dtype} tensor on "
-                         f"{device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+    check_out(out, shape, dtype, device, who)
     return out
 
 

@@ -47,9 +47,6 @@ per warp) and L1/L2 prefetches were each no faster or slower (docs/nvfp4_hopper.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
 from dataclasses import dataclass
 
 import cutlass

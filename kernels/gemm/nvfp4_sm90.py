@@ -25,7 +25,6 @@ import cutlass.cute as cute
 from tk_cute.kernels.gemm import gemm_sm90
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import group, tma, warpgroup
-from tk_cute.ops import nvfp4 as nvfp4_ops
 from tk_cute.templates.ltcf import LTCF
 from tk_cute.types import coord, gl, st
 from tk_cute.types.struct import DeviceStruct

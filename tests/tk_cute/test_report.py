@@ -3,7 +3,6 @@
 import pytest
 
 from tk_cute import report as R
-from tk_cute.nvfp4 import dispatch_sm100 as D
 from tk_cute.nvfp4 import heuristics
 
 

@@ -13,10 +13,13 @@ from typing import NamedTuple
 
 import torch
 
+from tk_cute.runtime import OUT_ALIGN, check_out
+
 from .tensor import NVFP4Tensor
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-OUT_ALIGN = 16  # bytes: kernels write D through 16-byte vector stores or TMA
+__all__ = ["OUT_ALIGN", "OUT_DTYPES", "Operands", "check_out", "flag", "gemm_operands",
+           "out_dtype"]
 
 
 class Operands(NamedTuple):
@@ -103,26 +106,7 @@ def gemm_operands(a, b, dtype, *, out=None, pdl: bool = False, cuda: bool = Fals
     if cuda and b.device.type != "cuda":
         raise ValueError(f"this entry runs on a CUDA device; the operands are on {b.device}")
     if out is not None:
-        check_out(out, out_shape, dtype, b.device)
+        check_out(out, out_shape, dtype, b.device, "gemm")
     return Operands(M, b.M, K, L, w4a4, out_shape)
 
 
-def check_out(out, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
-    """`out` must be a contiguous tensor of D's shape and dtype on the operands' device, 16-byte
-    aligned."""
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"gemm out must be a torch.Tensor, got {type(out).__name__}")
-    problems = []
-    if tuple(out.shape) != tuple(shape):
-        problems.append(f"shape {tuple(out.shape)} (needs {tuple(shape)})")
-    if out.dtype != dtype:
-        problems.append(f"dtype {out.dtype} (needs {dtype})")
-    if out.device != device:
-        problems.append(f"device {out.device} (needs {device})")
-    if not out.is_contiguous():
-        problems.append(f"stride {out.stride()} (needs contiguous)")
-    if out.data_ptr() % OUT_ALIGN:
-        problems.append(f"address % {OUT_ALIGN} = {out.data_ptr() % OUT_ALIGN} (needs "
-                        f"{OUT_ALIGN}-byte alignment)")
-    if problems:
-        raise ValueError("gemm out has " + ", ".join(problems))

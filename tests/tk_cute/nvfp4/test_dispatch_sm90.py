@@ -1,0 +1,238 @@
+"""`tk_cute.nvfp4.gemm` on Hopper: every valid shape runs a kernel, never the reference.
+
+CPU tier: the plans (`gemm._plan_hopper`, pure host logic) over the issue's shape grid: every
+part is a path that can take its shape, "rows" slices cover M, N-padding exactly where D's rows
+would not be 16-byte aligned; validation of every argument.
+GPU tier (marker gpu): the same grid run through `gemm` with poisoned outputs, every element
+within `tk_cute.testing.assert_gemm_close`'s bound of the exact float64 product, with the
+references patched to raise (a call that reached one would fail).
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from tk_cute.nvfp4 import NVFP4Tensor, gemm, heuristics, plan, quantize
+from tk_cute.nvfp4.gemm import Plan, _plan_hopper
+
+GRID_M = [1, 3, 17, 100, 129, 200, 255, 257, 1000, 4000]
+GRID_N = [8, 136, 4000, 8192]
+GRID_K = [16, 48, 8208, 8192]
+OUTS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+SMS = 132  # H200
+
+
+def _covered(p: Plan, M: int, N: int, K: int, w4a4: bool, out: str) -> None:
+    """Raise unless every one-kernel part of `p` can run its (sub)shape."""
+    assert p.path != "reference"
+    if p.path == "rows":
+        assert p.parts[0][0] == 0 and p.parts[-1][1] == M
+        for (_, stop), (start, _) in zip([(s, e) for s, e, _ in p.parts],
+                                         [(s, e) for s, e, _ in p.parts[1:]]):
+            assert stop == start
+        for m0, m1, sub in p.parts:
+            assert not sub.decode_a  # activations are already bf16 inside a rows plan
+            _covered(sub, m1 - m0, N, K, False, out)
+        return
+    heuristics.check_hopper_path(p.path, w4a4 and not p.decode_a, M, N, K, out)
+
+
+@pytest.mark.parametrize("out", list(OUTS))
+@pytest.mark.parametrize("w4a4", [False, True], ids=["W4A16", "W4A4"])
+def test_every_grid_shape_has_a_kernel_plan(w4a4, out):
+    for M, N, K in itertools.product(GRID_M, GRID_N, GRID_K):
+        p = _plan_hopper(w4a4, M, N, K, out, SMS, False)
+        _covered(p, M, N, K, w4a4, out)
+        per_row = 16 // OUTS[out].itemsize
+        assert p.pad_n == (0 if N % per_row == 0 else -(-N // per_row) * per_row)
+        if w4a4 and p.path in ("register_a", "rows"):
+            assert p.decode_a
+
+
+def test_issue_rows_take_the_expected_paths():
+    # 129 rows: one register-A pass of 128 rows and the small-M kernel for the last row.
+    p = _plan_hopper(False, 129, 8192, 8192, "bfloat16", SMS, False)
+    assert p.path == "rows" and p.kernels() == ["register_a", "small_m"]
+    p = _plan_hopper(False, 200, 8192, 8192, "bfloat16", SMS, False)
+    assert p.kernels() == ["register_a", "register_a"] and p.parts[1][2].config.N_ACT == 80
+    assert _plan_hopper(False, 16, 8192, 8208, "bfloat16", SMS, False).path == "dequantize"
+    p = _plan_hopper(False, 16, 8192, 8192, "float32", SMS, False)
+    assert p.path == "register_a" and p.config.out_dtype == "float32"
+    p = _plan_hopper(True, 100, 8192, 8192, "bfloat16", SMS, False)
+    assert p.path == "register_a" and p.decode_a
+    p = _plan_hopper(True, 64, 28672, 8192, "bfloat16", SMS, False)
+    assert p.path == "register_a" and p.decode_a  # W4A4 reaches the register-A kernel
+    p = _plan_hopper(True, 1, 8192, 8192, "bfloat16", SMS, False)
+    assert p.path == "small_m" and p.config.w4a4  # decoded in the kernel at tiny M
+    assert _plan_hopper(False, 4000, 8192, 8192, "bfloat16", SMS, False).path == "dequantize"
+    assert _plan_hopper(False, 100, 100, 64, "bfloat16", SMS, False).pad_n == 104
+
+
+def test_pdl_reaches_the_kernels_that_take_it():
+    assert _plan_hopper(False, 1, 8192, 8192, "bfloat16", SMS, True).config.PDL
+    assert _plan_hopper(False, 16, 8192, 8192, "bfloat16", SMS, True).config.PDL  # stage
+    assert not _plan_hopper(False, 64, 8192, 8192, "bfloat16", SMS, True).config.PDL  # call
+    assert not _plan_hopper(False, 64, 8192, 8192, "bfloat16", SMS, False).config.PDL
+
+
+def test_forced_paths_are_checked():
+    with pytest.raises(ValueError, match="path 'register_a' cannot run M=129"):
+        _plan_hopper(False, 129, 8192, 8192, "bfloat16", SMS, False, "register_a")
+    with pytest.raises(ValueError, match="path must be one of"):
+        _plan_hopper(False, 16, 8192, 8192, "bfloat16", SMS, False, "fast")
+    p = _plan_hopper(False, 16, 8192, 8192, "bfloat16", SMS, False, "dequantize")
+    assert p.path == "dequantize"
+
+
+def test_cpu_tensors_plan_the_reference(seed):
+    a, b = quantize(torch.randn(8, 32)), quantize(torch.randn(4, 32))
+    assert plan(a, b).path == "reference" and plan(a, b).kernels() == ["reference"]
+
+
+# ---------------------------------------------------------------- validation (CPU)
+
+
+def test_rejects_bad_arguments(seed):
+    b = quantize(torch.randn(64, 32))
+    a = torch.randn(5, 32).bfloat16()
+    with pytest.raises(TypeError, match="pdl must be True or False, got 'yes'"):
+        gemm(a, b, pdl="yes")
+    with pytest.raises(TypeError, match="W4A16 activations must be a torch.bfloat16 tensor, "
+                                        "got torch.float16"):
+        gemm(a.half(), b)
+    with pytest.raises(ValueError, match="K mismatch: a has K=16, b has K=32"):
+        gemm(a[:, :16], b)
+    with pytest.raises(TypeError, match="operand a must be an NVFP4Tensor .* got list"):
+        gemm([1, 2], b)
+    with pytest.raises(ValueError, match=r"out has shape \(5, 63\) \(needs \(5, 64\)\)"):
+        gemm(a, b, out=torch.empty(5, 63, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="dtype torch.float16 .needs torch.bfloat16."):
+        gemm(a, b, torch.bfloat16, out=torch.empty(5, 64, dtype=torch.float16))
+    with pytest.raises(ValueError, match="needs contiguous"):
+        gemm(a, b, out=torch.empty(64, 5, dtype=torch.bfloat16).t())
+    with pytest.raises(ValueError, match="needs 16-byte alignment"):
+        gemm(a, b, out=torch.empty(5 * 64 + 1, dtype=torch.bfloat16)[1:].view(5, 64))
+    with pytest.raises(ValueError, match="batched weights .* need activations"):
+        gemm(a, quantize(torch.randn(2, 64, 32)))
+    meta = NVFP4Tensor(b.data.to("meta"), b.scales.to("meta"), b.global_scale.to("meta"),
+                       b.shape)
+    with pytest.raises(ValueError, match="one device: a is on cpu, b on meta"):
+        gemm(a, meta)
+
+
+def test_out_and_leading_dims(seed):
+    from tk_cute.testing import assert_gemm_close
+
+    b = quantize(torch.randn(24, 48))
+    a = torch.randn(2, 3, 48).bfloat16()
+    out = torch.full((2, 3, 24), float("nan"), dtype=torch.float32)
+    d = gemm(a, b, out=out)  # out_dtype follows out
+    assert d is out and d.dtype == torch.float32
+    assert_gemm_close(d.view(6, 24), a.view(6, 48), b)
+
+
+# ---------------------------------------------------------------- GPU
+
+
+def _weights(N, K):
+    return quantize(torch.randn(N, K, device="cuda") * 0.05)
+
+
+@pytest.fixture
+def no_reference(monkeypatch):
+    """The references raise: a CUDA call that reached one fails."""
+    from tk_cute.nvfp4 import reference
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("tk_cute.nvfp4.gemm ran a reference on a CUDA tensor")
+
+    monkeypatch.setattr(reference, "gemm_reference", refuse)
+    monkeypatch.setattr(reference, "w4a16_reference", refuse)
+
+
+def _run(M, N, K, w4a4, out_dtype):
+    from tk_cute.testing import assert_gemm_close
+
+    b = _weights(N, K)
+    x = torch.randn(M, K, device="cuda")
+    a = quantize(x) if w4a4 else x.bfloat16()
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)  # poison
+    p = plan(a, b, out_dtype)
+    assert p.path != "reference"
+    d = gemm(a, b, out=out)
+    assert d.data_ptr() == out.data_ptr()
+    assert_gemm_close(d, a, b, f"{M}x{N}x{K} {'W4A4' if w4a4 else 'W4A16'} via {p}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("w4a4", [False, True], ids=["W4A16", "W4A4"])
+@pytest.mark.parametrize("M", GRID_M)
+def test_grid_bf16_every_element(seed, no_reference, M, w4a4):
+    for N, K in itertools.product(GRID_N, GRID_K):
+        _run(M, N, K, w4a4, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("w4a4", [False, True], ids=["W4A16", "W4A4"])
+def test_grid_16_and_32_bit_outputs(seed, no_reference, w4a4, out_dtype):
+    pairs = list(itertools.product(GRID_N, GRID_K))
+    for i, M in enumerate(GRID_M):  # every M, with (N, K) pairs rotating through the grid
+        N, K = pairs[(5 * i) % len(pairs)]
+        _run(M, N, K, w4a4, out_dtype)
+    _run(100, 100, 64, w4a4, out_dtype)  # N-padded D (200-byte bf16 rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["w4a4", "w4a16_batched", "w4a16_leading_dims"])
+def test_batched(seed, no_reference, case):
+    from tk_cute.testing import assert_gemm_close
+
+    L, M, N, K = 3, 129, 256, 512
+    if case == "w4a4":
+        a = quantize(torch.randn(L, M, K, device="cuda"))
+        b = quantize(torch.randn(L, N, K, device="cuda"))
+    elif case == "w4a16_batched":
+        a = torch.randn(L, M, K, device="cuda").bfloat16()
+        b = quantize(torch.randn(L, N, K, device="cuda"))
+    else:
+        a = torch.randn(L, 7, K, device="cuda").bfloat16()
+        b = _weights(N, K)
+    out = torch.full((*a.shape[:-1], N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    d = gemm(a, b, out=out)
+    if case == "w4a16_leading_dims":
+        assert_gemm_close(d.view(-1, N), a.reshape(-1, K), b)
+        return
+    for l in range(L):
+        al = a[l] if isinstance(a, torch.Tensor) else NVFP4Tensor.trusted(
+            a.data[l], a.scales[l], a.global_scale, a.shape[1:])
+        bl = NVFP4Tensor.trusted(b.data[l], b.scales[l], b.global_scale, b.shape[1:])
+        assert_gemm_close(d[l], al, bl, f"batch {l}")
+
+
+@pytest.mark.gpu
+def test_forced_paths_agree(seed, no_reference):
+    """Every path that can take a shape computes the same D (up to the output rounding)."""
+    from tk_cute.testing import assert_gemm_close
+
+    M, N, K = 128, 512, 1024
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    for path in heuristics.PATHS:
+        d = gemm(a, b, torch.float32, path=path)
+        assert_gemm_close(d, a, b, f"path {path}")
+
+
+@pytest.mark.gpu
+def test_pdl_rows_chain(seed, no_reference):
+    from tk_cute.testing import assert_gemm_close
+
+    M, N, K = 300, 1024, 1024
+    b = _weights(N, K)
+    xs = [torch.randn(M, K, device="cuda").bfloat16()]
+    for _ in range(3):
+        xs.append(gemm(xs[-1], b, pdl=True))
+    torch.cuda.synchronize()
+    for x, d in zip(xs, xs[1:]):
+        assert_gemm_close(d, x, b)

@@ -1,0 +1,116 @@
+"""The house rules that keep the layers apart, and thread-safe compiles.
+
+Imports point down: public API (`tk_cute.nvfp4`, `tk_cute.dense_gemm`, `tk_cute.bench`, ...)
+-> `kernels/` -> vocabulary (`tk_cute/{types,ops,templates}`) -> `layouts/` -> CuTe DSL. Every
+import statement of every module is read (module level and inside functions).
+"""
+
+import ast
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PUBLIC = ("tk_cute.nvfp4", "tk_cute.dense_gemm", "tk_cute.bench", "tk_cute.report",
+          "tk_cute.viz", "tk_cute.testing", "tk_cute.__main__")
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """Every module `path` imports (relative imports resolved against `package`)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                mod = f"{base}.{node.module}" if node.module else base
+            else:
+                mod = node.module
+            out.add(mod)
+            out.update(f"{mod}.{alias.name}" for alias in node.names)
+    return out
+
+
+def _modules(folder: str, package: str):
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        rel = path.relative_to(ROOT / folder).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        pkg = ".".join([package, *parts[:-1]]) if path.name != "__init__.py" else ".".join(
+            [package, *parts])
+        yield path, _imports(path, pkg)
+
+
+def _violations(folder, package, forbidden):
+    bad = []
+    for path, mods in _modules(folder, package):
+        for m in sorted(mods):
+            if any(m == f or m.startswith(f + ".") for f in forbidden):
+                bad.append(f"{path.relative_to(ROOT)} imports {m}")
+    return bad
+
+
+def test_kernels_never_import_the_public_layer():
+    assert _violations("kernels", "tk_cute.kernels", PUBLIC) == []
+
+
+def test_vocabulary_never_imports_kernels_or_the_public_layer():
+    for folder in ("tk_cute/types", "tk_cute/ops", "tk_cute/templates"):
+        pkg = folder.replace("/", ".")
+        assert _violations(folder, pkg, ("tk_cute.kernels",) + PUBLIC) == [], folder
+
+
+def test_layouts_import_only_layouts():
+    assert _violations("layouts", "tk_cute.layouts",
+                       ("tk_cute.kernels", "tk_cute.types", "tk_cute.ops", "tk_cute.templates")
+                       + PUBLIC) == []
+
+
+def test_the_rule_catches_a_violation(tmp_path):
+    bad = tmp_path / "k.py"
+    bad.write_text("def f():\n    from tk_cute.nvfp4.tensor import NVFP4Tensor\n")
+    assert "tk_cute.nvfp4.tensor" in _imports(bad, "tk_cute.kernels")
+
+
+# ---------------------------------------------------------------- thread-safe compiles
+
+
+@pytest.mark.parametrize("round_", range(2))
+def test_concurrent_compiles_build_each_key_once(round_):
+    """8 threads x 2 targets compile at once through the public paths: a shared kernel cache
+    (sm_90a, the stream-read kernel) and `tk_cute.compile.build` (sm_100a, the quantizer).
+    No crash, no exception, one kernel object per cache key."""
+    from tk_cute.compile import build
+    from tk_cute.kernels import nvfp4_quantize as nq
+    from tk_cute.kernels import stream_read as sr
+    from tk_cute.runtime import KernelCache
+
+    cache, results, errors = KernelCache(), [], []
+    cfg = nq.Config(arch="sm_100a")
+    start = threading.Barrier(16)
+
+    def cached():
+        start.wait()
+        results.append(cache.get("sm_90a", lambda: sr.compile_launcher("--gpu-arch sm_90a")))
+
+    def built():
+        start.wait()
+        b = build(nq._quantize, *nq.quantize_signature(cfg).compile_args(cfg), arch="sm_100a")
+        assert b.ptx_count(r"cvt\.rn\.satfinite\.e2m1x2\.f32") > 0
+
+    def guarded(fn):
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - collected and asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(fn,)) for fn in [cached] * 8 + [built] * 8]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a compile hung"
+    assert errors == []
+    assert len(results) == 8 and all(r is results[0] for r in results)
+    assert len(cache) == 1 and len(cache.compile_seconds) == 1

@@ -1,0 +1,66 @@
+"""Checks for GEMM results that bound every element, derived from the arithmetic.
+
+`assert_gemm_close(d, a, b)` judges ``D = a @ b^T`` computed the way every tk_cute GEMM computes
+it: products that are exact in fp32 (bf16 / fp16 / fp8 operands, NVFP4 e2m1 * ue4m3 values and
+bf16 activations: at most 8 x 8 significant bits), summed in fp32 in some order, multiplied by
+fp32 scales (global scales, the decode's 2^8), rounded once to D's dtype. With ``d`` the exact
+float64 product (computed here from exactly decoded operands) and ``mag = |a| @ |b|^T``:
+
+    |fp32 value - d| <= g * mag,     g = (K + EXTRA_ROUNDINGS) * 2^-24
+    |D - fp32 value| <= u * |fp32 value| + tiny
+
+where any order of K fp32 additions errs by at most (K - 1) * 2^-24 * sum |terms| (to first
+order; the split-K / stream-K partial sums are more additions of the same terms, and the scale
+multiplies add one rounding each: EXTRA_ROUNDINGS covers them), u is the unit roundoff of D's
+dtype (2^-8 bf16, 2^-11 fp16, 2^-24 fp32) and tiny half its smallest subnormal. So every
+element must satisfy ``|D - d| <= u * |d| + (1 + u) * g * mag + tiny``. A single wrong element
+(a missed K block, a stale or unwritten value, NaN) fails it; a norm-only check would not.
+"""
+
+from __future__ import annotations
+
+import torch
+
+EXTRA_ROUNDINGS = 16  # scale multiplies and partial-sum reductions beyond the K additions
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
+HALF_SUBNORMAL = {torch.bfloat16: 2.0**-134, torch.float16: 2.0**-25, torch.float32: 2.0**-150}
+
+
+def exact(x) -> torch.Tensor:
+    """An operand as float64, exactly: NVFP4Tensors decoded, other tensors widened."""
+    from tk_cute.nvfp4 import NVFP4Tensor
+
+    if isinstance(x, NVFP4Tensor):
+        return x.dequantize(torch.float64)
+    return x.double()
+
+
+def gemm_bound(a, b, out_dtype: torch.dtype, device=None):
+    """(d, bound): the exact float64 ``a @ b^T`` and the per-element error bound of the module
+    docstring, on `device` (default: b's)."""
+    A, B = exact(a), exact(b)
+    if device is not None:
+        A, B = A.to(device), B.to(device)
+    K = A.shape[-1]
+    d = A @ B.transpose(-1, -2)
+    mag = A.abs() @ B.abs().transpose(-1, -2)
+    u, g = UNIT_ROUNDOFF[out_dtype], (K + EXTRA_ROUNDINGS) * 2.0**-24
+    return d, u * d.abs() + (1 + u) * g * mag + HALF_SUBNORMAL[out_dtype]
+
+
+def assert_gemm_close(out: torch.Tensor, a, b, what: str = "gemm") -> None:
+    """Raise AssertionError unless every element of `out` (D = a @ b^T) is within the bound of
+    the module docstring; the message names the worst element."""
+    d, bound = gemm_bound(a, b, out.dtype, out.device)
+    if d.shape != out.shape:
+        raise AssertionError(f"{what}: shape {tuple(out.shape)}, expected {tuple(d.shape)}")
+    err = (out.double() - d).abs()
+    bad = ~(err <= bound)  # NaN fails too
+    if bool(bad.any()):
+        excess = torch.where(bad, (err - bound) / bound, torch.zeros_like(err))
+        excess = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), excess)
+        i = int(excess.flatten().argmax())
+        at = tuple(int(v) for v in torch.unravel_index(torch.tensor(i), d.shape))
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {out.numel()} elements outside the bound; worst at "
+            f"{at}: got {out[at].item()!r}, exact {d[at].item()!r}, bound {bound[at].item():.3g}")
