@@ -15,6 +15,12 @@ multiplies add one rounding each: EXTRA_ROUNDINGS covers them), u is the unit ro
 dtype (2^-8 bf16, 2^-11 fp16, 2^-24 fp32) and tiny half its smallest subnormal. So every
 element must satisfy ``|D - d| <= u * |d| + (1 + u) * g * mag + tiny``. A single wrong element
 (a missed K block, a stale or unwritten value, NaN) fails it; a norm-only check would not.
+
+FP8 operands on Hopper are the exception to "summed in fp32": the tensor cores add an fp8
+wgmma's products into the accumulator keeping about 14 bits (DeepSeek-V3 technical report,
+arXiv 2412.19437, section 3.3.2; measured here too: errors up to ~2^-13.6 * mag at K = 64 on
+the H200, docs/results.md). For fp8 inputs the sum's bound is therefore taken per wgmma K step
+(32 elements) at 2^-13: ``g = (K / 32 + EXTRA_ROUNDINGS) * 2^-13``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from __future__ import annotations
 import torch
 
 EXTRA_ROUNDINGS = 16  # scale multiplies and partial-sum reductions beyond the K additions
+FP8_TYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_STEP_K, FP8_ACC_ROUNDOFF = 32, 2.0**-13  # Hopper fp8 wgmma: ~14-bit accumulation per step
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
 HALF_SUBNORMAL = {torch.bfloat16: 2.0**-134, torch.float16: 2.0**-25, torch.float32: 2.0**-150}
 
@@ -38,13 +46,18 @@ def exact(x) -> torch.Tensor:
 def gemm_bound(a, b, out_dtype: torch.dtype, device=None):
     """(d, bound): the exact float64 ``a @ b^T`` and the per-element error bound of the module
     docstring, on `device` (default: b's)."""
+    fp8 = any(getattr(t, "dtype", None) in FP8_TYPES for t in (a, b))
     A, B = exact(a), exact(b)
     if device is not None:
         A, B = A.to(device), B.to(device)
     K = A.shape[-1]
     d = A @ B.transpose(-1, -2)
     mag = A.abs() @ B.abs().transpose(-1, -2)
-    u, g = UNIT_ROUNDOFF[out_dtype], (K + EXTRA_ROUNDINGS) * 2.0**-24
+    if fp8:
+        g = (-(-K // FP8_STEP_K) + EXTRA_ROUNDINGS) * FP8_ACC_ROUNDOFF
+    else:
+        g = (K + EXTRA_ROUNDINGS) * 2.0**-24
+    u = UNIT_ROUNDOFF[out_dtype]
     return d, u * d.abs() + (1 + u) * g * mag + HALF_SUBNORMAL[out_dtype]
 
 

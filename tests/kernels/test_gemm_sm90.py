@@ -121,8 +121,13 @@ def test_gemm_rejections(seed):
         tk_cute.gemm(a.cpu(), b.cpu())
     with pytest.raises(TypeError, match="same dtype"):
         tk_cute.gemm(a, b.bfloat16())
+    ragged = torch.randn(256, 129, device="cuda", dtype=torch.float16)[:, :128]
     with pytest.raises(ValueError, match="16-byte aligned rows"):
-        tk_cute.gemm(a[:, :100], b[:, :100])  # 200-byte rows
+        tk_cute.gemm(ragged, b)  # rows 258 bytes apart
+    c = tk_cute.gemm(a[:, :100], b[:, :100])  # K = 100 of rows 256 bytes apart: TMA-legal
+    from tk_cute.testing import assert_gemm_close
+
+    assert_gemm_close(c, a[:, :100], b[:, :100])
     with pytest.raises(ValueError, match="N % 8 == 0"):
         tk_cute.gemm(a, b[:100])  # 200-byte rows of bf16 C
     with pytest.raises(ValueError, match="out has shape"):

@@ -154,7 +154,8 @@ def main(argv=None):
     from tk_cute import nvfp4
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(environment())
+    env = environment()
+    print(env)
     print(f"device-to-device copy: {copy_bandwidth():.0f} GB/s (read + write, 1 GiB)")
     print("timing: CUDA graph replay, cold L2 (rotating input sets); GB/s = 0.5625 B x N x K")
     print(HEADER)
@@ -186,12 +187,12 @@ def main(argv=None):
                                 path=path_of.get(name), speedup=base.ms / r.ms if base else None))
         del sets
         torch.cuda.empty_cache()
+        if args.json:  # after every shape: a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"environment": env, "results": results}, f, indent=1)
     s = _make(16, 8192, 8192)
     us = host_overhead(lambda s: nvfp4.gemm(s["a"], s["b"]), s)
     print(f"host overhead per eager tk_cute.nvfp4.gemm call (16x8192x8192): {us:.1f} us")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"environment": environment(), "results": results}, f, indent=1)
     if args.plot:
         from tk_cute import viz
 
