@@ -27,6 +27,7 @@ from tk_cute.arch import target
 from tk_cute.ops import register, tma, warpgroup
 from tk_cute.templates.lcf import LCF
 from tk_cute.types import coord, gl, rt, st
+from tk_cute.types.semaphore import NamedBarrier
 from tk_cute.types.struct import DeviceStruct
 
 INPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
@@ -136,7 +137,7 @@ class GemmSm90(LCF):
     def finish(self, g, acc, at, smem, thread):
         c, depth = smem["c"], self.config.EPI_PIPE_DEPTH
         blocks = self.Nb // self.config.EPI_N
-        consumers = warpgroup.sync(1, self.NUM_CONSUMERS)
+        consumers = warpgroup.sync(NamedBarrier.EPILOGUE, self.NUM_CONSUMERS)
         for i in cutlass.range_constexpr(blocks):
             warpgroup.store(c[None, None, i % depth], acc, thread, subtile=i)
             consumers()

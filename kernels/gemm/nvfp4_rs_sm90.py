@@ -81,7 +81,7 @@ from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, ptr
 from tk_cute.types.gl import coord, gl
 from tk_cute.types.rt import rt
-from tk_cute.types.semaphore import semaphore
+from tk_cute.types.semaphore import ring, semaphore
 from tk_cute.types.st import Shared, smem_bytes, st
 
 STAGE_K = 256  # K per ring stage: 128 bytes of every weight row (a whole L2 line)
@@ -325,10 +325,10 @@ def _load(cfg: cutlass.Constexpr, gw, gsf, gx, wq, sf, xs, loaded, empty, start,
     Config.PDL the previous call's reduction; a no-op without PDL). Asking for more units'
     weights before the wait was slower (ninth session; and with the weights kept that far
     ahead of the activations: 16x8192^2 17.7 -> 22.4 us, eleventh session)."""
-    depth = cfg.stages
+    phases = ring(cfg.stages)
     for i in cutlass.range(steps, unroll=1):
-        s = i % depth
-        semaphore(empty + s).wait(((i // depth) & 1) ^ 1)
+        s = phases.stage(i)
+        phases.wait_finished(empty, i)
         stage = _load_weights(cfg, gw, gsf, wq, sf, loaded, start, i, K)
         if i == 0:
             cluster.pdl_wait()
@@ -360,14 +360,14 @@ def _permute(cfg: cutlass.Constexpr, xs, loaded, full, steps, thread):
     (`ops.nvfp4.bf16x8_strided`) and writes permuted chunks 4e + p = word e of its chunks u =
     0..3. The two groups of a quarter-warp take rows `spread_row` apart. Then the consumers may
     read."""
-    depth = cfg.stages
+    phases = ring(cfg.stages)
     blocks = STAGE_K // SUB_K
     tasks = cfg.N_ACT * blocks * 4  # a multiple of 64: warps stay converged
     lane, wid = thread % 32, thread // 32
     p = lane % 4
     for i in cutlass.range(steps, unroll=1):
-        s = i % depth
-        semaphore(loaded + s).wait((i // depth) & 1)
+        s = phases.stage(i)
+        phases.wait_arrived(loaded, i)
         base = xs[None, None, s].iterator.toint()
         for first_task in cutlass.range(32 * wid, tasks, 96, unroll=1):
             m, blk = quad_task((first_task + lane) // 4, blocks)
@@ -417,7 +417,7 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
     """Consumer warpgroup thread: decode, wgmma, release; where its share leaves a row block,
     write that block's accumulators (TILES x 64 weight rows x N_ACT activation rows) and start
     the next one from zero."""
-    depth = cfg.stages
+    phases = ring(cfg.stages)
     stages = K // STAGE_K
     wg_thread = thread % WG
     lane = wg_thread % 32
@@ -433,8 +433,8 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
         first, last = cutlass.max(start, rb * stages), cutlass.min(end, rb * stages + stages)
         for u in cutlass.range(first, last, unroll=1):  # this share's units of row block rb
             i = u - start
-            s = i % depth
-            semaphore(full + s).wait((i // depth) & 1)
+            s = phases.stage(i)
+            phases.wait_arrived(full, i)
             w_base = wq[None, None, s].iterator.toint()
             for batch in cutlass.range_constexpr(STAGE_K // SUB_K * cfg.TILES):
                 blk, j = divmod(batch, cfg.TILES)  # 128-K block, MMA tile
@@ -453,7 +453,7 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
                 warpgroup.mma_async_wait(cfg.a_sets - 1)
                 if batch == 0 and i > 0:
                     with warp.elect_leader():
-                        semaphore(empty + (i - 1) % depth).arrive()
+                        phases.at(empty, i - 1).arrive()
         warpgroup.mma_async_wait(0)
         for j in cutlass.range_constexpr(cfg.TILES):
             _store(cfg, acc[j], ws, M, N, K, cta, ctas, rb * cfg.ROWS + rows + 64 * j)

@@ -37,6 +37,7 @@ from tk_cute.ops import tcgen05 as tc
 from tk_cute.layouts import scales_sm100 as scales
 from tk_cute.layouts import tmem as tmem_map
 from tk_cute.types import tt as tmem
+from tk_cute.types.semaphore import NamedBarrier
 
 
 OUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
@@ -267,7 +268,7 @@ class GemmNvfp4Sm100:
                              st.clc_response.data_ptr(), vmnk, self.WALKERS)
         alloc = tmem.tensor_allocator(
             st.tmem_addr.ptr, tmem.alloc_columns(cfg.tmem_columns_used, cfg.arch), cfg.arch,
-            True, pipeline.NamedBarrier(barrier_id=2, num_threads=32 * 5), self.EPI_WARPS[0],
+            True, pipeline.NamedBarrier(barrier_id=NamedBarrier.TMEM_ALLOC, num_threads=32 * 5), self.EPI_WARPS[0],
             st.tmem_dealloc.ptr)
         cluster.cluster_arrive((cfg.CLUSTER_M, cfg.CLUSTER_N))
         sA = st.sA.get_tensor(self.sA.outer, swizzle=self.sA.inner)
@@ -408,7 +409,7 @@ class GemmNvfp4Sm100:
         store_ring = pipeline.PipelineTmaStore.create(
             num_stages=cfg.EPI_PIPE_DEPTH,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128))
-        epi_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128)
+        epi_bar = pipeline.NamedBarrier(barrier_id=NamedBarrier.EPILOGUE, num_threads=128)
         alpha = epilogue.global_scale(ga, gb)
         tiles = schedule.Tiles.create(*walk)
         work = tiles.first()

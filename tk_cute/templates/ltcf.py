@@ -20,9 +20,9 @@ accumulator):
 Splitting the rewrite pays because the 3 transform warps alone cannot keep up with the tensor
 cores, while the consumers idle between MMA batches (their rewrite of stage k overlaps the MMAs
 of stage k - 1).
-The compute ring (COMPUTE_PIPE_DEPTH stages of `compute_tiles`) uses plain mbarriers: stage s of
-use n waits on parity n & 1 ("full") or (n & 1) ^ 1 ("empty", so the first use passes at once,
-TK's rule for "finished" barriers). The loader takes a compute slot before loading the raw
+The compute ring (COMPUTE_PIPE_DEPTH stages of `compute_tiles`) uses plain mbarriers with TK's
+phase rule (`tk_cute.types.semaphore.ring`: "full" barriers wait on the pass's parity,
+"empty" ones on its flip, so the first use passes at once). The loader takes a compute slot before loading the raw
 stage that will fill it, so the transform never overtakes the consumers.
 """
 
@@ -35,7 +35,7 @@ import cutlass.pipeline as pipeline
 from tk_cute.ops import schedule, warp, warpgroup
 from tk_cute.templates.lcf import LCF
 from tk_cute.types.gl import coord
-from tk_cute.types.semaphore import semaphore
+from tk_cute.types.semaphore import NamedBarrier, ring, semaphore
 from tk_cute.types.st import Shared, smem_bytes
 
 WG = warpgroup.WARPGROUP_THREADS
@@ -77,7 +77,8 @@ class LTCF(LCF):
             self.prefetch(g)
         depth = self.COMPUTE_PIPE_DEPTH
         smem = Shared()
-        ring = self._ring(smem.barriers(2 * self.LOAD_PIPE_DEPTH))
+        raw_ring = self._ring(smem.barriers(2 * self.LOAD_PIPE_DEPTH))
+        stages = ring(depth)  # the compute ring's phases
         full, empty = smem.barriers(depth), smem.barriers(depth)
         if tid == 0:
             direct = 1 if cutlass.const_expr(self.direct_inputs()) else 0
@@ -102,44 +103,43 @@ class LTCF(LCF):
                 while work.is_valid_tile:
                     at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
                     for k in range(k_steps):
-                        s, n = i % depth, i // depth
-                        semaphore(empty + s).wait((n & 1) ^ 1)
-                        ring.producer_acquire(state)
+                        s = stages.stage(i)
+                        stages.wait_finished(empty, i)
+                        raw_ring.producer_acquire(state)
                         stage = {m: t[None, None, state.index] for m, t in raw.items()}
                         slot = {m: t[None, None, s] for m, t in out.items()}
                         if cutlass.const_expr(self.direct_inputs()):
                             with warp.elect_leader():
                                 semaphore(full + s).expect_bytes(self.direct_bytes())
-                        self.load(g, stage, slot, at, k, ring.producer_get_barrier(state),
+                        self.load(g, stage, slot, at, k, raw_ring.producer_get_barrier(state),
                                   full + s)
-                        ring.producer_commit(state)
+                        raw_ring.producer_commit(state)
                         state.advance()
                         i += 1
                     work = tiles.next()
-                ring.producer_tail(state)
+                raw_ring.producer_tail(state)
             else:
-                self._transform_loop(g, ring, raw, out, tiles, work, k_steps, full, tid - 32)
+                self._transform_loop(g, raw_ring, raw, out, tiles, work, k_steps, full, tid - 32)
         else:
             warpgroup.increase_registers(self.CONSUMER_REGISTERS)
             thread = tid - WG
             acc_state = self.setup(g, thread, consumer_smem)
-            consumers = warpgroup.sync(2, self.NUM_CONSUMERS)
+            consumers = warpgroup.sync(NamedBarrier.CONSUMERS, self.NUM_CONSUMERS)
             raw_state = pipeline.make_pipeline_state(
                 pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
             while work.is_valid_tile:
                 at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
                 warpgroup.mma_fence()
                 for k in range(k_steps):
-                    s, n = i % depth, i // depth
-                    slot = {m: t[None, None, s] for m, t in out.items()}
-                    semaphore(full + s).wait(n & 1)
+                    slot = {m: t[None, None, stages.stage(i)] for m, t in out.items()}
+                    stages.wait_arrived(full, i)
                     if cutlass.const_expr(self.TRANSFORM_SHARE < 1):
-                        ring.consumer_wait(raw_state)
+                        raw_ring.consumer_wait(raw_state)
                         stage = {m: t[None, None, raw_state.index] for m, t in raw.items()}
                         self.transform(g, stage, slot, thread, self.NUM_CONSUMERS * WG,
                                        (self.TRANSFORM_SHARE, 1))
                         cute.arch.fence_proxy("async.shared", space="cta")
-                    ring.consumer_release(raw_state)
+                    raw_ring.consumer_release(raw_state)
                     raw_state.advance()
                     if cutlass.const_expr(self.TRANSFORM_SHARE < 1):
                         consumers()
@@ -148,40 +148,40 @@ class LTCF(LCF):
                     if k > 0:  # the previous stage's MMAs are done once at most one batch runs
                         warpgroup.mma_async_wait(1)
                         with warp.elect_leader():
-                            semaphore(empty + (i - 1) % depth).arrive()
+                            stages.at(empty, i - 1).arrive()
                     i += 1
                 warpgroup.mma_async_wait(0)
                 with warp.elect_leader():
-                    semaphore(empty + (i - 1) % depth).arrive()
+                    stages.at(empty, i - 1).arrive()
                 self.finish(g, acc_state, at, consumer_smem, thread)
                 work = tiles.next()
             self.finish_tail()
 
     @cute.jit
-    def _transform_loop(self, g, ring, raw, out, tiles, work, k_steps, full, thread):
+    def _transform_loop(self, g, raw_ring, raw, out, tiles, work, k_steps, full, thread):
         """Transform warps: raw stage -> compute stage, in the loader's order."""
-        depth = self.COMPUTE_PIPE_DEPTH
+        stages = ring(self.COMPUTE_PIPE_DEPTH)
         i = cutlass.Int32(0)
         state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
         while work.is_valid_tile:
             for k in range(k_steps):
-                s = i % depth
-                ring.consumer_wait(state)
+                s = stages.stage(i)
+                raw_ring.consumer_wait(state)
                 stage = {m: t[None, None, state.index] for m, t in raw.items()}
                 slot = {m: t[None, None, s] for m, t in out.items()}
                 self.transform(g, stage, slot, thread, self.TRANSFORM_THREADS,
                                (0, self.TRANSFORM_SHARE))
                 cute.arch.fence_proxy("async.shared", space="cta")
-                ring.consumer_release(state)
-                semaphore(full + s).arrive()
+                raw_ring.consumer_release(state)
+                stages.at(full, i).arrive()
                 state.advance()
                 i += 1
             work = tiles.next()
 
     def _ring(self, barriers):
         """The raw ring: TMA producer, the transform warpgroup's 4 warps as consumers."""
-        ring = pipeline.PipelineTmaAsync.create(
+        raw = pipeline.PipelineTmaAsync.create(
             barrier_storage=barriers,
             num_stages=self.LOAD_PIPE_DEPTH,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
@@ -191,4 +191,4 @@ class LTCF(LCF):
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
             defer_sync=True,
         )
-        return ring
+        return raw
