@@ -9,9 +9,8 @@ The matrices are walked as flat arrays of 4-byte code words: each thread decodes
 WORDS_PER_THREAD words THREADS apart (so every warp instruction reads 128 and writes 512
 contiguous bytes, and 4 loads per thread are in flight), each with its scale byte at the
 blocked-layout offset (`tk_cute.layouts.nvfp4_scales.band_offset`) and the register decode
-of `tk_cute.ops.nvfp4`. H200 history: 32 elements per thread with four strided 16-byte stores
-per warp instruction ran at 0.2 TB/s; one word per thread at 0.73 TB/s (too few bytes in
-flight). Memory-bound: 0.5625 B read + 2 B written per element. Any K % 16 == 0: rows of codes
+of `tk_cute.ops.nvfp4` (docs/nvfp4_hopper.md has the access patterns measured before this
+one). Memory-bound: 0.5625 B read + 2 B written per element. Any K % 16 == 0: rows of codes
 need not be 16-byte aligned (the walk is over the flat array of 4-byte words, two per scale
 block). Torch entry: `tk_cute.nvfp4.hopper.dequantize_blocks`.
 """

@@ -26,23 +26,8 @@ order (deterministic), applies 2^8 (2^16 for W4A4) * global scales and writes D:
 workspace, no atomics, no fences.
 Constraints (checked): M <= 64, K % 128 == 0, N % 32 == 0.
 
-Where the time goes (H200, 2026-11-30, M = 1, N = K = 8192; docs/nvfp4_hopper.md): the decode
-is ~75% of ~6.6 M warp instructions (19 per 8 codes), yet neither it nor the loads alone set the
-time: a variant without the decode (loads only) and one decoding L2-resident weights each took
-about as long as the kernel (~17.5 us) while the last-CTA split-K reduction over a global
-workspace cost ~2-3 us and loads issued only after the previous trip's decode left HBM idle.
-Splitting K between the warps of one CTA (reduced in shared memory) and keeping a trip of
-weights in flight took it to ~14.7 us (M = 16: 25 -> 19 us). A TMA ring feeding the weights
-through shared memory (commit 4e577cf) and a cluster (DSMEM) reduction did not help.
-Now (strided pairing, staged activations re-paired once per CTA, scale broadcasts folded into
-the multiplies: 667 SASS instructions per M = 1 trip of 32 weight words, 544 of them decode;
-6.47 M in all): no pipe is saturated (2.1-2.6 IPC per SM); the top stall is the long scoreboard
-(1.4-2.5 cycles per issue) where the next trip's weights arrive late (ptxas issues them
-mid-body under the 128-register cap; a second register set makes it sink them further). At
-1x8192^2 the kernel is short (4 trips per warp): the first load and the last trip's decode
-are not overlapped. Yet L2-resident weights are only ~0.2-1.6 us faster, and 24-32 warps per
-SM, a per-thread cp.async ring of 2-4 trips, activation rings in shared memory (per thread or
-per warp) and L1/L2 prefetches were each no faster or slower (docs/nvfp4_hopper.md).
+Measurements, where the time goes and what was tried: docs/nvfp4_hopper.md (small-M kernel)
+and docs/results.md.
 """
 
 from __future__ import annotations

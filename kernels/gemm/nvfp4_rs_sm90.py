@@ -49,21 +49,8 @@ One CTA per SM (the ring takes the shared memory). The register split comes from
 allocation (`warpgroup.consumer_registers`: setmaxnreg.inc only takes what the producer
 warpgroup's .dec gave back). Constraints (checked): M <= 128, N % ROWS == 0, K % 256 == 0.
 
-Measured (H200, 2026-11-30, docs/results.md, eleventh session; 64 calls per CUDA graph), us,
-at 8192^2 / 28672x8192 / 8192x28672:
-- M = 16: 18.5 / 43.7 / 44.3 (cuBLAS bf16 34.0 / 109.5 / 116.3, fp8 19.2 / 57.5 / 56.0);
-  with `pdl=True` 17.9 / 42.9 / 43.5. A read of the same weight bytes and nothing else
-  (`kernels/stream_read.py`) takes 10.8 / 31.1 / 31.1.
-- M = 64: 24.8 / 63.4 / 62.8 (cuBLAS bf16 37.7 / 118.4 / 126.8).
-- M = 128: 36.2 / 103.9 / 96.0 (cuBLAS bf16 36.9 / 128.2 / 124.6). Before the per-call
-  permutation and the two-tile warpgroups (ninth session) it was 76.9 us at 8192^2.
-- At M = 1 the small-M kernel stays faster (12.7 vs 15.9 us at 8192^2).
-Where the time goes (docs/nvfp4_hopper.md): the TMA stream alone (no permutation, decode or
-MMA) took 39-40 us at the 28672-wide shapes and 13-14 us at 8192^2 (seventh session, timed
-with 2-5 calls per graph, which added a few us per call); TMA boxes of 128-byte row pieces
-read 6-10% slower than 1D bulk copies of the same bytes (eleventh session). Beyond it the
-consumers set the pace: 86% of the instructions, 17 per 8 decoded codes; issue slots ~61% busy
-with ~1 eligible warp per scheduler at 128 rows.
+Measurements, where the time goes and what was tried: docs/nvfp4_hopper.md (register-A
+kernel) and docs/results.md.
 """
 
 from __future__ import annotations
@@ -227,7 +214,7 @@ def spread_row(x):
     """Row behind index x: within each 8, indices 2q, 2q + 1 take rows q, q + 4. In a 128-byte
     swizzled tile, rows q and q + 4 place any 16-byte chunk in opposite halves of the banks, so
     the 8 lanes of a quarter-warp that read 4 chunks of each of two such rows hit all 32 banks
-    once (the weight reads of `_decode`, the activation reads and writes of `_permute`)."""
+    once (the weight reads of `decode`, the activation reads and writes of `_permute`)."""
     return x - x % 8 + (x % 8) // 2 + 4 * (x % 2)
 
 
@@ -440,7 +427,8 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
                 blk, j = divmod(batch, cfg.TILES)  # 128-K block, MMA tile
                 a = regs[batch % cfg.a_sets]
                 band = s * cfg.bands + (rows + 64 * j) // BAND
-                _decode(a, w_base, sf[None, None, band].iterator.toint(), r_lo + 64 * j, t, blk)
+                decode(a, functools.partial(_weight_chunk, w_base, 4 * blk + t),
+                       sf[None, None, band].iterator.toint(), r_lo + 64 * j, t, blk)
                 warpgroup.mma_fence()
                 x = cute.local_tile(xs[None, None, s], (cfg.N_ACT, SUB_K), (0, blk))
                 if cutlass.const_expr(blk == 0):  # the row block's first unit starts from 0
@@ -459,13 +447,20 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
             _store(cfg, acc[j], ws, M, N, K, cta, ctas, rb * cfg.ROWS + rows + 64 * j)
 
 
-def _decode(a: rt, w_base, sf_base, r_lo, t, blk):
+def _weight_chunk(w_base, chunk, r):
+    """Shared address of 16-byte chunk `chunk` of row r of a stage's weight tile."""
+    return w_base + weight_offset(r, chunk)
+
+
+def decode(a: rt, chunk_addr, sf_base, r_lo, t, blk):
     """Decode this thread's weights of 128-K block `blk` (rows r_lo, r_lo + 8; K 32t .. 32t +
-    31) into the A operand registers `a`: pair i of word j (codes 32t + 8j + i, + 4) goes to
-    k16 step 2i + j // 2 (`act_column`)."""
+    31) into the A operand registers `a` of a 64 x 128 register-A wgmma batch: pair i of word j
+    (codes 32t + 8j + i, + 4) goes to k16 step 2i + j // 2 (`act_column`). `chunk_addr(r)`:
+    the shared address of row r's 16 bytes of these codes; `sf_base`: the band's scale atoms
+    (rows r_lo, r_lo + 8 within one 128-row band). Shared by every register-A kernel."""
     words, scales = [], []
     for r in (r_lo, r_lo + 8):
-        words.append(memory.ld_shared_v4(w_base + weight_offset(r, 4 * blk + t), Uint32))
+        words.append(memory.ld_shared_v4(chunk_addr(r), Uint32))
         atom = (SUB_K * blk + 32 * t) // nvfp4_scales.ATOM_K
         kb = (32 * t // nvfp4_scales.SF_VEC) % nvfp4_scales.ATOM_SF_COLS
         scales.append(fp4.ue4m3x2_to_bf16x2_prescaled(memory.ld_shared_u16(

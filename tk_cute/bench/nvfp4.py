@@ -19,7 +19,8 @@ write) is measured in the same run. `--plot` draws speedup over cuBLAS bf16 agai
 panel per (N, K) (`tk_cute.viz.speedup_plot`); `--json` keeps every number.
 `--tune` adds small-M tk_cute variants over the tiling (MT MMA row tiles per warp, WN warps
 along N, U 128-K steps per trip, ahead: the next trip's weights in flight, cN: a register cap for
-N CTAs per SM) and split-K (S warps along K).
+N CTAs per SM) and split-K (S warps along K), and for M > 128 the tiled register-A kernel with
+128 and 256 activation rows per tile.
 """
 
 from __future__ import annotations
@@ -92,6 +93,13 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int):
                 notes[name] = (key, path)
     if tune and M <= 64:
         v.update(_tuning_variants(M, N, K, sms))
+    if tune and M > 128:
+        from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+        from tk_cute.nvfp4 import launch
+
+        for nb in (128, 256):
+            v[f"tk_cute w4a16 tiled Nb={nb}"] = (
+                lambda s, c=rst.Config(Nb=nb): launch.gemm_rs_tiled(s["a"], s["b"], config=c))
     return v, notes
 
 

@@ -11,9 +11,10 @@ what a CPU can do.
 
 What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
 - Hopper (sm_90a): every shape the format allows: any M >= 1, any N >= 1, any K % 16 == 0, 2-D
-  or batched, W4A16 and W4A4, bf16 / fp16 / fp32 out. "small_m", "register_a", "rows" (the
-  register-A kernel on 128-row slices), "fused" and "dequantize" (any shape: the operands
-  expanded to exact bf16 in global memory, then the dense Hopper GEMM). Batched operands run
+  or batched, W4A16 and W4A4, bf16 / fp16 / fp32 out. "small_m", "register_a",
+  "register_a_tiled" (large M), "rows" (the register-A kernel on 128-row slices), "fused" and
+  "dequantize" (any shape: the operands expanded to exact bf16 in global memory, then the dense
+  Hopper GEMM). Batched operands run
   one 2-D plan per batch ("batches"). W4A4 above `heuristics.W4A4_NATIVE_MAX_M` decodes its
   activations once per call into exact bf16 and runs the W4A16 kernels ("decode_a").
   D's rows must be 16-byte aligned for the kernels' stores: where N * element size is not, D
@@ -106,7 +107,7 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
         path = heuristics.hopper_path(w4a4, M, N, K, out, sms)
     else:
         path = heuristics.check_hopper_path(force, w4a4, M, N, K, out)
-    decode_a = w4a4 and path in ("register_a", "rows")
+    decode_a = w4a4 and path in ("register_a", "register_a_tiled", "rows")
     if path == "small_m":
         cfg = heuristics.small_m_config(M, N, K, w4a4, out, sms)
         return Plan(path, dataclasses.replace(cfg, PDL=pdl))
@@ -115,6 +116,8 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
         if pdl and cfg.permute == "stage":
             cfg = dataclasses.replace(cfg, PDL=True)
         return Plan(path, cfg, decode_a=decode_a)
+    if path == "register_a_tiled":
+        return Plan(path, heuristics.register_a_tiled_config(M, N, out, sms), decode_a=decode_a)
     if path == "rows":
         step = heuristics.ROWS_MIN_M
         parts = tuple((m0, min(M, m0 + step),
@@ -206,6 +209,8 @@ def run(p: Plan, a, b: NVFP4Tensor, out: torch.Tensor, gsb=None) -> torch.Tensor
         launch.small_m(a, b, out, p.config, gsb)
     elif p.path == "register_a":
         launch.register_a(a, b, out, p.config, gsb=gsb)
+    elif p.path == "register_a_tiled":
+        launch.register_a_tiled(a, b, out, p.config, gsb)
     elif p.path == "rows":
         for m0, m1, sub in p.parts:
             run(sub, a[m0:m1], b, out[m0:m1], gsb)

@@ -9,9 +9,10 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   the register-A kernel cannot take N or K.
 - "register_a" (`kernels/gemm/nvfp4_rs_sm90.py`, weights decoded into wgmma A registers):
   RS_MIN_M <= M <= 128.
-- "rows": ROWS_MIN_M < M <= ROWS_MAX_M, the register-A kernel on 128-row slices of the
-  activations (each pass streams the weights again, which stays cheaper than writing them out
-  as bf16 up to ROWS_MAX_M).
+- "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
+  128 x Nb output tiles): M > 128 where N % 128 == 0 and K % 128 == 0.
+- "rows": the register-A kernel on 128-row slices of the activations (each pass streams the
+  weights again); kept for comparisons (`gemm(..., path="rows")`).
 - "fused" (`kernels/gemm/nvfp4_sm90.py`, decode in shared memory): large M where its tiles make
   one nearly full wave of SMs (`large_m_path`), bf16 / fp16 out.
 - "dequantize" (`kernels/nvfp4_dequantize.py` + `kernels/gemm/gemm_sm90.py`): everything else
@@ -29,6 +30,7 @@ import math
 from tk_cute.arch import target
 from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
 from tk_cute.kernels.gemm import nvfp4_sm90 as sm90
 from tk_cute.ops import schedule
 
@@ -44,10 +46,9 @@ WIDE_MAX_N_ACT = 64
 # it the activations are decoded once per call and the W4A16 path runs (the decode is one small
 # kernel: at M = 1 its launch would cost more than it saves).
 W4A4_NATIVE_MAX_M = 8
-# "rows": the register-A kernel on 128-row slices from just above 128 rows up to this M.
+# "rows": the register-A kernel on 128-row slices (a forced path since the tiled kernel).
 ROWS_MIN_M = rs.MAX_M
-ROWS_MAX_M = 512
-PATHS = ("small_m", "register_a", "rows", "fused", "dequantize")
+PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "fused", "dequantize")
 
 
 def hopper_path(w4a4: bool, M: int, N: int, K: int, out_dtype: str, sms: int) -> str:
@@ -60,8 +61,8 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, out_dtype: str, sms: int) ->
         return "register_a"
     if M <= gv.MAX_M and not w4a4 and gv.supports(M, N, K):
         return "small_m"
-    if ROWS_MIN_M < M <= ROWS_MAX_M and rs.supports(rs.MAX_M, N, K):
-        return "rows"
+    if M > rs.MAX_M and rst.supports(M, N, K):
+        return "register_a_tiled"
     if (out_dtype != "float32" and sm90.supports(M, N, K)
             and large_m_path(M, N, sms) == "fused"):
         return "fused"
@@ -73,6 +74,7 @@ def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: 
     takes = {
         "small_m": gv.supports(M, N, K),
         "register_a": M <= rs.MAX_M and rs.supports(M, N, K),
+        "register_a_tiled": rst.supports(M, N, K),
         "rows": rs.supports(rs.MAX_M, N, K),
         "fused": out_dtype != "float32" and sm90.supports(M, N, K),
         "dequantize": True,
@@ -82,8 +84,8 @@ def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: 
     if not takes[path]:
         raise ValueError(f"path {path!r} cannot run M={M}, N={N}, K={K}, out {out_dtype} "
                          f"(small_m: M <= 64, N % 32, K % 128; register_a: M <= 128, N % 128, "
-                         f"K % 256; rows: N % 128, K % 256; fused: M % 128, N % 256, K % 64, "
-                         f"16-bit out)")
+                         f"K % 256; register_a_tiled: N % 128, K % 128; rows: N % 128, K % 256; "
+                         f"fused: M % 128, N % 256, K % 64, 16-bit out)")
     return path
 
 
@@ -164,6 +166,13 @@ def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs
         return rs.Config(N_ACT=n_act, ROWS=2 * rs.BAND, TILES=2, out_dtype=out_dtype)
     return narrow
 
+
+
+def register_a_tiled_config(M: int, N: int, out_dtype: str, sms: int) -> rst.Config:
+    """Nb = 256 activation rows per tile where the 128 x 256 tiles still fill the GPU (each
+    decoded weight then serves twice the activations), else 128."""
+    tiles = (N // rst.ROWS) * -(-M // 256)
+    return rst.Config(Nb=256 if tiles >= sms else 128, out_dtype=out_dtype)
 
 
 def register_a_ctas(cfg: rs.Config, N: int, K: int, sms: int) -> int:

@@ -25,6 +25,7 @@ import torch
 from tk_cute import dense_gemm
 from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
 from tk_cute.kernels.gemm import nvfp4_sm90 as sm90
 from tk_cute.ops import nvfp4 as fp4_ops
 from tk_cute.ops import schedule
@@ -36,6 +37,7 @@ from .tensor import NVFP4Tensor
 
 _SMALL_M = KernelCache()  # (config, device index) -> Launcher
 _REGISTER_A = KernelCache()
+_REGISTER_A_TILED = KernelCache()
 _FUSED = KernelCache()
 _DEQUANTIZE = KernelCache()
 
@@ -95,6 +97,23 @@ def register_a(a: torch.Tensor, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Confi
            xp=xp.data_ptr(), gsb=(b.global_scale if gsb is None else gsb).data_ptr(),
            out=out.data_ptr(), ws=ws.data_ptr(), M=M, N=N, K=K, ctas=ctas,
            stream=raw_stream(index))
+    return out
+
+
+def register_a_tiled(a: torch.Tensor, b: NVFP4Tensor, out: torch.Tensor, cfg: rst.Config,
+                     gsb=None) -> torch.Tensor:
+    """The tiled register-A kernel (large M) on bf16 activations a (M, K); `gsb` as in
+    `small_m`. Workspace: the permuted activations (M x K bf16, torch's caching allocator)."""
+    (M, K), N = a.shape, b.M
+    dev = b.device
+    x = aligned(a)
+    xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev)
+    index = device_index(dev)
+    sms = sm_count(dev)
+    launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))
+    launch(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales).data_ptr(), x=x.data_ptr(),
+           xp=xp.data_ptr(), gs=(b.global_scale if gsb is None else gsb).data_ptr(),
+           out=out.data_ptr(), M=M, N=N, K=K, stream=raw_stream(index))
     return out
 
 
@@ -315,3 +334,27 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
         raise ValueError(f"gemm_rs needs ctas >= 1, got ctas={ctas}")
     out = output(out, (op.M, op.N), out_dtype, b.device, "gemm_rs")
     return register_a(a, b, out, config, ctas)
+
+
+def gemm_rs_tiled(a, b, out_dtype=None, *, out=None, config: rst.Config | None = None):
+    """D = a @ deq(b)^T (W4A16) with the tiled register-A kernel and a chosen Config (tuning
+    and tests; default `heuristics.register_a_tiled_config`).
+
+    Raises:
+        TypeError, ValueError: the operand rules of `tk_cute.nvfp4.gemm`, NVFP4 activations, a
+            non-CUDA device, or a shape the kernel does not take (`nvfp4_rst_sm90.check_shape`).
+    """
+    out_dtype = out.dtype if out_dtype is None and out is not None else (
+        out_dtype or torch.bfloat16)
+    op = validate.gemm_operands(a, b, out_dtype, out=out, cuda=True)
+    if op.w4a4 or op.batched:
+        raise TypeError(f"gemm_rs_tiled takes 2-D bf16 activations (W4A16), got "
+                        f"{type(a).__name__} {tuple(a.shape)}")
+    name = str(out_dtype).removeprefix("torch.")
+    rst.check_shape(op.M, op.N, op.K)
+    if config is None:
+        config = heuristics.register_a_tiled_config(op.M, op.N, name, sm_count(b.device))
+    else:
+        config = dataclasses.replace(config, out_dtype=name)
+    out = output(out, (op.M, op.N), out_dtype, b.device, "gemm_rs_tiled")
+    return register_a_tiled(a, b, out, config)

@@ -46,15 +46,19 @@ def test_every_grid_shape_has_a_kernel_plan(w4a4, out):
         _covered(p, M, N, K, w4a4, out)
         per_row = 16 // OUTS[out].itemsize
         assert p.pad_n == (0 if N % per_row == 0 else -(-N // per_row) * per_row)
-        if w4a4 and p.path in ("register_a", "rows"):
+        if w4a4 and p.path in ("register_a", "register_a_tiled", "rows"):
             assert p.decode_a
 
 
 def test_issue_rows_take_the_expected_paths():
-    # 129 rows: one register-A pass of 128 rows and the small-M kernel for the last row.
+    # Above 128 rows: the tiled register-A kernel, 128 x 256 tiles where they fill the GPU.
     p = _plan_hopper(False, 129, 8192, 8192, "bfloat16", SMS, False)
+    assert p.path == "register_a_tiled" and p.config.Nb == 128  # 64 x 1 tiles of 256
+    assert _plan_hopper(False, 4000, 8192, 8192, "bfloat16", SMS, False).config.Nb == 256
+    # Forced "rows": one register-A pass of 128 rows and the small-M kernel for the last row.
+    p = _plan_hopper(False, 129, 8192, 8192, "bfloat16", SMS, False, "rows")
     assert p.path == "rows" and p.kernels() == ["register_a", "small_m"]
-    p = _plan_hopper(False, 200, 8192, 8192, "bfloat16", SMS, False)
+    p = _plan_hopper(False, 200, 8192, 8192, "bfloat16", SMS, False, "rows")
     assert p.kernels() == ["register_a", "register_a"] and p.parts[1][2].config.N_ACT == 80
     assert _plan_hopper(False, 16, 8192, 8208, "bfloat16", SMS, False).path == "dequantize"
     p = _plan_hopper(False, 16, 8192, 8192, "float32", SMS, False)
@@ -65,7 +69,7 @@ def test_issue_rows_take_the_expected_paths():
     assert p.path == "register_a" and p.decode_a  # W4A4 reaches the register-A kernel
     p = _plan_hopper(True, 1, 8192, 8192, "bfloat16", SMS, False)
     assert p.path == "small_m" and p.config.w4a4  # decoded in the kernel at tiny M
-    assert _plan_hopper(False, 4000, 8192, 8192, "bfloat16", SMS, False).path == "dequantize"
+    assert _plan_hopper(False, 4000, 8192, 8208, "bfloat16", SMS, False).path == "dequantize"
     assert _plan_hopper(False, 100, 100, 64, "bfloat16", SMS, False).pad_n == 104
 
 
@@ -215,7 +219,7 @@ def test_batched(seed, no_reference, case):
 @pytest.mark.parametrize("M", [64, 128])
 def test_forced_paths_agree(seed, no_reference, M):
     """Every path that can take a shape computes D within the bound (M = 64: small_m,
-    register_a, rows, dequantize; M = 128: register_a, rows, fused, dequantize)."""
+    register_a, register_a_tiled, rows, dequantize; M = 128: the same with fused for small_m)."""
     from tk_cute.testing import assert_gemm_close
 
     N, K = 512, 1024
@@ -231,7 +235,7 @@ def test_forced_paths_agree(seed, no_reference, M):
                 continue
             assert_gemm_close(d, a, b, f"path {path}")
             ran.append(path)
-    assert len(set(ran)) == 4, ran
+    assert len(set(ran)) == 5, ran
 
 
 @pytest.mark.gpu

@@ -1,0 +1,213 @@
+# SPDX-License-Identifier: MIT
+"""W4A16 NVFP4 GEMM for Hopper at large M: register-A wgmma over persistent output tiles.
+
+D (M, N) = A (M, K) @ deq(B)^T with B NVFP4 weights, computed as D^T = W X^T: each tile is 128
+weight rows (the wgmma M side, two consumer warpgroups of 64) by Nb activation rows (wgmma N,
+128 or 256), and the weights never exist as bf16 outside registers. Pipeline (`templates/lcf`):
+  producer warp: per 128-K stage, TMA loads of the tile's 128 weight rows (64 packed bytes
+    each, plain rows), the band's two scale atoms (1 KiB) and Nb activation rows (128 bf16,
+    128-byte swizzle, already in the decode's K order), into a LOAD_PIPE_DEPTH ring;
+  consumer warpgroups: wait for the stage; wait until the previous stage's MMAs are done (one A
+    register set); decode their 64 weight rows' 16 bytes per row and thread straight into the
+    A operand registers (`nvfp4_rs_sm90.decode`: exact e2m1 * ue4m3 * 2^-8 in bf16); issue 8
+    wgmma m64 n Nb k16 (A from registers, B the activation tile); the template commits and frees
+    the stage once the next stage is issued; per tile, scale by 2^8 * gB (W4A4 on decoded
+    activations: 2^8 * gA * gB) and store D^T's elements into D (rows past M skipped).
+While one warpgroup decodes, the other's MMAs keep the tensor cores busy.
+Activations: `nvfp4_rs_sm90._permute_kernel` writes them once per call in the decode's K order
+(`nvfp4_rs_sm90.act_column`, period 128: a permutation of K applied to both operands leaves
+every sum unchanged).
+Constraints (checked): N % 128 == 0, K % 128 == 0; any M >= 1 (TMA zero-fills the last tile).
+Peer: CUTLASS's Hopper mixed-input GEMM (`examples/55_hopper_mixed_dtype_gemm`), which
+converts a narrow B in registers the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+from tk_cute.layouts import nvfp4_scales
+from tk_cute.ops import memory, register, tma, warpgroup
+from tk_cute.ops import nvfp4 as fp4
+from tk_cute.runtime import Signature, i32, ptr
+from tk_cute.templates.lcf import LCF
+from tk_cute.types import coord, gl, rt, st
+from tk_cute.types.struct import DeviceStruct
+
+STAGE_K = rs.SUB_K  # K per stage: one register-A batch (8 wgmma k16 steps)
+ROWS = 128  # weight rows per tile: one scale band, two 64-row consumer warpgroups
+OUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
+             "float32": cutlass.Float32}
+SMEM_BUDGET = 227 * 1024
+
+
+@dataclass(frozen=True)
+class Config:
+    """Nb: activation rows per tile (wgmma N: 128 or 256); LOAD_PIPE_DEPTH: ring stages (0: as
+    many as fit); SUPERGROUP_SIZE: tile rows per supergroup (L2 reuse of the activations)."""
+
+    Nb: int = 256
+    LOAD_PIPE_DEPTH: int = 0
+    SUPERGROUP_SIZE: int = 8
+    out_dtype: str = "bfloat16"
+
+    def __post_init__(self):
+        if self.Nb not in (128, 256):
+            raise ValueError(f"Nb must be 128 or 256 (wgmma N), got {self.Nb}")
+        if self.out_dtype not in OUT_TYPES:
+            raise ValueError(f"out_dtype must be one of {list(OUT_TYPES)}, got "
+                             f"{self.out_dtype!r}")
+        if self.LOAD_PIPE_DEPTH == 1 or self.LOAD_PIPE_DEPTH < 0:
+            raise ValueError(f"LOAD_PIPE_DEPTH must be 0 (auto) or >= 2, got "
+                             f"{self.LOAD_PIPE_DEPTH}")
+
+
+def supports(M: int, N: int, K: int) -> bool:
+    """Whether this kernel takes the shape (`tk_cute.nvfp4.heuristics` picks it)."""
+    return M >= 1 and N % ROWS == 0 and K % STAGE_K == 0
+
+
+def check_shape(M: int, N: int, K: int) -> None:
+    """Raise ValueError naming the constraint (M, N, K) breaks."""
+    if M < 1:
+        raise ValueError(f"the tiled register-A kernel needs M >= 1, got M={M}")
+    if N % ROWS:
+        raise ValueError(f"the tiled register-A kernel needs N % {ROWS} == 0, got N={N}")
+    if K % STAGE_K:
+        raise ValueError(f"the tiled register-A kernel needs K % {STAGE_K} == 0, got K={K}")
+
+
+class GemmNvfp4RsTiledSm90(LCF):
+    """See the module docstring."""
+
+    PRODUCER_REGISTERS = 40
+    CONSUMER_REGISTERS = 232
+
+    def __init__(self, config: Config = Config()):
+        self.config = config
+        self.Mb, self.Nb, self.SUPERGROUP_SIZE = ROWS, config.Nb, config.SUPERGROUP_SIZE
+        self.w_tile = st(cutlass.Int8, ROWS, STAGE_K // 2, swizzle=False)
+        self.sf_tile = st(cutlass.Int8, 2 * (STAGE_K // nvfp4_scales.ATOM_K), 256, swizzle=False)
+        self.x_tile = st(cutlass.BFloat16, config.Nb, STAGE_K)
+        fits = [d for d in range(2, 9) if self._smem(d) <= SMEM_BUDGET]
+        self.LOAD_PIPE_DEPTH = config.LOAD_PIPE_DEPTH or (max(fits) if fits else 0)
+        if self.LOAD_PIPE_DEPTH < 2 or self._smem(self.LOAD_PIPE_DEPTH) > SMEM_BUDGET:
+            raise ValueError(f"{self.LOAD_PIPE_DEPTH} stages of {self.stage_bytes()} B do not "
+                             f"fit {SMEM_BUDGET} B of shared memory")
+
+    def _smem(self, depth):
+        self.LOAD_PIPE_DEPTH = depth
+        return self.dynamic_shared_memory()
+
+    # --- globals ----------------------------------------------------------------------------
+    def inputs(self):
+        return {"w": self.w_tile, "sf": self.sf_tile, "x": self.x_tile}
+
+    def prefetch(self, g):
+        for d in (g.W, g.SF, g.X):
+            d.prefetch()
+
+    def k_steps(self, g):
+        return cute.size(g.X.tiles(), mode=[3])
+
+    # --- producer ---------------------------------------------------------------------------
+    def load(self, g, inputs, at, k, barrier, mcast):
+        """TMA: stage k of weight band at.r (codes, its two scale atoms) and activation block
+        at.c."""
+        tma.load_async(inputs["w"], g.W, coord(at.r, k, 0), barrier)
+        half_atoms = g.K // (2 * nvfp4_scales.ATOM_K)  # 1 KiB scale tiles per band
+        tma.load_async(inputs["sf"], g.SF, coord(at.r * half_atoms + k, 0, 0), barrier)
+        tma.load_async(inputs["x"], g.X, coord(at.c, k, 0), barrier)
+
+    # --- consumers --------------------------------------------------------------------------
+    def setup(self, g, thread, smem):
+        wg_thread = thread % warpgroup.WARPGROUP_THREADS
+        mma = warpgroup.tiled_mma(cutlass.BFloat16, self.Nb)
+        acc = rt.accumulator(mma, wg_thread, 64, self.Nb)
+        register.zero(acc)
+        lane = wg_thread % 32
+        rows = (thread // warpgroup.WARPGROUP_THREADS) * 64  # this warpgroup's weight rows
+        r_lo = rows + (wg_thread // 32) * 16 + lane // 4  # accumulator rows g, g + 8
+        scale = memory.ld_f32(g.gs.toint()) * Float32(2.0 ** fp4.BF16_DECODE_SHIFT)
+        return Consumer(acc, rt.operand_A(mma, wg_thread, 64, STAGE_K), rows, r_lo, lane % 4,
+                        scale)
+
+    def compute(self, g, s, inputs, k):
+        warpgroup.mma_async_wait(0)  # the previous stage's MMAs have read the A registers
+        w_base = inputs["w"].iterator.toint()
+        rs.decode(s.a, lambda r: w_base + r * (STAGE_K // 2) + 16 * s.t,
+                  inputs["sf"].iterator.toint(), s.r_lo, s.t, 0)
+        warpgroup.mma_fence()
+        warpgroup.mma_ABt(s.acc, s.a, inputs["x"])
+
+    @cute.jit
+    def finish(self, g, s, at, smem, thread):
+        """D[m, n] = scale * acc[n, m] for the tile's activation rows m < M."""
+        esize = OUT_TYPES[self.config.out_dtype].width // 8
+        n0 = at.r * ROWS + s.rows
+        m0 = at.c * self.Nb
+        coords = s.acc.coords()
+        base = g.out.toint()
+        for i in cutlass.range_constexpr(cute.size(s.acc.frag)):
+            r, m = coords[i]
+            if m0 + m < g.M:
+                addr = base + (cutlass.Int64(m0 + m) * cutlass.Int64(g.N) + n0 + r) * esize
+                memory.st_cvt(addr, s.acc.frag[i] * s.scale, self.config.out_dtype)
+        register.zero(s.acc)
+
+    def finish_tail(self):
+        pass  # plain stores: nothing outstanding
+
+    # --- host -------------------------------------------------------------------------------
+    @cute.jit
+    def __call__(self, sms: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer,
+                 x: cute.Pointer, xp: cute.Pointer, gs: cute.Pointer, out: cute.Pointer,
+                 M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32, stream):
+        half = K // 2
+        wt = cute.make_tensor(w, cute.make_layout((N, half, 1), stride=(half, 1, N * half)))
+        sf_rows = (N // ROWS) * (K // nvfp4_scales.ATOM_K) * 2  # 512-byte atoms as 2 rows
+        sft = cute.make_tensor(wsf, cute.make_layout((sf_rows, 256, 1),
+                                                     stride=(256, 1, sf_rows * 256)))
+        rs._permute_kernel(x, xp, M, K).launch(
+            grid=[(M * (K // rs.SUB_K) * 4 + rs.PERMUTE_THREADS - 1) // rs.PERMUTE_THREADS, 1, 1],
+            block=[rs.PERMUTE_THREADS, 1, 1], stream=stream)
+        xt = cute.make_tensor(xp, cute.make_layout((M, K, 1), stride=(K, 1, M * K)))
+        g = Globals(gl.load(wt, self.w_tile), gl.load(sft, self.sf_tile),
+                    gl.load(xt, self.x_tile), gs, out, M, N, K)
+        self.launch(g, N // ROWS, cute.ceil_div(M, self.Nb), 1, sms, stream)
+
+
+class Consumer:
+    """A consumer thread's state: accumulator, A registers, its rows, its lane's K quarter t
+    and D's scale."""
+
+    def __init__(self, acc, a, rows, r_lo, t, scale):
+        self.acc, self.a, self.rows, self.r_lo, self.t, self.scale = acc, a, rows, r_lo, t, scale
+
+
+class Globals(DeviceStruct):
+    _fields = ("W", "SF", "X", "gs", "out", "M", "N", "K")
+
+    def __init__(self, W, SF, X, gs, out, M, N, K):
+        self.W, self.SF, self.X, self.gs, self.out = W, SF, X, gs, out
+        self.M, self.N, self.K = M, N, K
+
+
+def signature(cfg: Config) -> Signature:
+    """`__call__`'s runtime arguments: weights (codes, blocked scales), activations and their
+    permuted copy, D's scale (gB, or gA * gB), D, the shape."""
+    return Signature(ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8),
+                     ptr("x", cutlass.BFloat16), ptr("xp", cutlass.BFloat16),
+                     ptr("gs", cutlass.Float32, 4), ptr("out", OUT_TYPES[cfg.out_dtype], 4),
+                     i32("M"), i32("N"), i32("K"))
+
+
+def compile_launcher(cfg: Config, sms: int, options: str = ""):
+    """The kernel for cfg on a GPU of `sms` SMs as a raw-pointer `Launcher` (`options`: e.g.
+    "--gpu-arch sm_90a" to build without a GPU)."""
+    return signature(cfg).compile(GemmNvfp4RsTiledSm90(cfg), sms, options=options)
