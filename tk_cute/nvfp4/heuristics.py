@@ -9,10 +9,10 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   the register-A kernel cannot take N or K.
 - "register_a" (`kernels/gemm/nvfp4_rs_sm90.py`, weights decoded into wgmma A registers):
   RS_MIN_M <= M <= 128.
+- "rows": 128 < M <= ROWS_MAX_M, the register-A kernel on 128-row slices of the activations
+  (each pass streams the weights again; cheaper than a second, nearly empty row of tiles).
 - "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
-  128 x Nb output tiles): M > 128 where N % 128 == 0 and K % 128 == 0.
-- "rows": the register-A kernel on 128-row slices of the activations (each pass streams the
-  weights again); kept for comparisons (`gemm(..., path="rows")`).
+  128 x Nb output tiles): larger M where N % 128 == 0 and K % 128 == 0.
 - "fused" (`kernels/gemm/nvfp4_sm90.py`, decode in shared memory): large M where its tiles make
   one nearly full wave of SMs (`large_m_path`), bf16 / fp16 out.
 - "dequantize" (`kernels/nvfp4_dequantize.py` + `kernels/gemm/gemm_sm90.py`): everything else
@@ -46,8 +46,11 @@ WIDE_MAX_N_ACT = 64
 # it the activations are decoded once per call and the W4A16 path runs (the decode is one small
 # kernel: at M = 1 its launch would cost more than it saves).
 W4A4_NATIVE_MAX_M = 8
-# "rows": the register-A kernel on 128-row slices (a forced path since the tiled kernel).
+# "rows": the register-A kernel on 128-row slices, from just above 128 rows up to this M. On the
+# H200 (docs/results.md, twelfth session) 129x8192^2 took 50.7 us as rows against 76.0 us tiled
+# (two rows of 128 x 128 tiles, the second nearly empty); at 200 rows tiled won (54.7 vs 66.3).
 ROWS_MIN_M = rs.MAX_M
+ROWS_MAX_M = 160
 PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "fused", "dequantize")
 
 
@@ -61,6 +64,8 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, out_dtype: str, sms: int) ->
         return "register_a"
     if M <= gv.MAX_M and not w4a4 and gv.supports(M, N, K):
         return "small_m"
+    if ROWS_MIN_M < M <= ROWS_MAX_M and rs.supports(rs.MAX_M, N, K):
+        return "rows"
     if M > rs.MAX_M and rst.supports(M, N, K):
         return "register_a_tiled"
     if (out_dtype != "float32" and sm90.supports(M, N, K)
@@ -169,10 +174,12 @@ def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs
 
 
 def register_a_tiled_config(M: int, N: int, out_dtype: str, sms: int) -> rst.Config:
-    """Nb = 256 activation rows per tile where the 128 x 256 tiles still fill the GPU (each
-    decoded weight then serves twice the activations), else 128."""
+    """Nb = 256 activation rows per tile where the 128 x 256 tiles still make about a wave (each
+    decoded weight then serves twice the activations), else 128. H200 (docs/results.md,
+    twelfth session): 256x8192^2 (64 tiles of 256) 0.54x cuBLAS with Nb = 256 against 0.91x
+    with 128; 512x8192^2 (128 tiles) 0.90x against 0.84x."""
     tiles = (N // rst.ROWS) * -(-M // 256)
-    return rst.Config(Nb=256 if tiles >= sms else 128, out_dtype=out_dtype)
+    return rst.Config(Nb=256 if tiles >= 0.9 * sms else 128, out_dtype=out_dtype)
 
 
 def register_a_ctas(cfg: rs.Config, N: int, K: int, sms: int) -> int:

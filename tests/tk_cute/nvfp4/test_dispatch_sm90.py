@@ -51,13 +51,14 @@ def test_every_grid_shape_has_a_kernel_plan(w4a4, out):
 
 
 def test_issue_rows_take_the_expected_paths():
-    # Above 128 rows: the tiled register-A kernel, 128 x 256 tiles where they fill the GPU.
+    # Just above 128 rows: one register-A pass of 128 rows, the small-M kernel for the last row.
     p = _plan_hopper(False, 129, 8192, 8192, "bfloat16", SMS, False)
-    assert p.path == "register_a_tiled" and p.config.Nb == 128  # 64 x 1 tiles of 256
-    assert _plan_hopper(False, 4000, 8192, 8192, "bfloat16", SMS, False).config.Nb == 256
-    # Forced "rows": one register-A pass of 128 rows and the small-M kernel for the last row.
-    p = _plan_hopper(False, 129, 8192, 8192, "bfloat16", SMS, False, "rows")
     assert p.path == "rows" and p.kernels() == ["register_a", "small_m"]
+    # Above: the tiled register-A kernel, 128 x 256 tiles where they make about a wave.
+    p = _plan_hopper(False, 256, 8192, 8192, "bfloat16", SMS, False)
+    assert p.path == "register_a_tiled" and p.config.Nb == 128  # 64 tiles of 256: too few
+    assert _plan_hopper(False, 512, 8192, 8192, "bfloat16", SMS, False).config.Nb == 256
+    assert _plan_hopper(False, 4000, 8192, 8192, "bfloat16", SMS, False).config.Nb == 256
     p = _plan_hopper(False, 200, 8192, 8192, "bfloat16", SMS, False, "rows")
     assert p.kernels() == ["register_a", "register_a"] and p.parts[1][2].config.N_ACT == 80
     assert _plan_hopper(False, 16, 8192, 8208, "bfloat16", SMS, False).path == "dequantize"
