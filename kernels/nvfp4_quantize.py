@@ -148,8 +148,8 @@ def _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base, sf_base, sf_ok):
     t = fp4.div_rn(fp4.from_bits(m), Float32(6.0))
     sf = fp4.ue4m3_encode_hw(fp4.mul_rn(t, s_enc_g))
     d = fp4.max_f32(fp4.mul_rn(fp4.ue4m3_decode(sf), s_dec_g),
-                    fp4.from_bits(Uint32(fp4.F32_1E_12)))
-    s_enc = fp4.div_rn(Float32(1.0), d)
+                    fp4.from_bits(Uint32(fp4.F32_MIN_NORMAL)))
+    s_enc = fp4.zero_unless(sf, fp4.div_rn(Float32(1.0), d))  # sf == 0: codes +-0
     signs = None
     if cfg.dtype != "f32" and not fp4.has_native_fp4(cfg.arch):
         signs = fp4.sign_nibbles_16bit(*words)
@@ -234,7 +234,7 @@ def _quantize_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer
                                                         Uint32(idx < n_partials))))
         am = cute.arch.warp_redux_sync(am, "umax")
         s_dec_g = fp4.div_rn(fp4.max_nan_f32(fp4.from_bits(am),
-                                             fp4.from_bits(Uint32(fp4.F32_1E_12))),
+                                             fp4.from_bits(Uint32(fp4.F32_AMAX_FLOOR))),
                              Float32(2688.0))
     s_enc_g = fp4.div_rn(Float32(1.0), s_dec_g)
     if (bx + by + bz + tidx) == 0:

@@ -14,7 +14,8 @@ import cutlass
 
 from tk_cute.compile import build
 from tk_cute.kernels import nvfp4_quantize as nq
-from tk_cute.nvfp4 import launch
+from tk_cute.nvfp4 import launch, unpack_fp4
+from tk_cute.ops import nvfp4 as fp4
 
 ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_107a")
 ELEM = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32}
@@ -43,6 +44,11 @@ def test_quantize_kernel_instructions(arch):
     assert b.ptx_count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == rows
     assert b.ptx_count(r"div\.rn\.f32") == 2 * rows + 2  # 2 per block + the global scales
     assert b.ptx_count(r"max\.NaN\.f32") == 1  # NaN/Inf amax -> non-finite global scale
+    # The recipe's floors (their bit patterns appear as mov.b32 immediates) and its one select,
+    # s_enc = 0 where sf == 0, per block row: a selp, no arithmetic (the div count is unchanged).
+    assert b.ptx_count(rf"\b{fp4.F32_AMAX_FLOOR}\b") == 1
+    assert b.ptx_count(rf"\b{fp4.F32_MIN_NORMAL}\b") >= 1
+    assert b.ptx_count(r"selp\.f32") == rows
     assert b.ptx_count(r"div\.(approx|full)") == 0
     assert b.ptx_count(r"\bfma\.") == 0  # the recipe forbids contraction
     assert b.ptx_count(r"\b(atom|red)\.global") == 0  # no flag without check_finite + given scale
@@ -67,6 +73,7 @@ def test_given_scale_skips_amax_word(arch, check):
     b = _build_quantize(arch, given=True, check_finite=check)
     assert b.kernel.local_bytes == 0 and b.kernel.stack_bytes == 0
     assert b.ptx_count(r"div\.rn\.f32") == 2 * rows + 1  # only 1/s_dec_g globally
+    assert b.ptx_count(rf"\b{fp4.F32_AMAX_FLOOR}\b") == 0  # no amax: no amax floor
     assert (b.ptx_count(r"atom\.global\.or|red\.global\.or") > 0) == check
 
 
@@ -175,6 +182,59 @@ def test_ties_and_saturation_points(dtype):
     y = torch.randn(64, 256, device="cuda")
     y[:, ::16] = 448.0 * 6 / 2688 * 17
     _check(y.to(dtype))
+
+
+AMAX_FLOOR = 2688 * 2.0**-116
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+@pytest.mark.parametrize("log2_amax", (0, -40, -47, -100, -105, -106, -120, -125))
+def test_tiny_amax_matches_reference(dtype, log2_amax, seed):
+    # The recipe's floors (AMAX_FLOOR = 2688 * 2^-116 ~ 2^-104.6 on amax, 2^-126 under each
+    # block's decode scale) and the zero-scale select: above the floor the bytes equal those of
+    # the amax-1 copy; below it (-105 .. -125) s_dec_g = 2^-116 and the scales shrink (all 0
+    # at 2^-125 <= 6 * 2^-126).
+    x = torch.randn(3, 257, 33, 16, device="cuda")
+    x = (x * torch.exp2(-torch.rand(3, 257, 33, 1, device="cuda") * 30)).reshape(3, 257, 528)
+    x[:, :, 32:48] = 0  # zero blocks
+    x[:, 6, ::3] = -0.0
+    x1 = (x / x.abs().max()).to(dtype)
+    x1 = torch.where(x1.abs() < 2.0**-21, 0.0, x1)  # so the scaling stays exact to 2^-105
+    x = x1 * 2.0**log2_amax
+    got = _check(x)
+    if x.abs().max().item() >= AMAX_FLOOR and torch.equal(x * 2.0**-log2_amax, x1):
+        base = _check(x1)  # exact scaling: the contract says the bytes are the same
+        assert torch.equal(got.data, base.data) and torch.equal(got.scales, base.scales)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32))
+def test_zero_scale_blocks_match_reference(dtype, seed):
+    # Blocks whose t <= 2^-10 (scale 0) but whose data is not zero: s_enc = 0, so their codes
+    # are the signs alone (0 / 8), from the product's sign bit on every path (native cvt,
+    # sm_90a magic add with input sign nibbles, fp32 sign extraction).
+    x = torch.randn(130, 272, device="cuda")
+    x[:, 16:32] *= 2.0**-20  # t ~ 2^-12: scale 0
+    x[:, 48:64] *= 2.0**-16  # t ~ 2^-8: subnormal scales
+    x[7] = 0  # an all-zero row
+    x[:, 64:80] = -0.0
+    got = _check(x.to(dtype))
+    sf = got.scales_logical()
+    assert (sf[:, 1] == 0).all()
+    codes = unpack_fp4(got.data)
+    assert ((codes[:, 16:32] & 7) == 0).all() and (codes[:, 64:80] == 8).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gs", (2.0**-126, 3.1e-37, 2.0**-117, 2.0**120))
+def test_extreme_given_scales_match_reference(gs, seed):
+    # Below 2^-117 the floor under d binds (subnormal sf * gs); 2^120 is past F32_MAX / 2688,
+    # where decodes can overflow. Blocks span 20 binades below 2 * 32 * gs (capped at 2^127).
+    x = torch.randn(2, 200, 10, 16, device="cuda").clamp(-2, 2)
+    x = (x * torch.exp2(-torch.rand(2, 200, 10, 1, device="cuda") * 20)).reshape(2, 200, 160)
+    x = x * min(gs * 32, 2.0**126)
+    _check(x, global_scale=gs)
 
 
 @pytest.mark.gpu

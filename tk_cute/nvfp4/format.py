@@ -20,6 +20,9 @@ Algorithm (``_round_minifloat``): for |x| with float32 exponent e, clamp e to
 [emin, emax + 1]; the target's quantum at that exponent is 2^(e - m). Scaling |x| by 2^-(e - m)
 is exact (power of two, no under/overflow in range), ``torch.round`` rounds half to even, and
 scaling back is exact; then clamp to the maximum. Codes follow from the rounded value's bits.
+
+`round_float64` rounds float64 results (exact decodes, reference GEMMs) to an output dtype once:
+torch's float64 -> bfloat16/float16 casts go through float32 and round twice.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ E2M1_VALUES: tuple[float, ...] = (
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 E4M3_NAN = 0x7F  # with or without the sign bit 0x80
+E4M3_MAX_BYTE = 0x7E  # the largest finite unsigned (UE4M3) byte: 448
+F32_MIN_NORMAL = 2.0**-126
+F32_MAX = float(torch.finfo(torch.float32).max)  # (2 - 2^-23) * 2^127
 
 # (mantissa bits, minimum normal exponent, maximum exponent, maximum finite value, sign bit)
 _E2M1 = (1, 0, 2, E2M1_MAX, 0x8)
@@ -194,3 +200,60 @@ def unpack_fp4(data: torch.Tensor) -> torch.Tensor:
     """
     d = data.to(torch.uint8)
     return torch.stack((d & 0xF, d >> 4), dim=-1).reshape(*d.shape[:-1], 2 * d.shape[-1])
+
+
+_NARROW_FLOATS = (torch.bfloat16, torch.float16) + tuple(
+    getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                                "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n)
+)
+
+
+def _float32_round_to_odd(x: torch.Tensor) -> torch.Tensor:
+    """float64 -> float32 rounded to odd: truncate toward zero, then set the significand's last
+    bit if anything was dropped. NaN stays NaN; magnitudes the float32 cast overflows to inf
+    stay inf (every narrower format overflows there too); subnormal results are kept."""
+    r = x.to(torch.float32)  # RNE; r == x exactly iff x is a float32
+    back = r.to(torch.float64)
+    inexact = (back != x) & torch.isfinite(r)
+    away = inexact & (back.abs() > x.abs())  # RNE rounded up in magnitude: step back one ulp
+    bits = r.view(torch.int32)  # sign-magnitude: bits - 1 is the next magnitude toward zero
+    bits = (bits - away.to(torch.int32)) | inexact.to(torch.int32)
+    return bits.view(torch.float32)
+
+
+def round_float64(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round float64 values to `dtype` exactly once (round to nearest, ties to even).
+
+    torch's float64 -> bfloat16/float16 cast converts to float32 first and rounds twice, which
+    is one ulp off whenever the float32 value lands on a midpoint of the narrower format (e.g.
+    1.01171875 - 2^-24 -> 1.01171875, a bfloat16 midpoint, -> 1.015625, where 1.0078125 is
+    nearest). Here the
+    float64 -> float32 step rounds to odd instead: a value that is not a float32 becomes an odd
+    float32 strictly between the same two float32 neighbours, so it lies strictly on the same
+    side of every midpoint of a format with at most 22 significand bits, and the ordinary RNE
+    cast from float32 then rounds as if from x itself. This needs float32's quantum to be at
+    least 4x finer than the target's everywhere in the target's range, which holds for
+    bfloat16 (subnormal quantum 2^-133 vs 2^-149), float16 and torch's 8-bit floats. Signs,
+    signed zeros, subnormal results and overflow to +-inf come out as a single rounding gives.
+
+    Args:
+        x: a torch.float64 tensor (any device).
+        dtype: the result dtype: float64 (x itself), float32 (one RNE cast), bfloat16, float16
+            or a float8 dtype (torch's cast from float32 applied to the round-to-odd float32).
+
+    Returns:
+        A tensor of `dtype` and x's shape and device.
+
+    Raises:
+        TypeError: x is not float64, or dtype is not a supported floating dtype.
+    """
+    if x.dtype != torch.float64:
+        raise TypeError(f"round_float64 expects a float64 tensor, got {x.dtype}")
+    if dtype == torch.float64:
+        return x
+    if dtype == torch.float32:
+        return x.to(torch.float32)  # float64 -> float32 is a single RNE cast
+    if dtype not in _NARROW_FLOATS:
+        raise TypeError(f"round_float64: dtype must be float64, float32, bfloat16, float16 or "
+                        f"a float8 dtype, got {dtype}")
+    return _float32_round_to_odd(x).to(dtype)

@@ -7,8 +7,9 @@ no reciprocal-multiply in place of a division, no flush-to-zero of subnormals:
 
 1. ``xf = float32(x)`` (exact for bf16/fp16).
 2. Global decode scale (one per tensor, over all L batches), unless given:
-   ``amax = max |xf|``; ``s_dec_g = max(amax, F(1e-12)) / 2688`` (a division).
-   A user-given ``global_scale`` IS ``s_dec_g`` (converted to float32 by RNE first).
+   ``amax = max |xf|``; ``s_dec_g = max(amax, AMAX_FLOOR) / 2688`` (a division), so
+   ``s_dec_g >= 2^-116``. A user-given ``global_scale`` IS ``s_dec_g`` (converted to float32 by
+   RNE first; it must be finite and at least 2^-126).
 3. ``s_enc_g = 1 / s_dec_g`` (a correctly rounded division, not ``rcp.approx``).
 4. Per row and 16-element block along K: ``blk_amax = max |xf[block]|``;
    ``t = blk_amax / 6`` (division, rounded), then ``t = t * s_enc_g`` (multiplication, rounded);
@@ -16,16 +17,48 @@ no reciprocal-multiply in place of a division, no flush-to-zero of subnormals:
    With the computed global scale t <= 448 up to rounding; with a user-given global scale t can
    exceed 448 (or overflow to +Inf) and saturates to 448 (byte 0x7E). t below 2^-6 gives a
    subnormal scale k * 2^-9; t <= 2^-10 gives sf = 0 (2^-10 itself is a tie, to even = 0).
-5. ``d = float(sf) * s_dec_g`` (rounded); ``d = max(d, F(1e-12))``; ``s_enc = 1 / d``
-   (division). The ROUNDED scale sf is used, so an all-zero block gets s_enc = 1/F(1e-12).
+5. ``d = float(sf) * s_dec_g`` (rounded); ``d = max(d, 2^-126)``; ``s_enc = 1 / d``
+   (division); then ``s_enc = 0`` where ``sf == 0`` (a select, no arithmetic). The ROUNDED scale
+   sf is used. A zero-scale block (all zeros, or t <= 2^-10) thus gets data ``xf * 0``: +0
+   (code 0) or -0 (code 8) by the sign bit of xf, and decodes to zeros either way. The floor
+   2^-126 keeps ``1 / d`` finite; with the computed global scale it never binds (a nonzero sf
+   is >= 2^-9, so d >= 2^-125). It binds only for a given scale below 2^-117, where blocks whose
+   d would be subnormal are encoded with s_enc = 2^126 (too small: they lose magnitude).
 6. ``q = E2M1_RNE_satfinite(xf * s_enc)`` (multiplication, rounded, then convert): ties to even
    mantissa, |y| > 6 saturates to 6, and the sign bit follows the product's sign bit, so a
    negative element that rounds to zero is code 8 (-0) and -0.0 inputs give code 8 as well.
    This is what ``cvt.rn.satfinite.e2m1x2.f32`` does; a kernel decoding by comparison must
    reproduce the -0 codes.
 
-``F(1e-12)`` is float32(1e-12) = 0x2B8CBCCC (9.99999996e-13). Constants 6 and 2688 are exact.
-NaN or Inf in x is rejected (ValueError); an all-zero block or tensor is valid (scales 0, data 0).
+``AMAX_FLOOR = 2688 * 2^-116 = 21 * 2^-109`` (float32 bits 0x0B280000, ~3.2356e-32). Constants 6,
+2688, 2^-126 (0x00800000) and AMAX_FLOOR are exact float32 values.
+
+Scale invariance (computed global scale). If ``x' = 2^j * x`` holds exactly element by element
+and both ``amax(x)`` and ``amax(x')`` lie in ``[AMAX_FLOOR, F32_MAX]``, then x and x' get the same
+data and scale bytes and ``s_dec_g' = 2^j * s_dec_g`` exactly. Every rounded quantity is either a
+product or quotient whose exact value is the same for x and x' (t, ``xf * s_enc``), or one that
+scales by 2^+-j and stays a normal float32 in both (RN commutes with a power-of-two scaling
+there): ``amax / 2688`` and ``s_dec_g`` in ``[2^-116, F32_MAX / 2688]``, ``s_enc_g`` above
+``2688 / F32_MAX > 2^-117``, a nonzero block's ``d`` in ``[2^-125, F32_MAX / 6]`` and ``1 / d``
+above ``6 / F32_MAX > 2^-126``, and ``blk_amax / 6`` whenever it is normal. A block whose
+``blk_amax / 6`` is subnormal (below 2^-126) in either copy has ``t <= fl(2^-126 * 2^116) =
+2^-10`` in both (as ``s_enc_g <= 2^116`` in both), so sf = 0 in both. That last step is why the
+floor is 2^-116 and not 2^-117 (the smallest that keeps d normal): with ``s_enc_g = 2^117`` a
+subnormal ``blk_amax / 6`` can reach t > 2^-10 and round differently from its scaled copy.
+Below the floor (amax < AMAX_FLOOR, including the all-zero tensor) ``s_dec_g = 2^-116`` is fixed
+and ``s_enc_g = 2^116``: the encoding stays valid (same per-block error bound) but bytes are no
+longer scale-invariant and the largest block scale, about ``448 * amax / AMAX_FLOOR``, uses less
+and less of the E4M3 range; at ``amax <= 6 * 2^-126`` (~7.05e-38) every t is <= 2^-10, every
+scale is 0 and the tensor decodes to zeros (its codes keep only the signs). bfloat16 inputs
+reach that range; float16 ones cannot (their smallest nonzero magnitude is 2^-24).
+
+Finite decodes: a decoded value is at most ``2688 * s_dec_g`` in magnitude, which is finite in
+float32 for every byte pattern iff ``s_dec_g <= F32_MAX / 2688`` (exactly a float32). Computed
+global scales always meet it (``fl(amax / 2688) <= fl(F32_MAX / 2688)``), so finite inputs
+decode finitely; a given global scale above it can decode finite inputs to +-inf.
+
+NaN or Inf in x is rejected (ValueError); an all-zero block or tensor is valid (scales 0, data
+0/8). Inputs that require grad are detached: the result is never part of an autograd graph.
 """
 
 from __future__ import annotations
@@ -36,13 +69,13 @@ import torch
 
 from tk_cute.layouts.nvfp4_scales import to_blocked
 
-from .format import e2m1_encode_rne, e4m3_decode, e4m3_encode_rne, pack_fp4
+from .format import F32_MIN_NORMAL, e2m1_encode_rne, e4m3_decode, e4m3_encode_rne, pack_fp4
 from .tensor import SF_VEC, NVFP4Tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-AMAX_FLOOR = 1e-12  # used as float32(1e-12)
 GLOBAL_DENOM = 2688.0  # 448 (E4M3 max) * 6 (E2M1 max)
-_FLT_MIN = 2.0**-126  # smallest normal float32
+AMAX_FLOOR = GLOBAL_DENOM * 2.0**-116  # s_dec_g >= 2^-116: see the scale-invariance proof
+_FLT_MIN = F32_MIN_NORMAL  # the floor of a block's decode scale, and of a given global scale
 
 
 def _check_quantize_input(x, global_scale, *, finite: bool = True) -> torch.Tensor | None:
@@ -131,17 +164,15 @@ def _quantize_reference(x: torch.Tensor, s_dec_g: torch.Tensor | None) -> NVFP4T
     sf = e4m3_encode_rne(t)  # uint8 (..., M, K // 16)
 
     d = torch.mul(e4m3_decode(sf), s_dec_g)
-    d = torch.maximum(d, f32(AMAX_FLOOR))
-    s_enc = torch.div(f32(1.0), d)
+    d = torch.maximum(d, f32(_FLT_MIN))
+    s_enc = torch.where(sf == 0, f32(0.0), torch.div(f32(1.0), d))
     y = torch.mul(blocks, s_enc.unsqueeze(-1))
     codes = e2m1_encode_rne(y).reshape(*lead, M, K)
 
-    return NVFP4Tensor(
-        data=pack_fp4(codes),
-        scales=to_blocked(sf),
-        global_scale=s_dec_g.reshape(()).clone(),
-        shape=torch.Size(x.shape),
-    )
+    # Valid by construction (shapes from x, sf <= 0x7E, s_dec_g checked or computed): the
+    # constructor's value checks would read CUDA tensors back.
+    return NVFP4Tensor.trusted(pack_fp4(codes), to_blocked(sf), s_dec_g.reshape(()).clone(),
+                               x.shape)
 
 
 def quantize_reference(x: torch.Tensor, *, global_scale=None) -> NVFP4Tensor:
@@ -150,7 +181,7 @@ def quantize_reference(x: torch.Tensor, *, global_scale=None) -> NVFP4Tensor:
     Args:
         x: (M, K) or (L, M, K) float32/bfloat16/float16 tensor, K a multiple of 16, finite.
         global_scale: optional per-tensor DECODE scale (float or one-element tensor); default
-            ``max(amax, 1e-12) / 2688``.
+            ``max(amax, AMAX_FLOOR) / 2688``.
 
     Returns:
         The NVFP4Tensor, on x's device.
@@ -158,6 +189,8 @@ def quantize_reference(x: torch.Tensor, *, global_scale=None) -> NVFP4Tensor:
     Raises:
         TypeError, ValueError: see `_check_quantize_input`.
     """
+    if isinstance(x, torch.Tensor):
+        x = x.detach()  # the result must not keep x's autograd graph (nor a copy of |x|) alive
     return _quantize_reference(x, _check_quantize_input(x, global_scale))
 
 
@@ -169,7 +202,7 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True) -
     Args:
         x: (M, K) or (L, M, K) float32/bfloat16/float16 tensor on CPU or CUDA; K a multiple of
             16; no NaN/Inf.
-        global_scale: optional per-tensor DECODE scale; default ``max(amax, 1e-12) / 2688``.
+        global_scale: optional per-tensor DECODE scale; default ``max(amax, AMAX_FLOOR) / 2688``.
         check_finite: CUDA tensors run the kernels of ``tk_cute.kernels.nvfp4_quantize``
             (launched by `tk_cute.nvfp4.launch.quantize`), which
             detect NaN/Inf on the device (a non-finite global scale from the amax pass, or a
@@ -185,6 +218,8 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True) -
     Raises:
         TypeError, ValueError: see `_check_quantize_input`.
     """
+    if isinstance(x, torch.Tensor):
+        x = x.detach()  # the result must not keep x's autograd graph (nor a copy of |x|) alive
     if isinstance(x, torch.Tensor) and x.is_cuda:
         from .launch import quantize as quantize_cuda
 

@@ -6,9 +6,15 @@
 scale a multiple of 2^-9, so ``a_int = 2*e2m1 * 2^9*sf`` is an integer below 2^22 and the sum is
 ``2^-20 * sum_k a_int * b_int``, an integer dot product. It is split into 11-bit halves so each
 float64 matmul only adds integers below 2^53 (exact for K < 2^30) and recombined in int64 (exact
-for K < 2^19). The exact sum is then converted to float64, multiplied by ``2^-20 * gA * gB``
-(exact in float64) and cast to the output dtype: at most two float64 roundings (relative error
-< 2^-51) before the cast. A kernel accumulating in float32 is then judged against the true value.
+for K < 2^19). The exact integer sum is then converted to float64 (exact while it is below 2^53
+in magnitude, e.g. always for K <= 1024), multiplied by ``2^-20 * gA * gB`` (that scale is exact
+in float64; the product rounds once, relative error <= 2^-53) and rounded ONCE to the output
+dtype by `format.round_float64` (torch's float64 -> bfloat16/float16 cast rounds twice, through
+float32). So D is the correctly rounded exact result unless that lies within 2^-53 (relative;
+2^-52 for integer sums past 2^53) of a rounding boundary of the output dtype (a midpoint, or the
+overflow threshold), where it may be the other neighbour. An exact midpoint (a tie) is itself a
+float64, so for integer sums below 2^53 it is reached exactly and ties to even. A kernel
+accumulating in float32 is then judged against the true value.
 
 These run wherever the operands live and are only ever called explicitly: `tk_cute.nvfp4.gemm`
 never falls back to them on a CUDA device.
@@ -19,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from . import validate
-from .format import e2m1_decode, e4m3_decode, unpack_fp4
+from .format import e2m1_decode, e4m3_decode, round_float64, unpack_fp4
 from .tensor import SF_VEC, NVFP4Tensor
 
 _SPLIT = 11  # bits per half of an operand integer (|a_int| < 2^22)
@@ -66,13 +72,14 @@ def gemm_reference(
     validate.gemm_operands(a, b, out_dtype)
     acc = _exact_int_matmul_nt(_operand_integers(a), _operand_integers(b))
     scale = a.global_scale.double() * b.global_scale.double() * 2.0**-20  # exact in float64
-    return (acc.double() * scale).to(out_dtype)
+    return round_float64(acc.double() * scale, out_dtype)
 
 
 def w4a16_reference(a: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16) -> torch.Tensor:
     """``D = a @ deq(b)^T`` in float64 (bf16 activations and decoded weights are exact there,
-    and so is each product), then cast. Shapes as `tk_cute.nvfp4.gemm`'s W4A16 forms."""
+    and so is each product; the K-term sum rounds in float64), then rounded once to out_dtype
+    (`format.round_float64`). Shapes as `tk_cute.nvfp4.gemm`'s W4A16 forms."""
     if isinstance(a, NVFP4Tensor):
         raise TypeError("w4a16_reference takes bfloat16 activations (W4A4: gemm_reference)")
     validate.gemm_operands(a, b, out_dtype)
-    return (a.double() @ b.dequantize(torch.float64).transpose(-1, -2)).to(out_dtype)
+    return round_float64(a.double() @ b.dequantize(torch.float64).transpose(-1, -2), out_dtype)

@@ -8,6 +8,12 @@ Three parts, each already in its global-memory layout so a kernel can take the t
 * ``global_scale``: float32 0-dim tensor, the per-tensor DECODE scale (one for all L batches).
 
 The value represented is ``e2m1(data) * ue4m3(scale of its 16-element block) * global_scale``.
+The public constructor checks shapes, dtypes and devices, and the VALUES that would decode to NaN
+or to a sign-flipped scale: a global scale that is not finite or below 2^-126 (float32's smallest
+normal, the bound `quantize` puts on a given scale), and scale bytes above 0x7E (0x7F is NaN,
+0x80 and up have the sign bit of an unsigned format set), padding included (a tensor core
+multiplies padding scales into zero data, and NaN * 0 is NaN). Reading the values syncs a CUDA
+device once; kernels and views, whose parts are valid by construction, use `NVFP4Tensor.trusted`.
 """
 
 from __future__ import annotations
@@ -18,7 +24,14 @@ import torch
 
 from tk_cute.layouts.nvfp4_scales import blocked_shape, from_blocked
 
-from .format import e2m1_decode, e4m3_decode, unpack_fp4
+from .format import (
+    E4M3_MAX_BYTE,
+    F32_MIN_NORMAL,
+    e2m1_decode,
+    e4m3_decode,
+    round_float64,
+    unpack_fp4,
+)
 
 SF_VEC = 16
 
@@ -67,6 +80,35 @@ class NVFP4Tensor:
             raise ValueError(
                 f"NVFP4Tensor parts must share one device, got {sorted(map(str, devices))}"
             )
+        if gs.device.type != "meta":  # meta tensors (shape-only planning) hold no values
+            self._check_values()
+
+    def _check_values(self) -> None:
+        """Reject a global scale or scale bytes that decode to NaN or to garbage (one host read
+        of each part: a CUDA sync, paid once by a user assembling a tensor from parts)."""
+        value = float(self.global_scale)
+        if not (value >= F32_MIN_NORMAL and value != float("inf")):  # also catches NaN
+            raise ValueError(
+                f"NVFP4Tensor.global_scale (the decode scale) must be positive, finite and at "
+                f"least 2**-126 (float32's smallest normal, as quantize requires), got {value!r}"
+            )
+        bad = self.scales > E4M3_MAX_BYTE
+        if not bool(bad.any()):
+            return
+        what = "UE4M3 bytes 0x00..0x7E (0x7F is NaN; bytes >= 0x80 set the sign bit)"
+        logical = from_blocked(bad, self.M, self.K)  # (..., M, K // 16), padding dropped
+        if bool(logical.any()):
+            pos = tuple(int(i) for i in logical.nonzero()[0])
+            byte = int(self.scales_logical()[pos])
+            *l, row, col = pos
+            where = (f"batch {l[0]}, " if l else "") + (
+                f"row {row}, scale column {col} (K elements {16 * col}..{16 * col + 15})"
+            )
+        else:
+            flat = int(bad.reshape(-1).nonzero()[0])
+            byte = int(self.scales.reshape(-1)[flat])
+            where = f"padding byte {flat} of the blocked scale tensor"
+        raise ValueError(f"NVFP4Tensor.scales must hold {what}, got 0x{byte:02X} at {where}")
 
     @classmethod
     def trusted(cls, data, scales, global_scale, shape) -> "NVFP4Tensor":
@@ -105,7 +147,9 @@ class NVFP4Tensor:
         if device == self.device:
             return self
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return NVFP4Tensor(move(self.data), move(self.scales), move(self.global_scale), self.shape)
+        # The parts were checked (or trusted) already: moving them changes no value.
+        return NVFP4Tensor.trusted(move(self.data), move(self.scales), move(self.global_scale),
+                                   self.shape)
 
     def scales_logical(self) -> torch.Tensor:
         """The block scales as a row-major (..., M, K // 16) uint8 matrix (padding dropped)."""
@@ -126,9 +170,19 @@ def dequantize(q: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tens
     """Decode an NVFP4Tensor: ``e2m1(code) * ue4m3(block scale) * global_scale``.
 
     The product is formed exactly in float64 (e2m1 * ue4m3 has at most 6 significant bits, times
-    a float32 global scale at most 30 bits) and rounded once to `dtype` (float32 results are the
-    correctly rounded fp32 product ``fl32(e2m1 * sf * g)``, identical to computing
-    ``(e2m1 * sf) * g`` in float32 since ``e2m1 * sf`` is exact). Code 8 decodes to -0.0.
+    a float32 global scale at most 30 bits) and rounded once to `dtype` by
+    `format.round_float64` (not torch's float64 -> bfloat16/float16 cast, which rounds twice).
+    float32 results are the correctly rounded fp32 product ``fl32(e2m1 * sf * g)``, identical to
+    computing ``(e2m1 * sf) * g`` in float32 since ``e2m1 * sf`` is exact. Code 8 decodes to
+    -0.0.
+
+    Overflow: every decoded magnitude is at most ``6 * 448 * g = 2688 * g``. For
+    ``g <= F32_MAX / 2688`` (= 798915 * 2^97 ~ 1.2660e35, itself a float32) every byte pattern
+    decodes to a finite float32, and every global scale `quantize` computes meets that bound
+    (``fl(amax / 2688) <= fl(F32_MAX / 2688)``). A larger global scale, only possible when given
+    to `quantize` or to the constructor, can decode finite inputs to +-inf in float32 (codes
+    +-6 with scale 448 already do at the next float32 above the bound). bfloat16 and float16
+    results are +-inf wherever the value rounds past their largest finite value.
 
     Args:
         q: the tensor to decode.
@@ -144,4 +198,4 @@ def dequantize(q: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tens
     vals = e2m1_decode(unpack_fp4(q.data)).to(torch.float64)
     sf = e4m3_decode(q.scales_logical()).to(torch.float64)
     block_scale = sf.repeat_interleave(SF_VEC, dim=-1) * q.global_scale.to(torch.float64)
-    return (vals * block_scale).to(dtype)
+    return round_float64(vals * block_scale, dtype)

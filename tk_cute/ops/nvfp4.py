@@ -29,7 +29,10 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from tk_cute.arch import target
 from tk_cute.ops.ptx import asm
 
-F32_1E_12 = 0x2B8CBCCC  # float32(1e-12), the recipe's floor
+# The recipe's floors (``tk_cute.nvfp4.quantize``): amax floor 2688 * 2^-116 (s_dec_g >= 2^-116,
+# which makes the bytes scale-invariant), and 2^-126 under a block's decode scale (1/d finite).
+F32_AMAX_FLOOR = 0x0B280000  # 21 * 2^-109 = 2688 * 2^-116
+F32_MIN_NORMAL = 0x00800000  # 2^-126
 
 
 def has_native_fp4(arch: str) -> bool:
@@ -81,6 +84,13 @@ def max_f32(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
 def max_nan_f32(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     """max(a, b) that propagates NaN (``max.NaN.f32``, sm_80+), like torch.maximum."""
     return Float32(asm(T.f32(), [_f32(a), _f32(b)], "max.NaN.f32 $0, $1, $2;", "=f,f,f", loc, ip))
+
+
+@dsl_user_op
+def zero_unless(u: Uint32, x: Float32, *, loc=None, ip=None) -> Float32:
+    """x where u != 0, else +0.0 (``selp.f32``: a select, so x's bits pass unchanged)."""
+    text = "{ .reg .pred z; setp.eq.u32 z, $1, 0; selp.f32 $0, 0f00000000, $2, z; }"
+    return Float32(asm(T.f32(), [_u32(u), _f32(x)], text, "=f,r,f", loc, ip))
 
 
 @dsl_user_op

@@ -5,7 +5,15 @@ from fractions import Fraction
 import pytest
 import torch
 
-from tk_cute.nvfp4 import NVFP4Tensor, dequantize, gemm, gemm_reference, quantize
+from tk_cute.nvfp4 import (
+    NVFP4Tensor,
+    dequantize,
+    gemm,
+    gemm_reference,
+    quantize,
+    to_blocked,
+    w4a16_reference,
+)
 from tk_cute.nvfp4.reference import _exact_int_matmul_nt
 
 
@@ -51,6 +59,41 @@ def test_gemm_reference_is_exactly_rounded(seed):
             exact = sum(Fraction(x) * Fraction(y) for x, y in zip(A[m].tolist(), B[n].tolist()))
             want = torch.tensor(float(exact * ga * gb), dtype=torch.float64).float()
             assert d[m, n].item() == want.item()
+
+
+def single_element(code: int, g: float) -> NVFP4Tensor:
+    """A (1, 16) operand: E2M1 `code` at k = 0, zeros elsewhere, block scale 1.0 (0x38)."""
+    data = torch.zeros(1, 8, dtype=torch.uint8)
+    data[0, 0] = code  # element 0: the low nibble
+    scales = to_blocked(torch.tensor([[0x38]], dtype=torch.uint8))
+    return NVFP4Tensor(data, scales, torch.tensor(g, dtype=torch.float32), (1, 16))
+
+
+# D = 1.5 * g (A: code 3 = 1.5 times g, B: code 2 = 1.0 times 1), exact in float64, just off a
+# midpoint of the output format by less than float32's half ulp (2^-24 at 1.0), so a float32
+# step lands on the midpoint and ties to even, the wrong neighbour:
+#   bf16: g = 0x3F2CAAAA, D = 1.01171875 - 2^-24, nearest 1.0078125 (float32 route: 1.015625);
+#   fp16: g = 11212118 * 2^-24, D = 1 + 5 * 2^-11 + 2^-24, nearest 1 + 3 * 2^-10 (float32
+#   route: the tie 1 + 5 * 2^-11, to even 1 + 2 * 2^-10).
+NEAR_MIDPOINT = [
+    (torch.bfloat16, torch.tensor(0x3F2CAAAA, dtype=torch.int32).view(torch.float32).item(),
+     1.01171875 - 2.0**-24, 1.0078125),
+    (torch.float16, 11212118 * 2.0**-24, 1 + 5 * 2.0**-11 + 2.0**-24, 1 + 3 * 2.0**-10),
+]
+
+
+@pytest.mark.parametrize("out_dtype, g, exact, nearest", NEAR_MIDPOINT, ids=["bf16", "fp16"])
+def test_references_round_once_to_bf16_and_fp16(out_dtype, g, exact, nearest):
+    # Regression (double rounding through float32 in the float64 -> out_dtype cast).
+    assert 1.5 * g == exact
+    assert torch.tensor([exact], dtype=torch.float64).to(out_dtype).item() != nearest
+    a, b = single_element(3, g), single_element(2, 1.0)
+    assert gemm_reference(a, b, out_dtype=torch.float32).item() == float(torch.tensor(exact))
+    assert gemm_reference(a, b, out_dtype=out_dtype).item() == nearest
+    x = torch.zeros(1, 16, dtype=torch.bfloat16)
+    x[0, 0] = 1.5
+    assert w4a16_reference(x, single_element(2, g), out_dtype=out_dtype).item() == nearest
+    assert dequantize(a, out_dtype)[0, 0].item() == nearest
 
 
 def test_exact_int_matmul_with_large_k(seed):

@@ -6,6 +6,7 @@ by searching the value tables (ties to the even code), sharing no code with tk_c
 """
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -17,12 +18,16 @@ from tk_cute.nvfp4 import (
     e2m1_decode,
     e4m3_decode,
     e4m3_encode_rne,
+    gemm_reference,
     quantize,
     quantize_reference,
+    to_blocked,
     unpack_fp4,
 )
 
 F = np.float32
+AMAX_FLOOR = 2688 * 2.0**-116  # the recipe's amax floor: s_dec_g >= 2^-116
+F32_MAX = float(np.finfo(np.float32).max)
 E2M1_MAGS = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
@@ -45,13 +50,15 @@ def nearest_even(v: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return np.where(v >= grid[-1], len(grid) - 1, np.where(up, i + 1, i))
 
 
-def slow_quantize(x: torch.Tensor, global_scale=None):
-    """Returns (codes (L, M, K) uint8, logical scales (L, M, K/16) uint8, s_dec_global float32)."""
+def slow_quantize(x: torch.Tensor, global_scale=None, amax_floor=AMAX_FLOOR):
+    """Returns (codes (L, M, K) uint8, logical scales (L, M, K/16) uint8, s_dec_global float32).
+
+    `amax_floor` only exists to show why the recipe's floor is not lower (a test below)."""
     xf = x.float().reshape(-1, *x.shape[-2:]).numpy()
     L, M, K = xf.shape
     if global_scale is None:
         amax = F(np.abs(xf).max())
-        s_dec = F(max(amax, F(1e-12)) / F(2688))
+        s_dec = F(max(amax, F(amax_floor)) / F(2688))
     else:
         s_dec = F(global_scale)
     s_enc = F(F(1) / s_dec)
@@ -65,8 +72,8 @@ def slow_quantize(x: torch.Tensor, global_scale=None):
                     t = F(F(np.abs(blk).max()) / F(6))
                     t = F(t * s_enc)
                     sf = int(nearest_even(t, E4M3_POS))
-                    d = max(F(F(E4M3_POS[sf]) * s_dec), F(1e-12))
-                    s = F(F(1) / d)
+                    d = max(F(F(E4M3_POS[sf]) * s_dec), F(2.0**-126))
+                    s = F(0) if sf == 0 else F(F(1) / d)
                     y = (blk * s).astype(F)
                     c = nearest_even(np.abs(y), E2M1_MAGS) | np.where(np.signbit(y), 8, 0)
                     codes[l, m, 16 * b : 16 * b + 16] = c
@@ -114,6 +121,9 @@ def test_quantize_huge_dynamic_range_gives_subnormal_and_zero_scales(seed):
     q = assert_matches_slow(x)
     sf = q.scales_logical()
     assert ((sf > 0) & (sf < 8)).any() and (sf == 0).any() and (sf >= 8).any()
+    # a zero scale means s_enc = 0: the codes of such (nonzero) blocks are the signs alone
+    codes = unpack_fp4(q.data).reshape(L, M, K // 16, 16)
+    assert ((codes[sf == 0] & 7) == 0).all() and (codes[sf == 0] == 8).any()
 
 
 def test_quantize_zero_blocks_and_minus_zero(seed):
@@ -132,17 +142,22 @@ def test_quantize_zero_blocks_and_minus_zero(seed):
 def test_quantize_all_zero_tensor(dtype):
     q = assert_matches_slow(torch.zeros(3, 130, 32, dtype=dtype))
     assert (q.data == 0).all() and (q.scales == 0).all()
-    assert q.global_scale.item() == float(F(F(1e-12) / F(2688)))
+    assert q.global_scale.item() == 2.0**-116  # AMAX_FLOOR / 2688
     assert (q.dequantize() == 0).all()
 
 
-@pytest.mark.parametrize("gs", [0.01, 1.0, 2.0**-20, 7.3e-6])
+@pytest.mark.parametrize("gs", [0.01, 1.0, 2.0**-20, 7.3e-6, 2.0**-126, 3.1e-37])
 def test_quantize_given_global_scale(gs, seed):
     # gs = 2^-20 makes (blk_amax / 6) / gs exceed 448 for most blocks (saturation to 0x7E);
-    # 7.3e-6 is not a power of two, so every step rounds.
+    # 7.3e-6 is not a power of two, so every step rounds. Below 2^-117 (2^-126, 3.1e-37 ~
+    # 2^-121) a subnormal block scale times gs is below 2^-126: the d floor binds there.
     x = torch.randn(2, 96, 64) * 4
+    if gs < 2.0**-117:
+        x = x * (gs / 256)  # t ~ 0.006: subnormal E4M3 scales, so sf * gs < 2^-126
     q = assert_matches_slow(x, global_scale=gs)
     assert q.global_scale.item() == float(F(gs))
+    sf = e4m3_decode(q.scales_logical())
+    assert ((sf > 0) & (sf * q.global_scale < 2.0**-126)).any() == (gs < 2.0**-117)
     if gs == 2.0**-20:
         assert (q.scales_logical() == 0x7E).float().mean() > 0.9
     q2 = quantize(x, global_scale=torch.tensor([gs], dtype=torch.float64))
@@ -255,6 +270,185 @@ def test_nvfp4tensor_container(seed):
         NVFP4Tensor(q.data, q.scales.to("meta"), q.global_scale, q.shape)
     with pytest.raises(TypeError, match="expects an NVFP4Tensor"):
         dequantize(x)
+
+
+def test_dequantize_bf16_rounds_once():
+    # Regression (double rounding): g = float32 0x3F2CAAAA, block [6g, 1.5g, 0, ...] gives
+    # sf = 1.0 and codes 6, 1.5, so element 1 decodes to 1.5 g = 1.01171875 - 2^-24 exactly,
+    # just below the bf16 midpoint 1.01171875 of 1.0078125 and 1.015625. torch's float64 ->
+    # bf16 cast rounds to float32 first (onto the midpoint, ties to even) and gave 1.015625.
+    g = torch.tensor(0x3F2CAAAA, dtype=torch.int32).view(torch.float32)
+    x = torch.zeros(1, 16)
+    x[0, 0], x[0, 1] = 6 * g, 1.5 * g
+    q = quantize(x, global_scale=g)
+    assert q.scales_logical().item() == 0x38  # 1.0
+    exact = dequantize(q, torch.float64)
+    assert exact[0, 1].item() == 1.01171875 - 2.0**-24
+    assert dequantize(q, torch.bfloat16)[0, 1].item() == 1.0078125
+    assert exact.to(torch.bfloat16)[0, 1].item() == 1.015625  # what the old cast gave
+
+
+# --------------------------------------------------------------------------- scale invariance
+
+
+def wide_range_input(shape, dtype, lo=2.0**-20):
+    """Blocks log-uniform over 2^-22 .. 2^0 of amax (zero, subnormal and normal E4M3 scales),
+    zero and -0 blocks, elements below `lo` zeroed so that scaling by 2^-105 stays exact, and
+    amax exactly 1.3125 (= AMAX_FLOOR * 2^105)."""
+    L, M, K = shape
+    x = torch.randn(L, M, K // 16, 16) * torch.exp2(-torch.rand(L, M, K // 16, 1) * 22)
+    x = torch.where(x.abs() < lo, 0.0, x.clamp(-1, 1)).reshape(L, M, K)
+    x[0, 0, :16] = 0.0
+    x[-1, 1, 16:32] = -0.0
+    x[0, 2, 5] = -1.3125
+    return x.to(dtype)
+
+
+def same_bytes(a, b):
+    return torch.equal(a.data, b.data) and torch.equal(a.scales, b.scales)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("amax", [1.0, 1e-12, 1e-14, 1e-30, AMAX_FLOOR])
+def test_quantize_is_scale_invariant_down_to_the_floor(amax, dtype, seed):
+    # Regression: the old floors (1e-12 on amax and on each block's decode scale) made tensors
+    # with amax below ~6e-12 quantize to garbage (relative error 0.64 at amax 1e-12, 1.0 at
+    # 1e-14, against ~0.1 at amax 1). The contract (quantize's docstring) proves the bytes of
+    # x * 2^j equal those of x whenever both amaxes are in [AMAX_FLOOR, F32_MAX].
+    x0 = wide_range_input((2, 70, 96), dtype)
+    j = round(math.log2(amax / 1.3125))
+    x = x0 * 2.0**j
+    assert torch.equal(x * 2.0**-j, x0)  # the scaling is exact in the input dtype
+    assert AMAX_FLOOR <= x.abs().max().item() <= 2 * amax
+    q0, q = quantize(x0), quantize(x)
+    assert same_bytes(q, q0)
+    assert q.global_scale.item() == q0.global_scale.item() * 2.0**j
+    deq0, deq = dequantize(q0, torch.float64), dequantize(q, torch.float64)
+    assert torch.equal(deq, deq0 * 2.0**j)
+    rel = lambda d, v: ((d - v.double()).norm() / v.double().norm()).item()
+    assert rel(deq, x) == rel(deq0, x0) < 0.2
+    sf = q.scales_logical()
+    assert (sf == 0).any() and ((sf > 0) & (sf < 8)).any()  # every scale regime is exercised
+    if amax == AMAX_FLOOR:
+        assert x.abs().max().item() == AMAX_FLOOR  # the smallest amax the claim covers
+
+
+def test_quantize_below_the_floor_degrades_but_stays_valid(seed):
+    # Below AMAX_FLOOR s_dec_g stays 2^-116: bytes are no longer scale-invariant and the block
+    # scales use less of the E4M3 range, but the encoding still follows the recipe. At
+    # amax <= 6 * 2^-126 every t = fl(blk_amax / 6) * 2^116 is <= 2^-10: all scales are 0.
+    x0 = wide_range_input((1, 40, 64), torch.float32, lo=0.0)
+    q0 = quantize(x0)
+    x = x0 * 2.0**-106  # amax = AMAX_FLOOR / 2
+    q = assert_matches_slow(x)
+    assert q.global_scale.item() == 2.0**-116 and not same_bytes(q, q0)
+    assert (q.scales_logical().max() < q0.scales_logical().max()).item()
+    y = torch.randn(8, 32) * 2.0**-128
+    y[3, 7] = 6 * 2.0**-126  # amax exactly 6 * 2^-126: t = 2^-10 at most, a tie to 0
+    q = assert_matches_slow(y)
+    assert (q.scales == 0).all() and (q.dequantize() == 0).all()
+    assert torch.equal(unpack_fp4(q.data), torch.signbit(y).to(torch.uint8) * 8)  # signs only
+    y[3, 7] = 6 * 2.0**-126 * (1 + 2.0**-20)  # t just above 2^-10: the smallest scale
+    assert assert_matches_slow(y).scales_logical()[3, 0] == 1
+
+
+def test_amax_floor_is_2_pow_minus_116_not_117():
+    # A block whose blk_amax / 6 is a float32 subnormal loses precision in that division. With
+    # s_dec_g >= 2^-116 such blocks get t <= fl(2^-126 * 2^116) = 2^-10 (scale 0) in every copy.
+    # A floor of 2688 * 2^-117 (the smallest that keeps each block's d normal) gives
+    # s_enc_g = 2^117 at amax = 2688 * 2^-117, and the block with blk_amax / 6 = 2^-127 +
+    # 2^-148 / 6 gets t = 2^-10 (a tie, scale 0) there but t = 2^-10 + 2^-33 (scale 1) in the
+    # copy scaled by 2^30, where the division does not lose the 2^-148.
+    for floor, invariant in ((AMAX_FLOOR, True), (2688 * 2.0**-117, False)):
+        x = torch.zeros(1, 48)
+        x[0, 0] = floor  # amax at the floor: the smallest amax either recipe would claim
+        x[0, 16] = 6 * 2.0**-127 + 2.0**-148  # blk_amax / 6 subnormal, just above 2^-127
+        x[0, 32] = 6 * 2.0**-126 - 2.0**-147  # blk_amax / 6 subnormal, just below 2^-126
+        y = x * 2.0**30
+        assert torch.equal(y * 2.0**-30, x)
+        (_, sf_x, _), (_, sf_y, _) = (slow_quantize(v, amax_floor=floor) for v in (x, y))
+        assert np.array_equal(sf_x, sf_y) == invariant
+        if invariant:
+            assert same_bytes(quantize(x), quantize(y))
+            assert (sf_x[0, 0, 1:] == 0).all()
+
+
+def test_quantize_detaches_inputs_that_require_grad(seed):
+    # Regression: the global scale was computed from x's graph, so the result kept x's graph
+    # (and a copy of |x|) alive and its decodes and GEMMs required grad.
+    x = torch.randn(64, 48, requires_grad=True)
+    gs = torch.tensor(0.01, requires_grad=True)
+    for q in (quantize(x), quantize_reference(x), quantize(x * 2), quantize(x, global_scale=gs)):
+        for part in (q.data, q.scales, q.global_scale):
+            assert part.grad_fn is None and not part.requires_grad
+        assert not dequantize(q).requires_grad and not q.dequantize(torch.bfloat16).requires_grad
+        assert not gemm_reference(q, q).requires_grad
+    assert x.grad is None
+
+
+# --------------------------------------------------------------------------- finite decodes
+
+G_MAX = F32_MAX / 2688  # = 798915 * 2^97, a float32: 2688 * G_MAX = F32_MAX exactly
+
+
+def full_scale_tensor(gs: float) -> NVFP4Tensor:
+    """Codes +-6 with scale 448 everywhere: the largest decoded magnitude, 2688 * gs."""
+    data = torch.full((2, 8), 0xF7, dtype=torch.uint8)  # codes 7 (+6) low, 15 (-6) high
+    scales = to_blocked(torch.full((2, 1), 0x7E, dtype=torch.uint8))
+    return NVFP4Tensor(data, scales, torch.tensor(gs, dtype=torch.float32), (2, 16))
+
+
+def test_decode_is_finite_up_to_g_max_and_overflows_past_it():
+    assert float(torch.tensor(G_MAX)) == G_MAX and G_MAX / 2.0**97 == 798915
+    deq = dequantize(full_scale_tensor(G_MAX))
+    assert torch.isfinite(deq).all() and deq.abs().max().item() == F32_MAX
+    above = torch.nextafter(torch.tensor(G_MAX), torch.tensor(math.inf)).item()
+    # 2688 * above = F32_MAX + 2688 * 2^93 > F32_MAX + 2^103 (half an ulp): rounds to inf
+    assert torch.isinf(dequantize(full_scale_tensor(above))).all()
+    # computed global scales never pass G_MAX: fl(amax / 2688) <= fl(F32_MAX / 2688) = G_MAX
+    x = torch.randn(4, 32)
+    x[1, 3] = F32_MAX
+    q = quantize(x)
+    assert q.global_scale.item() == G_MAX and torch.isfinite(q.dequantize()).all()
+    # a given scale past G_MAX decodes finite input to inf: t = fl(F32_MAX / 6) / 2^120 ~ 42.7
+    # rounds up to scale 44, F32_MAX / (44 * 2^120) ~ 5.82 to code 6, 6 * 44 * 2^120 > 2^128
+    q = quantize(torch.full((1, 16), F32_MAX), global_scale=2.0**120)
+    assert q.scales_logical().item() == 0x63 and torch.isinf(q.dequantize()).all()
+
+
+# --------------------------------------------------------------------------- constructor values
+
+
+def test_nvfp4tensor_rejects_bad_global_scale(seed):
+    q = quantize(torch.randn(4, 32))
+    for bad in (-1.0, 0.0, -0.0, math.nan, math.inf, -math.inf, 1e-40, 2.0**-127):
+        gs = torch.tensor(bad, dtype=torch.float32)  # 1e-40: the float32 subnormal 9.99995e-41
+        with pytest.raises(ValueError, match=r"global_scale .*positive, finite and at least "
+                                             r"2\*\*-126 .*got " + re.escape(repr(gs.item()))):
+            NVFP4Tensor(q.data, q.scales, gs, q.shape)
+    NVFP4Tensor(q.data, q.scales, torch.tensor(2.0**-126), q.shape)  # the smallest accepted
+    NVFP4Tensor(q.data, q.scales, torch.tensor(F32_MAX), q.shape)
+
+
+@pytest.mark.parametrize("byte", [0x7F, 0xFF, 0x80, 0xB8])
+def test_nvfp4tensor_rejects_nan_and_signed_scale_bytes(byte, seed):
+    # Regression: 0x7F/0xFF (NaN) and sign-bit bytes were accepted; dequantize then gave NaN
+    # (or negated blocks) while gemm_reference gave finite garbage for the same row.
+    q = quantize(torch.randn(2, 130, 80))  # K/16 = 5: padding columns 5..7 in the last atom
+    sf = q.scales_logical().clone()
+    sf[1, 129, 3] = byte
+    sf[1, 129, 4] = 0xFF  # later in row-major order: the first bad byte is reported
+    with pytest.raises(ValueError, match=rf"UE4M3 bytes 0x00\.\.0x7E .*got 0x{byte:02X} at "
+                                         rf"batch 1, row 129, scale column 3 \(K elements "
+                                         rf"48\.\.63\)"):
+        NVFP4Tensor(q.data, to_blocked(sf), q.global_scale, q.shape)
+    padded = q.scales.clone()
+    padded[0, 0, 1, 2] = byte  # row 0, scale column 6 (second atom, column 2): padding
+    with pytest.raises(ValueError, match=rf"got 0x{byte:02X} at padding byte 514 of"):
+        NVFP4Tensor(q.data, padded, q.global_scale, q.shape)
+    # kernels and views build from parts that are valid by construction, without the checks
+    t = NVFP4Tensor.trusted(q.data, padded, q.global_scale, q.shape)
+    assert torch.equal(t.to("cpu").scales, padded)
 
 
 # --------------------------------------------------------------------------- bad input
