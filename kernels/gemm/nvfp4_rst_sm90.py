@@ -49,11 +49,14 @@ SMEM_BUDGET = 227 * 1024
 @dataclass(frozen=True)
 class Config:
     """Nb: activation rows per tile (wgmma N: 128 or 256); LOAD_PIPE_DEPTH: ring stages (0: as
-    many as fit); SUPERGROUP_SIZE: tile rows per supergroup (L2 reuse of the activations)."""
+    many as fit); SUPERGROUP_SIZE: tile rows per supergroup (L2 reuse of the activations);
+    A_SETS: A operand register sets the consumers alternate between stages (2: a stage's decode
+    overlaps the previous stage's MMAs of the same warpgroup; 1: each decode waits for them)."""
 
     Nb: int = 256
     LOAD_PIPE_DEPTH: int = 0
     SUPERGROUP_SIZE: int = 8
+    A_SETS: int = 1
     out_dtype: str = "bfloat16"
 
     def __post_init__(self):
@@ -62,6 +65,8 @@ class Config:
         if self.out_dtype not in OUT_TYPES:
             raise ValueError(f"out_dtype must be one of {list(OUT_TYPES)}, got "
                              f"{self.out_dtype!r}")
+        if self.A_SETS not in (1, 2):
+            raise ValueError(f"A_SETS must be 1 or 2, got {self.A_SETS}")
         if self.LOAD_PIPE_DEPTH == 1 or self.LOAD_PIPE_DEPTH < 0:
             raise ValueError(f"LOAD_PIPE_DEPTH must be 0 (auto) or >= 2, got "
                              f"{self.LOAD_PIPE_DEPTH}")
@@ -134,16 +139,26 @@ class GemmNvfp4RsTiledSm90(LCF):
         rows = (thread // warpgroup.WARPGROUP_THREADS) * 64  # this warpgroup's weight rows
         r_lo = rows + (wg_thread // 32) * 16 + lane // 4  # accumulator rows g, g + 8
         scale = memory.ld_f32(g.gs.toint()) * Float32(2.0 ** fp4.BF16_DECODE_SHIFT)
-        return Consumer(acc, rt.operand_A(mma, wg_thread, 64, STAGE_K), rows, r_lo, lane % 4,
-                        scale)
+        a_sets = [rt.operand_A(mma, wg_thread, 64, STAGE_K) for _ in range(self.config.A_SETS)]
+        return Consumer(acc, a_sets, rows, r_lo, lane % 4, scale)
 
+    @cute.jit
     def compute(self, g, s, inputs, k):
-        warpgroup.mma_async_wait(0)  # the previous stage's MMAs have read the A registers
+        if cutlass.const_expr(self.config.A_SETS == 1):
+            warpgroup.mma_async_wait(0)  # the previous stage's MMAs have read the A registers
+            self._decode_mma(s, s.a[0], inputs)
+        else:  # the template waited for stage k - 2's MMAs: set k % 2 is free
+            if k % 2 == 0:
+                self._decode_mma(s, s.a[0], inputs)
+            else:
+                self._decode_mma(s, s.a[1], inputs)
+
+    def _decode_mma(self, s, a, inputs):
         w_base = inputs["w"].iterator.toint()
-        rs.decode(s.a, lambda r: w_base + r * (STAGE_K // 2) + 16 * s.t,
+        rs.decode(a, lambda r: w_base + r * (STAGE_K // 2) + 16 * s.t,
                   inputs["sf"].iterator.toint(), s.r_lo, s.t, 0)
         warpgroup.mma_fence()
-        warpgroup.mma_ABt(s.acc, s.a, inputs["x"])
+        warpgroup.mma_ABt(s.acc, a, inputs["x"])
 
     @cute.jit
     def finish(self, g, s, at, smem, thread):
@@ -183,8 +198,8 @@ class GemmNvfp4RsTiledSm90(LCF):
 
 
 class Consumer:
-    """A consumer thread's state: accumulator, A registers, its rows, its lane's K quarter t
-    and D's scale."""
+    """A consumer thread's state: accumulator, A register sets, its rows, its lane's K quarter
+    t and D's scale."""
 
     def __init__(self, acc, a, rows, r_lo, t, scale):
         self.acc, self.a, self.rows, self.r_lo, self.t, self.scale = acc, a, rows, r_lo, t, scale

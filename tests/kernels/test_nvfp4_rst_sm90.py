@@ -9,9 +9,11 @@ from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
 from tk_cute.layouts import nvfp4_scales
 
 
-@pytest.fixture(scope="module", params=[256, 128], ids=["nb256", "nb128"])
+@pytest.fixture(scope="module", params=[(256, 1), (128, 1), (256, 2)],
+                ids=["nb256", "nb128", "nb256_2sets"])
 def built(request):
-    cfg = rst.Config(Nb=request.param)
+    nb, sets = request.param
+    cfg = rst.Config(Nb=nb, A_SETS=sets)
     k = rst.GemmNvfp4RsTiledSm90(cfg)
     return cfg, k, build(k, *rst.signature(cfg).compile_args(132), arch="sm_90a")
 
@@ -19,11 +21,17 @@ def built(request):
 def test_register_a_wgmma_fed_by_tma_without_spills(built):
     cfg, k, b = built
     # One 128-K stage per batch: 8 wgmma m64 n Nb k16 with A from registers, issued once in the
-    # consumer loop; the A operand is decoded from two 16-byte shared loads per thread.
+    # consumer loop per A register set; the A operand is decoded from two 16-byte shared loads
+    # per thread.
+    sets = cfg.A_SETS
     inst = rf"wgmma\.mma_async\.sync\.aligned\.m64n{cfg.Nb}k16\.f32\.bf16\.bf16"
-    assert b.ptx_count(inst) == 8 and b.sass_count("HGMMA") == 8
-    assert b.ptx_count(inst + r"\s+\{") == 8  # (register A: the A operand is a register list)
-    assert b.sass_count(r"LDS\.128") == 2
+    assert b.ptx_count(inst) == 8 * sets
+    assert b.sass_count(rf"HGMMA\.64x{cfg.Nb}x16") == 8 * sets
+    assert b.ptx_count(inst + r"\s+\{") == 8 * sets  # (register A: a register list)
+    assert b.sass_count(r"LDS\.128") == 2 * sets
+    # Two sets: neither branch waits between its MMAs (ptxas would serialize them, C7513, if
+    # the decode of one set touched registers the other's MMAs read).
+    assert b.sass_count(r"WARPGROUP\.DEPBAR") <= 3
     assert b.ptx_count(r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global") >= 3
     assert b.ptx_count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232") == 1
     assert b.ptx_count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40") == 1
@@ -82,10 +90,10 @@ def _weights(N, K):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nb", [128, 256])
+@pytest.mark.parametrize("nb, sets", [(128, 1), (256, 1), (128, 2), (256, 2)])
 @pytest.mark.parametrize("M, N, K", [(129, 256, 128), (300, 1024, 2048), (1000, 384, 1152),
                                      (256, 8192, 8192), (4097, 512, 256)])
-def test_every_element_matches_the_exact_product(seed, nb, M, N, K):
+def test_every_element_matches_the_exact_product(seed, nb, sets, M, N, K):
     from tk_cute.nvfp4 import launch
     from tk_cute.testing import assert_gemm_close
 
@@ -93,9 +101,9 @@ def test_every_element_matches_the_exact_product(seed, nb, M, N, K):
     a = torch.randn(M, K, device="cuda").bfloat16()
     for out_dtype in (torch.bfloat16, torch.float32, torch.float16):
         out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)  # poison
-        d = launch.gemm_rs_tiled(a, b, out=out, config=rst.Config(Nb=nb))
+        d = launch.gemm_rs_tiled(a, b, out=out, config=rst.Config(Nb=nb, A_SETS=sets))
         assert d.data_ptr() == out.data_ptr()
-        assert_gemm_close(d, a, b, f"Nb={nb} {out_dtype}")
+        assert_gemm_close(d, a, b, f"Nb={nb} A_SETS={sets} {out_dtype}")
 
 
 @pytest.mark.gpu

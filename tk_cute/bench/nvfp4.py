@@ -98,8 +98,10 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int):
         from tk_cute.nvfp4 import launch
 
         for nb in (128, 256):
-            v[f"tk_cute w4a16 tiled Nb={nb}"] = (
-                lambda s, c=rst.Config(Nb=nb): launch.gemm_rs_tiled(s["a"], s["b"], config=c))
+            for sets in (1, 2):
+                v[f"tk_cute w4a16 tiled Nb={nb} A{sets}"] = (
+                    lambda s, c=rst.Config(Nb=nb, A_SETS=sets): launch.gemm_rs_tiled(
+                        s["a"], s["b"], config=c))
     return v, notes
 
 
