@@ -89,16 +89,7 @@ class GemmSm90(LCF):
         self.a_tile = st(c.in_type, c.Mb, self.Kb)
         self.b_tile = st(c.in_type, c.Nb, self.Kb)
         self.c_tile = st(OUTPUT_TYPES[c.out_dtype], c.Mb, c.EPI_N)
-        budget = target(c.arch).smem_bytes
-        self.LOAD_PIPE_DEPTH = c.LOAD_PIPE_DEPTH or max(
-            d for d in range(2, 9) if self._smem(d) <= budget)
-        if self._smem(self.LOAD_PIPE_DEPTH) > budget:
-            raise ValueError(f"{self.LOAD_PIPE_DEPTH} stages need {self._smem(self.LOAD_PIPE_DEPTH)}"
-                             f" bytes of shared memory; {c.arch} has {budget}")
-
-    def _smem(self, depth):
-        self.LOAD_PIPE_DEPTH = depth
-        return self.dynamic_shared_memory()
+        self.fit_ring(c.LOAD_PIPE_DEPTH, target(c.arch).smem_bytes)
 
     # --- globals ----------------------------------------------------------------------------
     def inputs(self):

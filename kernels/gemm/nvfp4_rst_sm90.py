@@ -99,15 +99,7 @@ class GemmNvfp4RsTiledSm90(LCF):
         self.w_tile = st(cutlass.Int8, ROWS, STAGE_K // 2, swizzle=False)
         self.sf_tile = st(cutlass.Int8, 2 * (STAGE_K // nvfp4_scales.ATOM_K), 256, swizzle=False)
         self.x_tile = st(cutlass.BFloat16, config.Nb, STAGE_K)
-        fits = [d for d in range(2, 9) if self._smem(d) <= SMEM_BUDGET]
-        self.LOAD_PIPE_DEPTH = config.LOAD_PIPE_DEPTH or (max(fits) if fits else 0)
-        if self.LOAD_PIPE_DEPTH < 2 or self._smem(self.LOAD_PIPE_DEPTH) > SMEM_BUDGET:
-            raise ValueError(f"{self.LOAD_PIPE_DEPTH} stages of {self.stage_bytes()} B do not "
-                             f"fit {SMEM_BUDGET} B of shared memory")
-
-    def _smem(self, depth):
-        self.LOAD_PIPE_DEPTH = depth
-        return self.dynamic_shared_memory()
+        self.fit_ring(config.LOAD_PIPE_DEPTH, SMEM_BUDGET)
 
     # --- globals ----------------------------------------------------------------------------
     def inputs(self):

@@ -67,7 +67,7 @@ def test_config_and_shape_rules():
         rst.Config(Nb=64)
     with pytest.raises(ValueError, match="LOAD_PIPE_DEPTH"):
         rst.Config(LOAD_PIPE_DEPTH=1)
-    with pytest.raises(ValueError, match="do not fit"):
+    with pytest.raises(ValueError, match="of shared memory; the budget is"):
         rst.GemmNvfp4RsTiledSm90(rst.Config(LOAD_PIPE_DEPTH=4))
     with pytest.raises(ValueError, match="N % 128 == 0, got N=136"):
         rst.check_shape(300, 136, 256)

@@ -72,6 +72,20 @@ class LCF:
     def stage_bytes(self) -> int:
         return sum(t.bytes for t in self.inputs().values())
 
+    def fit_ring(self, requested: int, budget: int) -> int:
+        """Set LOAD_PIPE_DEPTH to `requested` or, for 0, to the deepest ring of 2..8 stages
+        whose `dynamic_shared_memory` fits `budget` bytes; ValueError when it does not fit."""
+        def smem(depth):
+            self.LOAD_PIPE_DEPTH = depth
+            return self.dynamic_shared_memory()
+
+        fits = [d for d in range(2, 9) if smem(d) <= budget]
+        depth = requested or (max(fits) if fits else 2)
+        if depth < 2 or smem(depth) > budget:
+            raise ValueError(f"{depth} stages of {self.stage_bytes()} B need {smem(depth)} bytes "
+                             f"of shared memory; the budget is {budget}")
+        return depth
+
     # --- host -----------------------------------------------------------------------------
     def launch(self, g, m_tiles, n_tiles, batches, max_ctas: int, stream):
         """Launch over an (m_tiles, n_tiles, batches) grid of output tiles on at most
