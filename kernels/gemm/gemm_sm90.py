@@ -59,7 +59,7 @@ class Config:
             raise TypeError(f"input dtype must be one of {list(INPUT_TYPES)}, got {self.dtype!r}")
         if self.out_dtype not in OUTPUT_TYPES:
             raise TypeError(f"out_dtype must be one of {list(OUTPUT_TYPES)}, got {self.out_dtype!r}")
-        if target(self.arch).family != "hopper":
+        if not target(self.arch).wgmma:
             raise ValueError(f"GemmSm90 needs wgmma (sm_90a); target is {self.arch}")
         if self.Mb != 128 or self.Nb not in (64, 128, 192, 256):
             raise ValueError(f"tile must be 128 x {{64,128,192,256}} (two 64-row consumers); "
