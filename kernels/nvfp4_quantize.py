@@ -145,11 +145,7 @@ def _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base, sf_base, sf_ok):
     m = _abs_max_bits(words, cfg.dtype)
     for off in (1, 2)[: cfg.esize.bit_length() - 1]:  # lanes per block: 2 (16-bit), 4 (fp32)
         m = Uint32(cutlass.max(m, Uint32(cute.arch.shuffle_sync_bfly(m, offset=off))))
-    t = fp4.div_rn(fp4.from_bits(m), Float32(6.0))
-    sf = fp4.ue4m3_encode_hw(fp4.mul_rn(t, s_enc_g))
-    d = fp4.max_f32(fp4.mul_rn(fp4.ue4m3_decode(sf), s_dec_g),
-                    fp4.from_bits(Uint32(fp4.F32_MIN_NORMAL)))
-    s_enc = fp4.zero_unless(sf, fp4.div_rn(Float32(1.0), d))  # sf == 0: codes +-0
+    sf, s_enc, _ = fp4.block_scale(fp4.from_bits(m), s_dec_g, s_enc_g)
     signs = None
     if cfg.dtype != "f32" and not fp4.has_native_fp4(cfg.arch):
         signs = fp4.sign_nibbles_16bit(*words)

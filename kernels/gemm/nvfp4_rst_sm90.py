@@ -17,6 +17,12 @@ While one warpgroup decodes, the other's MMAs keep the tensor cores busy.
 Activations: `nvfp4_rs_sm90._permute_kernel` writes them once per call in the decode's K order
 (`nvfp4_rs_sm90.act_column`, period 128: a permutation of K applied to both operands leaves
 every sum unchanged).
+Output: bf16 / fp16 / fp32, or NVFP4 (out_dtype "nvfp4", the fused epilogue `_finish_nvfp4`):
+per 16 D columns of a D row (16 accumulator rows of one warp, one column) the block amax by
+three lane shuffles, the block scale and codes by the recipe's one op (`ops.nvfp4.block_scale`,
+the quantizer's), with D's given decode scale, so the bytes equal quantizing the fp32 output;
+code pairs meet by one shuffle; scale bytes land at `nvfp4_scales.band_offset`; a saturated
+block scale (the given scale too small) ORs a device flag.
 Constraints (checked): N % 128 == 0, K % 128 == 0; any M >= 1 (TMA zero-fills the last tile).
 Peer: CUTLASS's Hopper mixed-input GEMM (`examples/55_hopper_mixed_dtype_gemm`), which
 converts a narrow B in registers the same way.
@@ -32,7 +38,7 @@ from cutlass import Float32
 
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.layouts import nvfp4_scales
-from tk_cute.ops import memory, register, tma, warpgroup
+from tk_cute.ops import memory, register, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, ptr
 from tk_cute.templates.lcf import LCF
@@ -42,7 +48,7 @@ from tk_cute.types.struct import DeviceStruct
 STAGE_K = rs.SUB_K  # K per stage: one register-A batch (8 wgmma k16 steps)
 ROWS = 128  # weight rows per tile: one scale band, two 64-row consumer warpgroups
 OUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
-             "float32": cutlass.Float32}
+             "float32": cutlass.Float32, "nvfp4": cutlass.Uint8}  # nvfp4: D's packed codes
 SMEM_BUDGET = 227 * 1024
 
 
@@ -129,10 +135,11 @@ class GemmNvfp4RsTiledSm90(LCF):
         register.zero(acc)
         lane = wg_thread % 32
         rows = (thread // warpgroup.WARPGROUP_THREADS) * 64  # this warpgroup's weight rows
-        r_lo = rows + (wg_thread // 32) * 16 + lane // 4  # accumulator rows g, g + 8
+        warp_rows = rows + (wg_thread // 32) * 16  # this warp's 16 accumulator rows
+        r_lo = warp_rows + lane // 4  # accumulator rows g, g + 8
         scale = memory.ld_f32(g.gs.toint()) * Float32(2.0 ** fp4.BF16_DECODE_SHIFT)
         a_sets = [rt.operand_A(mma, wg_thread, 64, STAGE_K) for _ in range(self.config.A_SETS)]
-        return Consumer(acc, a_sets, rows, r_lo, lane % 4, scale)
+        return Consumer(acc, a_sets, rows, warp_rows, r_lo, lane, scale)
 
     @cute.jit
     def compute(self, g, s, inputs, k):
@@ -147,14 +154,23 @@ class GemmNvfp4RsTiledSm90(LCF):
 
     def _decode_mma(self, s, a, inputs):
         w_base = inputs["w"].iterator.toint()
-        rs.decode(a, lambda r: w_base + r * (STAGE_K // 2) + 16 * s.t,
-                  inputs["sf"].iterator.toint(), s.r_lo, s.t, 0)
+        t = s.lane % 4
+        rs.decode(a, lambda r: w_base + r * (STAGE_K // 2) + 16 * t,
+                  inputs["sf"].iterator.toint(), s.r_lo, t, 0)
         warpgroup.mma_fence()
         warpgroup.mma_ABt(s.acc, a, inputs["x"])
 
     @cute.jit
     def finish(self, g, s, at, smem, thread):
         """D[m, n] = scale * acc[n, m] for the tile's activation rows m < M."""
+        if cutlass.const_expr(self.config.out_dtype == "nvfp4"):
+            self._finish_nvfp4(g, s, at)
+        else:
+            self._finish_dense(g, s, at)
+        register.zero(s.acc)
+
+    @cute.jit
+    def _finish_dense(self, g, s, at):
         esize = OUT_TYPES[self.config.out_dtype].width // 8
         n0 = at.r * ROWS + s.rows
         m0 = at.c * self.Nb
@@ -165,7 +181,47 @@ class GemmNvfp4RsTiledSm90(LCF):
             if m0 + m < g.M:
                 addr = base + (cutlass.Int64(m0 + m) * cutlass.Int64(g.N) + n0 + r) * esize
                 memory.st_cvt(addr, s.acc.frag[i] * s.scale, self.config.out_dtype)
-        register.zero(s.acc)
+
+    @cute.jit
+    def _finish_nvfp4(self, g, s, at):
+        """D as NVFP4 (module docstring). Fragment element v0 + 2 h + 4 j is accumulator row
+        g + 8 h, column 2t + v0 + 8 j (wgmma's C layout): rows g and g + 8 of a column are
+        elements i and i + 2."""
+        s_dec = memory.ld_f32(g.out_gs.toint())
+        s_enc_g = fp4.div_rn(Float32(1.0), s_dec)
+        n_w = at.r * ROWS + s.warp_rows  # D column of the warp's first accumulator row
+        m0 = at.c * self.Nb
+        gq = s.lane // 4
+        rk = g.N // nvfp4_scales.ATOM_K  # scale atoms per 128-row band of D's scales
+        half_n = cutlass.Int64(g.N // 2)
+        coords = s.acc.coords()
+        saturated = cutlass.Uint32(0)
+        for j in cutlass.range_constexpr(self.Nb // 8):
+            for v0 in cutlass.range_constexpr(2):
+                i = v0 + 4 * j
+                m = m0 + coords[i][1]
+                lo, hi = s.acc.frag[i] * s.scale, s.acc.frag[i + 2] * s.scale
+                amax = fp4.max_f32(_abs(lo), _abs(hi))
+                for lanes in (4, 8, 16):  # the 8 lanes of this column's 16 rows
+                    amax = fp4.max_f32(amax, fp4.from_bits(warp.shuffle_xor(fp4.bits(amax),
+                                                                           lanes)))
+                sf, s_enc, sat = fp4.block_scale(amax, s_dec, s_enc_g)
+                codes = [fp4.e2m1_encode(fp4.mul_rn(v, s_enc), "sm_90a") for v in (lo, hi)]
+                pair = [cute.arch.shuffle_sync_down(c, offset=4) for c in codes]  # row g + 1
+                if m < g.M:
+                    saturated = saturated | sat
+                    if gq % 2 == 0:
+                        row = g.out.toint() + cutlass.Int64(m) * half_n
+                        for h in cutlass.range_constexpr(2):
+                            memory.st_u8_pred(row + nvfp4_out_byte(n_w, gq, h),
+                                              codes[h] | (pair[h] << 4), cutlass.Uint32(1))
+                    if gq == 0:
+                        memory.st_u8_pred(g.out_sf.toint() + cutlass.Int64(
+                            nvfp4_scales.band_offset(m, n_w // nvfp4_scales.SF_VEC, rk)), sf,
+                            cutlass.Uint32(1))
+        if cute.arch.vote_any_sync(saturated != 0):
+            if s.lane == 0:
+                cute.arch.atomic_or(g.flag, cutlass.Int32(1))
 
     def finish_tail(self):
         pass  # plain stores: nothing outstanding
@@ -174,6 +230,7 @@ class GemmNvfp4RsTiledSm90(LCF):
     @cute.jit
     def __call__(self, sms: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer,
                  x: cute.Pointer, xp: cute.Pointer, gs: cute.Pointer, out: cute.Pointer,
+                 out_sf: cute.Pointer, out_gs: cute.Pointer, flag: cute.Pointer,
                  M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32, stream):
         half = K // 2
         wt = cute.make_tensor(w, cute.make_layout((N, half, 1), stride=(half, 1, N * half)))
@@ -185,33 +242,48 @@ class GemmNvfp4RsTiledSm90(LCF):
             block=[rs.PERMUTE_THREADS, 1, 1], stream=stream)
         xt = cute.make_tensor(xp, cute.make_layout((M, K, 1), stride=(K, 1, M * K)))
         g = Globals(gl.load(wt, self.w_tile), gl.load(sft, self.sf_tile),
-                    gl.load(xt, self.x_tile), gs, out, M, N, K)
+                    gl.load(xt, self.x_tile), gs, out, out_sf, out_gs, flag, M, N, K)
         self.launch(g, N // ROWS, cute.ceil_div(M, self.Nb), 1, sms, stream)
 
 
-class Consumer:
-    """A consumer thread's state: accumulator, A register sets, its rows, its lane's K quarter
-    t and D's scale."""
+def nvfp4_out_byte(n_w, gq, h):
+    """Byte of a D row that lane group gq (even) writes for accumulator row g + 8 h: the codes
+    of D columns n_w + gq + 8 h (low nibble) and the next column (high, from lane + 4)."""
+    return (n_w + gq + 8 * h) // 2
 
-    def __init__(self, acc, a, rows, r_lo, t, scale):
-        self.acc, self.a, self.rows, self.r_lo, self.t, self.scale = acc, a, rows, r_lo, t, scale
+
+def _abs(x: Float32) -> Float32:
+    return fp4.from_bits(fp4.bits(x) & 0x7FFFFFFF)
+
+
+class Consumer:
+    """A consumer thread's state: accumulator, A register sets, its warpgroup's and warp's
+    first accumulator rows, its decode rows (r_lo, + 8), its lane and D's scale."""
+
+    def __init__(self, acc, a, rows, warp_rows, r_lo, lane, scale):
+        self.acc, self.a, self.rows, self.warp_rows = acc, a, rows, warp_rows
+        self.r_lo, self.lane, self.scale = r_lo, lane, scale
 
 
 class Globals(DeviceStruct):
-    _fields = ("W", "SF", "X", "gs", "out", "M", "N", "K")
+    _fields = ("W", "SF", "X", "gs", "out", "out_sf", "out_gs", "flag", "M", "N", "K")
 
-    def __init__(self, W, SF, X, gs, out, M, N, K):
+    def __init__(self, W, SF, X, gs, out, out_sf, out_gs, flag, M, N, K):
         self.W, self.SF, self.X, self.gs, self.out = W, SF, X, gs, out
+        self.out_sf, self.out_gs, self.flag = out_sf, out_gs, flag
         self.M, self.N, self.K = M, N, K
 
 
 def signature(cfg: Config) -> Signature:
     """`__call__`'s runtime arguments: weights (codes, blocked scales), activations and their
-    permuted copy, D's scale (gB, or gA * gB), D, the shape."""
+    permuted copy, the accumulator's scale (gB, or gA * gB), D (for NVFP4: its codes, blocked
+    scales, given decode scale and the saturation flag; other outputs ignore those three), the
+    shape."""
     return Signature(ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8),
                      ptr("x", cutlass.BFloat16), ptr("xp", cutlass.BFloat16),
                      ptr("gs", cutlass.Float32, 4), ptr("out", OUT_TYPES[cfg.out_dtype], 4),
-                     i32("M"), i32("N"), i32("K"))
+                     ptr("out_sf", cutlass.Uint8, 4), ptr("out_gs", cutlass.Float32, 4),
+                     ptr("flag", cutlass.Int32, 4), i32("M"), i32("N"), i32("K"))
 
 
 def compile_launcher(cfg: Config, sms: int, options: str = ""):

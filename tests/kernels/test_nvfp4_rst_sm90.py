@@ -123,3 +123,123 @@ def test_deterministic_and_public_dispatch(seed):
     p = nvfp4.plan(aq, b)
     assert p.path == "register_a_tiled" and p.decode_a
     assert_gemm_close(nvfp4.gemm(aq, b), aq, b, "W4A4 via decode_a + tiled")
+
+
+# --- NVFP4 output (the fused epilogue) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("nb", [128, 256])
+def test_nvfp4_epilogue_compiles_to_the_recipe(nb):
+    cfg = rst.Config(Nb=nb, out_dtype="nvfp4")
+    b = build(rst.GemmNvfp4RsTiledSm90(cfg), *rst.signature(cfg).compile_args(132),
+              arch="sm_90a")
+    columns = nb // 4  # accumulator columns per thread, each one 16-element block of D
+    assert b.ptx_count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == columns  # one scale per block
+    assert b.ptx_count(r"selp\.f32") >= columns  # zero-scale blocks: s_enc = 0
+    assert b.ptx_count(r"div\.rn\.f32") == 2 * columns + 1  # amax / 6, 1 / d; 1 / s_dec_g
+    assert b.ptx_count(r"\bfma\.") == 0  # the recipe forbids contraction
+    assert b.ptx_count(r"st\.global\.(u8|b8)") == 3 * columns  # 2 code bytes + 1 scale byte
+    assert b.ptx_count(r"atom\.global\.or|red\.global\.or") == 1  # the saturation flag
+    assert b.resources[0].local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0
+
+
+@pytest.mark.parametrize("nb", [128, 256])
+def test_nvfp4_epilogue_addresses_are_the_blocked_layout(nb):
+    """Every (row, 16-column block) of a tile gets its scale byte at `blocked_offset`, and the
+    even lane groups' code bytes cover each block's 8 bytes exactly once."""
+    M, N = 1000, 1024
+    rk = N // nvfp4_scales.ATOM_K
+    for tile_r in range(N // rst.ROWS):
+        for warp_rows in range(0, rst.ROWS, 16):  # the 8 warps' 16-row (16-column) blocks
+            n_w = tile_r * rst.ROWS + warp_rows
+            for m in range(0, M, 37):
+                assert nvfp4_scales.band_offset(m, n_w // 16, rk) == (
+                    nvfp4_scales.blocked_offset(m, n_w // 16, M, N))
+            written = sorted(rst.nvfp4_out_byte(n_w, gq, h) for gq in range(0, 8, 2)
+                             for h in range(2))
+            assert written == list(range(n_w // 2, n_w // 2 + 8))
+
+
+def _block_bound(q):
+    """Per element of an NVFP4Tensor's decode: its block's decode scale d = sf * g (an E2M1
+    code is within half its spacing, <= 1 in units of d; a clipped element within 6 * 2^-4 d)."""
+    from tk_cute.nvfp4.format import e4m3_decode
+
+    sf = e4m3_decode(q.scales_logical()).double() * q.global_scale.double()
+    return sf.repeat_interleave(16, dim=-1)
+
+
+def test_nvfp4_output_on_cpu_and_bad_input(seed):
+    from tk_cute import nvfp4
+
+    b = nvfp4.quantize(torch.randn(64, 128))
+    a = torch.randn(5, 128).bfloat16()
+    d = nvfp4.w4a16_reference(a, b, torch.float32).double()
+    g = 1.01 * float(d.abs().max()) / 2688  # (1.01: no block at the rounding edge of 448)
+    q = nvfp4.gemm(a, b, "nvfp4", out_global_scale=g)
+    assert isinstance(q, nvfp4.NVFP4Tensor) and q.shape == (5, 64)
+    assert int(q.saturated) == 0
+    err = (q.dequantize(torch.float64) - d).abs()
+    assert (err <= _block_bound(q) + 1e-30).all()
+    tiny = nvfp4.gemm(a, b, "nvfp4", out_global_scale=g / 4)  # blocks past 448 * 6 * g / 4
+    assert int(tiny.saturated) == 1
+    out = nvfp4.NVFP4Tensor.trusted(torch.zeros(5, 32, dtype=torch.uint8),
+                                    torch.zeros_like(q.scales), q.global_scale, (5, 64))
+    assert nvfp4.gemm(a, b, out=out) is out and torch.equal(out.data, q.data)
+    with pytest.raises(ValueError, match="N % 16 == 0"):
+        nvfp4.gemm(a[:, :32], nvfp4.quantize(torch.randn(24, 32)), "nvfp4",
+                   out_global_scale=1.0)
+    with pytest.raises(TypeError, match="exactly one of global_scale"):
+        nvfp4.gemm(a, b, "nvfp4")
+    with pytest.raises(ValueError, match="positive, finite"):
+        nvfp4.gemm(a, b, "nvfp4", out_global_scale=-1.0)
+    with pytest.raises(TypeError, match="only with out_dtype 'nvfp4'"):
+        nvfp4.gemm(a, b, torch.bfloat16, out_global_scale=1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(300, 1024, 1024), (4097, 512, 256), (600, 8192, 8192)])
+def test_fused_nvfp4_output_is_the_quantized_fp32_output(seed, M, N, K):
+    """Bit for bit: the fused epilogue's bytes equal the CUDA quantizer's on the same kernel's
+    fp32 output, with the same global scale; also with all-zero rows, a saturating global scale
+    (reported) and W4A4 (decoded activations)."""
+    from tk_cute import nvfp4
+    from tk_cute.nvfp4 import launch
+
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    a[7] = 0  # an all-zero row of D: zero scales, codes +0
+    cfg = rst.Config(Nb=256 if M >= 512 else 128)
+    d32 = launch.gemm_rs_tiled(a, b, torch.float32, config=cfg)
+    amax = float(d32.abs().max())
+    for g, saturates in ((1.01 * amax / 2688, 0), (amax / 2688 / 8, 1)):  # (1.01: rounding)
+        gs = torch.tensor(g, device="cuda")
+        q = launch.register_a_tiled_nvfp4(a, b, cfg, gs)
+        want = nvfp4.quantize(d32, global_scale=gs)
+        assert torch.equal(q.data, want.data) and torch.equal(q.scales, want.scales)
+        assert int(q.saturated) == saturates
+    assert nvfp4.plan(a, b, torch.float32).path == "register_a_tiled"
+    public = nvfp4.gemm(a, b, "nvfp4", out_global_scale=gs)  # the dispatch's fused path
+    assert torch.equal(public.data, q.data) and torch.equal(public.scales, q.scales)
+    aq = nvfp4.quantize(a.float())
+    fused = nvfp4.gemm(aq, b, "nvfp4", out_global_scale=gs)
+    want = nvfp4.quantize(nvfp4.gemm(aq, b, torch.float32), global_scale=gs)
+    assert torch.equal(fused.data, want.data) and torch.equal(fused.scales, want.scales)
+
+
+@pytest.mark.gpu
+def test_unfused_nvfp4_output_paths(seed):
+    """Shapes without the fused epilogue (small M, K % 128) quantize the fp32 output: decodes
+    within each block's spacing of the exact product, saturation reported."""
+    from tk_cute import nvfp4
+
+    for M, N, K in ((16, 1024, 1024), (3, 256, 48)):
+        b = _weights(N, K)
+        a = torch.randn(M, K, device="cuda").bfloat16()
+        d = nvfp4.w4a16_reference(a, b, torch.float32).double()
+        g = 1.01 * float(d.abs().max()) / 2688
+        q = nvfp4.gemm(a, b, "nvfp4", out_global_scale=g)
+        assert int(q.saturated) == 0
+        err = (q.dequantize(torch.float64) - d).abs()
+        # fp32 accumulation (tk_cute.testing's bound, << d) plus the encode's half spacing
+        assert (err <= 1.01 * _block_bound(q) + 1e-6 * d.abs().max()).all()

@@ -144,9 +144,9 @@ def _plan_sm100(op: validate.Operands, target: str, out: str) -> Plan:
     return Plan("sm100", heuristics.sm100_config(target, op.M, op.N, op.K, out))
 
 
-def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | None = None, *,
-         out: torch.Tensor | None = None, pdl: bool = False,
-         path: str | None = None) -> torch.Tensor:
+def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
+         out: torch.Tensor | NVFP4Tensor | None = None, pdl: bool = False,
+         path: str | None = None, out_global_scale=None) -> torch.Tensor | NVFP4Tensor:
     """``D = a @ b^T`` for NVFP4 weights b (the public entry point; module docstring: paths).
 
     Args:
@@ -155,9 +155,11 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | None = None, *,
             tensor) before the kernels read it.
         b: NVFP4Tensor (N, K) or (L, N, K), K-major.
         out_dtype: torch.bfloat16, torch.float16 or torch.float32 (default: out's dtype, else
-            bfloat16).
+            bfloat16), or "nvfp4": D quantized to NVFP4 with the given decode scale
+            `out_global_scale` (`gemm_nvfp4`).
         out: optional preallocated D: contiguous, 16-byte aligned, of D's shape and dtype, on
-            the operands' device.
+            the operands' device; or an NVFP4Tensor (M, N) whose global scale is D's decode
+            scale (NVFP4 output).
         pdl: let back-to-back calls overlap (programmatic dependent launch) where the path
             supports it (the Hopper kernels for M <= 128: register-A and small-M); others
             ignore it. The call may then read the weights b while the kernel before it on the
@@ -168,13 +170,22 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | None = None, *,
             when that path cannot take the shape. Default: the heuristics' choice.
 
     Returns:
-        D of out_dtype: (..., N) for W4A16, (M, N) or (L, M, N) for W4A4; `out` when given.
+        D of out_dtype: (..., N) for W4A16, (M, N) or (L, M, N) for W4A4; `out` when given;
+        an NVFP4Tensor for NVFP4 output (`gemm_nvfp4`).
 
     Raises:
         TypeError, ValueError: see `validate.gemm_operands`.
         NotImplementedError: a combination no kernel of this GPU takes (Blackwell / Rubin:
             W4A16, K % 256, N % 8, fp32 output).
     """
+    if out_dtype == "nvfp4" or isinstance(out, NVFP4Tensor):
+        if out_dtype not in (None, "nvfp4"):
+            raise TypeError(f"an NVFP4Tensor out takes out_dtype 'nvfp4' (or none), got "
+                            f"{out_dtype}")
+        return gemm_nvfp4(a, b, out_global_scale, out=out, pdl=pdl, path=path)
+    if out_global_scale is not None:
+        raise TypeError("out_global_scale is D's NVFP4 decode scale: only with out_dtype "
+                        "'nvfp4'")
     if out_dtype is None:
         out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
     op = validate.gemm_operands(a, b, out_dtype, out=out, pdl=pdl)
@@ -191,6 +202,79 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | None = None, *,
     else:  # W4A16 (..., K): rows are all leading dims
         run(p, a.reshape(op.M, op.K), b, d.view(op.M, op.N))
     return d
+
+
+def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None = None,
+               pdl: bool = False, path: str | None = None) -> NVFP4Tensor:
+    """D = a @ b^T quantized to NVFP4 with decode scale `global_scale`: bit for bit
+    ``quantize(gemm(a, b, torch.float32), global_scale=global_scale)``. The tiled register-A
+    path (Hopper, large M) quantizes in its epilogue (D never exists in fp32: 0.5625 instead of
+    4 bytes per element written); every other path writes fp32 D, then the quantizer runs.
+
+    Args:
+        a, b: as `gemm` (2-D).
+        global_scale: D's decode scale (a real or one-element tensor, positive, finite, at
+            least 2^-126); or None with `out`, whose global scale is used.
+        out: optional NVFP4Tensor (M, N) to write (its data and scales are overwritten).
+        pdl, path: as `gemm`.
+
+    Returns:
+        The NVFP4Tensor D, with attribute `saturated`: a 0-dim int32 tensor on D's device, 1
+        where some block scale saturated at 448 (the global scale was too small for D's
+        values; those blocks are clipped), else 0. Reading it is the caller's choice (a sync).
+
+    Raises:
+        TypeError, ValueError: `gemm`'s operand rules; batched operands; N % 16 != 0 (16-element
+        scale blocks along D's rows); neither or both of global_scale and out; an out of
+        another shape or device; a global scale that is not positive-finite.
+    """
+    from .quantize import check_global_scale, quantize
+
+    op = validate.gemm_operands(a, b, torch.float32, pdl=pdl)
+    if op.batched:
+        raise ValueError(f"NVFP4 output takes 2-D operands, got b {tuple(b.shape)}")
+    if op.N % 16:
+        raise ValueError(f"NVFP4 output needs N % 16 == 0 (16-element scale blocks along D's "
+                         f"rows), got N={op.N}")
+    if (global_scale is None) == (out is None):
+        raise TypeError("NVFP4 output takes exactly one of global_scale (D's decode scale) and "
+                        "out (an NVFP4Tensor holding it)")
+    if out is not None:
+        if not isinstance(out, NVFP4Tensor) or tuple(out.shape) != (op.M, op.N) or (
+                out.device != b.device):
+            raise ValueError(f"gemm out must be an NVFP4Tensor of shape {(op.M, op.N)} on "
+                             f"{b.device}, got {out!r}")
+        gs = out.global_scale
+    else:
+        gs = check_global_scale(global_scale, b.device)
+    a2 = a if op.w4a4 else a.reshape(op.M, op.K)
+    p = _plan(op, b.device, torch.float32, pdl, path)
+    if p.path == "register_a_tiled":
+        from . import launch
+
+        gsb = None
+        if p.decode_a:
+            gsb, a2 = a2.global_scale * b.global_scale, launch.dequantize_blocks(a2)
+        return launch.register_a_tiled_nvfp4(a2, b, p.config, gs, out, gsb)
+    d32 = torch.empty((op.M, op.N), dtype=torch.float32, device=b.device)
+    if p.path == "reference":
+        from .reference import gemm_reference, w4a16_reference
+
+        d32 = (gemm_reference if op.w4a4 else w4a16_reference)(a2, b, torch.float32)
+    else:
+        run(p, a2, b, d32)
+    q = quantize(d32, global_scale=gs, check_finite=False) if d32.is_cuda else quantize(
+        d32, global_scale=gs)
+    # Some block saturates iff the largest t = fl(fl(amax / 6) / global scale) exceeds 448
+    # (t grows with the block amax).
+    t = torch.div(torch.div(d32.abs().amax(), 6.0), gs)
+    q.saturated = (t > 448.0).to(torch.int32)
+    if out is not None:
+        out.data.copy_(q.data)
+        out.scales.copy_(q.scales)
+        out.saturated = q.saturated
+        return out
+    return q
 
 
 def run(p: Plan, a, b: NVFP4Tensor, out: torch.Tensor, gsb=None) -> torch.Tensor:

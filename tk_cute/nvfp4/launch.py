@@ -113,7 +113,38 @@ def register_a_tiled(a: torch.Tensor, b: NVFP4Tensor, out: torch.Tensor, cfg: rs
     launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))
     launch(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales).data_ptr(), x=x.data_ptr(),
            xp=xp.data_ptr(), gs=(b.global_scale if gsb is None else gsb).data_ptr(),
-           out=out.data_ptr(), M=M, N=N, K=K, stream=raw_stream(index))
+           out=out.data_ptr(), out_sf=out.data_ptr(), out_gs=b.global_scale.data_ptr(),
+           flag=out.data_ptr(), M=M, N=N, K=K, stream=raw_stream(index))
+    return out
+
+
+def register_a_tiled_nvfp4(a: torch.Tensor, b: NVFP4Tensor, cfg: rst.Config,
+                           global_scale: torch.Tensor, out: NVFP4Tensor | None = None,
+                           gsb=None) -> NVFP4Tensor:
+    """The tiled register-A kernel with its fused NVFP4 epilogue: D (M, N) as an NVFP4Tensor
+    with decode scale `global_scale` (0-dim fp32 on the device) and attribute `saturated`."""
+    (M, K), N = a.shape, b.M
+    dev = b.device
+    cfg = dataclasses.replace(cfg, out_dtype="nvfp4")
+    if out is None:
+        from tk_cute.layouts.nvfp4_scales import blocked_shape
+
+        out = NVFP4Tensor.trusted(torch.empty((M, N // 2), dtype=torch.uint8, device=dev),
+                                  torch.empty(blocked_shape(M, N), dtype=torch.uint8, device=dev),
+                                  global_scale, (M, N))
+    out.scales.zero_()  # padding rows and columns of the blocked layout are zeros
+    flag = torch.zeros((), dtype=torch.int32, device=dev)
+    x = aligned(a)
+    xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev)
+    index = device_index(dev)
+    sms = sm_count(dev)
+    launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))
+    launch(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales).data_ptr(), x=x.data_ptr(),
+           xp=xp.data_ptr(), gs=(b.global_scale if gsb is None else gsb).data_ptr(),
+           out=out.data.data_ptr(), out_sf=out.scales.data_ptr(),
+           out_gs=out.global_scale.data_ptr(), flag=flag.data_ptr(), M=M, N=N, K=K,
+           stream=raw_stream(index))
+    out.saturated = flag
     return out
 
 

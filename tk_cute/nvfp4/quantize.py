@@ -118,15 +118,26 @@ def _check_quantize_input(x, global_scale, *, finite: bool = True) -> torch.Tens
             raise ValueError(f"quantize input must be finite: x contains {bad} NaN/Inf value(s)")
     if global_scale is None:
         return None
+    return check_global_scale(global_scale, x.device)
+
+
+def check_global_scale(global_scale, device) -> torch.Tensor:
+    """A given DECODE scale as a float32 0-dim tensor on `device` (one host read of its value).
+
+    Raises:
+        TypeError: not a real number or a one-element floating tensor.
+        ValueError: not positive, finite and at least 2**-126 after conversion to float32 (so
+            that 1/global_scale is finite).
+    """
     if isinstance(global_scale, torch.Tensor):
         if global_scale.numel() != 1 or not global_scale.dtype.is_floating_point:
             raise TypeError(
                 f"global_scale tensor must be a one-element floating tensor, got "
                 f"{global_scale.dtype} of shape {tuple(global_scale.shape)}"
             )
-        gs = global_scale.detach().reshape(()).to(device=x.device, dtype=torch.float32)
+        gs = global_scale.detach().reshape(()).to(device=device, dtype=torch.float32)
     elif isinstance(global_scale, numbers.Real) and not isinstance(global_scale, bool):
-        gs = torch.tensor(float(global_scale), dtype=torch.float32, device=x.device)
+        gs = torch.tensor(float(global_scale), dtype=torch.float32, device=device)
     else:
         raise TypeError(
             f"global_scale must be None, a real number or a tensor, got "

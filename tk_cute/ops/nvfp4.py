@@ -236,6 +236,28 @@ def e2m1x8_quantize(x, s_enc: Float32, arch: str, signs=None) -> Uint32:
     return e2m1x8_encode([mul_rn(v, s_enc) for v in x], arch, signs)
 
 
+def e2m1_encode(y: Float32, arch: str) -> Uint32:
+    """The E2M1 code (0..15, sign in bit 3) of one float32 value, as `e2m1x8_encode` packs it."""
+    if has_native_fp4(arch):
+        return e2m1x2_encode_hw(y, Float32(0.0)) & 0xF
+    return ((e2m1_code_biased_sw(y) + Uint32((-298) & 0xFFFFFFFF)) & 0x7) | e2m1_sign_sw(y)
+
+
+E4M3_SATURATION = 448.0  # t above this encodes as 448 (byte 0x7E): the global scale was too small
+
+
+def block_scale(blk_amax: Float32, s_dec_g: Float32, s_enc_g: Float32):
+    """Steps 4-5 of the NVFP4 recipe (`tk_cute.nvfp4.quantize`) for one 16-element block:
+    (sf, s_enc, saturated): the UE4M3 scale byte, the encode scale of the block's elements and
+    a Uint32 1 where t exceeded 448 (the byte saturated). Every kernel that quantizes calls
+    this one op, so their bytes agree."""
+    t = mul_rn(div_rn(blk_amax, Float32(6.0)), s_enc_g)
+    sf = ue4m3_encode_hw(t)
+    d = max_f32(mul_rn(ue4m3_decode(sf), s_dec_g), from_bits(Uint32(F32_MIN_NORMAL)))
+    s_enc = zero_unless(sf, div_rn(Float32(1.0), d))  # sf == 0: codes +-0
+    return sf, s_enc, Uint32(t > Float32(E4M3_SATURATION))
+
+
 # ---------------------------------------------------------------- E2M1 decode (emulated GEMMs)
 
 
