@@ -11,7 +11,7 @@
 # %%
 import torch
 
-from tk_cute import nvfp4
+from tk_cute import nvfp4, viz
 
 # %% [markdown]
 # The 16 E2M1 codes: sign bit, 2 exponent bits (bias 1), 1 mantissa bit.
@@ -43,6 +43,18 @@ m, kb = 130, 5
 print("byte offset of the scale of (130, 5):", nvfp4.blocked_offset(m, kb, 200, 96))
 
 
+# %% [markdown]
+# The same lookup as a picture (`tk_cute.viz.scale_tiling_plot`, drawn from `blocked_offset`):
+# the padded (256, 8) scale matrix in 128x4 atoms, the byte of element (130, 80)'s scale
+# inside its atom, and where the kernel's K stage puts atoms in tensor memory.
+
+# %%
+picture = viz.scale_tiling_plot(200, 96, element=(130, 80), stage=0)
+assert picture.drawn["element"]["offset"] == nvfp4.blocked_offset(130, 80 // 16, 200, 96)
+picture
+
+
+# %%
 def test_scale_lookup_matches_the_logical_matrix():
     x, q = quantize_example(seed=1)
     logical = q.scales_logical()

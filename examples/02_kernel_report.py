@@ -8,14 +8,39 @@
 # Runs on a CPU.
 
 # %%
-from tk_cute import report
+import functools
+
+from tk_cute import report, viz
+from tk_cute.nvfp4.heuristics import sm100_config
+
+# %% [markdown]
+# The report of the Rubin NVFP4 GEMM at 8192^3 (in a notebook: a table; `format_report` gives
+# the text).
 
 # %%
+@functools.cache
 def rubin_report(mnk=(8192, 8192, 8192)):
-    from tk_cute.nvfp4.heuristics import sm100_config
+    return report.report(sm100_config("sm_107a", *mnk), *mnk)
 
-    cfg = sm100_config("sm_107a", *mnk)
-    return report.report(cfg, *mnk)
+
+rubin_report()
+
+# %% [markdown]
+# The same kernel on its target's roofline: the MODEL's time as a point under the roof (vendor
+# peaks; not a measurement).
+
+# %%
+viz.roofline_plot(rubin_report())
+
+# %% [markdown]
+# Where its 576 tensor-memory columns go: two 256-column accumulators sharing B, then the scale
+# factors of one K stage, 4 columns per 512-byte atom.
+
+# %%
+viz.tmem_plot(sm100_config("sm_107a", 8192, 8192, 8192))
+
+
+# %%
 
 
 def test_rubin_report_fits_the_target():

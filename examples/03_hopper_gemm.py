@@ -10,9 +10,12 @@
 # and with CUTLASS's CuTe DSL persistent GEMM.
 
 # %%
+import functools
+
 import pytest
 import torch
 
+from tk_cute import viz
 from tk_cute.kernels.gemm.gemm_sm90 import Config, GemmSm90
 
 # %% [markdown]
@@ -25,6 +28,7 @@ print(f"tile {kernel.Mb}x{kernel.Nb}x{kernel.Kb}, {kernel.LOAD_PIPE_DEPTH} stage
       f"{kernel.dynamic_shared_memory()} bytes of shared memory, {kernel.threads} threads")
 
 
+@functools.cache
 def compile_for_hopper(dtype="bfloat16"):
     import cutlass
     import cutlass.cute as cute
@@ -50,6 +54,29 @@ def test_compiles_to_the_hopper_instructions():
 
 
 # %% [markdown]
+# What it compiled to (in a notebook: resources and the instruction mix; the PTX is `.ptx`).
+
+# %%
+compile_for_hopper()
+
+# %% [markdown]
+# The A tile's shared-memory swizzle: each 16-byte chunk of a 128-byte row moves to chunk
+# `c ^ (row % 8)`, so the 8 rows of one chunk column (what one ldmatrix / wgmma phase reads)
+# hit all 32 banks.
+
+# %%
+viz.swizzle_plot(kernel.a_tile)
+
+# %% [markdown]
+# Which of the 132 persistent CTAs computes which 128 x 256 tile of a 4096 x 4096 C, in
+# supergroups of 8 tile rows (`ops/schedule.py`).
+
+# %%
+viz.schedule_plot(4096 // kernel.Mb, 4096 // kernel.Nb, ctas=132,
+                  supergroup=kernel.SUPERGROUP_SIZE)
+
+
+# %% [markdown]
 # On a Hopper GPU: C = A @ B^T against torch.
 
 # %%
@@ -64,10 +91,13 @@ def test_gemm_on_the_gpu():
     assert_gemm_close(c, a, b)  # every element: fp32 sums, one bf16 rounding
 
 
-if __name__ == "__main__":
+# %%
+if __name__ == "__main__":  # a script or a notebook (pytest runs the tests itself)
     b = compile_for_hopper()
     print(f"compiled for sm_90a in {b.compile_seconds:.2f} s: {b.kernel.registers} registers, "
           f"{b.sass_count('HGMMA')} HGMMA per K step, {b.kernel.local_bytes} spill bytes")
     if torch.cuda.is_available():
         test_gemm_on_the_gpu()
         print("GPU check passed")
+    else:
+        print("GPU cell skipped: no CUDA device (test_gemm_on_the_gpu needs a Hopper GPU)")

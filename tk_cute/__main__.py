@@ -2,6 +2,8 @@
 
     python -m tk_cute [run] [--m M --n N --k K] [--seed S]
     python -m tk_cute report --arch sm_107a --mnk 16384,16384,16384
+    python -m tk_cute draw {scales,swizzle,tmem,schedule,roofline,speedup} --out FILE.png
+    python -m tk_cute compare --arch sm_90a [--peer PATH] [--plot FILE.png]
     python -m tk_cute --help
 """
 
@@ -14,6 +16,10 @@ COMMANDS = {
     "run": "the main job: NVFP4 GEMMs checked element by element (kernels on a GPU; on a CPU "
            "the Rubin kernel compiled and checked, and the exact reference)",
     "report": "compile-only kernel report for any target: resources, MMAs, roofline model",
+    "draw": "pictures (PNG/SVG): NVFP4 scale tiling, st swizzle, TMEM map, tile schedule, "
+            "roofline, bench speedups",
+    "compare": "the same GEMM in tk_cute and a CuTe DSL peer side by side: source lines, "
+               "instruction mix, resources, time",
 }
 
 
@@ -142,6 +148,14 @@ def main(argv=None) -> int:
         from tk_cute import report
 
         return report.main(argv[1:])
+    if argv and argv[0] == "draw":
+        from tk_cute import viz
+
+        return viz.main(argv[1:])
+    if argv and argv[0] == "compare":
+        from tk_cute import compare
+
+        return compare.main(argv[1:])
     if argv and argv[0] == "run":
         argv = argv[1:]
     elif argv and not argv[0].startswith("-"):

@@ -8,6 +8,10 @@ build for several targets; `CUTE_DSL_ARCH` is not needed.
 
 Arguments may be fake (`fake_tensor`, `cute.runtime.make_fake_tensor`): nothing touches a GPU.
 
+In a notebook a `Build` shows as a short summary (`repr`) or a resources and instruction-mix
+table (`_repr_html_`, the `INSTRUCTION_MIX` classes counted in PTX and SASS); the full text is
+one attribute away (`.ptx`, `.sass`).
+
 `COMPILE_LOCK` serializes every compile in the process: the DSL's compile state is global, and
 two threads compiling at once abort the interpreter. `build` and `tk_cute.runtime`'s caches take
 it; so must any other caller of `cute.compile` that may run beside them.
@@ -16,6 +20,7 @@ it; so must any other caller of `cute.compile` that may run beside them.
 from __future__ import annotations
 
 import functools
+import html
 import re
 import shutil
 import subprocess
@@ -39,6 +44,25 @@ class KernelResources:
     stack_bytes: int
     local_bytes: int  # per-thread local memory: register spills and local arrays
     static_shared_bytes: int
+
+
+# What a GEMM reader counts in a kernel: (class, PTX pattern, SASS pattern), one line each.
+INSTRUCTION_MIX = (
+    ("MMA", r"\b(wgmma\.mma_async|tcgen05\.mma|mma\.sync)\b",
+     r"\b(HGMMA|QGMMA|IGMMA|HMMA|UTC\w*MMA)\b"),
+    ("TMA load", r"\bcp\.async\.bulk\.tensor\.\w+\.shared::\w+\.global", r"\bUTMALDG\b"),
+    ("TMA store", r"\bcp\.async\.bulk\.tensor\.\w+\.global\.shared", r"\bUTMASTG\b"),
+    ("mbarrier", r"\bmbarrier\.", r"\bSYNCS\b"),
+    ("CTA / named barrier", r"\bbar(rier)?\.(sync|arrive|cta)", r"\bBAR\b"),
+    ("shared load", r"\b(ld\.shared|ldmatrix)", r"\bLDS(M)?\b"),
+    ("shared store", r"\b(st\.shared|stmatrix)", r"\bSTS(M)?\b"),
+    ("global load", r"\bld\.global", r"\bLDG\b"),
+    ("global store", r"\bst\.global", r"\bSTG\b"),
+    ("setmaxnreg", r"\bsetmaxnreg", r"\bUSETMAXREG\b"),
+    ("tcgen05.commit", r"\btcgen05\.commit", r"\bUTCBAR\b"),
+    ("TMEM alloc / ld / cp", r"\btcgen05\.(alloc|ld|st|cp)\b",
+     r"\b(UTCATOMSWS|LDTM|STTM|UTC\w*CP)\b"),
+)
 
 
 @dataclass
@@ -89,6 +113,45 @@ class Build:
     def sass_count(self, pattern: str) -> int:
         """Number of SASS instruction lines matching the regular expression `pattern`."""
         return _count(self.sass, pattern)
+
+    def instruction_mix(self) -> dict[str, tuple[int, int]]:
+        """{class: (PTX lines, SASS lines)} for the `INSTRUCTION_MIX` classes (a static count of
+        the program text, not of executed instructions)."""
+        return {name: (self.ptx_count(ptx), self.sass_count(sass))
+                for name, ptx, sass in INSTRUCTION_MIX}
+
+    def __repr__(self) -> str:
+        kernels = self.resources
+        regs = "/".join(str(k.registers) for k in kernels)
+        spills = sum(k.local_bytes for k in kernels)
+        return (f"<Build {self.arch}: {len(kernels)} kernel{'s' * (len(kernels) != 1)}, "
+                f"{regs} registers, {spills} spill bytes, {len(self.ptx.splitlines()):,} PTX "
+                f"lines (.ptx, .sass), compiled in {self.compile_seconds:.2f} s>")
+
+    def _repr_html_(self) -> str:
+        head = (f"<p><b>Build</b> for <code>{self.arch}</code>, compiled in "
+                f"{self.compile_seconds:.2f} s; PTX {len(self.ptx.splitlines()):,} lines "
+                f"(<code>.ptx</code>), SASS in <code>.sass</code></p>")
+        res = _html_table(["kernel", "registers", "spill bytes", "stack bytes",
+                           "static shared bytes"],
+                          [[_short(k.name), k.registers, k.local_bytes, k.stack_bytes,
+                            k.static_shared_bytes] for k in self.resources])
+        mix = _html_table(["instructions", "PTX lines", "SASS lines"],
+                          [[name, p, s] for name, (p, s) in self.instruction_mix().items()
+                           if p or s])
+        return head + res + mix
+
+
+def _short(name: str, width: int = 48) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def _html_table(header: list, rows: list) -> str:
+    """A plain HTML table (cells escaped), as notebooks render `_repr_html_`."""
+    cell = lambda tag, v: f"<{tag}>{html.escape(str(v))}</{tag}>"
+    out = ["<table>", "<tr>" + "".join(cell("th", h) for h in header) + "</tr>"]
+    out += ["<tr>" + "".join(cell("td", v) for v in r) + "</tr>" for r in rows]
+    return "\n".join(out + ["</table>"])
 
 
 def _count(text: str, pattern: str) -> int:

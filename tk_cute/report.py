@@ -5,6 +5,8 @@
 config, stages, shared / tensor memory, registers, spills, MMA instructions per tile, and a
 ROOFLINE MODEL of the expected time (an upper bound on speed from vendor peak figures, not a
 measurement). `python -m tk_cute report --arch sm_107a --mnk 16384,16384,16384` prints it.
+The result is a `Report` (a dict): its repr is one line, its `_repr_html_` a table, and
+`tk_cute.viz.roofline_plot` draws it against the roof `attainable(arch, intensity)`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,21 @@ PEAKS = {
     "sm_100a": (9e15, 8e12, "B200: 9 PF NVFP4, 8 TB/s"),
     "sm_103a": (9e15, 8e12, "B300 modelled with B200 figures: 9 PF NVFP4, 8 TB/s"),
 }
+
+
+def attainable(arch: str, intensity):
+    """MODEL: the roof, min(peak FLOP/s, intensity x peak bytes/s), at FLOP/byte `intensity`
+    (a number or a numpy array)."""
+    import numpy as np
+
+    flops_peak, bw, _ = PEAKS[arch]
+    return np.minimum(flops_peak, np.asarray(intensity, dtype=float) * bw)
+
+
+def ridge(arch: str) -> float:
+    """FLOP per byte where the roof turns: peak FLOP/s / peak bytes/s."""
+    flops_peak, bw, _ = PEAKS[arch]
+    return flops_peak / bw
 
 
 def roofline(arch: str, m: int, n: int, k: int) -> dict:
@@ -42,8 +59,9 @@ def report(cfg, m: int, n: int, k: int, build=None) -> dict:
     k_tiles = -(-k // cfg.Kb)
     per_stage = b.ptx_count(mma)
     t = target(cfg.arch)
-    return {
+    return Report({
         "arch": cfg.arch,
+        "mnk": (m, n, k),
         "config": dataclasses.asdict(cfg),
         "tile_per_pair": f"{cfg.Mb}x{cfg.Nb}x{cfg.Kb}",
         "mma_instruction": f"256x{cfg.Nb}x{cfg.mma_k} cta_group::2 kind::mxf4nvf4 block16",
@@ -58,7 +76,41 @@ def report(cfg, m: int, n: int, k: int, build=None) -> dict:
         "spill_bytes": b.kernel.local_bytes,
         "compile_seconds": round(b.compile_seconds, 2),
         "roofline": roofline(cfg.arch, m, n, k),
-    }
+    })
+
+
+class Report(dict):
+    """What `report` returns: a plain dict of the figures, shown briefly (one line; a table in
+    a notebook). `format_report` gives the full text."""
+
+    def __repr__(self) -> str:
+        rf = self["roofline"]
+        return (f"<Report NVFP4 GEMM {'x'.join(map(str, self['mnk']))} on {self['arch']}: tile "
+                f"{self['tile_per_pair']}, {self['registers']} registers, {self['spill_bytes']} "
+                f"spill bytes, smem {self['smem_bytes']:,}/{self['smem_capacity']:,} B, TMEM "
+                f"{self['tmem_columns']}/{self['tmem_capacity']} columns; roofline MODEL "
+                f"{rf['time_us']:.1f} us ({rf['bound']}-bound)>")
+
+    def _repr_html_(self) -> str:
+        from tk_cute.compile import _html_table
+
+        c, rf = self["config"], self["roofline"]
+        rows = [["target", self["arch"]], ["problem M x N x K", "x".join(map(str, self["mnk"]))],
+                ["tile per CTA pair", self["tile_per_pair"]],
+                ["MMA instruction", self["mma_instruction"]],
+                ["MMAs per stage / per tile", f"{self['mma_instructions_per_stage']} / "
+                                              f"{self['mma_instructions_per_tile']}"],
+                ["stages (load / acc / epilogue)", f"{c['LOAD_PIPE_DEPTH']} / "
+                 f"{c['ACC_PIPE_DEPTH']} / {c['EPI_PIPE_DEPTH']}"],
+                ["cluster, scheduler", f"{c['CLUSTER_M']}x{c['CLUSTER_N']}, {c['scheduler']}"],
+                ["registers, spill bytes", f"{self['registers']}, {self['spill_bytes']}"],
+                ["shared memory (bytes)", f"{self['smem_bytes']:,} / {self['smem_capacity']:,}"],
+                ["tensor memory (columns)", f"{self['tmem_columns']} / {self['tmem_capacity']}"
+                 + (" exclusive" if self["tmem_exclusive"] else "")],
+                ["roofline MODEL (not measured)", f"{rf['time_us']:.1f} us, {rf['bound']}-bound, "
+                 f"{rf['intensity_flop_per_byte']:.0f} FLOP/B, {rf['peaks']}"],
+                ["compile seconds", self["compile_seconds"]]]
+        return _html_table(["kernel report", ""], rows)
 
 
 def format_report(r: dict) -> str:

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import html
 import statistics
 import time
 from dataclasses import dataclass
@@ -42,6 +43,14 @@ class Result:
     name: str
     ms: float  # median per call
     spread: float  # (max - min) / median over rounds
+
+    def __repr__(self) -> str:
+        return f"<Result {self.name}: {self.ms * 1e3:.1f} us, spread {self.spread:.2f}>"
+
+    def _repr_html_(self) -> str:
+        return (f"<table><tr><th>variant</th><th>time (us)</th><th>spread</th></tr><tr><td>"
+                f"{html.escape(self.name)}</td><td>{self.ms * 1e3:.1f}</td>"
+                f"<td>{self.spread:.2f}</td></tr></table>")
 
 
 def bench(variants: dict, sets: list, warmup: int = 3, rounds: int = 20, pause: float = 0.0,

@@ -1,0 +1,217 @@
+"""`tk_cute.viz`: each picture is drawn from the layout functions the kernels use; the data a
+figure drew (`fig.drawn`) and its artists are checked against those functions and against
+closed forms derived independently here."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import cutlass
+
+from tk_cute import viz
+from tk_cute.layouts import scales_sm100
+from tk_cute.layouts.nvfp4_scales import blocked_offset, to_blocked
+from tk_cute.ops.schedule import supergroup_coord
+from tk_cute.types import st
+
+
+def _artist(ax, gid):
+    found = [a for a in ax.get_children() if a.get_gid() == gid]
+    assert len(found) == 1, f"{len(found)} artists with gid {gid!r}"
+    return found[0]
+
+
+@pytest.mark.parametrize("M, K, element", [(256, 1024, (130, 600)), (200, 96, (199, 95)),
+                                           (128, 64, (0, 0)), (384, 512, (257, 333))])
+def test_scale_tiling_marks_the_byte_blocked_offset_names(M, K, element):
+    fig = viz.scale_tiling_plot(M, K, element, stage=0)
+    m, k = element
+    off = blocked_offset(m, k // 16, M, K)
+    atoms, inside, stage = fig.axes
+    # the scale matrix picture: every cell's atom is blocked_offset // 512
+    rows, cols = np.indices(fig.drawn["offset"].shape)
+    assert (fig.drawn["offset"] == blocked_offset(rows, cols, M, K)).all()
+    assert (atoms.images[0].get_array() == fig.drawn["offset"] // 512).all()
+    star = _artist(atoms, "element")
+    assert (star.get_xdata()[0], star.get_ydata()[0]) == (k // 16, m)
+    # inside the atom: the star sits at (byte % 16, byte // 16) of blocked_offset % 512
+    star = _artist(inside, "element")
+    x, y = star.get_xdata()[0], star.get_ydata()[0]
+    assert fig.drawn["element"]["atom"] * 512 + y * 16 + x == off
+    # ... and that byte of a real blocked scale tensor holds the element's scale
+    sf = torch.randint(0, 256, (M, -(-K // 16)), dtype=torch.uint8)
+    assert to_blocked(sf).flatten()[off] == sf[m, k // 16]
+    # the stage panel: the TMEM groups tcgen05.cp gives each atom of one CTA's stage
+    lane, column, _ = scales_sm100.tmem_address(m % 256, (k // 16) % 16, 256, 16, "SFA")
+    assert (fig.drawn["element"]["lane"], fig.drawn["element"]["column"]) == (lane, column)
+    assert fig.drawn["stage_groups"].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert "MMA 1" in _artist(stage, "group 0,2").get_text()  # K = 128: two atoms per MMA
+
+
+def test_scale_tiling_rejects_an_element_outside():
+    with pytest.raises(ValueError, match="outside"):
+        viz.scale_tiling_plot(128, 64, (128, 0))
+
+
+def _swizzled(x, bits):
+    """CuTe Swizzle<bits, 4, 3> of byte address x (16-byte units XOR 128-byte rows)."""
+    return x ^ ((x & (((1 << bits) - 1) << 7)) >> 3)
+
+
+@pytest.mark.parametrize("dtype, cols, bits", [(cutlass.BFloat16, 64, 3), (cutlass.BFloat16, 32, 2),
+                                               (cutlass.Float8E4M3FN, 128, 3),
+                                               (cutlass.Float32, 8, 1)])
+def test_swizzle_plot_is_the_st_layout(dtype, cols, bits):
+    tile = st(dtype, 16, cols)
+    fig = viz.swizzle_plot(tile)
+    row_bytes = cols * dtype.width // 8
+    r, c = np.indices(fig.drawn["byte"].shape)
+    assert (fig.drawn["byte"] == _swizzled(r * row_bytes + 16 * c, bits)).all()
+    assert (fig.axes[0].images[0].get_array() == fig.drawn["slot"]).all()
+    bank = fig.drawn["bank"]
+    assert _artist(fig.axes[0], "chunk 3,1").get_text() == f"{bank[3, 1]}-{bank[3, 1] + 3}"
+
+
+def test_128_byte_swizzle_spreads_a_chunk_column_over_all_banks():
+    fig = viz.swizzle_plot(st(cutlass.BFloat16, 128, 64))
+    slot = fig.drawn["slot"]
+    assert (slot == np.arange(8)[None, :] ^ (np.arange(16)[:, None] % 8)).all()
+    for c in range(8):  # 8 rows of one logical chunk: 8 distinct slots = all 32 banks
+        assert sorted(slot[:8, c]) == list(range(8))
+
+
+def test_unswizzled_tile_is_row_major():
+    fig = viz.swizzle_plot(st(cutlass.Uint8, 16, 64, swizzle=False))
+    assert fig.drawn["byte"].tolist() == [[64 * r + 16 * c for c in range(4)] for r in range(16)]
+
+
+def test_tmem_plot_is_the_rubin_column_map():
+    from tk_cute.kernels.gemm.nvfp4_sm100 import Config
+
+    cfg = Config()
+    fig = viz.tmem_plot(cfg)
+    d = fig.drawn
+    assert d["regions"] == {k: (r.offset, r.columns) for k, r in cfg.tmem.items()}
+    assert d["regions"] == {"acc": (0, 512), "SFA": (512, 32), "SFB": (544, 32)}
+    assert d["accumulators"] == {(0, 0): 0, (1, 0): 256} and d["capacity"] == 576
+    top, low = fig.axes
+    for name, (off, n) in d["regions"].items():
+        if name != "acc":
+            box = _artist(top, name)
+            assert (box.get_x(), box.get_width()) == (off, n)
+    assert _artist(top, "acc 1,0").get_x() == 256
+    assert max(off + n for off, n in d["regions"].values()) == 576
+    assert d["mma_columns"][("SFA", 1, 1)] == 512 + scales_sm100.mma_scale_column(
+        "SFA", 1, 1, 256, 16, 128) == 536
+    assert d["mma_columns"][("SFB", 0, 1)] == 560
+    assert _artist(low, "SFB 1,0").get_x() == d["groups"][("SFB", 1, 0)] == 548
+
+
+def test_tmem_plot_double_buffered_accumulators():
+    from tk_cute.kernels.gemm.nvfp4_sm100 import Config
+
+    d = viz.tmem_plot(Config(Mb=512, Nb=128, ACC_PIPE_DEPTH=2)).drawn
+    # the fragment layout: M halves 128 columns apart, stages 256
+    assert d["accumulators"] == {(0, 0): 0, (1, 0): 128, (0, 1): 256, (1, 1): 384}
+    assert d["regions"]["SFB"] == (544, 16)
+
+
+@pytest.mark.parametrize("m_tiles, n_tiles, ctas, sg, cluster",
+                         [(64, 32, 132, 8, (1, 1)), (10, 7, 16, 4, (1, 1)), (8, 6, 12, 3, (2, 1)),
+                          (3, 5, 100, 8, (1, 1))])
+def test_schedule_plot_is_the_supergroup_walk(m_tiles, n_tiles, ctas, sg, cluster):
+    fig = viz.schedule_plot(m_tiles, n_tiles, ctas, sg, cluster)
+    owner, wave = fig.drawn["owner"], fig.drawn["wave"]
+    cm, cn = cluster
+    total = (m_tiles // cm) * (n_tiles // cn)
+    persistent = min(total, ctas // (cm * cn))
+    for k in range(total):  # linear index k goes to cluster k % P in its turn k // P
+        x, y, _ = supergroup_coord(k, m_tiles // cm, n_tiles // cn, sg, min_=min)
+        assert owner[x * cm, y * cn] == k % persistent and wave[x * cm, y * cn] == k // persistent
+    assert (owner >= 0).all()  # every tile taken
+    counts = np.bincount(owner.flatten()) // (cm * cn)
+    assert counts.max() - counts.min() <= 1
+    line = _artist(fig.axes[0], "path")
+    assert list(zip(line.get_ydata(), line.get_xdata())) == fig.drawn["path"]
+    assert fig.drawn["path"][0] == (0, 0)
+
+
+def _report(arch, m, n, k):
+    from tk_cute import report
+
+    return {"arch": arch, "mnk": (m, n, k), "tile_per_pair": "512x256x256",
+            "roofline": report.roofline(arch, m, n, k)}
+
+
+def test_roofline_plot_puts_the_model_under_the_roof():
+    from tk_cute import report
+
+    big, small = _report("sm_107a", 16384, 16384, 16384), _report("sm_107a", 128, 8192, 8192)
+    fig = viz.roofline_plot([big, small], measured_us=[None, 100.0])
+    x, y = fig.drawn["roof"]["sm_107a"]
+    assert np.allclose(y, np.minimum(35e15, x * 22e12))
+    assert report.ridge("sm_107a") == pytest.approx(35e15 / 22e12)
+    (l0, i0, f0), (l1, i1, f1), (l2, i2, f2) = fig.drawn["points"]
+    assert l0.endswith("(model)") and l2.endswith("(measured)")
+    assert f0 == pytest.approx(35e15)  # compute-bound: at the peak
+    assert f1 == pytest.approx(report.attainable("sm_107a", i1))  # memory-bound: on the slope
+    assert f2 == pytest.approx(small["roofline"]["flops"] / 100e-6)
+    star = _artist(fig.axes[0], l0)
+    assert star.get_xdata()[0] == i0 and star.get_ydata()[0] == pytest.approx(35.0)
+
+
+def test_speedup_plot_draws_baseline_over_variant():
+    rows = [{"variant": v, "M": m, "N": 64, "K": 64, "us": us}
+            for m in (1, 16) for v, us in (("cuBLAS bf16 (deq W)", 10.0 * m),
+                                            ("tk_cute w4a16", 4.0 * m))]
+    fig = viz.speedup_plot(rows)
+    (line, _) = fig.axes[0].get_lines()[:2]
+    assert line.get_label() == "tk_cute w4a16" and list(line.get_ydata()) == [2.5, 2.5]
+
+
+@pytest.mark.parametrize("fmt, magic", [("png", b"\x89PNG"), ("svg", b"<?xml")])
+def test_figures_save_as_png_and_svg(fmt, magic):
+    buf = io.BytesIO()
+    viz.schedule_plot(4, 4, ctas=3).savefig(buf, format=fmt)
+    assert buf.getvalue().startswith(magic)
+
+
+def test_draw_command_writes_files(tmp_path, capsys):
+    from tk_cute.__main__ import main
+
+    results = tmp_path / "bench.json"
+    results.write_text(json.dumps({"results": [
+        {"variant": v, "M": m, "N": 8, "K": 8, "us": 1.0 + m} for m in (1, 2)
+        for v in ("cuBLAS bf16 (deq W)", "tk_cute w4a4")]}))
+    for argv in (["schedule", "--mnk", "1024,2048,64"], ["swizzle", "--dtype", "float8_e4m3fn",
+                                                         "--shape", "64,128"],
+                 ["scales", "--mk", "128,128", "--element", "5,17"], ["tmem"],
+                 ["speedup", "--results", str(results)]):
+        out = tmp_path / f"{argv[0]}.svg"
+        assert main(["draw", *argv, "--out", str(out)]) == 0
+        assert out.read_text().lstrip().startswith("<?xml")
+    assert "schedule: " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["draw"], "the following arguments are required: WHAT"),
+    (["draw", "tmem"], "the following arguments are required: --out"),
+    (["draw", "nope", "--out", "x.png"], "invalid choice: 'nope'"),
+    (["draw", "tmem", "--out", "x.jpg"], "--out must end in .png or .svg"),
+    (["draw", "scales", "--element", "999,0", "--out", "x.png"], "outside the (256, 1024)"),
+    (["draw", "swizzle", "--shape", "12,64", "--out", "x.png"], "multiple of 8"),
+    (["draw", "roofline", "--mnk", "256,256,100", "--out", "x.png"], "K % 256 == 0"),
+    (["draw", "schedule", "--tile", "a,b", "--out", "x.png"], "comma-separated"),
+    (["draw", "speedup", "--results", "/nonexistent.json", "--out", "x.png"], "cannot read"),
+])
+def test_draw_usage_errors(capsys, argv, message):
+    from tk_cute.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and message in err and "Traceback" not in err
