@@ -115,7 +115,8 @@ def _mma(acc: rt, a, b, accumulate, b_mn_major: bool = False):
     if from_registers and a.operand != "A":
         raise TypeError("warpgroup.mma: a register A must be an operand tile (rt.operand_A, "
                         "filled by warpgroup.load), not an accumulator-layout tile")
-    tiled = wgmma_variant(acc.tiled_mma, a_from_registers=from_registers, b_mn_major=b_mn_major)
+    tiled = wgmma_variant(acc.tiled_mma, a_from_registers=from_registers, b_mn_major=b_mn_major,
+                          fresh=True)  # its accumulate field is set below: not the tile's own
     thr = tiled.get_slice(acc.thr_mma.thr_idx)
     tCrB = tiled.make_fragment_B(thr.partition_B(b))
     tCrA = a.frag if from_registers else tiled.make_fragment_A(thr.partition_A(a))

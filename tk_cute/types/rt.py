@@ -87,14 +87,18 @@ def _check_tile(what: str, tiled_mma, rows: int, cols: int, mode: int):
                          f"tiled MMA's {'N' if mode == 1 else 'K'} tile)")
 
 
-def wgmma_variant(tiled_mma, a_from_registers: bool = False, b_mn_major: bool = False):
+def wgmma_variant(tiled_mma, a_from_registers: bool = False, b_mn_major: bool = False,
+                  fresh: bool = False):
     """`tiled_mma` (a Hopper wgmma tiled MMA) with A read from registers and/or B MN-major; the
     same atoms, thread layout and accumulator (C) layout. The op itself decides these modes in
-    TK, so the MMA functions derive them here instead of asking the caller for another MMA."""
+    TK, so the MMA functions derive them here instead of asking the caller for another MMA.
+    `fresh`: always a new object, never `tiled_mma` itself (an MMA call sets its accumulate
+    field; on the tile's own MMA that state would escape the K loop into the epilogue, which
+    then fails to build: "operand does not dominate")."""
     op = tiled_mma.op
     a_src = OperandSource.RMEM if a_from_registers else op.a_src
     b_major = OperandMajorMode.MN if b_mn_major else op.b_major_mode
-    if a_src == op.a_src and b_major == op.b_major_mode:
+    if a_src == op.a_src and b_major == op.b_major_mode and not fresh:
         return tiled_mma
     vmnk = tiled_mma.thr_layout_vmnk
     atoms = tuple(cute.size(vmnk, mode=[i]) for i in (1, 2, 3))

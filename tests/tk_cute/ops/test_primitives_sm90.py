@@ -176,6 +176,36 @@ def _mma_kernel(A: gl, B: gl, C: cute.Tensor, form: cutlass.Constexpr, a_regs: c
     warpgroup.store_global(C, acc)
 
 
+@cute.kernel
+def _loop_kernel(A: gl, B: gl, C: cute.Tensor, steps: cutlass.Int32):
+    """MMAs in a runtime K loop, then an epilogue through the accumulator's own MMA: the
+    regression of the accumulate field escaping the loop ("operand does not dominate")."""
+    a_t, b_t = A.tile, B.tile
+    smem = Shared()
+    sa, sb = smem.alloc(a_t, 2), smem.alloc(b_t, 2)
+    sem = semaphore(smem.barriers(1))
+    tid = cute.arch.thread_idx()[0]
+    _load_stages(A, B, sa, sb, sem, tid, 2, False)
+    acc = rt.accumulator(warpgroup.tiled_mma(a_t.dtype, MMA_N), tid, MMA_M, MMA_N)
+    register.zero(acc)
+    warpgroup.mma_fence()
+    for k in cutlass.range(steps, unroll=1):
+        warpgroup.mma_ABt(acc, sa[None, None, 0], sb[None, None, 0], accumulate=k > 0)
+        warpgroup.mma_commit_group()
+        warpgroup.mma_async_wait(0)
+    warpgroup.store_global(C, acc)
+
+
+@cute.jit
+def _loop_host(a: cute.Pointer, b: cute.Pointer, c: cute.Pointer, steps: cutlass.Int32,
+               stream):
+    a_t, b_t = _mma_tiles(a.dtype, "ABt")
+    kb = a_t.cols
+    _loop_kernel(gl.load(_gmem(a, MMA_M, 2 * kb), a_t), gl.load(_gmem(b, MMA_N, 2 * kb), b_t),
+                 cute.make_tensor(c, cute.make_layout((MMA_M, MMA_N), stride=(MMA_N, 1))),
+                 steps).launch(grid=(1, 1, 1), block=(128, 1, 1), stream=stream)
+
+
 @cute.jit
 def _mma_host(a: cute.Pointer, b: cute.Pointer, c: cute.Pointer, stream,
               form: cutlass.Constexpr, a_regs: cutlass.Constexpr):
@@ -390,6 +420,8 @@ def _args(name):
         return _epi_host, (_ptr(BF16), _ptr(BF16), _ptr(BF16), _ptr(F32), s)
     if name == "bar":
         return _bar_host, (_ptr(I32), cutlass.Int64(0), s)
+    if name == "loop":
+        return _loop_host, (_ptr(BF16), _ptr(BF16), _ptr(F32), cutlass.Int32(3), s)
     raise KeyError(name)
 
 
@@ -407,6 +439,11 @@ def built(name):
 # --- CPU: each kernel produces its instruction ---------------------------------------------
 TMA_LOAD = r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global\.tile\.mbarrier::complete_tx::bytes"
 TMA_STORE = r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta\.tile\.bulk_group"
+
+
+def test_mma_in_a_runtime_loop_then_an_epilogue_builds():
+    b = built("loop")  # failed to build while the MMA call set the tile's own MMA's state
+    assert b.sass_count("HGMMA") == 4 and b.kernel.local_bytes == 0
 
 
 def test_tma_round_trip_compiles_to_bulk_tensor_copies_and_mbarrier_waits():
