@@ -7,6 +7,8 @@ BENCHES = {
     "gemm": ("tk_cute.bench.gemm", "dense bf16/fp16/fp8 GEMM vs cuBLAS and the CUTLASS peer"),
     "nvfp4": ("tk_cute.bench.nvfp4", "NVFP4 GEMM (W4A16, W4A4) vs cuBLAS bf16 / fp8, all M"),
     "quantize": ("tk_cute.bench.quantize", "the NVFP4 quantizer vs copy bandwidth"),
+    "model": ("tk_cute.bench.model", "an MLP block in torch: tk_cute NVFP4 (eager, compiled, "
+              "CUDA graph) vs bf16 / fp8"),
 }
 
 

@@ -7,6 +7,10 @@ docstring is the contract), the blocked scale layout (one definition, in
 (`gemm`, `plan`; its rules in `heuristics`, its argument checks in `validate`, the kernels'
 torch launches in `launch` and `dispatch_sm100`). Kernels live in ``tk_cute.kernels`` and never
 import this package.
+
+In torch models (docs/torch.md): `Linear` and `quantize_` (`modules`), the custom ops
+``torch.ops.tk_cute.{nvfp4_quantize, nvfp4_gemm, gemm}`` that `torch.compile` traces (`ops`,
+registered on import), and conversions to and from torchao and FlashInfer (`interop`).
 """
 
 from tk_cute.layouts.nvfp4_scales import (
@@ -16,6 +20,7 @@ from tk_cute.layouts.nvfp4_scales import (
     to_blocked,
 )
 
+from . import ops  # noqa: F401 - registers torch.ops.tk_cute.* (the custom ops)
 from .format import (
     E2M1_MAX,
     E2M1_VALUES,
@@ -29,17 +34,22 @@ from .format import (
     unpack_fp4,
 )
 from .gemm import Plan, gemm, plan
-from .reference import gemm_reference, w4a16_reference
+from .interop import FlashInferNVFP4, from_flashinfer, from_torchao, to_flashinfer, to_torchao
+from .modules import Linear, linear, quantize_
 from .quantize import quantize, quantize_reference
-from .tensor import NVFP4Tensor, dequantize
+from .reference import gemm_reference, w4a16_reference
+from .tensor import NVFP4Tensor, TransposedNVFP4, dequantize
 
 __all__ = [
     "E2M1_MAX",
     "E2M1_VALUES",
     "E4M3_MAX",
     "E4M3_VALUES",
+    "FlashInferNVFP4",
+    "Linear",
     "NVFP4Tensor",
     "Plan",
+    "TransposedNVFP4",
     "blocked_offset",
     "blocked_shape",
     "dequantize",
@@ -48,13 +58,19 @@ __all__ = [
     "e4m3_decode",
     "e4m3_encode_rne",
     "from_blocked",
+    "from_flashinfer",
+    "from_torchao",
     "gemm",
     "gemm_reference",
+    "linear",
     "pack_fp4",
     "plan",
     "quantize",
+    "quantize_",
     "quantize_reference",
     "to_blocked",
+    "to_flashinfer",
+    "to_torchao",
     "unpack_fp4",
     "w4a16_reference",
 ]

@@ -14,10 +14,28 @@ normal, the bound `quantize` puts on a given scale), and scale bytes above 0x7E 
 0x80 and up have the sign bit of an unsigned format set), padding included (a tensor core
 multiplies padding scales into zero data, and NaN * 0 is NaN). Reading the values syncs a CUDA
 device once; kernels and views, whose parts are valid by construction, use `NVFP4Tensor.trusted`.
+
+Other forms of the parts the constructor accepts (normalized once, `normalize_parts`; the stored
+parts are always the forms above): ``torch.float4_e2m1fn_x2`` data and ``torch.float8_e4m3fn``
+scales are viewed as uint8 (same bytes); a flat 1-D scale tensor of the blocked layout's size
+(FlashInfer's form) is reshaped to (RM, RK, 512) or (L, RM, RK, 512) (only 1-D: a 2-D
+row-major (M, K // 16) matrix is rejected, as it can have the blocked size too; `to_blocked`
+converts it); a (1,) global scale is reshaped to 0-dim. `data_fp4x2` and `scales_e4m3` view
+the stored parts in those torch dtypes.
+
+In torch code: an NVFP4Tensor is a plain dataclass, not a ``torch.Tensor`` subclass (its
+``data`` attribute would clash with ``torch.Tensor.data``, and kernels take its parts as they
+are). It takes part in torch calls through the ``__torch_function__`` protocol, which torch
+honours for any object passed to a torch function: ``F.linear(x, w)`` (W4A16 for a bf16 x, W4A4
+for an NVFP4Tensor x), ``torch.matmul(x, w.t())`` and ``x @ w.t()`` (``w.t()`` / ``w.T`` /
+``w.mT`` is a `TransposedNVFP4` marker, not a copy) run `tk_cute.nvfp4.gemm` through the
+custom ops of `tk_cute.nvfp4.ops`; every other torch function raises TypeError (see
+`tk_cute.nvfp4.modules`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -53,34 +71,9 @@ class NVFP4Tensor:
     shape: torch.Size
 
     def __post_init__(self) -> None:
-        self.shape = torch.Size(self.shape)
-        if len(self.shape) not in (2, 3):
-            raise ValueError(f"NVFP4Tensor shape must be (M, K) or (L, M, K), got {self.shape}")
-        *lead, M, K = self.shape
-        if M < 1 or K < 1 or K % SF_VEC:
-            raise ValueError(f"NVFP4Tensor needs M >= 1 and K a multiple of 16, got {self.shape}")
-        want = {
-            "data": (torch.Size((*lead, M, K // 2)), self.data),
-            "scales": (torch.Size(blocked_shape(M, K, *lead)), self.scales),
-        }
-        for name, (shape, t) in want.items():
-            if t.dtype != torch.uint8 or t.shape != shape:
-                raise ValueError(
-                    f"NVFP4Tensor.{name} must be uint8 of shape {tuple(shape)} for logical shape "
-                    f"{tuple(self.shape)}, got {t.dtype} {tuple(t.shape)}"
-                )
-        gs = self.global_scale
-        if gs.dtype != torch.float32 or gs.dim() != 0:
-            raise ValueError(
-                f"NVFP4Tensor.global_scale must be a float32 0-dim tensor, got {gs.dtype} "
-                f"{tuple(gs.shape)}"
-            )
-        devices = {t.device for t in (self.data, self.scales, gs)}
-        if len(devices) != 1:
-            raise ValueError(
-                f"NVFP4Tensor parts must share one device, got {sorted(map(str, devices))}"
-            )
-        if gs.device.type != "meta":  # meta tensors (shape-only planning) hold no values
+        self.data, self.scales, self.global_scale, self.shape = normalize_parts(
+            self.data, self.scales, self.global_scale, self.shape)
+        if self.global_scale.device.type != "meta":  # meta tensors (shape-only planning)
             self._check_values()
 
     def _check_values(self) -> None:
@@ -151,6 +144,56 @@ class NVFP4Tensor:
         return NVFP4Tensor.trusted(move(self.data), move(self.scales), move(self.global_scale),
                                    self.shape)
 
+    def cpu(self) -> NVFP4Tensor:
+        """A copy in host memory (the same object if already there)."""
+        return self.to("cpu")
+
+    def cuda(self, device: torch.device | str | int | None = None,
+             non_blocking: bool = False) -> NVFP4Tensor:
+        """A copy on a CUDA device (default: the current one), as ``torch.Tensor.cuda``."""
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        elif isinstance(device, int):
+            device = torch.device("cuda", device)
+        return self.to(device, non_blocking=non_blocking)
+
+    @property
+    def data_fp4x2(self) -> torch.Tensor:
+        """`data` viewed as ``torch.float4_e2m1fn_x2`` (the same bytes, shape (..., M, K // 2))."""
+        return self.data.view(torch.float4_e2m1fn_x2)
+
+    @property
+    def scales_e4m3(self) -> torch.Tensor:
+        """`scales` viewed as ``torch.float8_e4m3fn`` (the same blocked bytes and shape)."""
+        return self.scales.view(torch.float8_e4m3fn)
+
+    def t(self) -> TransposedNVFP4:
+        """The transposed matrix as a marker for ``x @ w.t()`` (no copy; 2-D only)."""
+        if self.ndim != 2:
+            raise ValueError(f"NVFP4Tensor.t() needs a 2-D (N, K) tensor, got {tuple(self.shape)}")
+        return TransposedNVFP4(self)
+
+    @property
+    def T(self) -> TransposedNVFP4:
+        return self.t()
+
+    @property
+    def mT(self) -> TransposedNVFP4:
+        return self.t()
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # torch calls this for any torch function one of whose arguments is an NVFP4Tensor
+        # (or a TransposedNVFP4): the handled functions and the TypeError live in `modules`.
+        from .modules import torch_function
+
+        return torch_function(func, args, kwargs or {})
+
+    def __rmatmul__(self, other):
+        # `x @ w` lands here once torch.Tensor.__matmul__ gives up: torch.matmul explains why
+        # it is not supported (it would be x @ w, not x @ w^T).
+        return torch.matmul(other, self)
+
     def scales_logical(self) -> torch.Tensor:
         """The block scales as a row-major (..., M, K // 16) uint8 matrix (padding dropped)."""
         return from_blocked(self.scales, self.M, self.K)
@@ -164,6 +207,101 @@ class NVFP4Tensor:
             f"NVFP4Tensor(shape={tuple(self.shape)}, device={self.device}, "
             f"global_scale={float(self.global_scale):.9g})"
         )
+
+
+class TransposedNVFP4:
+    """``w.t()`` of a 2-D NVFP4Tensor ``w`` (N, K): a (K, N) marker for ``x @ w.t()`` and
+    ``torch.matmul(x, w.t())``, which compute ``x @ w^T`` as ``F.linear(x, w)`` does. Holds
+    ``w``; ``.t()`` gives it back, `dequantize` the transposed dense matrix."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: NVFP4Tensor) -> None:
+        self.base = base
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.base.K, self.base.M))
+
+    @property
+    def device(self) -> torch.device:
+        return self.base.device
+
+    def t(self) -> NVFP4Tensor:
+        return self.base
+
+    T = property(t)
+    mT = property(t)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.base.dequantize(dtype).t()
+
+    def __rmatmul__(self, other):
+        return torch.matmul(other, self)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        from .modules import torch_function
+
+        return torch_function(func, args, kwargs or {})
+
+    def __repr__(self) -> str:
+        return f"{self.base!r}.t()"
+
+
+def _bytes(t, name: str, alt: torch.dtype) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"NVFP4Tensor.{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t.view(torch.uint8) if t.dtype == alt else t  # the same bytes, element size 1
+
+
+def normalize_parts(data, scales, global_scale, shape):
+    """The parts in their stored forms (module docstring: the accepted alternatives are viewed
+    or reshaped, never converted), checked for dtype, shape and device; values are not read.
+
+    Returns:
+        (data, scales, global_scale, shape) with ``shape`` a torch.Size.
+
+    Raises:
+        TypeError: a part is not a tensor.
+        ValueError: the logical shape is not (M, K) / (L, M, K) with K % 16 == 0, or a part has
+            the wrong dtype or shape, or the parts live on different devices.
+    """
+    shape = torch.Size(shape)
+    if len(shape) not in (2, 3):
+        raise ValueError(f"NVFP4Tensor shape must be (M, K) or (L, M, K), got {shape}")
+    *lead, M, K = shape
+    if M < 1 or K < 1 or K % SF_VEC:
+        raise ValueError(f"NVFP4Tensor needs M >= 1 and K a multiple of 16, got {shape}")
+    data = _bytes(data, "data", torch.float4_e2m1fn_x2)
+    scales = _bytes(scales, "scales", torch.float8_e4m3fn)
+    if not isinstance(global_scale, torch.Tensor):
+        raise TypeError(f"NVFP4Tensor.global_scale must be a torch.Tensor, got "
+                        f"{type(global_scale).__name__}")
+    sf_shape = torch.Size(blocked_shape(M, K, *lead))
+    if scales.dim() == 1 and scales.numel() == math.prod(sf_shape):
+        scales = scales.reshape(sf_shape)  # a flat blocked buffer (FlashInfer's form)
+    if global_scale.shape == (1,):
+        global_scale = global_scale.reshape(())
+    want = {"data": (torch.Size((*lead, M, K // 2)), data), "scales": (sf_shape, scales)}
+    for name, (want_shape, t) in want.items():
+        if t.dtype != torch.uint8 or t.shape != want_shape:
+            raise ValueError(
+                f"NVFP4Tensor.{name} must be uint8 of shape {tuple(want_shape)} for logical shape "
+                f"{tuple(shape)}, got {t.dtype} {tuple(t.shape)}"
+            )
+    gs = global_scale
+    if gs.dtype != torch.float32 or gs.dim() != 0:
+        raise ValueError(
+            f"NVFP4Tensor.global_scale must be a float32 0-dim tensor, got {gs.dtype} "
+            f"{tuple(gs.shape)}"
+        )
+    devices = {t.device for t in (data, scales, gs)}
+    if len(devices) != 1:
+        raise ValueError(
+            f"NVFP4Tensor parts must share one device, got {sorted(map(str, devices))}"
+        )
+    return data, scales, gs, shape
 
 
 def dequantize(q: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -1,0 +1,225 @@
+# %% [markdown]
+# # 04 - NVFP4 inside a torch model
+#
+# You will learn:
+# - how `tk_cute.nvfp4.quantize_` swaps a model's `nn.Linear` layers for NVFP4 `Linear`s:
+#   W4A16 (bf16 activations) or W4A4 (activations quantized to NVFP4 on every call);
+# - how far the quantized model's output is from the bf16 model's, and that each layer equals
+#   its exact reference;
+# - that `torch.compile(fullgraph=True)` traces the model in one graph (`torch._dynamo.explain`:
+#   0 graph breaks), through the custom ops `torch.ops.tk_cute.nvfp4_quantize / nvfp4_gemm`;
+# - that its `state_dict` is plain tensors that reload bitwise;
+# - on a GPU: tokens/s eager, compiled and replayed as a CUDA graph (the forward never syncs
+#   the host, so it captures as is).
+# Runs on a CPU (small sizes, under a minute) and on a GPU (Llama-3-8B-sized MLP).
+
+# %%
+import copy
+import io
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tk_cute import nvfp4
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+HIDDEN, INTERMEDIATE = (4096, 14336) if GPU else (256, 512)
+
+# %% [markdown]
+# A transformer MLP block (Llama's: gate and up projections, SiLU, down projection), with
+# random weights: nothing is downloaded.
+
+# %%
+class MLP(nn.Module):
+    def __init__(self, hidden=HIDDEN, intermediate=INTERMEDIATE):
+        super().__init__()
+        self.gate = nn.Linear(hidden, intermediate, bias=False)
+        self.up = nn.Linear(hidden, intermediate, bias=False)
+        self.down = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+def bf16_model(seed=0):
+    torch.manual_seed(seed)
+    return MLP().to(DEVICE, torch.bfloat16).requires_grad_(False)
+
+
+def rel_err(y, ref):
+    return float((y.float() - ref.float()).norm() / ref.float().norm())
+
+
+class Table:
+    """Rows of values: text when printed, an HTML table in a notebook."""
+
+    def __init__(self, header, rows):
+        self.header, self.rows = header, rows
+
+    def __repr__(self):
+        return "\n".join("  ".join(f"{v!s:>14}" for v in r) for r in [self.header, *self.rows])
+
+    def _repr_html_(self):
+        import html
+
+        row = lambda tag, r: "<tr>" + "".join(f"<{tag}>{html.escape(str(v))}</{tag}>"
+                                              for v in r) + "</tr>"
+        return "<table>" + row("th", self.header) + "".join(row("td", r) for r in self.rows) + (
+            "</table>")
+
+
+# %% [markdown]
+# `quantize_` swaps every `nn.Linear` in place (torchao's convention; `filter_fn(module, fqn)`
+# picks a subset). The weights become three buffers per layer: packed E2M1 codes, UE4M3 block
+# scales in the 128x4 layout, a float32 decode scale.
+
+# %%
+reference = bf16_model()
+w4a16 = nvfp4.quantize_(copy.deepcopy(reference), activations="bf16")
+w4a4 = nvfp4.quantize_(copy.deepcopy(reference), activations="nvfp4")
+print(w4a16)
+x = torch.randn(2, 8, HIDDEN, device=DEVICE, dtype=torch.bfloat16)  # (batch, tokens, hidden)
+with torch.inference_mode():
+    ref_y = reference(x)
+    errors = Table(["model", "relative error vs bf16"],
+                   [[name, f"{rel_err(model(x), ref_y):.3f}"]
+                    for name, model in (("W4A16", w4a16), ("W4A4", w4a4))])
+errors
+
+# %% [markdown]
+# The error is the format's: on random Gaussian data one NVFP4 quantization errs by about
+# 9.5% (relative, Frobenius), and the block compounds two (W4A16: gate/up, then down: about
+# 0.16-0.18) or four (W4A4 adds the activations: about 0.24). Each layer itself is exact: it equals the exact
+# reference of `tk_cute.nvfp4.reference` on CPU, and on a GPU it is within
+# `tk_cute.testing.assert_gemm_close`'s element-wise bound (tests/tk_cute/nvfp4/test_modules.py).
+
+# %%
+def test_quantized_model_is_close_to_bf16_and_each_layer_exact():
+    from tk_cute.testing import assert_gemm_close
+
+    with torch.inference_mode():
+        ref_y = reference(x)
+        for model, bound in ((w4a16, 0.25), (w4a4, 0.35)):
+            assert rel_err(model(x), ref_y) < bound
+            layer = model.gate
+            a = x.reshape(-1, HIDDEN)
+            a = nvfp4.quantize(a) if layer.activations == "nvfp4" else a
+            assert_gemm_close(layer(x).reshape(-1, INTERMEDIATE), a, layer.weight, "gate")
+
+
+# %% [markdown]
+# `torch.compile(fullgraph=True)`: the NVFP4 layers are custom ops with fake implementations,
+# so dynamo traces the whole block as one graph. Inductor fuses `silu(gate) * up` in float32
+# (one rounding instead of eager's two); `emulate_precision_casts` makes it round like eager,
+# which gives bitwise the eager output on a CPU.
+
+# %%
+def test_compiles_in_one_graph():
+    import torch._inductor.config as inductor_config
+
+    with torch.inference_mode():
+        for model in (w4a16, w4a4):
+            explanation = torch._dynamo.explain(model)(x)
+            assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+            torch._dynamo.reset()
+            with inductor_config.patch(emulate_precision_casts=True):
+                y = torch.compile(model, fullgraph=True)(x)
+            if GPU:  # inductor's SiLU is its own on a GPU: equal up to bf16 rounding
+                assert rel_err(y, model(x)) < 2.0**-6
+            else:
+                assert torch.equal(y, model(x))
+    return explanation
+
+
+# %% [markdown]
+# Saving: the state dict holds plain tensors (`torch.load(weights_only=True)` reads it). Load
+# it into a freshly quantized model of the same architecture (or one built of empty
+# `nvfp4.Linear(in, out)` modules) and the outputs are bitwise the same.
+
+# %%
+def test_state_dict_reloads_bitwise():
+    buf = io.BytesIO()
+    torch.save(w4a4.state_dict(), buf)
+    buf.seek(0)
+    fresh = nvfp4.quantize_(bf16_model(seed=1), activations="nvfp4")  # other weights
+    fresh.load_state_dict(torch.load(buf, weights_only=True))
+    with torch.inference_mode():
+        assert torch.equal(fresh(x), w4a4(x))
+    return buf.getbuffer().nbytes
+
+
+# %% [markdown]
+# On a GPU: tokens per second of the block at decode (1 token) and prefill (512 tokens)
+# sizes, eager (a Python forward per call), compiled, and as a CUDA graph replay (one capture
+# of the eager forward: no host work per call). Measured numbers belong in docs/results.md
+# with the GPU, date and command (`python -m tk_cute.bench model` times the same block
+# against cuBLAS bf16 and fp8).
+
+# %%
+def capture(fn, static_x):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: the kernels compile on their first call
+        for _ in range(2):
+            fn(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_y = fn(static_x)
+    return g, static_y
+
+
+def tokens_per_second(fn, tokens, iters=20):
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return tokens * iters / (start.elapsed_time(end) * 1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 512])
+def test_gpu_tokens_per_second(tokens):
+    rates = {}
+    with torch.inference_mode():
+        xt = torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
+        for name, model in (("bf16", reference), ("W4A16", w4a16), ("W4A4", w4a4)):
+            rates[f"{name} eager"] = tokens_per_second(lambda m=model: m(xt), tokens)
+            g, static_y = capture(model, xt)
+            static_y.fill_(float("nan"))  # poisoned: the replay must write it all
+            g.replay()
+            assert torch.equal(static_y, model(xt))  # same kernels, same bits
+            rates[f"{name} CUDA graph"] = tokens_per_second(g.replay, tokens)
+            if name != "bf16":
+                torch._dynamo.reset()
+                compiled = torch.compile(model, fullgraph=True)
+                assert rel_err(compiled(xt), model(xt)) < 2.0**-6
+                rates[f"{name} compiled"] = tokens_per_second(lambda c=compiled: c(xt), tokens)
+    for name, rate in rates.items():
+        print(f"{tokens:4d} tokens, {name:<18} {rate:12,.0f} tokens/s")
+    return rates
+
+
+# %%
+if __name__ == "__main__":  # a script or a notebook (pytest runs the tests itself)
+    test_quantized_model_is_close_to_bf16_and_each_layer_exact()
+    print(errors)
+    t0 = time.perf_counter()
+    e = test_compiles_in_one_graph()
+    print(f"torch.compile(fullgraph=True): {e.graph_count} graph, {e.graph_break_count} graph "
+          f"breaks ({time.perf_counter() - t0:.1f} s with compiling)")
+    print(f"state dict: {test_state_dict_reloads_bitwise()} bytes, reloaded bitwise")
+    if GPU:
+        for n in (1, 512):
+            test_gpu_tokens_per_second(n)
+    else:
+        print("GPU cell skipped: no CUDA device (the tokens/s of eager, compiled and CUDA-graph "
+              "forwards need one)")

@@ -1,0 +1,353 @@
+"""tk_cute.nvfp4.Linear / quantize_ / F.linear on NVFP4 weights: values against the exact
+references, torch.compile with no graph break, state-dict round trips, devices, bad input; on
+a GPU the model compiled and graph-captured against the exact reference of each layer."""
+
+import copy
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tk_cute import nvfp4
+from tk_cute.nvfp4 import Linear, NVFP4Tensor, quantize, quantize_
+from tk_cute.nvfp4.reference import gemm_reference, w4a16_reference
+from tk_cute.testing import assert_gemm_close
+
+ACTIVATIONS = ("bf16", "nvfp4")
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden=64, intermediate=96, bias=False):
+        super().__init__()
+        self.gate = nn.Linear(hidden, intermediate, bias=bias)
+        self.up = nn.Linear(hidden, intermediate, bias=bias)
+        self.down = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+def bf16_mlp(**kw):
+    return MLP(**kw).to(torch.bfloat16).requires_grad_(False)
+
+
+def layer_reference(layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    """What a CPU Linear must return, from the exact references (x: (..., K))."""
+    w = layer.weight
+    if layer.activations == "nvfp4":
+        x2 = x.reshape(-1, layer.in_features)
+        y = gemm_reference(quantize(x2), w, x.dtype).reshape(*x.shape[:-1], -1)
+    else:
+        y = w4a16_reference(x, w, torch.bfloat16)
+    return y if layer.bias is None else y + layer.bias
+
+
+# ---------------------------------------------------------------- one layer
+
+
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_matches_the_exact_reference(activations, bias, seed):
+    lin = nn.Linear(80, 48, bias=bias).to(torch.bfloat16)
+    layer = Linear.from_linear(lin, activations=activations)
+    assert isinstance(layer.weight, NVFP4Tensor) and layer.weight.shape == (48, 80)
+    ref_w = quantize(lin.weight.detach())  # the weight's bytes are quantize's
+    assert torch.equal(layer.weight_data, ref_w.data) and torch.equal(layer.weight_scales,
+                                                                      ref_w.scales)
+    assert torch.equal(layer.weight_global_scale, ref_w.global_scale)
+    x = torch.randn(2, 7, 80, dtype=torch.bfloat16)
+    y = layer(x)
+    assert y.shape == (2, 7, 48) and y.dtype == torch.bfloat16
+    assert torch.equal(y, layer_reference(layer, x))
+    if not bias:  # element-wise against the float64 product of the exactly decoded operands
+        a = quantize(x.reshape(-1, 80)) if activations == "nvfp4" else x.reshape(-1, 80)
+        assert_gemm_close(y.reshape(-1, 48), a, layer.weight, f"Linear {activations}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_w4a4_keeps_the_activation_dtype(dtype, seed):
+    layer = Linear.from_linear(nn.Linear(32, 16, bias=False), activations="nvfp4")
+    x = torch.randn(5, 32, dtype=dtype)
+    y = layer(x)
+    assert y.dtype == dtype
+    assert torch.equal(y, gemm_reference(quantize(x), layer.weight, dtype))
+
+
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+def test_f_linear_and_matmul_on_an_nvfp4_weight_equal_the_module(activations, seed):
+    layer = Linear.from_linear(nn.Linear(64, 32).to(torch.bfloat16), activations=activations)
+    w, b = layer.weight, layer.bias
+    x = torch.randn(9, 64, dtype=torch.bfloat16)
+    y = layer(x)
+    if activations == "bf16":
+        assert torch.equal(F.linear(x, w, b), y)
+        assert torch.equal(F.linear(x, weight=w, bias=b), y)
+        assert torch.equal(x @ w.t() + b, y)
+        assert torch.equal(torch.matmul(x, w.T) + b, y)
+        assert torch.equal(torch.mm(x, w.mT) + b, y)
+        assert torch.equal(nvfp4.linear(x, w, b), y)
+    else:  # W4A4 is F.linear on the quantized activations
+        xq = quantize(x)
+        assert torch.equal(F.linear(xq, w, b), y)
+        assert torch.equal(xq @ w.t() + b, y)  # TransposedNVFP4.__rmatmul__
+        assert torch.equal(torch.matmul(xq, w.t()) + b, y)
+
+
+def test_torch_functions_other_than_linear_raise(seed):
+    w = quantize(torch.randn(16, 32))
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="not torch.add: call .dequantize"):
+        torch.add(w, 1)
+    with pytest.raises(TypeError, match="not torch.cat"):
+        torch.cat([w.data, w])
+    with pytest.raises(TypeError, match=r"x @ w.t\(\)"):
+        torch.matmul(x, w)  # the weight untransposed: D would be x @ w, not x @ w^T
+    with pytest.raises(TypeError, match=r"x @ w.t\(\)"):
+        x @ w
+    with pytest.raises(TypeError, match="W4A16 activations must be a torch.bfloat16"):
+        F.linear(x.float(), w)
+    assert w.t().t() is w and w.t().shape == (32, 16)
+    assert torch.equal(w.t().dequantize(), w.dequantize().t())
+
+
+def test_linear_is_inference_only(seed):
+    layer = Linear.from_linear(nn.Linear(32, 16).to(torch.bfloat16))
+    x = torch.randn(3, 32, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        layer(x)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        F.linear(x, layer.weight)
+    with torch.no_grad():
+        y = layer(x)
+    assert not y.requires_grad and torch.equal(y, layer(x.detach()))
+    with torch.inference_mode():
+        assert torch.equal(layer(x), y)
+
+
+def test_linear_rejects_bad_input(seed):
+    with pytest.raises(TypeError, match="takes an nn.Linear"):
+        Linear.from_linear(nn.Conv1d(16, 16, 1))
+    with pytest.raises(ValueError, match="in_features % 16"):
+        Linear.from_linear(nn.Linear(40, 16))
+    with pytest.raises(ValueError, match="activations must be"):
+        Linear.from_linear(nn.Linear(32, 16), activations="fp8")
+    bad = nn.Linear(32, 16)
+    with torch.no_grad():
+        bad.weight[3, 5] = float("nan")
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        Linear.from_linear(bad)
+    layer = Linear.from_linear(nn.Linear(32, 16))
+    with pytest.raises(ValueError, match="in_features=32"):
+        layer(torch.randn(2, 48, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="W4A16 Linear takes bfloat16"):
+        layer(torch.randn(2, 32))
+    w4a4 = Linear.from_linear(nn.Linear(32, 16), activations="nvfp4")
+    x = torch.randn(2, 32)
+    x[1, 3] = float("inf")
+    with pytest.raises(ValueError, match="finite"):  # CPU forwards always check
+        w4a4(x)
+
+
+# ---------------------------------------------------------------- quantize_
+
+
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+def test_quantize_swaps_every_linear_and_matches_layer_references(activations, seed):
+    model = bf16_mlp(bias=True)
+    ref = copy.deepcopy(model)
+    assert quantize_(model, activations=activations) is model
+    assert all(isinstance(getattr(model, n), Linear) for n in ("gate", "up", "down"))
+    assert model.gate.activations == activations
+    x = torch.randn(3, 5, 64, dtype=torch.bfloat16)
+    want = layer_reference(model.down, F.silu(layer_reference(model.gate, x))
+                           * layer_reference(model.up, x))
+    y = model(x)
+    assert torch.equal(y, want)
+    # Against the bf16 model: NVFP4's error on random data (module docstring of the example).
+    err = float((y.float() - ref(x).float()).norm() / ref(x).float().norm())
+    assert err < (0.25 if activations == "bf16" else 0.35), err
+
+
+def test_quantize_filter_shared_modules_and_errors(seed):
+    model = bf16_mlp()
+    quantize_(model, lambda m, fqn: isinstance(m, nn.Linear) and fqn != "down")
+    assert isinstance(model.gate, Linear) and isinstance(model.down, nn.Linear)
+
+    shared = nn.Linear(32, 32).to(torch.bfloat16)
+    pair = nn.Sequential(shared, nn.ReLU(), shared)
+    quantize_(pair)
+    assert isinstance(pair[0], Linear) and pair[0] is pair[2]  # quantized once, still shared
+
+    with pytest.raises(TypeError, match="only nn.Linear modules are swapped"):
+        quantize_(nn.Sequential(nn.Linear(16, 16), nn.ReLU()), lambda m, fqn: True)
+    with pytest.raises(TypeError, match="for one layer use Linear.from_linear"):
+        quantize_(nn.Linear(32, 16))
+    with pytest.raises(ValueError, match="'1' has in_features=24"):
+        quantize_(nn.Sequential(nn.Linear(16, 24), nn.Linear(24, 16)))
+    with pytest.raises(ValueError, match="activations must be"):
+        quantize_(bf16_mlp(), activations="int4")
+
+
+# ---------------------------------------------------------------- state dict and devices
+
+
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+def test_state_dict_round_trip_is_bitwise(activations, seed):
+    model = quantize_(bf16_mlp(bias=True), activations=activations)
+    sd = model.state_dict()
+    assert set(sd) == {f"{n}.{p}" for n in ("gate", "up", "down")
+                       for p in ("weight_data", "weight_scales", "weight_global_scale", "bias")}
+    assert all(type(t) is torch.Tensor for t in sd.values())  # plain tensors
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    fresh = quantize_(bf16_mlp(bias=True), activations=activations)  # other random weights
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    assert not torch.equal(fresh(x), model(x))
+    fresh.load_state_dict(loaded)
+    assert torch.equal(fresh(x), model(x))
+    empty = MLP(bias=True)  # or a model of empty Linear modules of the right shapes
+    for n in ("gate", "up", "down"):
+        old = getattr(empty, n)
+        setattr(empty, n, Linear(old.in_features, old.out_features, bias=True,
+                                 activations=activations))
+    empty.load_state_dict(loaded)
+    assert torch.equal(empty(x), model(x))
+
+
+def test_to_moves_every_part_and_keeps_the_decode_scale_float32(seed):
+    layer = Linear.from_linear(nn.Linear(32, 16).to(torch.bfloat16))
+    gs = layer.weight_global_scale.clone()
+    layer.to(torch.float16)
+    assert layer.weight_global_scale.dtype == torch.float32
+    assert torch.equal(layer.weight_global_scale, gs) and layer.bias.dtype == torch.float16
+    layer.to("meta")
+    assert {t.device.type for t in layer.state_dict().values()} == {"meta"}
+    q = quantize(torch.randn(8, 32))
+    assert q.cpu() is q and q.to("cpu") is q
+    m = q.to("meta")
+    assert {t.device.type for t in (m.data, m.scales, m.global_scale)} == {"meta"}
+
+
+@pytest.mark.gpu
+def test_cuda_moves_every_part(seed):
+    layer = Linear.from_linear(nn.Linear(64, 32).to(torch.bfloat16)).cuda()
+    assert {t.device.type for t in layer.state_dict().values()} == {"cuda"}
+    back = copy.deepcopy(layer).cpu()
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(layer.state_dict().values(),
+                                                       back.state_dict().values()))
+    q = quantize(torch.randn(8, 32)).cuda()
+    assert q.device.type == "cuda" and torch.equal(q.cpu().data, q.data.cpu())
+
+
+# ---------------------------------------------------------------- NVFP4Tensor forms
+
+
+def test_nvfp4tensor_accepts_torch_fp4_fp8_flat_and_1_element_forms(seed):
+    q = quantize(torch.randn(130, 96))
+    assert q.data_fp4x2.dtype == torch.float4_e2m1fn_x2 and q.data_fp4x2.shape == q.data.shape
+    assert q.scales_e4m3.dtype == torch.float8_e4m3fn and q.scales_e4m3.shape == q.scales.shape
+    r = NVFP4Tensor(q.data_fp4x2, q.scales_e4m3.reshape(-1), q.global_scale.reshape(1), q.shape)
+    assert r.data.dtype == torch.uint8 and r.scales.shape == q.scales.shape
+    assert r.global_scale.shape == () and torch.equal(r.dequantize(), q.dequantize())
+    with pytest.raises(ValueError, match="scales must be uint8 of shape"):  # logical, not blocked
+        NVFP4Tensor(q.data, q.scales_logical(), q.global_scale, q.shape)
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        NVFP4Tensor(q.data.tolist(), q.scales, q.global_scale, q.shape)
+
+
+# ---------------------------------------------------------------- torch.compile (CPU)
+
+
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+def test_compiled_model_has_no_graph_break_and_equals_eager(activations, seed):
+    import torch._inductor.config as inductor_config
+
+    model = quantize_(bf16_mlp(), activations=activations)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    explanation = torch._dynamo.explain(model)(x)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    torch._dynamo.reset()
+    # Inductor keeps silu(gate) * up in fp32 (one rounding) unless told to round like eager.
+    with inductor_config.patch(emulate_precision_casts=True):
+        compiled = torch.compile(model, fullgraph=True)
+        assert torch.equal(compiled(x), model(x))
+    aot = torch.compile(model, fullgraph=True, backend="aot_eager")  # the fake impls, traced
+    x2 = torch.randn(5, 64, dtype=torch.bfloat16)
+    assert torch.equal(aot(x2), model(x2))
+
+
+# ---------------------------------------------------------------- GPU
+
+
+def _capture(fn, static_x):
+    """A CUDA graph of fn(static_x) after warm-up on a side stream (kernels compile there)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_y = fn(static_x)
+    return g, static_y
+
+
+def _layer_inputs(model, x):
+    """{layer name: (input, output)} of every NVFP4 Linear in one eager forward."""
+    seen, hooks = {}, []
+    for name, mod in model.named_modules():
+        if isinstance(mod, Linear):
+            hooks.append(mod.register_forward_hook(
+                lambda m, args, out, n=name: seen.__setitem__(n, (args[0], out))))
+    model(x)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+@pytest.mark.parametrize("tokens", [1, 16, 200])
+def test_gpu_model_compiled_and_graphed(activations, tokens, seed):
+    H, I = 1024, 4096  # Hopper kernels: N % 128, K % 256 (the register-A and small-M paths)
+    ref_model = bf16_mlp(hidden=H, intermediate=I).cuda()
+    model = quantize_(copy.deepcopy(ref_model), activations=activations)
+    x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        y = model(x)
+        # Each layer against its exact reference, element by element (the activations of a
+        # W4A4 layer are quantize's bytes: the CUDA quantizer is bit-exact with it).
+        for name, (a, out) in _layer_inputs(model, x).items():
+            layer = model.get_submodule(name)
+            a2 = a.reshape(-1, layer.in_features)
+            a_op = quantize(a2) if activations == "nvfp4" else a2
+            assert_gemm_close(out.reshape(-1, layer.out_features), a_op, layer.weight, name)
+        # Against the bf16 model: NVFP4's error on random data (0.16 / 0.24 measured on CPU).
+        ref = ref_model(x).float()
+        err = float((y.float() - ref).norm() / ref.norm())
+        assert err < (0.25 if activations == "bf16" else 0.35), err
+        # A CUDA graph of the eager forward: the same kernels, so the same bits.
+        static_x = x.clone()
+        g, static_y = _capture(model, static_x)
+        x2 = torch.randn_like(x)
+        static_x.copy_(x2)
+        static_y.fill_(float("nan"))  # poisoned: the replay must write every element
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, model(x2))
+        # Compiled (the elementwise ops are inductor's: compare within bf16 rounding).
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True)
+        yc = compiled(x2)
+        want = model(x2).float()
+        assert float((yc.float() - want).norm() / want.norm()) < 2.0**-6
+        gc, static_yc = _capture(compiled, static_x)
+        static_yc.fill_(float("nan"))
+        gc.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_yc, yc)

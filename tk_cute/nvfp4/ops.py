@@ -1,0 +1,158 @@
+"""torch custom ops (``torch.library``) for the NVFP4 quantizer and GEMM and for the dense GEMM,
+so ``torch.compile(model, fullgraph=True)`` traces a model built from `tk_cute.nvfp4.Linear`
+without a graph break, and a forward on CUDA can be captured in a CUDA graph.
+
+Registered when ``tk_cute.nvfp4`` is imported (namespace ``tk_cute``):
+
+- ``torch.ops.tk_cute.nvfp4_quantize(x, global_scale=None, check_finite=False)
+  -> (data, scales, global_scale)``: `tk_cute.nvfp4.quantize` (its docstring is the contract),
+  the NVFP4Tensor returned as its three parts.
+- ``torch.ops.tk_cute.nvfp4_gemm(a, a_scales, a_global_scale, b_data, b_scales,
+  b_global_scale, out_dtype, pdl=False) -> D``: `tk_cute.nvfp4.gemm`, ``D = a @ b^T``. W4A4
+  when `a_scales` is given (then `a` is the activations' packed data and `a_global_scale` their
+  decode scale); W4A16 when it is None (`a` is a bfloat16 (..., K) tensor).
+- ``torch.ops.tk_cute.gemm(a, b, out_dtype) -> C``: `tk_cute.gemm` (Hopper CUDA tensors).
+
+The ops take the NVFP4 parts as tensors; every logical shape follows from the data's shape
+(``K = 2 * data.shape[-1]``), so no shape ints are passed. The parts are checked for dtype,
+shape and device (no value is read: reading a CUDA tensor would sync the host), so the ops
+trust the VALUES of their parts (as `NVFP4Tensor.trusted` does): pass parts of an NVFP4Tensor
+built by `quantize` or by the checking constructor. Accepted part forms are those of the
+NVFP4Tensor constructor (float4_e2m1fn_x2 data, float8_e4m3fn scales, flat 1-D blocked scales,
+a (1,) global scale).
+
+Host syncs: none in `nvfp4_quantize` with ``check_finite=False`` (the default here, unlike
+`quantize`) and no given global scale, nor in `nvfp4_gemm` or `gemm` (kernels are compiled and
+cached at a shape's first call: run one eager call before capturing a graph). With
+check_finite=False, NaN/Inf inputs on CUDA are not detected: the blocks holding them get
+unspecified bytes and, as the global scale is computed from amax, so does every block (the
+GEMM's output is then unspecified, not necessarily NaN). CPU tensors always check (ValueError).
+
+Devices: CUDA tensors run the kernels; CPU tensors run what `tk_cute.nvfp4.gemm` runs there,
+the exact references. `tk_cute.gemm` has no CPU kernel: on CPU the ``tk_cute::gemm`` op
+computes ``(a.float() @ b.float().T).to(out_dtype)`` with torch (products exact in float32, sums
+in float32, one rounding: within `tk_cute.testing.assert_gemm_close`'s bound), so compiled CPU
+models stay testable; it is a stand-in, not the kernel.
+
+Autograd: none is registered; the ops are for inference (`tk_cute.nvfp4.Linear` raises on an
+input that requires grad). Each op has a fake (meta) implementation that checks the same
+shapes and returns empty outputs of the right shape, dtype and device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tk_cute.layouts.nvfp4_scales import blocked_shape
+
+from . import validate
+from .quantize import SUPPORTED_DTYPES, quantize
+from .tensor import SF_VEC, NVFP4Tensor, normalize_parts
+
+__all__ = ["gemm", "nvfp4_gemm", "nvfp4_quantize", "parts"]
+
+
+def parts(data: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor) -> NVFP4Tensor:
+    """An NVFP4Tensor from op arguments: the logical shape from the data's, parts normalized and
+    shape-checked, values trusted (module docstring)."""
+    if not isinstance(data, torch.Tensor) or data.dim() not in (2, 3):
+        raise ValueError(f"NVFP4 data must be a 2-D (M, K // 2) or 3-D (L, M, K // 2) tensor, "
+                         f"got {getattr(data, 'shape', type(data).__name__)}")
+    shape = (*data.shape[:-1], 2 * data.shape[-1])
+    return NVFP4Tensor.trusted(*normalize_parts(data, scales, global_scale, shape))
+
+
+# ---------------------------------------------------------------- quantize
+
+
+@torch.library.custom_op("tk_cute::nvfp4_quantize", mutates_args=())
+def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None,
+                   check_finite: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`tk_cute.nvfp4.quantize(x, global_scale=..., check_finite=...)` as (data, scales,
+    global_scale): uint8 (..., M, K // 2), uint8 blocked (..., RM, RK, 512), float32 0-dim."""
+    q = quantize(x, global_scale=global_scale, check_finite=check_finite)
+    return q.data, q.scales, q.global_scale
+
+
+@nvfp4_quantize.register_fake
+def _(x, global_scale=None, check_finite=False):
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"quantize input dtype must be float32, bfloat16 or float16, got "
+                        f"{x.dtype}")
+    if x.dim() not in (2, 3) or x.shape[-1] % SF_VEC:
+        raise ValueError(f"quantize input must be (M, K) or (L, M, K) with K % 16 == 0, got "
+                         f"{tuple(x.shape)}")
+    *lead, M, K = x.shape
+    return (x.new_empty((*lead, M, K // 2), dtype=torch.uint8),
+            x.new_empty(blocked_shape(M, K, *lead), dtype=torch.uint8),
+            x.new_empty((), dtype=torch.float32))
+
+
+# ---------------------------------------------------------------- NVFP4 GEMM
+
+
+def _operands(a, a_scales, a_global_scale, b_data, b_scales, b_global_scale):
+    b = parts(b_data, b_scales, b_global_scale)
+    if a_scales is None:
+        if a_global_scale is not None:
+            raise ValueError("nvfp4_gemm: a_global_scale without a_scales (W4A16 takes bf16 a "
+                             "and neither; W4A4 takes the activations' three parts)")
+        return a, b
+    if a_global_scale is None:
+        raise ValueError("nvfp4_gemm: W4A4 (a_scales given) needs a_global_scale too")
+    return parts(a, a_scales, a_global_scale), b
+
+
+@torch.library.custom_op("tk_cute::nvfp4_gemm", mutates_args=())
+def nvfp4_gemm(a: torch.Tensor, a_scales: torch.Tensor | None, a_global_scale: torch.Tensor | None,
+               b_data: torch.Tensor, b_scales: torch.Tensor, b_global_scale: torch.Tensor,
+               out_dtype: torch.dtype, pdl: bool = False) -> torch.Tensor:
+    """`tk_cute.nvfp4.gemm(a, b, out_dtype, pdl=pdl)` on NVFP4 parts (module docstring)."""
+    from .gemm import gemm as nvfp4_gemm_fn
+
+    A, B = _operands(a, a_scales, a_global_scale, b_data, b_scales, b_global_scale)
+    return nvfp4_gemm_fn(A, B, out_dtype, pdl=pdl)
+
+
+@nvfp4_gemm.register_fake
+def _(a, a_scales, a_global_scale, b_data, b_scales, b_global_scale, out_dtype, pdl=False):
+    A, B = _operands(a, a_scales, a_global_scale, b_data, b_scales, b_global_scale)
+    op = validate.gemm_operands(A, B, out_dtype, pdl=pdl)
+    return b_data.new_empty(op.out_shape, dtype=out_dtype)
+
+
+# ---------------------------------------------------------------- dense GEMM
+
+
+def _dense_shape(a, b, out_dtype):
+    from tk_cute.dense_gemm import _DTYPES, OUT_DTYPES
+
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype not in _DTYPES or t.dim() != 2:
+            raise ValueError(f"tk_cute::gemm {name} must be a 2-D tensor of {_DTYPES}, got "
+                             f"{t.dtype} {tuple(t.shape)}")
+    if a.dtype != b.dtype or a.shape[1] != b.shape[1] or a.device != b.device:
+        raise ValueError(f"tk_cute::gemm needs a (M, K) and b (N, K) of one dtype on one device, "
+                         f"got {a.dtype} {tuple(a.shape)} on {a.device}, {b.dtype} "
+                         f"{tuple(b.shape)} on {b.device}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"tk_cute::gemm out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+    return a.shape[0], b.shape[0]
+
+
+@torch.library.custom_op("tk_cute::gemm", mutates_args=())
+def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``C = a @ b^T``: `tk_cute.gemm` on CUDA; torch's float32 matmul on CPU (module
+    docstring)."""
+    if a.is_cuda:
+        from tk_cute.dense_gemm import gemm as dense
+
+        return dense(a, b, out_dtype)
+    _dense_shape(a, b, out_dtype)
+    return (a.float() @ b.float().t()).to(out_dtype)
+
+
+@gemm.register_fake
+def _(a, b, out_dtype):
+    M, N = _dense_shape(a, b, out_dtype)
+    return a.new_empty((M, N), dtype=out_dtype)
