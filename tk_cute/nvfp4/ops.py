@@ -71,7 +71,11 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None,
     """`tk_cute.nvfp4.quantize(x, global_scale=..., check_finite=...)` as (data, scales,
     global_scale): uint8 (..., M, K // 2), uint8 blocked (..., RM, RK, 512), float32 0-dim."""
     q = quantize(x, global_scale=global_scale, check_finite=check_finite)
-    return q.data, q.scales, q.global_scale
+    # The CUDA quantizer's global scale is a 0-dim view into its workspace (storage offset =
+    # the amax partials): an op output must be a tensor of its own, 16-byte aligned as the fake
+    # promises (inductor asserts it; on the H200 the view failed that check and opcheck's
+    # storage-offset comparison). One 4-byte copy.
+    return q.data, q.scales, q.global_scale.clone()
 
 
 @nvfp4_quantize.register_fake
