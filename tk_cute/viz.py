@@ -236,7 +236,11 @@ def accumulator_columns(cfg) -> dict[tuple[int, int], int]:
         _evaluate_columns(mma.make_fragment_C(cute.append(shape, cfg.ACC_PIPE_DEPTH)).layout,
                           cfg, found)
 
-    trace()
+    # Traced for a tcgen05 target whatever GPU this process has (a direct call would trace for
+    # the current GPU, and on a Hopper machine the block-scaled op refuses sm_90a).
+    from tk_cute.runtime import compile_locked
+
+    compile_locked(trace, options="--gpu-arch sm_100a")
     return found
 
 

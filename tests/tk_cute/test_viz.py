@@ -215,3 +215,19 @@ def test_draw_usage_errors(capsys, argv, message):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "usage:" in err and message in err and "Traceback" not in err
+
+
+def test_tmem_map_draws_on_a_hopper_machine():
+    """The TMEM map traces a tcgen05 MMA whatever GPU the process has: on a Hopper machine (the
+    DSL's default target sm_90a) a direct trace was refused (seen on the H200)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from tk_cute import viz; from tk_cute.nvfp4.heuristics import sm100_config; "
+            "print(viz.tmem_plot(sm100_config('sm_107a', 8192, 8192, 8192))"
+            ".drawn['accumulators'])")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=240, env={**os.environ, "CUTE_DSL_ARCH": "sm_90a"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "(1, 0): 256" in run.stdout
