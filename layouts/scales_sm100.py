@@ -58,33 +58,60 @@ def global_layout(shape):
     return tile_atom_to_shape_SF(shape, SF_VEC)
 
 
-def layout_mmas(n: int):
-    """The K = 64 MMA shapes that give the scale layouts their structure: pair (256 x n) for
+def global_tensor(ptr, shape):
+    """SFA/SFB of an (rows, K, L) operand at `ptr` as a CuTe tensor (`global_layout`)."""
+    import cutlass.cute as cute
+
+    return cute.make_tensor(ptr, global_layout(shape))
+
+
+def layout_ops(n: int):
+    """The K = 64 MMA ops that give the scale layouts their structure: pair (256 x n) for
     SFA/SFB in shared and tensor memory, one CTA (128 x round_up(n, 128)) for SFB's TMA."""
     import cutlass
-    import cutlass.cute as cute
     from cutlass.cute.nvgpu import tcgen05
 
     def op(m, nn, group):
-        return cute.make_tiled_mma(cute.make_mma_atom(tcgen05.MmaMXF4NVF4Op(
-            cutlass.Float8E4M3FN, (m, nn, 64), group, tcgen05.OperandSource.SMEM)))
+        return tcgen05.MmaMXF4NVF4Op(cutlass.Float8E4M3FN, (m, nn, 64), group,
+                                     tcgen05.OperandSource.SMEM)
 
     return op(256, n, tcgen05.CtaGroup.TWO), op(128, -(-n // 128) * 128, tcgen05.CtaGroup.ONE)
 
 
-def smem_layouts(mma_tiler, stages: int, sf_mma):
-    """(SFA, SFB) shared layouts: ((atom, rest), MMA_M|N, K atoms, stage)."""
+def layout_mmas(n: int):
+    """`layout_ops` as tiled MMAs."""
+    import cutlass.cute as cute
+
+    return tuple(cute.make_tiled_mma(cute.make_mma_atom(op)) for op in layout_ops(n))
+
+
+def smem_layout(operand: str, sf_mma, mma_tiler, stages: int):
+    """SFA ("A") or SFB ("B") shared layout: ((atom, rest), MMA_M|N, K atoms, stage)."""
     from cutlass.utils import blockscaled_layout as bl
 
-    return (bl.make_smem_layout_sfa(sf_mma, mma_tiler, SF_VEC, stages),
-            bl.make_smem_layout_sfb(sf_mma, mma_tiler, SF_VEC, stages))
+    make = bl.make_smem_layout_sfa if operand == "A" else bl.make_smem_layout_sfb
+    return make(sf_mma, mma_tiler, SF_VEC, stages)
+
+
+def smem_layouts(mma_tiler, stages: int, sf_mma):
+    """(SFA, SFB) shared layouts (`smem_layout`)."""
+    return (smem_layout("A", sf_mma, mma_tiler, stages),
+            smem_layout("B", sf_mma, mma_tiler, stages))
+
+
+def tmem_layout(operand: str, sf_mma, mma_tiler, smem_stage):
+    """SFA ("A") / SFB ("B") tensor-memory layout of one stage (byte units: lane << 18 |
+    column << 2 | byte) from its shared layout `smem_stage` (stage 0 of `smem_layout`)."""
+    from cutlass.utils import blockscaled_layout as bl
+
+    make = bl.make_tmem_layout_sfa if operand == "A" else bl.make_tmem_layout_sfb
+    return make(sf_mma, mma_tiler, SF_VEC, smem_stage)
 
 
 def tmem_layouts(mma_tiler, sf_mma, sfa_smem, sfb_smem):
-    """(SFA, SFB) tensor-memory layouts (byte units: lane << 18 | column << 2 | byte)."""
+    """(SFA, SFB) tensor-memory layouts (`tmem_layout`) from the staged shared layouts."""
     import cutlass.cute as cute
-    from cutlass.utils import blockscaled_layout as bl
 
     s0 = lambda lay: cute.slice_(lay, (None, None, None, 0))
-    return (bl.make_tmem_layout_sfa(sf_mma, mma_tiler, SF_VEC, s0(sfa_smem)),
-            bl.make_tmem_layout_sfb(sf_mma, mma_tiler, SF_VEC, s0(sfb_smem)))
+    return (tmem_layout("A", sf_mma, mma_tiler, s0(sfa_smem)),
+            tmem_layout("B", sf_mma, mma_tiler, s0(sfb_smem)))

@@ -3,41 +3,38 @@
 
 D (M, N, L) bf16|fp16 = gA gB A (M, K, L) B (N, K, L)^T, NVFP4 operands, scales 128x4 blocked;
 gA, gB are read from device memory (no host sync). Pipeline contract, per CTA of a pair
-(warps 0-3 epilogue, 4 MMA, 5 producer, 6 CLC scheduler):
-  producer: per K stage acquire `a_ring` -> TMA A (multicast along N); acquire `bs_ring` ->
-            TMA B, SFA, SFB; both complete on the LEADER CTA's full barriers (expect_bytes).
-  mma (leader CTA): wait both rings -> tcgen05.cp scales to TMEM -> per K block, M half:
-            mma2_ABt (Rubin: B collector FILL then LASTUSE) -> commit A (Rubin: early, once read
-            `sync_restrict::shared::read::mma::a`), B/scales, multicast to the pair -> per tile
-            commit `acc_ring` full.
-  epilogue: wait acc full -> tcgen05.ld EPI_N columns -> release acc after the last (its TMA
-            stores overlap the next tile's MMAs) -> * gA gB -> smem -> TMA store.
-  tiles: static persistent supergroup order, or CLC (scheduler warp try_cancel -> `clc_ring`
-            response -> every role's next tile); PDL. Constraints: K % Kb, N % 8 (checked by
-            `tk_cute.nvfp4.dispatch_sm100`, which also picks the Config). MMA K = 64 (sm_100a/103a)
-            or 128 (sm_107a). Peer: CUTLASS CuTeDSL blackwell/kernel/blockscaled_gemm/
+(warps 0-3 epilogue, 4 MMA, 5 producer, 6 CLC scheduler; rings are `stage_ring`s):
+  producer: per K stage `a_ring` finished -> `tma.load_async` A (multicast along N); `bs_ring`
+            finished -> B, SFA, SFB; all `arrived` on the LEADER CTA's barrier.
+  mma (leader): `acc_ring` finished; per stage both rings arrived -> `load_scales_async` ->
+            `mma2_ABt` per K block, M half (Rubin: B collector FILL, LASTUSE) -> finish the
+            stages (Rubin: A once read) -> per tile `acc_ring` arrive.
+  epilogue: `acc_ring` arrived -> `load_async` EPI_N columns -> finish it after the last (its
+            stores overlap the next tile's MMAs) -> * gA gB -> smem -> `tma.store_async`.
+  tiles: static persistent supergroup order, or CLC (`schedule`); PDL. Constraints: K % Kb,
+  N % 8 (`tk_cute.nvfp4.dispatch_sm100` checks them and picks the Config); MMA K = 64 (sm_100a,
+  sm_103a) or 128 (sm_107a). Peer: CUTLASS CuTeDSL blackwell/kernel/blockscaled_gemm/
 dense_blockscaled_gemm_persistent.py (one arch, 3,382 lines with its host harness).
 """
 
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
-import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass.cute.nvgpu import cpasync
-from cutlass.memory import SmemAllocator
-from cutlass.tensor_utils import LayoutEnum
 
 from tk_cute.arch import target
-from tk_cute.ops import cluster, epilogue, schedule
-from tk_cute.ops import tcgen05 as tc
 from tk_cute.layouts import scales_sm100 as scales
 from tk_cute.layouts import tmem as tmem_map
+from tk_cute.ops import cluster, epilogue, schedule, tma, warp, warpgroup
+from tk_cute.ops import tcgen05 as tc
+from tk_cute.types import Shared, coord, gl, st, st_mma, stage_ring, sv
 from tk_cute.types import tt as tmem
+from tk_cute.types.gl import row_major
 from tk_cute.types.semaphore import NamedBarrier
+from tk_cute.types.struct import DeviceStruct
 
 
 OUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
@@ -145,6 +142,16 @@ class Config:
         return 1024 + sum(-(-b // 1024) * 1024 for b in bufs)
 
 
+class Globals(DeviceStruct):
+    """The kernel's global layouts (TK `globals`): `gl`s of A, B, SFA, SFB (TMA loads), D (TMA
+    store), and pointers to the two fp32 global scales."""
+
+    _fields = ("A", "B", "SFA", "SFB", "D", "ga", "gb")
+
+    def __init__(self, A: gl, B: gl, SFA: gl, SFB: gl, D: gl, ga, gb):
+        self.A, self.B, self.SFA, self.SFB, self.D, self.ga, self.gb = A, B, SFA, SFB, D, ga, gb
+
+
 class GemmNvfp4Sm100:
     """The kernel for one `Config`; `__call__` is the `@cute.jit` host launch."""
 
@@ -158,51 +165,45 @@ class GemmNvfp4Sm100:
         self.threads = 32 * (self.WALKERS + (cfg.scheduler == schedule.CLC))
         self.traced = {}  # what tracing computed from the kernel's layouts (tests read it)
 
-    # --- globals: tile types, smem and TMEM blocks ---------------------------------------
+    # --- globals: the MMA and the tile types (MMA objects exist only while tracing) ------------
     def _globals(self):
-        cfg = self.cfg
-        self.mma_tiler = (cfg.Mb, cfg.Nb, cfg.Kb)
-        self.sfb_tiler = (128, -(-cfg.Nb // 128) * 128, cfg.Kb)
-        self.cta_tile = (cfg.Mb // 2, cfg.Nb, cfg.Kb)
-        op = lambda b=tc.DISCARD: tc.tiled_mma(tc.block_scaled_op(cfg.arch, cfg.Nb,
-                                                                  self.sf_dtype, b_collector=b))
-        self.mma = self.mma_fill = self.mma_last = op()
-        if cfg.b_reuse:
-            self.mma_fill, self.mma_last = op(tc.FILL), op(tc.LASTUSE)
-        # Scale layouts keep the K = 64 atom structure on every target (layouts/scales_sm100)
-        self.sf_mma, self.mma_sfb = scales.layout_mmas(cfg.Nb)
-        cl = cute.make_layout((cfg.CLUSTER_M, cfg.CLUSTER_N, 1))
-        self.cluster_vmnk = cute.tiled_divide(cl, (self.mma.thr_id.shape,))
-        self.cluster_sfb_vmnk = cute.tiled_divide(cl, (self.mma_sfb.thr_id.shape,))
-        S, fp4 = cfg.LOAD_PIPE_DEPTH, cutlass.Float4E2M1FN
-        self.sA = sm100_utils.make_smem_layout_a(self.mma, self.mma_tiler, fp4, S)
-        self.sB = sm100_utils.make_smem_layout_b(self.mma, self.mma_tiler, fp4, S)
-        self.sSFA, self.sSFB = scales.smem_layouts(self.mma_tiler, S, self.sf_mma)
-        self.epi_tile = (128, cfg.EPI_N)
-        self.sD = sm100_utils.make_smem_layout_epi(
-            self.out_dtype, LayoutEnum.ROW_MAJOR, self.epi_tile, cfg.EPI_PIPE_DEPTH)
+        cfg, fp4 = self.cfg, cutlass.Float4E2M1FN
+        self.tiler = (cfg.Mb, cfg.Nb, cfg.Kb)
+        self.mma = tc.block_scaled_mma(cfg.arch, cfg.Nb, self.sf_dtype, cfg.b_reuse)
+        # before any MMA: issuing one changes the tiled MMA's (accumulate) state
+        self.acc_layout = self.mma.accumulator(self.tiler[:2], cfg.ACC_PIPE_DEPTH)
+        # one stage of one CTA; scales keep the K = 64 atom structure on every target
+        self.inputs = {"A": st_mma.A(fp4, self.mma.op, self.tiler),
+                      "B": st_mma.B(fp4, self.mma.op, self.tiler),
+                      "SFA": st_mma.SFA(self.sf_dtype, self.tiler),
+                      "SFB": st_mma.SFB(self.sf_dtype, self.tiler)}
+        self.d_tile = st(self.out_dtype, 128, cfg.EPI_N)  # one epilogue buffer
 
-    def _shared_storage(self):
-        S, A = self.cfg.LOAD_PIPE_DEPTH, self.cfg.ACC_PIPE_DEPTH
-        buf = lambda dtype, n: cute.struct.Align[cute.struct.MemRange[dtype, n], 1024]
-        bars = lambda n: cute.struct.MemRange[cutlass.Int64, n]
-
-        @cute.struct
-        class SharedStorage:
-            a_ring: bars(2 * S)
-            bs_ring: bars(2 * S)
-            acc_ring: bars(2 * A)
-            clc_ring: bars(2)
-            clc_response: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, 4], 16]
-            tmem_dealloc: cutlass.Int64
-            tmem_addr: cutlass.Int32
-            sD: buf(self.out_dtype, cute.cosize(self.sD.outer))
-            sA: buf(cutlass.Float4E2M1FN, cute.cosize(self.sA.outer))
-            sB: buf(cutlass.Float4E2M1FN, cute.cosize(self.sB.outer))
-            sSFA: buf(self.sf_dtype, cute.cosize(self.sSFA))
-            sSFB: buf(self.sf_dtype, cute.cosize(self.sSFB))
-
-        return SharedStorage
+    def _shared(self, vmnk):
+        """Shared memory (1 KiB of barriers first, then each 1 KiB-aligned buffer), the rings
+        over it (`a_ring`: A; `bs_ring`: B, SFA, SFB; `acc_ring`: accumulators), the CLC
+        response and the TMEM allocator."""
+        cfg, S, smem = self.cfg, self.cfg.LOAD_PIPE_DEPTH, Shared()
+        cs = (cfg.CLUSTER_M, cfg.CLUSTER_N)
+        stage = {k: t.layout_bytes() * 2 for k, t in self.inputs.items()}  # lands on the leader
+        a_bytes, bs_bytes = stage["A"], stage["B"] + stage["SFA"] + stage["SFB"]
+        rings = (stage_ring.tma_to_mma(smem.barriers(2 * S), S, a_bytes,
+                                       cluster.multicast_ctas(cs, "A"), vmnk, (1, 0)),
+                 stage_ring.tma_to_mma(smem.barriers(2 * S), S, bs_bytes,
+                                       cluster.multicast_ctas(cs, "A", "B"), vmnk, (1, 1)),
+                 stage_ring.mma_to_threads(smem.barriers(2 * cfg.ACC_PIPE_DEPTH),
+                                           cfg.ACC_PIPE_DEPTH, 32 * len(self.EPI_WARPS), vmnk))
+        clc = (smem.barriers(2), smem.alloc(sv(cutlass.Int32, 4)).iterator) if (
+            cfg.scheduler == schedule.CLC) else (None, None)
+        dealloc, holding = smem.barriers(1), smem.alloc(sv(cutlass.Int32, 1)).iterator
+        bufs = SimpleNamespace(D=smem.alloc(self.d_tile, cfg.EPI_PIPE_DEPTH),
+                               **{k: smem.alloc(t, S) for k, t in self.inputs.items()})
+        alloc = tmem.tensor_allocator(
+            holding, tmem.alloc_columns(cfg.tmem_columns_used, cfg.arch), cfg.arch, True,
+            (NamedBarrier.TMEM_ALLOC, 32 * 5), self.EPI_WARPS[0], dealloc)
+        self.traced.update(smem_bytes=-(-smem.bytes // 1024) * 1024, a_stage_bytes=a_bytes,
+                           bs_stage_bytes=bs_bytes)
+        return bufs, rings, clc, alloc
 
     # --- host launch ---------------------------------------------------------------------
     @cute.jit
@@ -212,231 +213,155 @@ class GemmNvfp4Sm100:
                  l: cutlass.Int32, max_active_clusters: cutlass.Constexpr,
                  stream: cuda.CUstream):
         """D (m, n, l) = gA gB A (m, k, l) B (n, k, l)^T; gA, gB: pointers to fp32 scalars."""
-        cfg = self.cfg
+        cfg, cs = self.cfg, (self.cfg.CLUSTER_M, self.cfg.CLUSTER_N)
         self._globals()
         ka, nd = cute.assume(k, cfg.Kb), cute.assume(n, 8)
-        rows = lambda ptr, r, c: cute.make_tensor(ptr, cute.make_layout((r, c, l),
-                                                                        stride=(c, 1, r * c)))
-        mA, mB, mD = rows(a_ptr, m, ka), rows(b_ptr, n, ka), rows(d_ptr, m, nd)
-        mSFA = cute.make_tensor(sfa_ptr, scales.global_layout(mA.shape))
-        mSFB = cute.make_tensor(sfb_ptr, scales.global_layout(mB.shape))
-        cs, thr, vmnk = (cfg.CLUSTER_M, cfg.CLUSTER_N), self.mma.thr_id, self.cluster_vmnk.shape
-        tma_a, tA = tc.tma_load("A", mA, self.sA, self.mma_tiler, self.mma, vmnk, cs, thr)
-        tma_b, tB = tc.tma_load("B", mB, self.sB, self.mma_tiler, self.mma, vmnk, cs, thr)
-        tma_sfa, tSFA = tc.tma_load("A", mSFA, self.sSFA, self.mma_tiler, self.sf_mma, vmnk, cs,
-                                    thr, cutlass.Int16)
-        tma_sfb, tSFB = tc.tma_load("SFB", mSFB, self.sSFB, self.sfb_tiler, self.mma_sfb,
-                                    self.cluster_sfb_vmnk.shape, cs, thr, cutlass.Int16)
-        tma_d, tD = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), mD, cute.slice_(self.sD, (None, None, 0)),
-            self.epi_tile)
-        size = lambda dt, lay: cute.size_in_bytes(dt, cute.slice_(lay, (None, None, None, 0)))
-        self.a_bytes = size(cutlass.Float4E2M1FN, self.sA) * 2
-        self.bs_bytes = (size(cutlass.Float4E2M1FN, self.sB) + size(self.sf_dtype, self.sSFA)
-                         + size(self.sf_dtype, self.sSFB)) * 2
-        tiles = cute.zipped_divide(mD, tiler=self.cta_tile[:2])[(0, (None, None, None))].shape
+        mA, mB = row_major(a_ptr, m, ka, l), row_major(b_ptr, n, ka, l)
+        mem = {"A": mA, "B": mB, "SFA": scales.global_tensor(sfa_ptr, mA.shape),
+               "SFB": scales.global_tensor(sfb_ptr, mB.shape)}
+        g = Globals(*(tma.pair_gl(mem[k], t, cs) for k, t in self.inputs.items()),
+                    gl.store(row_major(d_ptr, m, nd, l), self.d_tile), ga_ptr, gb_ptr)
+        tiles = (cute.ceil_div(m, cfg.Mb // 2), cute.ceil_div(n, cfg.Nb), l)  # CTA tiles
         sched = schedule.params(cfg.scheduler, tiles, (*cs, 1), cfg.SUPERGROUP_SIZE)
-        self.storage = self._shared_storage()
-        self.traced.update(smem_bytes=self.storage.size_in_bytes(), a_stage_bytes=self.a_bytes,
-                           bs_stage_bytes=self.bs_bytes)
-        self.kernel(tma_a, tA, tma_b, tB, tma_sfa, tSFA, tma_sfb, tSFB, tma_d, tD, ga_ptr,
-                    gb_ptr, sched).launch(
+        self.kernel(g, sched).launch(
             grid=schedule.grid(cfg.scheduler, sched, max_active_clusters),
             block=[self.threads, 1, 1], cluster=(*cs, 1), stream=stream, min_blocks_per_mp=1,
             use_pdl=True)
 
     # --- the kernel: setup, then one method per warp role ------------------------------
     @cute.kernel
-    def kernel(self, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB, tma_d, mD, ga, gb,
-               sched):
-        cfg = self.cfg
-        self._globals()  # layouts and atoms are static: rebuild them inside the kernel region
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if warp == self.LOAD_WARP:
-            for atom in (tma_a, tma_b, tma_sfa, tma_sfb, tma_d):
-                cpasync.prefetch_descriptor(atom)
-        st = SmemAllocator().allocate(self.storage)
-        masks = cluster.multicast_masks(self.cluster_vmnk, self.cluster_sfb_vmnk)
-        vmnk = self.cluster_vmnk
-        a_ring = tc.load_ring(st.a_ring.data_ptr(), cfg.LOAD_PIPE_DEPTH, self.a_bytes,
-                              tc.multicast_ctas(vmnk, "A"), vmnk, (1, 0))
-        bs_ring = tc.load_ring(st.bs_ring.data_ptr(), cfg.LOAD_PIPE_DEPTH, self.bs_bytes,
-                               tc.multicast_ctas(vmnk, "A", "B"), vmnk, (1, 1))
-        acc_ring = tc.acc_ring(st.acc_ring.data_ptr(), cfg.ACC_PIPE_DEPTH,
-                               32 * len(self.EPI_WARPS), vmnk)
-        walk = schedule.walk(cfg.scheduler, sched, st.clc_ring.data_ptr(),
-                             st.clc_response.data_ptr(), vmnk, self.WALKERS)
-        alloc = tmem.tensor_allocator(
-            st.tmem_addr.ptr, tmem.alloc_columns(cfg.tmem_columns_used, cfg.arch), cfg.arch,
-            True, pipeline.NamedBarrier(barrier_id=NamedBarrier.TMEM_ALLOC, num_threads=32 * 5), self.EPI_WARPS[0],
-            st.tmem_dealloc.ptr)
-        cluster.cluster_arrive((cfg.CLUSTER_M, cfg.CLUSTER_N))
-        sA = st.sA.get_tensor(self.sA.outer, swizzle=self.sA.inner)
-        sB = st.sB.get_tensor(self.sB.outer, swizzle=self.sB.inner)
-        sSFA, sSFB = st.sSFA.get_tensor(self.sSFA), st.sSFB.get_tensor(self.sSFB)
-        sD = st.sD.get_tensor(self.sD.outer, swizzle=self.sD.inner)
-        v = cluster.cta_rank_in_pair()
-        thr_mma = self.mma.get_slice(v)
-        gtile = lambda t, tiler, keep: cute.local_tile(t, cute.slice_(tiler, keep),
-                                                       (None, None, None))
-        tCgA = thr_mma.partition_A(gtile(mA, self.mma_tiler, (None, 0, None)))
-        tCgB = thr_mma.partition_B(gtile(mB, self.mma_tiler, (0, None, None)))
-        tCgSFA = self.sf_mma.get_slice(v).partition_A(gtile(mSFA, self.mma_tiler,
-                                                            (None, 0, None)))
-        tCgSFB = self.mma_sfb.get_slice(v).partition_B(gtile(mSFB, self.sfb_tiler,
-                                                             (0, None, None)))
-        tCgD = thr_mma.partition_C(gtile(mD, self.mma_tiler, (None, None, 0)))
-        acc_shape = self.mma.partition_shape_C(self.mma_tiler[:2])
-        tCtAcc_fake = self.mma.make_fragment_C(cute.append(acc_shape, cfg.ACC_PIPE_DEPTH))
-        cluster.cluster_wait((cfg.CLUSTER_M, cfg.CLUSTER_N))
+    def kernel(self, g: Globals, sched: schedule.Params):
+        cfg, cs = self.cfg, (self.cfg.CLUSTER_M, self.cfg.CLUSTER_N)
+        self._globals()  # layouts and MMAs are static: rebuild them inside the kernel region
+        vmnk = g.A.cluster_layout()
+        w = warp.warpid()
+        if w == self.LOAD_WARP:
+            for d in (g.A, g.B, g.SFA, g.SFB, g.D):
+                d.prefetch()
+        smem, (a_ring, bs_ring, acc_ring), clc, alloc = self._shared(vmnk)
+        walk = schedule.walk(cfg.scheduler, sched, *clc, vmnk, self.WALKERS)
+        cluster.cluster_arrive(cs)
+        cluster.cluster_wait(cs)
         cluster.pdl_wait()
-        if warp == self.LOAD_WARP:
-            self.producer_load(walk, a_ring, bs_ring, masks, (sA, sB, sSFA, sSFB),
-                               (tCgA, tCgB, tCgSFA, tCgSFB), (tma_a, tma_b, tma_sfa, tma_sfb))
-        if warp == self.MMA_WARP:
-            self.mma_issue(walk, alloc, a_ring, bs_ring, acc_ring, sA, sB, sSFA, sSFB,
-                           tCtAcc_fake, cute.size(tCgA, mode=[4]))
-        if warp < self.MMA_WARP:
-            self.consumer_finish(walk, alloc, acc_ring, tCtAcc_fake, tCgD, sD, tma_d, ga, gb)
+        if w == self.LOAD_WARP:
+            self.producer_load(g, smem, a_ring, bs_ring, walk)
+        if w == self.MMA_WARP:
+            self.mma_issue(g, smem, a_ring, bs_ring, acc_ring, alloc, walk)
+        if w < self.MMA_WARP:
+            self.consumer_finish(g, smem, acc_ring, alloc, walk)
         if cutlass.const_expr(cfg.scheduler == schedule.CLC):
-            if warp == self.SCHED_WARP and cute.arch.block_idx_in_cluster() == 0:
+            if w == self.SCHED_WARP and cluster.cta_rank() == 0:
                 schedule.clc_steal(schedule.Tiles.create(*walk))
 
     @cute.jit
-    def producer_load(self, walk, a_ring, bs_ring, masks, smem, gmem, atoms):
-        """Producer warp: wait `*_ring` empty, expect_bytes on the leader, TMA loads (multicast)."""
-        mask_a, mask_b, mask_sfb, coord, coord_sfb = masks
-        sA, sB, sSFA, sSFB = smem
-        tCgA, tCgB, tCgSFA, tCgSFB = gmem
-        tma_a, tma_b, tma_sfa, tma_sfb = atoms
-        vmnk, along_n, along_m = self.cluster_vmnk, (0, 0, None, 0), (0, None, 0, 0)
-        tAsA, tAgA = cluster.tma_partition(tma_a, coord[2], vmnk, along_n, sA, tCgA)
-        tBsB, tBgB = cluster.tma_partition(tma_b, coord[1], vmnk, along_m, sB, tCgB)
-        tAsSFA, tAgSFA = cluster.tma_partition(tma_sfa, coord[2], vmnk, along_n, sSFA, tCgSFA,
-                                               compact=True)
-        tBsSFB, tBgSFB = cluster.tma_partition(tma_sfb, coord_sfb[1], self.cluster_sfb_vmnk,
-                                               along_m, sSFB, tCgSFB, compact=True)
-        k_tiles = cute.size(tAgA, mode=[2])
+    def producer_load(self, g, smem, a_ring, bs_ring, walk):
+        """Producer warp: wait `a_ring` / `bs_ring` finished; TMA A (multicast along N), then B,
+        SFA, SFB onto the stage's `arrived` barrier (the leader's, expecting both CTAs' bytes)."""
+        src = {k: tma.source(getattr(g, k)) for k in self.inputs}  # this CTA's partitions
+        k_tiles = g.A.num_tiles(1)
+        a, bs = a_ring.producer(), bs_ring.producer()
         tiles = schedule.Tiles.create(*walk)
         work = tiles.first()
-        a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                               self.cfg.LOAD_PIPE_DEPTH)
-        bs_state = a_state.clone()
         while work.is_valid_tile:
-            mi, ni, li = work.tile_idx[0] // 2, work.tile_idx[1], work.tile_idx[2]
+            m, n, l = work.tile_idx[0] // 2, work.tile_idx[1], work.tile_idx[2]
             for kt in cutlass.range(k_tiles, unroll=1):
-                a_ring.producer_acquire(a_state)
-                cute.copy(tma_a, tAgA[(None, mi, kt, li)], tAsA[(None, a_state.index)],
-                          tma_bar_ptr=a_ring.producer_get_barrier(a_state), mcast_mask=mask_a)
-                a_state.advance()
-                bs_ring.producer_acquire(bs_state)
-                bar, s = bs_ring.producer_get_barrier(bs_state), bs_state.index
-                cute.copy(tma_b, tBgB[(None, ni, kt, li)], tBsB[(None, s)], tma_bar_ptr=bar,
-                          mcast_mask=mask_b)
-                cute.copy(tma_sfa, tAgSFA[(None, mi, kt, li)], tAsSFA[(None, s)],
-                          tma_bar_ptr=bar, mcast_mask=mask_a)
-                cute.copy(tma_sfb, tBgSFB[(None, ni, kt, li)], tBsSFB[(None, s)],
-                          tma_bar_ptr=bar, mcast_mask=mask_sfb)
-                bs_state.advance()
+                a_ring.wait_finished(a)
+                tma.load_async(smem.A[None, None, None, a.index], src["A"], coord(m, kt, l),
+                               a_ring.arrived(a))
+                a.advance()
+                bs_ring.wait_finished(bs)
+                s, sem = bs.index, bs_ring.arrived(bs)
+                tma.load_async(smem.B[None, None, None, s], src["B"], coord(n, kt, l), sem)
+                tma.load_async(smem.SFA[None, None, None, s], src["SFA"], coord(m, kt, l), sem)
+                tma.load_async(smem.SFB[None, None, None, s], src["SFB"], coord(n, kt, l), sem)
+                bs.advance()
             work = tiles.next()
-        a_ring.producer_tail(a_state)
-        bs_ring.producer_tail(bs_state)
+        a_ring.drain(a)
+        bs_ring.drain(bs)
 
     @cute.jit
-    def mma_issue(self, walk, alloc, a_ring, bs_ring, acc_ring, sA, sB, sSFA, sSFB,
-                  tCtAcc_fake, k_tiles):
-        """MMA warp (leader CTA issues): wait both rings and acc empty; commit rings, acc full."""
-        cfg = self.cfg
-        cols = cfg.tmem
-        alloc.wait_for_alloc()
-        base = alloc.retrieve_ptr(cutlass.Float32)
-        tCtAcc = cute.make_tensor(base, tCtAcc_fake.layout)
-        tSFA, tSFB = scales.tmem_layouts(self.mma_tiler, self.sf_mma, self.sSFA, self.sSFB)
-        tCtSFA, cp_sfa, src_sfa, dst_sfa = tc.scale_tile(sSFA, base, cols["SFA"], tSFA,
-                                                         self.sf_dtype)
-        tCtSFB, cp_sfb, src_sfb, dst_sfb = tc.scale_tile(sSFB, base, cols["SFB"], tSFB,
-                                                         self.sf_dtype)
-        tCrA, tCrB = self.mma.make_fragment_A(sA), self.mma.make_fragment_B(sB)
+    def mma_issue(self, g, smem, a_ring, bs_ring, acc_ring, alloc, walk):
+        """MMA warp (the leader CTA issues): wait `acc_ring` finished, per stage `a_ring` and
+        `bs_ring` arrived; tcgen05.cp the scales, mma2_ABt per K block and M half; finish both
+        stages (Rubin: A once read), arrive `acc_ring` per tile."""
+        cfg, t = self.cfg, self.inputs
+        tm = alloc.wait()
+        acc = tm.tt(cfg.tmem["acc"], self.acc_layout)
+        sfa = tm.tt(cfg.tmem["SFA"], t["SFA"].tmem_layout(), self.sf_dtype)
+        sfb = tm.tt(cfg.tmem["SFB"], t["SFB"].tmem_layout(), self.sf_dtype)
+        sfa_in, sfb_in = tc.scale_copy(smem.SFA, sfa), tc.scale_copy(smem.SFB, sfb)
+        A, B = self.mma.operands(smem.A, smem.B)
+        c = cfg.mma_k // 64  # scale atoms one MMA reads
+        k_tiles = g.A.num_tiles(1)
+        atoms = [self.mma.atom(mh) for mh in range(cfg.m_mmas)]
+        a, bs, out = a_ring.consumer(), bs_ring.consumer(), acc_ring.producer()
         tiles = schedule.Tiles.create(*walk)
         work = tiles.first()
-        cons = pipeline.PipelineUserType.Consumer
-        a_state = pipeline.make_pipeline_state(cons, cfg.LOAD_PIPE_DEPTH)
-        bs_state = pipeline.make_pipeline_state(cons, cfg.LOAD_PIPE_DEPTH)
-        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                                 cfg.ACC_PIPE_DEPTH)
-        leader = cluster.is_leader_cta()
         while work.is_valid_tile:
-            if leader:
-                acc_ring.producer_acquire(acc_state)
-                acc = tCtAcc[(None, None, None, acc_state.index)]
+            if cluster.is_leader_cta():
+                acc_ring.wait_finished(out)
                 for kt in cutlass.range(k_tiles, unroll=1):
-                    a_ring.consumer_wait(a_state)
-                    bs_ring.consumer_wait(bs_state)
-                    s = bs_state.index
-                    cute.copy(cp_sfa, src_sfa[(None, None, None, None, s)], dst_sfa)
-                    cute.copy(cp_sfb, src_sfb[(None, None, None, None, s)], dst_sfb)
-                    c = cfg.mma_k // 64  # scale atoms one MMA reads
+                    a_ring.wait_arrived(a)
+                    bs_ring.wait_arrived(bs)
+                    tc.load_scales_async(sfa_in, bs.index)
+                    tc.load_scales_async(sfb_in, bs.index)
                     for kb in cutlass.range_constexpr(cfg.k_blocks):
                         for mh in cutlass.range_constexpr(cfg.m_mmas):
-                            atom = self.mma
-                            if cutlass.const_expr(cfg.b_reuse):
-                                atom = self.mma_fill if mh == 0 else self.mma_last
-                            tc.mma2_ABt(atom, acc[(None, mh, 0)],
-                                        tCrA[(None, mh, kb, a_state.index)],
-                                        tCrB[(None, 0, kb, s)],
-                                        tCtSFA[(None, mh, kb * c)], tCtSFB[(None, 0, kb * c)],
+                            tc.mma2_ABt(atoms[mh], acc[None, mh, 0, out.index],
+                                        A[None, mh, kb, a.index], B[None, 0, kb, bs.index],
+                                        sfa[None, mh, kb * c], sfb[None, 0, kb * c],
                                         accumulate=(kt + kb) != 0)
-                    tc.release_stage(a_ring, a_state, a_only=cfg.rubin and cfg.early_release_a)
-                    bs_ring.consumer_release(bs_state)
-                    a_state.advance()
-                    bs_state.advance()
-                acc_ring.producer_commit(acc_state)
-            acc_state.advance()
+                    tc.release_stage(a_ring, a, a_only=cfg.rubin and cfg.early_release_a)
+                    bs_ring.finish(bs)
+                    a.advance()
+                    bs.advance()
+                acc_ring.arrive(out)
+            out.advance()
             work = tiles.next()
-        acc_ring.producer_tail(acc_state)
+        acc_ring.drain(out)
 
     @cute.jit
-    def consumer_finish(self, walk, alloc, acc_ring, tCtAcc_fake, tCgD, sD, tma_d, ga, gb):
-        """Epilogue warps: wait acc full; tcgen05.ld -> * gA gB -> out dtype -> smem -> TMA store;
-        release acc once read (its stores overlap the next tile's MMAs)."""
+    def consumer_finish(self, g, smem, acc_ring, alloc, walk):
+        """Epilogue warps: wait `acc_ring` arrived; tcgen05.ld -> * gA gB -> out dtype -> smem
+        -> TMA store; finish the accumulator once read (its stores overlap the next tile's
+        MMAs)."""
         cfg = self.cfg
-        tidx, _, _ = cute.arch.thread_idx()
-        alloc.allocate(tmem.alloc_columns(cfg.tmem_columns_used, cfg.arch))
-        alloc.wait_for_alloc()
-        base = alloc.retrieve_ptr(cutlass.Float32)
-        e = epilogue.tmem_store(cute.make_tensor(base, tCtAcc_fake.layout), tCgD, sD, tma_d,
-                                self.epi_tile, self.out_dtype, tidx)
-        store_ring = pipeline.PipelineTmaStore.create(
-            num_stages=cfg.EPI_PIPE_DEPTH,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128))
-        epi_bar = pipeline.NamedBarrier(barrier_id=NamedBarrier.EPILOGUE, num_threads=128)
-        alpha = epilogue.global_scale(ga, gb)
-        tiles = schedule.Tiles.create(*walk)
-        work = tiles.first()
-        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
-                                                 cfg.ACC_PIPE_DEPTH)
+        alloc.allocate()
+        tm = alloc.wait()
+        acc = tm.tt(cfg.tmem["acc"], self.acc_layout)
+        d = epilogue.tmem_store(acc, smem.D, self.d_tile, cute.arch.thread_idx()[0])
+        epi = warpgroup.sync(NamedBarrier.EPILOGUE, 1)
+        alpha = epilogue.global_scale(g.ga, g.gb)
+        full = acc_ring.consumer()
         steps = cfg.Nb // cfg.EPI_N
         buf = cutlass.Int32(0)
+        tiles = schedule.Tiles.create(*walk)
+        work = tiles.first()
         while work.is_valid_tile:
-            mi, ni, li = work.tile_idx[0] // 2, work.tile_idx[1], work.tile_idx[2]
-            acc_ring.consumer_wait(acc_state)
+            n, l = work.tile_idx[1] * steps, work.tile_idx[2]
+            acc_ring.wait_arrived(full)
             for mh in cutlass.range_constexpr(cfg.m_mmas):
                 for j in cutlass.range(steps, unroll=1):
-                    cute.copy(e.t2r, e.tmem[(None, None, None, 0, j, mh, acc_state.index)], e.acc)
+                    epilogue.load_async(d, full.index, mh, j)
                     if cutlass.const_expr(mh == cfg.m_mmas - 1):
                         if j == steps - 1:  # accumulator read: the next tile's MMAs may start
                             tc.fence_before_thread_sync()
-                            acc_ring.consumer_release(acc_state)
-                    epilogue.store_block(e, alpha, buf, tma_d, (None, 0, j, mh, mi, ni, li),
-                                         epi_bar, store_ring, self.EPI_WARPS[0])
+                            acc_ring.finish(full)
+                    at = coord(d_row_tile(work.tile_idx[0], mh, cfg.m_mmas), n + j, l)
+                    epilogue.store_block(d, alpha, buf, g.D, at, epi, self.EPI_WARPS[0],
+                                         cfg.EPI_PIPE_DEPTH)
                     buf = (buf + 1) % cfg.EPI_PIPE_DEPTH
-            acc_state.advance()
+            full.advance()
             work = tiles.next()
         cluster.pdl_launch_dependents()
-        alloc.relinquish_alloc_permit()
-        epi_bar.arrive_and_wait()
-        alloc.free(base)
-        store_ring.producer_tail()
+        alloc.deallocate(tm, epi)
+        tma.store_async_read_wait(0)
+
+
+def d_row_tile(cta_tile_m, mh, m_mmas: int):
+    """The 128-row tile of D that M half `mh` of CTA tile `cta_tile_m` (2 per pair: the pair's
+    tile, then the CTA) writes: a 2-CTA MMA gives CTA v rows v*128.. of each 256 it computes."""
+    return cta_tile_m // 2 * 2 * m_mmas + 2 * mh + cta_tile_m % 2
 
 
 # --- launch arguments and fake-pointer compile (no GPU needed) ----------------------------

@@ -146,6 +146,40 @@ def test_alpha_read_on_device(built):
     assert b.ptx_count(r"mul\.(rn\.)?f32") >= 1
 
 
+@pytest.mark.parametrize("Mb, Nb", [(256, 128), (256, 256), (512, 128), (512, 256)])
+def test_epilogue_tiles_are_the_mma_c_partition(Mb, Nb):
+    """`d_row_tile` (the 128 x EPI_N D tile `tma.store_async` writes for CTA tile m, M half mh)
+    is where the pair's MMA puts those accumulator rows: CuTe's partition_C of the 2-CTA MMA,
+    evaluated on an identity tensor (the epilogue's own partition before issue 23)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from tk_cute.compile import COMPILE_LOCK
+    from tk_cute.ops import tcgen05 as tc
+
+    epi, found = 32, {}
+
+    @cute.jit
+    def trace():
+        mma = tc.tiled_mma(tc.block_scaled_op("sm_100a", Nb, cutlass.Float8E4M3FN))
+        mD = cute.make_identity_tensor((4 * Mb, 4 * Nb, 2))
+        for v in cutlass.range_constexpr(2):  # CTA of the pair
+            part = mma.get_slice(v).partition_C(cute.local_tile(mD, (Mb, Nb), (None,) * 3))
+            blocks = cute.flat_divide(part[((None, None), None, 0, None, None, None)], (128, epi))
+            for mi, mh, j in [(mi, mh, j) for mi in (0, 3) for mh in range(Mb // 256)
+                              for j in (0, Nb // epi - 1)]:
+                found[(v, mi, mh, j)] = (blocks[0, 0, 0, j, mh, mi, 2, 1],
+                                         blocks[127, epi - 1, 0, j, mh, mi, 2, 1])
+
+    with COMPILE_LOCK:  # host-only: the layouts are evaluated while tracing
+        cute.compile(trace, options="--gpu-arch sm_100a")
+    assert len(found) == 2 * 2 * (Mb // 256) * 2
+    for (v, mi, mh, j), (first, last) in found.items():
+        row = K.d_row_tile(2 * mi + v, mh, Mb // 256) * 128
+        col = (2 * Nb // epi + j) * epi
+        assert tuple(first) == (row, col, 1) and tuple(last) == (row + 127, col + epi - 1, 1)
+
+
 def test_select_config_scheduler_by_waves():
     assert heuristics.sm100_config("sm_100a", 8192, 8192, 8192).scheduler == schedule.CLC
     assert heuristics.sm100_config("sm_100a", 512, 1024, 8192).scheduler == schedule.STATIC

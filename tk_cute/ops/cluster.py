@@ -5,22 +5,28 @@ On a CTA pair (`cta_group::2`) the even CTA is the leader: it issues the pair's 
 TMA loads of both CTAs complete on the leader's barrier (`leader_sem`). `everyone.cluster`
 arrive/wait order barrier initialisation across the cluster before anyone multicasts into it.
 `elect_leader` picks one lane to issue thread-scope ops. PDL (`griddepcontrol`) lets the next
-kernel's prologue overlap this one's tail.
+kernel's prologue overlap this one's tail. `multicast_ctas` counts the CTAs whose multicast
+loads fill one stage (a ring's consumer count); `tma.multicast` gives a CTA its masks.
 """
 
 from __future__ import annotations
 
 import cutlass.cute as cute
 
-from tk_cute.ops.warp import elect_leader  # noqa: F401  (re-exported for CTA-pair code)
-from cutlass.cute.nvgpu import cpasync
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+
+from tk_cute.ops.warp import elect_leader  # noqa: F401  (re-exported for CTA-pair code)
 
 
 def cta_rank_in_pair():
     """0 on the leader CTA of the pair, 1 on its peer (block x parity)."""
     bidx, _, _ = cute.arch.block_idx()
     return bidx % 2
+
+
+def cta_rank():
+    """This CTA's rank in its cluster (`%cluster_ctarank`)."""
+    return cute.arch.block_idx_in_cluster()
 
 
 def is_leader_cta():
@@ -45,15 +51,12 @@ def cluster_sync():
     cute.arch.cluster_wait()
 
 
-def multicast_masks(cluster_layout_vmnk, sfb_cluster_layout_vmnk):
-    """TMA multicast masks: A and SFA go to CTAs with this M (mode 2), B/SFB to this N (mode 1)."""
-    rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-    coord = cluster_layout_vmnk.get_flat_coord(rank)
-    coord_sfb = sfb_cluster_layout_vmnk.get_flat_coord(rank)
-    a = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, coord, mcast_mode=2)
-    b = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, coord, mcast_mode=1)
-    sfb = cpasync.create_tma_multicast_mask(sfb_cluster_layout_vmnk, coord_sfb, mcast_mode=1)
-    return a, b, sfb, coord, coord_sfb
+def multicast_ctas(cluster_mn, *operands: str, pair: int = 2) -> int:
+    """CTAs (counted in pairs) whose TMA multicasts land in one stage holding `operands`: A
+    comes from the pairs along N, B from those along M; together they share this CTA."""
+    along = {"A": cluster_mn[1], "B": cluster_mn[0] // pair}
+    n = [along[o] for o in operands]
+    return sum(n) - (len(n) - 1)
 
 
 def pdl_wait():
@@ -64,13 +67,3 @@ def pdl_wait():
 def pdl_launch_dependents():
     """`griddepcontrol.launch_dependents`: let the next kernel start its prologue (PDL)."""
     cute.arch.griddepcontrol_launch_dependents()
-
-
-def tma_partition(atom, cta_coord, cluster_vmnk, mode, smem, gmem, compact: bool = False):
-    """TMA views of staged `smem` (MMA, M, K, stage) and tiled `gmem` for the CTAs that share a
-    multicast along `mode` of the cluster (e.g. (0, 0, None, 0): A along N); `compact` drops
-    stride-0 modes (scale factors)."""
-    ctas = cute.make_layout(cute.slice_(cluster_vmnk, mode).shape)
-    s, g = cpasync.tma_partition(atom, cta_coord, ctas, cute.group_modes(smem, 0, 3),
-                                 cute.group_modes(gmem, 0, 3))
-    return (cute.filter_zeros(s), cute.filter_zeros(g)) if compact else (s, g)

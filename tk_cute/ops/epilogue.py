@@ -7,8 +7,9 @@ the fp32 product torch would form. Any GEMM with per-tensor scales uses it (Hopp
 Blackwell/Rubin), and `tests/tk_cute/ops/test_epilogue.py` checks it on the H200.
 
 `TmemStore`: the Blackwell/Rubin epilogue of one 128-row accumulator per CTA, TK's
-`consumer::finish`: `tcgen05.ld` EPI_N columns (`tt` -> `rt`), scale, convert, `stmatrix` into
-one of EPI_PIPE_DEPTH shared buffers (`st`), TMA store (`gl`) while the next block is written.
+`consumer::finish`: `load_async` EPI_N columns (`tcgen05.ld`, `tt` -> registers), then
+`store_block`: scale, convert, `stmatrix` into one of EPI_PIPE_DEPTH shared buffers (an `st` of
+128 x EPI_N), TMA store (`tma.store_async` to the `gl`) while the next block is written.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from typing import NamedTuple
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass.cute.nvgpu import cpasync, tcgen05
+from cutlass.cute.nvgpu import tcgen05
 from cutlass.tensor_utils import LayoutEnum
 
+from tk_cute.ops import tma
 from tk_cute.ops.tcgen05 import tmem_load_atom
+from tk_cute.types.gl import coord, gl
+from tk_cute.types.st import st
 
 
 def global_scale(ga, gb=None):
@@ -43,41 +47,46 @@ class TmemStore(NamedTuple):
     out: object  # out_dtype registers of one block
     r2s: object  # stmatrix tiled copy
     smem: object  # (.., buffer) shared blocks, this thread
-    smem_tma: object  # (.., buffer) shared blocks, TMA view
-    gmem_tma: object  # (.., 1, block, m half, M tile, N tile, L) global blocks, TMA view
+    buffers: object  # the shared `st` buffers (rows, cols, buffer), as `tma.store_async` takes them
 
 
-def tmem_store(tCtAcc, tCgD, sD, tma_d, epi_tile, out_dtype, tidx) -> TmemStore:
-    """Partition accumulators `tCtAcc` (MMA, m half, 1, acc stage), output `tCgD` and shared
-    buffers `sD` for EPI_N = epi_tile[1] column blocks of 128 rows."""
+def load_async(e: TmemStore, stage, mh, j):
+    """`tcgen05.ld` block j of M half `mh` of accumulator `stage` into `e.acc` (TK
+    `warpgroup::load_async(rt, tt)`)."""
+    cute.copy(e.t2r, e.tmem[(None, None, None, 0, j, mh, stage)], e.acc)
+
+
+def tmem_store(tCtAcc, sD, d_tile: st, tidx) -> TmemStore:
+    """Partition accumulators `tCtAcc` (MMA, m half, 1, acc stage) and the staged shared
+    buffers `sD` of tile type `d_tile` (128 x EPI_N of the output type) for column blocks of
+    128 rows."""
+    epi_tile, out_dtype = d_tile.shape, d_tile.dtype
     epi = lambda t: cute.flat_divide(t, epi_tile)
     t2r = tcgen05.make_tmem_copy(tmem_load_atom(epi_tile[1]),
                                  epi(tCtAcc[((None, None), 0, 0, 0)])[(None, None, 0, 0)])
     thr = t2r.get_slice(tidx)
     tmem = thr.partition_S(epi(tCtAcc[((None, None), None, 0, None)]))
-    g0 = thr.partition_D(epi(tCgD[((None, None), 0, 0, 0, 0, 0)]))
-    acc = cute.make_rmem_tensor(g0[(None, None, None, 0, 0)].shape, cutlass.Float32)
+    block = thr.partition_D(cute.make_identity_tensor(epi_tile))
+    acc = cute.make_rmem_tensor(block.shape, cutlass.Float32)
     out = cute.make_rmem_tensor(acc.shape, out_dtype)
     r2s = cute.make_tiled_copy_D(sm100_utils.get_smem_store_op(
         LayoutEnum.ROW_MAJOR, out_dtype, cutlass.Float32, t2r), t2r)
-    gD = epi(tCgD[((None, None), None, 0, None, None, None)])
-    s_tma, g_tma = cpasync.tma_partition(tma_d, 0, cute.make_layout(1),
-                                         cute.group_modes(sD, 0, 2), cute.group_modes(gD, 0, 2))
-    return TmemStore(t2r, tmem, acc, out, r2s, r2s.get_slice(tidx).partition_D(sD), s_tma,
-                     g_tma)
+    return TmemStore(t2r, tmem, acc, out, r2s, r2s.get_slice(tidx).partition_D(sD), sD)
 
 
 @cute.jit
-def store_block(e: TmemStore, alpha, buf, tma_d, gcoord, bar, store_ring, store_warp):
-    """Registers `e.acc` * alpha -> out dtype -> shared buffer `buf` -> TMA store at `gcoord`;
-    waits until the buffer written EPI_PIPE_DEPTH - 1 blocks ago has been read."""
+def store_block(e: TmemStore, alpha, buf, dst: gl, at: coord, bar, store_warp: int,
+                depth: cutlass.Constexpr):
+    """Registers `e.acc` * alpha -> out dtype -> shared buffer `buf` (of `depth`) -> TMA store
+    to tile `at` of `dst` (warp `store_warp`), then wait until the buffer written `depth` - 1
+    blocks ago has been read; `bar()` syncs the epilogue warps around it."""
     out = e.r2s.retile(e.out)
     out.store((e.r2s.retile(e.acc).load() * alpha).to(e.out.element_type))
     cute.copy(e.r2s, out, e.smem[(None, None, None, buf)])
     cute.arch.fence_proxy("async.shared", space="cta")
-    bar.arrive_and_wait()
+    bar()
     if cute.arch.warp_idx() == store_warp:
-        cute.copy(tma_d, e.smem_tma[(None, buf)], e.gmem_tma[gcoord])
-        store_ring.producer_commit()
-        store_ring.producer_acquire()
-    bar.arrive_and_wait()
+        tma.store_async(dst, e.buffers[(None, None, buf)], at)
+        tma.store_commit_group()
+        tma.store_async_read_wait(depth - 1)
+    bar()

@@ -6,16 +6,21 @@ for a CTA pair, `mm_ABt` / `mma_ABt` for one CTA, block-scaled when scale tiles 
 `tensor_commit` to a semaphore (multicast to the pair). Here the same names wrap CuTe DSL's
 tcgen05 atoms; the op picked for a target follows `tk_cute.arch`: K = 64 FP4 elements per
 block-scaled MMA on sm_100a/sm_103a (`MmaMXF4NVF4Op`), K = 128 on sm_107a (`SM107MmaMXF4NVF4Op`,
-with A/B collector control). Scale tiles move shared -> tensor memory with `tcgen05.cp`
-(`scale_copy`), accumulators come back to registers with `tcgen05.ld` (`tmem_load_atom`).
+with A/B collector control). `block_scaled_mma` bundles the atoms a GEMM issues (Rubin: B
+collector FILL on the first M half, LASTUSE on the second), the UMMA descriptors of its shared
+operand tiles and its accumulator layout. Scale tiles move shared -> tensor memory with
+`tcgen05.cp` (`scale_copy`, then `load_scales_async` per stage: TK's `load_mxnv_scale_async2`),
+accumulators come back to registers with `tcgen05.ld` (`tmem_load_atom`). A stage of a
+`stage_ring.tma_to_mma` is freed by `release_stage` (a `tensor_commit`; Rubin: as soon as A is
+read).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
-import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass._mlir.dialects import nvvm
 from cutlass.cute.nvgpu import tcgen05
 from cutlass.cute.nvgpu.tcgen05 import CollectorOp, CtaGroup, Field
@@ -63,6 +68,35 @@ def tiled_mma(op):
     return cute.make_tiled_mma(cute.make_mma_atom(op))
 
 
+class block_scaled_mma:
+    """The pair's block-scaled MMA of a GEMM tile: `tiled` (the plain atom, which partitions),
+    `atom(mh)` the one to issue for M half `mh` (Rubin B reuse: FILL, then LASTUSE)."""
+
+    def __init__(self, arch: str, n: int, sf_dtype, b_reuse: bool = False):
+        self.op = block_scaled_op(arch, n, sf_dtype)
+        self.tiled = tiled_mma(self.op)
+        self.b_reuse = b_reuse
+        if b_reuse:
+            self.fill = tiled_mma(block_scaled_op(arch, n, sf_dtype, b_collector=FILL))
+            self.last = tiled_mma(block_scaled_op(arch, n, sf_dtype, b_collector=LASTUSE))
+
+    def atom(self, mh: int):
+        if not self.b_reuse:
+            return self.tiled
+        return self.fill if mh == 0 else self.last
+
+    def accumulator(self, tile_mn, stages: int):
+        """TMEM layout of the fp32 accumulators: (MMA, M halves, 1, stage). Take it before any
+        MMA is issued: `mma2_ABt` sets the atom's accumulate field, a new value inside the
+        role's loops that another role cannot use."""
+        shape = self.tiled.partition_shape_C(tile_mn)
+        return self.tiled.make_fragment_C(cute.append(shape, stages)).layout
+
+    def operands(self, sA, sB):
+        """UMMA descriptors of the staged shared tiles: (MMA, M half | 1, K block, stage)."""
+        return self.tiled.make_fragment_A(sA), self.tiled.make_fragment_B(sB)
+
+
 def _mma(mma_atom, d, a, b, sfa, sfb, accumulate):
     mma_atom.set(Field.ACCUMULATE, accumulate)
     if sfa is None:
@@ -103,28 +137,33 @@ def tensor_commit(sem_ptr, mask=None, pair: bool = True, a_only: bool = False, *
                         group=group, loc=loc, ip=ip)
 
 
-def scale_copy(sf_smem, sf_tmem, pair: bool, sf_dtype):
+class ScaleCopy(NamedTuple):
+    """A `tcgen05.cp` of one stage of staged shared scales into a scale `tt` (`scale_copy`)."""
+
+    copy: object  # the tiled copy
+    src: object  # shared descriptors, by stage (last mode)
+    dst: object  # the tensor-memory destination
+
+
+def scale_copy(sf_smem, sf_tmem, pair: bool = True) -> ScaleCopy:
     """Shared -> tensor memory copy of scale atoms (`tcgen05.cp.*.32x128b.warpx4`).
 
     One 512-byte atom (32 rows x 16 bytes) becomes 4 TMEM columns, replicated over the 4 lane
-    quarters. Returns (tiled_copy, source partition staged by stage, destination partition).
+    quarters. `sf_smem` is staged (stage last), `sf_tmem` the scale `tt` one stage lands in.
     """
     group = CtaGroup.TWO if pair else CtaGroup.ONE
-    atom = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(group), sf_dtype)
+    atom = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(group), sf_tmem.element_type)
     s_compact, t_compact = cute.filter_zeros(sf_smem), cute.filter_zeros(sf_tmem)
     copy = tcgen05.make_s2t_copy(atom, t_compact)
     thr = copy.get_slice(0)
     src = tcgen05.get_s2t_smem_desc_tensor(copy, thr.partition_S(s_compact))
-    return copy, src, thr.partition_D(t_compact)
+    return ScaleCopy(copy, src, thr.partition_D(t_compact))
 
 
-def scale_tile(sf_smem, tmem_base, region, tmem_layout, sf_dtype, pair: bool = True):
-    """A scale `tt` (TMEM column `region` viewed with `tmem_layout`) and its `scale_copy` from
-    the staged shared scales: (tile, tiled_copy, source by stage, destination)."""
-    from tk_cute.types.tt import tile as tt_tile
-
-    tile = tt_tile(tmem_base, region, tmem_layout, sf_dtype)
-    return (tile, *scale_copy(sf_smem, tile, pair, sf_dtype))
+def load_scales_async(cp: ScaleCopy, stage):
+    """TK `load_mxnv_scale_async2`: issue stage `stage`'s scale copy (the MMA thread, before
+    the MMAs that read it: the tensor pipe runs them in order)."""
+    cute.copy(cp.copy, cp.src[(None, None, None, None, stage)], cp.dst)
 
 
 def tmem_load_atom(columns: int):
@@ -134,15 +173,16 @@ def tmem_load_atom(columns: int):
 
 
 @cute.jit
-def release_stage(ring, state, a_only: cutlass.Constexpr = False):
-    """Free a `load_ring` stage once the MMAs issued so far are done with it (`tensor_commit`
-    multicast to the CTAs that loaded it); `a_only` (Rubin): once they have READ A."""
+def release_stage(ring, at, a_only: cutlass.Constexpr = False):
+    """Free stage `at` of a `stage_ring.tma_to_mma` once the MMAs issued so far are done with it
+    (`tensor_commit` multicast to the CTAs that loaded it); `a_only` (Rubin): once they have
+    READ A."""
     if cutlass.const_expr(a_only):
         with warp.elect_leader():
-            tensor_commit(ring.sync_object_empty.get_barrier(state.index), ring.consumer_mask,
-                          pair=True, a_only=True)
+            sem, mask = ring.finished(at)
+            tensor_commit(sem, mask, pair=True, a_only=True)
     else:
-        ring.consumer_release(state)
+        ring.finish(at)
 
 
 @dsl_user_op
@@ -155,51 +195,3 @@ def fence_before_thread_sync(*, loc=None, ip=None):
 def fence_after_thread_sync(*, loc=None, ip=None):
     """`tcgen05.fence::after_thread_sync`: order later tcgen05 ops after a barrier wait."""
     nvvm.tcgen05_fence(nvvm.Tcgen05FenceKind.AFTER_THREAD_SYNC, loc=loc, ip=ip)
-
-
-# --- TMA -> MMA plumbing of a CTA pair -------------------------------------------------------
-_TMA_OPS = {
-    "A": (sm100_utils.cluster_shape_to_tma_atom_A, cute.nvgpu.make_tiled_tma_atom_A),
-    "B": (sm100_utils.cluster_shape_to_tma_atom_B, cute.nvgpu.make_tiled_tma_atom_B),
-    "SFB": (sm100_utils.cluster_shape_to_tma_atom_SFB, cute.nvgpu.make_tiled_tma_atom_B),
-}
-
-
-def tma_load(operand: str, tensor, smem, tiler, mma, cluster_vmnk, cluster_mn, pair_thr,
-             internal_type=None):
-    """Host: TMA load atom and tensor of an MMA `operand` ("A" rows, "B" columns, "SFB"),
-    multicast over the CTAs that share it; `smem` is the staged layout (stage 0 is used)."""
-    op, make = _TMA_OPS[operand]
-    kw = {} if internal_type is None else {"internal_type": internal_type}
-    return make(op(cluster_mn, pair_thr), tensor, cute.slice_(smem, (None, None, None, 0)),
-                tiler, mma, cluster_vmnk, **kw)
-
-
-def multicast_ctas(cluster_vmnk, *operands: str) -> int:
-    """CTAs whose TMA multicasts land in one stage holding `operands`: A comes from the CTAs
-    along N (mode 2), B from those along M (mode 1); together they share this CTA."""
-    along = {"A": 2, "B": 1}
-    n = [cute.size(cluster_vmnk.shape[along[o]]) for o in operands]
-    return sum(n) - (len(n) - 1)
-
-
-def load_ring(barriers, stages: int, stage_bytes: int, consumers: int, cluster_vmnk, mcast_mn):
-    """TK's inputs_arrived / inputs_finished ring from TMA to the pair's MMA: full barriers
-    expect `stage_bytes` on the leader CTA; `tensor_commit` frees a stage in the `consumers`
-    CTAs that multicast into it (`mcast_mn`: which of M, N the stage's data is multicast along)."""
-    one = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-    return pipeline.PipelineTmaUmma.create(
-        barrier_storage=barriers, num_stages=stages, producer_group=one,
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumers),
-        tx_count=stage_bytes, cta_layout_vmnk=cluster_vmnk, mcast_mode_mn=mcast_mn,
-        defer_sync=True)
-
-
-def acc_ring(barriers, stages: int, epilogue_threads: int, cluster_vmnk):
-    """Accumulator ring: the MMA warp commits a finished tile, the epilogue threads of both
-    CTAs of the pair release it once read."""
-    return pipeline.PipelineUmmaAsync.create(
-        barrier_storage=barriers, num_stages=stages,
-        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 * epilogue_threads),
-        cta_layout_vmnk=cluster_vmnk, defer_sync=True)

@@ -7,6 +7,11 @@ indexes it in units of the tile, like TK's `coord{b, d, r, c}` (no depth dimensi
 
 `gl` is a `DeviceStruct`: kernels take it as an argument directly. Underneath, `.atom` is the
 CuTe TMA copy atom and `.tensor` the TMA coordinate tensor.
+
+A `gl` of an `st_mma` tile (a tcgen05 operand or scale tile of a CTA pair, made on the host by
+`tk_cute.ops.tma.pair_gl`) is tiled the way the pair's MMA partitions it: `tiles()` is this
+CTA's share, (TMA tile modes, row tiles, K tiles, batch), so `coord` and `tma.load_async` work
+on it as on a plain tile.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import NamedTuple
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
-from tk_cute.types.st import st
+from tk_cute.types.st import st, st_mma
 from tk_cute.types.struct import DeviceStruct
 
 
@@ -33,8 +38,9 @@ class gl(DeviceStruct):
 
     _fields = ("atom", "tensor")
 
-    def __init__(self, atom, tensor, tile: st, multicast: int = 1):
+    def __init__(self, atom, tensor, tile: st | st_mma, multicast: int = 1, cluster=(1, 1)):
         self.atom, self.tensor, self.tile, self.multicast = atom, tensor, tile, multicast
+        self.cluster = cluster  # (CLUSTER_M, CLUSTER_N) of an `st_mma` load
 
     @classmethod
     def load(cls, tensor: cute.Tensor, tile: st, multicast: int = 1) -> "gl":
@@ -59,12 +65,39 @@ class gl(DeviceStruct):
         return cls(atom, tma_tensor, tile)
 
     def tiles(self):
-        """The tensor divided into tiles: (rows, cols, row tiles, col tiles, batch)."""
-        return cute.local_tile(self.tensor, self.tile.shape, (None, None, None))
+        """The tensor divided into tiles: (rows, cols, row tiles, col tiles, batch); for an
+        `st_mma` this CTA's MMA partition of them: ((MMA atom), MMA_M|N, MMA_K, row tiles,
+        K tiles, batch)."""
+        t = self.tile
+        if not isinstance(t, st_mma):
+            return cute.local_tile(self.tensor, t.shape, (None, None, None))
+        keep = (None, 0, None) if t.operand == "A" else (0, None, None)
+        tiles = cute.local_tile(self.tensor, cute.slice_(t.tma_tiler or t.tiler, keep),
+                                (None, None, None))
+        bidx, _, _ = cute.arch.block_idx()
+        thr = t.tma_mma.get_slice(bidx % 2)  # this CTA's half of the pair (block x parity)
+        return thr.partition_A(tiles) if t.operand == "A" else thr.partition_B(tiles)
+
+    def num_tiles(self, axis: int):
+        """Tiles along `axis` of `tiles()`: 0 rows, 1 columns (K for an MMA operand), 2 batch."""
+        first = 3 if isinstance(self.tile, st_mma) else 2
+        return cute.size(self.tiles(), mode=[first + axis])
+
+    def cluster_layout(self):
+        """(V, M, N, K) layout of the cluster's CTAs around the MMA this `gl` is tiled by."""
+        thr = self.tile.tma_mma.thr_id.shape
+        return cute.tiled_divide(cute.make_layout((*self.cluster, 1)), (thr,))
 
     def prefetch(self):
         """Prefetch the TMA descriptor into the constant cache (one thread)."""
         cpasync.prefetch_descriptor(self.atom)
+
+
+def row_major(ptr, rows, cols, batch=1) -> cute.Tensor:
+    """The global tensor (rows, cols, batch) at `ptr`, cols contiguous, batches packed (what
+    `gl.load` / `gl.store` take; TK's `gl<T, b, 1, r, c>`)."""
+    return cute.make_tensor(ptr, cute.make_layout((rows, cols, batch),
+                                                  stride=(cols, 1, rows * cols)))
 
 
 def _check_global(tensor: cute.Tensor, tile: st):

@@ -1,0 +1,152 @@
+# SPDX-License-Identifier: MIT
+"""The instruction counts and resources of the tcgen05 NVFP4 GEMM, per representative config.
+
+`python tests/kernels/nvfp4_sm100_sass.py` compiles every config of `configs()` (what
+`heuristics.sm100_config` picks on sm_100a, sm_103a and sm_107a for 8192^3, 512x1024x8192 and
+16384x16384x256, plus fp16 out, the STATIC scheduler where the heuristic picks CLC, Rubin's
+double-buffered accumulator and Rubin without early A release) and writes what `measure`
+reads to `data/nvfp4_sm100_sass_baseline.json`. The baseline was taken from the kernel as it
+was before the vocabulary rewrite (issue 23); `test_nvfp4_sm100_equivalence.py` rebuilds the
+same configs and compares.
+
+What is counted (static counts of the program text, per full mnemonic with its modifiers):
+  sass: MMA (UTC*MMA, and the lines with .B_KEEP / .B_REUSE), TMA (UTMA*), barriers (SYNCS.*,
+        UCGABAR*, BAR.*), tensor memory (UTCATOMSWS*, UTCBAR*, UTC*CP*, LDTM*, STTM*);
+  ptx:  tcgen05.*, mbarrier.*, cp.async.bulk.*, clusterlaunchcontrol.*, griddepcontrol.*,
+        barrier.cluster.*, fence.mbarrier_init*, bar.sync / barrier.sync;
+  resources: registers, spill (local) and stack bytes, static shared bytes, the dynamic shared
+        memory the kernel's layouts asked for (`traced["smem_bytes"]`) and the one the host code
+        launches with (`launch_smem_bytes`), threads, TMEM columns.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+
+BASELINE = Path(__file__).parent / "data" / "nvfp4_sm100_sass_baseline.json"
+ARCHS = ("sm_100a", "sm_103a", "sm_107a")
+SHAPES = ((8192, 8192, 8192), (512, 1024, 8192), (16384, 16384, 256))
+
+SASS_CLASSES = {
+    "mma": r"^UTC\w*MMA",
+    "tma": r"^UTMA",
+    "barrier": r"^(SYNCS|UCGABAR|BAR)(\b|_)",
+    "tmem": r"^(UTCATOMSWS|UTCBAR|UTC\w*CP|LDTM|STTM)",
+}
+PTX_CLASSES = {
+    "tcgen05": r"^tcgen05\.",
+    "mbarrier": r"^mbarrier\.",
+    "tma": r"^cp\.async\.bulk\.",
+    "clc": r"^clusterlaunchcontrol\.",
+    "pdl": r"^griddepcontrol\.",
+    "cluster_barrier": r"^(barrier\.cluster\.|fence\.mbarrier_init)",
+    "named_barrier": r"^(bar|barrier)\.sync",
+}
+_SASS_LINE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)(.*)$")
+_PTX_LINE = re.compile(r"^\s*(?:@!?%\w+\s+)?([a-z][\w.:]*)")
+# cudaLaunchConfig_t: grid, block, dynamicSmemBytes, stream, attrs, numAttrs
+_LAUNCH_CONFIG = "struct<(array<3 x i32>, array<3 x i32>, i64, ptr, ptr, i32)>"
+
+
+def configs() -> dict[str, object]:
+    """name -> Config: the heuristic's picks per (target, shape), deduplicated, then variants."""
+    from tk_cute.kernels.gemm import nvfp4_sm100 as K
+    from tk_cute.nvfp4 import heuristics
+    from tk_cute.ops import schedule
+
+    out, seen = {}, {}
+    for arch in ARCHS:
+        for m, n, k in SHAPES:
+            cfg = heuristics.sm100_config(arch, m, n, k)
+            if cfg not in seen:
+                seen[cfg] = f"{arch}_{m}x{n}x{k}"
+                out[seen[cfg]] = cfg
+        big = heuristics.sm100_config(arch, 8192, 8192, 8192)
+        out[f"{arch}_8192x8192x8192_static"] = dataclasses.replace(big, scheduler=schedule.STATIC)
+        out[f"{arch}_8192x8192x8192_fp16"] = heuristics.sm100_config(arch, 8192, 8192, 8192,
+                                                                     out="float16")
+    out["sm_107a_double_buffered"] = K.Config(arch="sm_107a", Mb=512, Nb=128, ACC_PIPE_DEPTH=2,
+                                              LOAD_PIPE_DEPTH=6)
+    out["sm_107a_8192x8192x8192_no_early_a"] = dataclasses.replace(
+        heuristics.sm100_config("sm_107a", 8192, 8192, 8192), early_release_a=False)
+    return out
+
+
+def _histogram(lines, pattern_line, classes) -> dict[str, dict[str, int]]:
+    counts = {c: collections.Counter() for c in classes}
+    for line in lines:
+        m = pattern_line.match(line.split("//")[0])
+        if not m:
+            continue
+        op = m.group(1).rstrip(".;")
+        for c, rx in classes.items():
+            if re.search(rx, op):
+                counts[c][op] += 1
+    return {c: dict(sorted(v.items())) for c, v in counts.items()}
+
+
+def launch_smem_bytes(build) -> int:
+    """The dynamic shared memory the host code launches the kernel with: the constant stored
+    into field 2 (`dynamicSmemBytes`) of the `cudaLaunchConfig_t` (what the DSL's allocator
+    pass placed, alignment padding included)."""
+    lines = str(build.compiled.ir_module).splitlines()
+    for i, line in enumerate(lines):
+        if "llvm.getelementptr" in line and "[0, 2]" in line and _LAUNCH_CONFIG in line:
+            value = re.match(r"\s*llvm\.store (%\w+),", lines[i + 1]).group(1)
+            for prev in reversed(lines[:i]):
+                m = re.match(rf"\s*{value} = llvm\.mlir\.constant\((\d+) : i64\)", prev)
+                if m:
+                    return int(m.group(1))
+    raise ValueError("no launch configuration with a constant shared-memory size")
+
+
+def measure(cfg) -> dict:
+    """Compile `cfg` (fake pointers, no GPU) and read its counts and resources."""
+    from tk_cute.kernels.gemm import nvfp4_sm100 as K
+    from tk_cute.types.tt import alloc_columns
+
+    b, kern = K.compile(cfg)
+    sass = b.sass.splitlines()
+    out = {
+        "config": dataclasses.asdict(cfg),
+        "sass": _histogram(sass, _SASS_LINE, SASS_CLASSES),
+        "ptx": _histogram(b.ptx.splitlines(), _PTX_LINE, PTX_CLASSES),
+    }
+    out["sass"]["mma_b_keep"] = sum(1 for l in sass if "UTCOMMA" in l and ".B_KEEP" in l)
+    out["sass"]["mma_b_reuse"] = sum(1 for l in sass if "UTCOMMA" in l and ".B_REUSE" in l)
+    res = b.kernel
+    threads = re.search(r"\.reqntid (\d+)", b.ptx)
+    out["resources"] = {
+        "registers": res.registers,
+        "local_bytes": res.local_bytes,
+        "stack_bytes": res.stack_bytes,
+        "static_shared_bytes": res.static_shared_bytes,
+        "dynamic_shared_bytes": kern.traced["smem_bytes"],
+        "launch_shared_bytes": launch_smem_bytes(b),
+        "threads": int(threads.group(1)),
+        "tmem_columns_used": cfg.tmem_columns_used,
+        "tmem_alloc_columns": alloc_columns(cfg.tmem_columns_used, cfg.arch),
+        "tmem_exclusive": b.ptx_count(r"tcgen05\.alloc\.exclusive") > 0,
+    }
+    return out
+
+
+def main(path: Path = BASELINE) -> dict:
+    data = {}
+    for name, cfg in configs().items():
+        data[name] = measure(cfg)
+        r = data[name]["resources"]
+        print(f"{name}: {r['registers']} registers, {r['dynamic_shared_bytes']} B smem",
+              file=sys.stderr)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return data
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else BASELINE)
