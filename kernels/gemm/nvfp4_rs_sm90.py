@@ -81,7 +81,7 @@ MAX_M = 128
 SMEM_BUDGET = 227 * 1024
 OUT_TYPES = ("bfloat16", "float16", "float32")
 # From this N_ACT on the activations are permuted once per call (`Config.permute`): on the H200
-# (ninth session) even at 32, 7-13% faster at 48-96 and 1.6x at 128; 5% slower at 16.
+# (docs/results.md) even at 32, 7-13% faster at 48-96 and 1.6x at 128; 5% slower at 16.
 CALL_PERMUTE_MIN_N_ACT = 32
 
 
@@ -310,8 +310,7 @@ def _load(cfg: cutlass.Constexpr, gw, gsf, gx, wq, sf, xs, loaded, empty, start,
     scale atoms and the activations (rows past M arrive as zeros). The first unit's weights are
     asked for before waiting for the kernel before this one (PDL: `_permute_kernel`, or with
     Config.PDL the previous call's reduction; a no-op without PDL). Asking for more units'
-    weights before the wait was slower (ninth session; and with the weights kept that far
-    ahead of the activations: 16x8192^2 17.7 -> 22.4 us, eleventh session)."""
+    weights before the wait was slower on the H200 (docs/nvfp4_hopper.md)."""
     phases = ring(cfg.stages)
     for i in cutlass.range(steps, unroll=1):
         s = phases.stage(i)
