@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""NVFP4 block dequantization on the GPU: D[m, k] = e2m1(q[m, k]) * ue4m3(sf[m, k // 16]), bf16.
+"""NVFP4 block dequantization on the GPU: D[m, k] = e2m1(q[m, k]) * sf[m, k // 16], bf16.
 
 The global scale is left out on purpose: e2m1 * ue4m3 is exact in bf16 (<= 6 significant
 bits, 2^-10 .. 2688), times an fp32 global scale it would not be. A GEMM on two such matrices,
@@ -12,7 +12,10 @@ blocked-layout offset (`tk_cute.layouts.nvfp4_scales.band_offset`) and the regis
 of `tk_cute.ops.nvfp4` (docs/nvfp4_hopper.md has the access patterns measured before this
 one). Memory-bound: 0.5625 B read + 2 B written per element. Any K % 16 == 0: rows of codes
 need not be 16-byte aligned (the walk is over the flat array of 4-byte words, two per scale
-block). Torch entry: `tk_cute.nvfp4.hopper.dequantize_blocks`.
+block). Scale format `sf_format` (compile time): "ue4m3" (default) or "ue5m3", decoded exactly to
+bf16 by `ops.nvfp4.scale_to_bf16x2` (e2m1 * ue5m3 has <= 6 significant bits in 2^-18 ..
+688128: exact in bf16 too). UE5M3 is compile-checked only (no GPU run yet).
+Torch entry: `tk_cute.nvfp4.launch.dequantize_blocks`.
 """
 
 from __future__ import annotations
@@ -28,30 +31,41 @@ THREADS = 256
 WORDS_PER_THREAD = 4  # loads in flight per thread: enough bytes in flight to cover DRAM latency
 
 
-@cute.kernel
-def _dequantize_kernel(data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor,
-                       words_per_row: cutlass.Int32):
-    total = cute.size(data)  # words of codes
-    first = cute.arch.block_idx()[0] * THREADS * WORDS_PER_THREAD + cute.arch.thread_idx()[0]
-    rk = (words_per_row // 2 + 3) // 4  # scale atoms per 128-row band (ceil(K / 64))
-    for i in cutlass.range_constexpr(WORDS_PER_THREAD):
-        c = first + i * THREADS  # each round of a block covers THREADS consecutive words
-        if c < total:
-            row, w = c // words_per_row, c % words_per_row
-            kb = w // 2  # two words per 16-element scale block
-            sf = fp4.ue4m3_to_bf16x2(Uint32(scales[nvfp4_scales.band_offset(row, kb, rk)]))
-            decoded = fp4.e2m1x8_scaled(data[c], sf, "bf16")
-            words = cute.make_rmem_tensor((4,), Uint32)
-            for t in cutlass.range_constexpr(4):
-                words[t] = decoded[t]
-            values = cute.recast_tensor(words, out.element_type)
-            cute.autovec_copy(values, cute.local_tile(out, (8,), (c,)))
+def _kernel_for(sf_format: str):
+    """The kernel decoding `sf_format` scales. One function per format rather than a Constexpr
+    argument: the DSL derives the kernel's symbol from its arguments, and the UE4M3 kernel keeps
+    the symbol (and PTX) it had before UE5M3 existed."""
+
+    @cute.kernel
+    def _dequantize_kernel(data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor,
+                           words_per_row: cutlass.Int32):
+        total = cute.size(data)  # words of codes
+        first = cute.arch.block_idx()[0] * THREADS * WORDS_PER_THREAD + cute.arch.thread_idx()[0]
+        rk = (words_per_row // 2 + 3) // 4  # scale atoms per 128-row band (ceil(K / 64))
+        for i in cutlass.range_constexpr(WORDS_PER_THREAD):
+            c = first + i * THREADS  # each round of a block covers THREADS consecutive words
+            if c < total:
+                row, w = c // words_per_row, c % words_per_row
+                kb = w // 2  # two words per 16-element scale block
+                sf = fp4.scale_to_bf16x2(
+                    Uint32(scales[nvfp4_scales.band_offset(row, kb, rk)]), sf_format)
+                decoded = fp4.e2m1x8_scaled(data[c], sf, "bf16")
+                words = cute.make_rmem_tensor((4,), Uint32)
+                for t in cutlass.range_constexpr(4):
+                    words[t] = decoded[t]
+                values = cute.recast_tensor(words, out.element_type)
+                cute.autovec_copy(values, cute.local_tile(out, (8,), (c,)))
+
+    return _dequantize_kernel
+
+
+_KERNELS = {f: _kernel_for(f) for f in fp4.DECODE_FORMATS}
 
 
 @cute.jit
 def _dequantize(data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor,
-                words_per_row: cutlass.Int32, stream):
+                words_per_row: cutlass.Int32, stream, sf_format: cutlass.Constexpr = "ue4m3"):
     per_block = THREADS * WORDS_PER_THREAD
-    _dequantize_kernel(data, scales, out, words_per_row).launch(
+    _KERNELS[sf_format](data, scales, out, words_per_row).launch(
         grid=((cute.size(data) + per_block - 1) // per_block, 1, 1), block=(THREADS, 1, 1),
         stream=stream)

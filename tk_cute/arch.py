@@ -30,6 +30,7 @@ class Target:
     b_collector: bool = False  # tcgen05.mma .collector::b::{fill,use,lastuse} (B reuse)
     early_a_release: bool = False  # tcgen05.commit ... sync_restrict (A stage freed early)
     ue5m3_scales: bool = False  # UE5M3 (FloatNV8E5M3FNU) block scales in the MMA
+    tmem_load_reduce: bool = False  # tcgen05.ld.red (max/min, .abs) over a lane's loaded columns
 
     @property
     def compute_capability(self) -> tuple[int, int]:
@@ -49,13 +50,16 @@ TARGETS: dict[str, Target] = {
     for t in (
         Target("sm_90a", "hopper", 227 * 1024, 0, 132, False, 0, wgmma=True),
         Target("sm_100a", "blackwell", 227 * 1024, 512, 148, **_BLACKWELL),
-        Target("sm_103a", "blackwell", 227 * 1024, 512, None, **_BLACKWELL),
+        # B300: the reducing TMEM load (libNVVM rejects `tcgen05.ld.red` for sm_100a, builds it
+        # for sm_103a and sm_107a: checked with DSL 4.8.1).
+        Target("sm_103a", "blackwell", 227 * 1024, 512, None, **_BLACKWELL,
+               tmem_load_reduce=True),
         # Rubin: 576 TMEM columns only through an exclusive allocation; 328 KiB shared memory
         # opt-in; block-scaled MMAs take 64 bytes of K (128 FP4 elements); B collector, early
         # release of A and UE5M3 scales are Rubin ISA (../shared/reference/rubin.md).
         Target("sm_107a", "rubin", 327 * 1024, 576, 224, True, 128, native_fp4_cvt=True,
                exclusive_tmem_columns=576, b_collector=True, early_a_release=True,
-               ue5m3_scales=True),
+               ue5m3_scales=True, tmem_load_reduce=True),
     )
 }
 

@@ -4,7 +4,9 @@
 `report(cfg, m, n, k)` builds the kernel for `cfg.arch` (no GPU needed) and returns the tile
 config, stages, shared / tensor memory, registers, spills, MMA instructions per tile, and a
 ROOFLINE MODEL of the expected time (an upper bound on speed from vendor peak figures, not a
-measurement). `python -m tk_cute report --arch sm_107a --mnk 16384,16384,16384` prints it.
+measurement). `python -m tk_cute report --arch sm_107a --mnk 16384,16384,16384` prints it;
+`--out nvfp4` reports the kernel with its fused NVFP4-output epilogue (D written as 0.5625 bytes
+per element: codes and UE4M3 scales).
 The result is a `Report` (a dict): its repr is one line, its `_repr_html_` a table, and
 `tk_cute.viz.roofline_plot` draws it against the roof `attainable(arch, intensity)`.
 """
@@ -37,11 +39,20 @@ def ridge(arch: str) -> float:
     return flops_peak / bw
 
 
-def roofline(arch: str, m: int, n: int, k: int) -> dict:
-    """MODEL: time = max(2MNK / peak FLOP/s, bytes / peak bandwidth), each operand read once."""
+# Bytes written per element of D: 16-bit outputs, or NVFP4 (half a byte of code plus one UE4M3
+# scale byte per 16 elements)
+D_BYTES = {"bfloat16": 2.0, "float16": 2.0, "nvfp4": 0.5 + 1 / 16}
+
+
+def roofline(arch: str, m: int, n: int, k: int, out: str = "bfloat16") -> dict:
+    """MODEL: time = max(2MNK / peak FLOP/s, bytes / peak bandwidth), each operand read once,
+    D written once as `out` (`D_BYTES`: 2 B per element for bf16 / fp16, 0.5625 for NVFP4)."""
+    if out not in D_BYTES:
+        raise ValueError(f"out must be one of {list(D_BYTES)}, got {out!r}")
     flops_peak, bw, label = PEAKS[arch]
     flops = 2 * m * n * k
-    nbytes = (m + n) * k // 2 + (m + n) * k // 16 + m * n * 2  # FP4 data, UE4M3 scales, bf16 D
+    d_bytes = m * n * 2 if out != "nvfp4" else m * n // 2 + m * n // 16
+    nbytes = (m + n) * k // 2 + (m + n) * k // 16 + d_bytes  # FP4 data, UE4M3 scales, D
     t = max(flops / flops_peak, nbytes / bw)
     return {"model": "roofline (not measured)", "peaks": label, "flops": flops, "bytes": nbytes,
             "intensity_flop_per_byte": flops / nbytes, "bound": "compute"
@@ -59,6 +70,14 @@ def report(cfg, m: int, n: int, k: int, build=None) -> dict:
     k_tiles = -(-k // cfg.Kb)
     per_stage = b.ptx_count(mma)
     t = target(cfg.arch)
+    epilogue = {"out": cfg.out,
+                "tmem_loads": b.ptx_count(r"tcgen05\.ld\.sync"),
+                "reducing_tmem_loads": b.ptx_count(r"tcgen05\.ld\.red"),
+                "tma_stores": b.ptx_count(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared")}
+    if cfg.nvfp4_out:
+        epilogue.update(e2m1_cvt=b.ptx_count(r"cvt\.rn\.satfinite\.e2m1x2\.f32"),
+                        code_stores=b.ptx_count(r"st\.global\.v2\.b32"),
+                        scale_stores=b.ptx_count(r"st\.global\.u8"))
     return Report({
         "arch": cfg.arch,
         "mnk": (m, n, k),
@@ -75,7 +94,8 @@ def report(cfg, m: int, n: int, k: int, build=None) -> dict:
         "registers": b.kernel.registers,
         "spill_bytes": b.kernel.local_bytes,
         "compile_seconds": round(b.compile_seconds, 2),
-        "roofline": roofline(cfg.arch, m, n, k),
+        "epilogue": epilogue,
+        "roofline": roofline(cfg.arch, m, n, k, cfg.out),
     })
 
 
@@ -125,6 +145,10 @@ def format_report(r: dict) -> str:
     lines.append(f"  {'shared memory':28s} {r['smem_bytes']} / {r['smem_capacity']} bytes")
     lines.append(f"  {'tensor memory':28s} {r['tmem_columns']} / {r['tmem_capacity']} columns"
                  f"{' (exclusive)' if r['tmem_exclusive'] else ''}")
+    epi = r.get("epilogue")
+    if epi:
+        what = ", ".join(f"{k} {v}" for k, v in epi.items() if k != "out")
+        lines.append(f"  {'epilogue (' + epi['out'] + ')':28s} {what} (PTX lines)")
     rf = r["roofline"]
     lines.append(f"  ROOFLINE MODEL ({rf['model']}; {rf['peaks']}): {rf['time_us']:.1f} us, "
                  f"{rf['bound']}-bound, {rf['intensity_flop_per_byte']:.0f} FLOP/B")
@@ -152,6 +176,8 @@ def main(argv=None) -> int:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", default="sm_107a", choices=sorted(PEAKS))
     p.add_argument("--mnk", default=(16384, 16384, 16384), type=_mnk, help="M,N,K")
+    p.add_argument("--out", default="bfloat16", choices=sorted(D_BYTES),
+                   help="D's type (nvfp4: the fused NVFP4-output epilogue)")
     for f in OVERRIDES:
         p.add_argument(f"--{f}", type=int, help="override the heuristic's choice")
     a = p.parse_args(argv)
@@ -160,10 +186,11 @@ def main(argv=None) -> int:
     from tk_cute.nvfp4 import dispatch_sm100
     from tk_cute.nvfp4.heuristics import sm100_config
 
-    if not dispatch_sm100.supports(m, n, k):
-        p.error(f"the NVFP4 GEMM needs K % 256 == 0 and N % 8 == 0; got M={m}, N={n}, K={k}")
+    if not dispatch_sm100.supports(m, n, k, a.out):
+        p.error(f"the NVFP4 GEMM needs K % 256 == 0 and N % 8 == 0 (N % 16 == 0 for --out "
+                f"nvfp4); got M={m}, N={n}, K={k}")
     try:
-        cfg = sm100_config(a.arch, m, n, k)
+        cfg = sm100_config(a.arch, m, n, k, out=a.out)
         over = {f: getattr(a, f) for f in OVERRIDES if getattr(a, f) is not None}
         if over:
             cfg = dataclasses.replace(cfg, **over)

@@ -25,6 +25,8 @@ its fp32 partial in shared memory and, after one CTA barrier, the CTA sums the S
 order (deterministic), applies 2^8 (2^16 for W4A4) * global scales and writes D: no global
 workspace, no atomics, no fences.
 Constraints (checked): M <= 64, K % 128 == 0, N % 32 == 0.
+Scale format (`Config.sf`): UE4M3 (w = e2m1 * sf * 2^-8), or UE5M3 for both operands (w = e2m1 *
+sf * 2^-16, `ops.nvfp4.decode_shift`; compile-checked only, no GPU run yet).
 
 Measurements, where the time goes and what was tried: docs/nvfp4_hopper.md (small-M kernel)
 and docs/results.md.
@@ -32,7 +34,7 @@ and docs/results.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cutlass
 import cutlass.cute as cute
@@ -43,6 +45,7 @@ from tk_cute.ops import cluster, memory, warp
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, ptr
 from tk_cute.types.st import Shared, sv
+from tk_cute.types.struct import config_repr
 
 STEP_K = 128  # K elements per warp step: 4 lanes x 32 codes (one LDG.128 per weight row)
 MAX_M = 64
@@ -71,6 +74,8 @@ class Config:
     PDL: bool = False  # programmatic dependent launch: weights read before the prior kernel ends
     XSMEM: int = 0  # > 0: shared memory bytes staging the CTA's bf16 activations (default: M = 1)
     L2_FETCH: int = 0  # 128 / 256: each weight load asks L2 for the whole 128 / 256-byte block
+    sf: str = field(default="ue4m3", metadata={"quiet": True})  # scale format of both operands
+    __repr__ = config_repr  # (the kernel symbol follows the repr: sf shows once not UE4M3)
 
     def __post_init__(self):
         if self.MT not in (1, 2, 4) or self.NT not in (1, 2, 4, 8):
@@ -92,6 +97,8 @@ class Config:
                              f"or 256, got {self.L2_FETCH}")
         if self.out_dtype not in OUT_TYPES:
             raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
+        if self.sf not in fp4.DECODE_FORMATS:
+            raise ValueError(f"sf must be one of {fp4.DECODE_FORMATS}, got {self.sf!r}")
 
     @property
     def rows(self) -> int:  # weight rows per CTA
@@ -402,7 +409,7 @@ def _activation_fragments(cfg, words, u):
     for nt in range(cfg.NT):
         w = words[(u * cfg.NT + nt) * per:][:per]
         if cfg.w4a4:
-            f = fp4.ue4m3x2_to_bf16x2_prescaled(w[4])
+            f = fp4.scalex2_to_bf16x2_prescaled(w[4], cfg.sf)
             out.append([_decode(cfg, w[j], f[j // 2]) for j in range(4)])
         elif cfg.strided and not cfg.XSMEM:  # (staged activations are re-paired once)
             out.append([fp4.bf16x8_strided(w[4 * j: 4 * j + 4]) for j in range(4)])
@@ -424,7 +431,7 @@ def _mma_trip(cfg, acc, wq, sc, xw):
     MT, NT = cfg.MT, cfg.NT
     for u in range(cfg.UNROLL):
         xb = _activation_fragments(cfg, xw, u)
-        wf = [fp4.ue4m3x2_to_bf16x2_prescaled(h) for h in sc[u]]
+        wf = [fp4.scalex2_to_bf16x2_prescaled(h, cfg.sf) for h in sc[u]]
         for j in range(4):  # 32-bit word j of each row: MMAs 2j, 2j+1
             for mt in range(MT):
                 lo = _decode(cfg, wq[u][2 * mt][j], wf[2 * mt][j // 2])
@@ -455,8 +462,8 @@ def _store_partial(cfg: cutlass.Constexpr, acc, part, M, wn, s, lane):
 @cute.jit
 def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, out, M, N, n_blk, tidx):
     """Split-K inside the CTA: sum the S slices' partials in order (deterministic), scale by
-    2^8 (2^16 W4A4) * global scales and write D."""
-    undo = Float32(2.0 ** fp4.BF16_DECODE_SHIFT)  # the decode's exact 2^-8 per operand
+    2^shift (twice W4A4) * global scales and write D."""
+    undo = Float32(2.0 ** fp4.decode_shift(cfg.sf))  # the decode's exact 2^-shift per operand
     scale = memory.ld_f32(gsb.toint()) * undo
     if cutlass.const_expr(cfg.w4a4):
         scale = scale * (memory.ld_f32(gsa.toint()) * undo)

@@ -48,6 +48,8 @@ so the activations (read by every weight row) are permuted instead of the weight
 One CTA per SM (the ring takes the shared memory). The register split comes from the launch
 allocation (`warpgroup.consumer_registers`: setmaxnreg.inc only takes what the producer
 warpgroup's .dec gave back). Constraints (checked): M <= 128, N % ROWS == 0, K % 256 == 0.
+Scale format (`Config.sf`): UE4M3, or UE5M3 (w = e2m1 * sf * 2^-16, the reduction undoing 2^16:
+`ops.nvfp4.decode_shift`; compile-checked only, no GPU run yet).
 
 Measurements, where the time goes and what was tried: docs/nvfp4_hopper.md (register-A
 kernel) and docs/results.md.
@@ -56,7 +58,7 @@ kernel) and docs/results.md.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cutlass
 import cutlass.cute as cute
@@ -70,6 +72,7 @@ from tk_cute.types.gl import coord, gl
 from tk_cute.types.rt import rt
 from tk_cute.types.semaphore import ring, semaphore
 from tk_cute.types.st import Shared, smem_bytes, st
+from tk_cute.types.struct import config_repr
 
 STAGE_K = 256  # K per ring stage: 128 bytes of every weight row (a whole L2 line)
 SUB_K = 128  # K per MMA batch (8 wgmma k16 steps) and period of the activation permutation
@@ -105,6 +108,8 @@ class Config:
     PERMUTE: str = "auto"
     PDL: bool = False
     out_dtype: str = "bfloat16"
+    sf: str = field(default="ue4m3", metadata={"quiet": True})  # the weights' scale format
+    __repr__ = config_repr  # (the kernel symbol follows the repr: sf shows once not UE4M3)
 
     def __post_init__(self):
         # (wgmma takes any multiple of 8, but slicing an st of 8 x odd rows aborts the DSL 4.8.1)
@@ -121,6 +126,8 @@ class Config:
             raise ValueError(f"PERMUTE must be 'auto', 'stage' or 'call', got {self.PERMUTE!r}")
         if self.out_dtype not in OUT_TYPES:
             raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
+        if self.sf not in fp4.DECODE_FORMATS:
+            raise ValueError(f"sf must be one of {fp4.DECODE_FORMATS}, got {self.sf!r}")
         if self.stages < 2:
             raise ValueError(f"a ring of >= 2 stages of {self.stage_bytes} B must fit "
                              f"{SMEM_BUDGET} B of shared memory (N_ACT={self.N_ACT}, "
@@ -427,7 +434,7 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
                 a = regs[batch % cfg.a_sets]
                 band = s * cfg.bands + (rows + 64 * j) // BAND
                 decode(a, functools.partial(_weight_chunk, w_base, 4 * blk + t),
-                       sf[None, None, band].iterator.toint(), r_lo + 64 * j, t, blk)
+                       sf[None, None, band].iterator.toint(), r_lo + 64 * j, t, blk, cfg.sf)
                 warpgroup.mma_fence()
                 x = cute.local_tile(xs[None, None, s], (cfg.N_ACT, SUB_K), (0, blk))
                 if cutlass.const_expr(blk == 0):  # the row block's first unit starts from 0
@@ -451,19 +458,21 @@ def _weight_chunk(w_base, chunk, r):
     return w_base + weight_offset(r, chunk)
 
 
-def decode(a: rt, chunk_addr, sf_base, r_lo, t, blk):
+def decode(a: rt, chunk_addr, sf_base, r_lo, t, blk, sf_format: str = "ue4m3"):
     """Decode this thread's weights of 128-K block `blk` (rows r_lo, r_lo + 8; K 32t .. 32t +
     31) into the A operand registers `a` of a 64 x 128 register-A wgmma batch: pair i of word j
     (codes 32t + 8j + i, + 4) goes to k16 step 2i + j // 2 (`act_column`). `chunk_addr(r)`:
     the shared address of row r's 16 bytes of these codes; `sf_base`: the band's scale atoms
-    (rows r_lo, r_lo + 8 within one 128-row band). Shared by every register-A kernel."""
+    (rows r_lo, r_lo + 8 within one 128-row band); `sf_format` the scales' format (values
+    e2m1 * sf * 2^-decode_shift). Shared by every register-A kernel."""
     words, scales = [], []
     for r in (r_lo, r_lo + 8):
         words.append(memory.ld_shared_v4(chunk_addr(r), Uint32))
         atom = (SUB_K * blk + 32 * t) // nvfp4_scales.ATOM_K
         kb = (32 * t // nvfp4_scales.SF_VEC) % nvfp4_scales.ATOM_SF_COLS
-        scales.append(fp4.ue4m3x2_to_bf16x2_prescaled(memory.ld_shared_u16(
-            sf_base + atom * nvfp4_scales.ATOM_BYTES + nvfp4_scales.atom_offset(r, kb))))
+        scales.append(fp4.scalex2_to_bf16x2_prescaled(memory.ld_shared_u16(
+            sf_base + atom * nvfp4_scales.ATOM_BYTES + nvfp4_scales.atom_offset(r, kb)),
+            sf_format))
     frag = cute.recast_tensor(a.frag, Uint32)  # per k16 step: (g, 2t) (g+8, 2t) (g, +8) (g+8, +8)
     for j in range(4):
         lo = fp4.e2m1x8_scaled_shifted_strided(words[0][j], scales[0][j // 2])
@@ -490,9 +499,10 @@ def _store(cfg: cutlass.Constexpr, acc, ws, M, N, K, cta, ctas, n0):
                           "float32")
 
 
-def _output_scale(gsb):
-    """2^8 (undoing the decode's exact 2^-8) times the weights' global scale gB."""
-    return memory.ld_f32(gsb.toint()) * Float32(2.0 ** fp4.BF16_DECODE_SHIFT)
+def _output_scale(gsb, sf_format: str = "ue4m3"):
+    """2^shift (undoing the decode's exact 2^-shift, `fp4.decode_shift`) times the weights'
+    global scale gB."""
+    return memory.ld_f32(gsb.toint()) * Float32(2.0 ** fp4.decode_shift(sf_format))
 
 
 REDUCE_THREADS = 256
@@ -516,7 +526,7 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
     first = schedule.stream_k_owner(first_unit, ctas, units)
     planes = schedule.stream_k_owner(first_unit + stages - 1, ctas, units) - first + 1
     if i < M * N:
-        scale = _output_scale(gsb)
+        scale = _output_scale(gsb, cfg.sf)
         total = cute.make_rmem_tensor((4,), Float32)
         for e in cutlass.range_constexpr(4):
             total[e] = Float32(0.0)

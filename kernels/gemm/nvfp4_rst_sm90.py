@@ -24,13 +24,15 @@ the quantizer's), with D's given decode scale, so the bytes equal quantizing the
 code pairs meet by one shuffle; scale bytes land at `nvfp4_scales.band_offset`; a saturated
 block scale (the given scale too small) ORs a device flag.
 Constraints (checked): N % 128 == 0, K % 128 == 0; any M >= 1 (TMA zero-fills the last tile).
+Weights' scale format (`Config.sf`): UE4M3, or UE5M3 (decode shift 16, `ops.nvfp4.decode_shift`;
+compile-checked only, no GPU run yet). An NVFP4 D always has UE4M3 scales.
 Peer: CUTLASS's Hopper mixed-input GEMM (`examples/55_hopper_mixed_dtype_gemm`), which
 converts a narrow B in registers the same way.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cutlass
 import cutlass.cute as cute
@@ -43,7 +45,7 @@ from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, ptr
 from tk_cute.templates.lcf import LCF
 from tk_cute.types import coord, gl, rt, st
-from tk_cute.types.struct import DeviceStruct
+from tk_cute.types.struct import DeviceStruct, config_repr
 
 STAGE_K = rs.SUB_K  # K per stage: one register-A batch (8 wgmma k16 steps)
 ROWS = 128  # weight rows per tile: one scale band, two 64-row consumer warpgroups
@@ -64,6 +66,8 @@ class Config:
     SUPERGROUP_SIZE: int = 8
     A_SETS: int = 1
     out_dtype: str = "bfloat16"
+    sf: str = field(default="ue4m3", metadata={"quiet": True})  # the weights' scale format
+    __repr__ = config_repr
 
     def __post_init__(self):
         if self.Nb not in (128, 256):
@@ -73,6 +77,8 @@ class Config:
                              f"{self.out_dtype!r}")
         if self.A_SETS not in (1, 2):
             raise ValueError(f"A_SETS must be 1 or 2, got {self.A_SETS}")
+        if self.sf not in fp4.DECODE_FORMATS:
+            raise ValueError(f"sf must be one of {fp4.DECODE_FORMATS}, got {self.sf!r}")
         if self.LOAD_PIPE_DEPTH == 1 or self.LOAD_PIPE_DEPTH < 0:
             raise ValueError(f"LOAD_PIPE_DEPTH must be 0 (auto) or >= 2, got "
                              f"{self.LOAD_PIPE_DEPTH}")
@@ -137,7 +143,7 @@ class GemmNvfp4RsTiledSm90(LCF):
         rows = (thread // warpgroup.WARPGROUP_THREADS) * 64  # this warpgroup's weight rows
         warp_rows = rows + (wg_thread // 32) * 16  # this warp's 16 accumulator rows
         r_lo = warp_rows + lane // 4  # accumulator rows g, g + 8
-        scale = memory.ld_f32(g.gs.toint()) * Float32(2.0 ** fp4.BF16_DECODE_SHIFT)
+        scale = memory.ld_f32(g.gs.toint()) * Float32(2.0 ** fp4.decode_shift(self.config.sf))
         a_sets = [rt.operand_A(mma, wg_thread, 64, STAGE_K) for _ in range(self.config.A_SETS)]
         return Consumer(acc, a_sets, rows, warp_rows, r_lo, lane, scale)
 
@@ -156,7 +162,7 @@ class GemmNvfp4RsTiledSm90(LCF):
         w_base = inputs["w"].iterator.toint()
         t = s.lane % 4
         rs.decode(a, lambda r: w_base + r * (STAGE_K // 2) + 16 * t,
-                  inputs["sf"].iterator.toint(), s.r_lo, t, 0)
+                  inputs["sf"].iterator.toint(), s.r_lo, t, 0, self.config.sf)
         warpgroup.mma_fence()
         warpgroup.mma_ABt(s.acc, a, inputs["x"])
 

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: MIT
 """NVFP4 GEMM for Blackwell (sm_100a, sm_103a) and Rubin (sm_107a) from one source, TK style.
 
-D (M, N, L) bf16|fp16 = gA gB A (M, K, L) B (N, K, L)^T, NVFP4 operands, scales 128x4 blocked;
-gA, gB are read from device memory (no host sync). Pipeline contract, per CTA of a pair
+D (M, N, L) bf16|fp16|NVFP4 = gA gB A (M, K, L) B (N, K, L)^T, NVFP4 operands, scales 128x4
+blocked; gA, gB are read from device memory (no host sync). Pipeline contract, per CTA of a pair
 (warps 0-3 epilogue, 4 MMA, 5 producer, 6 CLC scheduler; rings are `stage_ring`s):
   producer: per K stage `a_ring` finished -> `tma.load_async` A (multicast along N); `bs_ring`
             finished -> B, SFA, SFB; all `arrived` on the LEADER CTA's barrier.
@@ -10,14 +10,18 @@ gA, gB are read from device memory (no host sync). Pipeline contract, per CTA of
             `mma2_ABt` per K block, M half (Rubin: B collector FILL, LASTUSE) -> finish the
             stages (Rubin: A once read) -> per tile `acc_ring` arrive.
   epilogue: `acc_ring` arrived -> `load_async` EPI_N columns -> finish it after the last (its
-            stores overlap the next tile's MMAs) -> * gA gB -> smem -> `tma.store_async`.
+            stores overlap the next tile's MMAs) -> * gA gB -> smem -> `tma.store_async`;
+            NVFP4 D (`out="nvfp4"`): per 16 columns of its row a thread's block amax (reducing
+            TMEM load on sm_103a / sm_107a), the recipe's scale and codes, direct stores.
   tiles: static persistent supergroup order, or CLC (`schedule`); PDL. Constraints: K % Kb,
-  N % 8 (`tk_cute.nvfp4.dispatch_sm100` checks them and picks the Config); MMA K = 64 (sm_100a,
+  N % 8, N % 16 for NVFP4 D (`tk_cute.nvfp4.dispatch_sm100` checks them and picks the Config);
+  UE5M3 scales (sf) on sm_107a only; MMA K = 64 (sm_100a,
   sm_103a) or 128 (sm_107a). Peer: CUTLASS CuTeDSL blackwell/kernel/blockscaled_gemm/
 dense_blockscaled_gemm_persistent.py (one arch, 3,382 lines with its host harness).
 """
 
 
+import functools
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -26,9 +30,11 @@ import cutlass
 import cutlass.cute as cute
 
 from tk_cute.arch import target
+from tk_cute.layouts import nvfp4_scales
 from tk_cute.layouts import scales_sm100 as scales
 from tk_cute.layouts import tmem as tmem_map
-from tk_cute.ops import cluster, epilogue, schedule, tma, warp, warpgroup
+from tk_cute.ops import cluster, epilogue, memory, schedule, tma, warp, warpgroup
+from tk_cute.ops import nvfp4 as fp4
 from tk_cute.ops import tcgen05 as tc
 from tk_cute.types import Shared, coord, gl, st, st_mma, stage_ring, sv
 from tk_cute.types import tt as tmem
@@ -37,7 +43,8 @@ from tk_cute.types.semaphore import NamedBarrier
 from tk_cute.types.struct import DeviceStruct
 
 
-OUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
+OUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
+             "nvfp4": cutlass.Uint8}  # nvfp4: D's packed E2M1 codes (scales: a second pointer)
 
 
 class ConfigError(ValueError):
@@ -68,7 +75,7 @@ class Config:
     CLUSTER_N: int = 1  # pairs along N share A through TMA multicast
     SUPERGROUP_SIZE: int = 8
     sf: str = "ue4m3"
-    out: str = "bfloat16"  # D's type (OUT_TYPES)
+    out: str = "bfloat16"  # D's type (OUT_TYPES; "nvfp4": codes + blocked UE4M3 scales)
     scheduler: str = schedule.STATIC  # or schedule.CLC: cluster launch control (work stealing)
     early_release_a: bool = True  # Rubin only
 
@@ -80,11 +87,17 @@ class Config:
             raise ConfigError(f"tile {self.Mb}x{self.Nb}: Mb in (256, 512), Nb in (128, 256)")
         if self.Kb % 64 or self.Kb % self.mma_k:
             raise ConfigError(f"Kb={self.Kb} must hold whole MMAs (K={self.mma_k}) and atoms")
-        if self.sf not in tc.SCALE_TYPES or (self.sf == "ue5m3" and not t.ue5m3_scales):
-            raise ConfigError(f"scale type {self.sf} not supported on {self.arch}")
+        if self.sf not in tc.SCALE_TYPES:
+            raise ConfigError(f"scale type {self.sf!r} not in {list(tc.SCALE_TYPES)}")
+        if self.sf == "ue5m3" and not t.ue5m3_scales:
+            raise ConfigError(f"UE5M3 block scales (sf='ue5m3') need Rubin's block-scaled MMA "
+                              f"(sm_107a, arch.Target.ue5m3_scales); {self.arch} takes ue4m3")
         if self.out not in OUT_TYPES or self.scheduler not in schedule.KINDS:
             raise ConfigError(f"out={self.out!r} not in {list(OUT_TYPES)} or scheduler="
                               f"{self.scheduler!r} not in {schedule.KINDS}")
+        if self.nvfp4_out and self.EPI_N % epilogue.NVFP4_BLOCK:
+            raise ConfigError(f"NVFP4 D quantizes 16-column blocks: EPI_N={self.EPI_N} must be a "
+                              f"multiple of {epilogue.NVFP4_BLOCK}")
         if self.CLUSTER_M % 2 or self.CLUSTER_M * self.CLUSTER_N > 16:
             raise ConfigError(f"cluster {self.CLUSTER_M}x{self.CLUSTER_N}: M even, size <= 16")
         if self.tmem_columns_used > t.tmem_columns:
@@ -99,6 +112,11 @@ class Config:
     def rubin(self) -> bool:
         """Rubin's ISA (B collector, early A release, UE5M3, K = 128 MMAs, 576 columns)."""
         return target(self.arch).b_collector
+
+    @property
+    def nvfp4_out(self) -> bool:
+        """D quantized to NVFP4 in the epilogue (codes and scales stored from registers)."""
+        return self.out == "nvfp4"
 
     @property
     def mma_k(self) -> int:
@@ -135,10 +153,12 @@ class Config:
 
     @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory: 1 KiB of barriers, then each 1 KiB-aligned buffer."""
+        """Dynamic shared memory: 1 KiB of barriers, then each 1 KiB-aligned buffer (an NVFP4
+        D has no staging buffers: its codes and scales go from registers to global memory)."""
         per = self.stage_bytes
         bufs = [v * self.LOAD_PIPE_DEPTH for v in per.values()]
-        bufs.append(128 * self.EPI_N * 2 * self.EPI_PIPE_DEPTH)
+        if not self.nvfp4_out:
+            bufs.append(128 * self.EPI_N * 2 * self.EPI_PIPE_DEPTH)
         return 1024 + sum(-(-b // 1024) * 1024 for b in bufs)
 
 
@@ -150,6 +170,17 @@ class Globals(DeviceStruct):
 
     def __init__(self, A: gl, B: gl, SFA: gl, SFB: gl, D: gl, ga, gb):
         self.A, self.B, self.SFA, self.SFB, self.D, self.ga, self.gb = A, B, SFA, SFB, D, ga, gb
+
+
+class GlobalsNvfp4(Globals):
+    """`Globals` of an NVFP4 D: D is a pointer to its codes; `d_sf` to its blocked scales,
+    `d_gs` to its fp32 decode scale, `flag` to the Int32 saturation flag; D's shape m, n."""
+
+    _fields = Globals._fields + ("d_sf", "d_gs", "flag", "m", "n")
+
+    def __init__(self, A, B, SFA, SFB, D, ga, gb, d_sf, d_gs, flag, m, n):
+        super().__init__(A, B, SFA, SFB, D, ga, gb)
+        self.d_sf, self.d_gs, self.flag, self.m, self.n = d_sf, d_gs, flag, m, n
 
 
 class GemmNvfp4Sm100:
@@ -177,7 +208,7 @@ class GemmNvfp4Sm100:
                       "B": st_mma.B(fp4, self.mma.op, self.tiler),
                       "SFA": st_mma.SFA(self.sf_dtype, self.tiler),
                       "SFB": st_mma.SFB(self.sf_dtype, self.tiler)}
-        self.d_tile = st(self.out_dtype, 128, cfg.EPI_N)  # one epilogue buffer
+        self.d_tile = None if cfg.nvfp4_out else st(self.out_dtype, 128, cfg.EPI_N)
 
     def _shared(self, vmnk):
         """Shared memory (1 KiB of barriers first, then each 1 KiB-aligned buffer), the rings
@@ -196,8 +227,8 @@ class GemmNvfp4Sm100:
         clc = (smem.barriers(2), smem.alloc(sv(cutlass.Int32, 4)).iterator) if (
             cfg.scheduler == schedule.CLC) else (None, None)
         dealloc, holding = smem.barriers(1), smem.alloc(sv(cutlass.Int32, 1)).iterator
-        bufs = SimpleNamespace(D=smem.alloc(self.d_tile, cfg.EPI_PIPE_DEPTH),
-                               **{k: smem.alloc(t, S) for k, t in self.inputs.items()})
+        d = None if cfg.nvfp4_out else smem.alloc(self.d_tile, cfg.EPI_PIPE_DEPTH)
+        bufs = SimpleNamespace(D=d, **{k: smem.alloc(t, S) for k, t in self.inputs.items()})
         alloc = tmem.tensor_allocator(
             holding, tmem.alloc_columns(cfg.tmem_columns_used, cfg.arch), cfg.arch, True,
             (NamedBarrier.TMEM_ALLOC, 32 * 5), self.EPI_WARPS[0], dealloc)
@@ -209,18 +240,25 @@ class GemmNvfp4Sm100:
     @cute.jit
     def __call__(self, a_ptr: cute.Pointer, b_ptr: cute.Pointer, sfa_ptr: cute.Pointer,
                  sfb_ptr: cute.Pointer, d_ptr: cute.Pointer, ga_ptr: cute.Pointer,
-                 gb_ptr: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32,
+                 gb_ptr: cute.Pointer, d_sf_ptr: cute.Pointer, d_gs_ptr: cute.Pointer,
+                 flag_ptr: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32,
                  l: cutlass.Int32, max_active_clusters: cutlass.Constexpr,
                  stream: cuda.CUstream):
-        """D (m, n, l) = gA gB A (m, k, l) B (n, k, l)^T; gA, gB: pointers to fp32 scalars."""
+        """D (m, n, l) = gA gB A (m, k, l) B (n, k, l)^T; gA, gB: pointers to fp32 scalars.
+        NVFP4 D: d_ptr its codes, d_sf_ptr its blocked scales, d_gs_ptr its fp32 decode scale,
+        flag_ptr an Int32 that saturated block scales OR with 1 (dense D ignores the three)."""
         cfg, cs = self.cfg, (self.cfg.CLUSTER_M, self.cfg.CLUSTER_N)
         self._globals()
         ka, nd = cute.assume(k, cfg.Kb), cute.assume(n, 8)
         mA, mB = row_major(a_ptr, m, ka, l), row_major(b_ptr, n, ka, l)
         mem = {"A": mA, "B": mB, "SFA": scales.global_tensor(sfa_ptr, mA.shape),
                "SFB": scales.global_tensor(sfb_ptr, mB.shape)}
-        g = Globals(*(tma.pair_gl(mem[k], t, cs) for k, t in self.inputs.items()),
-                    gl.store(row_major(d_ptr, m, nd, l), self.d_tile), ga_ptr, gb_ptr)
+        loads = [tma.pair_gl(mem[k], t, cs) for k, t in self.inputs.items()]
+        if cutlass.const_expr(cfg.nvfp4_out):
+            g = GlobalsNvfp4(*loads, d_ptr, ga_ptr, gb_ptr, d_sf_ptr, d_gs_ptr, flag_ptr, m, n)
+        else:
+            g = Globals(*loads, gl.store(row_major(d_ptr, m, nd, l), self.d_tile), ga_ptr,
+                        gb_ptr)
         tiles = (cute.ceil_div(m, cfg.Mb // 2), cute.ceil_div(n, cfg.Nb), l)  # CTA tiles
         sched = schedule.params(cfg.scheduler, tiles, (*cs, 1), cfg.SUPERGROUP_SIZE)
         self.kernel(g, sched).launch(
@@ -236,7 +274,7 @@ class GemmNvfp4Sm100:
         vmnk = g.A.cluster_layout()
         w = warp.warpid()
         if w == self.LOAD_WARP:
-            for d in (g.A, g.B, g.SFA, g.SFB, g.D):
+            for d in (g.A, g.B, g.SFA, g.SFB) + (() if cfg.nvfp4_out else (g.D,)):
                 d.prefetch()
         smem, (a_ring, bs_ring, acc_ring), clc, alloc = self._shared(vmnk)
         walk = schedule.walk(cfg.scheduler, sched, *clc, vmnk, self.WALKERS)
@@ -248,7 +286,10 @@ class GemmNvfp4Sm100:
         if w == self.MMA_WARP:
             self.mma_issue(g, smem, a_ring, bs_ring, acc_ring, alloc, walk)
         if w < self.MMA_WARP:
-            self.consumer_finish(g, smem, acc_ring, alloc, walk)
+            if cutlass.const_expr(cfg.nvfp4_out):
+                self.consumer_finish_nvfp4(g, acc_ring, alloc, walk)
+            else:
+                self.consumer_finish(g, smem, acc_ring, alloc, walk)
         if cutlass.const_expr(cfg.scheduler == schedule.CLC):
             if w == self.SCHED_WARP and cluster.cta_rank() == 0:
                 schedule.clc_steal(schedule.Tiles.create(*walk))
@@ -358,23 +399,88 @@ class GemmNvfp4Sm100:
         tma.store_async_read_wait(0)
 
 
+    @cute.jit
+    def consumer_finish_nvfp4(self, g, acc_ring, alloc, walk):
+        """Epilogue warps, NVFP4 D: wait `acc_ring` arrived; per EPI_N columns `load_amax_async`
+        (thread t: row t of the 128), finish the accumulator after the last; per 16 columns
+        the recipe with D's decode scale, codes and scale bytes stored at `nvfp4_out_store`
+        (`epilogue.store_nvfp4`); a saturated scale ORs `flag`."""
+        cfg = self.cfg
+        alloc.allocate()
+        tm = alloc.wait()
+        acc = tm.tt(cfg.tmem["acc"], self.acc_layout)
+        tidx = cute.arch.thread_idx()[0]
+        e = epilogue.tmem_quantize(acc, (128, cfg.EPI_N), tidx, target(cfg.arch).tmem_load_reduce)
+        epi = warpgroup.sync(NamedBarrier.EPILOGUE, 1)
+        alpha = epilogue.global_scale(g.ga, g.gb)
+        s_dec = memory.ld_f32(g.d_gs.toint())
+        s_enc_g = fp4.div_rn(cutlass.Float32(1.0), s_dec)
+        full = acc_ring.consumer()
+        steps = cfg.Nb // cfg.EPI_N
+        saturated = cutlass.Uint32(0)
+        tiles = schedule.Tiles.create(*walk)
+        work = tiles.first()
+        while work.is_valid_tile:
+            n0, l = work.tile_idx[1] * cfg.Nb, cutlass.Int64(work.tile_idx[2])
+            acc_ring.wait_arrived(full)
+            for mh in cutlass.range_constexpr(cfg.m_mmas):
+                row = cutlass.Int64(d_row_tile(work.tile_idx[0], mh, cfg.m_mmas) * 128 + tidx)
+                where = functools.partial(nvfp4_out_store, l, row, m=g.m, n=g.n)
+                for j in cutlass.range(steps, unroll=1):
+                    epilogue.load_amax_async(e, full.index, mh, j)
+                    if cutlass.const_expr(mh == cfg.m_mmas - 1):
+                        if j == steps - 1:  # accumulator read: the next tile's MMAs may start
+                            tc.fence_before_thread_sync()
+                            acc_ring.finish(full)
+                    saturated = saturated | epilogue.store_nvfp4(
+                        e, n0 + j * cfg.EPI_N, where, g.D.toint(), g.d_sf.toint(), alpha, s_dec,
+                        s_enc_g, cfg.arch)
+            full.advance()
+            work = tiles.next()
+        if cute.arch.vote_any_sync(saturated != 0):
+            if cute.arch.lane_idx() == 0:
+                cute.arch.atomic_or(g.flag, cutlass.Int32(1))
+        cluster.pdl_launch_dependents()
+        alloc.deallocate(tm, epi)
+
+
 def d_row_tile(cta_tile_m, mh, m_mmas: int):
     """The 128-row tile of D that M half `mh` of CTA tile `cta_tile_m` (2 per pair: the pair's
     tile, then the CTA) writes: a 2-CTA MMA gives CTA v rows v*128.. of each 256 it computes."""
     return cta_tile_m // 2 * 2 * m_mmas + 2 * mh + cta_tile_m % 2
 
 
+def nvfp4_out_store(l, row, col, m, n):
+    """Where the epilogue stores the NVFP4 block of D (m, n) at batch l, row `row`, columns
+    col .. col + 15 (col % 16 == 0): (codes byte, codes in D, scale byte, scale in the blocked
+    tensor). Codes are row-major, n / 2 bytes a row, 8 bytes a block; the scale byte is
+    `nvfp4_scales` blocked (rows past m up to the 128-row band and scale columns past n / 16 up
+    to the 4-column atom are padding: written, as zeros, since TMA zero-filled their operands).
+    Plain integer arithmetic: the kernel evaluates it on device integers, the tests on ints."""
+    rm, rk = (m + 127) // 128, (n + 63) // 64
+    sf = l * (rm * rk * nvfp4_scales.ATOM_BYTES) + nvfp4_scales.band_offset(row, col // 16, rk)
+    return ((l * m + row) * (n // 2) + col // 2, (row < m) & (col < n), sf,
+            (row < rm * 128) & (col < rk * 64))
+
+
 # --- launch arguments and fake-pointer compile (no GPU needed) ----------------------------
+# `launch_args` positions: the pointers, the sizes, the cluster budget (a Constexpr), the stream
+N_POINTERS, SIZES, CLUSTERS = 10, slice(10, 14), 14
+
+
 def launch_args(cfg: Config, addr: dict, m: int, n: int, k: int, l: int = 1,
                 max_active_clusters: int | None = None, stream=None) -> tuple:
     """`GemmNvfp4Sm100.__call__` arguments from device addresses (keys a, b, sfa, sfb, d, ga,
-    gb) and sizes; the torch entry (`tk_cute.nvfp4.dispatch_sm100`) and `compile` share it."""
+    gb, and for an NVFP4 D d_sf, d_gs, flag: where missing, d's address, unused) and sizes; the
+    torch entry (`tk_cute.nvfp4.dispatch_sm100`) and `compile` share it."""
     from cutlass.cute.runtime import make_ptr
 
     sf = tc.SCALE_TYPES[cfg.sf]
+    addr = {"d_sf": addr["d"], "d_gs": addr["d"], "flag": addr["d"], **addr}
     types = {"a": (cutlass.Float4E2M1FN, 32), "b": (cutlass.Float4E2M1FN, 32), "sfa": (sf, 16),
              "sfb": (sf, 16), "d": (OUT_TYPES[cfg.out], 16), "ga": (cutlass.Float32, 4),
-             "gb": (cutlass.Float32, 4)}
+             "gb": (cutlass.Float32, 4), "d_sf": (cutlass.Uint8, 16),
+             "d_gs": (cutlass.Float32, 4), "flag": (cutlass.Int32, 4)}
     ptrs = [make_ptr(dt, addr[key], cute.AddressSpace.gmem, assumed_align=align)
             for key, (dt, align) in types.items()]
     clusters = max_active_clusters or (

@@ -203,3 +203,196 @@ def test_select_config_scheduler_by_waves():
 def test_config_rejections(kwargs, error):
     with pytest.raises(error):
         K.Config(**kwargs)
+
+
+# --- the fused NVFP4-output epilogue (out="nvfp4") -------------------------------------------
+
+def nvfp4_entry_build(arch, m=8192, n=8192, k=8192):
+    """The NVFP4-output kernel compiled through `dispatch_sm100.prepare` (NVFP4Tensor D, its
+    decode scale and saturation flag as kernel arguments), as if on an `arch` GPU."""
+    cfg = heuristics.sm100_config(arch, m, n, k, out="nvfp4")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(D, "device_target", lambda device: arch)
+        mp.setattr(D, "sm_count", lambda device: target(arch).sm_count or 148)
+        launch = D.prepare(fake_operand(256, 512), fake_operand(256, 512), "nvfp4", cfg,
+                           out_global_scale=torch.tensor(0.5))
+    return cfg, *D.compile_launch(launch, keep=True)
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def nvfp4_built(request):
+    return request.param, *nvfp4_entry_build(request.param)
+
+
+def test_nvfp4_epilogue_instructions(nvfp4_built):
+    """Per EPI_N columns and M half (one copy of the step loop each): one TMEM load per 16
+    columns, the reducing `tcgen05.ld.red ... max.abs` where the target has it (SASS
+    LDTM.STAT ... MAXABS), the recipe's UE4M3 encode and 8 native E2M1 conversions per block,
+    one 8-byte code store and one scale-byte store per block; no TMA store, no stmatrix."""
+    arch, cfg, b, _ = nvfp4_built
+    blocks = cfg.m_mmas * cfg.EPI_N // 16
+    reducing = target(arch).tmem_load_reduce
+    assert reducing == (arch in ("sm_103a", "sm_107a"))
+    red = b.ptx_count(r"tcgen05\.ld\.red\.sync\.aligned\.32x32b\.x16\.max\.abs\.f32")
+    plain = b.ptx_count(r"tcgen05\.ld\.sync\.aligned\.32x32b\.x16\.b32")
+    assert (red, plain) == ((blocks, 0) if reducing else (0, blocks))
+    assert b.sass_count(r"LDTM\.STAT\.x16\.MAXABS\.F32") == (blocks if reducing else 0)
+    assert b.ptx_count(r"tcgen05\.ld") == blocks  # no other TMEM load
+    assert b.ptx_count(r"cvt\.rn\.satfinite\.e2m1x2\.f32") == 8 * blocks
+    assert b.sass_count(r"F2FP\.SATFINITE\.E2M1\.F32") == 8 * blocks
+    assert b.ptx_count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == blocks
+    assert b.ptx_count(r"st\.global\.v2\.b32") == blocks and b.sass_count(r"STG\.E\.64") == blocks
+    assert b.ptx_count(r"st\.global\.u8") == blocks and b.sass_count(r"STG\.E\.U8") == blocks
+    # IEEE divisions: 1 / D's decode scale once, then per block t = amax / 6 and 1 / d
+    assert b.ptx_count(r"div\.rn\.f32") == 1 + 2 * blocks
+    assert b.ptx_count(r"div\.(approx|full)") == 0
+    assert b.ptx_count(r"cp\.async\.bulk\.tensor\.\w+\.global\.shared") == 0
+    assert b.ptx_count(r"stmatrix") == 0
+    # the saturation flag: one warp vote, one atomic OR; three global loads: gA, gB, D's scale
+    assert b.ptx_count(r"vote\.sync\.any") == 1 and b.ptx_count(r"atom\.global\.or") == 1
+    assert b.ptx_count(r"ld\.global\.b32") == 3
+    # the MMA side is the dense kernel's
+    assert b.ptx_count(MMA) == (cfg.Kb // cfg.mma_k) * cfg.m_mmas
+
+
+def test_nvfp4_epilogue_resources(nvfp4_built):
+    arch, cfg, b, kern = nvfp4_built
+    t = target(arch)
+    assert b.kernel.local_bytes == 0 and b.kernel.stack_bytes == 0
+    # no D staging buffers: the traced shared memory == the Config's budget <= capacity
+    dense = dataclasses.replace(cfg, out="bfloat16")
+    assert kern.traced["smem_bytes"] == cfg.smem_bytes <= t.smem_bytes
+    assert cfg.smem_bytes == dense.smem_bytes - 128 * cfg.EPI_N * 2 * cfg.EPI_PIPE_DEPTH
+    assert cfg.tmem_columns_used <= t.tmem_columns
+    assert b.ptx_count(r"tcgen05\.alloc\.exclusive") == (1 if arch == "sm_107a" else 0)
+
+
+def _tile_blocks(cfg, cta_tile_m, tile_n, m, n, l=0):
+    """What `consumer_finish_nvfp4` stores for one CTA tile, evaluated with Python ints: for
+    every thread (TMEM lane t = row t of 128), M half, EPI_N step and 16-column block, the
+    (row, col) and `nvfp4_out_store`'s offsets and predicates."""
+    out = []
+    for mh in range(cfg.m_mmas):
+        for t in range(128):
+            row = K.d_row_tile(cta_tile_m, mh, cfg.m_mmas) * 128 + t
+            for j in range(cfg.Nb // cfg.EPI_N):
+                for b in range(cfg.EPI_N // 16):
+                    col = tile_n * cfg.Nb + j * cfg.EPI_N + 16 * b
+                    out.append((row, col, *K.nvfp4_out_store(l, row, col, m, n)))
+    return out
+
+
+# the tile shapes the heuristic picks (Rubin big / small, Blackwell big; small = Rubin's)
+NVFP4_TILES = [("sm_107a", 16384, 16384), ("sm_107a", 512, 1024), ("sm_100a", 16384, 16384)]
+
+
+@pytest.mark.parametrize("arch, m, n", NVFP4_TILES)
+def test_nvfp4_scale_addresses_are_the_blocked_layout(arch, m, n):
+    """For every (row, 16-column block) of a CTA pair's tile (both CTAs), the scale byte the
+    epilogue addresses is `blocked_offset`'s, the codes byte is row-major (n / 2 per row), and
+    each (row, block) is written exactly once."""
+    from tk_cute.layouts.nvfp4_scales import blocked_offset
+
+    cfg = heuristics.sm100_config(arch, m, n, 8192, out="nvfp4")
+    pair_m, pair_n = 1, 2  # the second pair tile along M, third along N
+    got = _tile_blocks(cfg, 2 * pair_m, pair_n, m, n) + _tile_blocks(cfg, 2 * pair_m + 1,
+                                                                       pair_n, m, n)
+    cells = {(r, c) for r, c, *_ in got}
+    assert len(cells) == len(got) == cfg.Mb * cfg.Nb // 16
+    rows = range(pair_m * cfg.Mb, (pair_m + 1) * cfg.Mb)
+    cols = range(pair_n * cfg.Nb, (pair_n + 1) * cfg.Nb, 16)
+    assert cells == {(r, c) for r in rows for c in cols}
+    for row, col, at, ok, sf_at, sf_ok in got:
+        assert ok and sf_ok  # inside the tensor
+        assert sf_at == blocked_offset(row, col // 16, m, n)
+        assert at == row * (n // 2) + col // 2
+
+
+@pytest.mark.parametrize("arch, m, n, l", [("sm_107a", 300, 144, 0), ("sm_107a", 300, 144, 1),
+                                           ("sm_100a", 130, 80, 0)])
+def test_nvfp4_grid_writes_every_byte_once(arch, m, n, l):
+    """Over all tiles of a ragged problem (M, N not multiples of the tile) the predicated
+    stores write every code byte of D (M x N / 2) and every byte of its blocked scale tensor,
+    padding rows and columns included, exactly once, and nothing outside (batch l)."""
+    from tk_cute.layouts.nvfp4_scales import blocked_shape
+
+    cfg = heuristics.sm100_config(arch, m, n, 8192, out="nvfp4")
+    cta_m = -(-m // (cfg.Mb // 2))
+    cta_m += cta_m % 2  # whole pairs (the cluster's M is 2)
+    codes, scales = [], []
+    for tm in range(cta_m):
+        for tn in range(-(-n // cfg.Nb)):
+            for row, col, at, ok, sf_at, sf_ok in _tile_blocks(cfg, tm, tn, m, n, l):
+                if ok:
+                    codes += range(at, at + 8)
+                if sf_ok:
+                    scales.append(sf_at)
+    rm, rk, atom = blocked_shape(m, n)
+    base_c, base_s = l * m * n // 2, l * rm * rk * atom
+    assert sorted(codes) == list(range(base_c, base_c + m * n // 2))
+    assert sorted(scales) == list(range(base_s, base_s + rm * rk * atom))
+
+
+@pytest.mark.parametrize("reduce", [False, True])
+def test_nvfp4_epilogue_thread_holds_its_row(reduce):
+    """`epilogue.tmem_quantize`'s tcgen05.ld partition (x16 atoms, reducing or not) evaluated
+    by CuTe on the host: thread t of the 4 epilogue warps holds row t of the 128 x EPI_N block
+    and register c is column c, which is what `nvfp4_out_store`'s row and col assume."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from tk_cute.compile import COMPILE_LOCK
+    from tk_cute.ops import epilogue
+    from tk_cute.ops import tcgen05 as tc
+
+    epi, found = 32, {}
+    arch = "sm_107a" if reduce else "sm_100a"
+
+    @cute.jit
+    def trace():
+        mma = tc.block_scaled_mma(arch, 256, cutlass.Float8E4M3FN, arch == "sm_107a")
+        layout = mma.accumulator((512 if reduce else 256, 256), 1)
+        ptr = cute.make_ptr(cutlass.Float32, 0, cute.AddressSpace.tmem, assumed_align=16)
+        acc = cute.make_tensor(ptr, layout)
+        for t in (0, 1, 31, 32, 77, 127):
+            e = epilogue.tmem_quantize(acc, (128, epi), t, reduce)
+            found[t] = [tuple(e.coords[i]) for i in range(cute.size(e.coords))]
+            found[("amax", t)] = None if e.amax is None else cute.size(e.amax)
+
+    with COMPILE_LOCK:
+        cute.compile(trace, options=f"--gpu-arch {arch}")
+    for t in (0, 1, 31, 32, 77, 127):
+        assert found[t] == [(t, c) for c in range(epi)]
+        assert found[("amax", t)] == (epi // 16 if reduce else None)
+
+
+def test_rubin_ue5m3_scales_compile():
+    """sf="ue5m3" on sm_107a: the same kernel, the MMA's instruction descriptor differing only
+    in its scale-type bit (bit 24 of the idesc: 0 UE4M3, 1 UE5M3 in DSL 4.8.1's encoding); 0
+    spills. Every other line of the PTX is the UE4M3 build's."""
+    import re
+
+    cfg = heuristics.sm100_config("sm_107a", 8192, 8192, 8192)
+    (b4, _), (b5, k5) = K.compile(cfg), K.compile(dataclasses.replace(cfg, sf="ue5m3"))
+    assert b5.kernel.local_bytes == 0 and k5.traced["smem_bytes"] == cfg.smem_bytes
+    assert b5.ptx_count(MMA) == b4.ptx_count(MMA) == (cfg.Kb // cfg.mma_k) * cfg.m_mmas
+    norm = lambda ptx: [re.sub(r"%\w+", "%", l) for l in ptx.splitlines()]  # noqa: E731
+    diff = [(x, y) for x, y in zip(norm(b4.ptx), norm(b5.ptx)) if x != y]
+    assert len(norm(b4.ptx)) == len(norm(b5.ptx)) and diff
+    for x, y in diff:
+        (i4,), (i5,) = re.findall(r"or\.b32\s+%, %, (\d+);", x), re.findall(
+            r"or\.b32\s+%, %, (\d+);", y)
+        assert int(i4) ^ int(i5) == 1 << 24 and int(i5) & (1 << 24)
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_103a"])
+def test_ue5m3_refused_off_rubin(arch):
+    with pytest.raises(K.ConfigError, match=r"UE5M3 .*sm_107a.*" + arch):
+        K.Config(arch=arch, Mb=256, Nb=256, sf="ue5m3")
+    with pytest.raises(K.ConfigError, match="UE5M3"):
+        heuristics.sm100_config(arch, 8192, 8192, 8192, sf="ue5m3")
+
+
+def test_nvfp4_config_rejections():
+    with pytest.raises(K.ConfigError, match="EPI_N"):
+        K.Config(arch="sm_107a", out="nvfp4", EPI_N=8)

@@ -63,3 +63,52 @@ def test_model_bench_variants_build_and_run_on_the_host(seed):
     text = bench_model._parser().format_help()
     assert "--hidden" in text and "--intermediate" in text and "--no-compile" in text
     assert bench_model._parser().parse_args([]).m == [1, 16, 256, 2048]
+
+
+def _tp_variants_worker(rank, world):
+    import torch
+
+    from tk_cute.bench import tp as bench_tp
+
+    models = bench_tp.build(64, 128, device="cpu", seed=3, chunks=2)
+    v = bench_tp.variants(models)
+    x = torch.randn(4, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(rank))
+    with torch.inference_mode():
+        outs = {name: fn(x) for name, fn in v.items()}
+        parts = bench_tp.components(models, 4, 64, "cpu")
+        for comm, compute in parts.values():  # the timed pieces run (collectives included)
+            comm()
+            compute()
+    return {"names": list(v), "parts": list(parts), "outs": outs, "x": x}
+
+
+def test_tp_bench_variants_build_and_run_on_two_gloo_processes():
+    import torch
+
+    from tk_cute.bench import tp as bench_tp
+    from tk_cute.distributed import spawn
+
+    res = spawn(_tp_variants_worker, 2, timeout_s=60, join_timeout_s=120)
+    assert res[0]["names"] == bench_tp.VARIANTS == res[0]["parts"]
+    assert bench_tp.VARIANTS[0] == bench_tp.BASELINE
+    for r in res:
+        ref = r["outs"][bench_tp.BASELINE]  # this rank's 4 rows of the bf16 TP block
+        assert ref.shape == (4, 64) and ref.dtype == torch.bfloat16
+        for name, y in r["outs"].items():
+            assert y.shape == ref.shape and y.dtype == torch.bfloat16, name
+            err = float((y.float() - ref.float()).norm() / ref.float().norm())
+            assert err < (0.25 if "w4a16" in name else 0.35 if "w4a4" in name else 1e-6), name
+        # The overlapped forms compute the same elements (the CPU reference: bitwise).
+        for kind in ("w4a16", "w4a4"):
+            a, b = r["outs"][f"tk_cute {kind} TP"], r["outs"][f"tk_cute {kind} TP overlap"]
+            assert torch.equal(a, b), kind
+    rows = [{"world": w, "variant": n, "M": 16, "ms": 0.1 * (i + 1) / w, "comm_ms": 0.02,
+             "compute_ms": 0.09, "hidden": 0.5 if w > 1 else None, "rel_err_vs_bf16": 0.1,
+             "speedup": 1.0 / (i + 1)} for w in (1, 2) for i, n in enumerate(bench_tp.VARIANTS)]
+    rows.append({"world": 2, "variant": "tk_cute w4a16 TP", "M": 256, "skipped": "no kernel"})
+    text = bench_tp.table(rows)
+    assert "2.00x (100%)" in text and "50%" in text  # scaling against p = 1, hidden fraction
+    assert "skipped: no kernel" in text
+    args = bench_tp._parser().parse_args([])
+    assert (args.world, args.m, args.hidden, args.intermediate) == ([1, 2, 4, 8],
+                                                                    [16, 256, 4096], 8192, 28672)

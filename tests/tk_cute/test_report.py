@@ -56,3 +56,30 @@ def test_peer_flashinfer_sm107():
                                                                   "collector::b::lastuse"]
     assert breuse["mma_per_stage"] == 4 and breuse["stages"] == (5, 1, 2)
     assert breuse["sass_b_collector"] == [".B_KEEP", ".B_REUSE"] and breuse["spill_bytes"] == 0
+
+
+def test_roofline_counts_nvfp4_output_bytes():
+    """An NVFP4 D is written as 0.5625 bytes per element (codes 0.5, UE4M3 scales 1/16), a
+    bf16 one as 2."""
+    m, n, k = 4096, 8192, 256
+    dense, fused = R.roofline("sm_107a", m, n, k), R.roofline("sm_107a", m, n, k, "nvfp4")
+    assert dense["bytes"] - fused["bytes"] == m * n * (2 - 0.5625)
+    assert fused["bytes"] == (m + n) * k * 0.5625 + m * n * 0.5625 == (m + n) * k // 2 + (
+        m + n) * k // 16 + m * n // 2 + m * n // 16
+    assert R.D_BYTES["nvfp4"] == 0.5625
+    with pytest.raises(ValueError, match="out must be one of"):
+        R.roofline("sm_107a", m, n, k, "float32")
+
+
+def test_report_nvfp4_out(capsys):
+    """`python -m tk_cute report --arch sm_107a --out nvfp4`: the fused-epilogue kernel."""
+    assert R.main(["--arch", "sm_107a", "--mnk", "16384,16384,16384", "--out", "nvfp4"]) == 0
+    out = capsys.readouterr().out
+    assert "out nvfp4" in out and "reducing_tmem_loads 4" in out and "tma_stores 0" in out
+    cfg = heuristics.sm100_config("sm_107a", 16384, 16384, 16384, out="nvfp4")
+    r = R.report(cfg, 16384, 16384, 16384)
+    assert r["epilogue"]["reducing_tmem_loads"] == 4 and r["epilogue"]["e2m1_cvt"] == 32
+    assert r["spill_bytes"] == 0 and r["smem_bytes"] <= r["smem_capacity"]
+    assert r["roofline"]["bytes"] == R.roofline("sm_107a", 16384, 16384, 16384, "nvfp4")["bytes"]
+    with pytest.raises(SystemExit):  # N % 16 for an NVFP4 D
+        R.main(["--arch", "sm_107a", "--mnk", "256,264,256", "--out", "nvfp4"])

@@ -9,6 +9,7 @@ BENCHES = {
     "quantize": ("tk_cute.bench.quantize", "the NVFP4 quantizer vs copy bandwidth"),
     "model": ("tk_cute.bench.model", "an MLP block in torch: tk_cute NVFP4 (eager, compiled, "
               "CUDA graph) vs bf16 / fp8"),
+    "tp": ("tk_cute.bench.tp", "a tensor-parallel MLP block on 1-8 GPUs vs torch bf16 TP"),
 }
 
 

@@ -1,4 +1,5 @@
-"""NVFP4: FP4 (E2M1) elements, UE4M3 scales per 16 K elements, a float32 per-tensor scale.
+"""NVFP4: FP4 (E2M1) elements, UE4M3 scales per 16 K elements (UE5M3 on Rubin: `SCALE_FORMATS`),
+a float32 per-tensor scale.
 
 The public layer of tk_cute's NVFP4 GEMMs: the format (`format`), the tensor container
 (`tensor`), the bit-exact quantization recipe every kernel must reproduce (`quantize`, whose
@@ -26,11 +27,16 @@ from .format import (
     E2M1_VALUES,
     E4M3_MAX,
     E4M3_VALUES,
+    SCALE_FORMATS,
+    UE5M3_MAX,
+    UE5M3_VALUES,
     e2m1_decode,
     e2m1_encode_rne,
     e4m3_decode,
     e4m3_encode_rne,
     pack_fp4,
+    ue5m3_decode,
+    ue5m3_encode_rne,
     unpack_fp4,
 )
 from .gemm import Plan, gemm, plan
@@ -38,6 +44,7 @@ from .interop import FlashInferNVFP4, from_flashinfer, from_torchao, to_flashinf
 from .modules import Linear, linear, quantize_
 from .quantize import quantize, quantize_reference
 from .reference import gemm_reference, w4a16_reference
+from .shard import shard, unshard
 from .tensor import NVFP4Tensor, TransposedNVFP4, dequantize
 
 __all__ = [
@@ -49,7 +56,10 @@ __all__ = [
     "Linear",
     "NVFP4Tensor",
     "Plan",
+    "SCALE_FORMATS",
     "TransposedNVFP4",
+    "UE5M3_MAX",
+    "UE5M3_VALUES",
     "blocked_offset",
     "blocked_shape",
     "dequantize",
@@ -68,9 +78,13 @@ __all__ = [
     "quantize",
     "quantize_",
     "quantize_reference",
+    "shard",
     "to_blocked",
     "to_flashinfer",
     "to_torchao",
+    "ue5m3_decode",
+    "ue5m3_encode_rne",
     "unpack_fp4",
+    "unshard",
     "w4a16_reference",
 ]

@@ -4,6 +4,11 @@ Validates the operands against what `kernels/gemm/nvfp4_sm100.py` needs, picks i
 (`heuristics.sm100_config`), compiles once per (config, target, cluster budget) (`KernelCache`) and
 launches on the current stream. The global scales stay on the device: the kernel reads both
 0-dim fp32 tensors and multiplies in its epilogue (no `.item()`, no host sync).
+`gemm_sm100_nvfp4(a, b, global_scale)`: the same GEMM with D quantized to NVFP4 in the epilogue
+(D's decode scale given, as a 0-dim tensor the kernel reads), returned as an NVFP4Tensor whose
+`saturated` is a 0-dim int32 device flag. UE5M3 operands (``scale_format == "ue5m3"``) run on
+sm_107a only (`arch.Target.ue5m3_scales`); both operands must share one scale format (the MMA
+takes one scale type).
 
 `prepare` does everything but compile and launch; the CPU tests build the kernel from the
 arguments it produces (`compile_launch(..., keep=True)`) for each target, so the argument
@@ -24,6 +29,7 @@ from .tensor import NVFP4Tensor
 
 TARGETS = ("sm_100a", "sm_103a", "sm_107a")
 OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+NVFP4 = "nvfp4"  # out_dtype of an NVFP4 D
 _CACHE = KernelCache()
 
 
@@ -33,15 +39,19 @@ class Launch:
 
     config: object  # kernels.gemm.nvfp4_sm100.Config
     args: tuple  # compile-time arguments (with the Constexpr cluster budget)
-    out: torch.Tensor
+    out: torch.Tensor | NVFP4Tensor
 
     @property
     def key(self):
-        return self.config, self.args[11]
+        from tk_cute.kernels.gemm.nvfp4_sm100 import CLUSTERS
+
+        return self.config, self.args[CLUSTERS]
 
     def runtime_args(self, stream) -> tuple:
         """What the compiled function takes: no Constexpr, the launch stream last."""
-        return (*self.args[:11], stream)
+        from tk_cute.kernels.gemm.nvfp4_sm100 import CLUSTERS
+
+        return (*self.args[:CLUSTERS], stream)
 
 
 def device_target(device: torch.device) -> str:
@@ -57,8 +67,10 @@ def device_target(device: torch.device) -> str:
 def supports(m: int, n: int, k: int, out_dtype="bfloat16") -> bool:
     """Whether `gemm_sm100` takes an (m, n, k) NVFP4 x NVFP4 GEMM (on an sm_100a/103a/107a GPU):
     K a multiple of the configs' Kb (256), N of 8, bf16/fp16 output (a torch dtype or its
-    name)."""
+    name); or "nvfp4" output (`gemm_sm100_nvfp4`) with N a multiple of 16."""
     names = set(OUT_DTYPES.values())
+    if out_dtype == NVFP4:
+        return k % 256 == 0 and n % 16 == 0 and min(m, n, k) > 0
     out_ok = out_dtype in names if isinstance(out_dtype, str) else out_dtype in OUT_DTYPES
     return k % 256 == 0 and n % 8 == 0 and out_ok and min(m, n, k) > 0
 
@@ -72,9 +84,12 @@ def _check(a, b, out_dtype) -> None:
         if not isinstance(t, NVFP4Tensor):
             raise TypeError(f"gemm_sm100 operand {name} must be an NVFP4Tensor, got "
                             f"{type(t).__name__}")
-    if out_dtype not in OUT_DTYPES:
+    if out_dtype != NVFP4 and out_dtype not in OUT_DTYPES:
         raise TypeError(f"gemm_sm100 out_dtype must be torch.bfloat16 or torch.float16, got "
                         f"{out_dtype}")
+    if a.scale_format != b.scale_format:
+        raise ValueError(f"gemm_sm100: the block-scaled MMA takes one scale type for both "
+                         f"operands; a has {a.scale_format}, b {b.scale_format} scales")
     if a.ndim != b.ndim or a.K != b.K or (a.ndim == 3 and a.L != b.L):
         raise ValueError(f"gemm_sm100 needs (M, K) x (N, K) or (L, M, K) x (L, N, K) with one K "
                          f"and L; got a {tuple(a.shape)}, b {tuple(b.shape)}")
@@ -88,18 +103,32 @@ def _check(a, b, out_dtype) -> None:
                                  f"{x.data_ptr():#x}")
 
 
+def scale_format(fmt: str, target: str) -> str:
+    """The operands' scale format `fmt` as the kernel's `Config.sf`; ValueError where `target`
+    has no MMA for it (UE5M3: `arch.Target.ue5m3_scales`, sm_107a)."""
+    if fmt == "ue5m3" and not arch.target(target).ue5m3_scales:
+        raise ValueError(f"UE5M3 block scales need a Rubin (sm_107a) block-scaled MMA; this GPU "
+                         f"is {target} (its MMA takes UE4M3 NVFP4 scales): quantize with "
+                         f"scale_dtype='ue4m3'")
+    return fmt
+
+
 def prepare(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=None,
-            out: torch.Tensor | None = None) -> Launch:
-    """Validate, pick the config, allocate D and build the kernel arguments (no compile)."""
+            out: torch.Tensor | NVFP4Tensor | None = None, out_global_scale=None) -> Launch:
+    """Validate, pick the config, allocate D and build the kernel arguments (no compile).
+    `out_dtype` "nvfp4": D is an NVFP4Tensor with decode scale `out_global_scale` (a float32
+    0-dim tensor on the operands' device, already checked) or `out`'s."""
     from tk_cute.kernels.gemm import nvfp4_sm100 as K
 
     _check(a, b, out_dtype)
     target = device_target(a.device)
     M, N, Kdim, L = a.M, b.M, a.K, a.L or 1
-    cfg = config or heuristics.sm100_config(target, M, N, Kdim, out=OUT_DTYPES[out_dtype])
-    if cfg.arch != target or cfg.out != OUT_DTYPES[out_dtype]:
-        raise ValueError(f"config is for {cfg.arch} / {cfg.out}; the call needs {target} / "
-                         f"{OUT_DTYPES[out_dtype]}")
+    name = NVFP4 if out_dtype == NVFP4 else OUT_DTYPES[out_dtype]
+    sf = scale_format(a.scale_format, target)
+    cfg = config or heuristics.sm100_config(target, M, N, Kdim, out=name, sf=sf)
+    if cfg.arch != target or cfg.out != name or cfg.sf != sf:
+        raise ValueError(f"config is for {cfg.arch} / {cfg.out} / {cfg.sf} scales; the call "
+                         f"needs {target} / {name} / {sf}")
     if Kdim % cfg.Kb:
         raise ValueError(f"gemm_sm100 needs K % {cfg.Kb} == 0 (one pipeline stage holds "
                          f"Kb={cfg.Kb} elements of K); got K={Kdim}")
@@ -107,16 +136,47 @@ def prepare(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=Non
         raise ValueError(f"gemm_sm100 needs N % 8 == 0 (16-byte rows of D for the TMA store); "
                          f"got N={N}")
     shape = (M, N) if a.L is None else (L, M, N)
-    d = torch.empty(shape, dtype=out_dtype, device=a.device) if out is None else out
-    if d.shape != shape or d.dtype != out_dtype or not d.is_contiguous() or d.device != a.device:
-        raise ValueError(f"out must be a contiguous {shape} {out_dtype} tensor on {a.device}; "
-                         f"got {tuple(d.shape)} {d.dtype} on {d.device}")
-    addr = {"a": a.data, "b": b.data, "sfa": a.scales, "sfb": b.scales, "d": d,
-            "ga": a.global_scale, "gb": b.global_scale}
+    if name == NVFP4:
+        d = _nvfp4_out(shape, a.device, out, out_global_scale)
+        addr = {"d": d.data, "d_sf": d.scales, "d_gs": d.global_scale, "flag": d.saturated}
+    else:
+        d = torch.empty(shape, dtype=out_dtype, device=a.device) if out is None else out
+        if (d.shape != shape or d.dtype != out_dtype or not d.is_contiguous()
+                or d.device != a.device):
+            raise ValueError(f"out must be a contiguous {shape} {out_dtype} tensor on "
+                             f"{a.device}; got {tuple(d.shape)} {d.dtype} on {d.device}")
+        addr = {"d": d}
+    addr.update(a=a.data, b=b.data, sfa=a.scales, sfb=b.scales, ga=a.global_scale,
+                gb=b.global_scale)
     clusters = sm_count(a.device) // (cfg.CLUSTER_M * cfg.CLUSTER_N)
     args = K.launch_args(cfg, {k: t.data_ptr() for k, t in addr.items()}, M, N, Kdim, L,
                          clusters)
     return Launch(cfg, args, d)
+
+
+def _nvfp4_out(shape, device, out, global_scale) -> NVFP4Tensor:
+    """D as an NVFP4Tensor (codes, blocked scales: every byte, padding included, is written by
+    the kernel) with a zeroed `saturated` flag; N % 16 == 0 (16-column scale blocks)."""
+    from tk_cute.layouts.nvfp4_scales import blocked_shape
+
+    *lead, M, N = shape
+    if N % 16:
+        raise ValueError(f"NVFP4 output needs N % 16 == 0 (16-element scale blocks along D's "
+                         f"rows), got N={N}")
+    if out is None:
+        out = NVFP4Tensor.trusted(
+            torch.empty((*lead, M, N // 2), dtype=torch.uint8, device=device),
+            torch.empty(blocked_shape(M, N, *lead), dtype=torch.uint8, device=device),
+            global_scale, shape)
+    elif not isinstance(out, NVFP4Tensor) or tuple(out.shape) != tuple(shape) or (
+            out.device != device) or out.scale_format != "ue4m3":
+        raise ValueError(f"out must be a UE4M3 NVFP4Tensor of shape {tuple(shape)} on {device}, "
+                         f"got {out!r}")
+    for part in (out.data, out.scales):
+        if not part.is_contiguous():
+            raise ValueError("out's data and scales must be contiguous")
+    out.saturated = torch.zeros((), dtype=torch.int32, device=device)
+    return out
 
 
 def compile_launch(launch: Launch, keep: bool = False):
@@ -130,6 +190,36 @@ def compile_launch(launch: Launch, keep: bool = False):
     if keep:
         return build(kern, *launch.args, arch=launch.config.arch), kern
     return compile_locked(kern, *launch.args, options=f"--gpu-arch {launch.config.arch}")
+
+
+def gemm_sm100_nvfp4(a: NVFP4Tensor, b: NVFP4Tensor, global_scale: torch.Tensor, config=None,
+                     out: NVFP4Tensor | None = None) -> NVFP4Tensor:
+    """``D = gA gB (A @ B^T)`` quantized to NVFP4 in the epilogue (sm_100a / sm_103a / sm_107a):
+    per 16 columns of a D row the block amax (sm_103a / sm_107a: from the reducing TMEM load),
+    then the recipe of `tk_cute.nvfp4.quantize` with decode scale `global_scale` on the fp32
+    values fl(acc * gA gB). D never exists in fp32 or bf16 (0.5625 B written per element).
+
+    Args:
+        a, b: NVFP4Tensor (M, K) x (N, K) (or batched) on one CUDA device, one scale format.
+        global_scale: D's decode scale, a float32 0-dim tensor on that device (validated by
+            the caller: positive, finite, at least 2^-126), or None with `out`.
+        config: a `Config` with ``out="nvfp4"`` overriding `heuristics.sm100_config`.
+        out: optional UE4M3 NVFP4Tensor of D's shape whose data and scales are overwritten.
+
+    Returns:
+        D, with attribute `saturated` (0-dim int32 on the device: 1 where some block scale
+        saturated at 448, i.e. the global scale was too small for those values).
+
+    Raises:
+        ValueError: as `gemm_sm100`, and N % 16 != 0.
+    """
+    from tk_cute.runtime import stream
+
+    gs = out.global_scale if global_scale is None else global_scale
+    launch = prepare(a, b, NVFP4, config, out, gs)
+    fn = _CACHE.get(launch.key, lambda: compile_launch(launch))
+    fn(*launch.runtime_args(stream()))
+    return launch.out
 
 
 def gemm_sm100(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=None,

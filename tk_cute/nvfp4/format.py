@@ -1,4 +1,4 @@
-"""Bit-exact E2M1 (FP4) and E4M3 (FP8) encoders and decoders, and FP4 nibble packing, in torch.
+"""Bit-exact E2M1 (FP4), E4M3 (FP8) and UE5M3 encoders and decoders, and FP4 nibble packing.
 
 These are the scalar formats of NVFP4 (see ``shared/reference/nvfp4.md``). Every function here is
 exact: decoders are table lookups, encoders round with integer arithmetic on the float32 bit
@@ -21,11 +21,28 @@ Algorithm (``_round_minifloat``): for |x| with float32 exponent e, clamp e to
 is exact (power of two, no under/overflow in range), ``torch.round`` rounds half to even, and
 scaling back is exact; then clamp to the maximum. Codes follow from the rounded value's bits.
 
+UE5M3 (``FloatNV8E5M3FNU``: Rubin's wider block-scale format, sm_107a's block-scaled MMA takes
+it; CUDA 13.4 math API ``__nv_fp8_ue5m3``: "no sign, 5 exponent, 1 implicit and 3 explicit
+mantissa bits. The encoding doesn't support Infinity. NaNs are limited to 0xFF"): exponent bias
+15, so byte b is ``b * 2^-17`` for b < 8 (subnormals; 0x00 is zero) and
+``(1 + (b & 7) / 8) * 2^((b >> 3) - 15)`` above: range 2^-17 .. 114688 (0xFE = 1.75 * 2^16),
+0xFF NaN, every value a multiple of 2^-17. The bias and range were checked against the DSL's
+own semantics of the type (MLIR ``fnv8E5M3FNU`` constants: 0x01 = 2^-17, 0x08 = 2^-14, 0x78 = 1,
+0xFE = 114688, 0xFF NaN; 1.0625 -> 1.0 and 3 * 2^-18 -> 2^-16, ties to even). This library
+encodes it like E4M3: round to nearest even, saturating (114688 and beyond, +Inf: 0xFE), NaN ->
+0xFF, the sign ignored (a scale is never negative). (The DSL's own fp32 -> UE5M3 vector
+conversion rounds toward +inf, "as for UE8M0 scale factors"; the recipe here keeps RNE, as
+``cvt.rn.satfinite.ue5m3x2.f32`` on sm_107a and the CUDA math API's conversions do.)
+`SCALE_FORMATS` names the two block-scale formats and what the recipe needs of each.
+
 `round_float64` rounds float64 results (exact decodes, reference GEMMs) to an output dtype once:
 torch's float64 -> bfloat16/float16 casts go through float32 and round twice.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -38,12 +55,16 @@ E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 E4M3_NAN = 0x7F  # with or without the sign bit 0x80
 E4M3_MAX_BYTE = 0x7E  # the largest finite unsigned (UE4M3) byte: 448
+UE5M3_MAX = 114688.0  # 1.75 * 2^16
+UE5M3_MAX_BYTE = 0xFE
+UE5M3_NAN = 0xFF  # its only NaN
 F32_MIN_NORMAL = 2.0**-126
 F32_MAX = float(torch.finfo(torch.float32).max)  # (2 - 2^-23) * 2^127
 
 # (mantissa bits, minimum normal exponent, maximum exponent, maximum finite value, sign bit)
 _E2M1 = (1, 0, 2, E2M1_MAX, 0x8)
 _E4M3 = (3, -6, 8, E4M3_MAX, 0x80)
+_UE5M3 = (3, -14, 16, UE5M3_MAX, 0)  # no sign bit
 
 
 def _e4m3_table() -> list[float]:
@@ -62,6 +83,16 @@ def _e4m3_table() -> list[float]:
 
 #: float values of all 256 E4M3 (``float8_e4m3fn``) bytes; NaN at 0x7F and 0xFF.
 E4M3_VALUES: tuple[float, ...] = tuple(_e4m3_table())
+
+
+def _ue5m3_table() -> list[float]:
+    vals = [b * 2.0**-17 for b in range(8)]
+    vals += [(1 + (b & 7) / 8) * 2.0 ** ((b >> 3) - 15) for b in range(8, 255)]
+    return vals + [float("nan")]
+
+
+#: float values of all 256 UE5M3 bytes; NaN at 0xFF only.
+UE5M3_VALUES: tuple[float, ...] = tuple(_ue5m3_table())
 
 _TABLES: dict[tuple, torch.Tensor] = {}
 
@@ -170,6 +201,80 @@ def e4m3_decode(b: torch.Tensor) -> torch.Tensor:
         float32 tensor of the same shape.
     """
     return _table(E4M3_VALUES, b.device)[b.long()]
+
+
+def ue5m3_encode_rne(x: torch.Tensor) -> torch.Tensor:
+    """Encode magnitudes as UE5M3 bytes: round to nearest even, saturating at 114688 (0xFE;
+    +-Inf too). Below 2^-14 the quantum is 2^-17; magnitudes up to 2^-18 (a tie) give 0x00.
+    The sign is ignored (the format has none; the recipe's scales are never negative). NaN
+    gives 0xFF.
+
+    Args:
+        x: a floating tensor of any shape (converted to float32 first).
+
+    Returns:
+        torch.uint8 bytes of the same shape.
+    """
+    code, nan = _encode(x, _UE5M3)
+    code = torch.where(nan, torch.full_like(code, UE5M3_NAN), code)
+    return code.to(torch.uint8)
+
+
+def ue5m3_decode(b: torch.Tensor) -> torch.Tensor:
+    """Decode UE5M3 bytes (integer tensor 0..255) to float32; 0xFF gives NaN."""
+    return _table(UE5M3_VALUES, b.device)[b.long()]
+
+
+@dataclass(frozen=True)
+class ScaleFormat:
+    """A block-scale format and what the recipe (`tk_cute.nvfp4.quantize`) and the exact
+    references need of it.
+
+    Attributes:
+        name: "ue4m3" (NVFP4's, every FP4 tensor core) or "ue5m3" (Rubin's wider one).
+        max: the largest finite value (its byte `max_byte`; bytes above it are invalid:
+            UE4M3 0x7F is NaN and 0x80 up carry a sign bit, UE5M3 0xFF is NaN).
+        quantum_exp: every value is a multiple of 2^quantum_exp (the smallest subnormal).
+        floor_exp: the computed global decode scale is at least 2^floor_exp (the recipe's amax
+            floor; the quantize module docstring derives both values).
+        encode, decode: the torch encoder (RNE, satfinite) and decoder (table).
+    """
+
+    name: str
+    max: float
+    max_byte: int
+    quantum_exp: int
+    floor_exp: int
+    encode: Callable[[torch.Tensor], torch.Tensor]
+    decode: Callable[[torch.Tensor], torch.Tensor]
+
+    @property
+    def global_denom(self) -> float:
+        """6 * max: the computed global decode scale is amax / global_denom, so the largest
+        block scale lands at the top of the format (UE4M3 2688, UE5M3 688128)."""
+        return 6.0 * self.max
+
+    @property
+    def amax_floor(self) -> float:
+        """global_denom * 2^floor_exp (exact in float32)."""
+        return self.global_denom * 2.0**self.floor_exp
+
+
+SCALE_FORMATS: dict[str, ScaleFormat] = {
+    "ue4m3": ScaleFormat("ue4m3", E4M3_MAX, E4M3_MAX_BYTE, -9, -116, e4m3_encode_rne,
+                         e4m3_decode),
+    "ue5m3": ScaleFormat("ue5m3", UE5M3_MAX, UE5M3_MAX_BYTE, -17, -108, ue5m3_encode_rne,
+                         ue5m3_decode),
+}
+
+
+def scale_format(name: str) -> ScaleFormat:
+    """The `ScaleFormat` called `name`; ValueError naming the supported ones otherwise."""
+    try:
+        return SCALE_FORMATS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown block-scale format {name!r}: use one of "
+                         f"{', '.join(SCALE_FORMATS)}") from None
 
 
 def pack_fp4(codes: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,13 @@ What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
   D's rows must be 16-byte aligned for the kernels' stores: where N * element size is not, D
   is computed N-padded and copied into place (`Plan.pad_n`).
 - Blackwell / Rubin (sm_100a, sm_103a, sm_107a): W4A4 with K % 256 == 0 and N % 8 == 0, bf16 /
-  fp16 out (`kernels/gemm/nvfp4_sm100.py`, path "sm100"). Other combinations have no kernel
-  there yet and raise NotImplementedError naming the constraint.
+  fp16 out, or NVFP4 out (N % 16 == 0, quantized in the kernel's epilogue)
+  (`kernels/gemm/nvfp4_sm100.py`, path "sm100"). Other combinations have no kernel there yet
+  and raise NotImplementedError naming the constraint.
+Scale formats: UE4M3 (NVFP4) everywhere; UE5M3 operands (`NVFP4Tensor.scale_format`) on the
+Hopper paths of `heuristics.UE5M3_PATHS` (compile-checked, not yet run on a GPU) and on sm_107a
+(sm_100a / sm_103a raise ValueError); on CUDA both W4A4 operands must share one format (the
+references on CPU take any mix).
 """
 
 from __future__ import annotations
@@ -76,11 +81,23 @@ def plan(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16, *, pdl: boo
     """The `Plan` `gemm(a, b, out_dtype, pdl=pdl, path=path)` would run (validates like
     `gemm`)."""
     op = validate.gemm_operands(a, b, out_dtype, pdl=pdl)
-    return _plan(op, b.device, out_dtype, pdl, path)
+    return _plan(op, b.device, out_dtype, pdl, path, _scale_format(a, b))
+
+
+def _scale_format(a, b: NVFP4Tensor) -> str:
+    """The call's block-scale format: b's, and a's too for W4A4. On CUDA the two must agree
+    (one scale type per MMA, one decode per kernel); the CPU references take any mix."""
+    if isinstance(a, NVFP4Tensor) and a.scale_format != b.scale_format and (
+            b.device.type == "cuda"):
+        raise ValueError(f"gemm on CUDA needs one scale format for both operands; a has "
+                         f"{a.scale_format}, b {b.scale_format} scales (requantize one)")
+    return b.scale_format
 
 
 def _plan(op: validate.Operands, device: torch.device, out_dtype, pdl: bool,
-          path: str | None = None) -> Plan:
+          path: str | None = None, sf: str = "ue4m3", nvfp4_out: bool = False) -> Plan:
+    """`nvfp4_out`: D quantized to NVFP4 (`gemm_nvfp4`): the Hopper paths compute it in
+    `out_dtype` (fp32) first, the sm100 kernel in its epilogue."""
     if device.type != "cuda":
         return Plan("reference")
     from tk_cute import arch
@@ -90,38 +107,40 @@ def _plan(op: validate.Operands, device: torch.device, out_dtype, pdl: bool,
     if target.wgmma:
         from .launch import sm_count
 
-        one = _plan_hopper(op.w4a4, op.M, op.N, op.K, name, sm_count(device), pdl, path)
+        one = _plan_hopper(op.w4a4, op.M, op.N, op.K, name, sm_count(device), pdl, path, sf)
         if op.batched:
             return Plan("batches", parts=tuple((l, l + 1, one) for l in range(op.L)))
         return one
     if path not in (None, "sm100"):
         raise ValueError(f"path {path!r} is a Hopper path; {target.name} runs 'sm100'")
-    return _plan_sm100(op, target.name, name)
+    return _plan_sm100(op, target.name, "nvfp4" if nvfp4_out else name, sf)
 
 
 def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bool,
-                 force: str | None = None) -> Plan:
+                 force: str | None = None, sf: str = "ue4m3") -> Plan:
     import dataclasses
 
     if force is None:
-        path = heuristics.hopper_path(w4a4, M, N, K, out, sms)
+        path = heuristics.hopper_path(w4a4, M, N, K, out, sms, sf)
     else:
-        path = heuristics.check_hopper_path(force, w4a4, M, N, K, out)
+        path = heuristics.check_hopper_path(force, w4a4, M, N, K, out, sf)
     decode_a = w4a4 and path in ("register_a", "register_a_tiled", "rows")
     if path == "small_m":
         cfg = heuristics.small_m_config(M, N, K, w4a4, out, sms)
-        return Plan(path, dataclasses.replace(cfg, PDL=pdl))
+        return Plan(path, dataclasses.replace(cfg, PDL=pdl, sf=sf))
     if path == "register_a":
-        cfg = heuristics.register_a_config(M, N, K, out)
+        cfg = dataclasses.replace(heuristics.register_a_config(M, N, K, out), sf=sf)
         if pdl and cfg.permute == "stage":
             cfg = dataclasses.replace(cfg, PDL=True)
         return Plan(path, cfg, decode_a=decode_a)
     if path == "register_a_tiled":
-        return Plan(path, heuristics.register_a_tiled_config(M, N, out, sms), decode_a=decode_a)
+        cfg = heuristics.register_a_tiled_config(M, N, out, sms)
+        return Plan(path, dataclasses.replace(cfg, sf=sf), decode_a=decode_a)
     if path == "rows":
         step = heuristics.ROWS_MIN_M
         parts = tuple((m0, min(M, m0 + step),
-                       _plan_hopper(False, min(M, m0 + step) - m0, N, K, out, sms, pdl))
+                       _plan_hopper(False, min(M, m0 + step) - m0, N, K, out, sms, pdl,
+                                    sf=sf))
                       for m0 in range(0, M, step))
         return Plan(path, parts=parts, decode_a=decode_a)
     if path == "fused":
@@ -131,17 +150,19 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
     return Plan(path, pad_n=-(-N // per_row) * per_row if N % per_row else 0)
 
 
-def _plan_sm100(op: validate.Operands, target: str, out: str) -> Plan:
+def _plan_sm100(op: validate.Operands, target: str, out: str, sf: str = "ue4m3") -> Plan:
     from . import dispatch_sm100
 
     if not op.w4a4:
         raise NotImplementedError(f"W4A16 has no kernel on {target} yet (W4A4 runs the "
                                   f"block-scaled tcgen05 GEMM): quantize the activations")
+    dispatch_sm100.scale_format(sf, target)
     if not dispatch_sm100.supports(op.M, op.N, op.K, out):
         raise NotImplementedError(
-            f"the {target} NVFP4 GEMM needs K % 256 == 0, N % 8 == 0 and bf16/fp16 output; got "
-            f"M={op.M}, N={op.N}, K={op.K}, out_dtype={out}")
-    return Plan("sm100", heuristics.sm100_config(target, op.M, op.N, op.K, out))
+            f"the {target} NVFP4 GEMM needs K % 256 == 0, N % 8 == 0 and bf16/fp16 output (or "
+            f"NVFP4 output with N % 16 == 0); got M={op.M}, N={op.N}, K={op.K}, "
+            f"out_dtype={out}")
+    return Plan("sm100", heuristics.sm100_config(target, op.M, op.N, op.K, out, sf))
 
 
 def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
@@ -189,7 +210,7 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
     if out_dtype is None:
         out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
     op = validate.gemm_operands(a, b, out_dtype, out=out, pdl=pdl)
-    p = _plan(op, b.device, out_dtype, pdl, path)
+    p = _plan(op, b.device, out_dtype, pdl, path, _scale_format(a, b))
     if p.path == "reference":
         from .reference import gemm_reference, w4a16_reference
 
@@ -206,10 +227,14 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
 
 def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None = None,
                pdl: bool = False, path: str | None = None) -> NVFP4Tensor:
-    """D = a @ b^T quantized to NVFP4 with decode scale `global_scale`: bit for bit
-    ``quantize(gemm(a, b, torch.float32), global_scale=global_scale)``. The tiled register-A
-    path (Hopper, large M) quantizes in its epilogue (D never exists in fp32: 0.5625 instead of
-    4 bytes per element written); every other path writes fp32 D, then the quantizer runs.
+    """D = a @ b^T quantized to NVFP4 (UE4M3 scales) with decode scale `global_scale`: bit for
+    bit ``quantize(D32, global_scale=global_scale)`` of the fp32 D32 the path computes. The
+    tiled register-A path (Hopper, large M) and the Blackwell / Rubin kernel (path "sm100",
+    `dispatch_sm100.gemm_sm100_nvfp4`: D32 = fl(acc * gA gB) of its fp32 accumulators, never
+    stored) quantize in their epilogues (D never exists in fp32: 0.5625 instead of 4 bytes per
+    element written); every other Hopper path writes fp32 D = `gemm(a, b, torch.float32)`, then
+    the quantizer runs. Blackwell / Rubin has no fp32 GEMM: shapes its kernel cannot take
+    (K % 256) raise NotImplementedError there.
 
     Args:
         a, b: as `gemm` (2-D).
@@ -248,7 +273,12 @@ def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None 
     else:
         gs = check_global_scale(global_scale, b.device)
     a2 = a if op.w4a4 else a.reshape(op.M, op.K)
-    p = _plan(op, b.device, torch.float32, pdl, path)
+    p = _plan(op, b.device, torch.float32, pdl, path, _scale_format(a, b), nvfp4_out=True)
+    if p.path == "sm100":
+        from . import dispatch_sm100
+
+        return dispatch_sm100.gemm_sm100_nvfp4(a2, b, None if out is not None else gs,
+                                               config=p.config, out=out)
     if p.path == "register_a_tiled":
         from . import launch
 
@@ -319,5 +349,6 @@ def _batch(t, l: int):
     """Batch l of an operand: a tensor row, or an NVFP4Tensor view (its parts are contiguous
     per batch; the global scale is shared)."""
     if isinstance(t, NVFP4Tensor):
-        return NVFP4Tensor.trusted(t.data[l], t.scales[l], t.global_scale, t.shape[1:])
+        return NVFP4Tensor.trusted(t.data[l], t.scales[l], t.global_scale, t.shape[1:],
+                                   t.scale_format)
     return t[l] if t.dim() == 3 else t

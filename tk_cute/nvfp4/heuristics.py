@@ -19,6 +19,9 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   (any M, any K % 16, N % 8, any output dtype).
 W4A4 above W4A4_NATIVE_MAX_M decodes its activations once per call into exact bf16 (e2m1 * sf,
 a small M x K tensor) and takes the W4A16 path, its global scale folded into the output's.
+UE5M3 operands (`UE5M3_PATHS`): every path but "fused" decodes them (its shared-memory decode is
+UE4M3 only), so a shape the rules give "fused" runs "dequantize"; forcing "fused" raises.
+Blackwell / Rubin: UE5M3 runs only on sm_107a (`dispatch_sm100.scale_format` raises elsewhere).
 """
 
 from __future__ import annotations
@@ -52,10 +55,19 @@ W4A4_NATIVE_MAX_M = 8
 ROWS_MIN_M = rs.MAX_M
 ROWS_MAX_M = 160
 PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "fused", "dequantize")
+# Hopper paths whose kernels decode UE5M3 scales (a `sf` Config field, or the block dequantize)
+UE5M3_PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "dequantize")
 
 
-def hopper_path(w4a4: bool, M: int, N: int, K: int, out_dtype: str, sms: int) -> str:
-    """The path of one 2-D Hopper GEMM (module docstring); every valid shape has one."""
+def hopper_path(w4a4: bool, M: int, N: int, K: int, out_dtype: str, sms: int,
+                sf: str = "ue4m3") -> str:
+    """The path of one 2-D Hopper GEMM (module docstring); every valid shape has one (`sf`: the
+    operands' scale format)."""
+    path = _hopper_path(w4a4, M, N, K, out_dtype, sms)
+    return "dequantize" if sf != "ue4m3" and path not in UE5M3_PATHS else path
+
+
+def _hopper_path(w4a4: bool, M: int, N: int, K: int, out_dtype: str, sms: int) -> str:
     if M <= W4A4_NATIVE_MAX_M and w4a4 and gv.supports(M, N, K):
         return "small_m"
     if M < RS_MIN_M and not w4a4 and gv.supports(M, N, K):
@@ -74,8 +86,12 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, out_dtype: str, sms: int) ->
     return "dequantize"
 
 
-def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: str) -> str:
+def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: str,
+                      sf: str = "ue4m3") -> str:
     """`path` if it can run this Hopper GEMM (a forced path), else ValueError naming why."""
+    if path in PATHS and sf != "ue4m3" and path not in UE5M3_PATHS:
+        raise ValueError(f"path {path!r} decodes UE4M3 scales only; {sf} operands run on "
+                         f"{', '.join(UE5M3_PATHS)}")
     takes = {
         "small_m": gv.supports(M, N, K),
         "register_a": M <= rs.MAX_M and rs.supports(M, N, K),
@@ -190,8 +206,10 @@ def register_a_ctas(cfg: rs.Config, N: int, K: int, sms: int) -> int:
     return min(units, schedule.stream_k_aligned_ctas(units, K // rs.STAGE_K, sms))
 
 
-def sm100_config(arch: str, m: int, n: int, k: int, out: str = "bfloat16"):
-    """The `kernels.gemm.nvfp4_sm100.Config` for a GEMM shape (docs/rubin.md has the table).
+def sm100_config(arch: str, m: int, n: int, k: int, out: str = "bfloat16", sf: str = "ue4m3"):
+    """The `kernels.gemm.nvfp4_sm100.Config` for a GEMM shape (docs/rubin.md has the table);
+    `out` D's type ("nvfp4": quantized in the epilogue), `sf` the operands' scale format
+    (UE5M3: sm_107a only, Config raises elsewhere).
 
     Rubin with enough pair tiles to fill the GPU: Mb = 512 (two 256x256 accumulators sharing B,
     576 exclusive columns), pairs multicasting A along N; otherwise Mb = 256 with a
@@ -214,7 +232,7 @@ def sm100_config(arch: str, m: int, n: int, k: int, out: str = "bfloat16"):
     cn = base.setdefault("CLUSTER_N", 1)
     clusters = -(-m // base["Mb"]) * -(-n // (base["Nb"] * cn))  # CLUSTER_M = 2: one pair
     waves = clusters > (t.sm_count or 148) // (2 * cn)
-    base.update(out=out, scheduler=schedule.CLC if waves else schedule.STATIC)
+    base.update(out=out, sf=sf, scheduler=schedule.CLC if waves else schedule.STATIC)
     for depth in range(8, 1, -1):
         try:
             return Config(arch=arch, LOAD_PIPE_DEPTH=depth, **base)

@@ -122,6 +122,7 @@ def to_torchao(q: NVFP4Tensor, *, orig_dtype: torch.dtype = torch.bfloat16,
 
     if not isinstance(q, NVFP4Tensor):
         raise TypeError(f"to_torchao takes an NVFP4Tensor, got {type(q).__name__}")
+    _ue4m3_only(q, "torchao")
     lead = q.shape[:-2]
     if swizzled:
         if lead and q.M % 128:
@@ -133,6 +134,12 @@ def to_torchao(q: NVFP4Tensor, *, orig_dtype: torch.dtype = torch.bfloat16,
         scale = q.scales_logical().view(torch.float8_e4m3fn)
     return TorchaoNVFP4(q.data, scale, SF_VEC, orig_dtype, per_tensor_scale=q.global_scale,
                         is_swizzled_scales=swizzled)
+
+
+def _ue4m3_only(q: NVFP4Tensor, who: str) -> None:
+    if q.scale_format != "ue4m3":
+        raise ValueError(f"{who}'s NVFP4 form has UE4M3 scales; this tensor's are "
+                         f"{q.scale_format}")
 
 
 # ---------------------------------------------------------------- FlashInfer
@@ -164,6 +171,7 @@ def to_flashinfer(q: NVFP4Tensor, *, is_sf_swizzled_layout: bool = True) -> Flas
     device)."""
     if not isinstance(q, NVFP4Tensor):
         raise TypeError(f"to_flashinfer takes an NVFP4Tensor, got {type(q).__name__}")
+    _ue4m3_only(q, "FlashInfer")
     scales = q.scales.reshape(-1) if is_sf_swizzled_layout else q.scales_logical()
     dec = q.global_scale.reshape(1)
     enc = torch.div(torch.ones_like(dec), dec)

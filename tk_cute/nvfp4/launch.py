@@ -149,8 +149,11 @@ def register_a_tiled_nvfp4(a: torch.Tensor, b: NVFP4Tensor, cfg: rst.Config,
 
 
 def fused(a, b: NVFP4Tensor, out: torch.Tensor, config: sm90.Config | None = None):
-    """The large-M kernel decoding in shared memory (M % 128, N % 256, K % 64)."""
+    """The large-M kernel decoding in shared memory (M % 128, N % 256, K % 64; UE4M3 scales)."""
     w4a4 = isinstance(a, NVFP4Tensor)
+    if any(isinstance(t, NVFP4Tensor) and t.scale_format != "ue4m3" for t in (a, b)):
+        raise ValueError("the fused Hopper kernel decodes UE4M3 scales only (heuristics."
+                         "UE5M3_PATHS lists the paths that take UE5M3)")
     config = dataclasses.replace(config or sm90.Config(), a_format="nvfp4" if w4a4 else "bf16",
                                  out_dtype=str(out.dtype).removeprefix("torch."))
     kernel = _fused_kernel(config)
@@ -185,8 +188,9 @@ def dequantize(a, b: NVFP4Tensor, out: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_blocks(q: NVFP4Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """e2m1 * ue4m3 of a 2-D CUDA NVFP4Tensor as a bf16 (M, K) tensor (global scale NOT
-    applied: the product is exact in bf16, times the fp32 scale it would not be)."""
+    """e2m1 * sf of a 2-D CUDA NVFP4Tensor as a bf16 (M, K) tensor, sf its UE4M3 or UE5M3
+    scale (global scale NOT applied: the product is exact in bf16, times the fp32 scale it
+    would not be). UE5M3: compile-checked, not yet run on a GPU."""
     from tk_cute.kernels import nvfp4_dequantize as dq
 
     M, K = q.shape
@@ -198,7 +202,12 @@ def dequantize_blocks(q: NVFP4Tensor, out: torch.Tensor | None = None) -> torch.
     import cutlass
 
     args.append(cutlass.Int32(K // 8))
-    fn = _DEQUANTIZE.get("bf16", lambda: compile_locked(dq._dequantize, *args, stream()))
+    fmt = q.scale_format
+    if fmt == "ue4m3":  # (the UE4M3 build takes no format argument: its cache entry as before)
+        fn = _DEQUANTIZE.get("bf16", lambda: compile_locked(dq._dequantize, *args, stream()))
+    else:
+        fn = _DEQUANTIZE.get(("bf16", fmt),
+                             lambda: compile_locked(dq._dequantize, *args, stream(), fmt))
     fn(*args, stream())
     return out
 
@@ -317,6 +326,10 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: gv.Config | None = N
         cfg = heuristics.small_m_config(op.M, op.N, op.K, op.w4a4, name, sm_count(b.device))
     else:
         cfg = dataclasses.replace(config, w4a4=op.w4a4, out_dtype=name)
+    cfg = dataclasses.replace(cfg, sf=b.scale_format)
+    if op.w4a4 and a.scale_format != b.scale_format:
+        raise ValueError(f"gemm_small_m decodes one scale format; a has {a.scale_format}, b "
+                         f"{b.scale_format}")
     if splits is not None:
         cfg = dataclasses.replace(cfg, S=splits)
     if pdl:
@@ -358,6 +371,7 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
         config = heuristics.register_a_config(op.M, op.N, op.K, name)
     else:
         config = dataclasses.replace(config, out_dtype=name)
+    config = dataclasses.replace(config, sf=b.scale_format)
     if pdl and config.permute == "stage":
         config = dataclasses.replace(config, PDL=True)
     rs.check_shape(config, op.M, op.N, op.K)
@@ -387,5 +401,6 @@ def gemm_rs_tiled(a, b, out_dtype=None, *, out=None, config: rst.Config | None =
         config = heuristics.register_a_tiled_config(op.M, op.N, name, sm_count(b.device))
     else:
         config = dataclasses.replace(config, out_dtype=name)
+    config = dataclasses.replace(config, sf=b.scale_format)
     out = output(out, (op.M, op.N), out_dtype, b.device, "gemm_rs_tiled")
     return register_a_tiled(a, b, out, config)

@@ -114,6 +114,7 @@ class Linear(nn.Module):
         if not isinstance(weight, NVFP4Tensor) or weight.ndim != 2:
             raise TypeError(f"Linear.from_nvfp4 takes a 2-D NVFP4Tensor, got "
                             f"{getattr(weight, 'shape', type(weight).__name__)}")
+        _ue4m3_parts(weight, "Linear.from_nvfp4")
         N, K = weight.shape
         dtype = bias.dtype if bias is not None else torch.bfloat16
         mod = cls(K, N, bias is not None, activations=activations, device="meta", dtype=dtype)
@@ -228,6 +229,15 @@ def quantize_(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] | No
     return model
 
 
+def _ue4m3_parts(q: NVFP4Tensor, who: str) -> None:
+    """The torch ops (`ops`) carry an NVFP4Tensor as its three parts, which say nothing of the
+    scale format: only UE4M3 tensors may take that route."""
+    if q.scale_format != "ue4m3":
+        raise NotImplementedError(f"{who}: the torch custom ops carry UE4M3 NVFP4 tensors only; "
+                                  f"this one has {q.scale_format} scales (call "
+                                  f"tk_cute.nvfp4.gemm directly)")
+
+
 def linear(x, w: NVFP4Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ w^T (+ bias)`` as ``F.linear``: W4A16 for a bfloat16 tensor x (..., K), W4A4 for
     an NVFP4Tensor x (M, K) (output bfloat16). Runs the custom ops (`tk_cute.nvfp4.ops`)."""
@@ -235,6 +245,9 @@ def linear(x, w: NVFP4Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         raise TypeError(f"nvfp4 linear: the weight must be an NVFP4Tensor, got "
                         f"{type(w).__name__}")
     _no_grad_input(x, "F.linear with an NVFP4 weight")
+    _ue4m3_parts(w, "nvfp4 linear")
+    if isinstance(x, NVFP4Tensor):
+        _ue4m3_parts(x, "nvfp4 linear")
     wp = (w.data, w.scales, w.global_scale)
     if isinstance(x, NVFP4Tensor):
         y = torch.ops.tk_cute.nvfp4_gemm(x.data, x.scales, x.global_scale, *wp, torch.bfloat16)

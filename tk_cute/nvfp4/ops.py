@@ -14,12 +14,13 @@ Registered when ``tk_cute.nvfp4`` is imported (namespace ``tk_cute``):
 - ``torch.ops.tk_cute.gemm(a, b, out_dtype) -> C``: `tk_cute.gemm` (Hopper CUDA tensors).
 
 The ops take the NVFP4 parts as tensors; every logical shape follows from the data's shape
-(``K = 2 * data.shape[-1]``), so no shape ints are passed. The parts are checked for dtype,
-shape and device (no value is read: reading a CUDA tensor would sync the host), so the ops
-trust the VALUES of their parts (as `NVFP4Tensor.trusted` does): pass parts of an NVFP4Tensor
-built by `quantize` or by the checking constructor. Accepted part forms are those of the
-NVFP4Tensor constructor (float4_e2m1fn_x2 data, float8_e4m3fn scales, flat 1-D blocked scales,
-a (1,) global scale).
+(``K = 2 * data.shape[-1]``), so no shape ints are passed. The parts carry no scale format:
+the ops take UE4M3 NVFP4 tensors only (`modules` refuses UE5M3 ones before calling them). The
+parts are checked for dtype, shape and device (no value is read: reading a CUDA tensor would
+sync the host), so the ops trust the VALUES of their parts (as `NVFP4Tensor.trusted` does):
+pass parts of an NVFP4Tensor built by `quantize` or by the checking constructor. Accepted part
+forms are those of the NVFP4Tensor constructor (float4_e2m1fn_x2 data, float8_e4m3fn scales,
+flat 1-D blocked scales, a (1,) global scale).
 
 Host syncs: none in `nvfp4_quantize` with ``check_finite=False`` (the default here, unlike
 `quantize`) and no given global scale, nor in `nvfp4_gemm` or `gemm` (kernels are compiled and

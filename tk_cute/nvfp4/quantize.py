@@ -33,6 +33,23 @@ no reciprocal-multiply in place of a division, no flush-to-zero of subnormals:
 ``AMAX_FLOOR = 2688 * 2^-116 = 21 * 2^-109`` (float32 bits 0x0B280000, ~3.2356e-32). Constants 6,
 2688, 2^-126 (0x00800000) and AMAX_FLOOR are exact float32 values.
 
+UE5M3 scales (``scale_dtype="ue5m3"``; the format: `format` module docstring, range 2^-17 ..
+114688 in steps of 2^-17 below 2^-14, RNE satfinite). The same recipe with the format's numbers
+in place of UE4M3's: 448 -> 114688, so the global denominator is 6 * 114688 = 688128 (= 21 *
+2^15) and the largest block scale lands at the top of the wider range; step 4's zero threshold
+is t <= 2^-18 (half the quantum 2^-17); the amax floor is 688128 * 2^-108 (= 21 * 2^-93), so
+``s_dec_g >= 2^-108``. Every step of the scale-invariance argument below carries over with these
+numbers: a nonzero sf is >= 2^-17, so d >= 2^-17 * 2^-108 = 2^-125 (normal; the 2^-126 floor on
+d binds only for a given scale below 2^-109), and a block whose ``blk_amax / 6`` is subnormal
+has ``t <= fl(2^-126 * 2^108) = 2^-18``, the zero tie. Finite decodes hold for
+``s_dec_g <= F32_MAX / 688128``. Is the fp32 global scale still needed? Yes, as for UE4M3: the
+block scales span 2^-17 .. 2^16.8 (2^34 instead of 2^18 for UE4M3), far less than float32's
+range, so the per-tensor scale still places a tensor's amax at the top of the block scales; what
+UE5M3 buys is 16 more octaves of block amaxes below the tensor's amax that keep a nonzero scale
+(blocks down to about amax * 2^-34 instead of amax * 2^-18), and tensors whose block amaxes lie
+in [6 * 2^-17, 688128] can use a global scale of 1.0. The CUDA quantizer does UE4M3 only (a
+UE5M3 quantize of a CUDA tensor raises NotImplementedError); CPU tensors run this reference.
+
 Scale invariance (computed global scale). If ``x' = 2^j * x`` holds exactly element by element
 and both ``amax(x)`` and ``amax(x')`` lie in ``[AMAX_FLOOR, F32_MAX]``, then x and x' get the same
 data and scale bytes and ``s_dec_g' = 2^j * s_dec_g`` exactly. Every rounded quantity is either a
@@ -69,12 +86,13 @@ import torch
 
 from tk_cute.layouts.nvfp4_scales import to_blocked
 
-from .format import F32_MIN_NORMAL, e2m1_encode_rne, e4m3_decode, e4m3_encode_rne, pack_fp4
+from .format import F32_MIN_NORMAL, ScaleFormat, e2m1_encode_rne, pack_fp4, scale_format
 from .tensor import SF_VEC, NVFP4Tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GLOBAL_DENOM = 2688.0  # 448 (E4M3 max) * 6 (E2M1 max)
 AMAX_FLOOR = GLOBAL_DENOM * 2.0**-116  # s_dec_g >= 2^-116: see the scale-invariance proof
+# UE5M3: format.SCALE_FORMATS["ue5m3"].global_denom (688128) and .amax_floor (688128 * 2^-108)
 _FLT_MIN = F32_MIN_NORMAL  # the floor of a block's decode scale, and of a given global scale
 
 
@@ -152,8 +170,11 @@ def check_global_scale(global_scale, device) -> torch.Tensor:
     return gs
 
 
-def _quantize_reference(x: torch.Tensor, s_dec_g: torch.Tensor | None) -> NVFP4Tensor:
-    """The recipe of the module docstring on validated input (`s_dec_g`: 0-dim float32 or None)."""
+def _quantize_reference(x: torch.Tensor, s_dec_g: torch.Tensor | None,
+                        fmt: ScaleFormat | None = None) -> NVFP4Tensor:
+    """The recipe of the module docstring on validated input (`s_dec_g`: 0-dim float32 or None;
+    `fmt`: the block-scale format, default UE4M3)."""
+    fmt = fmt or scale_format("ue4m3")
     dev = x.device
 
     def f32(v: float) -> torch.Tensor:
@@ -164,7 +185,7 @@ def _quantize_reference(x: torch.Tensor, s_dec_g: torch.Tensor | None) -> NVFP4T
     xf = x.to(torch.float32)
     if s_dec_g is None:
         amax = xf.abs().amax()
-        s_dec_g = torch.div(torch.maximum(amax, f32(AMAX_FLOOR)), f32(GLOBAL_DENOM))
+        s_dec_g = torch.div(torch.maximum(amax, f32(fmt.amax_floor)), f32(fmt.global_denom))
     s_enc_g = torch.div(f32(1.0), s_dec_g)
 
     *lead, M, K = x.shape
@@ -172,40 +193,44 @@ def _quantize_reference(x: torch.Tensor, s_dec_g: torch.Tensor | None) -> NVFP4T
     blk_amax = blocks.abs().amax(dim=-1)
     t = torch.div(blk_amax, f32(6.0))
     t = torch.mul(t, s_enc_g)
-    sf = e4m3_encode_rne(t)  # uint8 (..., M, K // 16)
+    sf = fmt.encode(t)  # uint8 (..., M, K // 16)
 
-    d = torch.mul(e4m3_decode(sf), s_dec_g)
+    d = torch.mul(fmt.decode(sf), s_dec_g)
     d = torch.maximum(d, f32(_FLT_MIN))
     s_enc = torch.where(sf == 0, f32(0.0), torch.div(f32(1.0), d))
     y = torch.mul(blocks, s_enc.unsqueeze(-1))
     codes = e2m1_encode_rne(y).reshape(*lead, M, K)
 
-    # Valid by construction (shapes from x, sf <= 0x7E, s_dec_g checked or computed): the
-    # constructor's value checks would read CUDA tensors back.
+    # Valid by construction (shapes from x, sf <= the format's largest byte, s_dec_g checked
+    # or computed): the constructor's value checks would read CUDA tensors back.
     return NVFP4Tensor.trusted(pack_fp4(codes), to_blocked(sf), s_dec_g.reshape(()).clone(),
-                               x.shape)
+                               x.shape, fmt.name)
 
 
-def quantize_reference(x: torch.Tensor, *, global_scale=None) -> NVFP4Tensor:
+def quantize_reference(x: torch.Tensor, *, global_scale=None,
+                       scale_dtype: str = "ue4m3") -> NVFP4Tensor:
     """Quantize with the reference recipe (vectorised torch; CPU or CUDA).
 
     Args:
         x: (M, K) or (L, M, K) float32/bfloat16/float16 tensor, K a multiple of 16, finite.
         global_scale: optional per-tensor DECODE scale (float or one-element tensor); default
-            ``max(amax, AMAX_FLOOR) / 2688``.
+            ``max(amax, AMAX_FLOOR) / 2688`` (UE5M3: the module docstring's numbers).
+        scale_dtype: the block-scale format, "ue4m3" (NVFP4) or "ue5m3".
 
     Returns:
         The NVFP4Tensor, on x's device.
 
     Raises:
-        TypeError, ValueError: see `_check_quantize_input`.
+        TypeError, ValueError: see `_check_quantize_input`; an unknown scale_dtype.
     """
+    fmt = scale_format(scale_dtype)
     if isinstance(x, torch.Tensor):
         x = x.detach()  # the result must not keep x's autograd graph (nor a copy of |x|) alive
-    return _quantize_reference(x, _check_quantize_input(x, global_scale))
+    return _quantize_reference(x, _check_quantize_input(x, global_scale), fmt)
 
 
-def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True) -> NVFP4Tensor:
+def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True,
+             scale_dtype: str = "ue4m3") -> NVFP4Tensor:
     """Quantize x to NVFP4 (the public entry point; kernels plug in here).
 
     Bit-exact with `quantize_reference` on every device (the module docstring is the contract).
@@ -213,7 +238,8 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True) -
     Args:
         x: (M, K) or (L, M, K) float32/bfloat16/float16 tensor on CPU or CUDA; K a multiple of
             16; no NaN/Inf.
-        global_scale: optional per-tensor DECODE scale; default ``max(amax, AMAX_FLOOR) / 2688``.
+        global_scale: optional per-tensor DECODE scale; default ``max(amax, AMAX_FLOOR) / 2688``
+            (UE5M3: ``max(amax, 688128 * 2^-108) / 688128``).
         check_finite: CUDA tensors run the kernels of ``tk_cute.kernels.nvfp4_quantize``
             (launched by `tk_cute.nvfp4.launch.quantize`), which
             detect NaN/Inf on the device (a non-finite global scale from the amax pass, or a
@@ -222,19 +248,28 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True) -
             reads it: one more sync.) False skips the sync and never raises: finite inputs give
             the same bytes, blocks holding NaN/Inf get unspecified bytes and, without a given
             global scale, so does every block (amax is non-finite). CPU tensors always check.
+        scale_dtype: the block-scale format: "ue4m3" (NVFP4, default) or "ue5m3" (Rubin's
+            5-exponent-bit scales; the tensor's `scale_format`). CPU tensors only for now.
 
     Returns:
         An NVFP4Tensor on x's device.
 
     Raises:
-        TypeError, ValueError: see `_check_quantize_input`.
+        TypeError, ValueError: see `_check_quantize_input`; an unknown scale_dtype.
+        NotImplementedError: scale_dtype "ue5m3" on a CUDA tensor (the CUDA quantizer encodes
+            UE4M3 only; quantize on the CPU and move the tensor, `NVFP4Tensor.to`).
     """
+    fmt = scale_format(scale_dtype)
     if isinstance(x, torch.Tensor):
         x = x.detach()  # the result must not keep x's autograd graph (nor a copy of |x|) alive
     if isinstance(x, torch.Tensor) and x.is_cuda:
+        if fmt.name != "ue4m3":
+            raise NotImplementedError(
+                f"quantize(scale_dtype={fmt.name!r}) has no CUDA kernel yet (the CUDA quantizer "
+                f"writes UE4M3 scales): quantize x.cpu() and move the result with .to(device)")
         from .launch import quantize as quantize_cuda
 
         gs = _check_quantize_input(x, global_scale, finite=False)
         return quantize_cuda(x, gs, check_finite=check_finite)
     gs = _check_quantize_input(x, global_scale)
-    return _quantize_reference(x, gs)
+    return _quantize_reference(x, gs, fmt)

@@ -3,17 +3,20 @@
 Three parts, each already in its global-memory layout so a kernel can take the tensors as is:
 
 * ``data``: torch.uint8 (..., M, K // 2), two E2M1 codes per byte, element 2i in the LOW nibble.
-* ``scales``: torch.uint8 UE4M3 bytes in the 128x4 blocked layout, (RM, RK, 512) or
+* ``scales``: torch.uint8 block-scale bytes in the 128x4 blocked layout, (RM, RK, 512) or
   (L, RM, RK, 512) (see ``tk_cute.layouts.nvfp4_scales``); padding bytes are zero.
 * ``global_scale``: float32 0-dim tensor, the per-tensor DECODE scale (one for all L batches).
+* ``scale_format``: what the scale bytes are (`format.SCALE_FORMATS`): "ue4m3" (NVFP4, the
+  default) or "ue5m3" (Rubin's 5-exponent-bit scales, same blocked layout).
 
-The value represented is ``e2m1(data) * ue4m3(scale of its 16-element block) * global_scale``.
+The value represented is ``e2m1(data) * sf(scale of its 16-element block) * global_scale``.
 The public constructor checks shapes, dtypes and devices, and the VALUES that would decode to NaN
 or to a sign-flipped scale: a global scale that is not finite or below 2^-126 (float32's smallest
-normal, the bound `quantize` puts on a given scale), and scale bytes above 0x7E (0x7F is NaN,
-0x80 and up have the sign bit of an unsigned format set), padding included (a tensor core
-multiplies padding scales into zero data, and NaN * 0 is NaN). Reading the values syncs a CUDA
-device once; kernels and views, whose parts are valid by construction, use `NVFP4Tensor.trusted`.
+normal, the bound `quantize` puts on a given scale), and scale bytes above the format's largest
+finite byte (UE4M3: above 0x7E: 0x7F is NaN, 0x80 and up have the sign bit of an unsigned format
+set; UE5M3: 0xFF, its only NaN), padding included (a tensor core multiplies padding scales into
+zero data, and NaN * 0 is NaN). Reading the values syncs a CUDA device once; kernels and views,
+whose parts are valid by construction, use `NVFP4Tensor.trusted`.
 
 Other forms of the parts the constructor accepts (normalized once, `normalize_parts`; the stored
 parts are always the forms above): ``torch.float4_e2m1fn_x2`` data and ``torch.float8_e4m3fn``
@@ -43,11 +46,10 @@ import torch
 from tk_cute.layouts.nvfp4_scales import blocked_shape, from_blocked
 
 from .format import (
-    E4M3_MAX_BYTE,
     F32_MIN_NORMAL,
     e2m1_decode,
-    e4m3_decode,
     round_float64,
+    scale_format,
     unpack_fp4,
 )
 
@@ -60,19 +62,22 @@ class NVFP4Tensor:
 
     Attributes:
         data: torch.uint8, (..., M, K // 2) packed E2M1 codes (low nibble = even element).
-        scales: torch.uint8, (RM, RK, 512) or (L, RM, RK, 512), blocked UE4M3 block scales.
+        scales: torch.uint8, (RM, RK, 512) or (L, RM, RK, 512), blocked block scales.
         global_scale: torch.float32 0-dim tensor, the per-tensor decode scale.
         shape: torch.Size, the logical (M, K) or (L, M, K).
+        scale_format: "ue4m3" (default) or "ue5m3": how the scale bytes decode.
     """
 
     data: torch.Tensor
     scales: torch.Tensor
     global_scale: torch.Tensor
     shape: torch.Size
+    scale_format: str = "ue4m3"
 
     def __post_init__(self) -> None:
+        self.scale_format = scale_format(self.scale_format).name
         self.data, self.scales, self.global_scale, self.shape = normalize_parts(
-            self.data, self.scales, self.global_scale, self.shape)
+            self.data, self.scales, self.global_scale, self.shape, self.scale_format)
         if self.global_scale.device.type != "meta":  # meta tensors (shape-only planning)
             self._check_values()
 
@@ -85,10 +90,12 @@ class NVFP4Tensor:
                 f"NVFP4Tensor.global_scale (the decode scale) must be positive, finite and at "
                 f"least 2**-126 (float32's smallest normal, as quantize requires), got {value!r}"
             )
-        bad = self.scales > E4M3_MAX_BYTE
+        fmt = scale_format(self.scale_format)
+        bad = self.scales > fmt.max_byte
         if not bool(bad.any()):
             return
-        what = "UE4M3 bytes 0x00..0x7E (0x7F is NaN; bytes >= 0x80 set the sign bit)"
+        what = ("UE4M3 bytes 0x00..0x7E (0x7F is NaN; bytes >= 0x80 set the sign bit)"
+                if fmt.name == "ue4m3" else "UE5M3 bytes 0x00..0xFE (0xFF is its NaN)")
         logical = from_blocked(bad, self.M, self.K)  # (..., M, K // 16), padding dropped
         if bool(logical.any()):
             pos = tuple(int(i) for i in logical.nonzero()[0])
@@ -104,12 +111,13 @@ class NVFP4Tensor:
         raise ValueError(f"NVFP4Tensor.scales must hold {what}, got 0x{byte:02X} at {where}")
 
     @classmethod
-    def trusted(cls, data, scales, global_scale, shape) -> "NVFP4Tensor":
+    def trusted(cls, data, scales, global_scale, shape,
+                scale_format: str = "ue4m3") -> "NVFP4Tensor":
         """A tensor from parts a kernel or a view of a valid tensor produced (no checks: they
         cost ~13 us of host time, and reading a CUDA global scale would sync)."""
         out = cls.__new__(cls)
         out.__dict__.update(data=data, scales=scales, global_scale=global_scale,
-                            shape=torch.Size(shape))
+                            shape=torch.Size(shape), scale_format=scale_format)
         return out
 
     @property
@@ -142,7 +150,7 @@ class NVFP4Tensor:
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         # The parts were checked (or trusted) already: moving them changes no value.
         return NVFP4Tensor.trusted(move(self.data), move(self.scales), move(self.global_scale),
-                                   self.shape)
+                                   self.shape, self.scale_format)
 
     def cpu(self) -> NVFP4Tensor:
         """A copy in host memory (the same object if already there)."""
@@ -164,7 +172,11 @@ class NVFP4Tensor:
 
     @property
     def scales_e4m3(self) -> torch.Tensor:
-        """`scales` viewed as ``torch.float8_e4m3fn`` (the same blocked bytes and shape)."""
+        """`scales` viewed as ``torch.float8_e4m3fn`` (the same blocked bytes and shape); UE4M3
+        tensors only (torch has no UE5M3 dtype: TypeError)."""
+        if self.scale_format != "ue4m3":
+            raise TypeError(f"scales_e4m3 views UE4M3 scales; this tensor's are "
+                            f"{self.scale_format} (use .scales, uint8)")
         return self.scales.view(torch.float8_e4m3fn)
 
     def t(self) -> TransposedNVFP4:
@@ -203,9 +215,10 @@ class NVFP4Tensor:
         return dequantize(self, dtype)
 
     def __repr__(self) -> str:
+        fmt = "" if self.scale_format == "ue4m3" else f", scale_format={self.scale_format!r}"
         return (
             f"NVFP4Tensor(shape={tuple(self.shape)}, device={self.device}, "
-            f"global_scale={float(self.global_scale):.9g})"
+            f"global_scale={float(self.global_scale):.9g}{fmt})"
         )
 
 
@@ -255,9 +268,10 @@ def _bytes(t, name: str, alt: torch.dtype) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype == alt else t  # the same bytes, element size 1
 
 
-def normalize_parts(data, scales, global_scale, shape):
+def normalize_parts(data, scales, global_scale, shape, scale_format: str = "ue4m3"):
     """The parts in their stored forms (module docstring: the accepted alternatives are viewed
     or reshaped, never converted), checked for dtype, shape and device; values are not read.
+    float8_e4m3fn scales are accepted for the "ue4m3" format only.
 
     Returns:
         (data, scales, global_scale, shape) with ``shape`` a torch.Size.
@@ -274,6 +288,10 @@ def normalize_parts(data, scales, global_scale, shape):
     if M < 1 or K < 1 or K % SF_VEC:
         raise ValueError(f"NVFP4Tensor needs M >= 1 and K a multiple of 16, got {shape}")
     data = _bytes(data, "data", torch.float4_e2m1fn_x2)
+    if scale_format != "ue4m3" and isinstance(scales, torch.Tensor) and (
+            scales.dtype == torch.float8_e4m3fn):
+        raise ValueError(f"NVFP4Tensor.scales of format {scale_format} must be uint8 bytes, got "
+                         f"float8_e4m3fn (UE4M3)")
     scales = _bytes(scales, "scales", torch.float8_e4m3fn)
     if not isinstance(global_scale, torch.Tensor):
         raise TypeError(f"NVFP4Tensor.global_scale must be a torch.Tensor, got "
@@ -305,9 +323,10 @@ def normalize_parts(data, scales, global_scale, shape):
 
 
 def dequantize(q: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Decode an NVFP4Tensor: ``e2m1(code) * ue4m3(block scale) * global_scale``.
+    """Decode an NVFP4Tensor: ``e2m1(code) * sf(block scale) * global_scale``, sf its format's
+    value (UE4M3 or UE5M3).
 
-    The product is formed exactly in float64 (e2m1 * ue4m3 has at most 6 significant bits, times
+    The product is formed exactly in float64 (e2m1 * sf has at most 6 significant bits, times
     a float32 global scale at most 30 bits) and rounded once to `dtype` by
     `format.round_float64` (not torch's float64 -> bfloat16/float16 cast, which rounds twice).
     float32 results are the correctly rounded fp32 product ``fl32(e2m1 * sf * g)``, identical to
@@ -320,7 +339,8 @@ def dequantize(q: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tens
     (``fl(amax / 2688) <= fl(F32_MAX / 2688)``). A larger global scale, only possible when given
     to `quantize` or to the constructor, can decode finite inputs to +-inf in float32 (codes
     +-6 with scale 448 already do at the next float32 above the bound). bfloat16 and float16
-    results are +-inf wherever the value rounds past their largest finite value.
+    results are +-inf wherever the value rounds past their largest finite value. UE5M3: the
+    same with 6 * 114688 = 688128 in place of 2688 (bound F32_MAX / 688128).
 
     Args:
         q: the tensor to decode.
@@ -334,6 +354,6 @@ def dequantize(q: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tens
     if not dtype.is_floating_point:
         raise TypeError(f"dequantize dtype must be a floating dtype, got {dtype}")
     vals = e2m1_decode(unpack_fp4(q.data)).to(torch.float64)
-    sf = e4m3_decode(q.scales_logical()).to(torch.float64)
+    sf = scale_format(q.scale_format).decode(q.scales_logical()).to(torch.float64)
     block_scale = sf.repeat_interleave(SF_VEC, dim=-1) * q.global_scale.to(torch.float64)
     return round_float64(vals * block_scale, dtype)

@@ -10,6 +10,13 @@ Blackwell/Rubin), and `tests/tk_cute/ops/test_epilogue.py` checks it on the H200
 `consumer::finish`: `load_async` EPI_N columns (`tcgen05.ld`, `tt` -> registers), then
 `store_block`: scale, convert, `stmatrix` into one of EPI_PIPE_DEPTH shared buffers (an `st` of
 128 x EPI_N), TMA store (`tma.store_async` to the `gl`) while the next block is written.
+
+`TmemQuantize`: the same accumulator blocks for an NVFP4 D (`tmem_quantize`): one tcgen05.ld
+atom per 16 columns (one NVFP4 block of a D row: thread t of the 4 epilogue warps holds TMEM
+lane t, i.e. row t of the 128, and columns c = register index), and where the target has it
+(`arch.Target.tmem_load_reduce`: sm_103a, sm_107a) the reducing form `tcgen05.ld.red ... max.abs`
+that returns each block's max |acc| with its values (`load_amax_async`, `block_amax`); elsewhere
+a register max. The recipe per block is `ops.nvfp4.quantize_block16`.
 """
 
 from __future__ import annotations
@@ -22,8 +29,10 @@ import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import tcgen05
 from cutlass.tensor_utils import LayoutEnum
 
+from tk_cute.ops import memory
+from tk_cute.ops import nvfp4 as fp4
 from tk_cute.ops import tma
-from tk_cute.ops.tcgen05 import tmem_load_atom
+from tk_cute.ops.tcgen05 import tmem_load_atom, tmem_load_red_atom
 from tk_cute.types.gl import coord, gl
 from tk_cute.types.st import st
 
@@ -90,3 +99,73 @@ def store_block(e: TmemStore, alpha, buf, dst: gl, at: coord, bar, store_warp: i
         tma.store_commit_group()
         tma.store_async_read_wait(depth - 1)
     bar()
+
+
+NVFP4_BLOCK = 16  # D columns per NVFP4 scale
+
+
+class TmemQuantize(NamedTuple):
+    """Partitions of one CTA's NVFP4-output epilogue (see `tmem_quantize`)."""
+
+    t2r: object  # tcgen05.ld (.red ... max.abs where reducing) tiled copy, 16 columns an atom
+    tmem: object  # (.., 1, Nb/EPI_N, m half, acc stage) accumulator blocks, this thread
+    acc: object  # fp32 registers of one EPI_N block: register c is column c of this thread's row
+    amax: object  # max |acc| per 16 columns from the reducing load, or None (register max)
+    coords: object  # (row, column) in the 128 x EPI_N block of each register (identity tensor)
+
+
+def tmem_quantize(tCtAcc, epi_tile, tidx, reduce: bool) -> TmemQuantize:
+    """Partition accumulators `tCtAcc` (MMA, m half, 1, acc stage) into `epi_tile` (128 x EPI_N,
+    EPI_N a multiple of 16) blocks read 16 columns per tcgen05.ld atom; `reduce`: the atom is
+    the reducing `tcgen05.ld.red.32x32b.x16.max.abs` (`arch.Target.tmem_load_reduce`)."""
+    blocks = epi_tile[1] // NVFP4_BLOCK
+    atom = tmem_load_red_atom(NVFP4_BLOCK) if reduce else tmem_load_atom(NVFP4_BLOCK)
+    epi = lambda t: cute.flat_divide(t, epi_tile)
+    t2r = tcgen05.make_tmem_copy(atom, epi(tCtAcc[((None, None), 0, 0, 0)])[(None, None, 0, 0)])
+    thr = t2r.get_slice(tidx)
+    tmem = thr.partition_S(epi(tCtAcc[((None, None), None, 0, None)]))
+    coords = thr.partition_D(cute.make_identity_tensor(epi_tile))
+    acc = cute.make_rmem_tensor(coords.shape, cutlass.Float32)
+    amax = cute.make_rmem_tensor(cute.make_layout((1, 1, blocks)), cutlass.Float32) if (
+        reduce) else None
+    return TmemQuantize(t2r, tmem, acc, amax, coords)
+
+
+def load_amax_async(e: TmemQuantize, stage, mh, j):
+    """`tcgen05.ld` block j of M half `mh` of accumulator `stage` into `e.acc` (and, reducing,
+    each 16 columns' max |acc| into `e.amax`)."""
+    src = e.tmem[(None, None, None, 0, j, mh, stage)]
+    if e.amax is None:
+        cute.copy(e.t2r, src, e.acc)
+    else:
+        cute.copy(e.t2r, src, [e.acc, e.amax])
+
+
+def block_values(e: TmemQuantize, b: int) -> list:
+    """The 16 accumulators of NVFP4 block b (columns 16b .. 16b + 15) of the loaded block."""
+    return [e.acc[NVFP4_BLOCK * b + i] for i in range(NVFP4_BLOCK)]
+
+
+def block_amax(e: TmemQuantize, b: int):
+    """max |acc| of block b: the reducing load's value, else a register max."""
+    if e.amax is None:
+        return fp4.abs_max(block_values(e, b))
+    return e.amax[b]
+
+
+def store_nvfp4(e: TmemQuantize, col0, where, codes, scales, alpha, s_dec_g, s_enc_g,
+                arch: str):
+    """Quantize the loaded block (`load_amax_async`) as NVFP4 D, 16 columns at a time
+    (`fp4.quantize_block16` with D's decode scale `s_dec_g`), and store each 16 columns' 8 code
+    bytes and scale byte from this thread: `where(col)` gives (codes offset, store it?, scale
+    offset, store it?) for the block at column `col` of this thread's row (col0 + 16 b), added
+    to the base addresses `codes` / `scales`. Returns a Uint32, nonzero if a scale saturated."""
+    saturated = cutlass.Uint32(0)
+    for b in range(cute.size(e.acc) // NVFP4_BLOCK):
+        q0, q1, sf, sat = fp4.quantize_block16(block_values(e, b), block_amax(e, b), alpha,
+                                               s_dec_g, s_enc_g, arch)
+        at, ok, sf_at, sf_ok = where(col0 + b * NVFP4_BLOCK)
+        memory.st_v2_u32_pred(codes + at, q0, q1, cutlass.Uint32(ok))
+        memory.st_u8_pred(scales + sf_at, sf, cutlass.Uint32(sf_ok))
+        saturated = saturated | sat
+    return saturated

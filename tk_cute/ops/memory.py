@@ -11,7 +11,7 @@ tests count these instructions.
   once; `l2_fetch`: ``.L2::128B`` / ``.L2::256B`` prefetch sizes), `ld_v4_pred` (evict-first,
   zeros when off), `ld_u16`, `ld_u32_pred`, `ld_f32` (a scalar such as a global scale).
 - Stores: `st_u32`, `st_v4_u32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
-  `st_u8_pred`, `st_u16_pred`, `st_u32_pred`.
+  `st_u8_pred`, `st_u16_pred`, `st_u32_pred`, `st_v2_u32_pred`.
 - Global -> shared without registers: `cp_async_16`, `cp_async_wait_all`.
 - Shared memory: `ld_shared_v4` (float32 or 32-bit words), `ld_shared_u16`, `st_shared_v2_f32`,
   `st_shared_v4_u32` on a 32-bit shared address.
@@ -116,6 +116,15 @@ def st_u16_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> N
 def st_u32_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
     text = "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.b32 [$0], $1; }"
     asm(None, [Int64(addr), Uint32(v), Uint32(pred)], text, "l,r,r", loc, ip, True)
+
+
+@dsl_user_op
+def st_v2_u32_pred(addr: Int64, w0: Uint32, w1: Uint32, pred: Uint32, *, loc=None,
+                   ip=None) -> None:
+    """Two 32-bit words to global `addr` (8-byte aligned) where `pred` != 0."""
+    text = "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.v2.b32 [$0], {$1, $2}; }"
+    asm(None, [Int64(addr), Uint32(w0), Uint32(w1), Uint32(pred)], text, "l,r,r,r", loc, ip,
+        True)
 
 
 # ---------------------------------------------------------------- global -> shared, asynchronous

@@ -16,6 +16,10 @@ f16x2 / bf16x2 words in natural order (word j = elements 2j, 2j+1). The nibble's
 are dropped into the exponent/mantissa boundary of the 16-bit format, which makes code 1 (0.5) a
 subnormal; one exact multiply by 2^14 (fp16) / 2^126 (bf16) restores the value. Scaling by a
 UE4M3 byte is one more exact multiply (e2m1 * ue4m3 has <= 6 significant bits, range 2^-10..2688).
+UE5M3 scales (Rubin's format: bias 15, 2^-17 .. 114688, `tk_cute.nvfp4.format`) decode to bf16
+only (fp16 cannot hold 6 * 114688): `ue5m3_to_bf16x2` and the prescaled forms below;
+`scale_to_bf16x2` / `scalex2_to_bf16x2_prescaled` pick a format's op (`DECODE_FORMATS`) and
+`decode_shift` says what the prescaled decode leaves out (2^-8 UE4M3, 2^-16 UE5M3).
 Every inline-PTX op below is a handful of instructions; arithmetic that must not be contracted
 into an FMA (the recipe forbids it) is written as explicit ``.rn`` PTX.
 """
@@ -258,6 +262,30 @@ def block_scale(blk_amax: Float32, s_dec_g: Float32, s_enc_g: Float32):
     return sf, s_enc, Uint32(t > Float32(E4M3_SATURATION))
 
 
+def quantize_block16(acc, amax_acc: Float32, alpha: Float32, s_dec_g: Float32,
+                     s_enc_g: Float32, arch: str):
+    """The recipe (`tk_cute.nvfp4.quantize`) on one 16-element block of D = fl(acc * alpha):
+    (codes of elements 0-7, codes of 8-15, UE4M3 byte, saturated) (`block_scale`'s last two).
+
+    `acc`: the 16 float32 accumulators; `amax_acc`: max |acc| over them (a reducing TMEM load
+    or a register max); `alpha` > 0. The block amax of D is fl(amax_acc * alpha): rounding to
+    nearest is monotone and odd, so max |fl(acc_i * alpha)| = fl(max |acc_i| * alpha) (no
+    per-element |D| max needed). Each D element is fl(acc_i * alpha) (one `mul_rn`, never fused
+    with the encode scale's multiply), so the bytes are those of quantizing the fp32 D."""
+    sf, s_enc, saturated = block_scale(mul_rn(amax_acc, alpha), s_dec_g, s_enc_g)
+    d = [mul_rn(v, alpha) for v in acc]
+    return (e2m1x8_quantize(d[:8], s_enc, arch), e2m1x8_quantize(d[8:], s_enc, arch), sf,
+            saturated)
+
+
+def abs_max(values) -> Float32:
+    """max |v| of float32 values: `max.f32` of the |bits| as a tree (log2 n dependent steps)."""
+    m = [from_bits(bits(v) & 0x7FFFFFFF) for v in values]
+    while len(m) > 1:
+        m = [max_f32(m[i], m[i + 1]) for i in range(0, len(m) - 1, 2)] + m[len(m) & ~1:]
+    return m[0]
+
+
 # ---------------------------------------------------------------- E2M1 decode (emulated GEMMs)
 
 
@@ -337,6 +365,63 @@ def ue4m3_to_bf16x2(b: Uint32) -> Uint32:
 # (<= 6 significant bits, >= 2^-18). A GEMM on such operands multiplies its result by 2^8 per
 # decoded operand. One bf16x2 multiply per two elements instead of two.
 BF16_DECODE_SHIFT = 8
+
+
+# UE5M3 -> bf16 (exact). bf16 has 8 exponent bits, UE5M3 5: a byte b = [e4..e0 m2 m1 m0] shifted
+# left by 4 puts e into the low 5 bits of bf16's exponent field (bits 11..7) and m into the top 3
+# mantissa bits (6..4), sign 0. For e >= 1 that bf16 is (1 + m/8) 2^(e - 127) = sf 2^(15 - 127);
+# for e = 0 it is bf16's subnormal (m/8) 2^-126 = (m 2^-17) 2^-112: either way sf * 2^-112
+# exactly, subnormal scales included, and one multiply by 2^112 (exact: a power of two, result
+# normal, at most 4 significant bits) gives sf. Byte 0xFF (UE5M3's NaN) would decode to 122880:
+# NVFP4Tensor rejects it, kernels never see it.
+UE5M3_BF16_UNBIAS = 0x77807780  # 2^112 in both bf16 halves
+# The prescaled decode (`e2m1x8_scaled_shifted`) multiplies placed E2M1 codes (value * 2^-126)
+# by the scale times 2^(126 - shift). UE4M3 carries 2^118 (shift 8: 448 * 2^118 < 2^127); UE5M3's
+# 114688 * 2^118 would overflow bf16, so it carries 2^110 (shift 16: 114688 * 2^110 < 2^127, and
+# the smallest product 0.5 * 2^-17 * 2^-16 = 2^-34 stays normal): decoded values are
+# e2m1 * sf * 2^-16, exact, and a GEMM multiplies by 2^16 per decoded operand.
+UE5M3_BF16_PRESCALE = 0x76807680  # 2^110
+DECODE_SHIFT = {"ue4m3": BF16_DECODE_SHIFT, "ue5m3": 16}
+DECODE_FORMATS = tuple(DECODE_SHIFT)  # the scale formats the decode ops take
+
+
+def decode_shift(fmt: str) -> int:
+    """log2 of what the prescaled decode of `fmt` scales leaves out (8: UE4M3, 16: UE5M3)."""
+    if fmt not in DECODE_SHIFT:
+        raise ValueError(f"unknown block-scale format {fmt!r}: one of {DECODE_FORMATS}")
+    return DECODE_SHIFT[fmt]
+
+
+def ue5m3_to_bf16x2(b: Uint32) -> Uint32:
+    """A UE5M3 byte as its exact bf16 value in both halves (bits << 4, then * 2^112)."""
+    h = (b & 0xFF) << 4
+    return mul_bf16x2(h | (h << 16), Uint32(UE5M3_BF16_UNBIAS))
+
+
+def ue5m3_to_bf16x2_prescaled(b: Uint32) -> Uint32:
+    """A UE5M3 byte times 2^110 in both bf16 halves (exact), for `e2m1x8_scaled_shifted` with
+    `decode_shift("ue5m3")` = 16."""
+    return mul_bf16x2(ue5m3_to_bf16x2(b), Uint32(UE5M3_BF16_PRESCALE))
+
+
+def ue5m3x2_to_bf16x2_prescaled(h: Uint32) -> tuple:
+    """Two UE5M3 bytes (h = lo | hi << 8) -> (F_lo, F_hi), each sf * 2^110 in both bf16 halves
+    (exact, subnormal scales too), as `ue4m3x2_to_bf16x2_prescaled` does for UE4M3."""
+    p = prmt(h, Uint32(0), 0x4140) << 4  # [lo << 4, hi << 4] as bf16 halves (<= 0x0FF0 each)
+    f = mul_bf16x2(mul_bf16x2(p, Uint32(UE5M3_BF16_UNBIAS)), Uint32(UE5M3_BF16_PRESCALE))
+    return broadcast_half(f, 0), broadcast_half(f, 1)
+
+
+def scale_to_bf16x2(b: Uint32, fmt: str = "ue4m3") -> Uint32:
+    """A scale byte of format `fmt` as its exact bf16 value in both halves."""
+    decode_shift(fmt)  # validates the name
+    return ue5m3_to_bf16x2(b) if fmt == "ue5m3" else ue4m3_to_bf16x2(b)
+
+
+def scalex2_to_bf16x2_prescaled(h: Uint32, fmt: str = "ue4m3") -> tuple:
+    """Two scale bytes of format `fmt` -> (F_lo, F_hi) prescaled by 2^(126 - decode_shift)."""
+    decode_shift(fmt)
+    return ue5m3x2_to_bf16x2_prescaled(h) if fmt == "ue5m3" else ue4m3x2_to_bf16x2_prescaled(h)
 
 
 def ue4m3_to_bf16x2_prescaled(b: Uint32) -> Uint32:

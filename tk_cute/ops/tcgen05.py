@@ -172,6 +172,15 @@ def tmem_load_atom(columns: int):
     return cute.make_copy_atom(tcgen05.Ld32x32bOp(rep, tcgen05.Pack.NONE), cutlass.Float32)
 
 
+def tmem_load_red_atom(columns: int):
+    """`tcgen05.ld.red.32x32b.x{columns}.max.abs.f32`: as `tmem_load_atom`, and each thread also
+    gets the max |value| of its `columns` values (a copy into [values, maxima]; only where
+    `arch.Target.tmem_load_reduce`: libNVVM rejects it for sm_100a)."""
+    rep = getattr(tcgen05.Repetition, f"x{columns}")
+    op = tcgen05.LdRed32x32bOp(rep, tcgen05.Pack.NONE, tcgen05.TmemLoadRedOp.MAXABS)
+    return cute.make_copy_atom(op, cutlass.Float32)
+
+
 @cute.jit
 def release_stage(ring, at, a_only: cutlass.Constexpr = False):
     """Free stage `at` of a `stage_ring.tma_to_mma` once the MMAs issued so far are done with it

@@ -11,6 +11,7 @@ TK-style `gl` objects instead of a dozen loose atoms and tensors.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import cutlass
 
@@ -44,3 +45,14 @@ class DeviceStruct:
 
     def __repr__(self):  # kernel symbol names are derived from argument reprs: keep them stable
         return type(self).__name__
+
+
+def config_repr(cfg) -> str:
+    """The dataclass repr of a kernel Config, without the fields marked
+    ``metadata={"quiet": True}`` while they hold their defaults. The DSL derives a kernel's
+    symbol from the reprs of its Constexpr arguments: a field added later this way leaves the
+    existing configs' kernel names, and so their PTX, as they were. Use as
+    ``__repr__ = config_repr`` in the (frozen) dataclass body."""
+    parts = [f"{f.name}={getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg) if f.repr
+             and not (f.metadata.get("quiet") and getattr(cfg, f.name) == f.default)]
+    return f"{type(cfg).__qualname__}({', '.join(parts)})"

@@ -6,16 +6,17 @@ import pytest
 import torch
 
 from tk_cute import arch
+from tk_cute.kernels.gemm import nvfp4_sm100 as K
 from tk_cute.layouts.nvfp4_scales import blocked_shape
 from tk_cute.nvfp4 import NVFP4Tensor, gemm_reference, quantize
 from tk_cute.nvfp4 import dispatch_sm100 as D
 from tk_cute.nvfp4 import heuristics
 
 
-def operand(rows, k, lead=(), gs=0.5):
+def operand(rows, k, lead=(), gs=0.5, fmt="ue4m3"):
     return NVFP4Tensor(torch.zeros(*lead, rows, k // 2, dtype=torch.uint8),
                        torch.zeros(blocked_shape(rows, k, *lead), dtype=torch.uint8),
-                       torch.tensor(gs), (*lead, rows, k))
+                       torch.tensor(gs), (*lead, rows, k), fmt)
 
 
 @pytest.fixture
@@ -97,16 +98,61 @@ def test_config_for_another_target(on_gpu):
 def test_arguments_point_at_the_tensors(on_gpu, lead):
     a, b = operand(300, 512, lead), operand(136, 512, lead, gs=2.0)
     launch = D.prepare(a, b, torch.float16)
-    ptrs, sizes = launch.args[:7], launch.args[7:11]
-    want = [a.data, b.data, a.scales, b.scales, launch.out, a.global_scale, b.global_scale]
+    ptrs, sizes = launch.args[:K.N_POINTERS], launch.args[K.SIZES]
+    # a dense D leaves the NVFP4-output pointers (d_sf, d_gs, flag) at D's address, unused
+    want = [a.data, b.data, a.scales, b.scales, launch.out, a.global_scale, b.global_scale] + [
+        launch.out] * 3
     assert [p._pointer for p in ptrs] == [t.data_ptr() for t in want]
     assert [p.dtype.__name__ for p in ptrs] == ["Float4E2M1FN"] * 2 + ["Float8E4M3FN"] * 2 + [
-        "Float16"] + ["Float32"] * 2
+        "Float16"] + ["Float32"] * 2 + ["Uint8", "Float32", "Int32"]
     assert [int(s) for s in sizes] == [300, 136, 512, lead[0] if lead else 1]
     assert launch.out.shape == (*lead, 300, 136) and launch.out.dtype == torch.float16
     assert launch.config.arch == "sm_100a" and launch.config.out == "float16"
-    assert launch.args[11] == 148 // (launch.config.CLUSTER_M * launch.config.CLUSTER_N)
-    assert len(launch.runtime_args(None)) == 12 and launch.key == (launch.config, launch.args[11])
+    clusters = launch.args[K.CLUSTERS]
+    assert clusters == 148 // (launch.config.CLUSTER_M * launch.config.CLUSTER_N)
+    assert len(launch.runtime_args(None)) == K.CLUSTERS + 1
+    assert launch.key == (launch.config, clusters)
+
+
+def test_nvfp4_out_arguments_point_at_the_parts(on_gpu):
+    """NVFP4 D: codes, blocked scales, its decode scale and the zeroed saturation flag."""
+    a, b = operand(300, 512), operand(144, 512, gs=2.0)
+    gs = torch.tensor(0.25)
+    launch = D.prepare(a, b, "nvfp4", out_global_scale=gs)
+    d = launch.out
+    assert isinstance(d, NVFP4Tensor) and d.shape == (300, 144) and d.global_scale is gs
+    assert d.data.shape == (300, 72) and d.scales.shape == blocked_shape(300, 144)
+    assert d.saturated.dtype == torch.int32 and int(d.saturated) == 0
+    ptrs = launch.args[:K.N_POINTERS]
+    want = [a.data, b.data, a.scales, b.scales, d.data, a.global_scale, b.global_scale,
+            d.scales, gs, d.saturated]
+    assert [p._pointer for p in ptrs] == [t.data_ptr() for t in want]
+    assert [p.dtype.__name__ for p in ptrs[4:5] + ptrs[7:]] == ["Uint8", "Uint8", "Float32",
+                                                                "Int32"]
+    assert launch.config.out == "nvfp4"
+
+
+@pytest.mark.parametrize("n", [136, 100])
+def test_nvfp4_out_needs_n_multiple_of_16(on_gpu, n):
+    with pytest.raises(ValueError, match=rf"N % (16|8) == 0.*N={n}"):
+        D.prepare(operand(256, 256), operand(n, 256), "nvfp4", out_global_scale=torch.tensor(1.))
+
+
+@pytest.mark.parametrize("name, ok", [("sm_100a", False), ("sm_103a", False), ("sm_107a", True)])
+def test_ue5m3_operands_need_rubin(monkeypatch, name, ok):
+    monkeypatch.setattr(D, "device_target", lambda device: name)
+    monkeypatch.setattr(D, "sm_count", lambda device: 148)
+    a, b = operand(256, 256, fmt="ue5m3"), operand(256, 256, fmt="ue5m3")
+    if ok:
+        assert D.prepare(a, b).config.sf == "ue5m3"
+    else:
+        with pytest.raises(ValueError, match=rf"UE5M3 .*sm_107a.*{name}"):
+            D.prepare(a, b)
+
+
+def test_mixed_scale_formats_rejected(on_gpu):
+    with pytest.raises(ValueError, match="one scale type"):
+        D.prepare(operand(256, 256), operand(256, 256, fmt="ue5m3"))
 
 
 def _sm100_gpu():
@@ -139,3 +185,159 @@ def test_gemm_sm100_matches_reference(seed, m, n, k, lead):
             assert_gemm_close(d[l], sub(a), sub(b), f"batch {l}")
     else:
         assert_gemm_close(d, a, b)
+
+
+# --- the dispatch (`tk_cute.nvfp4.gemm`) on a pretended GPU: NVFP4 output and UE5M3 -----------
+
+def _pretend(monkeypatch, name):
+    from tk_cute.nvfp4 import launch
+
+    monkeypatch.setattr(arch, "device_target", lambda device: arch.target(name))
+    monkeypatch.setattr(launch, "sm_count", lambda device: arch.target(name).sm_count or 148)
+
+
+def _plan(a, b, out=torch.bfloat16, path=None, nvfp4_out=False):
+    from tk_cute.nvfp4 import validate
+    from tk_cute.nvfp4.gemm import _plan as plan_call
+
+    op = validate.gemm_operands(a, b, out)
+    return plan_call(op, torch.device("cuda", 0), out, False, path, b.scale_format, nvfp4_out)
+
+
+@pytest.mark.parametrize("name", D.TARGETS)
+def test_nvfp4_output_plans_the_fused_sm100_epilogue(monkeypatch, name):
+    _pretend(monkeypatch, name)
+    p = _plan(operand(4096, 1024), operand(4096, 1024), torch.float32, nvfp4_out=True)
+    assert p.path == "sm100" and p.config.out == "nvfp4" and p.config.arch == name
+    assert p.config == heuristics.sm100_config(name, 4096, 4096, 1024, out="nvfp4")
+    with pytest.raises(NotImplementedError, match="N % 16"):  # K % 256: no fp32 route there
+        _plan(operand(256, 320), operand(256, 320), torch.float32, nvfp4_out=True)
+
+
+def test_nvfp4_output_on_hopper_keeps_its_paths(monkeypatch):
+    _pretend(monkeypatch, "sm_90a")
+    assert _plan(operand(4096, 1024), operand(4096, 1024), torch.float32,
+                 nvfp4_out=True).path == "register_a_tiled"
+
+
+@pytest.mark.parametrize("name, ok", [("sm_100a", False), ("sm_103a", False), ("sm_107a", True)])
+def test_ue5m3_plans_on_sm100_targets(monkeypatch, name, ok):
+    _pretend(monkeypatch, name)
+    a, b = operand(4096, 1024, fmt="ue5m3"), operand(4096, 1024, fmt="ue5m3")
+    if ok:
+        assert _plan(a, b).config.sf == "ue5m3"
+    else:
+        with pytest.raises(ValueError, match=f"UE5M3 .*sm_107a.*{name}"):
+            _plan(a, b)
+
+
+@pytest.mark.parametrize("w4a4, m, path", [(False, 1, "small_m"), (True, 4, "small_m"),
+                                           (False, 64, "register_a"), (False, 150, "rows"),
+                                           (True, 600, "register_a_tiled")])
+def test_ue5m3_hopper_plans_carry_the_format(monkeypatch, w4a4, m, path):
+    _pretend(monkeypatch, "sm_90a")
+    b = operand(1024, 1024, fmt="ue5m3")
+    a = operand(m, 1024, fmt="ue5m3") if w4a4 else torch.zeros(m, 1024, dtype=torch.bfloat16)
+    p = _plan(a, b)
+    assert p.path == path and p.decode_a == (w4a4 and path != "small_m")
+    configs = [sub.config for _, _, sub in p.parts] if p.parts else [p.config]
+    assert configs and all(c.sf == "ue5m3" for c in configs)
+
+
+def test_ue5m3_hopper_never_takes_the_fused_kernel(monkeypatch):
+    _pretend(monkeypatch, "sm_90a")
+    shape = dict(w4a4=False, M=128, N=28672, K=192, out_dtype="bfloat16", sms=132)
+    assert heuristics.hopper_path(**shape) == "fused"  # UE4M3: the one-wave fused kernel
+    assert heuristics.hopper_path(**shape, sf="ue5m3") == "dequantize"
+    a = torch.zeros(128, 192, dtype=torch.bfloat16)
+    assert _plan(a, operand(28672, 192, fmt="ue5m3")).path == "dequantize"
+    with pytest.raises(ValueError, match="UE4M3 scales only"):
+        _plan(a, operand(28672, 192, fmt="ue5m3"), path="fused")
+
+
+def _exact_operand(rows, k, device="cuda"):
+    """Random E2M1 codes, every block scale 1.0 (0x38), global scale 1: every product is a
+    multiple of 1/4 below 36 and every partial sum below 36 K = 2^14 * 1.125 (K = 512), so
+    fp32 holds every partial sum exactly and any summation order gives the exact D."""
+    from tk_cute.nvfp4 import to_blocked
+
+    data = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8)
+    sf = to_blocked(torch.full((rows, k // 16), 0x38, dtype=torch.uint8))
+    return NVFP4Tensor(data, sf, torch.tensor(1.0), (rows, k)).to(device)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm100_gpu(), reason="needs an sm_100a / sm_103a / sm_107a GPU")
+@pytest.mark.parametrize("m, n", [(512, 512), (300, 272), (1, 144)])
+@pytest.mark.parametrize("g", [1.0, 2.0**-6, 2.0**-12])  # the last one saturates blocks
+def test_gemm_sm100_nvfp4_is_the_quantized_exact_product(seed, m, n, g):
+    """On operands whose fp32 accumulation is exact, the fused epilogue's bytes equal
+    `quantize(exact D, global_scale=g)` bit for bit, padding included (outputs poisoned with
+    0xFF first: every byte must be written), and `saturated` says whether a scale hit 448.
+    (Not yet run: no sm_100+ GPU in the sessions so far.)"""
+    from tk_cute.nvfp4 import quantize
+
+    k = 512
+    a, b = _exact_operand(m, k), _exact_operand(n, k)
+    d32 = gemm_reference(a.cpu(), b.cpu(), torch.float32)
+    want = quantize(d32, global_scale=g)
+    out = quantize(torch.zeros(m, n), global_scale=g).to("cuda")
+    out.data.fill_(0xFF)
+    out.scales.fill_(0xFF)
+    got = D.gemm_sm100_nvfp4(a, b, None, out=out)
+    assert got is out and torch.equal(got.data.cpu(), want.data)
+    assert torch.equal(got.scales.cpu(), want.scales)  # padding rows / columns are 0 too
+    t = torch.div(torch.div(d32.abs().amax(), 6.0), torch.tensor(g))
+    assert int(got.saturated) == int(t > 448.0)
+    # the public entry takes the same kernel
+    pub = __import__("tk_cute.nvfp4", fromlist=["gemm"]).gemm(a, b, "nvfp4", out_global_scale=g)
+    assert torch.equal(pub.data, got.data) and torch.equal(pub.scales, got.scales)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm100_gpu(), reason="needs an sm_100a / sm_103a / sm_107a GPU")
+def test_gemm_sm100_nvfp4_random_operands(seed):
+    """Random operands: the kernel's fp32 D differs from the exact one by at most
+    slack = (K + 16) 2^-24 |a||b| per element (`tk_cute.testing`), so only values that close
+    to a rounding boundary of the recipe may take the neighbouring code or scale (all but a
+    few agree with quantizing the exact fp32 D), and every decoded element is within the
+    E2M1 rounding of its block (at most the block's decode scale: the largest half gap is 1;
+    3 * 2^-9 * g for subnormal or zero scales, `test_dequantize_error_bound`) plus slack."""
+    from tk_cute.nvfp4 import quantize, unpack_fp4
+    from tk_cute.nvfp4.format import e4m3_decode
+
+    m, n, k = 1024, 768, 2048
+    a, b = quantize(torch.randn(m, k, device="cuda")), quantize(torch.randn(n, k, device="cuda"))
+    A, B = a.cpu().dequantize(torch.float64), b.cpu().dequantize(torch.float64)
+    d32 = gemm_reference(a.cpu(), b.cpu(), torch.float32)
+    g = 1.01 * float(d32.abs().max()) / 2688  # (1.01: no block at the rounding edge of 448)
+    q = D.gemm_sm100_nvfp4(a, b, torch.tensor(g, device="cuda"))
+    got = q.cpu()  # (a copy: `saturated` stays on q)
+    want = quantize(d32, global_scale=g)
+    assert (unpack_fp4(got.data) == unpack_fp4(want.data)).double().mean() > 0.999
+    assert (got.scales_logical() == want.scales_logical()).double().mean() > 0.999
+    assert int(q.saturated) == 0
+    scale = e4m3_decode(got.scales_logical()).double().repeat_interleave(16, -1) * g
+    bound = torch.clamp(scale, min=3 * 2.0**-9 * g) * (1 + 2.0**-20) + (
+        (k + 16) * 2.0**-24 * (A.abs() @ B.abs().T))
+    assert bool(((got.dequantize(torch.float64) - (A @ B.T)).abs() <= bound).all())
+
+
+def _rubin_gpu():
+    return _sm100_gpu() and D.device_target(torch.device("cuda")) == "sm_107a"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _rubin_gpu(), reason="needs an sm_107a (Rubin) GPU")
+def test_gemm_sm107_ue5m3_matches_reference(seed):
+    """UE5M3 operands (quantized on the CPU: the CUDA quantizer writes UE4M3) through the
+    public gemm on Rubin, every element within `assert_gemm_close`'s bound; block amaxes span
+    2^30 (UE4M3 would flush most of them to zero scales)."""
+    from tk_cute import nvfp4
+    from tk_cute.testing import assert_gemm_close
+
+    spread = torch.exp2(torch.rand(1, 1024 // 16) * 30 - 15).repeat_interleave(16, -1)
+    a = quantize(torch.randn(512, 1024) * spread, scale_dtype="ue5m3").to("cuda")
+    b = quantize(torch.randn(256, 1024), scale_dtype="ue5m3").to("cuda")
+    assert nvfp4.plan(a, b).config.sf == "ue5m3"
+    assert_gemm_close(nvfp4.gemm(a, b), a, b)

@@ -270,3 +270,141 @@ def test_encode_matches_host_rne():
         for name, have4 in (("sw", e4 & 0xFF), ("hw", (e4 >> 8) & 0xFF)):
             bad = (want4 != have4).nonzero().view(-1)
             assert bad.numel() == 0, f"UE4M3 {name}: {y[bad[:5]].tolist()}"
+
+
+# --- UE5M3 scales (Rubin's format) decoded to bf16 for the Hopper kernels --------------------
+# The GPU run waits for the next H200 session (`python -m pytest -m gpu
+# tests/tk_cute/ops/test_nvfp4_ops.py -k ue5m3`); the host model below mirrors the ops' integer
+# and bf16 operations bit for bit, and the compile test pins their PTX constants.
+
+
+@cute.kernel
+def _decode5_kernel(q: cute.Tensor, sf: cute.Tensor, outbf: cute.Tensor, outsh: cute.Tensor,
+                    n: Int32):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    i = bidx * THREADS + tidx
+    if i < n:
+        qw, b = Uint32(q[i]), Uint32(sf[i])
+        g = fp4.e2m1x8_scaled(qw, fp4.scale_to_bf16x2(b, "ue5m3"), "bf16")
+        f_lo, f_hi = fp4.scalex2_to_bf16x2_prescaled(b | ((Uint32(0xFE) - b) << 8), "ue5m3")
+        s_lo = fp4.e2m1x8_scaled_shifted(qw, f_lo)
+        s_hi = fp4.e2m1x8_scaled_shifted_strided(qw, f_hi)
+        s_one = fp4.e2m1x8_scaled_shifted(qw, fp4.ue5m3_to_bf16x2_prescaled(b))
+        for j in cutlass.range_constexpr(4):
+            outbf[i * 4 + j] = Int32(g[j])
+            outsh[i * 12 + j] = Int32(s_lo[j])
+            outsh[i * 12 + 4 + j] = Int32(s_hi[j])
+            outsh[i * 12 + 8 + j] = Int32(s_one[j])
+
+
+@cute.jit
+def _decode5(q, sf, outbf, outsh, n: Int32, stream):
+    _decode5_kernel(q, sf, outbf, outsh, n).launch(
+        grid=[(n + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+
+def test_ue5m3_probe_compiles_with_its_constants():
+    """The UE5M3 decode on sm_90a: 2^112 (0x7780 per half) restores sf from its bits << 4,
+    2^110 (0x7680) prescales it; no 7-bit mask (all 8 bits are the format's)."""
+    from cuda.bindings import driver
+
+    from tk_cute.compile import build
+
+    d = build(_decode5, *(_fake(cutlass.Int32) for _ in range(4)), Int32(8),
+              driver.CUstream(0), arch="sm_90a")
+    movs = [int(v) for v in __import__("re").findall(r"mov\.b32\s+%r\d+, (\d+);", d.ptx)]
+    assert fp4.UE5M3_BF16_UNBIAS in movs and fp4.UE5M3_BF16_PRESCALE in movs
+    assert 0x7B807B80 not in movs and 0x7A807A80 not in movs  # (UE4M3's 2^120, 2^118)
+    assert d.ptx_count(r"and\.b32\s+%r\d+, %r\d+, 133171184;") == 0  # UE4M3's 0x07F007F0
+    assert d.kernel.local_bytes == 0
+
+
+def _ue5m3_pair_model(h: int) -> tuple:
+    """ue5m3x2_to_bf16x2_prescaled(h) on the host."""
+    p = (_prmt(h, 0, 0x4140) << 4) & 0xFFFFFFFF
+    f = _mul_bf16x2(_mul_bf16x2(p, fp4.UE5M3_BF16_UNBIAS), fp4.UE5M3_BF16_PRESCALE)
+    return _prmt(f, f, 0x1010), _prmt(f, f, 0x3232)
+
+
+def test_ue5m3_to_bf16_is_exact_for_every_byte():
+    """bits << 4 is sf * 2^-112 as bf16 for all 255 finite bytes (subnormals 1..7 land on bf16
+    subnormals), and one multiply by 2^112 gives sf exactly; the prescaled pair form gives
+    sf * 2^110 in each half, the single form the same."""
+    from tk_cute.nvfp4.format import UE5M3_VALUES
+
+    for b in range(0xFF):
+        sf = UE5M3_VALUES[b]
+        h = (b & 0xFF) << 4
+        assert _bf16(_s16(h)) == sf * 2.0**-112, b  # the placement alone
+        w = _mul_bf16x2(h | h << 16, fp4.UE5M3_BF16_UNBIAS)
+        assert _bf16(_s16(w)) == _bf16(_s16(w >> 16)) == sf, b  # ue5m3_to_bf16x2
+        single = _mul_bf16x2(w, fp4.UE5M3_BF16_PRESCALE)  # ue5m3_to_bf16x2_prescaled
+        assert _bf16(_s16(single)) == sf * 2.0**110
+        other = 0xFE - b
+        f_lo, f_hi = _ue5m3_pair_model(b | other << 8)
+        assert [_bf16(_s16(f >> 16 * k)) for f in (f_lo, f_hi) for k in range(2)] == [
+            sf * 2.0**110] * 2 + [UE5M3_VALUES[other] * 2.0**110] * 2, b
+
+
+def test_ue5m3_decode_model_is_exact_for_every_code_and_scale():
+    """e2m1(code) * ue5m3(sf) * 2^-16 (decode_shift("ue5m3")) exactly, natural and strided
+    pairings, all 16 codes in every nibble slot, all 255 finite bytes: the products have <= 6
+    significant bits in 2^-34 .. 10.5, inside bf16's normal range."""
+    from tk_cute.nvfp4 import E2M1_VALUES
+    from tk_cute.nvfp4.format import UE5M3_VALUES
+
+    shift = 2.0 ** -fp4.decode_shift("ue5m3")
+    assert fp4.decode_shift("ue5m3") == 16 and fp4.decode_shift("ue4m3") == 8
+    for b in range(0xFF):
+        f, _ = _ue5m3_pair_model(b)
+        for rot in range(2):
+            vals = [(i + 8 * rot) % 16 for i in range(8)]
+            q = sum(c << 4 * i for i, c in enumerate(vals))
+            want = [E2M1_VALUES[c] * UE5M3_VALUES[b] * shift for c in vals]
+            got = [_bf16(_s16(w >> 16 * k)) for w in _decode8_model(q, f) for k in range(2)]
+            assert got == want, (b, vals)
+            strided = _decode8_strided_model(q, f)
+            assert [_bf16(_s16(strided[i % 4] >> 16 * (i // 4))) for i in range(8)] == want
+
+
+def test_ue5m3_nan_byte_is_rejected_before_any_kernel():
+    """0xFF would decode as 1.875 * 2^16 (the ops do not special-case it): the tensor refuses it."""
+    from tk_cute.layouts.nvfp4_scales import blocked_shape
+    from tk_cute.nvfp4 import NVFP4Tensor
+
+    assert _bf16(_s16(_mul_bf16x2(0xFF0 | 0xFF0 << 16, fp4.UE5M3_BF16_UNBIAS))) == 122880.0
+    sc = torch.zeros(blocked_shape(128, 64), dtype=torch.uint8)
+    sc[0, 0, 5] = 0xFF
+    with pytest.raises(ValueError, match=r"UE5M3 bytes 0x00..0xFE.*0xFF"):
+        NVFP4Tensor(torch.zeros(128, 32, dtype=torch.uint8), sc, torch.tensor(1.0), (128, 64),
+                    "ue5m3")
+
+
+@pytest.mark.gpu
+def test_ue5m3_decode_every_code_every_scale():
+    """On the GPU (next H200 session): the UE5M3 decode ops against the exact products."""
+    from tk_cute.nvfp4 import E2M1_VALUES
+    from tk_cute.nvfp4.format import ue5m3_decode
+
+    codes = torch.arange(16, dtype=torch.int64)
+    scale_bytes = torch.arange(0xFF, dtype=torch.int64)  # 0..0xFE (0xFF is NaN)
+    cc, bb = torch.meshgrid(codes, scale_bytes, indexing="ij")
+    cc, bb = cc.reshape(-1), bb.reshape(-1)
+    perm = torch.stack([(cc + r) % 16 for r in range(8)], dim=1)
+    q = ((perm << (4 * torch.arange(8))).sum(1) & 0xFFFFFFFF).to(torch.int64)
+    q = torch.where(q >= 2**31, q - 2**32, q).to(torch.int32)
+    n = q.numel()
+    outbf = torch.empty(n * 4, dtype=torch.int32, device="cuda")
+    outsh = torch.empty(n * 12, dtype=torch.int32, device="cuda")
+    _run(_decode5, q.cuda(), bb.to(torch.int32).cuda(), outbf, outsh, Int32(n))
+    vals = torch.tensor(E2M1_VALUES, dtype=torch.float64)[perm]
+    sf = ue5m3_decode(bb.to(torch.uint8)).to(torch.float64)[:, None]
+    sf_hi = ue5m3_decode((0xFE - bb).to(torch.uint8)).to(torch.float64)[:, None]
+    shift = 2.0 ** -fp4.decode_shift("ue5m3")
+    strided_hi = (vals * sf_hi * shift)[:, [0, 4, 1, 5, 2, 6, 3, 7]]  # word i = (i, i + 4)
+    shifted = torch.cat([vals * sf * shift, strided_hi, vals * sf * shift], dim=1)
+    for got, want in ((outbf, (vals * sf).reshape(-1)), (outsh, shifted.reshape(-1))):
+        want = want.to(torch.bfloat16).view(torch.int16)
+        bad = (want != got.cpu().view(torch.int16)).nonzero()
+        assert bad.numel() == 0, f"{bad.numel()} mismatches, first at {bad[:4].tolist()}"
