@@ -104,6 +104,13 @@ def register_a_tiled(a: torch.Tensor, b: NVFP4Tensor, out: torch.Tensor, cfg: rs
                      gsb=None) -> torch.Tensor:
     """The tiled register-A kernel (large M) on bf16 activations a (M, K); `gsb` as in
     `small_m`. Workspace: the permuted activations (M x K bf16, torch's caching allocator)."""
+    p = out.data_ptr()  # (the NVFP4-output arguments are unused: any valid address)
+    _launch_tiled(a, b, cfg, gsb, p, p, b.global_scale.data_ptr(), p)
+    return out
+
+
+def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int, out_gs: int,
+                  flag: int) -> None:
     (M, K), N = a.shape, b.M
     dev = b.device
     x = aligned(a)
@@ -112,10 +119,8 @@ def register_a_tiled(a: torch.Tensor, b: NVFP4Tensor, out: torch.Tensor, cfg: rs
     sms = sm_count(dev)
     launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))
     launch(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales).data_ptr(), x=x.data_ptr(),
-           xp=xp.data_ptr(), gs=(b.global_scale if gsb is None else gsb).data_ptr(),
-           out=out.data_ptr(), out_sf=out.data_ptr(), out_gs=b.global_scale.data_ptr(),
-           flag=out.data_ptr(), M=M, N=N, K=K, stream=raw_stream(index))
-    return out
+           xp=xp.data_ptr(), gs=(b.global_scale if gsb is None else gsb).data_ptr(), out=out,
+           out_sf=out_sf, out_gs=out_gs, flag=flag, M=M, N=N, K=K, stream=raw_stream(index))
 
 
 def register_a_tiled_nvfp4(a: torch.Tensor, b: NVFP4Tensor, cfg: rst.Config,
@@ -123,7 +128,7 @@ def register_a_tiled_nvfp4(a: torch.Tensor, b: NVFP4Tensor, cfg: rst.Config,
                            gsb=None) -> NVFP4Tensor:
     """The tiled register-A kernel with its fused NVFP4 epilogue: D (M, N) as an NVFP4Tensor
     with decode scale `global_scale` (0-dim fp32 on the device) and attribute `saturated`."""
-    (M, K), N = a.shape, b.M
+    M, N = a.shape[0], b.M
     dev = b.device
     cfg = dataclasses.replace(cfg, out_dtype="nvfp4")
     if out is None:
@@ -134,16 +139,8 @@ def register_a_tiled_nvfp4(a: torch.Tensor, b: NVFP4Tensor, cfg: rst.Config,
                                   global_scale, (M, N))
     out.scales.zero_()  # padding rows and columns of the blocked layout are zeros
     flag = torch.zeros((), dtype=torch.int32, device=dev)
-    x = aligned(a)
-    xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev)
-    index = device_index(dev)
-    sms = sm_count(dev)
-    launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))
-    launch(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales).data_ptr(), x=x.data_ptr(),
-           xp=xp.data_ptr(), gs=(b.global_scale if gsb is None else gsb).data_ptr(),
-           out=out.data.data_ptr(), out_sf=out.scales.data_ptr(),
-           out_gs=out.global_scale.data_ptr(), flag=flag.data_ptr(), M=M, N=N, K=K,
-           stream=raw_stream(index))
+    _launch_tiled(a, b, cfg, gsb, out.data.data_ptr(), out.scales.data_ptr(),
+                  out.global_scale.data_ptr(), flag.data_ptr())
     out.saturated = flag
     return out
 

@@ -1,0 +1,58 @@
+"""The torch launches (`tk_cute.nvfp4.launch`) pass every kernel exactly the arguments its
+`signature` declares, by name: checked on the CPU with the compiled launchers replaced by
+recorders (a wrong or missing name would only fail on a GPU otherwise)."""
+
+import pytest
+import torch
+
+from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
+from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+from tk_cute.nvfp4 import heuristics, launch, quantize
+
+
+class Recorder:
+    def __init__(self, signature):
+        self.signature, self.calls = signature, []
+
+    def __call__(self, **values):
+        self.signature.pack(values)  # raises TypeError unless the names are the signature's
+        self.calls.append(values)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    made = {}
+
+    def cache_for(signature_of):
+        def get(key, build):
+            cfg = key[0]
+            made[key] = Recorder(signature_of(cfg))
+            return made[key]
+        return get
+
+    monkeypatch.setattr(launch, "device_index", lambda device: 0)
+    monkeypatch.setattr(launch, "raw_stream", lambda index: 0)
+    monkeypatch.setattr(launch, "sm_count", lambda device: 132)
+    monkeypatch.setattr(launch._SMALL_M, "get", cache_for(gv.signature))
+    monkeypatch.setattr(launch._REGISTER_A, "get", cache_for(rs.signature))
+    monkeypatch.setattr(launch._REGISTER_A_TILED, "get", cache_for(rst.signature))
+    return made
+
+
+def test_launch_arguments_match_the_signatures(recorded, seed):
+    M, N, K = 300, 256, 512
+    b = quantize(torch.randn(N, K))
+    a = torch.randn(M, K).bfloat16()
+    out = torch.empty(M, N, dtype=torch.bfloat16)
+    launch.small_m(a[:16], b, out[:16], heuristics.small_m_config(16, N, K))
+    launch.register_a(a[:64], b, out[:64], heuristics.register_a_config(64, N, K))
+    launch.register_a_tiled(a, b, out, rst.Config(Nb=128))
+    gs = torch.tensor(0.5)
+    q = launch.register_a_tiled_nvfp4(a, b, rst.Config(Nb=128), gs)
+    calls = [c for r in recorded.values() for c in r.calls]
+    assert len(calls) == 4
+    tiled_nvfp4 = calls[-1]
+    assert tiled_nvfp4["out"] == q.data.data_ptr() and tiled_nvfp4["out_sf"] == (
+        q.scales.data_ptr()) and tiled_nvfp4["out_gs"] == gs.data_ptr()
+    assert all(c["M"] in (16, 64, M) and c["N"] == N and c["K"] == K for c in calls)
