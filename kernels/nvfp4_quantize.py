@@ -30,6 +30,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.layouts.nvfp4_scales import ATOM_BYTES, ATOM_K, ATOM_ROWS, ATOM_SF_COLS, SF_VEC
 from tk_cute.ops import memory, ptx
+from tk_cute.ops.warp import flag_if_any
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, i64, ptr
 
@@ -250,9 +251,7 @@ def _quantize_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer
         cur = nxt
 
     if cutlass.const_expr(cfg.flag):
-        if cute.arch.vote_any_sync(bad != 0):
-            if lane == 0:
-                cute.arch.atomic_or(flag, Int32(1))
+        flag_if_any(flag, bad, lane)
 
 
 @cute.jit
@@ -276,7 +275,7 @@ def _quantize(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer,
 
 
 # ---------------------------------------------------------------- host: signatures
-# Torch entry: `tk_cute.nvfp4.hopper.quantize` (plans per shape, launches through these).
+# Torch entry: `tk_cute.nvfp4.launch.quantize` (plans per shape, launches through these).
 
 _ELEM = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32}
 

@@ -78,25 +78,12 @@ def layout_ops(n: int):
     return op(256, n, tcgen05.CtaGroup.TWO), op(128, -(-n // 128) * 128, tcgen05.CtaGroup.ONE)
 
 
-def layout_mmas(n: int):
-    """`layout_ops` as tiled MMAs."""
-    import cutlass.cute as cute
-
-    return tuple(cute.make_tiled_mma(cute.make_mma_atom(op)) for op in layout_ops(n))
-
-
 def smem_layout(operand: str, sf_mma, mma_tiler, stages: int):
     """SFA ("A") or SFB ("B") shared layout: ((atom, rest), MMA_M|N, K atoms, stage)."""
     from cutlass.utils import blockscaled_layout as bl
 
     make = bl.make_smem_layout_sfa if operand == "A" else bl.make_smem_layout_sfb
     return make(sf_mma, mma_tiler, SF_VEC, stages)
-
-
-def smem_layouts(mma_tiler, stages: int, sf_mma):
-    """(SFA, SFB) shared layouts (`smem_layout`)."""
-    return (smem_layout("A", sf_mma, mma_tiler, stages),
-            smem_layout("B", sf_mma, mma_tiler, stages))
 
 
 def tmem_layout(operand: str, sf_mma, mma_tiler, smem_stage):
@@ -106,12 +93,3 @@ def tmem_layout(operand: str, sf_mma, mma_tiler, smem_stage):
 
     make = bl.make_tmem_layout_sfa if operand == "A" else bl.make_tmem_layout_sfb
     return make(sf_mma, mma_tiler, SF_VEC, smem_stage)
-
-
-def tmem_layouts(mma_tiler, sf_mma, sfa_smem, sfb_smem):
-    """(SFA, SFB) tensor-memory layouts (`tmem_layout`) from the staged shared layouts."""
-    import cutlass.cute as cute
-
-    s0 = lambda lay: cute.slice_(lay, (None, None, None, 0))
-    return (tmem_layout("A", sf_mma, mma_tiler, s0(sfa_smem)),
-            tmem_layout("B", sf_mma, mma_tiler, s0(sfb_smem)))

@@ -17,7 +17,8 @@ import functools
 import torch
 
 from tk_cute import arch
-from tk_cute.runtime import KernelCache, as_cute, batched, compile_locked, output, stream
+from tk_cute.runtime import (KernelCache, as_cute, batched, compile_locked, output, sm_count,
+                             stream)
 
 _CACHE = KernelCache()
 _DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
@@ -134,7 +135,7 @@ def _kernel(config, scaled: bool, device):
         raise ValueError(f"tk_cute.gemm has a Hopper (wgmma) kernel only; this GPU is "
                          f"{target.name}")
     cls = GemmScaledSm90 if scaled else GemmSm90
-    return cls(config), torch.cuda.get_device_properties(device).multi_processor_count
+    return cls(config), sm_count(device)
 
 
 def compile_seconds() -> dict:

@@ -15,6 +15,7 @@ Contracts:
 from __future__ import annotations
 
 import ctypes
+import functools
 import time
 from dataclasses import dataclass
 
@@ -268,6 +269,16 @@ class Launcher:
 def device_index(device: torch.device) -> int:
     """The index of a CUDA device ("cuda" without one: the current device)."""
     return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def sm_count(device: torch.device) -> int:
+    """The SMs of a CUDA device (read once per device: the plans and grids ask per call)."""
+    return _sm_count(device_index(device))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def raw_stream(device_index: int) -> int:

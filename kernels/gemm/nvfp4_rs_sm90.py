@@ -64,11 +64,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
+from tk_cute.arch import target
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import cluster, memory, schedule, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, ptr
-from tk_cute.types.gl import coord, gl
+from tk_cute.types.gl import coord, gl, row_major
 from tk_cute.types.rt import rt
 from tk_cute.types.semaphore import ring, semaphore
 from tk_cute.types.st import Shared, smem_bytes, st
@@ -81,7 +82,7 @@ WG = warpgroup.WARPGROUP_THREADS
 PRODUCER_REGISTERS = 48
 MAX_CONSUMER_REGISTERS = 232
 MAX_M = 128
-SMEM_BUDGET = 227 * 1024
+SMEM_BUDGET = target("sm_90a").smem_bytes
 OUT_TYPES = ("bfloat16", "float16", "float32")
 # From this N_ACT on the activations are permuted once per call (`Config.permute`): on the H200
 # (docs/results.md) even at 32, 7-13% faster at 48-96 and 1.6x at 128; 5% slower at 16.
@@ -499,7 +500,7 @@ def _store(cfg: cutlass.Constexpr, acc, ws, M, N, K, cta, ctas, n0):
                           "float32")
 
 
-def _output_scale(gsb, sf_format: str = "ue4m3"):
+def output_scale(gsb, sf_format: str = "ue4m3"):
     """2^shift (undoing the decode's exact 2^-shift, `fp4.decode_shift`) times the weights'
     global scale gB."""
     return memory.ld_f32(gsb.toint()) * Float32(2.0 ** fp4.decode_shift(sf_format))
@@ -526,7 +527,7 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
     first = schedule.stream_k_owner(first_unit, ctas, units)
     planes = schedule.stream_k_owner(first_unit + stages - 1, ctas, units) - first + 1
     if i < M * N:
-        scale = _output_scale(gsb, cfg.sf)
+        scale = output_scale(gsb, cfg.sf)
         total = cute.make_rmem_tensor((4,), Float32)
         for e in cutlass.range_constexpr(4):
             total[e] = Float32(0.0)
@@ -539,22 +540,29 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
             memory.st_cvt(out.toint() + (Int64(i) + e) * esize, total[e] * scale, cfg.out_dtype)
 
 
+def weight_tensors(w: cute.Pointer, wsf: cute.Pointer, N, K):
+    """The weights as the global tensors the TMA loads: packed codes (N, K / 2) and blocked
+    scales (each 512-byte atom as 2 rows of 256 bytes)."""
+    sf_rows = (N // BAND) * (K // nvfp4_scales.ATOM_K) * 2
+    return row_major(w, N, K // 2), row_major(wsf, sf_rows, 256)
+
+
+def launch_permute(x: cute.Pointer, xp: cute.Pointer, M, K, stream, use_pdl: bool) -> None:
+    """Launch `_permute_kernel`: xp = x with every row in the decode's K order."""
+    _permute_kernel(x, xp, M, K).launch(
+        grid=[(M * (K // SUB_K) * 4 + PERMUTE_THREADS - 1) // PERMUTE_THREADS, 1, 1],
+        block=[PERMUTE_THREADS, 1, 1], stream=stream, use_pdl=use_pdl)
+
+
 @cute.jit
 def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.Pointer,
             xp: cute.Pointer, gsb: cute.Pointer, out: cute.Pointer, ws: cute.Pointer, M: Int32,
             N: Int32, K: Int32, ctas: Int32, stream):
-    half = K // 2
-    wt = cute.make_tensor(w, cute.make_layout((N, half, 1), stride=(half, 1, N * half)))
-    sf_rows = (N // BAND) * (K // nvfp4_scales.ATOM_K) * 2  # 512-byte atoms as 2 rows each
-    sft = cute.make_tensor(wsf, cute.make_layout((sf_rows, 256, 1),
-                                                 stride=(256, 1, sf_rows * 256)))
+    wt, sft = weight_tensors(w, wsf, N, K)
     per_call = cfg.permute == "call"  # (x: the permuted copy xp, which the TMA then reads)
     if cutlass.const_expr(per_call):
-        _permute_kernel(x, xp, M, K).launch(
-            grid=[(M * (K // SUB_K) * 4 + PERMUTE_THREADS - 1) // PERMUTE_THREADS, 1, 1],
-            block=[PERMUTE_THREADS, 1, 1], stream=stream, use_pdl=True)
-    xt = cute.make_tensor(xp if per_call else x, cute.make_layout((M, K, 1),
-                                                                 stride=(K, 1, M * K)))
+        launch_permute(x, xp, M, K, stream, use_pdl=True)
+    xt = row_major(xp if per_call else x, M, K)
     _kernel(cfg, gl.load(wt, cfg.weight_tile), gl.load(sft, cfg.scale_tile),
             gl.load(xt, cfg.act_tile), ws, M, N, K).launch(
         grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=per_call or cfg.PDL,

@@ -38,6 +38,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from tk_cute.arch import target
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import memory, register, tma, warp, warpgroup
@@ -45,13 +46,14 @@ from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, ptr
 from tk_cute.templates.lcf import LCF
 from tk_cute.types import coord, gl, rt, st
+from tk_cute.types.gl import row_major
 from tk_cute.types.struct import DeviceStruct, config_repr
 
 STAGE_K = rs.SUB_K  # K per stage: one register-A batch (8 wgmma k16 steps)
 ROWS = 128  # weight rows per tile: one scale band, two 64-row consumer warpgroups
 OUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32, "nvfp4": cutlass.Uint8}  # nvfp4: D's packed codes
-SMEM_BUDGET = 227 * 1024
+SMEM_BUDGET = target("sm_90a").smem_bytes
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ class GemmNvfp4RsTiledSm90(LCF):
             d.prefetch()
 
     def k_steps(self, g):
-        return cute.size(g.X.tiles(), mode=[3])
+        return g.X.num_tiles(1)
 
     # --- producer ---------------------------------------------------------------------------
     def load(self, g, inputs, at, k, barrier, mcast):
@@ -143,7 +145,7 @@ class GemmNvfp4RsTiledSm90(LCF):
         rows = (thread // warpgroup.WARPGROUP_THREADS) * 64  # this warpgroup's weight rows
         warp_rows = rows + (wg_thread // 32) * 16  # this warp's 16 accumulator rows
         r_lo = warp_rows + lane // 4  # accumulator rows g, g + 8
-        scale = memory.ld_f32(g.gs.toint()) * Float32(2.0 ** fp4.decode_shift(self.config.sf))
+        scale = rs.output_scale(g.gs, self.config.sf)
         a_sets = [rt.operand_A(mma, wg_thread, 64, STAGE_K) for _ in range(self.config.A_SETS)]
         return Consumer(acc, a_sets, rows, warp_rows, r_lo, lane, scale)
 
@@ -207,7 +209,7 @@ class GemmNvfp4RsTiledSm90(LCF):
                 i = v0 + 4 * j
                 m = m0 + coords[i][1]
                 lo, hi = s.acc.frag[i] * s.scale, s.acc.frag[i + 2] * s.scale
-                amax = fp4.max_f32(_abs(lo), _abs(hi))
+                amax = fp4.abs_max((lo, hi))
                 for lanes in (4, 8, 16):  # the 8 lanes of this column's 16 rows
                     amax = fp4.max_f32(amax, fp4.from_bits(warp.shuffle_xor(fp4.bits(amax),
                                                                            lanes)))
@@ -225,9 +227,7 @@ class GemmNvfp4RsTiledSm90(LCF):
                         memory.st_u8_pred(g.out_sf.toint() + cutlass.Int64(
                             nvfp4_scales.band_offset(m, n_w // nvfp4_scales.SF_VEC, rk)), sf,
                             cutlass.Uint32(1))
-        if cute.arch.vote_any_sync(saturated != 0):
-            if s.lane == 0:
-                cute.arch.atomic_or(g.flag, cutlass.Int32(1))
+        warp.flag_if_any(g.flag, saturated, s.lane)
 
     def finish_tail(self):
         pass  # plain stores: nothing outstanding
@@ -238,15 +238,9 @@ class GemmNvfp4RsTiledSm90(LCF):
                  x: cute.Pointer, xp: cute.Pointer, gs: cute.Pointer, out: cute.Pointer,
                  out_sf: cute.Pointer, out_gs: cute.Pointer, flag: cute.Pointer,
                  M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32, stream):
-        half = K // 2
-        wt = cute.make_tensor(w, cute.make_layout((N, half, 1), stride=(half, 1, N * half)))
-        sf_rows = (N // ROWS) * (K // nvfp4_scales.ATOM_K) * 2  # 512-byte atoms as 2 rows
-        sft = cute.make_tensor(wsf, cute.make_layout((sf_rows, 256, 1),
-                                                     stride=(256, 1, sf_rows * 256)))
-        rs._permute_kernel(x, xp, M, K).launch(
-            grid=[(M * (K // rs.SUB_K) * 4 + rs.PERMUTE_THREADS - 1) // rs.PERMUTE_THREADS, 1, 1],
-            block=[rs.PERMUTE_THREADS, 1, 1], stream=stream)
-        xt = cute.make_tensor(xp, cute.make_layout((M, K, 1), stride=(K, 1, M * K)))
+        wt, sft = rs.weight_tensors(w, wsf, N, K)
+        rs.launch_permute(x, xp, M, K, stream, use_pdl=False)
+        xt = row_major(xp, M, K)
         g = Globals(gl.load(wt, self.w_tile), gl.load(sft, self.sf_tile),
                     gl.load(xt, self.x_tile), gs, out, out_sf, out_gs, flag, M, N, K)
         self.launch(g, N // ROWS, cute.ceil_div(M, self.Nb), 1, sms, stream)
@@ -256,10 +250,6 @@ def nvfp4_out_byte(n_w, gq, h):
     """Byte of a D row that lane group gq (even) writes for accumulator row g + 8 h: the codes
     of D columns n_w + gq + 8 h (low nibble) and the next column (high, from lane + 4)."""
     return (n_w + gq + 8 * h) // 2
-
-
-def _abs(x: Float32) -> Float32:
-    return fp4.from_bits(fp4.bits(x) & 0x7FFFFFFF)
 
 
 class Consumer:

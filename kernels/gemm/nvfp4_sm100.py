@@ -77,7 +77,7 @@ class Config:
     sf: str = "ue4m3"
     out: str = "bfloat16"  # D's type (OUT_TYPES; "nvfp4": codes + blocked UE4M3 scales)
     scheduler: str = schedule.STATIC  # or schedule.CLC: cluster launch control (work stealing)
-    early_release_a: bool = True  # Rubin only
+    early_release_a: bool = True  # where the target has it (`Target.early_a_release`)
 
     def __post_init__(self):
         t = target(self.arch)
@@ -109,11 +109,6 @@ class Config:
 
     # --- derived -----------------------------------------------------------------------
     @property
-    def rubin(self) -> bool:
-        """Rubin's ISA (B collector, early A release, UE5M3, K = 128 MMAs, 576 columns)."""
-        return target(self.arch).b_collector
-
-    @property
     def nvfp4_out(self) -> bool:
         """D quantized to NVFP4 in the epilogue (codes and scales stored from registers)."""
         return self.out == "nvfp4"
@@ -131,9 +126,14 @@ class Config:
         return self.Kb // self.mma_k
 
     @property
+    def early_a_release(self) -> bool:
+        """The A stage freed once its MMAs have read it (`Target.early_a_release`)."""
+        return target(self.arch).early_a_release and self.early_release_a
+
+    @property
     def b_reuse(self) -> bool:
         """Two M halves share B through the Rubin B collector (FILL -> LASTUSE)."""
-        return self.rubin and self.m_mmas == 2
+        return target(self.arch).b_collector and self.m_mmas == 2
 
     @property
     def tmem(self) -> dict[str, tmem.tt]:
@@ -352,7 +352,7 @@ class GemmNvfp4Sm100:
                                         A[None, mh, kb, a.index], B[None, 0, kb, bs.index],
                                         sfa[None, mh, kb * c], sfb[None, 0, kb * c],
                                         accumulate=(kt + kb) != 0)
-                    tc.release_stage(a_ring, a, a_only=cfg.rubin and cfg.early_release_a)
+                    tc.release_stage(a_ring, a, a_only=cfg.early_a_release)
                     bs_ring.finish(bs)
                     a.advance()
                     bs.advance()
@@ -437,9 +437,7 @@ class GemmNvfp4Sm100:
                         s_enc_g, cfg.arch)
             full.advance()
             work = tiles.next()
-        if cute.arch.vote_any_sync(saturated != 0):
-            if cute.arch.lane_idx() == 0:
-                cute.arch.atomic_or(g.flag, cutlass.Int32(1))
+        warp.flag_if_any(g.flag, saturated)
         cluster.pdl_launch_dependents()
         alloc.deallocate(tm, epi)
 

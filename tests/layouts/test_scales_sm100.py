@@ -12,10 +12,12 @@ import functools
 import pytest
 import torch
 
+import cutlass
 import cutlass.cute as cute
 
 from tk_cute.layouts import scales_sm100 as S
 from tk_cute.layouts.nvfp4_scales import blocked_offset, eval_cute_layout, scale_offsets_cute
+from tk_cute.types import st_mma
 from tk_cute.nvfp4 import dequantize, e2m1_decode, e4m3_decode, quantize, unpack_fp4
 
 TILES = [(512, 256, 256), (256, 256, 256), (256, 128, 256)]  # (Mb, Nb, Kb) the kernel uses
@@ -38,16 +40,14 @@ def _layouts(Mb, Nb, Kb):
     res = {}
     for operand, rows in (("SFA", Mb // 2), ("SFB", -(-Nb // 128) * 128)):
         coords = _stage_coords(rows, Kb // 16)
-        idx = 0 if operand == "SFA" else 1
+        make = st_mma.SFA if operand == "SFA" else st_mma.SFB  # the kernel's scale tiles
 
         def smem():
-            sf_mma, _ = S.layout_mmas(Nb)
-            return cute.slice_(S.smem_layouts((Mb, Nb, Kb), 1, sf_mma)[idx], (None, None, None, 0))
+            tile = make(cutlass.Float8E4M3FN, (Mb, Nb, Kb))
+            return cute.slice_(tile.layout(1), (None, None, None, 0))
 
         def tmem():
-            sf_mma, _ = S.layout_mmas(Nb)
-            sa, sb = S.smem_layouts((Mb, Nb, Kb), 1, sf_mma)
-            return S.tmem_layouts((Mb, Nb, Kb), sf_mma, sa, sb)[idx]
+            return make(cutlass.Float8E4M3FN, (Mb, Nb, Kb)).tmem_layout()
 
         # smem mode 0 is ((32,4),rest_rows),(16,4); bands beyond the atom are MMA_M / rest modes
         s_lay, _ = eval_cute_layout(smem)

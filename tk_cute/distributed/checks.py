@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 import torch.distributed as dist
 
 LOCAL_ERRORS = (TypeError, ValueError, NotImplementedError)
@@ -69,7 +70,7 @@ def agree(group, what: str, facts: dict, error: BaseException | None = None,
     _, size = group_info(group)
     got: list = [None] * size
     mine = None if error is None else (type(error).__name__, str(error))
-    dist.all_gather_object(got, (mine, facts), group=group)
+    dist.all_gather_object(got, (mine, {k: _host(v) for k, v in facts.items()}), group=group)
     failed = [(r, e) for r, (e, _) in enumerate(got) if e is not None]
     if failed:
         kinds = {name for _, (name, _) in failed}
@@ -92,10 +93,21 @@ def agree(group, what: str, facts: dict, error: BaseException | None = None,
     return all_facts
 
 
+def _host(value):
+    """A fact as a host value: tensors (global scales) are read here, in the exchange, so a call
+    with ``check=False`` never reads device memory."""
+    if isinstance(value, torch.Tensor):
+        return value.item()
+    if isinstance(value, tuple):
+        return tuple(_host(v) for v in value)
+    return value
+
+
 def checked(group, what: str, validate: Callable[[], dict], check: bool,
             hints: dict[str, str] | None = None) -> dict:
     """`local` + `agree` when `check`; with ``check=False`` a local error raises on this rank
-    only (the caller vouched for consistent arguments). Returns this rank's facts."""
+    only (the caller vouched for consistent arguments) and no device value is read. Returns
+    this rank's facts (device tensors among them as given)."""
     facts, error = local(validate)
     if check:
         agree(group, what, facts, error, hints)

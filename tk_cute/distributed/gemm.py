@@ -112,10 +112,6 @@ def _reduce_dtype(dtype) -> torch.dtype:
     return dtype
 
 
-def _gs(t: NVFP4Tensor) -> float:
-    return float(t.global_scale)  # one host read (a sync on a GPU): only in the checks
-
-
 def _fmt(t) -> str | None:
     """The block-scale format of an NVFP4 operand (None for bf16 activations)."""
     return getattr(t, "scale_format", "ue4m3") if isinstance(t, NVFP4Tensor) else None
@@ -170,11 +166,11 @@ def column_parallel_gemm(a, w_shard: NVFP4Tensor, group=None, gather_output: boo
         _full_size("out_features", out_features, w_shard.M, size, "rows (N)")
         # K first: where several facts differ, the first is the one reported.
         facts = {"K": w_shard.K, "weight rows": w_shard.M, "weight scale format": _fmt(w_shard),
-                 "weight global scale": _gs(w_shard), "activations": _kind(a),
+                 "weight global scale": w_shard.global_scale, "activations": _kind(a),
                  "activation shape": tuple(a.shape), "activation scale format": _fmt(a),
                  "out_dtype": str(out_dtype), "gather_output": bool(gather_output)}
         if isinstance(a, NVFP4Tensor):
-            facts["activation global scale"] = _gs(a)
+            facts["activation global scale"] = a.global_scale
         return facts
 
     checked(group, "column_parallel_gemm", validate, check, HINTS)
@@ -257,7 +253,7 @@ def _row_facts(a, w, size, reduce_dtype, out_dtype, in_features) -> dict:
     nvfp4.plan(a, w, reduce_dtype)
     _full_size("in_features", in_features, w.K, size, "K elements")
     return {"K": w.K, "weight rows": w.M, "weight scale format": _fmt(w),
-            "weight global scale": _gs(w), "activations": _kind(a),
+            "weight global scale": w.global_scale, "activations": _kind(a),
             "activation shape": tuple(a.shape), "activation scale format": _fmt(a),
             "reduce_dtype": str(reduce_dtype), "out_dtype": str(out_dtype)}
 
@@ -377,12 +373,12 @@ def all_gather_gemm(a_local, w_shards, group=None, *, chunks: int = 1,
         _chunks(chunks, _rows(a_local))
         facts = {"K": ws[0].K, "weight rows": tuple(w.M for w in ws),
                  "weight scale format": tuple(_fmt(w) for w in ws),
-                 "weight global scale": tuple(_gs(w) for w in ws),
+                 "weight global scale": tuple(w.global_scale for w in ws),
                  "activations": _kind(a_local), "activation shape": tuple(a_local.shape),
                  "activation scale format": _fmt(a_local), "out_dtype": str(out_dtype),
                  "chunks": chunks}
         if isinstance(a_local, NVFP4Tensor):
-            facts["activation global scale"] = _gs(a_local)
+            facts["activation global scale"] = a_local.global_scale
         return facts
 
     checked(group, "all_gather_gemm", validate, check, HINTS)
@@ -410,7 +406,6 @@ def all_gather_gemm(a_local, w_shards, group=None, *, chunks: int = 1,
             recvs.append(recv.view(size, *send.shape))
     for w, out in zip(ws, outs):  # this rank's rows: no communication needed
         out[rank].copy_(nvfp4.gemm(a_local, w, out_dtype))
-    peers = [q for q in range(size) if q != rank]
     for (off, n), recv, work in zip(pieces, recvs, works):
         work.wait()
         if rank == 0:
@@ -419,7 +414,7 @@ def all_gather_gemm(a_local, w_shards, group=None, *, chunks: int = 1,
             theirs = recv[:-1]
         else:
             theirs = torch.cat([recv[:rank], recv[rank + 1:]])
-        rows = len(peers) * n
+        rows = (size - 1) * n
         if nv:
             d = theirs[:, :n * K // 2].reshape(rows, K // 2)
             s = to_blocked(theirs[:, n * K // 2:].reshape(rows, K // 16))
@@ -427,8 +422,10 @@ def all_gather_gemm(a_local, w_shards, group=None, *, chunks: int = 1,
         else:
             part_a = theirs.reshape(rows, *mid, K)
         for w, out in zip(ws, outs):
-            y = nvfp4.gemm(part_a, w, out_dtype)
-            out[peers, off:off + n] = y.view(len(peers), n, *mid, w.M)
+            y = nvfp4.gemm(part_a, w, out_dtype).view(size - 1, n, *mid, w.M)
+            # the peers are ranks [0, rank) then (rank, size): two slice copies (no index tensor)
+            out[:rank, off:off + n].copy_(y[:rank])
+            out[rank + 1:, off:off + n].copy_(y[rank:])
     del sends  # the collectives that read them have completed (waited above)
     outs = [out.reshape(size * m, *mid, w.M) for w, out in zip(ws, outs)]
     return outs[0] if single else outs
@@ -444,7 +441,8 @@ def quantize_shared(x: torch.Tensor, group=None, *, check_finite: bool | None = 
 
     ``amax`` is a max, exact in any order: one all-reduce (MAX) of the ranks' local amax and
     the recipe's ``max(amax, AMAX_FLOOR) / 2688`` (UE5M3: the format's floor and denominator)
-    give every rank the whole tensor's global scale bit for bit, and with it (`tk_cute.nvfp4.shard`'s argument) the bytes of
+    give every rank the whole tensor's global scale bit for bit, and with it (`tk_cute.nvfp4.
+    shard`'s argument) the bytes of
     ``shard(quantize(whole), dim, rank, p)`` for a row slice (dim 0) or a K slice (dim 1,
     boundaries on 16-element blocks, i.e. the slice's K % 16 == 0, which quantize requires).
 
@@ -499,7 +497,7 @@ def quantize_shared(x: torch.Tensor, group=None, *, check_finite: bool | None = 
     if check and bool(stats[1] > 0):
         raise ValueError(f"quantize_shared: the sharded input holds NaN/Inf (up to "
                          f"{int(stats[1])} values on one rank): there is no global scale for it")
-    f32 = lambda v: torch.tensor(v, dtype=torch.float32, device=x.device)
+    f32 = lambda v: torch.full((), v, dtype=torch.float32, device=x.device)  # no host copy
     # The recipe's step 2, the same float32 operations as quantize_reference (a division).
     g = torch.div(torch.maximum(stats[0], f32(fmt.amax_floor)), f32(fmt.global_denom))
     if x.is_cuda:

@@ -147,6 +147,22 @@ class _Parallel(nvfp4.Linear):
         return mod
 
     @classmethod
+    def from_nvfp4(cls, weight: nvfp4.NVFP4Tensor, bias: torch.Tensor | None = None, group=None,
+                   **opts) -> _Parallel:
+        """This rank's part of the full (N, K) NVFP4 `weight`, cut along the class's
+        `SHARD_DIM` (columns: N rows; rows: K columns), and of the (N,) bias."""
+        if not isinstance(weight, nvfp4.NVFP4Tensor) or weight.ndim != 2:
+            raise TypeError(f"{cls.__name__}.from_nvfp4 takes a 2-D NVFP4Tensor, got "
+                            f"{getattr(weight, 'shape', type(weight).__name__)}")
+        rank, size = group_info(group)
+        dim = cls.SHARD_DIM
+        name = ("out_features", "in_features")[dim]
+        n = _split(f"{cls.__name__}: {name}={weight.shape[dim]}", weight.shape, dim, size)
+        b = None if bias is None else cls._bias_part(bias, rank, n).clone()
+        return cls._wrap(shard(weight, dim, rank, size), b, tuple(weight.shape), group=group,
+                         **opts)
+
+    @classmethod
     def from_linear(cls, linear: nn.Module, group=None, **opts) -> _Parallel:
         """This rank's part of a full layer: an ``nn.Linear`` (its weight quantized whole, the
         same bytes on every rank, then sharded) or a `tk_cute.nvfp4.Linear` (sharded as is;
@@ -195,18 +211,11 @@ class ColumnParallelLinear(_Parallel):
         self.gather_output, self.sequence_parallel = bool(gather_output), bool(sequence_parallel)
         self.chunks = chunks
 
-    @classmethod
-    def from_nvfp4(cls, weight: nvfp4.NVFP4Tensor, bias: torch.Tensor | None = None, group=None,
-                   **opts) -> ColumnParallelLinear:
-        """This rank's rows of the full (N, K) NVFP4 `weight` (and of the (N,) bias)."""
-        if not isinstance(weight, nvfp4.NVFP4Tensor) or weight.ndim != 2:
-            raise TypeError(f"{cls.__name__}.from_nvfp4 takes a 2-D NVFP4Tensor, got "
-                            f"{getattr(weight, 'shape', type(weight).__name__)}")
-        rank, size = group_info(group)
-        N, K = weight.shape
-        n = _split(f"{cls.__name__}: out_features={N}", weight.shape, 0, size)
-        b = None if bias is None else bias[rank * n:(rank + 1) * n].clone()
-        return cls._wrap(shard(weight, 0, rank, size), b, (N, K), group=group, **opts)
+    SHARD_DIM = 0  # W's rows (N)
+
+    @staticmethod
+    def _bias_part(bias: torch.Tensor, rank: int, n: int) -> torch.Tensor:
+        return bias[rank * n:(rank + 1) * n]  # this rank's N slice
 
     @classmethod
     def from_shard(cls, w_shard: nvfp4.NVFP4Tensor, bias_shard: torch.Tensor | None = None,
@@ -303,18 +312,11 @@ class RowParallelLinear(_Parallel):
         self.reduce, self.reduce_dtype = reduce, _reduce_dtype(reduce_dtype)
         self.chunks, self.activation_scale = chunks, activation_scale
 
-    @classmethod
-    def from_nvfp4(cls, weight: nvfp4.NVFP4Tensor, bias: torch.Tensor | None = None, group=None,
-                   **opts) -> RowParallelLinear:
-        """This rank's K columns of the full (N, K) NVFP4 `weight`; the full bias."""
-        if not isinstance(weight, nvfp4.NVFP4Tensor) or weight.ndim != 2:
-            raise TypeError(f"{cls.__name__}.from_nvfp4 takes a 2-D NVFP4Tensor, got "
-                            f"{getattr(weight, 'shape', type(weight).__name__)}")
-        rank, size = group_info(group)
-        _split(f"{cls.__name__}: in_features={weight.K}", weight.shape, 1, size)
-        b = None if bias is None else bias.clone()
-        return cls._wrap(shard(weight, 1, rank, size), b, tuple(weight.shape), group=group,
-                         **opts)
+    SHARD_DIM = 1  # W's columns (K)
+
+    @staticmethod
+    def _bias_part(bias: torch.Tensor, rank: int, n: int) -> torch.Tensor:
+        return bias  # added once, after the reduction: the full (N,) vector
 
     @classmethod
     def from_shard(cls, w_shard: nvfp4.NVFP4Tensor, bias: torch.Tensor | None = None,

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import torch
 
 from tk_cute import arch
-from tk_cute.runtime import KernelCache, compile_locked
+from tk_cute.runtime import KernelCache, compile_locked, output, sm_count
 
-from . import heuristics
+from . import heuristics, validate
 from .tensor import NVFP4Tensor
 
-TARGETS = ("sm_100a", "sm_103a", "sm_107a")
+TARGETS = tuple(t.name for t in arch.TARGETS.values() if t.fp4_tensor_cores)  # tcgen05 FP4
 OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 NVFP4 = "nvfp4"  # out_dtype of an NVFP4 D
 _CACHE = KernelCache()
@@ -68,15 +68,10 @@ def supports(m: int, n: int, k: int, out_dtype="bfloat16") -> bool:
     """Whether `gemm_sm100` takes an (m, n, k) NVFP4 x NVFP4 GEMM (on an sm_100a/103a/107a GPU):
     K a multiple of the configs' Kb (256), N of 8, bf16/fp16 output (a torch dtype or its
     name); or "nvfp4" output (`gemm_sm100_nvfp4`) with N a multiple of 16."""
-    names = set(OUT_DTYPES.values())
     if out_dtype == NVFP4:
         return k % 256 == 0 and n % 16 == 0 and min(m, n, k) > 0
-    out_ok = out_dtype in names if isinstance(out_dtype, str) else out_dtype in OUT_DTYPES
-    return k % 256 == 0 and n % 8 == 0 and out_ok and min(m, n, k) > 0
-
-
-def sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    name = out_dtype if isinstance(out_dtype, str) else OUT_DTYPES.get(out_dtype)
+    return k % 256 == 0 and n % 8 == 0 and name in OUT_DTYPES.values() and min(m, n, k) > 0
 
 
 def _check(a, b, out_dtype) -> None:
@@ -87,9 +82,7 @@ def _check(a, b, out_dtype) -> None:
     if out_dtype != NVFP4 and out_dtype not in OUT_DTYPES:
         raise TypeError(f"gemm_sm100 out_dtype must be torch.bfloat16 or torch.float16, got "
                         f"{out_dtype}")
-    if a.scale_format != b.scale_format:
-        raise ValueError(f"gemm_sm100: the block-scaled MMA takes one scale type for both "
-                         f"operands; a has {a.scale_format}, b {b.scale_format} scales")
+    validate.one_scale_format(a, b, "gemm_sm100")
     if a.ndim != b.ndim or a.K != b.K or (a.ndim == 3 and a.L != b.L):
         raise ValueError(f"gemm_sm100 needs (M, K) x (N, K) or (L, M, K) x (L, N, K) with one K "
                          f"and L; got a {tuple(a.shape)}, b {tuple(b.shape)}")
@@ -137,14 +130,10 @@ def prepare(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=Non
                          f"got N={N}")
     shape = (M, N) if a.L is None else (L, M, N)
     if name == NVFP4:
-        d = _nvfp4_out(shape, a.device, out, out_global_scale)
+        d = validate.nvfp4_out(shape, a.device, out, out_global_scale)
         addr = {"d": d.data, "d_sf": d.scales, "d_gs": d.global_scale, "flag": d.saturated}
     else:
-        d = torch.empty(shape, dtype=out_dtype, device=a.device) if out is None else out
-        if (d.shape != shape or d.dtype != out_dtype or not d.is_contiguous()
-                or d.device != a.device):
-            raise ValueError(f"out must be a contiguous {shape} {out_dtype} tensor on "
-                             f"{a.device}; got {tuple(d.shape)} {d.dtype} on {d.device}")
+        d = output(out, shape, out_dtype, a.device, "gemm_sm100")
         addr = {"d": d}
     addr.update(a=a.data, b=b.data, sfa=a.scales, sfb=b.scales, ga=a.global_scale,
                 gb=b.global_scale)
@@ -152,31 +141,6 @@ def prepare(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=Non
     args = K.launch_args(cfg, {k: t.data_ptr() for k, t in addr.items()}, M, N, Kdim, L,
                          clusters)
     return Launch(cfg, args, d)
-
-
-def _nvfp4_out(shape, device, out, global_scale) -> NVFP4Tensor:
-    """D as an NVFP4Tensor (codes, blocked scales: every byte, padding included, is written by
-    the kernel) with a zeroed `saturated` flag; N % 16 == 0 (16-column scale blocks)."""
-    from tk_cute.layouts.nvfp4_scales import blocked_shape
-
-    *lead, M, N = shape
-    if N % 16:
-        raise ValueError(f"NVFP4 output needs N % 16 == 0 (16-element scale blocks along D's "
-                         f"rows), got N={N}")
-    if out is None:
-        out = NVFP4Tensor.trusted(
-            torch.empty((*lead, M, N // 2), dtype=torch.uint8, device=device),
-            torch.empty(blocked_shape(M, N, *lead), dtype=torch.uint8, device=device),
-            global_scale, shape)
-    elif not isinstance(out, NVFP4Tensor) or tuple(out.shape) != tuple(shape) or (
-            out.device != device) or out.scale_format != "ue4m3":
-        raise ValueError(f"out must be a UE4M3 NVFP4Tensor of shape {tuple(shape)} on {device}, "
-                         f"got {out!r}")
-    for part in (out.data, out.scales):
-        if not part.is_contiguous():
-            raise ValueError("out's data and scales must be contiguous")
-    out.saturated = torch.zeros((), dtype=torch.int32, device=device)
-    return out
 
 
 def compile_launch(launch: Launch, keep: bool = False):

@@ -31,6 +31,8 @@ references on CPU take any mix).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +52,8 @@ class Plan:
             (`parts` over slices of the activation rows), "batches" (`parts[0]` for each batch)
             or "reference" (CPU tensors only).
         config: the kernel's Config (one-kernel paths).
-        parts: ((start, stop, Plan), ...) for "rows" and "batches".
+        parts: ((start, stop, Plan), ...) for "rows"; ((0, L, Plan),) for "batches" (the one
+            plan every batch runs).
         decode_a: W4A4 activations decoded to exact bf16 first, gA folded into D's scale.
         pad_n: D computed with N rounded up to this (0: not padded), then copied into place.
     """
@@ -63,7 +66,9 @@ class Plan:
 
     def kernels(self) -> list[str]:
         """The one-kernel paths this plan runs, in order (a "rows" plan lists each slice)."""
-        if self.path in ("rows", "batches"):
+        if self.path == "batches":
+            return self.parts[0][2].kernels() * self.parts[0][1]
+        if self.path == "rows":
             return [k for _, _, p in self.parts for k in p.kernels()]
         return [self.path]
 
@@ -87,10 +92,8 @@ def plan(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16, *, pdl: boo
 def _scale_format(a, b: NVFP4Tensor) -> str:
     """The call's block-scale format: b's, and a's too for W4A4. On CUDA the two must agree
     (one scale type per MMA, one decode per kernel); the CPU references take any mix."""
-    if isinstance(a, NVFP4Tensor) and a.scale_format != b.scale_format and (
-            b.device.type == "cuda"):
-        raise ValueError(f"gemm on CUDA needs one scale format for both operands; a has "
-                         f"{a.scale_format}, b {b.scale_format} scales (requantize one)")
+    if b.device.type == "cuda":
+        return validate.one_scale_format(a, b, "gemm on CUDA")
     return b.scale_format
 
 
@@ -108,18 +111,17 @@ def _plan(op: validate.Operands, device: torch.device, out_dtype, pdl: bool,
         from .launch import sm_count
 
         one = _plan_hopper(op.w4a4, op.M, op.N, op.K, name, sm_count(device), pdl, path, sf)
-        if op.batched:
-            return Plan("batches", parts=tuple((l, l + 1, one) for l in range(op.L)))
+        if op.batched:  # one plan, run for each batch
+            return Plan("batches", parts=((0, op.L, one),))
         return one
     if path not in (None, "sm100"):
         raise ValueError(f"path {path!r} is a Hopper path; {target.name} runs 'sm100'")
     return _plan_sm100(op, target.name, "nvfp4" if nvfp4_out else name, sf)
 
 
+@functools.lru_cache(maxsize=4096)  # per call (Configs' __post_init__ search their stages)
 def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bool,
                  force: str | None = None, sf: str = "ue4m3") -> Plan:
-    import dataclasses
-
     if force is None:
         path = heuristics.hopper_path(w4a4, M, N, K, out, sms, sf)
     else:
@@ -258,53 +260,42 @@ def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None 
     op = validate.gemm_operands(a, b, torch.float32, pdl=pdl)
     if op.batched:
         raise ValueError(f"NVFP4 output takes 2-D operands, got b {tuple(b.shape)}")
-    if op.N % 16:
-        raise ValueError(f"NVFP4 output needs N % 16 == 0 (16-element scale blocks along D's "
-                         f"rows), got N={op.N}")
     if (global_scale is None) == (out is None):
         raise TypeError("NVFP4 output takes exactly one of global_scale (D's decode scale) and "
                         "out (an NVFP4Tensor holding it)")
-    if out is not None:
-        if not isinstance(out, NVFP4Tensor) or tuple(out.shape) != (op.M, op.N) or (
-                out.device != b.device):
-            raise ValueError(f"gemm out must be an NVFP4Tensor of shape {(op.M, op.N)} on "
-                             f"{b.device}, got {out!r}")
-        gs = out.global_scale
-    else:
-        gs = check_global_scale(global_scale, b.device)
+    gs = out.global_scale if out is not None else check_global_scale(global_scale, b.device)
+    d = validate.nvfp4_out((op.M, op.N), b.device, out, gs)  # checks out, or allocates D
     a2 = a if op.w4a4 else a.reshape(op.M, op.K)
     p = _plan(op, b.device, torch.float32, pdl, path, _scale_format(a, b), nvfp4_out=True)
     if p.path == "sm100":
         from . import dispatch_sm100
 
-        return dispatch_sm100.gemm_sm100_nvfp4(a2, b, None if out is not None else gs,
-                                               config=p.config, out=out)
+        return dispatch_sm100.gemm_sm100_nvfp4(a2, b, None, config=p.config, out=d)
     if p.path == "register_a_tiled":
         from . import launch
 
         gsb = None
         if p.decode_a:
             gsb, a2 = a2.global_scale * b.global_scale, launch.dequantize_blocks(a2)
-        return launch.register_a_tiled_nvfp4(a2, b, p.config, gs, out, gsb)
-    d32 = torch.empty((op.M, op.N), dtype=torch.float32, device=b.device)
+        return launch.register_a_tiled_nvfp4(a2, b, p.config, d, gsb)
     if p.path == "reference":
         from .reference import gemm_reference, w4a16_reference
 
         d32 = (gemm_reference if op.w4a4 else w4a16_reference)(a2, b, torch.float32)
+        q = quantize(d32, global_scale=gs)
+        d.data.copy_(q.data)
+        d.scales.copy_(q.scales)
     else:
-        run(p, a2, b, d32)
-    q = quantize(d32, global_scale=gs, check_finite=False) if d32.is_cuda else quantize(
-        d32, global_scale=gs)
+        from . import launch
+
+        d32 = run(p, a2, b, torch.empty((op.M, op.N), dtype=torch.float32, device=b.device))
+        launch.quantize(d32, gs, check_finite=False, out=d)  # gs checked above: no 2nd read
     # Some block saturates iff the largest t = fl(fl(amax / 6) / global scale) exceeds 448
     # (t grows with the block amax).
-    t = torch.div(torch.div(d32.abs().amax(), 6.0), gs)
-    q.saturated = (t > 448.0).to(torch.int32)
-    if out is not None:
-        out.data.copy_(q.data)
-        out.scales.copy_(q.scales)
-        out.saturated = q.saturated
-        return out
-    return q
+    lo, hi = torch.aminmax(d32)
+    t = torch.div(torch.div(torch.maximum(hi, -lo), 6.0), gs)
+    d.saturated = (t > 448.0).to(torch.int32)
+    return d
 
 
 def run(p: Plan, a, b: NVFP4Tensor, out: torch.Tensor, gsb=None) -> torch.Tensor:

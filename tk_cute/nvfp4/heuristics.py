@@ -188,7 +188,6 @@ def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs
     return narrow
 
 
-
 def register_a_tiled_config(M: int, N: int, out_dtype: str, sms: int) -> rst.Config:
     """Nb = 256 activation rows per tile where the 128 x 256 tiles still make about a wave (each
     decoded weight then serves twice the activations), else 128. H200 (docs/results.md,
@@ -206,6 +205,7 @@ def register_a_ctas(cfg: rs.Config, N: int, K: int, sms: int) -> int:
     return min(units, schedule.stream_k_aligned_ctas(units, K // rs.STAGE_K, sms))
 
 
+@functools.lru_cache(maxsize=1024)  # a call plans per shape: keep it off the hot path
 def sm100_config(arch: str, m: int, n: int, k: int, out: str = "bfloat16", sf: str = "ue4m3"):
     """The `kernels.gemm.nvfp4_sm100.Config` for a GEMM shape (docs/rubin.md has the table);
     `out` D's type ("nvfp4": quantized in the epilogue), `sf` the operands' scale format

@@ -30,7 +30,7 @@ from tk_cute.kernels.gemm import nvfp4_sm90 as sm90
 from tk_cute.ops import nvfp4 as fp4_ops
 from tk_cute.ops import schedule
 from tk_cute.runtime import (KernelCache, aligned, as_cute, batched, compile_locked,
-                             device_index, output, raw_stream, stream)
+                             device_index, output, raw_stream, sm_count, stream)
 
 from . import heuristics, validate
 from .tensor import NVFP4Tensor
@@ -40,15 +40,6 @@ _REGISTER_A = KernelCache()
 _REGISTER_A_TILED = KernelCache()
 _FUSED = KernelCache()
 _DEQUANTIZE = KernelCache()
-
-
-def sm_count(device: torch.device) -> int:
-    return _sm_count(device_index(device))
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def output_scale(a, b: NVFP4Tensor) -> torch.Tensor:
@@ -123,25 +114,15 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
            out_sf=out_sf, out_gs=out_gs, flag=flag, M=M, N=N, K=K, stream=raw_stream(index))
 
 
-def register_a_tiled_nvfp4(a: torch.Tensor, b: NVFP4Tensor, cfg: rst.Config,
-                           global_scale: torch.Tensor, out: NVFP4Tensor | None = None,
+def register_a_tiled_nvfp4(a: torch.Tensor, b: NVFP4Tensor, cfg: rst.Config, out: NVFP4Tensor,
                            gsb=None) -> NVFP4Tensor:
-    """The tiled register-A kernel with its fused NVFP4 epilogue: D (M, N) as an NVFP4Tensor
-    with decode scale `global_scale` (0-dim fp32 on the device) and attribute `saturated`."""
-    M, N = a.shape[0], b.M
-    dev = b.device
+    """The tiled register-A kernel with its fused NVFP4 epilogue into `out` (M, N), an
+    NVFP4Tensor from `validate.nvfp4_out` (its global scale is D's decode scale; its
+    `saturated` flag, zeroed there, is set where a block scale saturated)."""
     cfg = dataclasses.replace(cfg, out_dtype="nvfp4")
-    if out is None:
-        from tk_cute.layouts.nvfp4_scales import blocked_shape
-
-        out = NVFP4Tensor.trusted(torch.empty((M, N // 2), dtype=torch.uint8, device=dev),
-                                  torch.empty(blocked_shape(M, N), dtype=torch.uint8, device=dev),
-                                  global_scale, (M, N))
     out.scales.zero_()  # padding rows and columns of the blocked layout are zeros
-    flag = torch.zeros((), dtype=torch.int32, device=dev)
     _launch_tiled(a, b, cfg, gsb, out.data.data_ptr(), out.scales.data_ptr(),
-                  out.global_scale.data_ptr(), flag.data_ptr())
-    out.saturated = flag
+                  out.global_scale.data_ptr(), out.saturated.data_ptr())
     return out
 
 
@@ -255,10 +236,12 @@ def _quantize_plan(x, given: bool, check: bool, config) -> _QuantizePlan:
 
 
 def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
-             config=None) -> NVFP4Tensor:
+             config=None, out: NVFP4Tensor | None = None) -> NVFP4Tensor:
     """Quantize a CUDA tensor validated by `tk_cute.nvfp4.quantize` (its docstring has the
     arguments). Per call: a dict lookup (the per-shape plan), up to 3 torch.empty (+1 zeros on
     the given-scale checked path) and 1-2 launches; one host sync when check_finite.
+    `out`: with a given scale, an NVFP4Tensor of x's shape checked by `validate.nvfp4_out`
+    whose data and scales receive the bytes (it is returned).
 
     Returns:
         NVFP4Tensor on x's device (global_scale: a 0-dim view into a small workspace).
@@ -267,8 +250,11 @@ def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
     plan = _quantize_plan(x, given, check_finite, config)
     x = aligned(x)  # 16-byte vector loads
     dev = plan.device
-    data = torch.empty(plan.data_shape, dtype=torch.uint8, device=dev)
-    scales = torch.empty(plan.scales_shape, dtype=torch.uint8, device=dev)
+    if out is not None:
+        data, scales = out.data, out.scales
+    else:
+        data = torch.empty(plan.data_shape, dtype=torch.uint8, device=dev)
+        scales = torch.empty(plan.scales_shape, dtype=torch.uint8, device=dev)
     ws = torch.empty(plan.ws_words, dtype=torch.float32, device=dev)
     wp = ws.data_ptr()
     st = raw_stream(plan.device_index)
@@ -290,7 +276,7 @@ def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
         if bad:
             raise ValueError("quantize input must be finite: x contains NaN/Inf value(s) "
                              "(found on the device; pass check_finite=False to skip this check)")
-    return NVFP4Tensor.trusted(data, scales, ws[plan.grid], x.shape)
+    return out if out is not None else NVFP4Tensor.trusted(data, scales, ws[plan.grid], x.shape)
 
 
 # ---------------------------------------------------------------- tuning entries
@@ -323,10 +309,7 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: gv.Config | None = N
         cfg = heuristics.small_m_config(op.M, op.N, op.K, op.w4a4, name, sm_count(b.device))
     else:
         cfg = dataclasses.replace(config, w4a4=op.w4a4, out_dtype=name)
-    cfg = dataclasses.replace(cfg, sf=b.scale_format)
-    if op.w4a4 and a.scale_format != b.scale_format:
-        raise ValueError(f"gemm_small_m decodes one scale format; a has {a.scale_format}, b "
-                         f"{b.scale_format}")
+    cfg = dataclasses.replace(cfg, sf=validate.one_scale_format(a, b, "gemm_small_m"))
     if splits is not None:
         cfg = dataclasses.replace(cfg, S=splits)
     if pdl:

@@ -140,7 +140,8 @@ def _check_quantize_input(x, global_scale, *, finite: bool = True) -> torch.Tens
 
 
 def check_global_scale(global_scale, device) -> torch.Tensor:
-    """A given DECODE scale as a float32 0-dim tensor on `device` (one host read of its value).
+    """A given DECODE scale as a float32 0-dim tensor on `device` (a device tensor's value is
+    read once on the host: a sync; a Python number is checked on the host and filled in).
 
     Raises:
         TypeError: not a real number or a one-element floating tensor.
@@ -154,14 +155,15 @@ def check_global_scale(global_scale, device) -> torch.Tensor:
                 f"{global_scale.dtype} of shape {tuple(global_scale.shape)}"
             )
         gs = global_scale.detach().reshape(()).to(device=device, dtype=torch.float32)
+        value = float(gs)
     elif isinstance(global_scale, numbers.Real) and not isinstance(global_scale, bool):
-        gs = torch.tensor(float(global_scale), dtype=torch.float32, device=device)
+        value = float(torch.tensor(float(global_scale), dtype=torch.float32))  # as float32
+        gs = torch.full((), value, dtype=torch.float32, device=device)
     else:
         raise TypeError(
             f"global_scale must be None, a real number or a tensor, got "
             f"{type(global_scale).__name__}"
         )
-    value = float(gs)
     if not (value >= _FLT_MIN and value != float("inf")):  # also catches NaN
         raise ValueError(
             f"global_scale (the decode scale) must be positive, finite and at least 2**-126 as "

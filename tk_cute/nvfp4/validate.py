@@ -19,7 +19,7 @@ from .tensor import NVFP4Tensor
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 __all__ = ["OUT_ALIGN", "OUT_DTYPES", "Operands", "check_out", "flag", "gemm_operands",
-           "out_dtype"]
+           "nvfp4_out", "one_scale_format", "out_dtype"]
 
 
 class Operands(NamedTuple):
@@ -110,3 +110,49 @@ def gemm_operands(a, b, dtype, *, out=None, pdl: bool = False, cuda: bool = Fals
     return Operands(M, b.M, K, L, w4a4, out_shape)
 
 
+
+
+def one_scale_format(a, b: NVFP4Tensor, who: str) -> str:
+    """The kernels' block-scale format: b's, which a W4A4 `a` must share (one scale type per
+    block-scaled MMA, one decode per kernel; the CPU references take any mix).
+
+    Raises:
+        ValueError: a and b are NVFP4Tensors of different scale formats.
+    """
+    if isinstance(a, NVFP4Tensor) and a.scale_format != b.scale_format:
+        raise ValueError(f"{who} needs one scale format for both operands; a has "
+                         f"{a.scale_format}, b {b.scale_format} scales (requantize one)")
+    return b.scale_format
+
+
+def nvfp4_out(shape: tuple, device, out, global_scale) -> NVFP4Tensor:
+    """D of an NVFP4-output GEMM: a new UE4M3 NVFP4Tensor of `shape` with decode scale
+    `global_scale` (a checked 0-dim fp32 tensor on `device`), or the caller's `out` once it is
+    one the kernels can write (shape, device, UE4M3 scales, contiguous 16-byte aligned parts);
+    either way with a zeroed `saturated` flag. N % 16 == 0 (16-column scale blocks).
+
+    Raises:
+        ValueError: N % 16 != 0, or `out` breaks one of the rules (each named).
+    """
+    from tk_cute.layouts.nvfp4_scales import blocked_shape
+
+    *lead, M, N = shape
+    if N % 16:
+        raise ValueError(f"NVFP4 output needs N % 16 == 0 (16-element scale blocks along D's "
+                         f"rows), got N={N}")
+    if out is None:
+        out = NVFP4Tensor.trusted(
+            torch.empty((*lead, M, N // 2), dtype=torch.uint8, device=device),
+            torch.empty(blocked_shape(M, N, *lead), dtype=torch.uint8, device=device),
+            global_scale, shape)
+    elif not isinstance(out, NVFP4Tensor) or tuple(out.shape) != tuple(shape) or (
+            out.device != torch.device(device)) or out.scale_format != "ue4m3":
+        raise ValueError(f"out must be a UE4M3 NVFP4Tensor of shape {tuple(shape)} on {device}, "
+                         f"got {out!r}")
+    for name, part in (("data", out.data), ("scales", out.scales)):
+        if not part.is_contiguous() or part.data_ptr() % OUT_ALIGN:
+            raise ValueError(f"out.{name} must be contiguous and {OUT_ALIGN}-byte aligned (the "
+                             f"kernels write it by address), got stride {part.stride()}, "
+                             f"address {part.data_ptr():#x}")
+    out.saturated = torch.zeros((), dtype=torch.int32, device=device)
+    return out

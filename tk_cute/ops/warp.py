@@ -4,13 +4,15 @@ the register-operand MMA `mma_m16n8k16_bf16` (``mma.sync``, the MMA of TK's `war
 `elect_leader()` is a context in which exactly one lane of a converged warp runs (PTX
 `elect.sync`): the way to issue single-thread work such as an mbarrier arrive or
 `expect_bytes`. Keep the whole warp converged around it: `elect.sync` and the DSL's TMA copies
-(which elect their own lane) deadlock when entered from a single-lane branch.
+(which elect their own lane) deadlock when entered from a single-lane branch. `flag_if_any`
+raises a device flag (saturation, NaN) once per warp.
 """
 
 from __future__ import annotations
 
+import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Uint32
+from cutlass import Float32, Int32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -40,6 +42,16 @@ def sync():
 def shuffle_xor(value, lane_mask: int):
     """The value held by lane `laneid() ^ lane_mask` (butterfly exchange)."""
     return cute.arch.shuffle_sync_bfly(value, offset=lane_mask)
+
+
+@cute.jit
+def flag_if_any(flag: cute.Pointer, raised, lane=None):
+    """``*flag |= 1`` (an Int32 device flag) if `raised` is nonzero on any lane of the
+    (converged) warp: one vote, then one atomic from lane 0 instead of one per lane. `lane`:
+    this thread's lane where the kernel has it in a register already (default `laneid()`)."""
+    if cute.arch.vote_any_sync(raised != 0):
+        if (cute.arch.lane_idx() if cutlass.const_expr(lane is None) else lane) == 0:
+            cute.arch.atomic_or(flag, Int32(1))
 
 
 @dsl_user_op

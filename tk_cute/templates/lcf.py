@@ -29,6 +29,7 @@ import cutlass.pipeline as pipeline
 
 from tk_cute.ops import schedule, tma, warp, warpgroup
 from tk_cute.types.gl import coord
+from tk_cute.types.semaphore import stage_ring
 from tk_cute.types.st import Shared, smem_bytes, st
 
 
@@ -176,20 +177,13 @@ class LCF:
         """The stage ring's full/empty barriers. Every consumer warp releases a stage once per
         CTA that multicast into it."""
         mcast_ctas = self.CLUSTER_M + self.CLUSTER_N - 1
-        consumers = pipeline.CooperativeGroup(
-            pipeline.Agent.Thread, mcast_ctas * self.NUM_CONSUMERS * 4)
-        ring = pipeline.PipelineTmaAsync.create(
-            barrier_storage=barriers,
-            num_stages=self.LOAD_PIPE_DEPTH,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=consumers,
-            tx_count=self.stage_bytes(),
-            cta_layout_vmnk=cute.make_layout((1, self.CLUSTER_M, self.CLUSTER_N, 1)),
-            defer_sync=True,
-        )
+        ring = stage_ring.tma_to_threads(
+            barriers, self.LOAD_PIPE_DEPTH, self.stage_bytes(),
+            mcast_ctas * self.NUM_CONSUMERS * 4,
+            cute.make_layout((1, self.CLUSTER_M, self.CLUSTER_N, 1)))
         pipeline.pipeline_init_arrive(
             cluster_shape_mn=(self.CLUSTER_M, self.CLUSTER_N), is_relaxed=True)
-        return ring
+        return ring.pipe
 
     # --- hooks with defaults --------------------------------------------------------------
     def prefetch(self, g):

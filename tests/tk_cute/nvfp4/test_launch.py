@@ -8,7 +8,7 @@ import torch
 from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
-from tk_cute.nvfp4 import heuristics, launch, quantize
+from tk_cute.nvfp4 import heuristics, launch, quantize, validate
 
 
 class Recorder:
@@ -49,10 +49,12 @@ def test_launch_arguments_match_the_signatures(recorded, seed):
     launch.register_a(a[:64], b, out[:64], heuristics.register_a_config(64, N, K))
     launch.register_a_tiled(a, b, out, rst.Config(Nb=128))
     gs = torch.tensor(0.5)
-    q = launch.register_a_tiled_nvfp4(a, b, rst.Config(Nb=128), gs)
+    q = launch.register_a_tiled_nvfp4(a, b, rst.Config(Nb=128),
+                                      validate.nvfp4_out((M, N), a.device, None, gs))
     calls = [c for r in recorded.values() for c in r.calls]
     assert len(calls) == 4
     tiled_nvfp4 = calls[-1]
     assert tiled_nvfp4["out"] == q.data.data_ptr() and tiled_nvfp4["out_sf"] == (
-        q.scales.data_ptr()) and tiled_nvfp4["out_gs"] == gs.data_ptr()
+        q.scales.data_ptr()) and tiled_nvfp4["out_gs"] == gs.data_ptr() and (
+        tiled_nvfp4["flag"] == q.saturated.data_ptr())
     assert all(c["M"] in (16, 64, M) and c["N"] == N and c["K"] == K for c in calls)
