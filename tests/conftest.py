@@ -1,7 +1,13 @@
-"""Shared fixtures (the GPU skip rule is in the root conftest.py, for examples/ too)."""
+"""Shared fixtures (the GPU skip rule is in the root conftest.py, for examples/ too), and this
+directory on sys.path for the shared oracles (`_oracles`)."""
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture
@@ -14,3 +20,19 @@ def seed():
     torch.manual_seed(value)
     print(f"TK_CUTE_SEED={value}")
     return value
+
+
+@pytest.fixture
+def usage_error(capsys):
+    """`usage_error(argv, message)`: `python -m tk_cute` with `argv` exits with status 2 and an
+    argparse usage error on stderr that names `message` (no traceback)."""
+    from tk_cute.__main__ import main
+
+    def check(argv, message):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert "usage:" in err and message in err and "Traceback" not in err, err
+
+    return check

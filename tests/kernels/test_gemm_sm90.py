@@ -124,7 +124,9 @@ def test_gemm_rejections(seed):
     ragged = torch.randn(256, 129, device="cuda", dtype=torch.float16)[:, :128]
     with pytest.raises(ValueError, match="16-byte aligned rows"):
         tk_cute.gemm(ragged, b)  # rows 258 bytes apart
-    c = tk_cute.gemm(a[:, :100], b[:, :100])  # K = 100 of rows 256 bytes apart: TMA-legal
+    out = torch.full((256, 256), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison
+    c = tk_cute.gemm(a[:, :100], b[:, :100], out=out)  # K = 100, rows 256 bytes apart: legal
+    assert c.data_ptr() == out.data_ptr()
     from tk_cute.testing import assert_gemm_close
 
     assert_gemm_close(c, a[:, :100], b[:, :100])

@@ -89,6 +89,22 @@ def _weights(N, K):
     return quantize(torch.randn(N, K, device="cuda") * 0.02)
 
 
+def _poisoned(M, N, dtype):
+    return torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+
+
+def _poisoned_nvfp4(M, N, global_scale):
+    """An NVFP4Tensor (M, N) out with D's decode scale and 0xFF in every data and scale byte
+    (codes -6, scales NaN), on global_scale's device, for a kernel to overwrite."""
+    from tk_cute.nvfp4 import NVFP4Tensor
+
+    dev = global_scale.device
+    return NVFP4Tensor.trusted(
+        torch.full((M, N // 2), 0xFF, dtype=torch.uint8, device=dev),
+        torch.full(nvfp4_scales.blocked_shape(M, N), 0xFF, dtype=torch.uint8, device=dev),
+        global_scale, (M, N))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("nb, sets", [(128, 1), (256, 1), (128, 2), (256, 2)])
 @pytest.mark.parametrize("M, N, K", [(129, 256, 128), (300, 1024, 2048), (1000, 384, 1152),
@@ -115,14 +131,16 @@ def test_deterministic_and_public_dispatch(seed):
     M, N, K = 600, 1024, 1024
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
-    d = launch.gemm_rs_tiled(a, b, torch.float32)
-    assert torch.equal(d, launch.gemm_rs_tiled(a, b, torch.float32))  # one order of sums
+    d = launch.gemm_rs_tiled(a, b, torch.float32, out=_poisoned(M, N, torch.float32))
+    again = launch.gemm_rs_tiled(a, b, torch.float32, out=_poisoned(M, N, torch.float32))
+    assert torch.equal(d, again)  # one order of sums (an unwritten NaN element fails too)
     assert nvfp4.plan(a, b).path == "register_a_tiled"
-    assert torch.equal(nvfp4.gemm(a, b, torch.float32), d)
+    assert torch.equal(nvfp4.gemm(a, b, torch.float32, out=_poisoned(M, N, torch.float32)), d)
     aq = nvfp4.quantize(a.float())
     p = nvfp4.plan(aq, b)
     assert p.path == "register_a_tiled" and p.decode_a
-    assert_gemm_close(nvfp4.gemm(aq, b), aq, b, "W4A4 via decode_a + tiled")
+    assert_gemm_close(nvfp4.gemm(aq, b, out=_poisoned(M, N, torch.bfloat16)), aq, b,
+                      "W4A4 via decode_a + tiled")
 
 
 # --- NVFP4 output (the fused epilogue) ---------------------------------------------------------
@@ -183,9 +201,9 @@ def test_nvfp4_output_on_cpu_and_bad_input(seed):
     assert (err <= _block_bound(q) + 1e-30).all()
     tiny = nvfp4.gemm(a, b, "nvfp4", out_global_scale=g / 4)  # blocks past 448 * 6 * g / 4
     assert int(tiny.saturated) == 1
-    out = nvfp4.NVFP4Tensor.trusted(torch.zeros(5, 32, dtype=torch.uint8),
-                                    torch.zeros_like(q.scales), q.global_scale, (5, 64))
+    out = _poisoned_nvfp4(5, 64, q.global_scale)
     assert nvfp4.gemm(a, b, out=out) is out and torch.equal(out.data, q.data)
+    assert torch.equal(out.scales, q.scales) and int(out.saturated) == 0
     with pytest.raises(ValueError, match="N % 16 == 0"):
         nvfp4.gemm(a[:, :32], nvfp4.quantize(torch.randn(24, 32)), "nvfp4",
                    out_global_scale=1.0)
@@ -204,17 +222,20 @@ def test_fused_nvfp4_output_is_the_quantized_fp32_output(seed, M, N, K):
     fp32 output, with the same global scale; also with all-zero rows, a saturating global scale
     (reported) and W4A4 (decoded activations)."""
     from tk_cute import nvfp4
-    from tk_cute.nvfp4 import launch
+    from tk_cute.nvfp4 import launch, validate
 
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     a[7] = 0  # an all-zero row of D: zero scales, codes +0
     cfg = rst.Config(Nb=256 if M >= 512 else 128)
-    d32 = launch.gemm_rs_tiled(a, b, torch.float32, config=cfg)
+    d32 = launch.gemm_rs_tiled(a, b, torch.float32, out=_poisoned(M, N, torch.float32),
+                               config=cfg)
     amax = float(d32.abs().max())
     for g, saturates in ((1.01 * amax / 2688, 0), (amax / 2688 / 8, 1)):  # (1.01: rounding)
         gs = torch.tensor(g, device="cuda")
-        q = launch.register_a_tiled_nvfp4(a, b, cfg, gs)
+        out = validate.nvfp4_out((M, N), b.device, _poisoned_nvfp4(M, N, gs), gs)
+        q = launch.register_a_tiled_nvfp4(a, b, cfg, out)
+        assert q is out
         want = nvfp4.quantize(d32, global_scale=gs)
         assert torch.equal(q.data, want.data) and torch.equal(q.scales, want.scales)
         assert int(q.saturated) == saturates
@@ -232,6 +253,7 @@ def test_unfused_nvfp4_output_paths(seed):
     """Shapes without the fused epilogue (small M, K % 128) quantize the fp32 output: decodes
     within each block's spacing of the exact product, saturation reported."""
     from tk_cute import nvfp4
+    from tk_cute.testing import gemm_bound
 
     for M, N, K in ((16, 1024, 1024), (3, 256, 48)):
         b = _weights(N, K)
@@ -240,6 +262,20 @@ def test_unfused_nvfp4_output_paths(seed):
         g = 1.01 * float(d.abs().max()) / 2688
         q = nvfp4.gemm(a, b, "nvfp4", out_global_scale=g)
         assert int(q.saturated) == 0
-        err = (q.dequantize(torch.float64) - d).abs()
-        # fp32 accumulation (tk_cute.testing's bound, << d) plus the encode's half spacing
-        assert (err <= 1.01 * _block_bound(q) + 1e-6 * d.abs().max()).all()
+        dq = q.dequantize(torch.float64)
+        # The derived bound. `exact` (the float64 product of the exactly decoded operands) is
+        # within gemm_bound's fp32 bound of the kernel's fp32 D; the encode of that D (quantize
+        # docstring; no saturation: t <= 2688 / 6 / 1.01 < 448) errs by at most the block's
+        # decode scale S = sf * g in a normal block (half the largest E2M1 gap, 1 in units of S;
+        # a clipped element: sf >= t / (1 + 2^-4), so at most 6 * 2^-4 / (1 - 2^-4) S), by at
+        # most 6 * 2^-10 g = 3 * 2^-9 g in a subnormal or zero one (t - sf <= 2^-10); 2^-20
+        # relative for the fp32 roundings of t, d and 1 / d.
+        exact, fp32_bound = gemm_bound(a, b, torch.float32)
+        gq = q.global_scale.double()
+        encode = torch.clamp(_block_bound(q), min=3 * 2.0**-9 * gq) * (1 + 2.0**-20)
+        assert ((dq - exact).abs() <= encode + fp32_bound).all()
+        # The earlier, empirical bound, kept so that no element's tolerance grows (the derived
+        # one is tighter except in blocks of small S, where its worst-case fp32 term,
+        # (K + 16) 2^-24 |a| @ |b|^T, dominates): 1.01 S (the encode, with room for its
+        # roundings) plus 1e-6 max |d| (the fp32 sums' error as observed, not a worst case).
+        assert ((dq - d).abs() <= 1.01 * _block_bound(q) + 1e-6 * d.abs().max()).all()

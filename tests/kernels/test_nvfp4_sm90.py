@@ -107,8 +107,9 @@ def test_w4a4_fp16_output(seed, path):
 
     a = nvfp4.quantize_reference(torch.randn(256, 512, device="cuda"))
     b = nvfp4.quantize_reference(torch.randn(256, 512, device="cuda"))
-    d = nvfp4.gemm(a, b, out_dtype=torch.float16, path=path)
-    assert d.dtype == torch.float16
+    out = torch.full((256, 256), float("nan"), device="cuda", dtype=torch.float16)  # poison
+    d = nvfp4.gemm(a, b, out_dtype=torch.float16, out=out, path=path)
+    assert d.dtype == torch.float16 and d.data_ptr() == out.data_ptr()
     assert_gemm_close(d, a, b)
 
 

@@ -150,7 +150,9 @@ def test_gemm_ue5m3_matches_the_exact_reference(seed, path, m, w4a4):
     a = _ue5m3((m, k)) if w4a4 else torch.randn(m, k, device="cuda").bfloat16()
     if path == "small_m" and w4a4 and m > heuristics.W4A4_NATIVE_MAX_M:
         pytest.skip("W4A4 small_m takes M <= 8")
-    d = nvfp4.gemm(a, b, torch.float32, path=path)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)  # poison
+    d = nvfp4.gemm(a, b, torch.float32, out=out, path=path)
+    assert d.data_ptr() == out.data_ptr()
     assert nvfp4.plan(a, b, torch.float32, path=path).kernels()[0] == path or path == "rows"
     assert_gemm_close(d, a, b, f"{path} UE5M3 {'W4A4' if w4a4 else 'W4A16'}")
 
@@ -160,7 +162,9 @@ def test_block_dequantize_ue5m3_matches_dequantize():
     from tk_cute.nvfp4 import launch
 
     q = _ue5m3((300, 512))
-    got = launch.dequantize_blocks(q)
+    out = torch.full((300, 512), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison
+    got = launch.dequantize_blocks(q, out)
+    assert got.data_ptr() == out.data_ptr()
     want = (q.cpu().dequantize(torch.float64) / float(q.global_scale)).bfloat16()
     assert torch.equal(got.cpu(), want)
 

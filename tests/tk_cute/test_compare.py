@@ -130,14 +130,8 @@ def test_report_repr_and_html():
     (["compare", "--plot", "x.jpg"], "--plot must end in .png or .svg"),
     (["compare", "--arch", "sm_107a", "--peer", __file__], "defines no Sm100BlockScaled"),
 ])
-def test_compare_usage_errors(capsys, argv, message):
-    from tk_cute.__main__ import main
-
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert "usage:" in err and message in err and "Traceback" not in err
+def test_compare_usage_errors(usage_error, argv, message):
+    usage_error(argv, message)
 
 
 def test_compare_command_sm107a(tmp_path, capsys):

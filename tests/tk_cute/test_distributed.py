@@ -406,14 +406,16 @@ def _stuck(rank: int, p: int) -> None:
 
 
 def test_spawn_bounds_a_rank_left_waiting():
-    t0 = time.perf_counter()
     with pytest.raises(SpawnError) as info:
         spawn(_stuck, 2, timeout_s=3, join_timeout_s=60)
-    wall = time.perf_counter() - t0
     errors = {e.rank: e for e in info.value.errors}
     assert errors[0].type == "RuntimeError" and "fails before" in errors[0].message
-    assert 1 in errors  # timed out in its collective, or terminated: never a hang
-    assert wall < 45, wall
+    assert 1 in errors  # never a hang
+    # Rank 1 was released by its collective (the 3 s timeout, or the lost peer: its own
+    # exception) or died on its own; not held until spawn's 60 s join deadline, which
+    # terminates it and reports "had not finished and was terminated".
+    assert "had not finished" not in errors[1].message, errors[1]
+    assert errors[1].traceback or "exited with code" in errors[1].message, errors[1]
 
 
 def test_spawn_rejects_functions_children_cannot_import():
@@ -493,6 +495,7 @@ def _gpus(world: int) -> None:
         pytest.skip(f"needs {world} CUDA GPUs, this machine has {torch.cuda.device_count()}")
 
 
+@pytest.mark.gpu
 @pytest.mark.multigpu
 @pytest.mark.parametrize("world", [2, 4, 8])
 @pytest.mark.parametrize("m", [16, 256])
@@ -507,6 +510,7 @@ def test_tp_mlp_on_gpus(world, m):
             assert err < (2.0**-6 if key.startswith("bf16") else 2.0**-4), (key, err)
 
 
+@pytest.mark.gpu
 @pytest.mark.multigpu
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_tp_bench_runs_on_gpus(world, tmp_path):

@@ -207,14 +207,8 @@ def test_draw_command_writes_files(tmp_path, capsys):
     (["draw", "schedule", "--tile", "a,b", "--out", "x.png"], "comma-separated"),
     (["draw", "speedup", "--results", "/nonexistent.json", "--out", "x.png"], "cannot read"),
 ])
-def test_draw_usage_errors(capsys, argv, message):
-    from tk_cute.__main__ import main
-
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert "usage:" in err and message in err and "Traceback" not in err
+def test_draw_usage_errors(usage_error, argv, message):
+    usage_error(argv, message)
 
 
 def test_tmem_map_draws_on_a_hopper_machine():

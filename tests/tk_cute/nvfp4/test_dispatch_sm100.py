@@ -62,7 +62,7 @@ def test_n_alignment(on_gpu):
         (operand(256, 256, (2,)), operand(256, 256), {}, ValueError, "one K"),
         (operand(256, 256, (2,)), operand(256, 256, (3,)), {}, ValueError, "one K"),
         (operand(256, 256), operand(256, 256), {"out": torch.empty(256, 128)}, ValueError,
-         "contiguous"),
+         r"out has shape \(256, 128\) \(needs \(256, 256\)\), dtype torch.float32"),
     ],
 )
 def test_rejections(on_gpu, a, b, kwargs, error, match):
@@ -151,7 +151,7 @@ def test_ue5m3_operands_need_rubin(monkeypatch, name, ok):
 
 
 def test_mixed_scale_formats_rejected(on_gpu):
-    with pytest.raises(ValueError, match="one scale type"):
+    with pytest.raises(ValueError, match="gemm_sm100 needs one scale format.*a has ue4m3, b ue5m3"):
         D.prepare(operand(256, 256), operand(256, 256, fmt="ue5m3"))
 
 
@@ -311,7 +311,11 @@ def test_gemm_sm100_nvfp4_random_operands(seed):
     A, B = a.cpu().dequantize(torch.float64), b.cpu().dequantize(torch.float64)
     d32 = gemm_reference(a.cpu(), b.cpu(), torch.float32)
     g = 1.01 * float(d32.abs().max()) / 2688  # (1.01: no block at the rounding edge of 448)
-    q = D.gemm_sm100_nvfp4(a, b, torch.tensor(g, device="cuda"))
+    out = quantize(torch.zeros(m, n), global_scale=g).to("cuda")  # D's scale g, then poison
+    out.data.fill_(0xFF)
+    out.scales.fill_(0xFF)
+    q = D.gemm_sm100_nvfp4(a, b, None, out=out)
+    assert q is out
     got = q.cpu()  # (a copy: `saturated` stays on q)
     want = quantize(d32, global_scale=g)
     assert (unpack_fp4(got.data) == unpack_fp4(want.data)).double().mean() > 0.999
@@ -340,4 +344,7 @@ def test_gemm_sm107_ue5m3_matches_reference(seed):
     a = quantize(torch.randn(512, 1024) * spread, scale_dtype="ue5m3").to("cuda")
     b = quantize(torch.randn(256, 1024), scale_dtype="ue5m3").to("cuda")
     assert nvfp4.plan(a, b).config.sf == "ue5m3"
-    assert_gemm_close(nvfp4.gemm(a, b), a, b)
+    out = torch.full((512, 256), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison
+    d = nvfp4.gemm(a, b, out=out)
+    assert d.data_ptr() == out.data_ptr()
+    assert_gemm_close(d, a, b)

@@ -229,11 +229,13 @@ def test_forced_paths_agree(seed, no_reference, M):
     ran = []
     for path in heuristics.PATHS:
         for out_dtype in (torch.float32, torch.bfloat16):
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)  # poison
             try:
-                d = gemm(a, b, out_dtype, path=path)
+                d = gemm(a, b, out_dtype, out=out, path=path)
             except ValueError as e:
                 assert "cannot run" in str(e)
                 continue
+            assert d.data_ptr() == out.data_ptr()
             assert_gemm_close(d, a, b, f"path {path}")
             ran.append(path)
     assert len(set(ran)) == 5, ran
@@ -246,8 +248,12 @@ def test_pdl_rows_chain(seed, no_reference):
     M, N, K = 300, 1024, 1024
     b = _weights(N, K)
     xs = [torch.randn(M, K, device="cuda").bfloat16()]
-    for _ in range(3):
-        xs.append(gemm(xs[-1], b, pdl=True))
+    # Poisoned outputs, all filled before the chain so its GEMMs run back to back.
+    outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            for _ in range(3)]
+    for out in outs:
+        xs.append(gemm(xs[-1], b, out=out, pdl=True))
+        assert xs[-1].data_ptr() == out.data_ptr()
     torch.cuda.synchronize()
     for x, d in zip(xs, xs[1:]):
         assert_gemm_close(d, x, b)

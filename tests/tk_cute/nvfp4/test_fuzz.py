@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+from _oracles import nearest_even  # tests/_oracles.py (tests/conftest.py puts it on sys.path)
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -40,17 +41,6 @@ FORMATS = {
 
 
 # --------------------------------------------------------------------------- the model
-
-
-def nearest_even(v: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """Indices of the grid values nearest to v >= 0 (may be +inf), ties to the even index,
-    saturating at the last. float64 differences are exact wherever a tie is possible."""
-    v = np.asarray(v, dtype=np.float64)
-    i = np.clip(np.searchsorted(grid, v, side="right") - 1, 0, len(grid) - 2)
-    with np.errstate(invalid="ignore"):  # inf - inf where v = inf; saturated below anyway
-        lo, hi = v - grid[i], grid[i + 1] - v
-    up = (hi < lo) | ((hi == lo) & (i % 2 == 1))
-    return np.where(v >= grid[-1], len(grid) - 1, np.where(up, i + 1, i))
 
 
 def model_quantize(x: np.ndarray, gs):

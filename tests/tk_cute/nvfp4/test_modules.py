@@ -13,7 +13,7 @@ from torch import nn
 from tk_cute import nvfp4
 from tk_cute.nvfp4 import Linear, NVFP4Tensor, quantize, quantize_
 from tk_cute.nvfp4.reference import gemm_reference, w4a16_reference
-from tk_cute.testing import assert_gemm_close
+from tk_cute.testing import HALF_SUBNORMAL, UNIT_ROUNDOFF, assert_gemm_close, gemm_bound
 
 ACTIVATIONS = ("bf16", "nvfp4")
 
@@ -44,6 +44,27 @@ def layer_reference(layer: Linear, x: torch.Tensor) -> torch.Tensor:
     return y if layer.bias is None else y + layer.bias
 
 
+def assert_layer_close(y: torch.Tensor, layer: Linear, x: torch.Tensor, what: str = "Linear"):
+    """Every element of a CPU Linear's y = layer(x) against the float64 product d of the exactly
+    decoded operands (x quantized as the layer does for W4A4), independently of the references.
+    Without a bias: `assert_gemm_close`'s bound B on D. With one, y = fl(D + bias) adds one
+    rounding to y's dtype (the CPU add may round to fp32 first: u' = u (1 + 2^-15) covers both
+    roundings, u y's unit roundoff): |y - (d + bias)| <= (1 + u') B + u' |d + bias| + tiny."""
+    K, N = layer.in_features, layer.out_features
+    x2 = x.reshape(-1, K)
+    a = quantize(x2) if layer.activations == "nvfp4" else x2
+    y2 = y.reshape(-1, N)
+    if layer.bias is None:
+        assert_gemm_close(y2, a, layer.weight, what)
+        return
+    d, bound = gemm_bound(a, layer.weight, y.dtype)
+    want = d + layer.bias.double()  # exact: a bf16 bias added in float64 to a float64 d
+    u = UNIT_ROUNDOFF[y.dtype] * (1 + 2.0**-15)
+    tol = (1 + u) * bound + u * want.abs() + HALF_SUBNORMAL[y.dtype]
+    bad = ~((y2.double() - want).abs() <= tol)  # NaN fails too
+    assert not bad.any(), f"{what}: {int(bad.sum())} of {y2.numel()} elements outside the bound"
+
+
 # ---------------------------------------------------------------- one layer
 
 
@@ -61,9 +82,8 @@ def test_linear_matches_the_exact_reference(activations, bias, seed):
     y = layer(x)
     assert y.shape == (2, 7, 48) and y.dtype == torch.bfloat16
     assert torch.equal(y, layer_reference(layer, x))
-    if not bias:  # element-wise against the float64 product of the exactly decoded operands
-        a = quantize(x.reshape(-1, 80)) if activations == "nvfp4" else x.reshape(-1, 80)
-        assert_gemm_close(y.reshape(-1, 48), a, layer.weight, f"Linear {activations}")
+    # element-wise against the float64 product of the exactly decoded operands (plus the bias)
+    assert_layer_close(y, layer, x, f"Linear {activations} bias={bias}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -73,6 +93,7 @@ def test_w4a4_keeps_the_activation_dtype(dtype, seed):
     y = layer(x)
     assert y.dtype == dtype
     assert torch.equal(y, gemm_reference(quantize(x), layer.weight, dtype))
+    assert_gemm_close(y, quantize(x), layer.weight, f"W4A4 Linear {dtype}")
 
 
 @pytest.mark.parametrize("activations", ACTIVATIONS)
@@ -165,6 +186,10 @@ def test_quantize_swaps_every_linear_and_matches_layer_references(activations, s
                            * layer_reference(model.up, x))
     y = model(x)
     assert torch.equal(y, want)
+    # Each layer on its own input against the exact product plus its bias (not the references).
+    h = F.silu(model.gate(x)) * model.up(x)
+    for name, layer, inp in (("gate", model.gate, x), ("up", model.up, x), ("down", model.down, h)):
+        assert_layer_close(layer(inp), layer, inp, f"{name} {activations}")
     # Against the bf16 model: NVFP4's error on random data (module docstring of the example).
     err = float((y.float() - ref(x).float()).norm() / ref(x).float().norm())
     assert err < (0.25 if activations == "bf16" else 0.35), err

@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from _oracles import nearest_even  # tests/_oracles.py (tests/conftest.py puts it on sys.path)
 
 from tk_cute.nvfp4 import (
     NVFP4Tensor,
@@ -37,17 +38,6 @@ def _e4m3(b):
 
 
 E4M3_POS = np.array([_e4m3(b) for b in range(0x7F)])  # bytes 0..0x7E, ascending
-
-
-def nearest_even(v: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """Indices of the grid values nearest to v >= 0, ties to the even index, saturating.
-
-    float64 differences are exact wherever a tie is possible (few significant bits)."""
-    v = np.asarray(v, dtype=np.float64)
-    i = np.clip(np.searchsorted(grid, v, side="right") - 1, 0, len(grid) - 2)
-    lo, hi = v - grid[i], grid[i + 1] - v
-    up = (hi < lo) | ((hi == lo) & (i % 2 == 1))
-    return np.where(v >= grid[-1], len(grid) - 1, np.where(up, i + 1, i))
 
 
 def slow_quantize(x: torch.Tensor, global_scale=None, amax_floor=AMAX_FLOOR):

@@ -42,17 +42,21 @@ def test_gemm_op_is_gemm(out_dtype, seed):
     b = quantize(torch.randn(48, 64))
     d = ops.nvfp4_gemm(a, None, None, *parts(b), out_dtype)
     assert d.shape == (3, 5, 48) and torch.equal(d, w4a16_reference(a, b, out_dtype))
+    # (the references are what the CPU op runs: also every element against the exact product)
+    assert_gemm_close(d, a, b, f"nvfp4_gemm W4A16 {out_dtype}")
     aq = quantize(torch.randn(7, 64))
     d4 = ops.nvfp4_gemm(*parts(aq), *parts(b), out_dtype)
     assert torch.equal(d4, gemm_reference(aq, b, out_dtype))
+    assert_gemm_close(d4, aq, b, f"nvfp4_gemm W4A4 {out_dtype}")
     # The NVFP4Tensor constructor's other forms: fp4x2 / e4m3 views, flat scales, (1,) scale.
     alt = (b.data_fp4x2, b.scales_e4m3.reshape(-1), b.global_scale.reshape(1))
     assert torch.equal(ops.nvfp4_gemm(a, None, None, *alt, out_dtype), d)
     # Batched weights (L, N, K) with activations (L, M, K).
     bb = quantize(torch.randn(2, 40, 32))
     ab = torch.randn(2, 3, 32, dtype=torch.bfloat16)
-    assert torch.equal(ops.nvfp4_gemm(ab, None, None, *parts(bb), out_dtype),
-                       gemm(ab, bb, out_dtype))
+    db = ops.nvfp4_gemm(ab, None, None, *parts(bb), out_dtype)
+    assert torch.equal(db, gemm(ab, bb, out_dtype))
+    assert_gemm_close(db, ab, bb, f"nvfp4_gemm batched {out_dtype}")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])

@@ -195,23 +195,34 @@ def _run(fn, *args):
     torch.cuda.synchronize()
 
 
+def _every_code_every_scale(n_scales: int):
+    """(perm, bb, q): every E2M1 code x every scale byte 0..n_scales - 1, 8 codes per word (this
+    code in every nibble position once across 8 rotations): perm (N, 8) the nibble values, bb
+    (N,) the scale bytes, q (N,) the words as int32."""
+    codes = torch.arange(16, dtype=torch.int64)
+    scale_bytes = torch.arange(n_scales, dtype=torch.int64)
+    cc, bb = torch.meshgrid(codes, scale_bytes, indexing="ij")
+    cc, bb = cc.reshape(-1), bb.reshape(-1)
+    perm = torch.stack([(cc + r) % 16 for r in range(8)], dim=1)  # (N, 8) nibble values
+    q = ((perm << (4 * torch.arange(8))).sum(1) & 0xFFFFFFFF).to(torch.int64)
+    q = torch.where(q >= 2**31, q - 2**32, q).to(torch.int32)
+    return perm, bb, q
+
+
+def _poisoned(n: int) -> torch.Tensor:
+    """n int32 words of 0xFF bytes, for a kernel to overwrite: as fp16 / bf16 halves 0xFFFF is
+    NaN (never a decode of the finite products), as a UE4M3 byte 0xFF is past 0x7E (packed E2M1
+    bytes: 0xFF is the pair (-6, -6), caught wherever the expected byte differs)."""
+    return torch.full((n,), -1, dtype=torch.int32, device="cuda")
+
+
 @pytest.mark.gpu
 def test_decode_every_code_every_scale():
     from tk_cute.nvfp4 import E2M1_VALUES, e4m3_decode
 
-    codes = torch.arange(16, dtype=torch.int64)
-    scale_bytes = torch.arange(0x7F, dtype=torch.int64)  # 0..0x7E (0x7F is NaN)
-    cc, bb = torch.meshgrid(codes, scale_bytes, indexing="ij")
-    cc, bb = cc.reshape(-1), bb.reshape(-1)
-    # 8 codes per word: this code in every nibble position once across 8 rotations
-    perm = torch.stack([(cc + r) % 16 for r in range(8)], dim=1)  # (N, 8) nibble values
-    q = (perm << (4 * torch.arange(8))).sum(1)
-    q = (q & 0xFFFFFFFF).to(torch.int64)
-    q = torch.where(q >= 2**31, q - 2**32, q).to(torch.int32)
+    perm, bb, q = _every_code_every_scale(0x7F)  # scale bytes 0..0x7E (0x7F is NaN)
     n = q.numel()
-    out16 = torch.empty(n * 4, dtype=torch.int32, device="cuda")
-    outbf = torch.empty(n * 4, dtype=torch.int32, device="cuda")
-    outsh = torch.empty(n * 16, dtype=torch.int32, device="cuda")
+    out16, outbf, outsh = _poisoned(n * 4), _poisoned(n * 4), _poisoned(n * 16)
     _run(_decode, q.cuda(), bb.to(torch.int32).cuda(), out16, outbf, outsh, Int32(n))
     vals = torch.tensor(E2M1_VALUES, dtype=torch.float64)[perm]
     sf = e4m3_decode(bb.to(torch.uint8)).to(torch.float64)[:, None]
@@ -254,8 +265,7 @@ def test_encode_matches_host_rne():
     y = _encode_inputs()
     n8 = y.numel() // 8
     for path in {arch, "sm_90a"}:  # native cvt where the GPU has it, and the software path
-        packed = torch.empty(n8, dtype=torch.int32, device="cuda")
-        e4 = torch.empty(y.numel(), dtype=torch.int32, device="cuda")
+        packed, e4 = _poisoned(n8), _poisoned(y.numel())
         _run(_encode, path, y.cuda(), packed, e4, Int32(n8))
         want = pack_fp4(e2m1_encode_rne(y)).view(-1, 4)  # (n8, 4) bytes
         have = packed.cpu().view(torch.uint8).view(-1, 4)
@@ -387,16 +397,9 @@ def test_ue5m3_decode_every_code_every_scale():
     from tk_cute.nvfp4 import E2M1_VALUES
     from tk_cute.nvfp4.format import ue5m3_decode
 
-    codes = torch.arange(16, dtype=torch.int64)
-    scale_bytes = torch.arange(0xFF, dtype=torch.int64)  # 0..0xFE (0xFF is NaN)
-    cc, bb = torch.meshgrid(codes, scale_bytes, indexing="ij")
-    cc, bb = cc.reshape(-1), bb.reshape(-1)
-    perm = torch.stack([(cc + r) % 16 for r in range(8)], dim=1)
-    q = ((perm << (4 * torch.arange(8))).sum(1) & 0xFFFFFFFF).to(torch.int64)
-    q = torch.where(q >= 2**31, q - 2**32, q).to(torch.int32)
+    perm, bb, q = _every_code_every_scale(0xFF)  # scale bytes 0..0xFE (0xFF is NaN)
     n = q.numel()
-    outbf = torch.empty(n * 4, dtype=torch.int32, device="cuda")
-    outsh = torch.empty(n * 12, dtype=torch.int32, device="cuda")
+    outbf, outsh = _poisoned(n * 4), _poisoned(n * 12)
     _run(_decode5, q.cuda(), bb.to(torch.int32).cuda(), outbf, outsh, Int32(n))
     vals = torch.tensor(E2M1_VALUES, dtype=torch.float64)[perm]
     sf = ue5m3_decode(bb.to(torch.uint8)).to(torch.float64)[:, None]
