@@ -16,7 +16,10 @@ import pytest
 import torch
 
 from tk_cute import viz
+from tk_cute.arch import target
 from tk_cute.kernels.gemm.gemm_sm90 import Config, GemmSm90
+
+SMS = target("sm_90a").sm_count  # the persistent grid the compile assumes: 132 on an H100/H200
 
 # %% [markdown]
 # The kernel's tiles: 128 x 256 outputs per CTA, 64-wide K steps for bf16, as many stages as
@@ -43,7 +46,7 @@ def compile_for_hopper(dtype="bfloat16"):
         r, c = cute.sym_int64(divisibility=256), cute.sym_int64(divisibility=128)
         return make_fake_tensor(t, (r, c, 1), (c, 1, r * c), assumed_align=16)
 
-    return build(k, fake(k.a_tile.dtype), fake(k.b_tile.dtype), fake(cutlass.BFloat16), 132,
+    return build(k, fake(k.a_tile.dtype), fake(k.b_tile.dtype), fake(cutlass.BFloat16), SMS,
                  cuda.CUstream(0), arch="sm_90a")
 
 
@@ -68,11 +71,11 @@ compile_for_hopper()
 viz.swizzle_plot(kernel.a_tile)
 
 # %% [markdown]
-# Which of the 132 persistent CTAs computes which 128 x 256 tile of a 4096 x 4096 C, in
+# Which of the `SMS` (132) persistent CTAs computes which 128 x 256 tile of a 4096 x 4096 C, in
 # supergroups of 8 tile rows (`ops/schedule.py`).
 
 # %%
-viz.schedule_plot(4096 // kernel.Mb, 4096 // kernel.Nb, ctas=132,
+viz.schedule_plot(4096 // kernel.Mb, 4096 // kernel.Nb, ctas=SMS,
                   supergroup=kernel.SUPERGROUP_SIZE)
 
 

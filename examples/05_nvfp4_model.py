@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 04 - NVFP4 inside a torch model
+# # 05 - NVFP4 inside a torch model
 #
 # You will learn:
 # - how `tk_cute.nvfp4.quantize_` swaps a model's `nn.Linear` layers for NVFP4 `Linear`s:
@@ -20,56 +20,27 @@ import time
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from tk_cute import nvfp4
+from tk_cute.bench.model import MLP
+from tk_cute.compare import Table
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
 HIDDEN, INTERMEDIATE = (4096, 14336) if GPU else (256, 512)
 
 # %% [markdown]
-# A transformer MLP block (Llama's: gate and up projections, SiLU, down projection), with
-# random weights: nothing is downloaded.
+# A transformer MLP block (Llama's: gate and up projections, SiLU, down projection:
+# `tk_cute.bench.model.MLP`, the block `python -m tk_cute.bench model` times), with random
+# Gaussian bf16 weights: nothing is downloaded.
 
 # %%
-class MLP(nn.Module):
-    def __init__(self, hidden=HIDDEN, intermediate=INTERMEDIATE):
-        super().__init__()
-        self.gate = nn.Linear(hidden, intermediate, bias=False)
-        self.up = nn.Linear(hidden, intermediate, bias=False)
-        self.down = nn.Linear(intermediate, hidden, bias=False)
-
-    def forward(self, x):
-        return self.down(F.silu(self.gate(x)) * self.up(x))
-
-
 def bf16_model(seed=0):
-    torch.manual_seed(seed)
-    return MLP().to(DEVICE, torch.bfloat16).requires_grad_(False)
+    return MLP.random(HIDDEN, INTERMEDIATE, DEVICE, seed=seed)  # nn.Linear layers, no grad
 
 
 def rel_err(y, ref):
     return float((y.float() - ref.float()).norm() / ref.float().norm())
-
-
-class Table:
-    """Rows of values: text when printed, an HTML table in a notebook."""
-
-    def __init__(self, header, rows):
-        self.header, self.rows = header, rows
-
-    def __repr__(self):
-        return "\n".join("  ".join(f"{v!s:>14}" for v in r) for r in [self.header, *self.rows])
-
-    def _repr_html_(self):
-        import html
-
-        row = lambda tag, r: "<tr>" + "".join(f"<{tag}>{html.escape(str(v))}</{tag}>"
-                                              for v in r) + "</tr>"
-        return "<table>" + row("th", self.header) + "".join(row("td", r) for r in self.rows) + (
-            "</table>")
 
 
 # %% [markdown]
@@ -82,7 +53,8 @@ reference = bf16_model()
 w4a16 = nvfp4.quantize_(copy.deepcopy(reference), activations="bf16")
 w4a4 = nvfp4.quantize_(copy.deepcopy(reference), activations="nvfp4")
 print(w4a16)
-x = torch.randn(2, 8, HIDDEN, device=DEVICE, dtype=torch.bfloat16)  # (batch, tokens, hidden)
+x = torch.randn(2, 8, HIDDEN, generator=torch.Generator().manual_seed(1)).to(
+    DEVICE, torch.bfloat16)  # (batch, tokens, hidden)
 with torch.inference_mode():
     ref_y = reference(x)
     errors = Table(["model", "relative error vs bf16"],
@@ -118,7 +90,8 @@ def test_quantized_model_is_close_to_bf16_and_each_layer_exact():
 # which gives bitwise the eager output on a CPU.
 
 # %%
-def test_compiles_in_one_graph():
+def check_compiles_in_one_graph():
+    """The assertions of the test below; returns dynamo's explanation (for the printout)."""
     import torch._inductor.config as inductor_config
 
     with torch.inference_mode():
@@ -138,13 +111,18 @@ def test_compiles_in_one_graph():
     return explanation
 
 
+def test_compiles_in_one_graph():
+    check_compiles_in_one_graph()
+
+
 # %% [markdown]
 # Saving: the state dict holds plain tensors (`torch.load(weights_only=True)` reads it). Load
 # it into a freshly quantized model of the same architecture (or one built of empty
 # `nvfp4.Linear(in, out)` modules) and the outputs are bitwise the same.
 
 # %%
-def test_state_dict_reloads_bitwise():
+def check_state_dict_reloads_bitwise():
+    """The assertions of the test below; returns the saved state dict's bytes."""
     buf = io.BytesIO()
     torch.save(w4a4.state_dict(), buf)
     buf.seek(0)
@@ -155,62 +133,66 @@ def test_state_dict_reloads_bitwise():
     return buf.getbuffer().nbytes
 
 
+def test_state_dict_reloads_bitwise():
+    check_state_dict_reloads_bitwise()
+
+
 # %% [markdown]
-# On a GPU: tokens per second of the block at decode (1 token) and prefill (512 tokens)
-# sizes, eager (a Python forward per call), compiled, and as a CUDA graph replay (one capture
-# of the eager forward: no host work per call). Measured numbers belong in docs/results.md
-# with the GPU, date and command (`python -m tk_cute.bench model` times the same block
-# against cuBLAS bf16 and fp8).
+# On a GPU: the block captures as a CUDA graph as is (its forward never syncs the host), and
+# the replay writes the same bits as the eager forward; the compiled forward stays within the
+# bounds above. Decode (1 token) and prefill (512 tokens) sizes.
 
 # %%
-def capture(fn, static_x):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up: the kernels compile on their first call
-        for _ in range(2):
-            fn(static_x)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static_y = fn(static_x)
-    return g, static_y
-
-
-def tokens_per_second(fn, tokens, iters=20):
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return tokens * iters / (start.elapsed_time(end) * 1e-3)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 512])
-def test_gpu_tokens_per_second(tokens):
-    rates = {}
+def test_gpu_graph_replay_and_compiled_forward(tokens):
     with torch.inference_mode():
         xt = torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
         for name, model in (("bf16", reference), ("W4A16", w4a16), ("W4A4", w4a4)):
-            rates[f"{name} eager"] = tokens_per_second(lambda m=model: m(xt), tokens)
-            g, static_y = capture(model, xt)
+            eager = model(xt)  # also the warm-up: the kernels compile on their first call
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                static_y = model(xt)
             static_y.fill_(float("nan"))  # poisoned: the replay must write it all
             g.replay()
-            assert torch.equal(static_y, model(xt))  # same kernels, same bits
-            rates[f"{name} CUDA graph"] = tokens_per_second(g.replay, tokens)
+            assert torch.equal(static_y, eager)  # same kernels, same bits
             if name != "bf16":
                 torch._dynamo.reset()
-                compiled = torch.compile(model, fullgraph=True)
-                bound = (rel_err(compiled(xt), model(xt)) < 2.0**-6 if name == "W4A16"
-                         else rel_err(compiled(xt), reference(xt)) < 0.35)  # (as above)
-                assert bound
-                rates[f"{name} compiled"] = tokens_per_second(lambda c=compiled: c(xt), tokens)
-    for name, rate in rates.items():
-        print(f"{tokens:4d} tokens, {name:<18} {rate:12,.0f} tokens/s")
-    return rates
+                y = torch.compile(model, fullgraph=True)(xt)
+                if name == "W4A16":
+                    assert rel_err(y, eager) < 2.0**-6  # (as above)
+                else:
+                    assert rel_err(y, reference(xt)) < 0.35
+
+
+# %% [markdown]
+# On a GPU: tokens per second of the block, eager (a Python forward per call), compiled, and
+# as a CUDA graph replay (no host work per call), timed by `tk_cute.bench.harness.bench`
+# (variants interleaved, medians over rounds; `graph=True` captures the eager forward).
+# Measured numbers belong in docs/results.md with the GPU, date and command
+# (`python -m tk_cute.bench model` times the same block against cuBLAS bf16 and fp8).
+
+# %%
+def tokens_per_second(tokens, rounds=20):
+    """{variant: tokens/s} of the three models at `tokens` rows (GPU only)."""
+    from tk_cute.bench import harness
+
+    models = {"bf16": reference, "W4A16": w4a16, "W4A4": w4a4}
+    with torch.inference_mode():
+        # Cold L2 as in `tk_cute.bench.model`: each call reads the weights (3 H I elements,
+        # 0.5625 bytes each as NVFP4), which evicts the L2; sets sized by them rotate x
+        sets = harness.input_sets(
+            lambda: torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16),
+            int(3 * HIDDEN * INTERMEDIATE * 0.5625))
+        torch._dynamo.reset()
+        eager = {f"{n} eager": m for n, m in models.items()}  # variant(inputs): m(x)
+        compiled = {f"{n} compiled": torch.compile(m, fullgraph=True)
+                    for n, m in models.items() if n != "bf16"}
+        res = harness.bench({**eager, **compiled}, sets, rounds=rounds)
+        graphs = harness.bench(eager, sets, rounds=rounds, graph=True)
+        res.update({n.replace(" eager", " CUDA graph"): r for n, r in graphs.items()})
+    order = [f"{n} {how}" for n in models for how in ("eager", "CUDA graph", "compiled")]
+    return {n: tokens / (res[n].ms * 1e-3) for n in order if n in res}
 
 
 # %%
@@ -218,13 +200,15 @@ if __name__ == "__main__":  # a script or a notebook (pytest runs the tests itse
     test_quantized_model_is_close_to_bf16_and_each_layer_exact()
     print(errors)
     t0 = time.perf_counter()
-    e = test_compiles_in_one_graph()
+    e = check_compiles_in_one_graph()
     print(f"torch.compile(fullgraph=True): {e.graph_count} graph, {e.graph_break_count} graph "
           f"breaks ({time.perf_counter() - t0:.1f} s with compiling)")
-    print(f"state dict: {test_state_dict_reloads_bitwise()} bytes, reloaded bitwise")
+    print(f"state dict: {check_state_dict_reloads_bitwise()} bytes, reloaded bitwise")
     if GPU:
         for n in (1, 512):
-            test_gpu_tokens_per_second(n)
+            test_gpu_graph_replay_and_compiled_forward(n)
+            for name, rate in tokens_per_second(n).items():
+                print(f"{n:4d} tokens, {name:<18} {rate:12,.0f} tokens/s")
     else:
         print("GPU cell skipped: no CUDA device (the tokens/s of eager, compiled and CUDA-graph "
               "forwards need one)")

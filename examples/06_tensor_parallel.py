@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from tk_cute import nvfp4
+from tk_cute.compare import Table  # rows of values: text when printed, HTML in a notebook
 from tk_cute.distributed import (
     TensorParallelMLP,
     assert_row_parallel_close,
@@ -40,24 +41,6 @@ HERE = Path(globals().get("__file__", "06_tensor_parallel.py")).resolve()
 WORLD = 2  # gloo processes on a CPU
 HIDDEN, INTERMEDIATE, ROWS = 64, 256, 8
 SEED = 0
-
-
-class Table:
-    """Rows of values: text when printed, an HTML table in a notebook."""
-
-    def __init__(self, header, rows):
-        self.header, self.rows = header, rows
-
-    def __repr__(self):
-        return "\n".join("  ".join(f"{v!s:>22}" for v in r) for r in [self.header, *self.rows])
-
-    def _repr_html_(self):
-        import html
-
-        row = lambda tag, r: "<tr>" + "".join(f"<{tag}>{html.escape(str(v))}</{tag}>"
-                                              for v in r) + "</tr>"
-        return "<table>" + row("th", self.header) + "".join(row("td", r) for r in self.rows) + (
-            "</table>")
 
 
 # %% [markdown]
@@ -105,7 +88,7 @@ def rejection(dim, count):
 
 # (A table, not prints: the worker processes below re-run this file's top level.)
 rejected = Table(["cut", "error"], [[f"{'N' if d == 0 else 'K'} / {c}", rejection(d, c)]
-                                    for d, c in ((1, 3), (1, 8), (0, 3))])
+                                    for d, c in ((1, 3), (1, 8), (0, 3))], left=2)
 rejected
 
 
@@ -185,7 +168,7 @@ def run_tp(world=WORLD):
                  f"NVFP4 {gathered['nvfp4']}", f"{gathered['bf16'] / gathered['nvfp4']:.2f}x"])
     rows.append(["processes", f"{world} gloo", f"{wall:.1f} s with start-up", ""])
     return Table(["activations", "what", "worst error / max |exact|", "vs single process"],
-                 rows)
+                 rows, left=2)
 
 
 # %%

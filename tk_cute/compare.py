@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import dataclasses
 import inspect
 import os
@@ -30,20 +29,20 @@ ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_107a")
 PEER_CLASSES = {"hopper": "HopperWgmmaGemmPersistentKernel",
                 "tcgen05": "Sm100BlockScaledPersistentDenseGemmKernel"}
 DEFAULT_ALT = {"hopper": {"Nb": 128}, "tcgen05": {"Mb": 256, "Nb": 128, "ACC_PIPE_DEPTH": 2}}
-SMS = {"sm_90a": 132}
 
 
 class Table:
-    """Rows of labelled values: text when printed, an HTML table in a notebook."""
+    """Rows of labelled values: text when printed, an HTML table in a notebook. In the text,
+    the first `left` columns (labels) are left-justified, the others (values) right-justified."""
 
-    def __init__(self, header: list[str], rows: list[list]):
-        self.header, self.rows = header, rows
+    def __init__(self, header: list[str], rows: list[list], *, left: int = 1):
+        self.header, self.rows, self.left = header, rows, left
 
     def __str__(self) -> str:
         cells = [self.header] + [[str(v) for v in r] for r in self.rows]
         widths = [max(len(r[i]) for r in cells) for i in range(len(self.header))]
-        line = lambda r: "  ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                                   for i, (v, w) in enumerate(zip(r, widths)))
+        line = lambda r: "  ".join(v.ljust(w) if i < self.left else v.rjust(w)
+                                   for i, (v, w) in enumerate(zip(r, widths))).rstrip()
         return "\n".join([line(cells[0]), line(["-" * w for w in widths])]
                          + [line(r) for r in cells[1:]])
 
@@ -141,14 +140,16 @@ def _fake(dtype):
 
 
 def _hopper_build(kernel):
+    """`kernel` (a persistent Hopper GEMM) compiled for sm_90a's SM count, bf16 in and out."""
     import cutlass
     from cuda.bindings import driver as cuda
 
+    from tk_cute.arch import target
     from tk_cute.compile import build
 
     bf16 = cutlass.BFloat16
-    return build(kernel, _fake(bf16), _fake(bf16), _fake(bf16), SMS["sm_90a"], cuda.CUstream(0),
-                 arch="sm_90a")
+    return build(kernel, _fake(bf16), _fake(bf16), _fake(bf16), target("sm_90a").sm_count,
+                 cuda.CUstream(0), arch="sm_90a")
 
 
 def tk_cute_side(arch: str, mnk, overrides: dict | None = None, name: str = "tk_cute") -> Side:
@@ -178,25 +179,6 @@ def tk_cute_side(arch: str, mnk, overrides: dict | None = None, name: str = "tk_
                 cfg.tmem_columns_used)
 
 
-@contextlib.contextmanager
-def _recorded_builds():
-    """Every `tk_cute.compile.build` made inside the block (the report's peer helpers import
-    `build` when called)."""
-    import tk_cute.compile as C
-
-    real, seen = C.build, []
-
-    def recording(*args, **kwargs):
-        seen.append(real(*args, **kwargs))
-        return seen[-1]
-
-    C.build = recording
-    try:
-        yield seen
-    finally:
-        C.build = real
-
-
 def peer_side(path: str, arch: str, mnk) -> Side:
     """The CUTLASS CuTe DSL peer at `path` for `arch` (see the module docstring)."""
     cls = PEER_CLASSES[_family(arch)]
@@ -206,34 +188,26 @@ def peer_side(path: str, arch: str, mnk) -> Side:
         raise ValueError(f"{path} defines no {cls}: for {arch} pass CUTLASS's {wanted}")
     name = f"CUTLASS {os.path.basename(path)}"
     if _family(arch) == "hopper":
-        import importlib.util
+        from tk_cute.bench.gemm import _peer, peer_kernel
 
-        import cutlass
-
-        spec = importlib.util.spec_from_file_location("tk_cute_compare_peer", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        kernel = getattr(mod, cls)(cutlass.Float32, (128, 256), (1, 1), 1, True)
+        kernel = peer_kernel(path)  # the bench's kernel, its defaults: loaded and made once
         b = _hopper_build(kernel)
-
         compiled = {}  # the bench's runner of the same kernel on torch tensors, made once
 
         def run(a, b_, c):
             if not compiled:
                 import torch
 
-                from tk_cute.bench.gemm import _peer
-
-                compiled["fn"] = _peer(path, torch.bfloat16, SMS["sm_90a"])[0]
+                sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+                compiled["fn"] = _peer(path, torch.bfloat16, sms, kernel)[0]
             compiled["fn"](a, b_, c)
 
         return Side(name, b, source_lines([(path, cls)]), kernel.shared_storage.size_in_bytes(),
                     run=run)
     from tk_cute import report
 
-    with _recorded_builds() as builds:
-        info = report.peer(path, arch, *mnk)
-    return Side(name, builds[-1], source_lines([(path, cls)]), info["smem_bytes"],
+    info = report.peer(path, arch, *mnk)
+    return Side(name, info["build"], source_lines([(path, cls)]), info["smem_bytes"],
                 info["tmem_columns"])
 
 

@@ -209,7 +209,8 @@ def peer(path: str, arch: str = "sm_100a", m: int = 8192, n: int = 8192, k: int 
     """Compile CUTLASS's `dense_blockscaled_gemm_persistent.py` (path given, never vendored).
 
     Same problem, NVFP4 with UE4M3 scales, bf16 out; returns the numbers the side-by-side
-    table in docs/rubin.md records.
+    table in docs/rubin.md records, and under "build" the `tk_cute.compile.Build` they were
+    read from (not JSON: drop it before dumping the dict).
     """
     import importlib.util
     import re
@@ -243,7 +244,8 @@ def peer(path: str, arch: str = "sm_100a", m: int = 8192, n: int = 8192, k: int 
             "stages": kern.num_ab_stage, "mma_forms": shapes,
             "mma_per_stage": b.ptx_count(r"tcgen05\.mma"),
             "sass_mma": sorted(set(re.findall(r"UTC\w*MMA\S*", b.sass))),
-            "tmem_columns": kern.num_tmem_alloc_cols, "compile_seconds": b.compile_seconds}
+            "tmem_columns": kern.num_tmem_alloc_cols, "compile_seconds": b.compile_seconds,
+            "build": b}
 
 
 def _load_module(name: str, path: str):

@@ -339,13 +339,13 @@ def schedule_walk(m_tiles: int, n_tiles: int, ctas: int, supergroup: int = 8,
     return owner, wave
 
 
-def schedule_plot(m_tiles: int, n_tiles: int, ctas: int = 132, supergroup: int = 8,
+def schedule_plot(m_tiles: int, n_tiles: int, ctas: int | None = None, supergroup: int = 8,
                   cluster: tuple[int, int] = (1, 1), follow: int = 0):
     """Which persistent CTA (cluster) takes which output tile, in supergroup order.
 
     Args:
         m_tiles, n_tiles: output tiles along M and N (e.g. M / Mb, N / Nb).
-        ctas: persistent CTAs (132 on an H100/H200).
+        ctas: persistent CTAs (default: sm_90a's SM count, `tk_cute.arch.target`: an H100/H200).
         supergroup: tile rows (clusters along M) per group.
         cluster: CTAs per cluster along (M, N).
         follow: the cluster whose walk is drawn as a path.
@@ -354,6 +354,10 @@ def schedule_plot(m_tiles: int, n_tiles: int, ctas: int = 132, supergroup: int =
         The Figure; `fig.drawn` has "owner" and "wave" (m_tiles, n_tiles) arrays and "path"
         (the followed cluster's tiles in order).
     """
+    if ctas is None:
+        from tk_cute.arch import target
+
+        ctas = target("sm_90a").sm_count
     owner, wave = schedule_walk(m_tiles, n_tiles, ctas, supergroup, cluster)
     order = np.argsort(wave[owner == follow], kind="stable")
     ms, ns = np.nonzero(owner == follow)
@@ -435,9 +439,9 @@ def speedup_plot(results: list[dict], baseline: str = "cuBLAS bf16 (deq W)",
         variants: which variants to draw (default: MAIN_VARIANTS present in the results).
 
     Returns:
-        The matplotlib Figure.
+        The Figure; `fig.drawn` has "baseline" and "speedups" ({(N, K): {variant: [(M,
+        speedup)]}}, the panels' lines).
     """
-    plt = _pyplot()
     times = {(r["variant"], r["M"], r["N"], r["K"]): r["us"] for r in results}
     panels = defaultdict(set)
     for r in results:
@@ -445,23 +449,26 @@ def speedup_plot(results: list[dict], baseline: str = "cuBLAS bf16 (deq W)",
     panels = {nk: ms for nk, ms in panels.items() if len(ms) > 1}  # lines need two points
     present = {r["variant"] for r in results}
     variants = variants or tuple(v for v in MAIN_VARIANTS if v in present)
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5 * max(1, len(panels)), 4),
-                             squeeze=False, sharey=True)
-    plt.close(fig)
-    for ax, ((N, K), ms) in zip(axes[0], sorted(panels.items())):
-        ms = sorted(ms)
-        for name in variants:
-            pts = [(m, times[(baseline, m, N, K)] / times[(name, m, N, K)]) for m in ms
-                   if (name, m, N, K) in times and (baseline, m, N, K) in times]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=name)
+    speedups = {}
+    for (N, K), ms in sorted(panels.items()):
+        lines = {name: [(m, times[(baseline, m, N, K)] / times[(name, m, N, K)])
+                        for m in sorted(ms)
+                        if (name, m, N, K) in times and (baseline, m, N, K) in times]
+                 for name in variants}
+        speedups[(N, K)] = {name: pts for name, pts in lines.items() if pts}
+    n = max(1, len(panels))
+    fig, axes = _figure(n, 5 * n, 4, sharey=True)
+    fig.drawn = {"baseline": baseline, "speedups": speedups}
+    for ax, ((N, K), lines) in zip(axes, speedups.items()):
+        for name, pts in lines.items():
+            ax.plot(*zip(*pts), marker="o", label=name, gid=f"N={N}, K={K}: {name}")
         ax.axhline(1.0, color="black", linewidth=1, label=f"{baseline} = 1")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("M (activation rows)")
         ax.set_title(f"N={N}, K={K}")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel(f"speedup over {baseline}")
-    axes[0][-1].legend(fontsize=8)
+    axes[0].set_ylabel(f"speedup over {baseline}")
+    axes[-1].legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -512,7 +519,8 @@ def _parser() -> argparse.ArgumentParser:
         elif name == "schedule":
             s.add_argument("--mnk", type=_ints(3), default=(8192, 8192, 8192), help="M,N,K")
             s.add_argument("--tile", type=_ints(2), default=(128, 256), help="Mb,Nb")
-            s.add_argument("--ctas", type=int, default=132)
+            s.add_argument("--ctas", type=int, default=None,
+                           help="persistent CTAs (default: sm_90a's SM count)")
             s.add_argument("--supergroup", type=int, default=8)
         elif name in ("tmem", "roofline"):
             s.add_argument("--arch", choices=("sm_100a", "sm_103a", "sm_107a"),
@@ -545,7 +553,7 @@ def draw(args, parser):
             parser.error(str(e))
     if args.what == "schedule":
         (M, N, _), (Mb, Nb) = args.mnk, args.tile
-        if args.ctas < 1 or args.supergroup < 1 or Mb < 1 or Nb < 1:
+        if (args.ctas is not None and args.ctas < 1) or args.supergroup < 1 or Mb < 1 or Nb < 1:
             parser.error("--ctas, --supergroup and --tile must be positive")
         return schedule_plot(-(-M // Mb), -(-N // Nb), args.ctas, args.supergroup)
     if args.what in ("tmem", "roofline"):

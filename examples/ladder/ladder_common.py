@@ -13,10 +13,11 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_tensor
 
+from tk_cute.arch import target
 from tk_cute.compile import build
 
 ARCH = "sm_90a"
-SMS = 132  # H100 / H200: the persistent grid of level 7
+SMS = target(ARCH).sm_count  # the persistent grid of level 7 (132: H100 SXM / H200)
 
 
 def fake_operands(tile: tuple[int, int, int], dtype=cutlass.BFloat16):
@@ -50,14 +51,21 @@ def check_shape(M: int, N: int, K: int, tile) -> None:
 _COMPILED = {}
 
 
-def run(host, tile, a: torch.Tensor, b: torch.Tensor, *constexpr) -> torch.Tensor:
+def run(host, tile, a: torch.Tensor, b: torch.Tensor, *constexpr,
+        out: torch.Tensor | None = None) -> torch.Tensor:
     """C = a @ b^T on the GPU with a level's kernel (compiled on first use; the compile-time
-    arguments are not passed again)."""
+    arguments are not passed again). C is `out` (a contiguous (M, N) bf16 tensor) or a fresh one
+    filled with NaN, so an element the kernel fails to write fails the check."""
     from tk_cute.runtime import as_cute, batched, stream
 
     (M, K), N = a.shape, b.shape[0]
     check_shape(M, N, K, tile)
-    c = torch.empty(M, N, device=a.device, dtype=torch.bfloat16)
+    c = out
+    if c is None:
+        c = torch.full((M, N), float("nan"), device=a.device, dtype=torch.bfloat16)
+    elif c.shape != (M, N) or c.dtype != torch.bfloat16 or not c.is_contiguous():
+        raise ValueError(f"out must be a contiguous ({M}, {N}) bf16 tensor, got "
+                         f"{tuple(c.shape)} {c.dtype}")
     args = [as_cute(batched(t), leading_dim=1) for t in (a, b, c)]
     key = (host, constexpr)
     if key not in _COMPILED:
@@ -89,7 +97,10 @@ def bench(host, tile, *constexpr, name: str = "level", mnk=(4096, 4096, 4096), r
                 torch.randn(N, K, device="cuda", dtype=torch.bfloat16))
 
     sets = harness.input_sets(make, (M + N) * K * 2)
-    r = harness.bench({name: lambda s: run(host, tile, *s, *constexpr)}, sets,
+    # One output for every call, allocated here: the NaN fill `run` does for a fresh C would be
+    # timed with the kernel.
+    c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    r = harness.bench({name: lambda s: run(host, tile, *s, *constexpr, out=c)}, sets,
                       rounds=rounds)[name]
     print(harness.row(name, f"{M}x{N}x{K}", r.ms, 2 * M * N * K, extra=f"spread {r.spread:.2f}"))
     return 2 * M * N * K / r.ms / 1e9

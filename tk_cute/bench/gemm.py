@@ -12,8 +12,8 @@ CUTLASS repository, tag v4.7.0 or main at 7107b05; not vendored: copy it into th
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import ast
+import importlib.util
 
 import torch
 
@@ -23,17 +23,28 @@ DEFAULT_SHAPES = ["8192,8192,8192", "4096,4096,4096", "4096,4096,4096", "4096,14
                   "4096,4096,14336"]
 
 
-def _peer(path, dtype, sms):
-    """A callable running CUTLASS's persistent Hopper GEMM on (a, b, c) torch tensors."""
-    import cutlass
-    import cutlass.cute as cute
+PEER_CLASS = "HopperWgmmaGemmPersistentKernel"
 
-    from tk_cute.runtime import as_cute, batched, stream
+
+def peer_kernel(path):
+    """CUTLASS's persistent Hopper GEMM loaded from `path`, with its own defaults: fp32
+    accumulators, tile 128x256, cluster 1x1."""
+    import cutlass
 
     spec = importlib.util.spec_from_file_location("cutlass_peer_gemm", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    kernel = mod.HopperWgmmaGemmPersistentKernel(cutlass.Float32, (128, 256), (1, 1), 1, True)
+    return getattr(mod, PEER_CLASS)(cutlass.Float32, (128, 256), (1, 1), 1, True)
+
+
+def _peer(path, dtype, sms, kernel=None):
+    """A callable running CUTLASS's persistent Hopper GEMM (`kernel`, default
+    `peer_kernel(path)`) on (a, b, c) torch tensors, and its class's line count."""
+    import cutlass.cute as cute
+
+    from tk_cute.runtime import as_cute, batched, stream
+
+    kernel = kernel if kernel is not None else peer_kernel(path)
     compiled = {}
 
     def run(a, b, c):
@@ -42,7 +53,7 @@ def _peer(path, dtype, sms):
             compiled["fn"] = cute.compile(kernel, *args, sms, stream())
         compiled["fn"](*args, stream())
 
-    return run, _class_lines(path, "HopperWgmmaGemmPersistentKernel")
+    return run, _class_lines(path, PEER_CLASS)
 
 
 def _class_lines(path, name) -> int:

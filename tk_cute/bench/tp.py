@@ -48,15 +48,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+# The collectives (and gather buffer) of tk_cute.distributed, so both sides call the same ops
+from tk_cute.distributed.gemm import _all_gather, _gather_buffer, _reduce_scatter
+
 DEFAULT_M = [16, 256, 4096]
 DEFAULT_WORLD = [1, 2, 4, 8]
 BASELINE = "torch bf16 TP"
 VARIANTS = [BASELINE, "tk_cute w4a16 TP", "tk_cute w4a16 TP overlap", "tk_cute w4a4 TP",
             "tk_cute w4a4 TP overlap"]
 WEIGHT_BYTES = {"torch": 2.0, "tk_cute": 0.5625}  # per weight element
-
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class TorchTP:
@@ -69,7 +69,7 @@ class TorchTP:
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
             return x
-        full = torch.empty((self.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        full = _gather_buffer(x, self.size)
         _all_gather(full, x, group=self.group)
         return full
 
@@ -134,8 +134,7 @@ def components(models: dict, m_local: int, hidden: int, device) -> dict:
     stats = torch.zeros(3, device=device)
 
     def gather(t):
-        recv = torch.empty((size * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=device)
-        _all_gather(recv, t, group=group)
+        _all_gather(_gather_buffer(t, size), t, group=group)
 
     def scatter(t):
         _reduce_scatter(torch.empty((t.shape[0] // size, *t.shape[1:]), dtype=t.dtype,
