@@ -15,7 +15,8 @@ need not be 16-byte aligned (the walk is over the flat array of 4-byte words, tw
 block). Scale format `sf_format` (compile time): "ue4m3" (default) or "ue5m3", decoded exactly to
 bf16 by `ops.nvfp4.scale_to_bf16x2` (e2m1 * ue5m3 has <= 6 significant bits in 2^-18 ..
 688128: exact in bf16 too). UE5M3 is compile-checked only (no GPU run yet).
-Torch entry: `tk_cute.nvfp4.launch.dequantize_blocks`.
+Launched by raw pointers (`signature`; DLPack views cost ~20 us per tensor per call, more
+than the kernel at small M). Torch entry: `tk_cute.nvfp4.launch.dequantize_blocks`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from cutlass import Uint32
 
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import nvfp4 as fp4
+from tk_cute.runtime import Signature, i32, ptr
 
 THREADS = 256
 WORDS_PER_THREAD = 4  # loads in flight per thread: enough bytes in flight to cover DRAM latency
@@ -62,10 +64,29 @@ def _kernel_for(sf_format: str):
 _KERNELS = {f: _kernel_for(f) for f in fp4.DECODE_FORMATS}
 
 
+def signature() -> Signature:
+    """`_dequantize`'s runtime arguments: the codes as 4-byte words, the blocked scale bytes,
+    the bf16 output (16-byte stores), the number of words and the words per row (K / 8)."""
+    return Signature(ptr("data", cutlass.Int32, 4), ptr("scales", cutlass.Uint8, 1),
+                     ptr("out", cutlass.BFloat16, 16), i32("words"), i32("words_per_row"))
+
+
 @cute.jit
-def _dequantize(data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor,
-                words_per_row: cutlass.Int32, stream, sf_format: cutlass.Constexpr = "ue4m3"):
+def _dequantize(sf_format: cutlass.Constexpr, data_ptr: cute.Pointer, scales_ptr: cute.Pointer,
+                out_ptr: cute.Pointer, words: cutlass.Int32, words_per_row: cutlass.Int32,
+                stream):
+    rows = words // words_per_row
+    sf_bytes = (rows + 127) // 128 * ((words_per_row // 2 + 3) // 4) * 512  # the blocked layout
+    data = cute.make_tensor(data_ptr, cute.make_layout(words))
+    scales = cute.make_tensor(scales_ptr, cute.make_layout(sf_bytes))
+    out = cute.make_tensor(out_ptr, cute.make_layout(words * 8))
     per_block = THREADS * WORDS_PER_THREAD
     _KERNELS[sf_format](data, scales, out, words_per_row).launch(
-        grid=((cute.size(data) + per_block - 1) // per_block, 1, 1), block=(THREADS, 1, 1),
-        stream=stream)
+        grid=((words + per_block - 1) // per_block, 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+
+def compile_launcher(sf_format: str = "ue4m3", options: str = ""):
+    """The kernel for `sf_format` scales as a `runtime.Launcher`."""
+    if sf_format not in _KERNELS:
+        raise ValueError(f"sf_format must be one of {sorted(_KERNELS)}, got {sf_format!r}")
+    return signature().compile(_dequantize, sf_format, options=options)

@@ -12,11 +12,15 @@ import asyncio
 import time
 from pathlib import Path
 
-import jupytext
-import nbformat
 import pytest
 import torch
-from nbclient import NotebookClient
+
+# The dev extra installs these (CI has them); a machine without them (the GPU machine) skips
+# this module instead of failing the whole collection.
+jupytext = pytest.importorskip("jupytext", reason="notebook tests need the dev extra (jupytext)")
+nbformat = pytest.importorskip("nbformat", reason="notebook tests need the dev extra")
+NotebookClient = pytest.importorskip("nbclient", reason="notebook tests need the dev extra"
+                                     ).NotebookClient
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SCRIPTS = sorted(EXAMPLES.glob("[0-9][0-9]_*.py")) + sorted(

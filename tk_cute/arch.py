@@ -8,6 +8,7 @@ MMA K an NVFP4 instruction takes. Figures come from the CuTe DSL's own capacity 
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -87,15 +88,24 @@ def current() -> Target | None:
 
 
 def device_target(device) -> Target:
-    """The target of a CUDA `device`; raises with the device's capability when unsupported."""
+    """The target of a CUDA `device`; raises with the device's capability when unsupported.
+    Looked up once per device (dispatch asks on every call)."""
     import torch
 
-    major, minor = torch.cuda.get_device_capability(device)
+    index = torch.device(device).index if not isinstance(device, int) else device
+    return _device_target(torch.cuda.current_device() if index is None else index)
+
+
+@functools.cache
+def _device_target(index: int) -> Target:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(index)
     for t in TARGETS.values():
         if t.compute_capability == (major, minor):
             return t
     raise ValueError(
-        f"unsupported GPU: {torch.cuda.get_device_name(device)} is sm_{major}{minor}; "
+        f"unsupported GPU: {torch.cuda.get_device_name(index)} is sm_{major}{minor}; "
         f"tk_cute kernels exist for {', '.join(TARGETS)}"
     )
 

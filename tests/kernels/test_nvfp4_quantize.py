@@ -108,6 +108,25 @@ def test_fast_argument_packing_matches_dsl():
     with pytest.raises(RuntimeError, match="differs"):
         wrong.check_against_dsl(v)
 
+    # The call path refills per-thread slots: the bytes it hands the DSL are pack()'s, call
+    # after call, and wrong names still raise.
+    import ctypes
+
+    class Capture:
+        def run_compiled_program(self, addrs):
+            self.seen = [ctypes.string_at(p.value, ctypes.sizeof(c))
+                         for p, c in zip(addrs, a.signature._slots)]
+
+    cap = Capture()
+    call = type(a)(cap, a.signature)
+    for values in (v, dict(v, x=4096, grid=7, stream=0)):
+        call(**values)
+        _, ours = a.signature.pack(values)
+        assert cap.seen == [ctypes.string_at(p, ctypes.sizeof(c))
+                            for p, c in zip(ours, a.signature._slots)]
+    with pytest.raises(TypeError, match="launch arguments are"):
+        call(**dict(v, grid_size=1))
+
 
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="dtype"):

@@ -128,17 +128,10 @@ def test_dequantize_blocks_is_exact(seed, M, K):
 
 
 def test_dequantize_blocks_compiles_to_vector_accesses():
-    import cutlass
-    import cutlass.cute as cute
-    from cuda.bindings import driver as cuda
-    from cutlass.cute.runtime import make_fake_tensor
-
     from tk_cute.kernels import nvfp4_dequantize as dq
 
-    flat = lambda dt, d: make_fake_tensor(dt, (cute.sym_int64(divisibility=d),), (1,),  # noqa
-                                          assumed_align=16)
-    b = build(dq._dequantize, flat(cutlass.Int32, 4), flat(cutlass.Uint8, 1),
-              flat(cutlass.BFloat16, 32), cutlass.Int32(64), cuda.CUstream(0), arch="sm_90a")
+    b = build(dq._dequantize, *dq.signature().compile_args("ue4m3"), arch="sm_90a")
+    dq.compile_launcher("ue4m3", options="--gpu-arch sm_90a")  # our packing == the DSL's
     # Per word of 8 codes: one 4-byte load, its scale byte, one 16-byte store (coalesced across
     # the warp); WORDS_PER_THREAD words per thread.
     n = dq.WORDS_PER_THREAD

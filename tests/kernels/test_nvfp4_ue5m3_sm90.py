@@ -17,8 +17,6 @@ import re
 import pytest
 import torch
 
-import cutlass
-
 from tk_cute.compile import build
 from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
@@ -93,26 +91,19 @@ def test_tiled_register_a_ue5m3_decode(out):
 
 
 def test_block_dequantize_ue5m3():
-    from cuda.bindings import driver as cuda
-    from cutlass import cute
-    from cutlass.cute.runtime import make_fake_tensor
-
     from tk_cute.kernels import nvfp4_dequantize as dq
 
-    flat = lambda dt, d: make_fake_tensor(dt, (cute.sym_int64(divisibility=d),), (1,),  # noqa
-                                          assumed_align=16)
-    args = (flat(cutlass.Int32, 4), flat(cutlass.Uint8, 1), flat(cutlass.BFloat16, 32),
-            cutlass.Int32(64), cuda.CUstream(0))
-    b5, b4 = build(dq._dequantize, *args, "ue5m3", arch="sm_90a"), build(dq._dequantize,
-                                                                          *args, arch="sm_90a")
+    args = lambda fmt: dq.signature().compile_args(fmt)  # noqa: E731
+    b5 = build(dq._dequantize, *args("ue5m3"), arch="sm_90a")
+    b4 = build(dq._dequantize, *args("ue4m3"), arch="sm_90a")
     assert UNBIAS in _movs(b5) and UE4M3_PAIR[0] not in _movs(b5)
     assert UE4M3_PAIR[0] in _movs(b4) and UNBIAS not in _movs(b4)
     # the same accesses: one 4-byte code load, one scale byte, one 16-byte store per word
     for pat in (r"LDG\.E\.U8", r"STG\.E\.128"):
         assert b5.sass_count(pat) == b4.sass_count(pat) == dq.WORDS_PER_THREAD
     _no_spills(b5)
-    with pytest.raises(KeyError):
-        build(dq._dequantize, *args, "ue8m0", arch="sm_90a")
+    with pytest.raises(ValueError, match="sf_format must be one of"):
+        dq.compile_launcher("ue8m0", options="--gpu-arch sm_90a")
 
 
 def test_configs_reject_unknown_formats():

@@ -168,25 +168,21 @@ def dequantize(a, b: NVFP4Tensor, out: torch.Tensor) -> torch.Tensor:
 def dequantize_blocks(q: NVFP4Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """e2m1 * sf of a 2-D CUDA NVFP4Tensor as a bf16 (M, K) tensor, sf its UE4M3 or UE5M3
     scale (global scale NOT applied: the product is exact in bf16, times the fp32 scale it
-    would not be). UE5M3: compile-checked, not yet run on a GPU."""
+    would not be)."""
     from tk_cute.kernels import nvfp4_dequantize as dq
 
     M, K = q.shape
     if q.device.type != "cuda":
         raise ValueError(f"dequantize_blocks runs on CUDA tensors, got {q.device}")
+    if M * K >= 2**31:  # the kernel indexes elements with 32-bit integers
+        raise ValueError(f"dequantize_blocks takes M * K < 2^31 elements, got {M} x {K}")
     out = output(out, (M, K), torch.bfloat16, q.device, "dequantize_blocks")
-    args = [as_cute(q.data.view(torch.int32).reshape(-1), leading_dim=0),
-            as_cute(q.scales.reshape(-1), leading_dim=0), as_cute(out.reshape(-1), leading_dim=0)]
-    import cutlass
-
-    args.append(cutlass.Int32(K // 8))
+    index = device_index(q.device)
     fmt = q.scale_format
-    if fmt == "ue4m3":  # (the UE4M3 build takes no format argument: its cache entry as before)
-        fn = _DEQUANTIZE.get("bf16", lambda: compile_locked(dq._dequantize, *args, stream()))
-    else:
-        fn = _DEQUANTIZE.get(("bf16", fmt),
-                             lambda: compile_locked(dq._dequantize, *args, stream(), fmt))
-    fn(*args, stream())
+    launch = _DEQUANTIZE.get((fmt, index), lambda: dq.compile_launcher(fmt))
+    launch(data=aligned(q.data, 4).data_ptr(), scales=q.scales.contiguous().data_ptr(),
+           out=out.data_ptr(), words=M * K // 8, words_per_row=K // 8,
+           stream=raw_stream(index))
     return out
 
 

@@ -7,9 +7,10 @@
   (``torch.load(weights_only=True)`` reads it) and ``.to`` / ``.cpu`` / ``.cuda`` move every
   part. ``activations="bf16"`` runs W4A16 (bfloat16 activations as they come);
   ``activations="nvfp4"`` runs W4A4, quantizing the activations on every call (global scale
-  from their amax). Its forward calls the custom ops of `tk_cute.nvfp4.ops` only, so
-  ``torch.compile(fullgraph=True)`` traces it with no graph break and a CUDA forward has no host
-  sync (CUDA-graph capturable).
+  from their amax). Under torch.compile its forward calls the custom ops of `tk_cute.nvfp4.ops`
+  only, so ``torch.compile(fullgraph=True)`` traces it with no graph break; eager forwards call
+  the functions the ops wrap directly (`_gemm`: the dispatcher costs more host time than a decode
+  GEMM). A CUDA forward has no host sync either way (CUDA-graph capturable).
 - `quantize_(model, filter_fn=None, activations=...)`: swaps matching ``nn.Linear`` children in
   place (torchao's ``quantize_`` convention: ``filter_fn(module, fqn) -> bool``).
 - `linear(x, w, bias)`: the functional form, also what ``F.linear(x, w)`` runs for an
@@ -156,15 +157,13 @@ class Linear(nn.Module):
                              f"in_features={self.in_features}")
         w = (self.weight_data, self.weight_scales, self.weight_global_scale)
         if self.activations == "nvfp4":
-            a = torch.ops.tk_cute.nvfp4_quantize(x.reshape(-1, self.in_features), None,
-                                                 self.check_finite)
-            y = torch.ops.tk_cute.nvfp4_gemm(*a, *w, x.dtype)
-            y = y.reshape(*x.shape[:-1], self.out_features)
+            a = _quantize(x.reshape(-1, self.in_features), self.check_finite)
+            y = _gemm(a, w, x.dtype).reshape(*x.shape[:-1], self.out_features)
         else:
             if x.dtype != torch.bfloat16:
                 raise TypeError(f"W4A16 Linear takes bfloat16 activations, got {x.dtype} (cast "
                                 f"the model with .to(torch.bfloat16), or use activations='nvfp4')")
-            y = torch.ops.tk_cute.nvfp4_gemm(x, None, None, *w, torch.bfloat16)
+            y = _gemm(x, w, torch.bfloat16)
         return y if self.bias is None else y + self.bias
 
     def _apply(self, fn, recurse=True):
@@ -238,9 +237,40 @@ def _ue4m3_parts(q: NVFP4Tensor, who: str) -> None:
                                   f"tk_cute.nvfp4.gemm directly)")
 
 
+# Each call goes through the custom ops while torch.compile traces (what makes the trace
+# graph-break free) and straight to the functions the ops wrap in eager code: the dispatcher's
+# custom-op path costs ~30 us of host time per call on the H200, more than a decode GEMM takes
+# on the GPU (docs/results.md, thirteenth session). Same kernels, same bytes either way.
+# Operands travel as parts (data, scales, global scale): torch 2.11's dynamo traces attribute
+# reads of an NVFP4Tensor but not building one, so the compiled path never builds one.
+
+
+def _quantize(x: torch.Tensor, check_finite: bool) -> tuple:
+    """`quantize(x, check_finite=...)` as its three parts."""
+    if torch.compiler.is_compiling():
+        return torch.ops.tk_cute.nvfp4_quantize(x, None, check_finite)
+    q = quantize(x, check_finite=check_finite)
+    return q.data, q.scales, q.global_scale
+
+
+def _gemm(a, w: tuple, out_dtype: torch.dtype) -> torch.Tensor:
+    """`gemm(a, w, out_dtype)` for weight parts `w` and a bfloat16 `a` (W4A16) or the three
+    parts of NVFP4 activations (W4A4)."""
+    a_parts = a if isinstance(a, tuple) else (a, None, None)
+    if torch.compiler.is_compiling():
+        return torch.ops.tk_cute.nvfp4_gemm(*a_parts, *w, out_dtype)
+    from .gemm import gemm
+
+    def tensor(data, scales, gs):  # parts of a valid UE4M3 tensor (the op's contract too)
+        return NVFP4Tensor.trusted(data, scales, gs, (data.shape[0], 2 * data.shape[1]))
+
+    return gemm(tensor(*a) if isinstance(a, tuple) else a, tensor(*w), out_dtype)
+
+
 def linear(x, w: NVFP4Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ w^T (+ bias)`` as ``F.linear``: W4A16 for a bfloat16 tensor x (..., K), W4A4 for
-    an NVFP4Tensor x (M, K) (output bfloat16). Runs the custom ops (`tk_cute.nvfp4.ops`)."""
+    an NVFP4Tensor x (M, K) (output bfloat16). Runs the custom ops (`tk_cute.nvfp4.ops`) under
+    torch.compile, `tk_cute.nvfp4.gemm` directly in eager code."""
     if not isinstance(w, NVFP4Tensor):
         raise TypeError(f"nvfp4 linear: the weight must be an NVFP4Tensor, got "
                         f"{type(w).__name__}")
@@ -248,14 +278,11 @@ def linear(x, w: NVFP4Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     _ue4m3_parts(w, "nvfp4 linear")
     if isinstance(x, NVFP4Tensor):
         _ue4m3_parts(x, "nvfp4 linear")
-    wp = (w.data, w.scales, w.global_scale)
-    if isinstance(x, NVFP4Tensor):
-        y = torch.ops.tk_cute.nvfp4_gemm(x.data, x.scales, x.global_scale, *wp, torch.bfloat16)
-    elif isinstance(x, torch.Tensor):
-        y = torch.ops.tk_cute.nvfp4_gemm(x, None, None, *wp, torch.bfloat16)
-    else:
+    if not isinstance(x, (NVFP4Tensor, torch.Tensor)):
         raise TypeError(f"nvfp4 linear: x must be a bfloat16 tensor (W4A16) or an NVFP4Tensor "
                         f"(W4A4), got {type(x).__name__}")
+    a = (x.data, x.scales, x.global_scale) if isinstance(x, NVFP4Tensor) else x
+    y = _gemm(a, (w.data, w.scales, w.global_scale), torch.bfloat16)
     return y if bias is None else y + bias
 
 

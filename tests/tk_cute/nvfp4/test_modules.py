@@ -305,6 +305,39 @@ def test_compiled_model_has_no_graph_break_and_equals_eager(activations, seed):
     assert torch.equal(aot(x2), model(x2))
 
 
+def _tk_cute_ops_called(fn) -> list[str]:
+    """The tk_cute custom ops the dispatcher saw while fn() ran."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "tk_cute":
+                self.names.append(func.name())
+            return func(*args, **(kwargs or {}))
+
+    with Log() as log:
+        fn()
+    return log.names
+
+
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+def test_eager_forward_skips_the_dispatcher_the_ops_reach_it(activations, seed):
+    # Eager forwards call the functions the ops wrap (the dispatcher's host cost, modules
+    # `_gemm`); the ops themselves, what torch.compile traces, do reach it (the log works).
+    layer = Linear.from_linear(nn.Linear(64, 48, dtype=torch.bfloat16), activations)
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    assert _tk_cute_ops_called(lambda: layer(x)) == []
+    assert _tk_cute_ops_called(lambda: F.linear(x, layer.weight)) == []
+    w = (layer.weight_data, layer.weight_scales, layer.weight_global_scale)
+    called = _tk_cute_ops_called(lambda: torch.ops.tk_cute.nvfp4_gemm(x, None, None, *w,
+                                                                       torch.bfloat16))
+    assert called == ["tk_cute::nvfp4_gemm"]
+
+
 # ---------------------------------------------------------------- GPU
 
 
