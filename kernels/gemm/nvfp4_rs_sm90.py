@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""W4A16 NVFP4 GEMM for Hopper with register-A wgmma: D (M, N) = A (M, K) @ deq(B)^T, M <= 128.
+"""NVFP4 GEMM for Hopper with register-A wgmma (W4A16, and W4A4 below): D (M, N) = A (M, K) @
+deq(B)^T, M <= 128.
 
 Each consumer warpgroup decodes 64 weight rows straight into the registers of a wgmma A operand
 (the RS form) and multiplies them by the activations, which the tensor cores read from shared
@@ -22,6 +23,9 @@ Activations: the decode's K order is not memory order (below), so they are permu
     kernel, launched behind it with PDL, asks for its first unit's weights before waiting; or
   per stage ("stage", N_ACT <= 16, where the extra kernel boundary cost more than it saved):
     the producer warpgroup's warps 1-3 permute each landed tile in place.
+  NVFP4 activations (W4A4, `Config.a_format` "nvfp4", always "call"): the per-call pass
+    decodes them too (`_decode_permute_kernel`) and writes D's scale gA * gB * 2^8; the GEMM
+    and the reduction are the W4A16 ones.
 Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / empty):
   TMA warp (warp 0): once the consumers freed a stage, TMA-loads the unit's weight bytes (ROWS
     rows x 128 B, 128-byte swizzle), their scale atoms (2 KB per 128-row band) and the
@@ -87,6 +91,7 @@ OUT_TYPES = ("bfloat16", "float16", "float32")
 # From this N_ACT on the activations are permuted once per call (`Config.permute`): on the H200
 # (docs/results.md) even at 32, 7-13% faster at 48-96 and 1.6x at 128; 5% slower at 16.
 CALL_PERMUTE_MIN_N_ACT = 32
+A_FORMATS = ("bf16", "nvfp4")  # activations as they come: bfloat16 (W4A16) or NVFP4 (W4A4)
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,9 @@ class Config:
     PDL: bool = False
     out_dtype: str = "bfloat16"
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # the weights' scale format
+    # "nvfp4" (W4A4): x is the activations' codes, decoded in the permute "call" pass (their
+    # scales in the format `sf` too); "bf16" (W4A16)
+    a_format: str = field(default="bf16", metadata={"quiet": True})
     __repr__ = config_repr  # (the kernel symbol follows the repr: sf shows once not UE4M3)
 
     def __post_init__(self):
@@ -129,6 +137,11 @@ class Config:
             raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
         if self.sf not in fp4.DECODE_FORMATS:
             raise ValueError(f"sf must be one of {fp4.DECODE_FORMATS}, got {self.sf!r}")
+        if self.a_format not in A_FORMATS:
+            raise ValueError(f"a_format must be one of {A_FORMATS}, got {self.a_format!r}")
+        if self.a_format == "nvfp4" and self.PERMUTE == "stage":
+            raise ValueError("NVFP4 activations are decoded in the permute 'call' pass: "
+                             "PERMUTE='stage' takes bf16 activations only")
         if self.stages < 2:
             raise ValueError(f"a ring of >= 2 stages of {self.stage_bytes} B must fit "
                              f"{SMEM_BUDGET} B of shared memory (N_ACT={self.N_ACT}, "
@@ -164,6 +177,8 @@ class Config:
         CTA streams: it pays from N_ACT = CALL_PERMUTE_MIN_N_ACT on."""
         if self.PERMUTE != "auto":
             return self.PERMUTE
+        if self.a_format == "nvfp4":  # the decode pass writes them permuted anyway
+            return "call"
         return "call" if self.N_ACT >= CALL_PERMUTE_MIN_N_ACT else "stage"
 
     @property
@@ -269,10 +284,49 @@ def _permute_kernel(x: cute.Pointer, xp: cute.Pointer, M: Int32, K: Int32):
         _store_permuted(memory.st_v4_u32, lambda c: xp.toint() + row + 16 * c, p, chunks)
 
 
+def _decode_chunk(sf_format: str, xq, xsf, m, blk, K, c):
+    """Natural chunk c (elements 8c .. 8c + 7 of row m's 128-K block blk: one word of codes,
+    one scale byte) of NVFP4 activations, decoded into the strided pairing."""
+    word = memory.ld_u32(xq.toint() + (Int64(m) * Int64(K // 8) + blk * (SUB_K // 8) + c) * 4)
+    rk = (K + nvfp4_scales.ATOM_K - 1) // nvfp4_scales.ATOM_K  # scale atoms per 128-row band
+    kb = blk * (SUB_K // nvfp4_scales.SF_VEC) + c // 2
+    byte = memory.ld_u8(xsf.toint() + Int64(nvfp4_scales.band_offset(m, kb, rk)))
+    return fp4.e2m1x8_scaled_shifted_strided(word, fp4.scale_to_bf16x2_prescaled(byte,
+                                                                                 sf_format))
+
+
 def permute_task(task, blocks):
     """(row, 128-K block, p) of `_permute_kernel` thread `task` (blocks: K / 128): the 4 threads
     of a (row, block) are adjacent, so each load of a quad reads 64 contiguous bytes."""
     return task // (4 * blocks), (task // 4) % blocks, task % 4
+
+
+@cute.kernel
+def _decode_permute_kernel(sf_format: cutlass.Constexpr, xq: cute.Pointer, xsf: cute.Pointer,
+                           gsa: cute.Pointer, gsb: cute.Pointer, xp: cute.Pointer, M: Int32,
+                           K: Int32):
+    """Permute "call" for NVFP4 activations (W4A4): `_permute_kernel`'s pass, but each natural
+    chunk of 8 elements is decoded from its 4 bytes of codes and its scale byte straight into
+    the strided pairing (`ops.nvfp4.e2m1x8_scaled_shifted_strided`: e2m1 * sf * 2^-shift, exact
+    in bf16), the pairing `_load_natural` gives bf16 activations. Block 0's thread 0 writes D's
+    scale gA * gB * 2^shift (fp32 products of powers of two: exact) after the activations (at
+    xp + M * K), which the GEMM takes as its `gsb`: D = fl(sum * 2^shift_w * that) is then
+    bit for bit the W4A16 GEMM of the exactly decoded activations with gsb = gA * gB."""
+    tid, _, _ = cute.arch.thread_idx()
+    bid, _, _ = cute.arch.block_idx()
+    cluster.pdl_wait()  # the activations may be the previous kernel's output (the quantizer)
+    cluster.pdl_launch_dependents()
+    shift = Float32(2.0 ** fp4.decode_shift(sf_format))
+    if bid == 0 and tid == 0:
+        scale = fp4.mul_rn(fp4.mul_rn(memory.ld_f32(gsa.toint()), memory.ld_f32(gsb.toint())),
+                           shift)
+        memory.st_cvt(xp.toint() + Int64(M) * Int64(K) * 2, scale, "float32")
+    m, blk, p = permute_task(bid * PERMUTE_THREADS + tid, K // SUB_K)
+    if m < M:
+        decode = functools.partial(_decode_chunk, sf_format, xq, xsf, m, blk, K)
+        chunks = [decode(4 * u + p) for u in range(4)]  # natural chunks 4u + p, as bf16 ones
+        row = (Int64(m) * Int64(K) + blk * SUB_K) * 2
+        _store_permuted(memory.st_v4_u32, lambda c: xp.toint() + row + 16 * c, p, chunks)
 
 
 @cute.kernel
@@ -549,23 +603,33 @@ def weight_tensors(w: cute.Pointer, wsf: cute.Pointer, N, K):
 
 def launch_permute(x: cute.Pointer, xp: cute.Pointer, M, K, stream, use_pdl: bool) -> None:
     """Launch `_permute_kernel`: xp = x with every row in the decode's K order."""
-    _permute_kernel(x, xp, M, K).launch(
-        grid=[(M * (K // SUB_K) * 4 + PERMUTE_THREADS - 1) // PERMUTE_THREADS, 1, 1],
-        block=[PERMUTE_THREADS, 1, 1], stream=stream, use_pdl=use_pdl)
+    _permute_kernel(x, xp, M, K).launch(grid=[_permute_ctas(M, K), 1, 1],
+                                        block=[PERMUTE_THREADS, 1, 1], stream=stream,
+                                        use_pdl=use_pdl)
 
 
-@cute.jit
-def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.Pointer,
-            xp: cute.Pointer, gsb: cute.Pointer, out: cute.Pointer, ws: cute.Pointer, M: Int32,
-            N: Int32, K: Int32, ctas: Int32, stream):
+def launch_decode_permute(sf_format: str, xq: cute.Pointer, xsf: cute.Pointer,
+                          gsa: cute.Pointer, gsb: cute.Pointer, xp: cute.Pointer, M, K,
+                          stream) -> None:
+    """Launch `_decode_permute_kernel` (PDL): xp = the NVFP4 activations (codes xq, blocked
+    scales xsf) decoded in the decode's K order, and D's scale after them."""
+    _decode_permute_kernel(sf_format, xq, xsf, gsa, gsb, xp, M, K).launch(
+        grid=[_permute_ctas(M, K), 1, 1], block=[PERMUTE_THREADS, 1, 1], stream=stream,
+        use_pdl=True)
+
+
+def _permute_ctas(M, K):
+    return (M * (K // SUB_K) * 4 + PERMUTE_THREADS - 1) // PERMUTE_THREADS
+
+
+def _gemm_and_reduce(cfg, w, wsf, xt_ptr, gsb, out, ws, M, N, K, ctas, stream, pdl: bool):
+    """The GEMM over activations at `xt_ptr` (permuted, or natural with permute "stage") and
+    the reduction into D times `gsb`'s scale."""
     wt, sft = weight_tensors(w, wsf, N, K)
-    per_call = cfg.permute == "call"  # (x: the permuted copy xp, which the TMA then reads)
-    if cutlass.const_expr(per_call):
-        launch_permute(x, xp, M, K, stream, use_pdl=True)
-    xt = row_major(xp if per_call else x, M, K)
+    xt = row_major(xt_ptr, M, K)
     _kernel(cfg, gl.load(wt, cfg.weight_tile), gl.load(sft, cfg.scale_tile),
             gl.load(xt, cfg.act_tile), ws, M, N, K).launch(
-        grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=per_call or cfg.PDL,
+        grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=pdl,
         min_blocks_per_mp=1)  # (without it ptxas drops setmaxnreg: `ops.warpgroup`)
     MN = M * N
     _reduce_kernel(cfg, ws, gsb, out, M, N, K, ctas).launch(
@@ -573,25 +637,58 @@ def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
         block=[REDUCE_THREADS, 1, 1], stream=stream, use_pdl=True)
 
 
+@cute.jit
+def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.Pointer,
+            xp: cute.Pointer, gsb: cute.Pointer, out: cute.Pointer, ws: cute.Pointer, M: Int32,
+            N: Int32, K: Int32, ctas: Int32, stream):
+    per_call = cfg.permute == "call"  # (x: the permuted copy xp, which the TMA then reads)
+    if cutlass.const_expr(per_call):
+        launch_permute(x, xp, M, K, stream, use_pdl=True)
+    _gemm_and_reduce(cfg, w, wsf, xp if per_call else x, gsb, out, ws, M, N, K, ctas, stream,
+                     per_call or cfg.PDL)
+
+
+@cute.jit
+def _launch_w4a4(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.Pointer,
+                 xsf: cute.Pointer, gsa: cute.Pointer, xp: cute.Pointer, gsb: cute.Pointer,
+                 out: cute.Pointer, ws: cute.Pointer, M: Int32, N: Int32, K: Int32, ctas: Int32,
+                 stream):
+    """W4A4: the activations' decode pass, then the same GEMM; D's scale is the one the pass
+    wrote after the decoded activations (xp: M x K bf16 + 16 bytes)."""
+    launch_decode_permute(cfg.sf, x, xsf, gsa, gsb, xp, M, K, stream)
+    scale = cute.make_ptr(cutlass.Float32, xp.toint() + Int64(M) * Int64(K) * 2,
+                          cute.AddressSpace.gmem, assumed_align=4)  # as W4A16's gsb
+    _gemm_and_reduce(cfg, w, wsf, xp, scale, out, ws, M, N, K, ctas, stream, True)
+
+
 # ---------------------------------------------------------------- host
 
 
 def signature(cfg: Config) -> Signature:
-    """`_launch`'s runtime arguments: weights (codes, blocked scales), activations and their
-    permuted copy (permute "call"), the weights' global decode scale (the output's whole
-    scale), D, the fp32 partial planes, the shape and the stream-K CTA count."""
+    """The launch's runtime arguments: weights (codes, blocked scales), activations and their
+    permuted copy (permute "call"; W4A4: the activations' codes, blocked scales and decode
+    scale gA, and a decode buffer of M x K bf16 + 16 bytes), the weights' global decode scale,
+    D, the fp32 partial planes, the shape and the stream-K CTA count."""
     out_t = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32}[cfg.out_dtype]
-    return Signature(ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8),
-                     ptr("x", cutlass.BFloat16), ptr("xp", cutlass.BFloat16),
-                     ptr("gsb", cutlass.Float32, 4), ptr("out", out_t, 4),
-                     ptr("ws", cutlass.Float32), i32("M"), i32("N"), i32("K"), i32("ctas"))
+    w = (ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8))
+    tail = (ptr("gsb", cutlass.Float32, 4), ptr("out", out_t, 4), ptr("ws", cutlass.Float32),
+            i32("M"), i32("N"), i32("K"), i32("ctas"))
+    if cfg.a_format == "nvfp4":
+        return Signature(*w, ptr("x", cutlass.Uint8, 4), ptr("xsf", cutlass.Uint8, 1),
+                         ptr("gsa", cutlass.Float32, 4), ptr("xp", cutlass.BFloat16), *tail)
+    return Signature(*w, ptr("x", cutlass.BFloat16), ptr("xp", cutlass.BFloat16), *tail)
 
 
 def compile_launcher(cfg: Config, options: str = ""):
-    """`_launch` for cfg compiled into a raw-pointer `Launcher` (`options`: e.g.
+    """The launch for cfg compiled into a raw-pointer `Launcher` (`options`: e.g.
     "--gpu-arch sm_90a" to build without a GPU)."""
-    return signature(cfg).compile(_launch, cfg, options=options)
+    return signature(cfg).compile(launch_fn(cfg), cfg, options=options)
+
+
+def launch_fn(cfg: Config):
+    """The `@cute.jit` launch `signature(cfg)` describes."""
+    return _launch_w4a4 if cfg.a_format == "nvfp4" else _launch
 
 
 def check_shape(cfg: Config, M: int, N: int, K: int) -> None:

@@ -6,6 +6,8 @@ against the blocked layout; configuration rules; sm_90a compile tests on the ins
 resources. GPU (marker `gpu`): results against a float64 reference on fresh random data.
 """
 
+import dataclasses
+import re
 
 import pytest
 import torch
@@ -341,6 +343,45 @@ def test_decode_instruction_budget(built):
 
 def test_fast_argument_packing_matches_dsl():
     rs.compile_launcher(rs.Config(N_ACT=16), options="--gpu-arch sm_90a")
+    rs.compile_launcher(rs.Config(N_ACT=16, a_format="nvfp4"), options="--gpu-arch sm_90a")
+
+
+def _entries(ptx: str) -> dict:
+    """{kernel symbol: its PTX body with the symbol replaced} (bodies comparable across
+    configs whose symbols differ)."""
+    out = {}
+    for chunk in re.split(r"(?=\.visible \.entry )", ptx)[1:]:
+        name = re.match(r"\.visible \.entry (\w+)\(", chunk).group(1)
+        body = "\n".join(line for line in chunk.splitlines() if not line.lstrip().startswith("//"))
+        out[name] = body.replace(name, "KERNEL")
+    return out
+
+
+@pytest.mark.parametrize("n_act, rows", [(16, 128), (64, 256)])
+def test_w4a4_decodes_in_the_permute_pass(n_act, rows):
+    """W4A4 (`a_format` "nvfp4") replaces the permute kernel by the decode-permute kernel and
+    runs the W4A16 GEMM and reduction unchanged (the same PTX bodies); the decode pass reads
+    per thread 4 words of codes and 4 scale bytes (plus the two global scales) and writes 4
+    16-byte chunks, with no spills."""
+    w16 = rs.Config(N_ACT=n_act, ROWS=rows, PERMUTE="call")
+    w4 = dataclasses.replace(w16, PERMUTE="auto", a_format="nvfp4")
+    assert w4.permute == "call"
+    b16 = build(rs._launch, *rs.signature(w16).compile_args(w16), arch="sm_90a")
+    b4 = build(rs.launch_fn(w4), *rs.signature(w4).compile_args(w4), arch="sm_90a")
+    e16, e4 = _entries(b16.ptx), _entries(b4.ptx)
+    pick = lambda e, tag: [v for k, v in e.items() if tag in k]  # noqa: E731
+    for tag in ("__kernel_", "_reduce_kernel"):
+        assert pick(e16, tag) == pick(e4, tag) and len(pick(e4, tag)) == 1
+    (dec,) = pick(e4, "_decode_permute_kernel")
+    assert len(re.findall(r"ld\.global\.b32", dec)) == 4 + 2  # codes, gA and gB
+    assert len(re.findall(r"ld\.global\.u8", dec)) == 4
+    assert len(re.findall(r"st\.global\.v4", dec)) == 4
+    assert len(re.findall(r"mul\.rn\.bf16x2", dec)) >= 4 * 4  # the exact decode, 4 per word
+    assert all(k.local_bytes == 0 for k in b4.resources) and len(b4.resources) == 3
+    with pytest.raises(ValueError, match="PERMUTE='stage'"):
+        rs.Config(a_format="nvfp4", PERMUTE="stage")
+    with pytest.raises(ValueError, match="a_format must be one of"):
+        rs.Config(a_format="fp8")
 
 
 # --- GPU --------------------------------------------------------------------------------------
@@ -409,6 +450,32 @@ def test_permute_modes_agree_bitwise(seed, M, N):
         outs.append(launch.gemm_rs(a, b, torch.float32, out=out,
                                config=dataclasses.replace(cfg, PERMUTE=mode)))
     assert not outs[0].isnan().any() and torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(9, 256, 512), (16, 512, 2048), (100, 1024, 1024),
+                                     (128, 256, 4096)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K, out_dtype):
+    """W4A4 on the register-A kernel (activations decoded in its permute pass, D's scale
+    gA * gB * 2^8 written by that pass) is bit for bit the W4A16 kernel on the exactly decoded
+    activations with D's scale gA * gB (the power-of-two scalings are exact: docstring of
+    `_decode_permute_kernel`); and within the exact product's bound."""
+    import dataclasses
+
+    from tk_cute.nvfp4 import quantize
+
+    b = _weights(N, K)
+    a = quantize(torch.randn(M, K, device="cuda"))
+    cfg = heuristics.register_a_config(M, N, K, str(out_dtype).removeprefix("torch."))
+    w4 = dataclasses.replace(cfg, a_format="nvfp4")
+    w16 = dataclasses.replace(cfg, PERMUTE="call")
+    d4 = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
+    launch.register_a(a, b, d4, w4)
+    d16 = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
+    launch.register_a(launch.dequantize_blocks(a), b, d16, w16, gsb=a.global_scale * b.global_scale)
+    assert not d4.isnan().any() and torch.equal(d4, d16)
+    assert_gemm_close(d4, a, b, "W4A4 register-A, in-kernel decode")
 
 
 @pytest.mark.gpu

@@ -15,8 +15,9 @@ What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
   "register_a_tiled" (large M), "rows" (the register-A kernel on 128-row slices), "fused" and
   "dequantize" (any shape: the operands expanded to exact bf16 in global memory, then the dense
   Hopper GEMM). Batched operands run
-  one 2-D plan per batch ("batches"). W4A4 above `heuristics.W4A4_NATIVE_MAX_M` decodes its
-  activations once per call into exact bf16 and runs the W4A16 kernels ("decode_a").
+  one 2-D plan per batch ("batches"). W4A4 decodes its activations in the kernel on "small_m"
+  (M <= `heuristics.W4A4_NATIVE_MAX_M`) and "register_a" (its permute pass), and once per call
+  into exact bf16 before the W4A16 kernels elsewhere ("decode_a").
   D's rows must be 16-byte aligned for the kernels' stores: where N * element size is not, D
   is computed N-padded and copied into place (`Plan.pad_n`).
 - Blackwell / Rubin (sm_100a, sm_103a, sm_107a): W4A4 with K % 256 == 0 and N % 8 == 0, bf16 /
@@ -126,12 +127,15 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
         path = heuristics.hopper_path(w4a4, M, N, K, out, sms, sf)
     else:
         path = heuristics.check_hopper_path(force, w4a4, M, N, K, out, sf)
-    decode_a = w4a4 and path in ("register_a", "register_a_tiled", "rows")
+    # W4A4 activations: decoded in the register-A kernel's permute pass; once per call into
+    # exact bf16 for the tiled and "rows" paths (then W4A16 kernels)
+    decode_a = w4a4 and path in ("register_a_tiled", "rows")
     if path == "small_m":
         cfg = heuristics.small_m_config(M, N, K, w4a4, out, sms)
         return Plan(path, dataclasses.replace(cfg, PDL=pdl, sf=sf))
     if path == "register_a":
-        cfg = dataclasses.replace(heuristics.register_a_config(M, N, K, out), sf=sf)
+        cfg = dataclasses.replace(heuristics.register_a_config(M, N, K, out), sf=sf,
+                                  a_format="nvfp4" if w4a4 else "bf16")
         if pdl and cfg.permute == "stage":
             cfg = dataclasses.replace(cfg, PDL=True)
         return Plan(path, cfg, decode_a=decode_a)

@@ -68,11 +68,12 @@ def small_m(a, b: NVFP4Tensor, out: torch.Tensor, cfg: gv.Config, gsb=None) -> t
     return out
 
 
-def register_a(a: torch.Tensor, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
+def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
                ctas: int | None = None, gsb=None) -> torch.Tensor:
-    """The register-A kernel on bf16 activations a (M <= 128, K); `gsb` as in `small_m`.
+    """The register-A kernel (M <= 128) on bf16 activations a (M, K), or on NVFP4 ones (W4A4,
+    `cfg.a_format` "nvfp4": decoded in the kernel's permute pass); `gsb` as in `small_m`.
     Workspace (torch's caching allocator): the fp32 partial planes and, with permute "call",
-    the permuted activations."""
+    the permuted activations (W4A4: and D's scale after them)."""
     (M, K), N = a.shape, b.M
     dev = b.device
     if ctas is None:
@@ -80,14 +81,20 @@ def register_a(a: torch.Tensor, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Confi
     ctas = min(ctas, rs.stream_units(cfg, N, K))
     planes = schedule.stream_k_spans(ctas, N // cfg.ROWS)
     ws = torch.empty(planes * M * N, dtype=torch.float32, device=dev)
-    x = aligned(a)
-    xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev) if cfg.permute == "call" else x
     index = device_index(dev)
     launch = _REGISTER_A.get((cfg, index), lambda: rs.compile_launcher(cfg))
-    launch(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales).data_ptr(), x=x.data_ptr(),
-           xp=xp.data_ptr(), gsb=(b.global_scale if gsb is None else gsb).data_ptr(),
-           out=out.data_ptr(), ws=ws.data_ptr(), M=M, N=N, K=K, ctas=ctas,
-           stream=raw_stream(index))
+    gs = (b.global_scale if gsb is None else gsb).data_ptr()
+    common = dict(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales).data_ptr(), gsb=gs,
+                  out=out.data_ptr(), ws=ws.data_ptr(), M=M, N=N, K=K, ctas=ctas,
+                  stream=raw_stream(index))
+    if cfg.a_format == "nvfp4":
+        xp = torch.empty(M * K + 8, dtype=torch.bfloat16, device=dev)  # + D's scale, 16 B
+        launch(x=aligned(a.data, 4).data_ptr(), xsf=a.scales.contiguous().data_ptr(),
+               gsa=a.global_scale.data_ptr(), xp=xp.data_ptr(), **common)
+        return out
+    x = aligned(a)
+    xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev) if cfg.permute == "call" else x
+    launch(x=x.data_ptr(), xp=xp.data_ptr(), **common)
     return out
 
 

@@ -9,7 +9,8 @@ tests count these instructions.
 
 - Streaming reads: `ld_v4(addr, stream=True)` (``ld.global.nc.L1::no_allocate``: weights read
   once; `l2_fetch`: ``.L2::128B`` / ``.L2::256B`` prefetch sizes), `ld_v4_pred` (evict-first,
-  zeros when off), `ld_u16`, `ld_u32_pred`, `ld_f32` (a scalar such as a global scale).
+  zeros when off), `ld_u16`, `ld_u32_pred`, `ld_f32` (a scalar such as a global scale), and
+  `ld_u32` / `ld_u8` (coherent, in program order: data the previous kernel wrote).
 - Stores: `st_u32`, `st_v4_u32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
   `st_u8_pred`, `st_u16_pred`, `st_u32_pred`, `st_v2_u32_pred`.
 - Global -> shared without registers: `cp_async_16`, `cp_async_wait_all`.
@@ -65,6 +66,19 @@ def ld_f32(addr: Int64, *, loc=None, ip=None) -> Float32:
     that an earlier kernel of the stream wrote, read after the PDL wait)."""
     return Float32(asm(T.f32(), [Int64(addr)], "ld.global.b32 $0, [$1];", "=f,l", loc, ip,
                        True))
+
+
+@dsl_user_op
+def ld_u32(addr: Int64, *, loc=None, ip=None) -> Uint32:
+    """The 4 bytes at `addr` (a plain coherent load kept in program order, as `ld_f32`: data an
+    earlier kernel of the stream wrote, read after the PDL wait)."""
+    return Uint32(asm(T.i32(), [Int64(addr)], "ld.global.b32 $0, [$1];", "=r,l", loc, ip, True))
+
+
+@dsl_user_op
+def ld_u8(addr: Int64, *, loc=None, ip=None) -> Uint32:
+    """The byte at `addr`, zero-extended (coherent, in program order, as `ld_u32`)."""
+    return Uint32(asm(T.i32(), [Int64(addr)], "ld.global.u8 $0, [$1];", "=r,l", loc, ip, True))
 
 
 @dsl_user_op

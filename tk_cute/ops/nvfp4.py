@@ -418,6 +418,13 @@ def scale_to_bf16x2(b: Uint32, fmt: str = "ue4m3") -> Uint32:
     return ue5m3_to_bf16x2(b) if fmt == "ue5m3" else ue4m3_to_bf16x2(b)
 
 
+def scale_to_bf16x2_prescaled(b: Uint32, fmt: str = "ue4m3") -> Uint32:
+    """A scale byte of format `fmt` prescaled by 2^(126 - decode_shift) in both halves, for
+    `e2m1x8_scaled_shifted` / `_strided`."""
+    decode_shift(fmt)
+    return ue5m3_to_bf16x2_prescaled(b) if fmt == "ue5m3" else ue4m3_to_bf16x2_prescaled(b)
+
+
 def scalex2_to_bf16x2_prescaled(h: Uint32, fmt: str = "ue4m3") -> tuple:
     """Two scale bytes of format `fmt` -> (F_lo, F_hi) prescaled by 2^(126 - decode_shift)."""
     decode_shift(fmt)

@@ -46,8 +46,11 @@ def test_every_grid_shape_has_a_kernel_plan(w4a4, out):
         _covered(p, M, N, K, w4a4, out)
         per_row = 16 // OUTS[out].itemsize
         assert p.pad_n == (0 if N % per_row == 0 else -(-N // per_row) * per_row)
-        if w4a4 and p.path in ("register_a", "register_a_tiled", "rows"):
+        if w4a4 and p.path in ("register_a_tiled", "rows"):
             assert p.decode_a
+        if w4a4 and p.path == "register_a":  # decoded in the kernel's permute pass
+            assert not p.decode_a and p.config.a_format == "nvfp4"
+            assert p.config.permute == "call"
 
 
 def test_issue_rows_take_the_expected_paths():
@@ -64,10 +67,9 @@ def test_issue_rows_take_the_expected_paths():
     assert _plan_hopper(False, 16, 8192, 8208, "bfloat16", SMS, False).path == "dequantize"
     p = _plan_hopper(False, 16, 8192, 8192, "float32", SMS, False)
     assert p.path == "register_a" and p.config.out_dtype == "float32"
-    p = _plan_hopper(True, 100, 8192, 8192, "bfloat16", SMS, False)
-    assert p.path == "register_a" and p.decode_a
-    p = _plan_hopper(True, 64, 28672, 8192, "bfloat16", SMS, False)
-    assert p.path == "register_a" and p.decode_a  # W4A4 reaches the register-A kernel
+    for M, N in ((100, 8192), (64, 28672), (16, 8192)):  # W4A4 reaches the register-A kernel
+        p = _plan_hopper(True, M, N, 8192, "bfloat16", SMS, False)
+        assert p.path == "register_a" and not p.decode_a and p.config.a_format == "nvfp4"
     p = _plan_hopper(True, 1, 8192, 8192, "bfloat16", SMS, False)
     assert p.path == "small_m" and p.config.w4a4  # decoded in the kernel at tiny M
     assert _plan_hopper(False, 4000, 8192, 8208, "bfloat16", SMS, False).path == "dequantize"
