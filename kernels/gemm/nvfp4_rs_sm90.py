@@ -656,9 +656,15 @@ def _launch_w4a4(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: 
     """W4A4: the activations' decode pass, then the same GEMM; D's scale is the one the pass
     wrote after the decoded activations (xp: M x K bf16 + 16 bytes)."""
     launch_decode_permute(cfg.sf, x, xsf, gsa, gsb, xp, M, K, stream)
-    scale = cute.make_ptr(cutlass.Float32, xp.toint() + Int64(M) * Int64(K) * 2,
-                          cute.AddressSpace.gmem, assumed_align=4)  # as W4A16's gsb
-    _gemm_and_reduce(cfg, w, wsf, xp, scale, out, ws, M, N, K, ctas, stream, True)
+    _gemm_and_reduce(cfg, w, wsf, xp, decoded_scale(xp, M, K), out, ws, M, N, K, ctas, stream,
+                     True)
+
+
+def decoded_scale(xp: cute.Pointer, M, K) -> cute.Pointer:
+    """Where `_decode_permute_kernel` leaves D's scale: the fp32 after the M x K decoded
+    activations (typed and aligned as W4A16's gsb argument)."""
+    return cute.make_ptr(cutlass.Float32, xp.toint() + Int64(M) * Int64(K) * 2,
+                         cute.AddressSpace.gmem, assumed_align=4)
 
 
 # ---------------------------------------------------------------- host

@@ -69,6 +69,9 @@ class Config:
     A_SETS: int = 1
     out_dtype: str = "bfloat16"
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # the weights' scale format
+    # "nvfp4" (W4A4): x is the activations' codes, decoded in the permute pass
+    # (`nvfp4_rs_sm90._decode_permute_kernel`, scales in the format `sf` too); "bf16" (W4A16)
+    a_format: str = field(default="bf16", metadata={"quiet": True})
     __repr__ = config_repr
 
     def __post_init__(self):
@@ -81,6 +84,8 @@ class Config:
             raise ValueError(f"A_SETS must be 1 or 2, got {self.A_SETS}")
         if self.sf not in fp4.DECODE_FORMATS:
             raise ValueError(f"sf must be one of {fp4.DECODE_FORMATS}, got {self.sf!r}")
+        if self.a_format not in rs.A_FORMATS:
+            raise ValueError(f"a_format must be one of {rs.A_FORMATS}, got {self.a_format!r}")
         if self.LOAD_PIPE_DEPTH == 1 or self.LOAD_PIPE_DEPTH < 0:
             raise ValueError(f"LOAD_PIPE_DEPTH must be 0 (auto) or >= 2, got "
                              f"{self.LOAD_PIPE_DEPTH}")
@@ -238,8 +243,23 @@ class GemmNvfp4RsTiledSm90(LCF):
                  x: cute.Pointer, xp: cute.Pointer, gs: cute.Pointer, out: cute.Pointer,
                  out_sf: cute.Pointer, out_gs: cute.Pointer, flag: cute.Pointer,
                  M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32, stream):
-        wt, sft = rs.weight_tensors(w, wsf, N, K)
         rs.launch_permute(x, xp, M, K, stream, use_pdl=False)
+        self._gemm(sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, M, N, K, stream)
+
+    @cute.jit
+    def call_w4a4(self, sms: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer,
+                  x: cute.Pointer, xsf: cute.Pointer, gsa: cute.Pointer, xp: cute.Pointer,
+                  gs: cute.Pointer, out: cute.Pointer, out_sf: cute.Pointer,
+                  out_gs: cute.Pointer, flag: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32,
+                  K: cutlass.Int32, stream):
+        """W4A4: the activations' decode pass (it writes D's scale gA * gB * 2^8 after them),
+        then the W4A16 GEMM, which starts once that pass has ended (no PDL) and reads it."""
+        rs.launch_decode_permute(self.config.sf, x, xsf, gsa, gs, xp, M, K, stream)
+        self._gemm(sms, w, wsf, xp, rs.decoded_scale(xp, M, K), out, out_sf, out_gs, flag, M,
+                   N, K, stream)
+
+    def _gemm(self, sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, M, N, K, stream):
+        wt, sft = rs.weight_tensors(w, wsf, N, K)
         xt = row_major(xp, M, K)
         g = Globals(gl.load(wt, self.w_tile), gl.load(sft, self.sf_tile),
                     gl.load(xt, self.x_tile), gs, out, out_sf, out_gs, flag, M, N, K)
@@ -271,18 +291,30 @@ class Globals(DeviceStruct):
 
 
 def signature(cfg: Config) -> Signature:
-    """`__call__`'s runtime arguments: weights (codes, blocked scales), activations and their
-    permuted copy, the accumulator's scale (gB, or gA * gB), D (for NVFP4: its codes, blocked
-    scales, given decode scale and the saturation flag; other outputs ignore those three), the
-    shape."""
-    return Signature(ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8),
-                     ptr("x", cutlass.BFloat16), ptr("xp", cutlass.BFloat16),
-                     ptr("gs", cutlass.Float32, 4), ptr("out", OUT_TYPES[cfg.out_dtype], 4),
-                     ptr("out_sf", cutlass.Uint8, 4), ptr("out_gs", cutlass.Float32, 4),
-                     ptr("flag", cutlass.Int32, 4), i32("M"), i32("N"), i32("K"))
+    """The launch's runtime arguments: weights (codes, blocked scales), activations (W4A4: their
+    codes, blocked scales and decode scale gA) and their permuted copy (W4A4: M x K bf16 + 16
+    bytes), the accumulator's scale (gB, or gA * gB for bf16 activations decoded elsewhere), D
+    (for NVFP4: its codes, blocked scales, given decode scale and the saturation flag; other
+    outputs ignore those three), the shape."""
+    w = (ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8))
+    if cfg.a_format == "nvfp4":
+        x = (ptr("x", cutlass.Uint8, 4), ptr("xsf", cutlass.Uint8, 1),
+             ptr("gsa", cutlass.Float32, 4))
+    else:
+        x = (ptr("x", cutlass.BFloat16),)
+    return Signature(*w, *x, ptr("xp", cutlass.BFloat16), ptr("gs", cutlass.Float32, 4),
+                     ptr("out", OUT_TYPES[cfg.out_dtype], 4), ptr("out_sf", cutlass.Uint8, 4),
+                     ptr("out_gs", cutlass.Float32, 4), ptr("flag", cutlass.Int32, 4),
+                     i32("M"), i32("N"), i32("K"))
+
+
+def launch_fn(cfg: Config):
+    """The `@cute.jit` launch `signature(cfg)` describes (constexpr argument: the SM count)."""
+    kernel = GemmNvfp4RsTiledSm90(cfg)
+    return kernel.call_w4a4 if cfg.a_format == "nvfp4" else kernel
 
 
 def compile_launcher(cfg: Config, sms: int, options: str = ""):
     """The kernel for cfg on a GPU of `sms` SMs as a raw-pointer `Launcher` (`options`: e.g.
     "--gpu-arch sm_90a" to build without a GPU)."""
-    return signature(cfg).compile(GemmNvfp4RsTiledSm90(cfg), sms, options=options)
+    return signature(cfg).compile(launch_fn(cfg), sms, options=options)

@@ -78,6 +78,30 @@ def test_config_and_shape_rules():
 
 def test_packing_matches_dsl():
     rst.compile_launcher(rst.Config(Nb=128), 132, options="--gpu-arch sm_90a")
+    rst.compile_launcher(rst.Config(Nb=128, a_format="nvfp4"), 132, options="--gpu-arch sm_90a")
+
+
+@pytest.mark.parametrize("nb, out", [(256, "bfloat16"), (128, "nvfp4")])
+def test_w4a4_runs_the_w4a16_gemm_after_the_decode_pass(nb, out):
+    """W4A4 (`a_format` "nvfp4"): the register-A kernels' decode-permute pass instead of the
+    permute kernel, then the W4A16 GEMM unchanged (the same PTX body), no spills."""
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_nvfp4_rs_sm90 import _entries
+
+    w16 = rst.Config(Nb=nb, out_dtype=out)
+    w4 = dataclasses.replace(w16, a_format="nvfp4")
+    b16, b4 = (build(rst.launch_fn(c), *rst.signature(c).compile_args(132), arch="sm_90a")
+               for c in (w16, w4))
+    gemm = lambda b: [v for k, v in _entries(b.ptx).items() if "permute" not in k]  # noqa: E731
+    assert gemm(b16) == gemm(b4) and len(gemm(b4)) == 1
+    assert [k for k in _entries(b4.ptx) if "_decode_permute_kernel" in k]
+    assert all(k.local_bytes == 0 for k in b4.resources)
+    with pytest.raises(ValueError, match="a_format must be one of"):
+        rst.Config(a_format="fp8")
 
 
 # --- GPU --------------------------------------------------------------------------------------
@@ -138,9 +162,41 @@ def test_deterministic_and_public_dispatch(seed):
     assert torch.equal(nvfp4.gemm(a, b, torch.float32, out=_poisoned(M, N, torch.float32)), d)
     aq = nvfp4.quantize(a.float())
     p = nvfp4.plan(aq, b)
-    assert p.path == "register_a_tiled" and p.decode_a
+    assert p.path == "register_a_tiled" and not p.decode_a and p.config.a_format == "nvfp4"
     assert_gemm_close(nvfp4.gemm(aq, b, out=_poisoned(M, N, torch.bfloat16)), aq, b,
-                      "W4A4 via decode_a + tiled")
+                      "W4A4 tiled, activations decoded in the kernel")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K, nb", [(200, 256, 512, 128), (1000, 384, 1152, 256),
+                                         (257, 1024, 2048, 256)])
+def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K, nb):
+    """W4A4 on the tiled kernel (activations decoded in its permute pass, D's scale written by
+    that pass) is bit for bit the W4A16 kernel on the exactly decoded activations with D's
+    scale gA * gB, for bf16 / fp32 and fused NVFP4 output."""
+    import dataclasses
+
+    from tk_cute import nvfp4
+    from tk_cute.nvfp4 import launch, validate
+
+    b = _weights(N, K)
+    a = nvfp4.quantize(torch.randn(M, K, device="cuda"))
+    a16, gs = launch.dequantize_blocks(a), a.global_scale * b.global_scale
+    for out_dtype in ("bfloat16", "float32"):
+        w16 = rst.Config(Nb=nb, out_dtype=out_dtype)
+        w4 = dataclasses.replace(w16, a_format="nvfp4")
+        d4 = launch.register_a_tiled(a, b, _poisoned(M, N, getattr(torch, out_dtype)), w4)
+        d16 = launch.register_a_tiled(a16, b, _poisoned(M, N, getattr(torch, out_dtype)), w16,
+                                      gs)
+        assert not d4.isnan().any() and torch.equal(d4, d16)
+    g = torch.tensor(float(d16.abs().max()) / 2688, device="cuda")
+    w16 = rst.Config(Nb=nb)
+    q4 = launch.register_a_tiled_nvfp4(a, b, dataclasses.replace(w16, a_format="nvfp4"),
+                                       validate.nvfp4_out((M, N), b.device, _poisoned_nvfp4(
+                                           M, N, g), g))
+    q16 = launch.register_a_tiled_nvfp4(a16, b, w16, validate.nvfp4_out(
+        (M, N), b.device, _poisoned_nvfp4(M, N, g), g), gs)
+    assert torch.equal(q4.data, q16.data) and torch.equal(q4.scales, q16.scales)
 
 
 # --- NVFP4 output (the fused epilogue) ---------------------------------------------------------

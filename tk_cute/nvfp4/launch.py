@@ -98,10 +98,11 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
     return out
 
 
-def register_a_tiled(a: torch.Tensor, b: NVFP4Tensor, out: torch.Tensor, cfg: rst.Config,
+def register_a_tiled(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rst.Config,
                      gsb=None) -> torch.Tensor:
-    """The tiled register-A kernel (large M) on bf16 activations a (M, K); `gsb` as in
-    `small_m`. Workspace: the permuted activations (M x K bf16, torch's caching allocator)."""
+    """The tiled register-A kernel (large M) on bf16 activations a (M, K), or NVFP4 ones (W4A4,
+    `cfg.a_format` "nvfp4": decoded in its permute pass); `gsb` as in `small_m`. Workspace:
+    the permuted activations (M x K bf16, torch's caching allocator; W4A4: + D's scale)."""
     p = out.data_ptr()  # (the NVFP4-output arguments are unused: any valid address)
     _launch_tiled(a, b, cfg, gsb, p, p, b.global_scale.data_ptr(), p)
     return out
@@ -111,17 +112,23 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
                   flag: int) -> None:
     (M, K), N = a.shape, b.M
     dev = b.device
-    x = aligned(a)
-    xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev)
     index = device_index(dev)
     sms = sm_count(dev)
     launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))
-    launch(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales).data_ptr(), x=x.data_ptr(),
-           xp=xp.data_ptr(), gs=(b.global_scale if gsb is None else gsb).data_ptr(), out=out,
-           out_sf=out_sf, out_gs=out_gs, flag=flag, M=M, N=N, K=K, stream=raw_stream(index))
+    common = dict(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales).data_ptr(),
+                  gs=(b.global_scale if gsb is None else gsb).data_ptr(), out=out,
+                  out_sf=out_sf, out_gs=out_gs, flag=flag, M=M, N=N, K=K,
+                  stream=raw_stream(index))
+    if cfg.a_format == "nvfp4":
+        xp = torch.empty(M * K + 8, dtype=torch.bfloat16, device=dev)  # + D's scale, 16 B
+        launch(x=aligned(a.data, 4).data_ptr(), xsf=a.scales.contiguous().data_ptr(),
+               gsa=a.global_scale.data_ptr(), xp=xp.data_ptr(), **common)
+    else:
+        xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev)
+        launch(x=aligned(a).data_ptr(), xp=xp.data_ptr(), **common)
 
 
-def register_a_tiled_nvfp4(a: torch.Tensor, b: NVFP4Tensor, cfg: rst.Config, out: NVFP4Tensor,
+def register_a_tiled_nvfp4(a, b: NVFP4Tensor, cfg: rst.Config, out: NVFP4Tensor,
                            gsb=None) -> NVFP4Tensor:
     """The tiled register-A kernel with its fused NVFP4 epilogue into `out` (M, N), an
     NVFP4Tensor from `validate.nvfp4_out` (its global scale is D's decode scale; its

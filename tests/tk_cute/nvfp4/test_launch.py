@@ -52,17 +52,21 @@ def test_launch_arguments_match_the_signatures(recorded, seed):
     qa = quantize(a[:32].float())
     w4a4 = dataclasses.replace(heuristics.register_a_config(32, N, K), a_format="nvfp4")
     launch.register_a(qa, b, out[:32], w4a4)
+    qm = quantize(a.float())
+    launch.register_a_tiled(qm, b, out, rst.Config(Nb=128, a_format="nvfp4"))
     launch.register_a_tiled(a, b, out, rst.Config(Nb=128))
     gs = torch.tensor(0.5)
     q = launch.register_a_tiled_nvfp4(a, b, rst.Config(Nb=128),
                                       validate.nvfp4_out((M, N), a.device, None, gs))
     calls = [c for r in recorded.values() for c in r.calls]
-    assert len(calls) == 5
+    assert len(calls) == 6
     (w4a4_call,) = [c for c in calls if "xsf" in c and "ws" in c]  # (small_m: no ws)
     assert w4a4_call["x"] == qa.data.data_ptr() and w4a4_call["xsf"] == qa.scales.data_ptr()
     assert w4a4_call["gsa"] == qa.global_scale.data_ptr() and w4a4_call["M"] == 32
-    tiled_nvfp4 = calls[-1]
-    assert tiled_nvfp4["out"] == q.data.data_ptr() and tiled_nvfp4["out_sf"] == (
-        q.scales.data_ptr()) and tiled_nvfp4["out_gs"] == gs.data_ptr() and (
+    (tiled_w4a4,) = [c for c in calls if "xsf" in c and "out_sf" in c]
+    assert tiled_w4a4["x"] == qm.data.data_ptr() and tiled_w4a4["gs"] == b.global_scale.data_ptr()
+    (tiled_nvfp4,) = [c for c in calls if c.get("out") == q.data.data_ptr()]
+    assert tiled_nvfp4["out_sf"] == q.scales.data_ptr() and tiled_nvfp4["out_gs"] == (
+        gs.data_ptr()) and (
         tiled_nvfp4["flag"] == q.saturated.data_ptr())
     assert all(c["M"] in (16, 32, 64, M) and c["N"] == N and c["K"] == K for c in calls)
