@@ -162,9 +162,9 @@ def test_deterministic_and_public_dispatch(seed):
     assert torch.equal(nvfp4.gemm(a, b, torch.float32, out=_poisoned(M, N, torch.float32)), d)
     aq = nvfp4.quantize(a.float())
     p = nvfp4.plan(aq, b)
-    assert p.path == "register_a_tiled" and not p.decode_a and p.config.a_format == "nvfp4"
+    assert p.path == "register_a_tiled" and p.decode_a
     assert_gemm_close(nvfp4.gemm(aq, b, out=_poisoned(M, N, torch.bfloat16)), aq, b,
-                      "W4A4 tiled, activations decoded in the kernel")
+                      "W4A4 via decode_a + tiled")
 
 
 @pytest.mark.gpu
@@ -173,7 +173,8 @@ def test_deterministic_and_public_dispatch(seed):
 def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K, nb):
     """W4A4 on the tiled kernel (activations decoded in its permute pass, D's scale written by
     that pass) is bit for bit the W4A16 kernel on the exactly decoded activations with D's
-    scale gA * gB, for bf16 / fp32 and fused NVFP4 output."""
+    scale gA * gB, for bf16 / fp32 and fused NVFP4 output. (Written in the thirteenth session
+    and not yet run on a GPU: the dispatch takes "decode_a" for the tiled path until it has.)"""
     import dataclasses
 
     from tk_cute import nvfp4
