@@ -309,9 +309,11 @@ def _decode_permute_kernel(sf_format: cutlass.Constexpr, xq: cute.Pointer, xsf: 
     chunk of 8 elements is decoded from its 4 bytes of codes and its scale byte straight into
     the strided pairing (`ops.nvfp4.e2m1x8_scaled_shifted_strided`: e2m1 * sf * 2^-shift, exact
     in bf16), the pairing `_load_natural` gives bf16 activations. Block 0's thread 0 writes D's
-    scale gA * gB * 2^shift (fp32 products of powers of two: exact) after the activations (at
-    xp + M * K), which the GEMM takes as its `gsb`: D = fl(sum * 2^shift_w * that) is then
-    bit for bit the W4A16 GEMM of the exactly decoded activations with gsb = gA * gB."""
+    scale fl(gA * gB) * 2^shift (the product rounded once, as torch's is; the power of two
+    exact) after the activations (at xp + M * K), which the GEMM takes as its `gsb`: the sums
+    carry 2^-shift exactly (no product comes near fp32's subnormals), so D = fl(sum * 2^shift_w
+    * that) is bit for bit the W4A16 GEMM of the exactly decoded activations with gsb =
+    fl(gA * gB)."""
     tid, _, _ = cute.arch.thread_idx()
     bid, _, _ = cute.arch.block_idx()
     cluster.pdl_wait()  # the activations may be the previous kernel's output (the quantizer)
