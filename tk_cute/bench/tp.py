@@ -49,7 +49,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 # The collectives (and gather buffer) of tk_cute.distributed, so both sides call the same ops
-from tk_cute.distributed.gemm import _all_gather, _gather_buffer, _reduce_scatter
+from tk_cute.distributed.gemm import all_gather_tensor, gather_buffer, reduce_scatter_tensor
 
 DEFAULT_M = [16, 256, 4096]
 DEFAULT_WORLD = [1, 2, 4, 8]
@@ -69,8 +69,8 @@ class TorchTP:
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
             return x
-        full = _gather_buffer(x, self.size)
-        _all_gather(full, x, group=self.group)
+        full = gather_buffer(x, self.size)
+        all_gather_tensor(full, x, group=self.group)
         return full
 
     def scatter(self, y: torch.Tensor) -> torch.Tensor:
@@ -78,7 +78,7 @@ class TorchTP:
             return y
         out = torch.empty((y.shape[0] // self.size, *y.shape[1:]), dtype=y.dtype,
                           device=y.device)
-        _reduce_scatter(out, y, group=self.group)
+        reduce_scatter_tensor(out, y, group=self.group)
         return out
 
     def compute(self, full: torch.Tensor) -> torch.Tensor:
@@ -134,10 +134,10 @@ def components(models: dict, m_local: int, hidden: int, device) -> dict:
     stats = torch.zeros(3, device=device)
 
     def gather(t):
-        _all_gather(_gather_buffer(t, size), t, group=group)
+        all_gather_tensor(gather_buffer(t, size), t, group=group)
 
     def scatter(t):
-        _reduce_scatter(torch.empty((t.shape[0] // size, *t.shape[1:]), dtype=t.dtype,
+        reduce_scatter_tensor(torch.empty((t.shape[0] // size, *t.shape[1:]), dtype=t.dtype,
                                     device=device), t, group=group)
 
     def comm_bf16():  # torch: x in bf16, partial sums in bf16

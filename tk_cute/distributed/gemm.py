@@ -63,8 +63,11 @@ HINTS = {
     "weight rows": "the shards must all be cut the same way (tk_cute.nvfp4.shard with one count)",
 }
 
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# The collectives every piece here (and the bench's plain-torch baseline) calls: torch's
+# single-tensor forms under whichever name this torch has.
+all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_tensor = (getattr(dist, "reduce_scatter_single", None)
+                         or dist.reduce_scatter_tensor)
 
 
 # ---------------------------------------------------------------- argument checks
@@ -184,14 +187,15 @@ def gather_last_dim(y: torch.Tensor, group=None) -> torch.Tensor:
     _, size = group_info(group)
     if size == 1:
         return y
-    buf = _gather_buffer(y, size)
-    _all_gather(buf, y.contiguous(), group=group)
+    buf = gather_buffer(y, size)
+    all_gather_tensor(buf, y.contiguous(), group=group)
     return buf.view(size, *y.shape).movedim(0, -2).reshape(*y.shape[:-1], size * y.shape[-1])
 
 
-def _gather_buffer(t: torch.Tensor, size: int) -> torch.Tensor:
-    # (size * rows, ...): gloo checks the output's shape is the input's stacked along dim 0
-    # (NCCL only its element count); callers view it as (size, rows, ...).
+def gather_buffer(t: torch.Tensor, size: int) -> torch.Tensor:
+    """The output of `all_gather_tensor` of `t` over `size` ranks: (size * rows, ...) (gloo
+    checks the input's shape stacked along dim 0, NCCL only the element count); callers view
+    it as (size, rows, ...)."""
     return torch.empty((size * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
 
 
@@ -321,7 +325,8 @@ def gemm_reduce_scatter(a, w_shard: NVFP4Tensor, group=None, *, chunks: int = 1,
             out[off:off + n].copy_(partial)
             continue
         keep.append(partial)  # alive until its collective has read it
-        works.append(_reduce_scatter(out[off:off + n], partial, group=group, async_op=True))
+        works.append(reduce_scatter_tensor(out[off:off + n], partial, group=group,
+                                           async_op=True))
     for work in works:
         work.wait()
     return out.to(out_dtype)
@@ -400,8 +405,8 @@ def all_gather_gemm(a_local, w_shards, group=None, *, chunks: int = 1,
                 send = torch.cat([data[off:off + n].reshape(-1), sf[off:off + n].reshape(-1)])
             else:
                 send = a_local[off:off + n]
-            recv = _gather_buffer(send, size)
-            works.append(_all_gather(recv, send, group=group, async_op=True))
+            recv = gather_buffer(send, size)
+            works.append(all_gather_tensor(recv, send, group=group, async_op=True))
             sends.append(send)
             recvs.append(recv.view(size, *send.shape))
     for w, out in zip(ws, outs):  # this rank's rows: no communication needed
