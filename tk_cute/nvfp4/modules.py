@@ -262,7 +262,7 @@ def _gemm(a, w: tuple, out_dtype: torch.dtype) -> torch.Tensor:
     from .gemm import gemm
 
     def tensor(data, scales, gs):  # parts of a valid UE4M3 tensor (the op's contract too)
-        return NVFP4Tensor.trusted(data, scales, gs, (data.shape[0], 2 * data.shape[1]))
+        return NVFP4Tensor.trusted(data, scales, gs, (*data.shape[:-1], 2 * data.shape[-1]))
 
     return gemm(tensor(*a) if isinstance(a, tuple) else a, tensor(*w), out_dtype)
 
