@@ -200,6 +200,31 @@ def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K
     assert torch.equal(q4.data, q16.data) and torch.equal(q4.scales, q16.scales)
 
 
+@pytest.mark.parametrize("nb", [128, 256])
+def test_prepacked_weights_compile_without_the_permute_kernel(nb):
+    cfg = rst.Config(Nb=nb, weights="prepacked")
+    b = build(rst.launch_fn(cfg), *rst.signature(cfg).compile_args(132), arch="sm_90a")
+    assert len(b.resources) == 1 and b.kernel.local_bytes == 0  # the GEMM alone
+    assert b.sass_count(r"LDS\b(?!\.)") == 2 * 2  # two rows x the stage's two scale atoms
+    with pytest.raises(ValueError, match="prepacked"):
+        rst.Config(weights="prepacked", a_format="nvfp4")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K, nb", [(200, 256, 512, 128), (1000, 384, 1152, 256)])
+def test_prepacked_weights_match_the_exact_product(seed, M, N, K, nb):
+    """The tiled kernel on prepacked weights (no permute kernel) within the exact product's
+    bound, every element (NOT yet run on a GPU when written, thirteenth session)."""
+    from tk_cute.nvfp4 import launch
+    from tk_cute.testing import assert_gemm_close
+
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    d = launch.gemm_rs_tiled(a, launch.prepack_weights(b), out=_poisoned(M, N, torch.bfloat16),
+                             config=rst.Config(Nb=nb, weights="prepacked"))
+    assert_gemm_close(d, a, b, f"tiled, prepacked weights, Nb={nb}")
+
+
 # --- NVFP4 output (the fused epilogue) ---------------------------------------------------------
 
 

@@ -124,8 +124,10 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
         launch(x=aligned(a.data, 4).data_ptr(), xsf=a.scales.contiguous().data_ptr(),
                gsa=a.global_scale.data_ptr(), xp=xp.data_ptr(), **common)
     else:
-        xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev)
-        launch(x=aligned(a).data_ptr(), xp=xp.data_ptr(), **common)
+        x = aligned(a)
+        prepacked = cfg.weights == "prepacked"  # (x read as it is: no permuted copy)
+        xp = x if prepacked else torch.empty((M, K), dtype=torch.bfloat16, device=dev)
+        launch(x=x.data_ptr(), xp=xp.data_ptr(), **common)
 
 
 def register_a_tiled_nvfp4(a, b: NVFP4Tensor, cfg: rst.Config, out: NVFP4Tensor,
@@ -290,6 +292,17 @@ def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
 
 
 # ---------------------------------------------------------------- tuning entries
+
+
+def prepack_weights(b: NVFP4Tensor) -> NVFP4Tensor:
+    """b with its codes in the register-A decode's K order (`nvfp4_rs_sm90.prepacked_codes`),
+    for `gemm_rs` / `gemm_rs_tiled` with a Config of ``weights="prepacked"`` ONLY: the result
+    holds the same scales and global scale, but its data is not NVFP4's element order, so
+    every other consumer (dequantize, the references, other paths) would read it wrong. Not
+    yet run on a GPU (docs/nvfp4_hopper.md)."""
+    return NVFP4Tensor.trusted(rs.prepacked_codes(b.data), b.scales, b.global_scale, b.shape,
+                               b.scale_format)
+
 
 
 def gemm_small_m(a, b, out_dtype=None, *, out=None, config: gv.Config | None = None,

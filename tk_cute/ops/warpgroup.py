@@ -17,8 +17,8 @@ sm_90a, a block whose warpgroups each take one branch, and a launch with `min_bl
 without it ptxas does not know the register count at entry and silently drops setmaxnreg;
 `consumer_registers` says how far consumers may rise beside a producer warpgroup),
 `load` of a shared tile into a register operand tile (ldmatrix), `store` of a register tile
-into a shared tile (stmatrix; plain stores for fp32), `store_global` of a register tile into global memory, and `sync`
-of a set of warpgroups on a named barrier.
+into a shared tile (stmatrix; plain stores for fp32), `store_global` of a register tile into
+global memory, and `sync` of a set of warpgroups on a named barrier.
 """
 
 from __future__ import annotations

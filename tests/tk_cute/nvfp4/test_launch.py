@@ -55,11 +55,14 @@ def test_launch_arguments_match_the_signatures(recorded, seed):
     qm = quantize(a.float())
     launch.register_a_tiled(qm, b, out, rst.Config(Nb=128, a_format="nvfp4"))
     launch.register_a_tiled(a, b, out, rst.Config(Nb=128))
+    launch.register_a_tiled(a, b, out, rst.Config(Nb=128, weights="prepacked"))
     gs = torch.tensor(0.5)
     q = launch.register_a_tiled_nvfp4(a, b, rst.Config(Nb=128),
                                       validate.nvfp4_out((M, N), a.device, None, gs))
     calls = [c for r in recorded.values() for c in r.calls]
-    assert len(calls) == 6
+    assert len(calls) == 7
+    (prepacked,) = recorded[(rst.Config(Nb=128, weights="prepacked"), 0)].calls
+    assert prepacked["xp"] == prepacked["x"] == a.data_ptr()  # activations as they are
     (w4a4_call,) = [c for c in calls if "xsf" in c and "ws" in c]  # (small_m: no ws)
     assert w4a4_call["x"] == qa.data.data_ptr() and w4a4_call["xsf"] == qa.scales.data_ptr()
     assert w4a4_call["gsa"] == qa.global_scale.data_ptr() and w4a4_call["M"] == 32
