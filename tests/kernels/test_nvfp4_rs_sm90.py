@@ -556,7 +556,7 @@ def test_prepacked_weights_match_the_exact_product(seed, M, N, K):
     a = torch.randn(M, K, device="cuda").bfloat16()
     cfg = dataclasses.replace(heuristics.register_a_config(M, N, K), weights="prepacked")
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    d = launch.gemm_rs(a, launch.prepack_weights(b), out=out, config=cfg)
+    d = launch.gemm_rs(a, b, out=out, config=cfg, prepacked=launch.prepack_weights(b))
     assert_gemm_close(d, a, b, f"prepacked weights, {cfg}")
 
 
@@ -587,7 +587,8 @@ def test_pdl_chain_reads_each_activation_after_its_producer(seed, M, ctas):
 
     N = K = 2048
     b = _weights(N, K)
-    cfg = dataclasses.replace(heuristics.register_a_config(M, N, K), PDL=True)  # (the host's pdl: stage only)
+    # (the host's pdl reaches "stage" configs only)
+    cfg = dataclasses.replace(heuristics.register_a_config(M, N, K), PDL=True)
     xs = [torch.randn(M, K, device="cuda").bfloat16()]
     outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
             for _ in range(4)]  # poison

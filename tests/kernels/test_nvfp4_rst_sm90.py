@@ -220,8 +220,9 @@ def test_prepacked_weights_match_the_exact_product(seed, M, N, K, nb):
 
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
-    d = launch.gemm_rs_tiled(a, launch.prepack_weights(b), out=_poisoned(M, N, torch.bfloat16),
-                             config=rst.Config(Nb=nb, weights="prepacked"))
+    d = launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, torch.bfloat16),
+                             config=rst.Config(Nb=nb, weights="prepacked"),
+                             prepacked=launch.prepack_weights(b))
     assert_gemm_close(d, a, b, f"tiled, prepacked weights, Nb={nb}")
 
 

@@ -117,16 +117,16 @@ def _prepacked_variants(M, N, K, sms):
     from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
     from tk_cute.nvfp4 import heuristics, launch
 
-    packed = lambda s: s["bp"]  # noqa: E731 - made with the input sets (`main`)
+    # s["bp"]: the prepacked codes, made with the input sets (`main`), outside the timing
     if M <= rs.MAX_M and rs.supports(M, N, K):
         cfg = dataclasses.replace(heuristics.register_a_config(M, N, K), weights="prepacked")
-        return {"tk_cute w4a16 prepacked": lambda s: launch.gemm_rs(s["a"], packed(s),
-                                                                    config=cfg)}
+        return {"tk_cute w4a16 prepacked": lambda s: launch.gemm_rs(
+            s["a"], s["b"], config=cfg, prepacked=s["bp"])}
     if M > rs.MAX_M and rst.supports(M, N, K):
         cfg = dataclasses.replace(heuristics.register_a_tiled_config(M, N, "bfloat16", sms),
                                   weights="prepacked")
-        return {"tk_cute w4a16 prepacked": lambda s: launch.gemm_rs_tiled(s["a"], packed(s),
-                                                                          config=cfg)}
+        return {"tk_cute w4a16 prepacked": lambda s: launch.gemm_rs_tiled(
+            s["a"], s["b"], config=cfg, prepacked=s["bp"])}
     return {}
 
 
