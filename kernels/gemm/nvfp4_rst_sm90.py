@@ -16,7 +16,9 @@ weight rows (the wgmma M side, two consumer warpgroups of 64) by Nb activation r
 While one warpgroup decodes, the other's MMAs keep the tensor cores busy.
 Activations: `nvfp4_rs_sm90._permute_kernel` writes them once per call in the decode's K order
 (`nvfp4_rs_sm90.act_column`, period 128: a permutation of K applied to both operands leaves
-every sum unchanged).
+every sum unchanged). Compile-tested, not yet run on a GPU: NVFP4 activations decoded in that
+pass (`Config.a_format` "nvfp4", `call_w4a4`), and weights prepacked in the decode's order
+(`Config.weights` "prepacked": no pass at all).
 Output: bf16 / fp16 / fp32, or NVFP4 (out_dtype "nvfp4", the fused epilogue `_finish_nvfp4`):
 per 16 D columns of a D row (16 accumulator rows of one warp, one column) the block amax by
 three lane shuffles, the block scale and codes by the recipe's one op (`ops.nvfp4.block_scale`,
