@@ -18,7 +18,6 @@ import functools
 import cutlass
 import cutlass.cute as cute
 import pytest
-import torch
 
 import ladder_common as common
 
@@ -77,9 +76,4 @@ def bench():
 
 # %%
 if __name__ == "__main__":  # a script or a notebook (pytest runs the tests itself)
-    test_compiles_to_global_loads_and_fma()
-    if torch.cuda.is_available():
-        test_matches_the_exact_product()
-        bench()
-    else:
-        print("GPU cells skipped: no CUDA device (the check and bench() need one)")
+    common.run_cells(test_compiles_to_global_loads_and_fma, test_matches_the_exact_product, bench)

@@ -16,7 +16,6 @@ import functools
 import cutlass
 import cutlass.cute as cute
 import pytest
-import torch
 
 import ladder_common as common
 from tk_cute.types import st
@@ -85,9 +84,5 @@ def bench():
 
 # %%
 if __name__ == "__main__":  # a script or a notebook (pytest runs the tests itself)
-    test_compiles_to_shared_loads_and_barriers()
-    if torch.cuda.is_available():
-        test_matches_the_exact_product()
-        bench()
-    else:
-        print("GPU cells skipped: no CUDA device (the check and bench() need one)")
+    common.run_cells(test_compiles_to_shared_loads_and_barriers,
+                     test_matches_the_exact_product, bench)

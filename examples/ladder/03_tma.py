@@ -18,7 +18,6 @@ import functools
 import cutlass
 import cutlass.cute as cute
 import pytest
-import torch
 
 import ladder_common as common
 from tk_cute.ops import tma, warp
@@ -104,9 +103,4 @@ def bench():
 
 # %%
 if __name__ == "__main__":  # a script or a notebook (pytest runs the tests itself)
-    test_compiles_to_tma_and_mbarriers()
-    if torch.cuda.is_available():
-        test_matches_the_exact_product()
-        bench()
-    else:
-        print("GPU cells skipped: no CUDA device (the check and bench() need one)")
+    common.run_cells(test_compiles_to_tma_and_mbarriers, test_matches_the_exact_product, bench)

@@ -17,7 +17,6 @@ import functools
 import inspect
 
 import pytest
-import torch
 
 import ladder_common as common
 from tk_cute import viz
@@ -69,9 +68,5 @@ def bench():
 
 # %%
 if __name__ == "__main__":  # a script or a notebook (pytest runs the tests itself)
-    test_compiles_to_the_persistent_lcf_kernel()
-    if torch.cuda.is_available():
-        test_matches_the_exact_product()
-        bench()
-    else:
-        print("GPU cells skipped: no CUDA device (the check and bench() need one)")
+    common.run_cells(test_compiles_to_the_persistent_lcf_kernel,
+                     test_matches_the_exact_product, bench)

@@ -104,3 +104,15 @@ def bench(host, tile, *constexpr, name: str = "level", mnk=(4096, 4096, 4096), r
                       rounds=rounds)[name]
     print(harness.row(name, f"{M}x{N}x{K}", r.ms, 2 * M * N * K, extra=f"spread {r.spread:.2f}"))
     return 2 * M * N * K / r.ms / 1e9
+
+
+def run_cells(compile_test, gpu_test, bench) -> None:
+    """A level run as a script or a notebook (pytest runs its tests itself): the compile test,
+    then on a GPU the element-wise check and the timing; without one it says they were
+    skipped."""
+    compile_test()
+    if torch.cuda.is_available():
+        gpu_test()
+        bench()
+    else:
+        print("GPU cells skipped: no CUDA device (the check and bench() need one)")
