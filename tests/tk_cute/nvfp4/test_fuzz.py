@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from _oracles import nearest_even  # tests/_oracles.py (tests/conftest.py puts it on sys.path)
+from _oracles import E2M1_MAGS, E4M3_POS, nearest_even  # tests/_oracles.py (on sys.path)
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -23,15 +23,8 @@ from tk_cute.nvfp4 import dequantize, gemm_reference, quantize
 
 F = np.float32
 AMAX_FLOOR = F(2688 * 2.0**-116)
-E2M1_MAGS = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
-def _e4m3(b: int) -> float:
-    e, m = b >> 3, b & 7
-    return m / 8 * 2.0**-6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
-
-
-E4M3_POS = np.array([_e4m3(b) for b in range(0x7F)])  # bytes 0..0x7E, ascending
 # (significand bits, smallest normal exponent, largest exponent)
 FORMATS = {
     torch.float32: (24, -126, 127),

@@ -11,7 +11,8 @@ import re
 import numpy as np
 import pytest
 import torch
-from _oracles import nearest_even  # tests/_oracles.py (tests/conftest.py puts it on sys.path)
+from _oracles import E4M3_POS  # tests/_oracles.py (tests/conftest.py puts it on sys.path)
+from _oracles import slow_quantize as oracle_quantize
 
 from tk_cute.nvfp4 import (
     NVFP4Tensor,
@@ -29,46 +30,17 @@ from tk_cute.nvfp4 import (
 F = np.float32
 AMAX_FLOOR = 2688 * 2.0**-116  # the recipe's amax floor: s_dec_g >= 2^-116
 F32_MAX = float(np.finfo(np.float32).max)
-E2M1_MAGS = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
-def _e4m3(b):
-    e, m = b >> 3, b & 7
-    return m / 8 * 2.0**-6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
-
-
-E4M3_POS = np.array([_e4m3(b) for b in range(0x7F)])  # bytes 0..0x7E, ascending
 
 
 def slow_quantize(x: torch.Tensor, global_scale=None, amax_floor=AMAX_FLOOR):
-    """Returns (codes (L, M, K) uint8, logical scales (L, M, K/16) uint8, s_dec_global float32).
+    """Returns (codes (L, M, K) uint8, logical scales (L, M, K/16) uint8, s_dec_global float32):
+    `tests/_oracles.slow_quantize` over the UE4M3 grid.
 
     `amax_floor` only exists to show why the recipe's floor is not lower (a test below)."""
     xf = x.float().reshape(-1, *x.shape[-2:]).numpy()
-    L, M, K = xf.shape
-    if global_scale is None:
-        amax = F(np.abs(xf).max())
-        s_dec = F(max(amax, F(amax_floor)) / F(2688))
-    else:
-        s_dec = F(global_scale)
-    s_enc = F(F(1) / s_dec)
-    codes = np.zeros((L, M, K), np.uint8)
-    scales = np.zeros((L, M, K // 16), np.uint8)
-    with np.errstate(over="ignore"):  # t may overflow to inf with a user global scale
-        for l in range(L):
-            for m in range(M):
-                for b in range(K // 16):
-                    blk = xf[l, m, 16 * b : 16 * b + 16]
-                    t = F(F(np.abs(blk).max()) / F(6))
-                    t = F(t * s_enc)
-                    sf = int(nearest_even(t, E4M3_POS))
-                    d = max(F(F(E4M3_POS[sf]) * s_dec), F(2.0**-126))
-                    s = F(0) if sf == 0 else F(F(1) / d)
-                    y = (blk * s).astype(F)
-                    c = nearest_even(np.abs(y), E2M1_MAGS) | np.where(np.signbit(y), 8, 0)
-                    codes[l, m, 16 * b : 16 * b + 16] = c
-                    scales[l, m, b] = sf
-    return codes, scales, s_dec
+    return oracle_quantize(xf, E4M3_POS, 2688, amax_floor, global_scale)
 
 
 def assert_matches_slow(x, global_scale=None):

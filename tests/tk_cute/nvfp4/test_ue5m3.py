@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from _oracles import nearest_even  # tests/_oracles.py (tests/conftest.py puts it on sys.path)
+from _oracles import slow_quantize as oracle_quantize
 
 from tk_cute.nvfp4 import NVFP4Tensor, dequantize, gemm, gemm_reference, quantize, unpack_fp4
 from tk_cute.nvfp4.format import (SCALE_FORMATS, UE5M3_MAX, UE5M3_VALUES, scale_format,
@@ -22,7 +23,6 @@ from tk_cute.nvfp4.format import (SCALE_FORMATS, UE5M3_MAX, UE5M3_VALUES, scale_
 F = np.float32
 UE5M3 = SCALE_FORMATS["ue5m3"]
 GRID = np.array(UE5M3_VALUES[:0xFF])  # bytes 0..0xFE, ascending
-E2M1_MAGS = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
 # --- the format ------------------------------------------------------------------------------
@@ -90,30 +90,10 @@ def test_scale_format_registry():
 
 
 def slow_quantize_ue5m3(x, global_scale=None):
-    """The recipe, one block at a time in numpy float32 over the explicit UE5M3 grid."""
+    """The recipe, one block at a time in numpy float32 over the explicit UE5M3 grid
+    (`tests/_oracles.slow_quantize`)."""
     xf = x.float().reshape(-1, *x.shape[-2:]).numpy()
-    L, M, K = xf.shape
-    if global_scale is None:
-        s_dec = F(max(F(np.abs(xf).max()), F(UE5M3.amax_floor)) / F(688128))
-    else:
-        s_dec = F(global_scale)
-    s_enc = F(F(1) / s_dec)
-    codes = np.zeros((L, M, K), np.uint8)
-    scales = np.zeros((L, M, K // 16), np.uint8)
-    with np.errstate(over="ignore"):
-        for l in range(L):
-            for m in range(M):
-                for b in range(K // 16):
-                    blk = xf[l, m, 16 * b: 16 * b + 16]
-                    t = F(F(F(np.abs(blk).max()) / F(6)) * s_enc)
-                    sf = int(nearest_even(t, GRID))
-                    d = max(F(F(GRID[sf]) * s_dec), F(2.0**-126))
-                    s = F(0) if sf == 0 else F(F(1) / d)
-                    y = (blk * s).astype(F)
-                    c = nearest_even(np.abs(y), E2M1_MAGS) | np.where(np.signbit(y), 8, 0)
-                    codes[l, m, 16 * b: 16 * b + 16] = c
-                    scales[l, m, b] = sf
-    return codes, scales, s_dec
+    return oracle_quantize(xf, GRID, 688128, UE5M3.amax_floor, global_scale)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
