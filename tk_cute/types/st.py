@@ -41,8 +41,20 @@ from tk_cute.layouts import scales_sm100
 TILE_ALIGN = 1024
 
 
+class _Matrix:
+    """What every shared tile type of `rows` x `cols` elements of `dtype` answers."""
+
+    @property
+    def bytes(self) -> int:
+        return self.rows * self.cols * self.dtype.width // 8
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+
 @dataclass(frozen=True)
-class st:
+class st(_Matrix):
     """Shared tile type: `rows` x `cols` of `dtype`, row-major, automatically swizzled."""
 
     dtype: type
@@ -64,14 +76,6 @@ class st:
                 "tile row must be a multiple of 32 bytes"
             )
 
-    @property
-    def bytes(self) -> int:
-        return self.rows * self.cols * self.dtype.width // 8
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.rows, self.cols)
-
     def layout(self, stages: int = 1):
         """The staged layout (rows, cols, stages): a CuTe ComposedLayout when swizzled."""
         if not self.swizzle:
@@ -85,7 +89,7 @@ class st:
 
 
 @dataclass(frozen=True, eq=False)
-class st_mma:
+class st_mma(_Matrix):
     """Shared operand tile of a tcgen05 MMA: this CTA's `rows` x `cols` of one stage.
 
     `operand` "A" (rows along M) or "B" (along N); `scales`: a scale tile (cols = K / 16 bytes,
@@ -131,14 +135,6 @@ class st_mma:
         n = -(-tiler[1] // scales_sm100.ATOM_ROWS) * scales_sm100.ATOM_ROWS
         return cls(dtype, "B", n, tiler[2] // scales_sm100.SF_VEC, op, tiler, True, one,
                    (scales_sm100.ATOM_ROWS, n, tiler[2]), cutlass.Int16)
-
-    @property
-    def bytes(self) -> int:
-        return self.rows * self.cols * self.dtype.width // 8
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.rows, self.cols)
 
     @property
     def mma(self):
