@@ -90,14 +90,22 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
                   out=out.data_ptr(), ws=ws.data_ptr(), M=M, N=N, K=K, ctas=ctas,
                   stream=raw_stream(index))
     if cfg.a_format == "nvfp4":
-        xp = torch.empty(M * K + 8, dtype=torch.bfloat16, device=dev)  # + D's scale, 16 B
-        launch(x=aligned(a.data, 4).data_ptr(), xsf=a.scales.contiguous().data_ptr(),
-               gsa=a.global_scale.data_ptr(), xp=xp.data_ptr(), **common)
+        launch(**_decoded_activations(a), **common)
         return out
     x = aligned(a)
     xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev) if cfg.permute == "call" else x
     launch(x=x.data_ptr(), xp=xp.data_ptr(), **common)
     return out
+
+
+def _decoded_activations(a: NVFP4Tensor) -> dict:
+    """The launch arguments of NVFP4 activations that a register-A kernel's permute pass
+    decodes: their codes, blocked scales and decode scale, and the buffer it decodes into
+    (M x K bf16, then D's scale: 16 bytes)."""
+    M, K = a.shape
+    xp = torch.empty(M * K + 8, dtype=torch.bfloat16, device=a.device)
+    return dict(x=aligned(a.data, 4).data_ptr(), xsf=a.scales.contiguous().data_ptr(),
+                gsa=a.global_scale.data_ptr(), xp=xp.data_ptr())
 
 
 def register_a_tiled(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rst.Config,
@@ -124,9 +132,7 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
                   out_sf=out_sf, out_gs=out_gs, flag=flag, M=M, N=N, K=K,
                   stream=raw_stream(index))
     if cfg.a_format == "nvfp4":
-        xp = torch.empty(M * K + 8, dtype=torch.bfloat16, device=dev)  # + D's scale, 16 B
-        launch(x=aligned(a.data, 4).data_ptr(), xsf=a.scales.contiguous().data_ptr(),
-               gsa=a.global_scale.data_ptr(), xp=xp.data_ptr(), **common)
+        launch(**_decoded_activations(a), **common)
     else:
         x = aligned(a)
         prepacked = cfg.weights == "prepacked"  # (x read as it is: no permuted copy)
