@@ -58,7 +58,8 @@ class Config:
         if self.dtype not in INPUT_TYPES:
             raise TypeError(f"input dtype must be one of {list(INPUT_TYPES)}, got {self.dtype!r}")
         if self.out_dtype not in OUTPUT_TYPES:
-            raise TypeError(f"out_dtype must be one of {list(OUTPUT_TYPES)}, got {self.out_dtype!r}")
+            raise TypeError(f"out_dtype must be one of {list(OUTPUT_TYPES)}, got "
+                            f"{self.out_dtype!r}")
         if not target(self.arch).wgmma:
             raise ValueError(f"GemmSm90 needs wgmma (sm_90a); target is {self.arch}")
         if self.Mb != 128 or self.Nb not in (64, 128, 192, 256):
@@ -144,8 +145,8 @@ class GemmSm90(LCF):
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, max_ctas: cutlass.Constexpr,
                  stream):
         """a (M, K, L), b (N, K, L), c (M, N, L), each with its second mode contiguous."""
-        g = Globals(gl.load(a, self.a_tile, self.CLUSTER_N), gl.load(b, self.b_tile, self.CLUSTER_M),
-                    gl.store(c, self.c_tile))
+        g = Globals(gl.load(a, self.a_tile, self.CLUSTER_N),
+                    gl.load(b, self.b_tile, self.CLUSTER_M), gl.store(c, self.c_tile))
         m_tiles = cute.ceil_div(c.shape[0], self.Mb)
         n_tiles = cute.ceil_div(c.shape[1], self.Nb)
         self.launch(g, m_tiles, n_tiles, c.shape[2], max_ctas, stream)

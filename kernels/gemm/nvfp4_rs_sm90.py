@@ -27,7 +27,8 @@ Activations: the decode's K order is not memory order (below), so they are permu
     decodes them too (`_decode_permute_kernel`) and writes D's scale gA * gB * 2^8; the GEMM
     and the reduction are the W4A16 ones.
   or not at all ("none", `Config.weights` "prepacked"): the weights carry the K order instead
-    (`prepacked_codes`), the decode takes each pair's natural scale (not yet run on a GPU).
+    (`tk_cute.nvfp4.launch.prepack_weights`), the decode takes each pair's natural scale (not
+    yet run on a GPU).
 Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / empty):
   TMA warp (warp 0): once the consumers freed a stage, TMA-loads the unit's weight bytes (ROWS
     rows x 128 B, 128-byte swizzle), their scale atoms (2 KB per 128-row band) and the
@@ -94,7 +95,7 @@ OUT_TYPES = ("bfloat16", "float16", "float32")
 # (docs/results.md) even at 32, 7-13% faster at 48-96 and 1.6x at 128; 5% slower at 16.
 CALL_PERMUTE_MIN_N_ACT = 32
 A_FORMATS = ("bf16", "nvfp4")  # activations as they come: bfloat16 (W4A16) or NVFP4 (W4A4)
-WEIGHT_ORDERS = ("natural", "prepacked")  # the weights' codes as quantized, or `prepacked_codes`
+WEIGHT_ORDERS = ("natural", "prepacked")  # codes as quantized, or in `act_column` order
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class Config:
     # "nvfp4" (W4A4): x is the activations' codes, decoded in the permute "call" pass (their
     # scales in the format `sf` too); "bf16" (W4A16)
     a_format: str = field(default="bf16", metadata={"quiet": True})
-    # "prepacked": the weights' codes in the decode's K order (`prepacked_codes`), so the
+    # "prepacked": the weights' codes in the decode's K order (`launch.prepack_weights`): the
     # activations are read as they are (no permutation); "natural": as quantized
     weights: str = field(default="natural", metadata={"quiet": True})
     __repr__ = config_repr  # (the kernel symbol follows the repr: sf shows once not UE4M3)
@@ -539,7 +540,8 @@ def decode(a: rt, chunk_addr, sf_base, r_lo, t, blk, sf_format: str = "ue4m3",
     `sf_base`: the band's scale atoms (rows r_lo, r_lo + 8 within one 128-row band);
     `sf_format` the scales' format (values e2m1 * sf * 2^-decode_shift). Natural weights
     (stored code k is K element k) take the scales of K 32t .. 32t + 31 (two, one per two
-    words); `prepacked` weights (`prepacked_codes`: stored code k is K element act_column(k))
+    words); `prepacked` weights (stored code k is K element act_column(k), `launch.
+    prepack_weights`)
     take all 8 of the block, pair i of word j its natural block 2i + j // 2. Shared by every
     register-A kernel."""
     words, scales = [], []
@@ -580,22 +582,6 @@ def _prepacked_scales(sf_base, r, blk, sf_format):
         for pair in (w & 0xFFFF, w >> 16):
             out.extend(fp4.scalex2_to_bf16x2_prescaled(pair, sf_format))
     return out
-
-
-def prepacked_codes(data):
-    """Packed E2M1 codes (rows, K // 2) in the order `decode(prepacked=True)` reads: within
-    every 128-K block, stored code k holds K element act_column(k), so the activations need no
-    permutation (plain integer gathers: numpy, or torch tensors on any device)."""
-    import torch
-
-    K = 2 * data.shape[-1]
-    if K % SUB_K:
-        raise ValueError(f"prepacked weights need K % {SUB_K} == 0, got K={K}")
-    perm = torch.tensor([act_column(k) for k in range(SUB_K)], device=data.device)
-    index = (torch.arange(K // SUB_K, device=data.device)[:, None] * SUB_K + perm).reshape(-1)
-    codes = torch.stack((data & 0xF, data >> 4), dim=-1).reshape(*data.shape[:-1], K)
-    moved = codes[..., index].reshape(*data.shape[:-1], K // 2, 2)
-    return (moved[..., 0] | (moved[..., 1] << 4)).to(torch.uint8)
 
 
 @cute.jit

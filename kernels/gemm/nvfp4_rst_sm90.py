@@ -74,7 +74,7 @@ class Config:
     # "nvfp4" (W4A4): x is the activations' codes, decoded in the permute pass
     # (`nvfp4_rs_sm90._decode_permute_kernel`, scales in the format `sf` too); "bf16" (W4A16)
     a_format: str = field(default="bf16", metadata={"quiet": True})
-    # "prepacked": the weights' codes in the decode's K order (`nvfp4_rs_sm90.prepacked_codes`):
+    # "prepacked": the weights' codes in the decode's K order (`launch.prepack_weights`):
     # the activations are read as they are, no permute pass
     weights: str = field(default="natural", metadata={"quiet": True})
     __repr__ = config_repr

@@ -71,20 +71,23 @@ def test_permuting_warps_implement_act_column():
 
 
 def test_prepacked_codes_put_each_k_at_its_decode_column():
-    """`prepacked_codes`: stored code k of every 128-K block is natural K element act_column(k),
-    so the decode's slot for stored code k (column act_column(k), as for natural weights) meets
-    the unpermuted activation of the same K."""
-    g = torch.Generator().manual_seed(7)
-    data = torch.randint(0, 256, (3, 256), dtype=torch.uint8, generator=g)  # K = 512
-    packed = rs.prepacked_codes(data)
-    nat = torch.stack((data & 0xF, data >> 4), -1).reshape(3, -1)
+    """`launch.prepack_weights`: stored code k of every 128-K block is natural K element
+    act_column(k), so the decode's slot for stored code k (column act_column(k), as for natural
+    weights) meets the unpermuted activation of the same K."""
+    from tk_cute.nvfp4 import quantize
+
+    torch.manual_seed(7)
+    b = quantize(torch.randn(3, 512))
+    packed = launch.prepack_weights(b)
+    assert packed.dtype == torch.uint8 and packed.shape == b.data.shape
+    nat = torch.stack((b.data & 0xF, b.data >> 4), -1).reshape(3, -1)
     got = torch.stack((packed & 0xF, packed >> 4), -1).reshape(3, -1)
     cols = torch.tensor([rs.act_column(k) for k in range(rs.SUB_K)])
     for blk in range(512 // rs.SUB_K):
         base = blk * rs.SUB_K
         assert torch.equal(got[:, base:base + rs.SUB_K], nat[:, base + cols])
     with pytest.raises(ValueError, match="K % 128"):
-        rs.prepacked_codes(data[:, :40])
+        launch.prepack_weights(quantize(torch.randn(3, 80)))
 
 
 def test_prepacked_decode_takes_each_codes_natural_scale():

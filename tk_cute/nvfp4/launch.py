@@ -305,11 +305,19 @@ def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
 
 
 def prepack_weights(b: NVFP4Tensor) -> torch.Tensor:
-    """b's packed codes in the register-A decode's K order (`nvfp4_rs_sm90.prepacked_codes`):
-    a plain uint8 tensor of b.data's shape, to pass as `prepacked=` beside b itself (its scales
-    and global scale are used as they are) with a Config of ``weights="prepacked"``. Not yet
-    run on a GPU (docs/nvfp4_hopper.md)."""
-    return rs.prepacked_codes(b.data)
+    """b's packed codes in the register-A decode's K order: within every 128-K block, stored
+    code k holds K element `nvfp4_rs_sm90.act_column(k)`, so the activations need no
+    permutation. A plain uint8 tensor of b.data's shape, to pass as `prepacked=` beside b
+    itself (its scales and global scale are used as they are) with a Config of
+    ``weights="prepacked"``. Not yet run on a GPU (docs/nvfp4_hopper.md)."""
+    from .format import pack_fp4, unpack_fp4
+
+    K = b.shape[-1]
+    if K % rs.SUB_K:
+        raise ValueError(f"prepacked weights need K % {rs.SUB_K} == 0, got K={K}")
+    columns = torch.tensor([rs.act_column(k) for k in range(rs.SUB_K)], device=b.device)
+    order = (torch.arange(0, K, rs.SUB_K, device=b.device)[:, None] + columns).reshape(-1)
+    return pack_fp4(unpack_fp4(b.data)[..., order])
 
 
 def _weight_codes(b: NVFP4Tensor, cfg, prepacked) -> torch.Tensor:
