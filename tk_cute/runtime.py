@@ -293,10 +293,13 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+# torch's own C accessor of the current stream, the one inductor's generated code calls
+# (building a `torch.cuda.Stream` costs ~3 us per call); CPU-only builds lack it.
+_CURRENT_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def raw_stream(device_index: int) -> int:
-    """The current torch stream of a device as a plain handle (torch's own C accessor, the one
-    inductor's generated code calls: building a `torch.cuda.Stream` costs ~3 us per call)."""
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if get is None:  # pragma: no cover - older torch
+    """The current torch stream of a device as a plain handle."""
+    if _CURRENT_RAW_STREAM is None:  # pragma: no cover - CPU builds, older torch
         return torch.cuda.current_stream(device_index).cuda_stream
-    return get(device_index)
+    return _CURRENT_RAW_STREAM(device_index)
