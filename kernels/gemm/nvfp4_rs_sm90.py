@@ -26,9 +26,6 @@ Activations: the decode's K order is not memory order (below), so they are permu
   NVFP4 activations (W4A4, `Config.a_format` "nvfp4", always "call"): the per-call pass
     decodes them too (`_decode_permute_kernel`) and writes D's scale gA * gB * 2^8; the GEMM
     and the reduction are the W4A16 ones.
-  or not at all ("none", `Config.weights` "prepacked"): the weights carry the K order instead
-    (`tk_cute.nvfp4.launch.prepack_weights`), the decode takes each pair's natural scale (not
-    yet run on a GPU).
 Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / empty):
   TMA warp (warp 0): once the consumers freed a stage, TMA-loads the unit's weight bytes (ROWS
     rows x 128 B, 128-byte swizzle), their scale atoms (2 KB per 128-row band) and the
@@ -95,7 +92,6 @@ OUT_TYPES = ("bfloat16", "float16", "float32")
 # (docs/results.md) even at 32, 7-13% faster at 48-96 and 1.6x at 128; 5% slower at 16.
 CALL_PERMUTE_MIN_N_ACT = 32
 A_FORMATS = ("bf16", "nvfp4")  # activations as they come: bfloat16 (W4A16) or NVFP4 (W4A4)
-WEIGHT_ORDERS = ("natural", "prepacked")  # codes as quantized, or in `act_column` order
 
 
 @dataclass(frozen=True)
@@ -122,9 +118,6 @@ class Config:
     # "nvfp4" (W4A4): x is the activations' codes, decoded in the permute "call" pass (their
     # scales in the format `sf` too); "bf16" (W4A16)
     a_format: str = field(default="bf16", metadata={"quiet": True})
-    # "prepacked": the weights' codes in the decode's K order (`launch.prepack_weights`): the
-    # activations are read as they are (no permutation); "natural": as quantized
-    weights: str = field(default="natural", metadata={"quiet": True})
     __repr__ = config_repr  # (the kernel symbol follows the repr: sf shows once not UE4M3)
 
     def __post_init__(self):
@@ -149,11 +142,6 @@ class Config:
         if self.a_format == "nvfp4" and self.PERMUTE == "stage":
             raise ValueError("NVFP4 activations are decoded in the permute 'call' pass: "
                              "PERMUTE='stage' takes bf16 activations only")
-        if self.weights not in WEIGHT_ORDERS:
-            raise ValueError(f"weights must be one of {WEIGHT_ORDERS}, got {self.weights!r}")
-        if self.weights == "prepacked" and (self.PERMUTE != "auto" or self.a_format != "bf16"):
-            raise ValueError("prepacked weights read bf16 activations as they are: PERMUTE "
-                             "must be 'auto' and a_format 'bf16'")
         if self.stages < 2:
             raise ValueError(f"a ring of >= 2 stages of {self.stage_bytes} B must fit "
                              f"{SMEM_BUDGET} B of shared memory (N_ACT={self.N_ACT}, "
@@ -185,13 +173,10 @@ class Config:
     def permute(self) -> str:
         """Where the activations are put in the decode's K order: "stage" (3 permuting warps,
         each landed tile in place) or "call" (`_permute_kernel`, once per call, before the
-        GEMM); "none" with prepacked weights. The per-call pass costs a kernel boundary but no
-        longer scales with the units a CTA streams: it pays from N_ACT =
-        CALL_PERMUTE_MIN_N_ACT on."""
+        GEMM). The per-call pass costs a kernel boundary but no longer scales with the units a
+        CTA streams: it pays from N_ACT = CALL_PERMUTE_MIN_N_ACT on."""
         if self.PERMUTE != "auto":
             return self.PERMUTE
-        if self.weights == "prepacked":  # the weights carry the decode's K order
-            return "none"
         if self.a_format == "nvfp4":  # the decode pass writes them permuted anyway
             return "call"
         return "call" if self.N_ACT >= CALL_PERMUTE_MIN_N_ACT else "stage"
@@ -506,8 +491,7 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
                 a = regs[batch % cfg.a_sets]
                 band = s * cfg.bands + (rows + 64 * j) // BAND
                 decode(a, functools.partial(_weight_chunk, w_base, 4 * blk + t),
-                       sf[None, None, band].iterator.toint(), r_lo + 64 * j, t, blk, cfg.sf,
-                       cfg.weights == "prepacked")
+                       sf[None, None, band].iterator.toint(), r_lo + 64 * j, t, blk, cfg.sf)
                 warpgroup.mma_fence()
                 x = cute.local_tile(xs[None, None, s], (cfg.N_ACT, SUB_K), (0, blk))
                 if cutlass.const_expr(blk == 0):  # the row block's first unit starts from 0
@@ -531,57 +515,28 @@ def _weight_chunk(w_base, chunk, r):
     return w_base + weight_offset(r, chunk)
 
 
-def decode(a: rt, chunk_addr, sf_base, r_lo, t, blk, sf_format: str = "ue4m3",
-           prepacked: bool = False):
-    """Decode this thread's weights of 128-K block `blk` (rows r_lo, r_lo + 8; stored codes
-    32t .. 32t + 31) into the A operand registers `a` of a 64 x 128 register-A wgmma batch:
-    pair i of word j (stored codes 32t + 8j + i, + 4) goes to k16 step 2i + j // 2
-    (`act_column`). `chunk_addr(r)`: the shared address of row r's 16 bytes of these codes;
-    `sf_base`: the band's scale atoms (rows r_lo, r_lo + 8 within one 128-row band);
-    `sf_format` the scales' format (values e2m1 * sf * 2^-decode_shift). Natural weights
-    (stored code k is K element k) take the scales of K 32t .. 32t + 31 (two, one per two
-    words); `prepacked` weights (stored code k is K element act_column(k), `launch.
-    prepack_weights`)
-    take all 8 of the block, pair i of word j its natural block 2i + j // 2. Shared by every
-    register-A kernel."""
+def decode(a: rt, chunk_addr, sf_base, r_lo, t, blk, sf_format: str = "ue4m3"):
+    """Decode this thread's weights of 128-K block `blk` (rows r_lo, r_lo + 8; K 32t .. 32t +
+    31) into the A operand registers `a` of a 64 x 128 register-A wgmma batch: pair i of word j
+    (codes 32t + 8j + i, + 4) goes to k16 step 2i + j // 2 (`act_column`). `chunk_addr(r)`:
+    the shared address of row r's 16 bytes of these codes; `sf_base`: the band's scale atoms
+    (rows r_lo, r_lo + 8 within one 128-row band); `sf_format` the scales' format (values
+    e2m1 * sf * 2^-decode_shift). Shared by every register-A kernel."""
     words, scales = [], []
     for r in (r_lo, r_lo + 8):
         words.append(memory.ld_shared_v4(chunk_addr(r), Uint32))
-        scales.append(_prepacked_scales(sf_base, r, blk, sf_format) if prepacked
-                      else _natural_scales(sf_base, r, t, blk, sf_format))
+        atom = (SUB_K * blk + 32 * t) // nvfp4_scales.ATOM_K
+        kb = (32 * t // nvfp4_scales.SF_VEC) % nvfp4_scales.ATOM_SF_COLS
+        scales.append(fp4.scalex2_to_bf16x2_prescaled(memory.ld_shared_u16(
+            sf_base + atom * nvfp4_scales.ATOM_BYTES + nvfp4_scales.atom_offset(r, kb)),
+            sf_format))
     frag = cute.recast_tensor(a.frag, Uint32)  # per k16 step: (g, 2t) (g+8, 2t) (g, +8) (g+8, +8)
     for j in range(4):
-        if prepacked:
-            sf_lo = [scales[0][2 * i + j // 2] for i in range(4)]
-            sf_hi = [scales[1][2 * i + j // 2] for i in range(4)]
-        else:
-            sf_lo, sf_hi = scales[0][j // 2], scales[1][j // 2]
-        lo = fp4.e2m1x8_scaled_shifted_strided(words[0][j], sf_lo)
-        hi = fp4.e2m1x8_scaled_shifted_strided(words[1][j], sf_hi)
+        lo = fp4.e2m1x8_scaled_shifted_strided(words[0][j], scales[0][j // 2])
+        hi = fp4.e2m1x8_scaled_shifted_strided(words[1][j], scales[1][j // 2])
         for i in range(4):
             frag[4 * (2 * i + j // 2) + 2 * (j % 2)] = lo[i]
             frag[4 * (2 * i + j // 2) + 2 * (j % 2) + 1] = hi[i]
-
-
-def _natural_scales(sf_base, r, t, blk, sf_format):
-    """Row r's two prescaled scales of K 32t .. 32t + 31 of block blk (one 2-byte load)."""
-    atom = (SUB_K * blk + 32 * t) // nvfp4_scales.ATOM_K
-    kb = (32 * t // nvfp4_scales.SF_VEC) % nvfp4_scales.ATOM_SF_COLS
-    return fp4.scalex2_to_bf16x2_prescaled(memory.ld_shared_u16(
-        sf_base + atom * nvfp4_scales.ATOM_BYTES + nvfp4_scales.atom_offset(r, kb)), sf_format)
-
-
-def _prepacked_scales(sf_base, r, blk, sf_format):
-    """Row r's 8 prescaled scales of block blk: its 4 scale columns in each of the block's two
-    atoms are 4 consecutive bytes (one 4-byte load per atom)."""
-    out = []
-    for half in range(SUB_K // nvfp4_scales.ATOM_K):
-        atom = (SUB_K * blk) // nvfp4_scales.ATOM_K + half
-        w = memory.ld_shared_u32(sf_base + atom * nvfp4_scales.ATOM_BYTES
-                                 + nvfp4_scales.atom_offset(r, 0))
-        for pair in (w & 0xFFFF, w >> 16):
-            out.extend(fp4.scalex2_to_bf16x2_prescaled(pair, sf_format))
-    return out
 
 
 @cute.jit

@@ -16,9 +16,8 @@ weight rows (the wgmma M side, two consumer warpgroups of 64) by Nb activation r
 While one warpgroup decodes, the other's MMAs keep the tensor cores busy.
 Activations: `nvfp4_rs_sm90._permute_kernel` writes them once per call in the decode's K order
 (`nvfp4_rs_sm90.act_column`, period 128: a permutation of K applied to both operands leaves
-every sum unchanged). Compile-tested, not yet run on a GPU: NVFP4 activations decoded in that
-pass (`Config.a_format` "nvfp4", `call_w4a4`), and weights prepacked in the decode's order
-(`Config.weights` "prepacked": no pass at all).
+every sum unchanged). W4A4: that pass decodes the NVFP4 activations exactly (`Config.a_format`
+"nvfp4", `call_w4a4`); the GEMM is W4A16's.
 Output: bf16 / fp16 / fp32, or NVFP4 (out_dtype "nvfp4", the fused epilogue `_finish_nvfp4`):
 per 16 D columns of a D row (16 accumulator rows of one warp, one column) the block amax by
 three lane shuffles, the block scale and codes by the recipe's one op (`ops.nvfp4.block_scale`,
@@ -74,9 +73,6 @@ class Config:
     # "nvfp4" (W4A4): x is the activations' codes, decoded in the permute pass
     # (`nvfp4_rs_sm90._decode_permute_kernel`, scales in the format `sf` too); "bf16" (W4A16)
     a_format: str = field(default="bf16", metadata={"quiet": True})
-    # "prepacked": the weights' codes in the decode's K order (`launch.prepack_weights`):
-    # the activations are read as they are, no permute pass
-    weights: str = field(default="natural", metadata={"quiet": True})
     __repr__ = config_repr
 
     def __post_init__(self):
@@ -91,11 +87,6 @@ class Config:
             raise ValueError(f"sf must be one of {fp4.DECODE_FORMATS}, got {self.sf!r}")
         if self.a_format not in rs.A_FORMATS:
             raise ValueError(f"a_format must be one of {rs.A_FORMATS}, got {self.a_format!r}")
-        if self.weights not in rs.WEIGHT_ORDERS:
-            raise ValueError(f"weights must be one of {rs.WEIGHT_ORDERS}, got {self.weights!r}")
-        if self.weights == "prepacked" and self.a_format != "bf16":
-            raise ValueError("prepacked weights read bf16 activations as they are: a_format "
-                             "must be 'bf16'")
         if self.LOAD_PIPE_DEPTH == 1 or self.LOAD_PIPE_DEPTH < 0:
             raise ValueError(f"LOAD_PIPE_DEPTH must be 0 (auto) or >= 2, got "
                              f"{self.LOAD_PIPE_DEPTH}")
@@ -179,8 +170,7 @@ class GemmNvfp4RsTiledSm90(LCF):
         w_base = inputs["w"].iterator.toint()
         t = s.lane % 4
         rs.decode(a, lambda r: w_base + r * (STAGE_K // 2) + 16 * t,
-                  inputs["sf"].iterator.toint(), s.r_lo, t, 0, self.config.sf,
-                  self.config.weights == "prepacked")
+                  inputs["sf"].iterator.toint(), s.r_lo, t, 0, self.config.sf)
         warpgroup.mma_fence()
         warpgroup.mma_ABt(s.acc, a, inputs["x"])
 
@@ -254,11 +244,8 @@ class GemmNvfp4RsTiledSm90(LCF):
                  x: cute.Pointer, xp: cute.Pointer, gs: cute.Pointer, out: cute.Pointer,
                  out_sf: cute.Pointer, out_gs: cute.Pointer, flag: cute.Pointer,
                  M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32, stream):
-        if cutlass.const_expr(self.config.weights == "prepacked"):  # x as it is (xp unused)
-            self._gemm(sms, w, wsf, x, gs, out, out_sf, out_gs, flag, M, N, K, stream)
-        else:
-            rs.launch_permute(x, xp, M, K, stream, use_pdl=False)
-            self._gemm(sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, M, N, K, stream)
+        rs.launch_permute(x, xp, M, K, stream, use_pdl=False)
+        self._gemm(sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, M, N, K, stream)
 
     @cute.jit
     def call_w4a4(self, sms: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer,

@@ -70,57 +70,6 @@ def test_permuting_warps_implement_act_column():
         assert rs.act_column(k) == col
 
 
-def test_prepacked_codes_put_each_k_at_its_decode_column():
-    """`launch.prepack_weights`: stored code k of every 128-K block is natural K element
-    act_column(k), so the decode's slot for stored code k (column act_column(k), as for natural
-    weights) meets the unpermuted activation of the same K."""
-    from tk_cute.nvfp4 import quantize
-
-    torch.manual_seed(7)
-    b = quantize(torch.randn(3, 512))
-    packed = launch.prepack_weights(b)
-    assert packed.dtype == torch.uint8 and packed.shape == b.data.shape
-    nat = torch.stack((b.data & 0xF, b.data >> 4), -1).reshape(3, -1)
-    got = torch.stack((packed & 0xF, packed >> 4), -1).reshape(3, -1)
-    cols = torch.tensor([rs.act_column(k) for k in range(rs.SUB_K)])
-    for blk in range(512 // rs.SUB_K):
-        base = blk * rs.SUB_K
-        assert torch.equal(got[:, base:base + rs.SUB_K], nat[:, base + cols])
-    with pytest.raises(ValueError, match="K % 128"):
-        launch.prepack_weights(quantize(torch.randn(3, 80)))
-
-
-def test_prepacked_decode_takes_each_codes_natural_scale():
-    """With prepacked weights the decode scales pair i of word j (stored codes 32t + 8j + i,
-    + 4) by the block's scale 2i + j // 2: the natural scale block of the K element each holds
-    (act_column(k) // 16), and that K is the A slot's column (16 step + slot)."""
-    for step, slot, k in _decode_slots():
-        t, r = divmod(k, 32)
-        j, r = divmod(r, 8)
-        h, i = divmod(r, 4)
-        assert rs.act_column(k) // nvfp4_scales.SF_VEC == 2 * i + j // 2
-        assert rs.act_column(k) == 16 * step + slot
-
-
-@pytest.mark.parametrize("K", [256, 8192])
-def test_prepacked_scale_reads_follow_the_blocked_layout(K):
-    """`_prepacked_scales` reads row r's 8 scales of block blk as 4 consecutive bytes at
-    atom 2 blk + half, byte atom_offset(r, 0): scale columns 8 blk + 4 half + 0..3."""
-    cfg = rs.Config(ROWS=128)
-    rk = K // nvfp4_scales.ATOM_K
-    for stage in range(K // rs.STAGE_K):
-        box = stage * cfg.scale_tile.bytes
-        for r in range(128):
-            for blk in range(rs.STAGE_K // rs.SUB_K):
-                for half in range(2):
-                    atom = (rs.SUB_K * blk) // nvfp4_scales.ATOM_K + half
-                    first = atom * nvfp4_scales.ATOM_BYTES + nvfp4_scales.atom_offset(r, 0)
-                    assert first % 4 == 0
-                    for c in range(4):
-                        kb = (stage * rs.STAGE_K + blk * rs.SUB_K) // 16 + 4 * half + c
-                        assert first + c == nvfp4_scales.band_offset(r, kb, rk) - box
-
-
 @pytest.mark.parametrize("M, K", [(1, 256), (9, 512), (32, 8192), (128, 2048)])
 def test_permute_kernel_threads_cover_every_row_block_once(M, K):
     """Permute "call": `_permute_kernel`'s threads (the grid `_launch` gives it) take each (row,
@@ -392,25 +341,6 @@ def test_decode_instruction_budget(built):
     assert b.sass_count(r"PRMT R\d+, R\d+, 0x(5410|7632)") <= 16
 
 
-@pytest.mark.parametrize("n_act, rows", [(16, 256), (64, 256), (128, 128)])
-def test_prepacked_weights_drop_the_permutation(n_act, rows):
-    """weights="prepacked": no permute kernel and no permuting warps; per row and 128-K block
-    two 4-byte scale loads (8 scales) instead of one 2-byte load, 4 more scale multiplies per
-    pair of scales; the same wgmma; no spills."""
-    cfg = rs.Config(N_ACT=n_act, ROWS=rows, weights="prepacked")
-    assert cfg.permute == "none"
-    b = build(rs._launch, *rs.signature(cfg).compile_args(cfg), arch="sm_90a")
-    assert len(b.resources) == 2 and not [k for k in b.resources if "permute" in k.name]
-    assert all(k.local_bytes == 0 for k in b.resources)
-    units = 2 * 2 * cfg.TILES  # rows r_lo, r_lo + 8 x two 128-K blocks per stage, per tile
-    assert b.sass_count(r"LDS\b(?!\.)") == 2 * units and b.sass_count(r"LDS\.U16") == 0
-    assert b.sass_count(r"\bHMUL2\b") == 4 * 4 * units + 8 * units  # codes, 8 scales
-    assert b.sass_count(r"\bHGMMA\b") == 16 * cfg.TILES
-    for bad in (dict(PERMUTE="call"), dict(a_format="nvfp4"), dict(weights="shuffled")):
-        with pytest.raises(ValueError, match="prepacked|weights must be"):
-            rs.Config(**{"weights": "prepacked", **bad})
-
-
 def test_fast_argument_packing_matches_dsl():
     rs.compile_launcher(rs.Config(N_ACT=16), options="--gpu-arch sm_90a")
     rs.compile_launcher(rs.Config(N_ACT=16, a_format="nvfp4"), options="--gpu-arch sm_90a")
@@ -549,21 +479,6 @@ def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M, N, K", [(9, 256, 512), (16, 512, 2048), (64, 1024, 1024),
-                                     (128, 256, 4096)])
-def test_prepacked_weights_match_the_exact_product(seed, M, N, K):
-    """The kernel on prepacked weights (`launch.prepack_weights`, activations unpermuted)
-    within the exact product's bound of the natural weights, every element (NOT yet run on a
-    GPU when written, thirteenth session)."""
-    b = _weights(N, K)
-    a = torch.randn(M, K, device="cuda").bfloat16()
-    cfg = dataclasses.replace(heuristics.register_a_config(M, N, K), weights="prepacked")
-    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    d = launch.gemm_rs(a, b, out=out, config=cfg, prepacked=launch.prepack_weights(b))
-    assert_gemm_close(d, a, b, f"prepacked weights, {cfg}")
-
-
-@pytest.mark.gpu
 def test_chained_calls_read_the_previous_output(seed):
     """A call whose activations are the previous call's output (its reduction kernel) reads them
     complete: the permute kernel, launched with PDL, waits for the kernel before it."""
@@ -590,7 +505,7 @@ def test_pdl_chain_reads_each_activation_after_its_producer(seed, M, ctas):
 
     N = K = 2048
     b = _weights(N, K)
-    # (the host's pdl reaches "stage" configs only)
+    # (the host's pdl: stage only)
     cfg = dataclasses.replace(heuristics.register_a_config(M, N, K), PDL=True)
     xs = [torch.randn(M, K, device="cuda").bfloat16()]
     outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)

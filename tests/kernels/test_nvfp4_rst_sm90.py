@@ -162,9 +162,9 @@ def test_deterministic_and_public_dispatch(seed):
     assert torch.equal(nvfp4.gemm(a, b, torch.float32, out=_poisoned(M, N, torch.float32)), d)
     aq = nvfp4.quantize(a.float())
     p = nvfp4.plan(aq, b)
-    assert p.path == "register_a_tiled" and p.decode_a
+    assert p.path == "register_a_tiled" and not p.decode_a and p.config.a_format == "nvfp4"
     assert_gemm_close(nvfp4.gemm(aq, b, out=_poisoned(M, N, torch.bfloat16)), aq, b,
-                      "W4A4 via decode_a + tiled")
+                      "W4A4 decoded in the tiled kernel")
 
 
 @pytest.mark.gpu
@@ -173,8 +173,7 @@ def test_deterministic_and_public_dispatch(seed):
 def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K, nb):
     """W4A4 on the tiled kernel (activations decoded in its permute pass, D's scale written by
     that pass) is bit for bit the W4A16 kernel on the exactly decoded activations with D's
-    scale gA * gB, for bf16 / fp32 and fused NVFP4 output. (Written in the thirteenth session
-    and not yet run on a GPU: the dispatch takes "decode_a" for the tiled path until it has.)"""
+    scale gA * gB, for bf16 / fp32 and fused NVFP4 output."""
     import dataclasses
 
     from tk_cute import nvfp4
@@ -198,32 +197,6 @@ def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K
     q16 = launch.register_a_tiled_nvfp4(a16, b, w16, validate.nvfp4_out(
         (M, N), b.device, _poisoned_nvfp4(M, N, g), g), gs)
     assert torch.equal(q4.data, q16.data) and torch.equal(q4.scales, q16.scales)
-
-
-@pytest.mark.parametrize("nb", [128, 256])
-def test_prepacked_weights_compile_without_the_permute_kernel(nb):
-    cfg = rst.Config(Nb=nb, weights="prepacked")
-    b = build(rst.launch_fn(cfg), *rst.signature(cfg).compile_args(132), arch="sm_90a")
-    assert len(b.resources) == 1 and b.kernel.local_bytes == 0  # the GEMM alone
-    assert b.sass_count(r"LDS\b(?!\.)") == 2 * 2  # two rows x the stage's two scale atoms
-    with pytest.raises(ValueError, match="prepacked"):
-        rst.Config(weights="prepacked", a_format="nvfp4")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("M, N, K, nb", [(200, 256, 512, 128), (1000, 384, 1152, 256)])
-def test_prepacked_weights_match_the_exact_product(seed, M, N, K, nb):
-    """The tiled kernel on prepacked weights (no permute kernel) within the exact product's
-    bound, every element (NOT yet run on a GPU when written, thirteenth session)."""
-    from tk_cute.nvfp4 import launch
-    from tk_cute.testing import assert_gemm_close
-
-    b = _weights(N, K)
-    a = torch.randn(M, K, device="cuda").bfloat16()
-    d = launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, torch.bfloat16),
-                             config=rst.Config(Nb=nb, weights="prepacked"),
-                             prepacked=launch.prepack_weights(b))
-    assert_gemm_close(d, a, b, f"tiled, prepacked weights, Nb={nb}")
 
 
 # --- NVFP4 output (the fused epilogue) ---------------------------------------------------------

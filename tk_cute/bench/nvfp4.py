@@ -20,8 +20,7 @@ panel per (N, K) (`tk_cute.viz.speedup_plot`); `--json` keeps every number.
 `--tune` adds small-M tk_cute variants over the tiling (MT MMA row tiles per warp, WN warps
 along N, U 128-K steps per trip, ahead: the next trip's weights in flight, cN: a register cap for
 N CTAs per SM) and split-K (S warps along K), and for M > 128 the tiled register-A kernel with
-128 and 256 activation rows per tile. `--prepacked` adds the register-A kernels on weights
-prepacked in their decode's K order (`launch.prepack_weights`: no activation permutation).
+128 and 256 activation rows per tile.
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ def _make(M, N, K):
     return dict(a=a, aq=quantize(a), b=b, w=w, w8=w8, a8=a8, sa=sa.float(), sw=sw.float())
 
 
-def _variants(M, N, K, paths: bool, tune: bool, sms: int, prepacked: bool = False):
+def _variants(M, N, K, paths: bool, tune: bool, sms: int):
     from tk_cute import nvfp4
     from tk_cute.nvfp4 import heuristics
 
@@ -94,8 +93,6 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int, prepacked: bool = Fals
                 notes[name] = (key, path)
     if tune and M <= 64:
         v.update(_tuning_variants(M, N, K, sms))
-    if prepacked:
-        v.update(_prepacked_variants(M, N, K, sms))
     if tune and M > 128:
         from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
         from tk_cute.nvfp4 import launch
@@ -106,28 +103,6 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int, prepacked: bool = Fals
                     lambda s, c=rst.Config(Nb=nb, A_SETS=sets): launch.gemm_rs_tiled(
                         s["a"], s["b"], config=c))
     return v, notes
-
-
-def _prepacked_variants(M, N, K, sms):
-    """The register-A kernels on prepacked weights (`launch.prepack_weights`, no activation
-    permutation), with the heuristics' Config otherwise, where they take the shape."""
-    import dataclasses
-
-    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-    from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
-    from tk_cute.nvfp4 import heuristics, launch
-
-    # s["bp"]: the prepacked codes, made with the input sets (`main`), outside the timing
-    if M <= rs.MAX_M and rs.supports(M, N, K):
-        cfg = dataclasses.replace(heuristics.register_a_config(M, N, K), weights="prepacked")
-        return {"tk_cute w4a16 prepacked": lambda s: launch.gemm_rs(
-            s["a"], s["b"], config=cfg, prepacked=s["bp"])}
-    if M > rs.MAX_M and rst.supports(M, N, K):
-        cfg = dataclasses.replace(heuristics.register_a_tiled_config(M, N, "bfloat16", sms),
-                                  weights="prepacked")
-        return {"tk_cute w4a16 prepacked": lambda s: launch.gemm_rs_tiled(
-            s["a"], s["b"], config=cfg, prepacked=s["bp"])}
-    return {}
 
 
 def _tuning_variants(M, N, K, sms):
@@ -178,8 +153,6 @@ def _parser():
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--paths", action="store_true", help="every Hopper path that takes a shape")
     p.add_argument("--tune", action="store_true", help="small-M tiling / split-K variants")
-    p.add_argument("--prepacked", action="store_true",
-                   help="the register-A kernels on prepacked weights (no activation permutation)")
     p.add_argument("--torch-deq", action="store_true", help="add the (slow) torch LUT path")
     p.add_argument("--plot", help="write speedup-vs-M panels to this PNG/SVG file")
     p.add_argument("--json", help="write every result to this JSON file")
@@ -199,12 +172,7 @@ def main(argv=None):
     results = []
     for M, N, K in shapes(args.m, args.nk, args.shapes):
         sets = input_sets(lambda: _make(M, N, K), N * K * 9 // 16 + M * K * 2)
-        if args.prepacked:
-            from tk_cute.nvfp4 import launch
-
-            for s in sets:  # once, before any timing
-                s["bp"] = launch.prepack_weights(s["b"])
-        variants, notes = _variants(M, N, K, args.paths, args.tune, sms, args.prepacked)
+        variants, notes = _variants(M, N, K, args.paths, args.tune, sms)
         if not args.torch_deq:
             variants.pop("torch deq + matmul")
         path_of = {}

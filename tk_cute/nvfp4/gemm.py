@@ -16,9 +16,9 @@ What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
   "dequantize" (any shape: the operands expanded to exact bf16 in global memory, then the dense
   Hopper GEMM). Batched operands run
   one 2-D plan per batch ("batches"). W4A4 decodes its activations in the kernel on "small_m"
-  (M <= `heuristics.W4A4_NATIVE_MAX_M`), "register_a" (its permute pass), "fused" and
-  "dequantize", and once per call into exact bf16 before the W4A16 kernels on "rows" and
-  "register_a_tiled" ("decode_a").
+  (M <= `heuristics.W4A4_NATIVE_MAX_M`), "register_a" and "register_a_tiled" (their permute
+  passes), "fused" and "dequantize", and once per call into exact bf16 before the W4A16 kernels
+  on "rows" ("decode_a").
   D's rows must be 16-byte aligned for the kernels' stores: where N * element size is not, D
   is computed N-padded and copied into place (`Plan.pad_n`).
 - Blackwell / Rubin (sm_100a, sm_103a, sm_107a): W4A4 with K % 256 == 0 and N % 8 == 0, bf16 /
@@ -128,10 +128,9 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
         path = heuristics.hopper_path(w4a4, M, N, K, out, sms, sf)
     else:
         path = heuristics.check_hopper_path(force, w4a4, M, N, K, out, sf)
-    # W4A4 activations: decoded in the register-A kernel's permute pass; once per call into
-    # exact bf16 for "rows" (its slices then run W4A16 kernels) and "register_a_tiled" (whose
-    # in-kernel decode, `rst.Config.a_format`, is compile-tested but has not run on a GPU yet)
-    decode_a = w4a4 and path in ("rows", "register_a_tiled")
+    # W4A4 activations: decoded in the register-A kernels' permute passes; once per call into
+    # exact bf16 for "rows" (its slices then run W4A16 kernels)
+    decode_a = w4a4 and path == "rows"
     if path == "small_m":
         cfg = heuristics.small_m_config(M, N, K, w4a4, out, sms)
         return Plan(path, dataclasses.replace(cfg, PDL=pdl, sf=sf))
@@ -143,7 +142,7 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
         return Plan(path, cfg)
     if path == "register_a_tiled":
         cfg = heuristics.register_a_tiled_config(M, N, out, sms)
-        return Plan(path, dataclasses.replace(cfg, sf=sf), decode_a=decode_a)
+        return Plan(path, dataclasses.replace(cfg, sf=sf, a_format="nvfp4" if w4a4 else "bf16"))
     if path == "rows":
         step = heuristics.ROWS_MIN_M
         parts = tuple((m0, min(M, m0 + step),

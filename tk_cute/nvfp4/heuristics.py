@@ -17,12 +17,11 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   one nearly full wave of SMs (`large_m_path`), bf16 / fp16 out.
 - "dequantize" (`kernels/nvfp4_dequantize.py` + `kernels/gemm/gemm_sm90.py`): everything else
   (any M, any K % 16, N % 8, any output dtype).
-W4A4 on "register_a" decodes its activations in that kernel's permute pass (`Config.a_format`
-"nvfp4": bit for bit the W4A16 kernel on the exactly decoded activations, two kernels fewer);
-on "rows" and "register_a_tiled" it decodes them once per call into exact bf16 (e2m1 * sf, a
-small M x K tensor) and takes the W4A16 path, its global scale folded into the output's. (The
-tiled kernel's in-kernel decode, `rst.Config.a_format`, is compile-tested and waits for its
-first GPU run before this rule takes it.)
+W4A4 on "register_a" and "register_a_tiled" decodes its activations in the kernel's permute
+pass (`Config.a_format` "nvfp4": bit for bit the W4A16 kernel on the exactly decoded
+activations, two kernels fewer); on "rows" it decodes them once per call into exact bf16
+(e2m1 * sf, a small M x K tensor) and takes the W4A16 path, its global scale folded into the
+output's.
 UE5M3 operands (`UE5M3_PATHS`): every path but "fused" decodes them (its shared-memory decode is
 UE4M3 only), so a shape the rules give "fused" runs "dequantize"; forcing "fused" raises.
 Blackwell / Rubin: UE5M3 runs only on sm_107a (`dispatch_sm100.scale_format` raises elsewhere).

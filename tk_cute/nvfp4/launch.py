@@ -69,24 +69,22 @@ def small_m(a, b: NVFP4Tensor, out: torch.Tensor, cfg: gv.Config, gsb=None) -> t
 
 
 def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
-               ctas: int | None = None, gsb=None, prepacked=None) -> torch.Tensor:
+               ctas: int | None = None, gsb=None) -> torch.Tensor:
     """The register-A kernel (M <= 128) on bf16 activations a (M, K), or on NVFP4 ones (W4A4,
     `cfg.a_format` "nvfp4": decoded in the kernel's permute pass); `gsb` as in `small_m`.
     Workspace (torch's caching allocator): the fp32 partial planes and, with permute "call",
-    the permuted activations (W4A4: and D's scale after them). `prepacked`: b's codes from
-    `prepack_weights(b)`, exactly when `cfg.weights` is "prepacked"."""
+    the permuted activations (W4A4: and D's scale after them)."""
     (M, K), N = a.shape, b.M
     dev = b.device
     if ctas is None:
         ctas = heuristics.register_a_ctas(cfg, N, K, sm_count(dev))
     ctas = min(ctas, rs.stream_units(cfg, N, K))
     planes = schedule.stream_k_spans(ctas, N // cfg.ROWS)
-    codes = _weight_codes(b, cfg, prepacked)
     ws = torch.empty(planes * M * N, dtype=torch.float32, device=dev)
     index = device_index(dev)
     launch = _REGISTER_A.get((cfg, index), lambda: rs.compile_launcher(cfg))
     gs = (b.global_scale if gsb is None else gsb).data_ptr()
-    common = dict(w=codes.data_ptr(), wsf=aligned(b.scales).data_ptr(), gsb=gs,
+    common = dict(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales).data_ptr(), gsb=gs,
                   out=out.data_ptr(), ws=ws.data_ptr(), M=M, N=N, K=K, ctas=ctas,
                   stream=raw_stream(index))
     if cfg.a_format == "nvfp4":
@@ -109,35 +107,31 @@ def _decoded_activations(a: NVFP4Tensor) -> dict:
 
 
 def register_a_tiled(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rst.Config,
-                     gsb=None, prepacked=None) -> torch.Tensor:
+                     gsb=None) -> torch.Tensor:
     """The tiled register-A kernel (large M) on bf16 activations a (M, K), or NVFP4 ones (W4A4,
     `cfg.a_format` "nvfp4": decoded in its permute pass); `gsb` as in `small_m`. Workspace:
-    the permuted activations (M x K bf16, torch's caching allocator; W4A4: + D's scale).
-    `prepacked` as in `register_a`."""
+    the permuted activations (M x K bf16, torch's caching allocator; W4A4: + D's scale)."""
     p = out.data_ptr()  # (the NVFP4-output arguments are unused: any valid address)
-    _launch_tiled(a, b, cfg, gsb, p, p, b.global_scale.data_ptr(), p, prepacked)
+    _launch_tiled(a, b, cfg, gsb, p, p, b.global_scale.data_ptr(), p)
     return out
 
 
 def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int, out_gs: int,
-                  flag: int, prepacked=None) -> None:
+                  flag: int) -> None:
     (M, K), N = a.shape, b.M
     dev = b.device
-    codes = _weight_codes(b, cfg, prepacked)
     index = device_index(dev)
     sms = sm_count(dev)
     launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))
-    common = dict(w=codes.data_ptr(), wsf=aligned(b.scales).data_ptr(),
+    common = dict(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales).data_ptr(),
                   gs=(b.global_scale if gsb is None else gsb).data_ptr(), out=out,
                   out_sf=out_sf, out_gs=out_gs, flag=flag, M=M, N=N, K=K,
                   stream=raw_stream(index))
     if cfg.a_format == "nvfp4":
         launch(**_decoded_activations(a), **common)
     else:
-        x = aligned(a)
-        prepacked = cfg.weights == "prepacked"  # (x read as it is: no permuted copy)
-        xp = x if prepacked else torch.empty((M, K), dtype=torch.bfloat16, device=dev)
-        launch(x=x.data_ptr(), xp=xp.data_ptr(), **common)
+        xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev)
+        launch(x=aligned(a).data_ptr(), xp=xp.data_ptr(), **common)
 
 
 def register_a_tiled_nvfp4(a, b: NVFP4Tensor, cfg: rst.Config, out: NVFP4Tensor,
@@ -304,39 +298,6 @@ def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
 # ---------------------------------------------------------------- tuning entries
 
 
-def prepack_weights(b: NVFP4Tensor) -> torch.Tensor:
-    """b's packed codes in the register-A decode's K order: within every 128-K block, stored
-    code k holds K element `nvfp4_rs_sm90.act_column(k)`, so the activations need no
-    permutation. A plain uint8 tensor of b.data's shape, to pass as `prepacked=` beside b
-    itself (its scales and global scale are used as they are) with a Config of
-    ``weights="prepacked"``. Not yet run on a GPU (docs/nvfp4_hopper.md)."""
-    from .format import pack_fp4, unpack_fp4
-
-    K = b.shape[-1]
-    if K % rs.SUB_K:
-        raise ValueError(f"prepacked weights need K % {rs.SUB_K} == 0, got K={K}")
-    columns = torch.tensor([rs.act_column(k) for k in range(rs.SUB_K)], device=b.device)
-    order = (torch.arange(0, K, rs.SUB_K, device=b.device)[:, None] + columns).reshape(-1)
-    return pack_fp4(unpack_fp4(b.data)[..., order])
-
-
-def _weight_codes(b: NVFP4Tensor, cfg, prepacked) -> torch.Tensor:
-    """The codes a register-A launch reads: b's, or its prepacked ones, which must come
-    exactly with a ``weights="prepacked"`` Config (either alone would read wrong values)."""
-    if (prepacked is not None) != (cfg.weights == "prepacked"):
-        raise ValueError(f"prepacked weight codes go with Config(weights='prepacked') and only "
-                         f"with it: got weights={cfg.weights!r} and prepacked="
-                         f"{'a tensor' if prepacked is not None else None}")
-    if prepacked is None:
-        return aligned(b.data)
-    if prepacked.shape != b.data.shape or prepacked.dtype != torch.uint8 or (
-            prepacked.device != b.device):
-        raise ValueError(f"prepacked codes must be uint8 {tuple(b.data.shape)} on {b.device} "
-                         f"(prepack_weights(b)), got {prepacked.dtype} "
-                         f"{tuple(prepacked.shape)} on {prepacked.device}")
-    return aligned(prepacked)
-
-
 def gemm_small_m(a, b, out_dtype=None, *, out=None, config: gv.Config | None = None,
                  splits: int | None = None, pdl: bool = False):
     """D = a @ deq(b)^T with the small-M kernel and a chosen Config (tuning and tests; the
@@ -375,7 +336,7 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: gv.Config | None = N
 
 
 def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
-            ctas: int | None = None, pdl: bool = False, prepacked=None):
+            ctas: int | None = None, pdl: bool = False):
     """D = a @ deq(b)^T (W4A16) with the register-A kernel and a chosen Config or grid
     (tuning and tests; the public `tk_cute.nvfp4.gemm` picks kernels itself).
 
@@ -389,7 +350,6 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
         pdl: programmatic dependent launch where the activations are permuted per stage
             (N_ACT <= 16; elsewhere ignored: with the permute kernel between the calls it was
             1-8% slower on the H200 at M = 32-128).
-        prepacked: b's codes from `prepack_weights(b)`, with a ``weights="prepacked"`` config.
 
     Raises:
         TypeError, ValueError: the operand rules of `tk_cute.nvfp4.gemm`, NVFP4 activations, a
@@ -414,13 +374,12 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
     if ctas is not None and ctas < 1:
         raise ValueError(f"gemm_rs needs ctas >= 1, got ctas={ctas}")
     out = output(out, (op.M, op.N), out_dtype, b.device, "gemm_rs")
-    return register_a(a, b, out, config, ctas, prepacked=prepacked)
+    return register_a(a, b, out, config, ctas)
 
 
-def gemm_rs_tiled(a, b, out_dtype=None, *, out=None, config: rst.Config | None = None,
-                  prepacked=None):
+def gemm_rs_tiled(a, b, out_dtype=None, *, out=None, config: rst.Config | None = None):
     """D = a @ deq(b)^T (W4A16) with the tiled register-A kernel and a chosen Config (tuning
-    and tests; default `heuristics.register_a_tiled_config`); `prepacked` as in `gemm_rs`.
+    and tests; default `heuristics.register_a_tiled_config`).
 
     Raises:
         TypeError, ValueError: the operand rules of `tk_cute.nvfp4.gemm`, NVFP4 activations, a
@@ -440,4 +399,4 @@ def gemm_rs_tiled(a, b, out_dtype=None, *, out=None, config: rst.Config | None =
         config = dataclasses.replace(config, out_dtype=name)
     config = dataclasses.replace(config, sf=b.scale_format)
     out = output(out, (op.M, op.N), out_dtype, b.device, "gemm_rs_tiled")
-    return register_a_tiled(a, b, out, config, prepacked=prepacked)
+    return register_a_tiled(a, b, out, config)

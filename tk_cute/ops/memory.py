@@ -14,8 +14,8 @@ tests count these instructions.
 - Stores: `st_u32`, `st_v4_u32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
   `st_u8_pred`, `st_u16_pred`, `st_u32_pred`, `st_v2_u32_pred`.
 - Global -> shared without registers: `cp_async_16`, `cp_async_wait_all`.
-- Shared memory: `ld_shared_v4` (float32 or 32-bit words), `ld_shared_u16`, `ld_shared_u32`,
-  `st_shared_v2_f32`, `st_shared_v4_u32` on a 32-bit shared address.
+- Shared memory: `ld_shared_v4` (float32 or 32-bit words), `ld_shared_u16`, `st_shared_v2_f32`,
+  `st_shared_v4_u32` on a 32-bit shared address.
 """
 
 from __future__ import annotations
@@ -180,12 +180,6 @@ def ld_shared_v4(addr: Int32, dtype=Float32, *, loc=None, ip=None) -> list:
 def ld_shared_u16(addr: Int32, *, loc=None, ip=None) -> Uint32:
     """The 2 bytes at 32-bit shared address `addr`, zero-extended."""
     return Uint32(asm(T.i32(), [Int32(addr)], "ld.shared.u16 $0, [$1];", "=r,r", loc, ip, True))
-
-
-@dsl_user_op
-def ld_shared_u32(addr: Int32, *, loc=None, ip=None) -> Uint32:
-    """The 4 bytes at 32-bit shared address `addr` (4-byte aligned)."""
-    return Uint32(asm(T.i32(), [Int32(addr)], "ld.shared.b32 $0, [$1];", "=r,r", loc, ip, True))
 
 
 @dsl_user_op

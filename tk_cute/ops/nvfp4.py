@@ -476,11 +476,9 @@ def _bf16_patterns_strided(q: Uint32) -> list:
             for mask, mul in ((0x000F000F, 0x1040), (0x00F000F0, 0x0104))]
 
 
-def e2m1x8_scaled_shifted_strided(q: Uint32, sf_prescaled) -> list:
-    """`e2m1x8_scaled_shifted` in the strided pairing: word i = elements (i, i + 4). One
-    prescaled scale for all 8 codes, or a list of 4 (word i's pair scaled by the i-th)."""
-    sfs = sf_prescaled if isinstance(sf_prescaled, (list, tuple)) else [sf_prescaled] * 4
-    return [mul_bf16x2(w, sf) for w, sf in zip(_bf16_patterns_strided(q), sfs)]
+def e2m1x8_scaled_shifted_strided(q: Uint32, sf_prescaled: Uint32) -> list:
+    """`e2m1x8_scaled_shifted` in the strided pairing: word i = elements (i, i + 4)."""
+    return [mul_bf16x2(w, sf_prescaled) for w in _bf16_patterns_strided(q)]
 
 
 # (source words, prmt selector) of strided word i: elements i, i + 4 are the halves i % 2 of
