@@ -7,7 +7,8 @@ accumulator (`GemmScaledSm90`), which the NVFP4 "dequantize" path runs on exact 
 
 Shapes: any M, N, K whose rows meet TMA's 16-byte alignment (K * element size and N * output
 element size multiples of 16 bytes, tensors 16-byte aligned): the kernel's edge tiles are
-partial (zero-filled loads, clipped stores), never padded on the host.
+partial (zero-filled loads, clipped stores), never padded on the host. The tile width comes from
+the output's shape and the SM count (`tile_width`: a model of the persistent grid's rounds).
 """
 
 from __future__ import annotations
@@ -60,13 +61,36 @@ def _check(a: torch.Tensor, b: torch.Tensor, out_dtype):
                          f"{TMA_ALIGN // out_dtype.itemsize} == 0)")
 
 
-def default_config(dtype: torch.dtype, out_dtype: torch.dtype):
-    """The kernel config `gemm` uses: the Config defaults, with two epilogue buffers for fp32
-    C (each 128 x 32 fp32 block is 16 KiB; four would cost a load stage)."""
+# Time per output column of a 128 x Nb tile relative to Nb = 256 (narrower wgmmas issue more
+# instructions per column and reload A from shared memory more often): fitted to the H200 sweep
+# of 28 shapes x 4 widths in docs/results.md (2026-12-01, fourteenth session).
+TILE_COST = {256: 1.0, 192: 1.02, 128: 1.1, 64: 1.6}
+
+
+def tile_width(M: int, N: int, sms: int) -> int:
+    """The tile width Nb of 128 x Nb output tiles for an M x N output on `sms` SMs. The
+    persistent grid runs ceil(tiles / sms) rounds of tiles, so the time is modelled as
+    rounds * Nb * TILE_COST[Nb] (ties to the wider tile): wide tiles where they fill the SMs,
+    narrower ones where wide tiles leave a round nearly empty (N = 384, M or N just past a
+    multiple of the tile, few tiles). With one row of tiles (M <= 128) the call streams B and
+    64-wide tiles keep too few bytes in flight per SM: Nb >= 128 there."""
+    def cost(nb):
+        tiles = -(-M // 128) * -(-N // nb)
+        return -(-tiles // sms) * nb * TILE_COST[nb], -nb
+
+    return min((nb for nb in TILE_COST if M > 128 or nb >= 128), key=cost)
+
+
+def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N: int = 8192,
+                   sms: int = 132, nb: int | None = None):
+    """The kernel config `gemm` uses for an M x N output on `sms` SMs: tile width `nb`, by
+    default `tile_width`'s; two epilogue buffers for fp32 C (each 128 x 32 fp32 block is 16 KiB;
+    four would cost a load stage) and for tile widths that are not a multiple of 4 x 32."""
     from tk_cute.kernels.gemm.gemm_sm90 import Config
 
-    extra = {"EPI_PIPE_DEPTH": 2} if out_dtype == torch.float32 else {}
-    return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), **extra)
+    nb = nb or tile_width(M, N, sms)
+    depth = 2 if out_dtype == torch.float32 or nb % 128 else 4
+    return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), Nb=nb, EPI_PIPE_DEPTH=depth)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None,
@@ -88,7 +112,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None
         ValueError: shapes, strides, alignment, devices, `out`, a non-Hopper GPU.
     """
     _check(a, b, out_dtype)
-    config = config or default_config(a.dtype, out_dtype)
+    config = config or default_config(a.dtype, out_dtype, a.shape[0], b.shape[0],
+                                      sm_count(a.device))
     if config.dtype != _name(a.dtype) or config.out_dtype != _name(out_dtype):
         raise TypeError(f"config is for {config.dtype} -> {config.out_dtype}; the call is "
                         f"{_name(a.dtype)} -> {_name(out_dtype)}")
@@ -99,7 +124,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None
 def scaled(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out: torch.Tensor):
     """out = alpha * (a @ b^T) for bf16 a (M, K), b (N, K) and a 1-element fp32 device tensor
     alpha (read on the device: no host sync). For callers that validated already."""
-    config = default_config(a.dtype, out.dtype)
+    config = default_config(a.dtype, out.dtype, a.shape[0], b.shape[0], sm_count(a.device))
     return _run(config, a, b, out, alpha.reshape(1))
 
 

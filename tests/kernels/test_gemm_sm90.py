@@ -161,3 +161,60 @@ def test_cluster_gemm_matches_reference(seed, cm, cn):
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     c = tk_cute.gemm(a, b, config=Config(CLUSTER_M=cm, CLUSTER_N=cn), out=out)
     assert_gemm_close(c, a, b)
+
+
+# --- tile width ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("M, N, nb", [
+    (8192, 8192, 256),  # 2048 tiles of 256: 15.5 rounds, nearly full
+    (4000, 5000, 256),
+    (4096, 384, 128),   # 256-wide tiles would be 64, the second half empty; 128: 96 in one round
+    (1000, 3000, 192),  # 128 tiles of 192 in one round against 96 of 256
+    (3000, 2056, 192),  # 24 x 11 = 264 tiles of 192: 2 rounds; 256: 216 tiles, 2 rounds
+    (1000, 384, 64),    # 48 tiles of 64 in one round, against 24 of 128 twice as long
+    (16, 8192, 128),    # one row of tiles: never 64 wide (too few bytes in flight per SM)
+])
+def test_tile_width_follows_the_rounds_of_the_persistent_grid(M, N, nb):
+    from tk_cute.dense_gemm import tile_width
+
+    assert tile_width(M, N, SMS) == nb
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_every_tile_width_makes_a_valid_config(dtype, out_dtype):
+    from tk_cute.dense_gemm import TILE_COST, default_config
+
+    for nb in TILE_COST:
+        k = GemmSm90(default_config(dtype, out_dtype, nb=nb))
+        assert k.Nb == nb and k.LOAD_PIPE_DEPTH >= 3
+        assert k.dynamic_shared_memory() <= target("sm_90a").smem_bytes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("nb", [64, 128, 192, 256])
+def test_every_tile_width_matches_fp64_every_element(seed, nb, out_dtype):
+    import tk_cute
+    from tk_cute.dense_gemm import default_config
+    from tk_cute.testing import assert_gemm_close
+
+    M, N, K = 300, 1000, 328  # partial tiles on every side for every width
+    a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+    b = torch.randn(N, K, device="cuda").to(torch.bfloat16)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)  # poison
+    c = tk_cute.gemm(a, b, out_dtype, config=default_config(a.dtype, out_dtype, nb=nb), out=out)
+    assert_gemm_close(c, a, b)
+
+
+@pytest.mark.parametrize("nb", [64, 192])
+def test_narrow_tiles_compile_to_their_wgmma_without_spills(nb):
+    from cuda.bindings import driver as cuda
+
+    from tk_cute.dense_gemm import default_config
+
+    k = GemmSm90(default_config(torch.bfloat16, torch.bfloat16, nb=nb))
+    b = build(k, *(_fake(cutlass.BFloat16, 0, 0) for _ in range(3)), SMS, cuda.CUstream(0),
+              arch="sm_90a")
+    assert b.ptx_count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{nb}k16\.f32\.bf16\.bf16") == 4
+    assert b.kernel.local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0

@@ -70,6 +70,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--supergroups", type=int, nargs="*", default=[],
                    help="also time these SUPERGROUP_SIZE values (default config: 8)")
+    p.add_argument("--nb", type=int, nargs="*", default=[],
+                   help="also time these tile widths (default: dense_gemm.tile_width's)")
     p.add_argument("--clusters", nargs="*", default=[],
                    help="also time these cluster shapes, e.g. 2x1 1x2 (TMA multicast)")
     p.add_argument("--eager", action="store_true",
@@ -106,6 +108,11 @@ def main(argv=None):
                 cublas = lambda s: torch._scaled_mm(  # noqa: E731
                     s[0], s[1].t(), one, one, out_dtype=torch.bfloat16)
             variants = {base: cublas, "tk_cute": lambda s: tk_cute.gemm(s[0], s[1])}
+            notes = {"tk_cute": f"Nb={gemm_mod.tile_width(M, N, sms)}"}
+            for nb in args.nb:
+                cfg = gemm_mod.default_config(dtype, torch.bfloat16, nb=nb)
+                variants[f"tk_cute Nb={nb}"] = lambda s, c=cfg: tk_cute.gemm(
+                    s[0], s[1], config=c)
             for sg in args.supergroups:
                 cfg = Config(dtype=dtype_name, SUPERGROUP_SIZE=sg)
                 variants[f"tk_cute supergroup {sg}"] = lambda s, c=cfg: tk_cute.gemm(
@@ -120,7 +127,9 @@ def main(argv=None):
             res = bench(variants, sets, rounds=args.rounds, graph=not args.eager)
             for name, r in res.items():
                 print(row(f"{name} [{dtype_name}]", f"{M}x{N}x{K}", r.ms, 2 * M * N * K,
-                          baseline_ms=res[base].ms, extra=f"spread {r.spread:.2f}"))
+                          baseline_ms=res[base].ms,
+                          extra=f"spread {r.spread:.2f}" + (f"; {notes[name]}" if name in notes
+                                                             else "")))
     a = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
     print(f"host overhead per call at 256^3 (us): tk_cute.gemm "
           f"{host_overhead(lambda s: tk_cute.gemm(*s), (a, a)):.1f}, torch.matmul "
