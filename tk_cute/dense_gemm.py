@@ -18,8 +18,7 @@ import functools
 import torch
 
 from tk_cute import arch
-from tk_cute.runtime import (KernelCache, as_cute, batched, compile_locked, output, sm_count,
-                             stream)
+from tk_cute.runtime import KernelCache, device_index, output, raw_stream, sm_count
 
 _CACHE = KernelCache()
 _DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
@@ -129,20 +128,23 @@ def scaled(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out: torch.Ten
 
 
 def _run(config, a, b, c, alpha=None):
-    kernel, sms = _kernel(config, alpha is not None, a.device)
-    _check_cluster(kernel, config, c.shape[0], c.shape[1])
-    args = [as_cute(batched(t), leading_dim=1) for t in (a, b, c)]
-    if alpha is not None:
-        args.append(as_cute(alpha, leading_dim=0, align=4))
-    fn = _CACHE.get((config, alpha is not None, sms),
-                    lambda: compile_locked(kernel, *args, sms, stream()))
-    fn(*args, stream())
+    from tk_cute.kernels.gemm import gemm_sm90
+
+    index = device_index(a.device)
+    sms = _check_device(a.device)
+    _check_cluster(config, c.shape[0], c.shape[1])
+    launch = _CACHE.get((config, alpha is not None, sms),
+                        lambda: gemm_sm90.compile_launcher(config, sms, alpha is not None))
+    extra = {} if alpha is None else {"alpha": alpha.data_ptr()}
+    launch(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), M=c.shape[0], N=c.shape[1],
+           K=a.shape[1], lda=a.stride(0), ldb=b.stride(0), ldc=c.stride(0),
+           stream=raw_stream(index), **extra)
     return c
 
 
-def _check_cluster(kernel, config, M, N):
-    for name, size, tile, cluster in (("M", M, kernel.Mb, config.CLUSTER_M),
-                                      ("N", N, kernel.Nb, config.CLUSTER_N)):
+def _check_cluster(config, M, N):
+    for name, size, tile, cluster in (("M", M, config.Mb, config.CLUSTER_M),
+                                      ("N", N, config.Nb, config.CLUSTER_N)):
         tiles = -(-size // tile)
         if tiles % cluster:
             raise ValueError(f"{name}={size} gives {tiles} tiles of {tile}, not a multiple of "
@@ -150,17 +152,14 @@ def _check_cluster(kernel, config, M, N):
 
 
 @functools.cache
-def _kernel(config, scaled: bool, device):
-    """The kernel object and SM count for a config on a device (cached: host time matters for
+def _check_device(device) -> int:
+    """The SM count of a Hopper device (raises on other GPUs; cached: host time matters for
     small problems)."""
-    from tk_cute.kernels.gemm.gemm_sm90 import GemmScaledSm90, GemmSm90
-
     target = arch.device_target(device)
     if not target.wgmma:
         raise ValueError(f"tk_cute.gemm has a Hopper (wgmma) kernel only; this GPU is "
                          f"{target.name}")
-    cls = GemmScaledSm90 if scaled else GemmSm90
-    return cls(config), sm_count(device)
+    return sm_count(device)
 
 
 def compile_seconds() -> dict:

@@ -25,6 +25,7 @@ from cutlass.cute.nvgpu.warpgroup import OperandMajorMode
 
 from tk_cute.arch import target
 from tk_cute.ops import register, tma, warpgroup
+from tk_cute.runtime import Signature, i32, i64, ptr
 from tk_cute.templates.lcf import LCF
 from tk_cute.types import coord, gl, rt, st
 from tk_cute.types.semaphore import NamedBarrier
@@ -152,6 +153,37 @@ class GemmSm90(LCF):
         self.launch(g, m_tiles, n_tiles, c.shape[2], max_ctas, stream)
 
 
+    @cute.jit
+    def call_ptrs(self, sms: cutlass.Constexpr, a: cute.Pointer, b: cute.Pointer,
+                  c: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32,
+                  lda: cutlass.Int64, ldb: cutlass.Int64, ldc: cutlass.Int64, stream):
+        """`__call__` on raw pointers (`signature`): a (M, K), b (N, K), c (M, N) with row
+        strides lda, ldb, ldc elements."""
+        self.__call__(*_matrices(a, b, c, M, N, K, lda, ldb, ldc), sms, stream)
+
+
+def _matrices(a, b, c, M, N, K, lda, ldb, ldc):
+    """The (rows, cols, 1) global tensors at a, b, c with the given row strides."""
+    return [cute.make_tensor(p, cute.make_layout((rows, cols, 1), stride=(ld, 1, rows * ld)))
+            for p, rows, cols, ld in ((a, M, K, lda), (b, N, K, ldb), (c, M, N, ldc))]
+
+
+def signature(config: Config, scaled: bool = False) -> Signature:
+    """The raw-pointer launch's runtime arguments (`call_ptrs`): A, B, C (16-byte aligned, as
+    TMA needs), alpha for `GemmScaledSm90` (one fp32), the shape and the row strides."""
+    dtype = INPUT_TYPES[config.dtype]
+    alpha = (ptr("alpha", cutlass.Float32, 4),) if scaled else ()
+    return Signature(ptr("a", dtype), ptr("b", dtype), ptr("c", OUTPUT_TYPES[config.out_dtype]),
+                     *alpha, i32("M"), i32("N"), i32("K"), i64("lda"), i64("ldb"), i64("ldc"))
+
+
+def compile_launcher(config: Config, sms: int, scaled: bool = False, options: str = ""):
+    """The kernel (`GemmScaledSm90` if `scaled`) for a GPU of `sms` SMs as a raw-pointer
+    `Launcher` (`options`: e.g. "--gpu-arch sm_90a" to build without a GPU)."""
+    kernel = (GemmScaledSm90 if scaled else GemmSm90)(config)
+    return signature(config, scaled).compile(kernel.call_ptrs, sms, options=options)
+
+
 class Globals(DeviceStruct):
     """The kernel's global layouts (TK `globals`)."""
 
@@ -184,6 +216,15 @@ class GemmScaledSm90(GemmSm90):
                           gl.load(b, self.b_tile, self.CLUSTER_M), gl.store(c, self.c_tile), alpha)
         self.launch(g, cute.ceil_div(c.shape[0], self.Mb), cute.ceil_div(c.shape[1], self.Nb),
                     c.shape[2], max_ctas, stream)
+
+    @cute.jit
+    def call_ptrs(self, sms: cutlass.Constexpr, a: cute.Pointer, b: cute.Pointer,
+                  c: cute.Pointer, alpha: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32,
+                  K: cutlass.Int32, lda: cutlass.Int64, ldb: cutlass.Int64, ldc: cutlass.Int64,
+                  stream):
+        """As `GemmSm90.call_ptrs`, with alpha one fp32 in global memory."""
+        at, bt, ct = _matrices(a, b, c, M, N, K, lda, ldb, ldc)
+        self.__call__(at, bt, ct, cute.make_tensor(alpha, cute.make_layout(1)), sms, stream)
 
 
 class Scaled:

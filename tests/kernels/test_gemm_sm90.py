@@ -218,3 +218,47 @@ def test_narrow_tiles_compile_to_their_wgmma_without_spills(nb):
               arch="sm_90a")
     assert b.ptx_count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{nb}k16\.f32\.bf16\.bf16") == 4
     assert b.kernel.local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0
+
+
+# --- raw-pointer launch ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_launches_pass_exactly_the_signature_by_name(monkeypatch, scaled):
+    """`tk_cute.gemm` / `scaled` hand the compiled launcher every argument its `signature`
+    declares (checked on the CPU with the launcher replaced by a recorder: a wrong or missing
+    name would only fail on a GPU otherwise), with the operands' row strides."""
+    from tk_cute import dense_gemm
+    from tk_cute.kernels.gemm import gemm_sm90
+
+    calls = []
+
+    def get(key, build):
+        config, is_scaled, _ = key
+        sig = gemm_sm90.signature(config, is_scaled)
+        return lambda **values: (sig.pack(values), calls.append(values))
+
+    monkeypatch.setattr(dense_gemm._CACHE, "get", get)
+    monkeypatch.setattr(dense_gemm, "device_index", lambda device: 0)
+    monkeypatch.setattr(dense_gemm, "raw_stream", lambda index: 0)
+    monkeypatch.setattr(dense_gemm, "_check_device", lambda device: SMS)
+    a = torch.randn(300, 72).bfloat16()[:, :64]  # rows 72 elements apart
+    b = torch.randn(136, 64).bfloat16()
+    c = torch.empty(300, 136, dtype=torch.float32)
+    alpha = torch.tensor([0.5])
+    config = dense_gemm.default_config(a.dtype, c.dtype, 300, 136, SMS)
+    dense_gemm._run(config, a, b, c, alpha if scaled else None)
+    (call,) = calls
+    assert (call["a"], call["b"], call["c"]) == (a.data_ptr(), b.data_ptr(), c.data_ptr())
+    assert (call["M"], call["N"], call["K"]) == (300, 136, 64)
+    assert (call["lda"], call["ldb"], call["ldc"]) == (72, 64, 136)
+    assert ("alpha" in call) == scaled
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_raw_pointer_launchers_compile_with_the_dsls_packing(scaled):
+    """The launcher compiles for sm_90a without a GPU and its argument slots equal the DSL's
+    own packing (`Signature.compile` checks it)."""
+    from tk_cute.kernels.gemm import gemm_sm90
+
+    launcher = gemm_sm90.compile_launcher(Config(), SMS, scaled, options="--gpu-arch sm_90a")
+    assert launcher.signature.names[-3:] == ("lda", "ldb", "ldc")
