@@ -17,8 +17,7 @@ What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
   Hopper GEMM). Batched operands run
   one 2-D plan per batch ("batches"). W4A4 decodes its activations in the kernel on "small_m"
   (M <= `heuristics.W4A4_NATIVE_MAX_M`), "register_a" and "register_a_tiled" (their permute
-  passes), "fused" and "dequantize", and once per call into exact bf16 before the W4A16 kernels
-  on "rows" ("decode_a").
+  passes), "fused" and "dequantize"; "rows" slices them at 128-row scale bands for its parts.
   D's rows must be 16-byte aligned for the kernels' stores: where N * element size is not, D
   is computed N-padded and copied into place (`Plan.pad_n`).
 - Blackwell / Rubin (sm_100a, sm_103a, sm_107a): W4A4 with K % 256 == 0 and N % 8 == 0, bf16 /
@@ -39,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tk_cute.layouts import nvfp4_scales
+
 from . import heuristics, validate
 from .tensor import NVFP4Tensor
 
@@ -56,14 +57,12 @@ class Plan:
         config: the kernel's Config (one-kernel paths).
         parts: ((start, stop, Plan), ...) for "rows"; ((0, L, Plan),) for "batches" (the one
             plan every batch runs).
-        decode_a: W4A4 activations decoded to exact bf16 first, gA folded into D's scale.
         pad_n: D computed with N rounded up to this (0: not padded), then copied into place.
     """
 
     path: str
     config: object = None
     parts: tuple = ()
-    decode_a: bool = False
     pad_n: int = 0
 
     def kernels(self) -> list[str]:
@@ -75,12 +74,11 @@ class Plan:
         return [self.path]
 
     def __str__(self) -> str:
-        head = ("decode_a + " if self.decode_a else "")
         tail = f" (N padded to {self.pad_n})" if self.pad_n else ""
         if self.path in ("rows", "batches"):
             inner = ", ".join(f"{m0}:{m1} {p}" for m0, m1, p in self.parts)
-            return f"{head}{self.path}[{inner}]{tail}"
-        return f"{head}{self.path}{tail}"
+            return f"{self.path}[{inner}]{tail}"
+        return f"{self.path}{tail}"
 
 
 def plan(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16, *, pdl: bool = False,
@@ -128,9 +126,6 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
         path = heuristics.hopper_path(w4a4, M, N, K, out, sms, sf)
     else:
         path = heuristics.check_hopper_path(force, w4a4, M, N, K, out, sf)
-    # W4A4 activations: decoded in the register-A kernels' permute passes; once per call into
-    # exact bf16 for "rows" (its slices then run W4A16 kernels)
-    decode_a = w4a4 and path == "rows"
     if path == "small_m":
         cfg = heuristics.small_m_config(M, N, K, w4a4, out, sms)
         return Plan(path, dataclasses.replace(cfg, PDL=pdl, sf=sf))
@@ -146,10 +141,10 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
     if path == "rows":
         step = heuristics.ROWS_MIN_M
         parts = tuple((m0, min(M, m0 + step),
-                       _plan_hopper(False, min(M, m0 + step) - m0, N, K, out, sms, pdl,
+                       _plan_hopper(w4a4, min(M, m0 + step) - m0, N, K, out, sms, pdl,
                                     sf=sf))
                       for m0 in range(0, M, step))
-        return Plan(path, parts=parts, decode_a=decode_a)
+        return Plan(path, parts=parts)
     if path == "fused":
         return Plan(path)
     esize = {"bfloat16": 2, "float16": 2, "float32": 4}[out]
@@ -279,10 +274,7 @@ def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None 
     if p.path == "register_a_tiled":
         from . import launch
 
-        gsb = None
-        if p.decode_a:
-            gsb, a2 = a2.global_scale * b.global_scale, launch.dequantize_blocks(a2)
-        return launch.register_a_tiled_nvfp4(a2, b, p.config, d, gsb)
+        return launch.register_a_tiled_nvfp4(a2, b, p.config, d)
     if p.path == "reference":
         from .reference import gemm_reference, w4a16_reference
 
@@ -305,12 +297,9 @@ def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None 
 
 def run(p: Plan, a, b: NVFP4Tensor, out: torch.Tensor, gsb=None) -> torch.Tensor:
     """Run plan `p` on validated operands into the contiguous `out` (2-D, or 3-D for
-    "batches"); `gsb` replaces gB as D's scale (set by "decode_a")."""
+    "batches"); `gsb` replaces gB as D's scale."""
     from . import launch
 
-    if p.decode_a:
-        gsb = a.global_scale * b.global_scale
-        a = launch.dequantize_blocks(a)
     if p.pad_n:
         wide = torch.empty(out.shape[0], p.pad_n, dtype=out.dtype, device=out.device)
         run(Plan(p.path, p.config), a, b, wide, gsb)
@@ -323,7 +312,7 @@ def run(p: Plan, a, b: NVFP4Tensor, out: torch.Tensor, gsb=None) -> torch.Tensor
         launch.register_a_tiled(a, b, out, p.config, gsb)
     elif p.path == "rows":
         for m0, m1, sub in p.parts:
-            run(sub, a[m0:m1], b, out[m0:m1], gsb)
+            run(sub, _rows(a, m0, m1), b, out[m0:m1], gsb)
     elif p.path == "batches":
         sub = p.parts[0][2]
         for l in range(out.shape[0]):
@@ -339,6 +328,17 @@ def run(p: Plan, a, b: NVFP4Tensor, out: torch.Tensor, gsb=None) -> torch.Tensor
     else:
         raise AssertionError(f"no runner for path {p.path!r}")
     return out
+
+
+def _rows(a, m0: int, m1: int):
+    """Rows m0:m1 of the activations: a tensor slice, or for NVFP4 a view of their codes and of
+    their blocked scales' 128-row bands (m0 % 128 == 0: "rows" cuts at the bands)."""
+    if isinstance(a, NVFP4Tensor):
+        band = nvfp4_scales.ATOM_ROWS
+        assert m0 % band == 0, m0
+        return NVFP4Tensor.trusted(a.data[m0:m1], a.scales[m0 // band:-(-m1 // band)],
+                                   a.global_scale, (m1 - m0, a.shape[1]), a.scale_format)
+    return a[m0:m1]
 
 
 def _batch(t, l: int):

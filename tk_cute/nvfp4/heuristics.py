@@ -19,9 +19,7 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   (any M, any K % 16, N % 8, any output dtype).
 W4A4 on "register_a" and "register_a_tiled" decodes its activations in the kernel's permute
 pass (`Config.a_format` "nvfp4": bit for bit the W4A16 kernel on the exactly decoded
-activations, two kernels fewer); on "rows" it decodes them once per call into exact bf16
-(e2m1 * sf, a small M x K tensor) and takes the W4A16 path, its global scale folded into the
-output's.
+activations); "rows" runs W4A4 parts on 128-row slices (whole scale bands, ROWS_MIN_M = 128).
 UE5M3 operands (`UE5M3_PATHS`): every path but "fused" decodes them (its shared-memory decode is
 UE4M3 only), so a shape the rules give "fused" runs "dequantize"; forcing "fused" raises.
 Blackwell / Rubin: UE5M3 runs only on sm_107a (`dispatch_sm100.scale_format` raises elsewhere).
@@ -49,8 +47,8 @@ RS_MIN_M = 9
 # even at 64, and 128 rows 18% faster at 80 (two A sets, 3 stages).
 WIDE_MAX_N_ACT = 64
 # W4A4 up to this M runs the small-M kernel, which decodes NVFP4 activations in registers; above
-# it the activations are decoded once per call and the W4A16 path runs (the decode is one small
-# kernel: at M = 1 its launch would cost more than it saves).
+# it the register-A kernels decode them in their permute pass (at M = 1 the small-M kernel's
+# in-register decode costs less than a pass).
 W4A4_NATIVE_MAX_M = 8
 # "rows": the register-A kernel on 128-row slices, from just above 128 rows up to this M. On the
 # H200 (docs/results.md, twelfth session) 129x8192^2 took 50.7 us as rows against 76.0 us tiled

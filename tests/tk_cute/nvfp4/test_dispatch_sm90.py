@@ -32,10 +32,10 @@ def _covered(p: Plan, M: int, N: int, K: int, w4a4: bool, out: str) -> None:
                                          [(s, e) for s, e, _ in p.parts[1:]]):
             assert stop == start
         for m0, m1, sub in p.parts:
-            assert not sub.decode_a  # activations are already bf16 inside a rows plan
-            _covered(sub, m1 - m0, N, K, False, out)
+            assert m0 % 128 == 0  # NVFP4 activations are cut at whole scale bands
+            _covered(sub, m1 - m0, N, K, w4a4, out)
         return
-    heuristics.check_hopper_path(p.path, w4a4 and not p.decode_a, M, N, K, out)
+    heuristics.check_hopper_path(p.path, w4a4, M, N, K, out)
 
 
 @pytest.mark.parametrize("out", list(OUTS))
@@ -46,10 +46,8 @@ def test_every_grid_shape_has_a_kernel_plan(w4a4, out):
         _covered(p, M, N, K, w4a4, out)
         per_row = 16 // OUTS[out].itemsize
         assert p.pad_n == (0 if N % per_row == 0 else -(-N // per_row) * per_row)
-        if w4a4 and p.path == "rows":
-            assert p.decode_a
         if w4a4 and p.path in ("register_a", "register_a_tiled"):  # in the permute pass
-            assert not p.decode_a and p.config.a_format == "nvfp4"
+            assert p.config.a_format == "nvfp4"
         if w4a4 and p.path == "register_a":
             assert p.config.permute == "call"
 
@@ -70,7 +68,7 @@ def test_issue_rows_take_the_expected_paths():
     assert p.path == "register_a" and p.config.out_dtype == "float32"
     for M, N in ((100, 8192), (64, 28672), (16, 8192)):  # W4A4 reaches the register-A kernel
         p = _plan_hopper(True, M, N, 8192, "bfloat16", SMS, False)
-        assert p.path == "register_a" and not p.decode_a and p.config.a_format == "nvfp4"
+        assert p.path == "register_a" and p.config.a_format == "nvfp4"
     p = _plan_hopper(True, 1, 8192, 8192, "bfloat16", SMS, False)
     assert p.path == "small_m" and p.config.w4a4  # decoded in the kernel at tiny M
     assert _plan_hopper(False, 4000, 8192, 8208, "bfloat16", SMS, False).path == "dequantize"
@@ -260,3 +258,19 @@ def test_pdl_rows_chain(seed, no_reference):
     torch.cuda.synchronize()
     for x, d in zip(xs, xs[1:]):
         assert_gemm_close(d, x, b)
+
+
+def test_rows_slices_nvfp4_activations_at_whole_scale_bands(seed):
+    """A "rows" part of NVFP4 activations is their codes' rows and their scales' 128-row bands:
+    the bytes of quantizing those rows alone with the same global scale."""
+    from tk_cute.nvfp4 import quantize
+    from tk_cute.nvfp4.gemm import _rows
+
+    x = torch.randn(300, 512) * torch.logspace(-3, 3, 512)
+    q = quantize(x)
+    for m0, m1 in ((0, 128), (128, 256), (256, 300)):
+        part, alone = _rows(q, m0, m1), quantize(x[m0:m1], global_scale=q.global_scale)
+        assert part.shape == alone.shape == (m1 - m0, 512)
+        assert torch.equal(part.data, alone.data) and torch.equal(part.scales, alone.scales)
+    p = _plan_hopper(True, 150, 8192, 8192, "bfloat16", SMS, False)
+    assert p.path == "rows" and [sub.config.a_format for _, _, sub in p.parts] == ["nvfp4"] * 2
