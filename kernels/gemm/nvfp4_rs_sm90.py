@@ -51,7 +51,9 @@ k16 step from thread t. Any permutation of K applied to both operands leaves the
 so the activations (read by every weight row) are permuted instead of the weights.
 One CTA per SM (the ring takes the shared memory). The register split comes from the launch
 allocation (`warpgroup.consumer_registers`: setmaxnreg.inc only takes what the producer
-warpgroup's .dec gave back). Constraints (checked): M <= 128, N % ROWS == 0, K % 256 == 0.
+warpgroup's .dec gave back). Constraints (checked): M <= 128, N % ROWS == 0, K % 32 == 0 (K %
+256 != 0 with `Config.K_TAIL`: each row block's last stage is partial, its codes, scale atoms
+and activations past K zero-filled by the TMA or the permute pass).
 Scale format (`Config.sf`): UE4M3, or UE5M3 (w = e2m1 * sf * 2^-16, the reduction undoing 2^16:
 `ops.nvfp4.decode_shift`; compile-checked only, no GPU run yet).
 
@@ -86,6 +88,7 @@ WG = warpgroup.WARPGROUP_THREADS
 PRODUCER_REGISTERS = 48
 MAX_CONSUMER_REGISTERS = 232
 MAX_M = 128
+K_ALIGN = 32  # K % 32: rows of packed codes are 16-byte aligned, as the TMA needs
 SMEM_BUDGET = target("sm_90a").smem_bytes
 OUT_TYPES = ("bfloat16", "float16", "float32")
 # From this N_ACT on the activations are permuted once per call (`Config.permute`): on the H200
@@ -115,6 +118,8 @@ class Config:
     PDL: bool = False
     out_dtype: str = "bfloat16"
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # the weights' scale format
+    # K % STAGE_K != 0: the last stage of each row block is partial (`k_stages`)
+    K_TAIL: bool = field(default=False, metadata={"quiet": True})
     # "nvfp4" (W4A4): x is the activations' codes, decoded in the permute "call" pass (their
     # scales in the format `sf` too); "bf16" (W4A16)
     a_format: str = field(default="bf16", metadata={"quiet": True})
@@ -255,41 +260,87 @@ def weight_offset(r, chunk):
 
 def supports(M: int, N: int, K: int) -> bool:
     """Whether some Config of this kernel takes this shape (`tk_cute.nvfp4.heuristics` picks
-    it)."""
-    return 1 <= M <= MAX_M and N % BAND == 0 and K % STAGE_K == 0
+    it): K % K_ALIGN, and `Config.K_TAIL` where K % STAGE_K != 0."""
+    return 1 <= M <= MAX_M and N % BAND == 0 and K % K_ALIGN == 0
+
+
+def k_stages(cfg, K):
+    """Stages of STAGE_K per row block (the last one partial with `K_TAIL`: the TMA fills the
+    weight codes, scale atoms and activations past K with zeros, and 0 * 0 adds nothing)."""
+    if cfg.K_TAIL:
+        return (K + STAGE_K - 1) // STAGE_K
+    return K // STAGE_K
+
+
+def k_blocks(k_tail: bool, K):
+    """128-K blocks of the activation permutation: the permuted copy's row is this many times
+    SUB_K wide (`permuted_width`); with a K tail the last block's columns past K are zeros."""
+    return (K + SUB_K - 1) // SUB_K if k_tail else K // SUB_K
+
+
+def permuted_width(K: int) -> int:
+    """Elements per row of the permuted activations (K rounded up to the permutation's period;
+    the host allocates the copy with it)."""
+    return -(-K // SUB_K) * SUB_K
 
 
 def stream_units(cfg: Config, N, K):
-    """The stream-K schedule's units: (N / ROWS row blocks) x (K / STAGE_K stages), row block
+    """The stream-K schedule's units: (N / ROWS row blocks) x (`k_stages` stages), row block
     major (plain integer arithmetic: the host and the kernel use it alike)."""
-    return (N // cfg.ROWS) * (K // STAGE_K)
+    return (N // cfg.ROWS) * k_stages(cfg, K)
 
 
 # ---------------------------------------------------------------- kernel
 
 
 @cute.kernel
-def _permute_kernel(x: cute.Pointer, xp: cute.Pointer, M: Int32, K: Int32):
+def _permute_kernel(k_tail: cutlass.Constexpr, x: cute.Pointer, xp: cute.Pointer, M: Int32,
+                    K: Int32):
     """Permute "call": the activations in the K order of the decode (`act_column`), once per
-    call into `xp`, which the GEMM's TMA then reads: 4 threads own the 16 chunks of a (row,
-    128-K block), as the permuting warps do per stage (`_load_natural`, `_store_permuted`)."""
+    call into `xp` (rows `k_blocks` x 128 wide), which the GEMM's TMA then reads: 4 threads own
+    the 16 chunks of a (row, 128-K block), as the permuting warps do per stage
+    (`_load_natural`, `_store_permuted`). With a K tail, chunks past K are zeros."""
     tid, _, _ = cute.arch.thread_idx()
     bid, _, _ = cute.arch.block_idx()
     cluster.pdl_wait()  # x may be the previous kernel's output
     cluster.pdl_launch_dependents()  # the GEMM may start streaming weights
-    m, blk, p = permute_task(bid * PERMUTE_THREADS + tid, K // SUB_K)
+    m, blk, p = permute_task(bid * PERMUTE_THREADS + tid, k_blocks(k_tail, K))
     if m < M:
-        row = (Int64(m) * Int64(K) + blk * SUB_K) * 2
-        chunks = _load_natural(_ld_global, lambda c: x.toint() + row + 16 * c, p)
-        _store_permuted(memory.st_v4_u32, lambda c: xp.toint() + row + 16 * c, p, chunks)
+        if cutlass.const_expr(k_tail):
+            blocks = k_blocks(k_tail, K)
+            row = Int64(m) * Int64(K) * 2
+            load = functools.partial(_ld_global_tail, x.toint() + row, blk, K)
+            chunks = [fp4.bf16x8_strided(load(4 * u + p)) for u in range(4)]
+            out = (Int64(m) * Int64(blocks) + blk) * SUB_K * 2
+        else:
+            row = (Int64(m) * Int64(K) + blk * SUB_K) * 2
+            chunks = _load_natural(_ld_global, lambda c: x.toint() + row + 16 * c, p)
+            out = row
+        _store_permuted(memory.st_v4_u32, lambda c: xp.toint() + out + 16 * c, p, chunks)
 
 
-def _decode_chunk(sf_format: str, xq, xsf, m, blk, K, c):
+def _ld_global_tail(row, blk, K, c):
+    """Natural chunk c of 128-K block blk of the activation row at `row`; zeros past K (the
+    address clamped into the row)."""
+    col = blk * SUB_K + 8 * c
+    valid = Uint32(col < K)
+    words = _ld_global(row + Int64(cutlass.min(col, K - 8)) * 2)
+    return [w * valid for w in words]
+
+
+def _decode_chunk(sf_format: str, k_tail: bool, xq, xsf, m, blk, K, c):
     """Natural chunk c (elements 8c .. 8c + 7 of row m's 128-K block blk: one word of codes,
-    one scale byte) of NVFP4 activations, decoded into the strided pairing."""
-    word = memory.ld_u32(xq.toint() + (Int64(m) * Int64(K // 8) + blk * (SUB_K // 8) + c) * 4)
+    one scale byte) of NVFP4 activations, decoded into the strided pairing; with a K tail,
+    zeros past K (codes 0, read at a clamped address)."""
+    if k_tail:
+        chunk = blk * (SUB_K // 8) + c
+        valid, chunk = Uint32(chunk < K // 8), cutlass.min(chunk, K // 8 - 1)
+        word = memory.ld_u32(xq.toint() + (Int64(m) * Int64(K // 8) + chunk) * 4) * valid
+    else:
+        word = memory.ld_u32(xq.toint() + (Int64(m) * Int64(K // 8) + blk * (SUB_K // 8) + c)
+                             * 4)
     rk = (K + nvfp4_scales.ATOM_K - 1) // nvfp4_scales.ATOM_K  # scale atoms per 128-row band
-    kb = blk * (SUB_K // nvfp4_scales.SF_VEC) + c // 2
+    kb = chunk // 2 if k_tail else blk * (SUB_K // nvfp4_scales.SF_VEC) + c // 2
     byte = memory.ld_u8(xsf.toint() + Int64(nvfp4_scales.band_offset(m, kb, rk)))
     return fp4.e2m1x8_scaled_shifted_strided(word, fp4.scale_to_bf16x2_prescaled(byte,
                                                                                  sf_format))
@@ -302,15 +353,15 @@ def permute_task(task, blocks):
 
 
 @cute.kernel
-def _decode_permute_kernel(sf_format: cutlass.Constexpr, xq: cute.Pointer, xsf: cute.Pointer,
-                           gsa: cute.Pointer, gsb: cute.Pointer, xp: cute.Pointer, M: Int32,
-                           K: Int32):
+def _decode_permute_kernel(sf_format: cutlass.Constexpr, k_tail: cutlass.Constexpr,
+                           xq: cute.Pointer, xsf: cute.Pointer, gsa: cute.Pointer,
+                           gsb: cute.Pointer, xp: cute.Pointer, M: Int32, K: Int32):
     """Permute "call" for NVFP4 activations (W4A4): `_permute_kernel`'s pass, but each natural
     chunk of 8 elements is decoded from its 4 bytes of codes and its scale byte straight into
     the strided pairing (`ops.nvfp4.e2m1x8_scaled_shifted_strided`: e2m1 * sf * 2^-shift, exact
     in bf16), the pairing `_load_natural` gives bf16 activations. Block 0's thread 0 writes D's
     scale fl(gA * gB) * 2^shift (the product rounded once, as torch's is; the power of two
-    exact) after the activations (at xp + M * K), which the GEMM takes as its `gsb`: the sums
+    exact) after the activations (`decoded_scale`), which the GEMM takes as its `gsb`: the sums
     carry 2^-shift exactly (no product comes near fp32's subnormals), so D = fl(sum * 2^shift_w
     * that) is bit for bit the W4A16 GEMM of the exactly decoded activations with gsb =
     fl(gA * gB)."""
@@ -322,12 +373,16 @@ def _decode_permute_kernel(sf_format: cutlass.Constexpr, xq: cute.Pointer, xsf: 
     if bid == 0 and tid == 0:
         scale = fp4.mul_rn(fp4.mul_rn(memory.ld_f32(gsa.toint()), memory.ld_f32(gsb.toint())),
                            shift)
-        memory.st_cvt(xp.toint() + Int64(M) * Int64(K) * 2, scale, "float32")
-    m, blk, p = permute_task(bid * PERMUTE_THREADS + tid, K // SUB_K)
+        width = k_blocks(k_tail, K) * SUB_K if k_tail else K
+        memory.st_cvt(decoded_scale(xp, M, width).toint(), scale, "float32")
+    m, blk, p = permute_task(bid * PERMUTE_THREADS + tid, k_blocks(k_tail, K))
     if m < M:
-        decode = functools.partial(_decode_chunk, sf_format, xq, xsf, m, blk, K)
+        decode = functools.partial(_decode_chunk, sf_format, k_tail, xq, xsf, m, blk, K)
         chunks = [decode(4 * u + p) for u in range(4)]  # natural chunks 4u + p, as bf16 ones
-        row = (Int64(m) * Int64(K) + blk * SUB_K) * 2
+        if cutlass.const_expr(k_tail):
+            row = (Int64(m) * Int64(k_blocks(k_tail, K)) + blk) * SUB_K * 2
+        else:
+            row = (Int64(m) * Int64(K) + blk * SUB_K) * 2
         _store_permuted(memory.st_v4_u32, lambda c: xp.toint() + row + 16 * c, p, chunks)
 
 
@@ -390,16 +445,20 @@ def _load_weights(cfg: cutlass.Constexpr, gw, gsf, wq, sf, loaded, start, i, K):
     """Unit start + i's weight bytes and scale atoms into stage i % depth, whose `loaded` then
     expects the whole stage (the activations too); returns the unit's K stage."""
     s = i % cfg.stages
-    stages = K // STAGE_K  # per row block (and scale tiles per 128-row band)
+    stages = k_stages(cfg, K)  # per row block (and scale tiles per 128-row band)
     rb, stage = (start + i) // stages, (start + i) % stages
     with warp.elect_leader():
         semaphore(loaded + s).expect_bytes(cfg.stage_bytes)
     tma.load_async(wq[None, None, s], gw, coord(rb, stage), loaded + s)
     for b in cutlass.range_constexpr(cfg.bands):
-        band = rb * cfg.bands + b
-        tma.load_async(sf[None, None, s * cfg.bands + b], gsf, coord(band * stages + stage, 0),
-                       loaded + s)
+        tma.load_async(sf[None, None, s * cfg.bands + b], gsf,
+                       scale_coord(cfg.K_TAIL, rb * cfg.bands + b, stage, stages), loaded + s)
     return stage
+
+
+def scale_coord(k_tail: bool, band, stage, stages):
+    """Coordinate of a band's scale tile for `stage` in `weight_tensors`' scale tensor."""
+    return coord(stage, 0, band) if k_tail else coord(band * stages + stage, 0)
 
 
 @cute.jit
@@ -468,7 +527,7 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
     write that block's accumulators (TILES x 64 weight rows x N_ACT activation rows) and start
     the next one from zero."""
     phases = ring(cfg.stages)
-    stages = K // STAGE_K
+    stages = k_stages(cfg, K)
     wg_thread = thread % WG
     lane = wg_thread % 32
     g, t = lane // 4, lane % 4
@@ -544,7 +603,7 @@ def _store(cfg: cutlass.Constexpr, acc, ws, M, N, K, cta, ctas, n0):
     """Write acc (row r: weight row n0 + spread_row(r); activation rows m < M), this CTA's fp32
     partial sum of its row block, to workspace plane (this CTA - the block's first CTA):
     `_reduce_kernel` sums the planes in CTA order (deterministic)."""
-    stages = K // STAGE_K
+    stages = k_stages(cfg, K)
     plane = cta - schedule.stream_k_owner((n0 // cfg.ROWS) * stages, ctas,
                                           stream_units(cfg, N, K))
     coords = acc.coords()
@@ -577,7 +636,7 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
         cluster.pdl_launch_dependents()  # the next call's GEMM may start streaming weights
     cluster.pdl_wait()  # launched early (PDL): the partials are complete once this returns
     i = (bid * REDUCE_THREADS + tid) * 4
-    stages = K // STAGE_K
+    stages = k_stages(cfg, K)
     units = stream_units(cfg, N, K)
     first_unit = ((i % N) // cfg.ROWS) * stages
     first = schedule.stream_k_owner(first_unit, ctas, units)
@@ -596,39 +655,46 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
             memory.st_cvt(out.toint() + (Int64(i) + e) * esize, total[e] * scale, cfg.out_dtype)
 
 
-def weight_tensors(w: cute.Pointer, wsf: cute.Pointer, N, K):
+def weight_tensors(w: cute.Pointer, wsf: cute.Pointer, N, K, k_tail: bool = False):
     """The weights as the global tensors the TMA loads: packed codes (N, K / 2) and blocked
-    scales (each 512-byte atom as 2 rows of 256 bytes)."""
-    sf_rows = (N // BAND) * (K // nvfp4_scales.ATOM_K) * 2
-    return row_major(w, N, K // 2), row_major(wsf, sf_rows, 256)
+    scales (each 512-byte atom as 2 rows of 256 bytes): all bands' atoms as one column of rows,
+    or with a K tail one batch of rows per band (its atoms past K then arrive as zeros;
+    `scale_coord`)."""
+    codes = row_major(w, N, K // 2)
+    if k_tail:
+        rk = (K + nvfp4_scales.ATOM_K - 1) // nvfp4_scales.ATOM_K
+        return codes, row_major(wsf, rk * 2, 256, N // BAND)
+    return codes, row_major(wsf, (N // BAND) * (K // nvfp4_scales.ATOM_K) * 2, 256)
 
 
-def launch_permute(x: cute.Pointer, xp: cute.Pointer, M, K, stream, use_pdl: bool) -> None:
+def launch_permute(x: cute.Pointer, xp: cute.Pointer, M, K, stream, use_pdl: bool,
+                   k_tail: bool = False) -> None:
     """Launch `_permute_kernel`: xp = x with every row in the decode's K order."""
-    _permute_kernel(x, xp, M, K).launch(grid=[_permute_ctas(M, K), 1, 1],
-                                        block=[PERMUTE_THREADS, 1, 1], stream=stream,
-                                        use_pdl=use_pdl)
+    _permute_kernel(k_tail, x, xp, M, K).launch(grid=[_permute_ctas(k_tail, M, K), 1, 1],
+                                                block=[PERMUTE_THREADS, 1, 1], stream=stream,
+                                                use_pdl=use_pdl)
 
 
 def launch_decode_permute(sf_format: str, xq: cute.Pointer, xsf: cute.Pointer,
                           gsa: cute.Pointer, gsb: cute.Pointer, xp: cute.Pointer, M, K,
-                          stream) -> None:
+                          stream, k_tail: bool = False) -> None:
     """Launch `_decode_permute_kernel` (PDL): xp = the NVFP4 activations (codes xq, blocked
     scales xsf) decoded in the decode's K order, and D's scale after them."""
-    _decode_permute_kernel(sf_format, xq, xsf, gsa, gsb, xp, M, K).launch(
-        grid=[_permute_ctas(M, K), 1, 1], block=[PERMUTE_THREADS, 1, 1], stream=stream,
+    _decode_permute_kernel(sf_format, k_tail, xq, xsf, gsa, gsb, xp, M, K).launch(
+        grid=[_permute_ctas(k_tail, M, K), 1, 1], block=[PERMUTE_THREADS, 1, 1], stream=stream,
         use_pdl=True)
 
 
-def _permute_ctas(M, K):
-    return (M * (K // SUB_K) * 4 + PERMUTE_THREADS - 1) // PERMUTE_THREADS
+def _permute_ctas(k_tail: bool, M, K):
+    return (M * k_blocks(k_tail, K) * 4 + PERMUTE_THREADS - 1) // PERMUTE_THREADS
 
 
 def _gemm_and_reduce(cfg, w, wsf, xt_ptr, gsb, out, ws, M, N, K, ctas, stream, pdl: bool):
-    """The GEMM over activations at `xt_ptr` (permuted, or natural with permute "stage") and
-    the reduction into D times `gsb`'s scale."""
-    wt, sft = weight_tensors(w, wsf, N, K)
-    xt = row_major(xt_ptr, M, K)
+    """The GEMM over activations at `xt_ptr` (permuted, `k_blocks` x 128 wide; or natural with
+    permute "stage") and the reduction into D times `gsb`'s scale."""
+    wt, sft = weight_tensors(w, wsf, N, K, cfg.K_TAIL)
+    width = k_blocks(True, K) * SUB_K if cfg.K_TAIL and cfg.permute == "call" else K
+    xt = row_major(xt_ptr, M, width)
     _kernel(cfg, gl.load(wt, cfg.weight_tile), gl.load(sft, cfg.scale_tile),
             gl.load(xt, cfg.act_tile), ws, M, N, K).launch(
         grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=pdl,
@@ -645,7 +711,7 @@ def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
             N: Int32, K: Int32, ctas: Int32, stream):
     per_call = cfg.permute == "call"  # (x: the permuted copy xp, which the TMA then reads)
     if cutlass.const_expr(per_call):
-        launch_permute(x, xp, M, K, stream, use_pdl=True)
+        launch_permute(x, xp, M, K, stream, use_pdl=True, k_tail=cfg.K_TAIL)
     _gemm_and_reduce(cfg, w, wsf, xp if per_call else x, gsb, out, ws, M, N, K, ctas, stream,
                      per_call or cfg.PDL)
 
@@ -656,16 +722,17 @@ def _launch_w4a4(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: 
                  out: cute.Pointer, ws: cute.Pointer, M: Int32, N: Int32, K: Int32, ctas: Int32,
                  stream):
     """W4A4: the activations' decode pass, then the same GEMM; D's scale is the one the pass
-    wrote after the decoded activations (xp: M x K bf16 + 16 bytes)."""
-    launch_decode_permute(cfg.sf, x, xsf, gsa, gsb, xp, M, K, stream)
-    _gemm_and_reduce(cfg, w, wsf, xp, decoded_scale(xp, M, K), out, ws, M, N, K, ctas, stream,
-                     True)
+    wrote after the decoded activations (xp: M x `permuted_width(K)` bf16 + 16 bytes)."""
+    launch_decode_permute(cfg.sf, x, xsf, gsa, gsb, xp, M, K, stream, cfg.K_TAIL)
+    width = k_blocks(True, K) * SUB_K if cfg.K_TAIL else K
+    _gemm_and_reduce(cfg, w, wsf, xp, decoded_scale(xp, M, width), out, ws, M, N, K, ctas,
+                     stream, True)
 
 
-def decoded_scale(xp: cute.Pointer, M, K) -> cute.Pointer:
-    """Where `_decode_permute_kernel` leaves D's scale: the fp32 after the M x K decoded
+def decoded_scale(xp: cute.Pointer, M, width) -> cute.Pointer:
+    """Where `_decode_permute_kernel` leaves D's scale: the fp32 after the M x `width` decoded
     activations (typed and aligned as W4A16's gsb argument)."""
-    return cute.make_ptr(cutlass.Float32, xp.toint() + Int64(M) * Int64(K) * 2,
+    return cute.make_ptr(cutlass.Float32, xp.toint() + Int64(M) * Int64(width) * 2,
                          cute.AddressSpace.gmem, assumed_align=4)
 
 
@@ -707,8 +774,10 @@ def check_shape(cfg: Config, M: int, N: int, K: int) -> None:
     if N % cfg.ROWS:
         raise ValueError(f"the register-A kernel needs N to be a multiple of ROWS = {cfg.ROWS}, "
                          f"got N={N}")
-    if K % STAGE_K:
-        raise ValueError(f"the register-A kernel needs K to be a multiple of {STAGE_K}, "
-                         f"got K={K}")
+    if K % K_ALIGN:
+        raise ValueError(f"the register-A kernel needs K to be a multiple of {K_ALIGN} "
+                         f"(16-byte rows of codes), got K={K}")
+    if K % STAGE_K and not cfg.K_TAIL:
+        raise ValueError(f"K={K} is not a multiple of {STAGE_K}: the Config needs K_TAIL=True")
 
 

@@ -24,7 +24,8 @@ three lane shuffles, the block scale and codes by the recipe's one op (`ops.nvfp
 the quantizer's), with D's given decode scale, so the bytes equal quantizing the fp32 output;
 code pairs meet by one shuffle; scale bytes land at `nvfp4_scales.band_offset`; a saturated
 block scale (the given scale too small) ORs a device flag.
-Constraints (checked): N % 128 == 0, K % 128 == 0; any M >= 1 (TMA zero-fills the last tile).
+Constraints (checked): N % 128 == 0, K % 32 == 0 (K % 128 != 0 with `Config.K_TAIL`: the last
+stage is partial, zero-filled past K); any M >= 1 (TMA zero-fills the last tile).
 Weights' scale format (`Config.sf`): UE4M3, or UE5M3 (decode shift 16, `ops.nvfp4.decode_shift`;
 compile-checked only, no GPU run yet). An NVFP4 D always has UE4M3 scales.
 Peer: CUTLASS's Hopper mixed-input GEMM (`examples/55_hopper_mixed_dtype_gemm`), which
@@ -73,6 +74,9 @@ class Config:
     # "nvfp4" (W4A4): x is the activations' codes, decoded in the permute pass
     # (`nvfp4_rs_sm90._decode_permute_kernel`, scales in the format `sf` too); "bf16" (W4A16)
     a_format: str = field(default="bf16", metadata={"quiet": True})
+    # K % STAGE_K != 0: the last stage is partial (codes, scale atoms and activations past K
+    # arrive as zeros)
+    K_TAIL: bool = field(default=False, metadata={"quiet": True})
     __repr__ = config_repr
 
     def __post_init__(self):
@@ -93,18 +97,22 @@ class Config:
 
 
 def supports(M: int, N: int, K: int) -> bool:
-    """Whether this kernel takes the shape (`tk_cute.nvfp4.heuristics` picks it)."""
-    return M >= 1 and N % ROWS == 0 and K % STAGE_K == 0
+    """Whether some Config takes the shape (`Config.K_TAIL` where K % STAGE_K != 0;
+    `tk_cute.nvfp4.heuristics` picks it)."""
+    return M >= 1 and N % ROWS == 0 and K % rs.K_ALIGN == 0
 
 
-def check_shape(M: int, N: int, K: int) -> None:
-    """Raise ValueError naming the constraint (M, N, K) breaks."""
+def check_shape(M: int, N: int, K: int, cfg: Config | None = None) -> None:
+    """Raise ValueError naming the constraint (M, N, K) or cfg breaks."""
     if M < 1:
         raise ValueError(f"the tiled register-A kernel needs M >= 1, got M={M}")
     if N % ROWS:
         raise ValueError(f"the tiled register-A kernel needs N % {ROWS} == 0, got N={N}")
-    if K % STAGE_K:
-        raise ValueError(f"the tiled register-A kernel needs K % {STAGE_K} == 0, got K={K}")
+    if K % rs.K_ALIGN:
+        raise ValueError(f"the tiled register-A kernel needs K % {rs.K_ALIGN} == 0 (16-byte "
+                         f"rows of codes), got K={K}")
+    if cfg is not None and K % STAGE_K and not cfg.K_TAIL:
+        raise ValueError(f"K={K} is not a multiple of {STAGE_K}: the Config needs K_TAIL=True")
 
 
 class GemmNvfp4RsTiledSm90(LCF):
@@ -137,8 +145,11 @@ class GemmNvfp4RsTiledSm90(LCF):
         """TMA: stage k of weight band at.r (codes, its two scale atoms) and activation block
         at.c."""
         tma.load_async(inputs["w"], g.W, coord(at.r, k, 0), barrier)
-        half_atoms = g.K // (2 * nvfp4_scales.ATOM_K)  # 1 KiB scale tiles per band
-        tma.load_async(inputs["sf"], g.SF, coord(at.r * half_atoms + k, 0, 0), barrier)
+        if cutlass.const_expr(self.config.K_TAIL):  # one batch of scale rows per band
+            tma.load_async(inputs["sf"], g.SF, coord(k, 0, at.r), barrier)
+        else:
+            half_atoms = g.K // (2 * nvfp4_scales.ATOM_K)  # 1 KiB scale tiles per band
+            tma.load_async(inputs["sf"], g.SF, coord(at.r * half_atoms + k, 0, 0), barrier)
         tma.load_async(inputs["x"], g.X, coord(at.c, k, 0), barrier)
 
     # --- consumers --------------------------------------------------------------------------
@@ -244,7 +255,7 @@ class GemmNvfp4RsTiledSm90(LCF):
                  x: cute.Pointer, xp: cute.Pointer, gs: cute.Pointer, out: cute.Pointer,
                  out_sf: cute.Pointer, out_gs: cute.Pointer, flag: cute.Pointer,
                  M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32, stream):
-        rs.launch_permute(x, xp, M, K, stream, use_pdl=False)
+        rs.launch_permute(x, xp, M, K, stream, use_pdl=False, k_tail=self.config.K_TAIL)
         self._gemm(sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, M, N, K, stream)
 
     @cute.jit
@@ -255,13 +266,18 @@ class GemmNvfp4RsTiledSm90(LCF):
                   K: cutlass.Int32, stream):
         """W4A4: the activations' decode pass (it writes D's scale gA * gB * 2^8 after them),
         then the W4A16 GEMM, which starts once that pass has ended (no PDL) and reads it."""
-        rs.launch_decode_permute(self.config.sf, x, xsf, gsa, gs, xp, M, K, stream)
-        self._gemm(sms, w, wsf, xp, rs.decoded_scale(xp, M, K), out, out_sf, out_gs, flag, M,
-                   N, K, stream)
+        rs.launch_decode_permute(self.config.sf, x, xsf, gsa, gs, xp, M, K, stream,
+                                 self.config.K_TAIL)
+        self._gemm(sms, w, wsf, xp, rs.decoded_scale(xp, M, self._width(K)), out, out_sf,
+                   out_gs, flag, M, N, K, stream)
+
+    def _width(self, K):
+        """Elements per row of the permuted activations (`rs.permuted_width`)."""
+        return rs.k_blocks(True, K) * STAGE_K if self.config.K_TAIL else K
 
     def _gemm(self, sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, M, N, K, stream):
-        wt, sft = rs.weight_tensors(w, wsf, N, K)
-        xt = row_major(xp, M, K)
+        wt, sft = rs.weight_tensors(w, wsf, N, K, self.config.K_TAIL)
+        xt = row_major(xp, M, self._width(K))  # k_steps: its 128-K tiles
         g = Globals(gl.load(wt, self.w_tile), gl.load(sft, self.sf_tile),
                     gl.load(xt, self.x_tile), gs, out, out_sf, out_gs, flag, M, N, K)
         self.launch(g, N // ROWS, cute.ceil_div(M, self.Nb), 1, sms, stream)

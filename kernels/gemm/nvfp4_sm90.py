@@ -11,9 +11,9 @@ warpgroup decodes each stage into a bf16 (Mb, 64) / (Nb, 64) pair of the compute
 epilogue, times gA * gB (read on the device). Decoding in its own warpgroup lets it overlap the
 MMAs: inside the consumers (which hold 128 accumulator registers each) it serialised with them.
 Constraints: K % 64 == 0, M % 128 == 0, N % 256 == 0 (checked by `check_shapes`).
-The alternative for large M, path "dequantize" of `tk_cute.nvfp4.gemm`, expands the operands to
-bf16 in global memory (`kernels/nvfp4_dequantize.py`) and runs `GemmScaledSm90`; the choice
-between the two is `tk_cute.nvfp4.heuristics.large_m_path` (docs/nvfp4_hopper.md has why).
+The dispatch no longer picks it (`tk_cute.nvfp4.heuristics`: every shape it takes, the
+register-A kernels take too, and were faster where both ran); `gemm(..., path="fused")` runs it
+for comparisons.
 """
 
 from __future__ import annotations
@@ -147,5 +147,5 @@ def check_shapes(M: int, N: int, K: int, kernel: GemmNvfp4Sm90):
 
 
 def supports(M: int, N: int, K: int, config: Config = Config()) -> bool:
-    """Whether this kernel takes the shape (`tk_cute.nvfp4.heuristics` picks it)."""
+    """Whether this kernel takes the shape (a forced path: `tk_cute.nvfp4.heuristics`)."""
     return M % 128 == 0 and N % config.Nb == 0 and K % nvfp4_scales.ATOM_K == 0

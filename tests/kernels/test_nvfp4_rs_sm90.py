@@ -81,6 +81,44 @@ def test_permute_kernel_threads_cover_every_row_block_once(M, K):
     assert mine == [(m, blk, p) for m in range(M) for blk in range(blocks) for p in range(4)]
 
 
+@pytest.mark.parametrize("M, K", [(1, 2880), (9, 160), (32, 32), (128, 2912)])
+def test_permute_kernel_with_a_k_tail_covers_the_partial_block(M, K):
+    """With a K tail the permute passes run ceil(K / 128) blocks per row (the last one partial:
+    its chunks past K are written as zeros), into rows `permuted_width(K)` wide."""
+    blocks = rs.k_blocks(True, K)
+    assert blocks * rs.SUB_K == rs.permuted_width(K) >= K > (blocks - 1) * rs.SUB_K
+    threads = rs._permute_ctas(True, M, K) * rs.PERMUTE_THREADS
+    mine = sorted(x for x in (rs.permute_task(t, blocks) for t in range(threads)) if x[0] < M)
+    assert mine == [(m, blk, p) for m in range(M) for blk in range(blocks) for p in range(4)]
+
+
+@pytest.mark.parametrize("K, stages, tail", [(8192, 32, False), (2880, 12, True),
+                                             (160, 1, True), (8320, 33, True)])
+def test_k_tail_configs_count_the_partial_stage(K, stages, tail):
+    cfg = heuristics.register_a_config(16, 256, K)
+    assert cfg.K_TAIL == tail and rs.k_stages(cfg, K) == stages
+    assert rs.stream_units(cfg, 256, K) == 2 * stages if cfg.ROWS == 128 else stages
+    if tail:
+        with pytest.raises(ValueError, match="K_TAIL=True"):
+            rs.check_shape(rs.Config(N_ACT=16), 16, 256, K)
+
+
+@pytest.mark.parametrize("rows", [128, 256])
+@pytest.mark.parametrize("K", [2880, 160])
+def test_k_tail_scale_tiles_hold_each_stage_atoms(K, rows):
+    """With a K tail the scales are one batch of rows per 128-row band (`weight_tensors`): the
+    stage-s tile of band b (rows 8s .. 8s + 7 of 256 bytes in batch b, `scale_coord`) holds
+    exactly the scale bytes of that band's rows at K 256s .. 256s + 255 that exist."""
+    rk = -(-K // nvfp4_scales.ATOM_K)
+    for b in range(rows // 128):
+        for s in range(-(-K // rs.STAGE_K)):
+            lo = (b * rk * 2 + 8 * s) * 256
+            for m in (0, 31, 77, 127):
+                for kb in range(16 * s, min(16 * s + 16, -(-K // 16))):
+                    off = nvfp4_scales.blocked_offset(128 * b + m, kb, rows, K)
+                    assert lo <= off < lo + 8 * 256
+
+
 def test_strided_pairs_match_the_ops_selector():
     """The model's (i, i + 4) pairing is what `ops.nvfp4.bf16x8_strided` selects."""
     from tk_cute.ops.nvfp4 import STRIDED_PAIRS
@@ -225,7 +263,7 @@ def test_register_split_is_feasible(rows, tiles):
 @pytest.mark.parametrize("M, N, K, match", [
     (129, 256, 512, "M <= N_ACT = 128.*got M=129"), (0, 256, 512, "got M=0"),
     (16, 200, 512, "multiple of ROWS = 128, got N=200"),
-    (16, 256, 384, "multiple of 256.*K=384")])
+    (16, 256, 400, "multiple of 32.*K=400")])
 def test_config_rejects_unsupported_shapes(M, N, K, match):
     assert not rs.supports(M, N, K)
     with pytest.raises(ValueError, match=match):
@@ -454,7 +492,7 @@ def test_permute_modes_agree_bitwise(seed, M, N):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M, N, K", [(9, 256, 512), (16, 512, 2048), (100, 1024, 1024),
-                                     (128, 256, 4096)])
+                                     (128, 256, 4096), (32, 256, 2880), (64, 512, 160)])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K, out_dtype):
     """W4A4 on the register-A kernel (activations decoded in its permute pass, D's scale
@@ -476,6 +514,22 @@ def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K
     launch.register_a(launch.dequantize_blocks(a), b, d16, w16, gsb=a.global_scale * b.global_scale)
     assert not d4.isnan().any() and torch.equal(d4, d16)
     assert_gemm_close(d4, a, b, "W4A4 register-A, in-kernel decode")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(1, 256, 2880), (16, 512, 160), (48, 384, 2912),
+                                     (128, 256, 32), (64, 512, 8320)])
+def test_k_tail_matches_float64(seed, M, N, K):
+    """K % 256 != 0 (the last stage partial, both permute modes, 128 and 256 rows per CTA):
+    every element within the exact product's bound, every one written."""
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison
+    cfg = heuristics.register_a_config(M, N, K)
+    assert cfg.K_TAIL
+    d = launch.gemm_rs(a, b, out=out)
+    assert d.data_ptr() == out.data_ptr()
+    assert_gemm_close(d, a, b, f"K tail {M}x{N}x{K} ({cfg.permute})")
 
 
 @pytest.mark.gpu

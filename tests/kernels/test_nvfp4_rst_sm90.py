@@ -71,9 +71,31 @@ def test_config_and_shape_rules():
         rst.GemmNvfp4RsTiledSm90(rst.Config(LOAD_PIPE_DEPTH=4))
     with pytest.raises(ValueError, match="N % 128 == 0, got N=136"):
         rst.check_shape(300, 136, 256)
-    with pytest.raises(ValueError, match="K % 128 == 0, got K=8208"):
+    with pytest.raises(ValueError, match="K % 32 == 0 .*got K=8208"):
         rst.check_shape(300, 256, 8208)
+    with pytest.raises(ValueError, match="K_TAIL=True"):
+        rst.check_shape(300, 256, 2880, rst.Config())
     assert rst.supports(1, 256, 128) and not rst.supports(5, 200, 128)
+    assert rst.supports(300, 256, 2880) and rst.supports(300, 256, 32)
+    from tk_cute.nvfp4 import heuristics
+
+    assert heuristics.register_a_tiled_config(300, 256, 2880, "bfloat16", 132).K_TAIL
+    assert not heuristics.register_a_tiled_config(300, 256, 2944, "bfloat16", 132).K_TAIL
+
+
+@pytest.mark.parametrize("N, K", [(128, 2880), (384, 160), (256, 32)])
+def test_k_tail_scale_tiles_hold_each_stage_atoms(N, K):
+    """With a K tail (`Config.K_TAIL`) the scales are one batch of rows per band: the stage-k
+    tile of band b (rows 4k .. 4k + 3 of 256 bytes in batch b) holds exactly the scale bytes of
+    rows 128b .. 128b + 127 at K 128k .. 128k + 127 that exist."""
+    rk = -(-K // nvfp4_scales.ATOM_K)
+    for b in range(N // 128):
+        for k in range(-(-K // 128)):
+            lo = (b * rk * 2 + 4 * k) * 256
+            for m in (0, 31, 32, 77, 127):
+                for kb in range(8 * k, min(8 * k + 8, K // 16)):
+                    off = nvfp4_scales.blocked_offset(128 * b + m, kb, N, K)
+                    assert lo <= off < lo + 1024
 
 
 def test_packing_matches_dsl():
@@ -132,7 +154,8 @@ def _poisoned_nvfp4(M, N, global_scale):
 @pytest.mark.gpu
 @pytest.mark.parametrize("nb, sets", [(128, 1), (256, 1), (128, 2), (256, 2)])
 @pytest.mark.parametrize("M, N, K", [(129, 256, 128), (300, 1024, 2048), (1000, 384, 1152),
-                                     (256, 8192, 8192), (4097, 512, 256)])
+                                     (256, 8192, 8192), (4097, 512, 256), (300, 384, 2880),
+                                     (129, 256, 32), (1000, 256, 160)])
 def test_every_element_matches_the_exact_product(seed, nb, sets, M, N, K):
     from tk_cute.nvfp4 import launch
     from tk_cute.testing import assert_gemm_close
@@ -152,7 +175,7 @@ def test_deterministic_and_public_dispatch(seed):
     from tk_cute.nvfp4 import launch
     from tk_cute.testing import assert_gemm_close
 
-    M, N, K = 600, 1024, 1024
+    M, N, K = 600, 1024, 4096  # (K >= heuristics.TILED_MIN_K: the dispatch takes this kernel)
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     d = launch.gemm_rs_tiled(a, b, torch.float32, out=_poisoned(M, N, torch.float32))
@@ -169,7 +192,7 @@ def test_deterministic_and_public_dispatch(seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M, N, K, nb", [(200, 256, 512, 128), (1000, 384, 1152, 256),
-                                         (257, 1024, 2048, 256)])
+                                         (257, 1024, 2048, 256), (300, 256, 2880, 128)])
 def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K, nb):
     """W4A4 on the tiled kernel (activations decoded in its permute pass, D's scale written by
     that pass) is bit for bit the W4A16 kernel on the exactly decoded activations with D's
@@ -183,14 +206,14 @@ def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K
     a = nvfp4.quantize(torch.randn(M, K, device="cuda"))
     a16, gs = launch.dequantize_blocks(a), a.global_scale * b.global_scale
     for out_dtype in ("bfloat16", "float32"):
-        w16 = rst.Config(Nb=nb, out_dtype=out_dtype)
+        w16 = rst.Config(Nb=nb, out_dtype=out_dtype, K_TAIL=K % rst.STAGE_K != 0)
         w4 = dataclasses.replace(w16, a_format="nvfp4")
         d4 = launch.register_a_tiled(a, b, _poisoned(M, N, getattr(torch, out_dtype)), w4)
         d16 = launch.register_a_tiled(a16, b, _poisoned(M, N, getattr(torch, out_dtype)), w16,
                                       gs)
         assert not d4.isnan().any() and torch.equal(d4, d16)
     g = torch.tensor(float(d16.abs().max()) / 2688, device="cuda")
-    w16 = rst.Config(Nb=nb)
+    w16 = rst.Config(Nb=nb, K_TAIL=K % rst.STAGE_K != 0)
     q4 = launch.register_a_tiled_nvfp4(a, b, dataclasses.replace(w16, a_format="nvfp4"),
                                        validate.nvfp4_out((M, N), b.device, _poisoned_nvfp4(
                                            M, N, g), g))
@@ -295,12 +318,13 @@ def test_fused_nvfp4_output_is_the_quantized_fp32_output(seed, M, N, K):
         want = nvfp4.quantize(d32, global_scale=gs)
         assert torch.equal(q.data, want.data) and torch.equal(q.scales, want.scales)
         assert int(q.saturated) == saturates
-    assert nvfp4.plan(a, b, torch.float32).path == "register_a_tiled"
-    public = nvfp4.gemm(a, b, "nvfp4", out_global_scale=gs)  # the dispatch's fused path
+    tiled = "register_a_tiled"  # (the dispatch's own choice from K >= TILED_MIN_K on)
+    assert nvfp4.plan(a, b, torch.float32, path=tiled).path == tiled
+    public = nvfp4.gemm(a, b, "nvfp4", out_global_scale=gs, path=tiled)  # the fused path
     assert torch.equal(public.data, q.data) and torch.equal(public.scales, q.scales)
     aq = nvfp4.quantize(a.float())
-    fused = nvfp4.gemm(aq, b, "nvfp4", out_global_scale=gs)
-    want = nvfp4.quantize(nvfp4.gemm(aq, b, torch.float32), global_scale=gs)
+    fused = nvfp4.gemm(aq, b, "nvfp4", out_global_scale=gs, path=tiled)
+    want = nvfp4.quantize(nvfp4.gemm(aq, b, torch.float32, path=tiled), global_scale=gs)
     assert torch.equal(fused.data, want.data) and torch.equal(fused.scales, want.scales)
 
 

@@ -140,14 +140,14 @@ def test_dequantize_blocks_compiles_to_vector_accesses():
     assert b.kernel.local_bytes == 0
 
 
-def test_default_path_fuses_only_one_near_full_wave():
-    from tk_cute.nvfp4.heuristics import large_m_path as default_path
+def test_the_dispatch_never_picks_the_fused_kernel():
+    """Every shape the fused kernel takes (M % 128, N % 256, K % 64) a register-A kernel takes
+    too (K % 32, N % 128): "fused" runs only when forced."""
+    from tk_cute.kernels.gemm import nvfp4_sm90 as sm90
+    from tk_cute.nvfp4 import heuristics
 
-    # H200 (132 SMs) measurements behind the rule: 112 tiles fused 2x faster; 32 and >= 256
-    # tiles faster dequantized (docs/results.md).
-    assert default_path(128, 28672, 132) == "fused"  # 1 x 112 tiles
-    assert default_path(128, 8192, 132) == "dequantize"  # 32 tiles: a quarter of the SMs
-    assert default_path(1024, 8192, 132) == "dequantize"  # 256 tiles: two waves
-    assert default_path(1024, 28672, 132) == "dequantize"
-    assert default_path(8192, 8192, 132) == "dequantize"
-    assert default_path(256, 16384, 132) == "fused"  # 128 tiles
+    for M in (128, 256, 1024, 8192):
+        for N in (256, 8192, 28672):
+            for K in (64, 192, 2880, 8192):
+                assert sm90.supports(M, N, K)
+                assert heuristics.hopper_path(False, M, N, K, "bfloat16", 132) != "fused"

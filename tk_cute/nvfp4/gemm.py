@@ -136,7 +136,7 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
             cfg = dataclasses.replace(cfg, PDL=True)
         return Plan(path, cfg)
     if path == "register_a_tiled":
-        cfg = heuristics.register_a_tiled_config(M, N, out, sms)
+        cfg = heuristics.register_a_tiled_config(M, N, K, out, sms)
         return Plan(path, dataclasses.replace(cfg, sf=sf, a_format="nvfp4" if w4a4 else "bf16"))
     if path == "rows":
         step = heuristics.ROWS_MIN_M

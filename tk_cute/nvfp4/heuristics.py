@@ -8,20 +8,25 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M; also W4A16 M <= 64 where
   the register-A kernel cannot take N or K.
 - "register_a" (`kernels/gemm/nvfp4_rs_sm90.py`, weights decoded into wgmma A registers):
-  RS_MIN_M <= M <= 128.
+  RS_MIN_M <= M <= 128 (below it too where the small-M kernel cannot take K: K % 128 != 0).
 - "rows": 128 < M <= ROWS_MAX_M, the register-A kernel on 128-row slices of the activations
   (each pass streams the weights again; cheaper than a second, nearly empty row of tiles).
 - "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
-  128 x Nb output tiles): larger M where N % 128 == 0 and K % 128 == 0.
-- "fused" (`kernels/gemm/nvfp4_sm90.py`, decode in shared memory): large M where its tiles make
-  one nearly full wave of SMs (`large_m_path`), bf16 / fp16 out.
+  128 x Nb output tiles): larger M where N % 128 == 0.
+The register-A kernels take K % 32 == 0 (16-byte rows of codes for the TMA), a partial last
+stage where K % 256 (K % 128 tiled) != 0 (`Config.K_TAIL`, set here from K).
+- "fused" (`kernels/gemm/nvfp4_sm90.py`, decode in shared memory): forced only (`path=`): every
+  shape it takes (M % 128, N % 256, K % 64) the register-A kernels take too, faster. Where it was
+  the default (one near-full wave of 128 x 256 tiles, K % 256 != 0: 128x28672x8192 fused 148 us
+  against 298 dequantized, docs/results.md 2026-11-30), the register-A kernels now run.
 - "dequantize" (`kernels/nvfp4_dequantize.py` + `kernels/gemm/gemm_sm90.py`): everything else
-  (any M, any K % 16, N % 8, any output dtype).
+  (any M, any K % 16, N % 8, any output dtype): N % 128 != 0 beyond the small-M kernel, K % 32
+  != 0 (rows of codes that are not 16-byte aligned).
 W4A4 on "register_a" and "register_a_tiled" decodes its activations in the kernel's permute
 pass (`Config.a_format` "nvfp4": bit for bit the W4A16 kernel on the exactly decoded
 activations); "rows" runs W4A4 parts on 128-row slices (whole scale bands, ROWS_MIN_M = 128).
 UE5M3 operands (`UE5M3_PATHS`): every path but "fused" decodes them (its shared-memory decode is
-UE4M3 only), so a shape the rules give "fused" runs "dequantize"; forcing "fused" raises.
+UE4M3 only): forcing "fused" on them raises.
 Blackwell / Rubin: UE5M3 runs only on sm_107a (`dispatch_sm100.scale_format` raises elsewhere).
 """
 
@@ -55,6 +60,10 @@ W4A4_NATIVE_MAX_M = 8
 # (two rows of 128 x 128 tiles, the second nearly empty); at 200 rows tiled won (54.7 vs 66.3).
 ROWS_MIN_M = rs.MAX_M
 ROWS_MAX_M = 160
+# Below this K the tiled register-A kernel loses to "dequantize" at large M (H200, docs/results.md,
+# fourteenth session: 4096x5760x2880 233 us tiled against 205 dequantized, 1000x5120x2880 74
+# against 62; at K = 8192 tiled wins by 5-15%).
+TILED_MIN_K = 4096
 PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "fused", "dequantize")
 # Hopper paths whose kernels decode UE5M3 scales (a `sf` Config field, or the block dequantize)
 UE5M3_PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "dequantize")
@@ -64,11 +73,11 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, out_dtype: str, sms: int,
                 sf: str = "ue4m3") -> str:
     """The path of one 2-D Hopper GEMM (module docstring); every valid shape has one (`sf`: the
     operands' scale format)."""
-    path = _hopper_path(w4a4, M, N, K, out_dtype, sms)
+    path = _hopper_path(w4a4, M, N, K)  # (no rule reads out_dtype or sms at present)
     return "dequantize" if sf != "ue4m3" and path not in UE5M3_PATHS else path
 
 
-def _hopper_path(w4a4: bool, M: int, N: int, K: int, out_dtype: str, sms: int) -> str:
+def _hopper_path(w4a4: bool, M: int, N: int, K: int) -> str:
     if M <= W4A4_NATIVE_MAX_M and w4a4 and gv.supports(M, N, K):
         return "small_m"
     if M < RS_MIN_M and not w4a4 and gv.supports(M, N, K):
@@ -79,11 +88,10 @@ def _hopper_path(w4a4: bool, M: int, N: int, K: int, out_dtype: str, sms: int) -
         return "small_m"
     if ROWS_MIN_M < M <= ROWS_MAX_M and rs.supports(rs.MAX_M, N, K):
         return "rows"
-    if M > rs.MAX_M and rst.supports(M, N, K):
+    if M > rs.MAX_M and rst.supports(M, N, K) and K >= TILED_MIN_K:
         return "register_a_tiled"
-    if (out_dtype != "float32" and sm90.supports(M, N, K)
-            and large_m_path(M, N, sms) == "fused"):
-        return "fused"
+    # ("fused" takes a subset of what the register-A kernels take, and they were faster: it
+    # runs only when forced, for comparisons.)
     return "dequantize"
 
 
@@ -106,19 +114,9 @@ def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: 
     if not takes[path]:
         raise ValueError(f"path {path!r} cannot run M={M}, N={N}, K={K}, out {out_dtype} "
                          f"(small_m: M <= 64, N % 32, K % 128; register_a: M <= 128, N % 128, "
-                         f"K % 256; register_a_tiled: N % 128, K % 128; rows: N % 128, K % 256; "
+                         f"K % 32; register_a_tiled: N % 128, K % 32; rows: N % 128, K % 32; "
                          f"fused: M % 128, N % 256, K % 64, 16-bit out)")
     return path
-
-
-def large_m_path(M: int, N: int, sms: int, config: sm90.Config = sm90.Config()) -> str:
-    """"fused" when the output tiles make one nearly full wave (0.75 x SMs to SMs CTAs), else
-    "dequantize". The separate pass costs time in N x K whatever M is, the fused kernel time in
-    waves of tiles; on the H200 (docs/results.md, 2026-11-30) 128x28672x8192 (112 tiles) took
-    148 us fused against 298 us, while 128x8192x8192 (32 tiles) and every M = 1024 shape
-    (256-896 tiles) were faster dequantized."""
-    tiles = -(-M // 128) * -(-N // config.Nb)
-    return "fused" if 0.75 * sms <= tiles <= sms else "dequantize"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -177,25 +175,28 @@ def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs
     activation byte then serves twice the weight rows): as four warpgroups of one MMA tile up
     to N_ACT = WIDE_MAX_N_ACT, and as two of two tiles where 128 rows would leave a ring of two
     stages anyway (N_ACT = 128; beyond that 128 rows keep three stages and were faster)."""
-    rs.check_shape(rs.Config(N_ACT=rs.MAX_M), M, N, K)
+    tail = K % rs.STAGE_K != 0
+    rs.check_shape(rs.Config(N_ACT=rs.MAX_M, K_TAIL=tail), M, N, K)
     n_act = 8 if M <= 8 else -(-M // 16) * 16
-    narrow = rs.Config(N_ACT=n_act, out_dtype=out_dtype)
+    narrow = rs.Config(N_ACT=n_act, out_dtype=out_dtype, K_TAIL=tail)
     if N % (2 * rs.BAND):
         return narrow
     if n_act <= WIDE_MAX_N_ACT:
-        return rs.Config(N_ACT=n_act, ROWS=2 * rs.BAND, out_dtype=out_dtype)
+        return rs.Config(N_ACT=n_act, ROWS=2 * rs.BAND, out_dtype=out_dtype, K_TAIL=tail)
     if narrow.stages == 2:
-        return rs.Config(N_ACT=n_act, ROWS=2 * rs.BAND, TILES=2, out_dtype=out_dtype)
+        return rs.Config(N_ACT=n_act, ROWS=2 * rs.BAND, TILES=2, out_dtype=out_dtype,
+                         K_TAIL=tail)
     return narrow
 
 
-def register_a_tiled_config(M: int, N: int, out_dtype: str, sms: int) -> rst.Config:
+def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) -> rst.Config:
     """Nb = 256 activation rows per tile where the 128 x 256 tiles still make about a wave (each
     decoded weight then serves twice the activations), else 128. H200 (docs/results.md,
     twelfth session): 256x8192^2 (64 tiles of 256) 0.54x cuBLAS with Nb = 256 against 0.91x
     with 128; 512x8192^2 (128 tiles) 0.90x against 0.84x."""
     tiles = (N // rst.ROWS) * -(-M // 256)
-    return rst.Config(Nb=256 if tiles >= 0.9 * sms else 128, out_dtype=out_dtype)
+    return rst.Config(Nb=256 if tiles >= 0.9 * sms else 128, out_dtype=out_dtype,
+                      K_TAIL=K % rst.STAGE_K != 0)
 
 
 def register_a_ctas(cfg: rs.Config, N: int, K: int, sms: int) -> int:

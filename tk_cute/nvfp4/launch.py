@@ -76,6 +76,7 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
     the permuted activations (W4A4: and D's scale after them)."""
     (M, K), N = a.shape, b.M
     dev = b.device
+    _check_k_tail(cfg, K, rs.STAGE_K)
     if ctas is None:
         ctas = heuristics.register_a_ctas(cfg, N, K, sm_count(dev))
     ctas = min(ctas, rs.stream_units(cfg, N, K))
@@ -91,17 +92,31 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
         launch(**_decoded_activations(a), **common)
         return out
     x = aligned(a)
-    xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev) if cfg.permute == "call" else x
+    xp = _permuted_buffer(M, K, dev) if cfg.permute == "call" else x
     launch(x=x.data_ptr(), xp=xp.data_ptr(), **common)
     return out
+
+
+def _permuted_buffer(M: int, K: int, device, extra: int = 0) -> torch.Tensor:
+    """The permute pass's output: M rows of `rs.permuted_width(K)` bf16 (K rounded up to the
+    permutation's 128: a K tail's columns are zeros there), then `extra` elements."""
+    return torch.empty(M * rs.permuted_width(K) + extra, dtype=torch.bfloat16, device=device)
+
+
+def _check_k_tail(cfg, K: int, stage_k: int) -> None:
+    """A K that is not a whole number of stages needs the Config's partial last stage (without
+    it the kernel would drop the tail: a wrong result, not an error)."""
+    if K % stage_k and not cfg.K_TAIL:
+        raise ValueError(f"K={K} is not a multiple of {stage_k}: the Config needs K_TAIL=True "
+                         f"(heuristics sets it from K)")
 
 
 def _decoded_activations(a: NVFP4Tensor) -> dict:
     """The launch arguments of NVFP4 activations that a register-A kernel's permute pass
     decodes: their codes, blocked scales and decode scale, and the buffer it decodes into
-    (M x K bf16, then D's scale: 16 bytes)."""
+    (`_permuted_buffer`, then D's scale: 16 bytes)."""
     M, K = a.shape
-    xp = torch.empty(M * K + 8, dtype=torch.bfloat16, device=a.device)
+    xp = _permuted_buffer(M, K, a.device, 8)
     return dict(x=aligned(a.data, 4).data_ptr(), xsf=a.scales.contiguous().data_ptr(),
                 gsa=a.global_scale.data_ptr(), xp=xp.data_ptr())
 
@@ -120,6 +135,7 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
                   flag: int) -> None:
     (M, K), N = a.shape, b.M
     dev = b.device
+    _check_k_tail(cfg, K, rst.STAGE_K)
     index = device_index(dev)
     sms = sm_count(dev)
     launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))
@@ -130,7 +146,7 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
     if cfg.a_format == "nvfp4":
         launch(**_decoded_activations(a), **common)
     else:
-        xp = torch.empty((M, K), dtype=torch.bfloat16, device=dev)
+        xp = _permuted_buffer(M, K, dev)
         launch(x=aligned(a).data_ptr(), xp=xp.data_ptr(), **common)
 
 
@@ -367,7 +383,7 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
         config = heuristics.register_a_config(op.M, op.N, op.K, name)
     else:
         config = dataclasses.replace(config, out_dtype=name)
-    config = dataclasses.replace(config, sf=b.scale_format)
+    config = dataclasses.replace(config, sf=b.scale_format, K_TAIL=op.K % rs.STAGE_K != 0)
     if pdl and config.permute == "stage":
         config = dataclasses.replace(config, PDL=True)
     rs.check_shape(config, op.M, op.N, op.K)
@@ -394,9 +410,9 @@ def gemm_rs_tiled(a, b, out_dtype=None, *, out=None, config: rst.Config | None =
     name = str(out_dtype).removeprefix("torch.")
     rst.check_shape(op.M, op.N, op.K)
     if config is None:
-        config = heuristics.register_a_tiled_config(op.M, op.N, name, sm_count(b.device))
+        config = heuristics.register_a_tiled_config(op.M, op.N, op.K, name, sm_count(b.device))
     else:
         config = dataclasses.replace(config, out_dtype=name)
-    config = dataclasses.replace(config, sf=b.scale_format)
+    config = dataclasses.replace(config, sf=b.scale_format, K_TAIL=op.K % rst.STAGE_K != 0)
     out = output(out, (op.M, op.N), out_dtype, b.device, "gemm_rs_tiled")
     return register_a_tiled(a, b, out, config)

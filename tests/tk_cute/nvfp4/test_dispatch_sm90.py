@@ -274,3 +274,27 @@ def test_rows_slices_nvfp4_activations_at_whole_scale_bands(seed):
         assert torch.equal(part.data, alone.data) and torch.equal(part.scales, alone.scales)
     p = _plan_hopper(True, 150, 8192, 8192, "bfloat16", SMS, False)
     assert p.path == "rows" and [sub.config.a_format for _, _, sub in p.parts] == ["nvfp4"] * 2
+
+
+def test_k_tails_plan_the_register_a_kernels():
+    """K % 32 == 0 but not a whole number of stages (gpt-oss's 2880, 160) takes the register-A
+    kernels with a partial last stage, at every M; K % 32 != 0 stays on "dequantize"."""
+    for M in (1, 17, 128, 150):
+        for K in (2880, 160, 2912):
+            p = _plan_hopper(True, M, 384, K, "bfloat16", SMS, False)
+            subs = [sub for _, _, sub in p.parts] if p.parts else [p]
+            assert all(s.path == "register_a" and s.config.K_TAIL for s in subs), (M, K, p)
+    p = _plan_hopper(True, 1000, 384, 4160, "bfloat16", SMS, False)
+    assert p.path == "register_a_tiled" and p.config.K_TAIL
+    # Short K at large M: the dequantized operands and the dense GEMM were faster
+    assert _plan_hopper(True, 1000, 384, 2880, "bfloat16", SMS, False).path == "dequantize"
+    assert _plan_hopper(False, 16, 384, 8208, "bfloat16", SMS, False).path == "dequantize"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("w4a4", [False, True], ids=["W4A16", "W4A4"])
+@pytest.mark.parametrize("M", [1, 17, 150, 1000])
+def test_k_tails_every_element(seed, no_reference, M, w4a4):
+    for N, K in ((384, 2880), (256, 160)):
+        _run(M, N, K, w4a4, torch.bfloat16)
+    _run(M, 256, 2912, w4a4, torch.float32)
