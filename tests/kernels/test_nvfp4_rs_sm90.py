@@ -595,8 +595,8 @@ def test_rejects_bad_input():
         launch.gemm_rs(a.cpu(), b.to("cpu"))
     with pytest.raises(ValueError, match="multiple of ROWS = 128, got N=160"):
         launch.gemm_rs(a, _weights(160, 512))
-    with pytest.raises(ValueError, match="multiple of 256, got K=384"):
-        launch.gemm_rs(torch.randn(16, 384, device="cuda").bfloat16(), _weights(256, 384))
+    with pytest.raises(ValueError, match=r"multiple of 32 \(16-byte rows of codes\), got K=400"):
+        launch.gemm_rs(torch.randn(16, 400, device="cuda").bfloat16(), _weights(256, 400))
     with pytest.raises(ValueError, match="multiple of ROWS = 256, got N=384"):
         launch.gemm_rs(a, _weights(384, 512), config=rs.Config(ROWS=256))
     with pytest.raises(ValueError, match="ctas >= 1, got ctas=0"):
