@@ -65,8 +65,8 @@ errors
 # %% [markdown]
 # The error is the format's: on random Gaussian data one NVFP4 quantization errs by about
 # 9.5% (relative, Frobenius), and the block compounds two (W4A16: gate/up, then down: about
-# 0.16-0.18) or four (W4A4 adds the activations: about 0.24). Each layer itself is exact: it equals the exact
-# reference of `tk_cute.nvfp4.reference` on CPU, and on a GPU it is within
+# 0.16-0.18) or four (W4A4 adds the activations: about 0.24). Each layer itself is exact: it
+# equals the exact reference of `tk_cute.nvfp4.reference` on CPU, and on a GPU it is within
 # `tk_cute.testing.assert_gemm_close`'s element-wise bound (tests/tk_cute/nvfp4/test_modules.py).
 
 # %%

@@ -117,5 +117,6 @@ def compile_target() -> Target:
         return target(name)
     t = current()
     if t is None:
-        raise ValueError("no supported GPU and CUTE_DSL_ARCH is unset: name a target to compile for")
+        raise ValueError("no supported GPU and CUTE_DSL_ARCH is unset: name a target to compile "
+                         "for")
     return t

@@ -179,7 +179,8 @@ CONFIGS = {
     "m64": heuristics.small_m_config(64, 8192, 8192),
     "m16_w4a4": heuristics.small_m_config(16, 8192, 8192, w4a4=True),
     "m1_fp32": heuristics.small_m_config(1, 4096, 4096, out_dtype="float32"),
-    "m1_no_ahead": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192), AHEAD=False, MIN_CTAS=0),
+    "m1_no_ahead": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192), AHEAD=False,
+                                      MIN_CTAS=0),
     "m16_wn1": heuristics.small_m_config(16, 8160, 8192),
     "m1_pdl": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192), PDL=True),
     "m16_pdl": dataclasses.replace(heuristics.small_m_config(16, 8192, 8192), PDL=True),
@@ -293,7 +294,8 @@ def test_weight_loads_fetch_whole_l2_lines_at_m1(M, fetch):
 def test_fast_argument_packing_matches_dsl():
     """gemm_small_m packs raw pointers into ctypes slots itself: they must hold the DSL's bytes
     (checked inside compile_launcher; a mismatch raises)."""
-    gv.compile_launcher(heuristics.small_m_config(16, 8192, 8192, w4a4=True), options="--gpu-arch sm_90a")
+    gv.compile_launcher(heuristics.small_m_config(16, 8192, 8192, w4a4=True),
+                        options="--gpu-arch sm_90a")
 
 
 @pytest.mark.parametrize(

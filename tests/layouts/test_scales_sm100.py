@@ -1,7 +1,7 @@
 """Host proof: the scale bytes the tcgen05 NVFP4 GEMM reads are the ones `quantize` wrote.
 
-Chain, every level evaluated with CuTe's own layout algebra on the host (no GPU):
-global `tile_atom_to_shape_SF` (what the kernel's TMA reads) -> shared stage (`make_smem_layout_sf*`,
+Chain, every level evaluated with CuTe's own layout algebra on the host (no GPU): global
+`tile_atom_to_shape_SF` (what the kernel's TMA reads) -> shared stage (`make_smem_layout_sf*`,
 what TMA writes) -> tensor memory (`make_tmem_layout_sf*`, what `tcgen05.cp` writes and each MMA
 reads). Closed forms in `layouts.scales_sm100` are pinned to the CuTe layouts; a simulation of
 TMA + `tcgen05.cp 32x128b.warpx4` over padded problems then reproduces `dequantize` exactly.

@@ -29,7 +29,8 @@ def test_targets_carry_their_limits():
     rubin = arch.target("sm_107a")
     assert (rubin.tmem_columns, rubin.nvfp4_mma_k, rubin.sm_count) == (576, 128, 224)
     assert rubin.smem_bytes == 327 * 1024 > arch.target("sm_100a").smem_bytes
-    assert [t.compute_capability for t in arch.TARGETS.values()] == [(9, 0), (10, 0), (10, 3), (10, 7)]
+    assert [t.compute_capability for t in arch.TARGETS.values()] == [
+        (9, 0), (10, 0), (10, 3), (10, 7)]
 
 
 def test_unknown_target_is_rejected_with_the_known_list():

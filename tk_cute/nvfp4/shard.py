@@ -20,8 +20,9 @@ scale alone. So:
   re-blocked and re-padded (to a multiple of 4 columns per 512-byte atom).
 
 Shards are equal (``size % count == 0``); other counts raise ValueError naming the constraint.
-Every shard keeps the original's global scale (and its block-scale format, UE4M3 or UE5M3): quantizing a slice with its OWN amax would
-give other bytes (and in a row-parallel GEMM, partial sums on different scales). A shard owns
+Every shard keeps the original's global scale (and its block-scale format, UE4M3 or UE5M3):
+quantizing a slice with its OWN amax would give other bytes (and in a row-parallel GEMM, partial
+sums on different scales). A shard owns
 its memory (a view would keep the whole tensor alive on every rank). Padding bytes of the
 blocked scales are written as zero, as `quantize` writes them; an original with nonzero
 padding still shards to the bytes `quantize` gives for the slice.

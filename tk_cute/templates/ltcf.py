@@ -22,8 +22,8 @@ cores, while the consumers idle between MMA batches (their rewrite of stage k ov
 of stage k - 1).
 The compute ring (COMPUTE_PIPE_DEPTH stages of `compute_tiles`) uses plain mbarriers with TK's
 phase rule (`tk_cute.types.semaphore.ring`: "full" barriers wait on the pass's parity,
-"empty" ones on its flip, so the first use passes at once). The loader takes a compute slot before loading the raw
-stage that will fill it, so the transform never overtakes the consumers.
+"empty" ones on its flip, so the first use passes at once). The loader takes a compute slot
+before loading the raw stage that will fill it, so the transform never overtakes the consumers.
 """
 
 from __future__ import annotations

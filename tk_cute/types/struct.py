@@ -3,9 +3,9 @@
 The CuTe DSL passes an argument to a `@cute.kernel` by flattening it to MLIR values and
 rebuilding it inside the kernel (`__extract_mlir_values__` / `__new_from_mlir_values__`, the
 protocol `cutlass.pipeline` states use),
-with per-value attributes (`__extract_mlir_attributes__`). A subclass names its device fields in `_fields`; every
-other attribute is trace-time (static) data and travels as is. This is what lets a kernel take
-TK-style `gl` objects instead of a dozen loose atoms and tensors.
+with per-value attributes (`__extract_mlir_attributes__`). A subclass names its device fields in
+`_fields`; every other attribute is trace-time (static) data and travels as is. This is what
+lets a kernel take TK-style `gl` objects instead of a dozen loose atoms and tensors.
 """
 
 from __future__ import annotations

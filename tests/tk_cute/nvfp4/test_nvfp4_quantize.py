@@ -135,7 +135,8 @@ def test_quantize_overflowing_block_scale_saturates(seed):
 
 # Block maxima a (found by search) where fl(a / 6) and fl(a * fl(1/6)) round to different E4M3
 # scales: a kernel computing blk_amax * (1/6) gets these scales wrong.
-DIVISION_SENSITIVE_AMAX = [0.1113281175494194, 0.8906249403953552, 7.124999523162842, 456.0 - 2**-15]
+DIVISION_SENSITIVE_AMAX = [0.1113281175494194, 0.8906249403953552, 7.124999523162842,
+                           456.0 - 2**-15]
 
 
 def division_sensitive_input():
