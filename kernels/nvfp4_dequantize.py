@@ -14,7 +14,7 @@ one). Memory-bound: 0.5625 B read + 2 B written per element. Any K % 16 == 0: ro
 need not be 16-byte aligned (the walk is over the flat array of 4-byte words, two per scale
 block). Scale format `sf_format` (compile time): "ue4m3" (default) or "ue5m3", decoded exactly to
 bf16 by `ops.nvfp4.scale_to_bf16x2` (e2m1 * ue5m3 has <= 6 significant bits in 2^-18 ..
-688128: exact in bf16 too). UE5M3 is compile-checked only (no GPU run yet).
+688128: exact in bf16 too). UE5M3 is GPU-tested (tests/kernels/test_nvfp4_ue5m3_sm90.py).
 Launched by raw pointers (`signature`; DLPack views cost ~20 us per tensor per call, more
 than the kernel at small M). Torch entry: `tk_cute.nvfp4.launch.dequantize_blocks`.
 """

@@ -152,7 +152,6 @@ class GemmSm90(LCF):
         n_tiles = cute.ceil_div(c.shape[1], self.Nb)
         self.launch(g, m_tiles, n_tiles, c.shape[2], max_ctas, stream)
 
-
     @cute.jit
     def call_ptrs(self, sms: cutlass.Constexpr, a: cute.Pointer, b: cute.Pointer,
                   c: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32,

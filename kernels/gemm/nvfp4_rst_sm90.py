@@ -27,7 +27,7 @@ block scale (the given scale too small) ORs a device flag.
 Constraints (checked): N % 128 == 0, K % 32 == 0 (K % 128 != 0 with `Config.K_TAIL`: the last
 stage is partial, zero-filled past K); any M >= 1 (TMA zero-fills the last tile).
 Weights' scale format (`Config.sf`): UE4M3, or UE5M3 (decode shift 16, `ops.nvfp4.decode_shift`;
-compile-checked only, no GPU run yet). An NVFP4 D always has UE4M3 scales.
+GPU-tested). An NVFP4 D always has UE4M3 scales.
 Peer: CUTLASS's Hopper mixed-input GEMM (`examples/55_hopper_mixed_dtype_gemm`), which
 converts a narrow B in registers the same way.
 """

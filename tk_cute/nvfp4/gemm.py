@@ -25,7 +25,7 @@ What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
   (`kernels/gemm/nvfp4_sm100.py`, path "sm100"). Other combinations have no kernel there yet
   and raise NotImplementedError naming the constraint.
 Scale formats: UE4M3 (NVFP4) everywhere; UE5M3 operands (`NVFP4Tensor.scale_format`) on the
-Hopper paths of `heuristics.UE5M3_PATHS` (compile-checked, not yet run on a GPU) and on sm_107a
+Hopper paths of `heuristics.UE5M3_PATHS` (GPU-tested on the H200) and on sm_107a (compiled only)
 (sm_100a / sm_103a raise ValueError); on CUDA both W4A4 operands must share one format (the
 references on CPU take any mix).
 """

@@ -125,7 +125,8 @@ def register_a_tiled(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rst.Config,
                      gsb=None) -> torch.Tensor:
     """The tiled register-A kernel (large M) on bf16 activations a (M, K), or NVFP4 ones (W4A4,
     `cfg.a_format` "nvfp4": decoded in its permute pass); `gsb` as in `small_m`. Workspace:
-    the permuted activations (M x K bf16, torch's caching allocator; W4A4: + D's scale)."""
+    the permuted activations (`_permuted_buffer`, torch's caching allocator; W4A4: + D's
+    scale)."""
     p = out.data_ptr()  # (the NVFP4-output arguments are unused: any valid address)
     _launch_tiled(a, b, cfg, gsb, p, p, b.global_scale.data_ptr(), p)
     return out
