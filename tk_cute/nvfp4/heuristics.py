@@ -12,7 +12,8 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "rows": 128 < M <= ROWS_MAX_M, the register-A kernel on 128-row slices of the activations
   (each pass streams the weights again; cheaper than a second, nearly empty row of tiles).
 - "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
-  128 x Nb output tiles): larger M where N % 128 == 0.
+  128 x Nb output tiles): larger M where N % 128 == 0, but "dequantize" where K < TILED_MIN_K
+  and M >= DEQUANTIZE_MIN_M.
 The register-A kernels take K % 32 == 0 (16-byte rows of codes for the TMA), a partial last
 stage where K % 256 (K % 128 tiled) != 0 (`Config.K_TAIL`, set here from K).
 - "fused" (`kernels/gemm/nvfp4_sm90.py`, decode in shared memory): forced only (`path=`): every
@@ -60,10 +61,13 @@ W4A4_NATIVE_MAX_M = 8
 # (two rows of 128 x 128 tiles, the second nearly empty); at 200 rows tiled won (54.7 vs 66.3).
 ROWS_MIN_M = rs.MAX_M
 ROWS_MAX_M = 160
-# Below this K the tiled register-A kernel loses to "dequantize" at large M (H200, docs/results.md,
-# fourteenth session: 4096x5760x2880 233 us tiled against 205 dequantized, 1000x5120x2880 74
-# against 62; at K = 8192 tiled wins by 5-15%).
+# Below TILED_MIN_K, from DEQUANTIZE_MIN_M rows on, the tiled register-A kernel lost to
+# "dequantize" (H200, docs/results.md, fourteenth session: 4096x5760x2880 233 us tiled against
+# 205 dequantized, 1000x5120x2880 74 against 62; at K = 8192 tiled wins by 5-15%). The tiled
+# kernel's per-tile costs weigh more against a short K; the dequantize pass costs N x K whatever
+# M is, so fewer rows keep the tiled kernel (not measured below 1000 rows at short K).
 TILED_MIN_K = 4096
+DEQUANTIZE_MIN_M = 1000
 PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "fused", "dequantize")
 # Hopper paths whose kernels decode UE5M3 scales (a `sf` Config field, or the block dequantize)
 UE5M3_PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "dequantize")
@@ -88,7 +92,7 @@ def _hopper_path(w4a4: bool, M: int, N: int, K: int) -> str:
         return "small_m"
     if ROWS_MIN_M < M <= ROWS_MAX_M and rs.supports(rs.MAX_M, N, K):
         return "rows"
-    if M > rs.MAX_M and rst.supports(M, N, K) and K >= TILED_MIN_K:
+    if M > rs.MAX_M and rst.supports(M, N, K) and (K >= TILED_MIN_K or M < DEQUANTIZE_MIN_M):
         return "register_a_tiled"
     # ("fused" takes a subset of what the register-A kernels take, and they were faster: it
     # runs only when forced, for comparisons.)

@@ -288,6 +288,8 @@ def test_k_tails_plan_the_register_a_kernels():
     assert p.path == "register_a_tiled" and p.config.K_TAIL
     # Short K at large M: the dequantized operands and the dense GEMM were faster
     assert _plan_hopper(True, 1000, 384, 2880, "bfloat16", SMS, False).path == "dequantize"
+    p = _plan_hopper(True, 600, 384, 2880, "bfloat16", SMS, False)  # fewer rows: tiled
+    assert p.path == "register_a_tiled" and p.config.K_TAIL
     assert _plan_hopper(False, 16, 384, 8208, "bfloat16", SMS, False).path == "dequantize"
 
 
