@@ -278,10 +278,11 @@ def k_blocks(k_tail: bool, K):
     return (K + SUB_K - 1) // SUB_K if k_tail else K // SUB_K
 
 
-def permuted_width(K: int) -> int:
-    """Elements per row of the permuted activations (K rounded up to the permutation's period;
-    the host allocates the copy with it)."""
-    return -(-K // SUB_K) * SUB_K
+def permuted_width(K, k_tail: bool = True):
+    """Elements per row of the permuted activations: with a K tail, K rounded up to the
+    permutation's period (its columns past K zeros), else K itself (a whole number of periods;
+    the host allocates the copy with the default)."""
+    return k_blocks(True, K) * SUB_K if k_tail else K
 
 
 def stream_units(cfg: Config, N, K):
@@ -306,12 +307,11 @@ def _permute_kernel(k_tail: cutlass.Constexpr, x: cute.Pointer, xp: cute.Pointer
     cluster.pdl_launch_dependents()  # the GEMM may start streaming weights
     m, blk, p = permute_task(bid * PERMUTE_THREADS + tid, k_blocks(k_tail, K))
     if m < M:
-        if cutlass.const_expr(k_tail):
-            blocks = k_blocks(k_tail, K)
+        if cutlass.const_expr(k_tail):  # chunk c's load takes c itself (its validity)
             row = Int64(m) * Int64(K) * 2
             load = functools.partial(_ld_global_tail, x.toint() + row, blk, K)
-            chunks = [fp4.bf16x8_strided(load(4 * u + p)) for u in range(4)]
-            out = (Int64(m) * Int64(blocks) + blk) * SUB_K * 2
+            chunks = _load_natural(load, lambda c: c, p)
+            out = (Int64(m) * Int64(k_blocks(k_tail, K)) + blk) * SUB_K * 2
         else:
             row = (Int64(m) * Int64(K) + blk * SUB_K) * 2
             chunks = _load_natural(_ld_global, lambda c: x.toint() + row + 16 * c, p)
@@ -373,8 +373,8 @@ def _decode_permute_kernel(sf_format: cutlass.Constexpr, k_tail: cutlass.Constex
     if bid == 0 and tid == 0:
         scale = fp4.mul_rn(fp4.mul_rn(memory.ld_f32(gsa.toint()), memory.ld_f32(gsb.toint())),
                            shift)
-        width = k_blocks(k_tail, K) * SUB_K if k_tail else K
-        memory.st_cvt(decoded_scale(xp, M, width).toint(), scale, "float32")
+        memory.st_cvt(decoded_scale(xp, M, permuted_width(K, k_tail)).toint(), scale,
+                      "float32")
     m, blk, p = permute_task(bid * PERMUTE_THREADS + tid, k_blocks(k_tail, K))
     if m < M:
         decode = functools.partial(_decode_chunk, sf_format, k_tail, xq, xsf, m, blk, K)
@@ -457,8 +457,9 @@ def _load_weights(cfg: cutlass.Constexpr, gw, gsf, wq, sf, loaded, start, i, K):
 
 
 def scale_coord(k_tail: bool, band, stage, stages):
-    """Coordinate of a band's scale tile for `stage` in `weight_tensors`' scale tensor."""
-    return coord(stage, 0, band) if k_tail else coord(band * stages + stage, 0)
+    """Coordinate of a band's scale tile for `stage` (`stages` per band) in `weight_tensors`'
+    scale tensor (either register-A kernel)."""
+    return coord(stage, 0, band) if k_tail else coord(band * stages + stage, 0, 0)
 
 
 @cute.jit
@@ -693,8 +694,7 @@ def _gemm_and_reduce(cfg, w, wsf, xt_ptr, gsb, out, ws, M, N, K, ctas, stream, p
     """The GEMM over activations at `xt_ptr` (permuted, `k_blocks` x 128 wide; or natural with
     permute "stage") and the reduction into D times `gsb`'s scale."""
     wt, sft = weight_tensors(w, wsf, N, K, cfg.K_TAIL)
-    width = k_blocks(True, K) * SUB_K if cfg.K_TAIL and cfg.permute == "call" else K
-    xt = row_major(xt_ptr, M, width)
+    xt = row_major(xt_ptr, M, permuted_width(K, cfg.K_TAIL) if cfg.permute == "call" else K)
     _kernel(cfg, gl.load(wt, cfg.weight_tile), gl.load(sft, cfg.scale_tile),
             gl.load(xt, cfg.act_tile), ws, M, N, K).launch(
         grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=pdl,
@@ -724,9 +724,8 @@ def _launch_w4a4(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: 
     """W4A4: the activations' decode pass, then the same GEMM; D's scale is the one the pass
     wrote after the decoded activations (xp: M x `permuted_width(K)` bf16 + 16 bytes)."""
     launch_decode_permute(cfg.sf, x, xsf, gsa, gsb, xp, M, K, stream, cfg.K_TAIL)
-    width = k_blocks(True, K) * SUB_K if cfg.K_TAIL else K
-    _gemm_and_reduce(cfg, w, wsf, xp, decoded_scale(xp, M, width), out, ws, M, N, K, ctas,
-                     stream, True)
+    _gemm_and_reduce(cfg, w, wsf, xp, decoded_scale(xp, M, permuted_width(K, cfg.K_TAIL)), out,
+                     ws, M, N, K, ctas, stream, True)
 
 
 def decoded_scale(xp: cute.Pointer, M, width) -> cute.Pointer:

@@ -145,11 +145,9 @@ class GemmNvfp4RsTiledSm90(LCF):
         """TMA: stage k of weight band at.r (codes, its two scale atoms) and activation block
         at.c."""
         tma.load_async(inputs["w"], g.W, coord(at.r, k, 0), barrier)
-        if cutlass.const_expr(self.config.K_TAIL):  # one batch of scale rows per band
-            tma.load_async(inputs["sf"], g.SF, coord(k, 0, at.r), barrier)
-        else:
-            half_atoms = g.K // (2 * nvfp4_scales.ATOM_K)  # 1 KiB scale tiles per band
-            tma.load_async(inputs["sf"], g.SF, coord(at.r * half_atoms + k, 0, 0), barrier)
+        half_atoms = g.K // (2 * nvfp4_scales.ATOM_K)  # 1 KiB scale tiles per band
+        tma.load_async(inputs["sf"], g.SF,
+                       rs.scale_coord(self.config.K_TAIL, at.r, k, half_atoms), barrier)
         tma.load_async(inputs["x"], g.X, coord(at.c, k, 0), barrier)
 
     # --- consumers --------------------------------------------------------------------------
@@ -268,16 +266,12 @@ class GemmNvfp4RsTiledSm90(LCF):
         then the W4A16 GEMM, which starts once that pass has ended (no PDL) and reads it."""
         rs.launch_decode_permute(self.config.sf, x, xsf, gsa, gs, xp, M, K, stream,
                                  self.config.K_TAIL)
-        self._gemm(sms, w, wsf, xp, rs.decoded_scale(xp, M, self._width(K)), out, out_sf,
-                   out_gs, flag, M, N, K, stream)
-
-    def _width(self, K):
-        """Elements per row of the permuted activations (`rs.permuted_width`)."""
-        return rs.k_blocks(True, K) * STAGE_K if self.config.K_TAIL else K
+        scale = rs.decoded_scale(xp, M, rs.permuted_width(K, self.config.K_TAIL))
+        self._gemm(sms, w, wsf, xp, scale, out, out_sf, out_gs, flag, M, N, K, stream)
 
     def _gemm(self, sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, M, N, K, stream):
         wt, sft = rs.weight_tensors(w, wsf, N, K, self.config.K_TAIL)
-        xt = row_major(xp, M, self._width(K))  # k_steps: its 128-K tiles
+        xt = row_major(xp, M, rs.permuted_width(K, self.config.K_TAIL))  # k_steps: its tiles
         g = Globals(gl.load(wt, self.w_tile), gl.load(sft, self.sf_tile),
                     gl.load(xt, self.x_tile), gs, out, out_sf, out_gs, flag, M, N, K)
         self.launch(g, N // ROWS, cute.ceil_div(M, self.Nb), 1, sms, stream)

@@ -142,7 +142,8 @@ def test_dequantize_blocks_compiles_to_vector_accesses():
 
 def test_the_dispatch_never_picks_the_fused_kernel():
     """Every shape the fused kernel takes (M % 128, N % 256, K % 64) a register-A kernel takes
-    too (K % 32, N % 128): "fused" runs only when forced."""
+    too (K % 32, N % 128): "fused" runs only when forced, and every path the rules pick decodes
+    UE5M3 scales as well."""
     from tk_cute.kernels.gemm import nvfp4_sm90 as sm90
     from tk_cute.nvfp4 import heuristics
 
@@ -150,4 +151,5 @@ def test_the_dispatch_never_picks_the_fused_kernel():
         for N in (256, 8192, 28672):
             for K in (64, 192, 2880, 8192):
                 assert sm90.supports(M, N, K)
-                assert heuristics.hopper_path(False, M, N, K, "bfloat16", 132) != "fused"
+                for w4a4 in (False, True):
+                    assert heuristics.hopper_path(w4a4, M, N, K) in heuristics.UE5M3_PATHS

@@ -73,15 +73,9 @@ PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "fused", "dequanti
 UE5M3_PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "dequantize")
 
 
-def hopper_path(w4a4: bool, M: int, N: int, K: int, out_dtype: str, sms: int,
-                sf: str = "ue4m3") -> str:
-    """The path of one 2-D Hopper GEMM (module docstring); every valid shape has one (`sf`: the
-    operands' scale format)."""
-    path = _hopper_path(w4a4, M, N, K)  # (no rule reads out_dtype or sms at present)
-    return "dequantize" if sf != "ue4m3" and path not in UE5M3_PATHS else path
-
-
-def _hopper_path(w4a4: bool, M: int, N: int, K: int) -> str:
+def hopper_path(w4a4: bool, M: int, N: int, K: int) -> str:
+    """The path of one 2-D Hopper GEMM (module docstring); every valid shape has one, and every
+    path it picks decodes UE4M3 and UE5M3 scales alike (`UE5M3_PATHS`)."""
     if M <= W4A4_NATIVE_MAX_M and w4a4 and gv.supports(M, N, K):
         return "small_m"
     if M < RS_MIN_M and not w4a4 and gv.supports(M, N, K):

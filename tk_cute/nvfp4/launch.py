@@ -76,7 +76,7 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
     the permuted activations (W4A4: and D's scale after them)."""
     (M, K), N = a.shape, b.M
     dev = b.device
-    _check_k_tail(cfg, K, rs.STAGE_K)
+    rs.check_shape(cfg, M, N, K)  # (a K tail without cfg.K_TAIL would drop it silently)
     if ctas is None:
         ctas = heuristics.register_a_ctas(cfg, N, K, sm_count(dev))
     ctas = min(ctas, rs.stream_units(cfg, N, K))
@@ -101,14 +101,6 @@ def _permuted_buffer(M: int, K: int, device, extra: int = 0) -> torch.Tensor:
     """The permute pass's output: M rows of `rs.permuted_width(K)` bf16 (K rounded up to the
     permutation's 128: a K tail's columns are zeros there), then `extra` elements."""
     return torch.empty(M * rs.permuted_width(K) + extra, dtype=torch.bfloat16, device=device)
-
-
-def _check_k_tail(cfg, K: int, stage_k: int) -> None:
-    """A K that is not a whole number of stages needs the Config's partial last stage (without
-    it the kernel would drop the tail: a wrong result, not an error)."""
-    if K % stage_k and not cfg.K_TAIL:
-        raise ValueError(f"K={K} is not a multiple of {stage_k}: the Config needs K_TAIL=True "
-                         f"(heuristics sets it from K)")
 
 
 def _decoded_activations(a: NVFP4Tensor) -> dict:
@@ -136,7 +128,7 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
                   flag: int) -> None:
     (M, K), N = a.shape, b.M
     dev = b.device
-    _check_k_tail(cfg, K, rst.STAGE_K)
+    rst.check_shape(M, N, K, cfg)  # (a K tail without cfg.K_TAIL would drop it silently)
     index = device_index(dev)
     sms = sm_count(dev)
     launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))
