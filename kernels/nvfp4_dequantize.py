@@ -10,11 +10,12 @@ WORDS_PER_THREAD words THREADS apart (so every warp instruction reads 128 and wr
 contiguous bytes, and 4 loads per thread are in flight), each with its scale byte at the
 blocked-layout offset (`tk_cute.layouts.nvfp4_scales.band_offset`) and the register decode
 of `tk_cute.ops.nvfp4` (docs/nvfp4_hopper.md has the access patterns measured before this
-one). Memory-bound: 0.5625 B read + 2 B written per element. Any K % 16 == 0: rows of codes
-need not be 16-byte aligned (the walk is over the flat array of 4-byte words, two per scale
-block). Scale format `sf_format` (compile time): "ue4m3" (default) or "ue5m3", decoded exactly to
-bf16 by `ops.nvfp4.scale_to_bf16x2` (e2m1 * ue5m3 has <= 6 significant bits in 2^-18 ..
-688128: exact in bf16 too). UE5M3 is GPU-tested (tests/kernels/test_nvfp4_ue5m3_sm90.py).
+one). Memory-bound: 0.5625 B read + 2 B written per element. Any K % 16 == 0: the walk is
+over the output's flat array of 8-element pieces, each read from its row of codes
+(`nvfp4_codes.row_pitch` bytes apart: 16-byte padded rows where K % 32 != 0). Scale format
+`sf_format` (compile time): "ue4m3" (default) or "ue5m3", decoded exactly to bf16 by
+`ops.nvfp4.scale_to_bf16x2` (e2m1 * ue5m3 has <= 6 significant bits in 2^-18 .. 688128: exact
+in bf16 too). UE5M3 is GPU-tested (tests/kernels/test_nvfp4_ue5m3_sm90.py).
 Launched by raw pointers (`signature`; DLPack views cost ~20 us per tensor per call, more
 than the kernel at small M). Torch entry: `tk_cute.nvfp4.launch.dequantize_blocks`.
 """
@@ -25,7 +26,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Uint32
 
-from tk_cute.layouts import nvfp4_scales
+from tk_cute.layouts import nvfp4_codes, nvfp4_scales
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, ptr
 
@@ -41,7 +42,8 @@ def _kernel_for(sf_format: str):
     @cute.kernel
     def _dequantize_kernel(data: cute.Tensor, scales: cute.Tensor, out: cute.Tensor,
                            words_per_row: cutlass.Int32):
-        total = cute.size(data)  # words of codes
+        total = cute.size(out) // 8  # words of codes (8 elements each)
+        pitch = nvfp4_codes.row_pitch(words_per_row * 8) // 4  # words from row to row
         first = cute.arch.block_idx()[0] * THREADS * WORDS_PER_THREAD + cute.arch.thread_idx()[0]
         rk = (words_per_row // 2 + 3) // 4  # scale atoms per 128-row band (ceil(K / 64))
         for i in cutlass.range_constexpr(WORDS_PER_THREAD):
@@ -51,7 +53,7 @@ def _kernel_for(sf_format: str):
                 kb = w // 2  # two words per 16-element scale block
                 sf = fp4.scale_to_bf16x2(
                     Uint32(scales[nvfp4_scales.band_offset(row, kb, rk)]), sf_format)
-                decoded = fp4.e2m1x8_scaled(data[c], sf, "bf16")
+                decoded = fp4.e2m1x8_scaled(data[row * pitch + w], sf, "bf16")
                 words = cute.make_rmem_tensor((4,), Uint32)
                 for t in cutlass.range_constexpr(4):
                     words[t] = decoded[t]
@@ -65,8 +67,9 @@ _KERNELS = {f: _kernel_for(f) for f in fp4.DECODE_FORMATS}
 
 
 def signature() -> Signature:
-    """`_dequantize`'s runtime arguments: the codes as 4-byte words, the blocked scale bytes,
-    the bf16 output (16-byte stores), the number of words and the words per row (K / 8)."""
+    """`_dequantize`'s runtime arguments: the codes as 4-byte words (rows `row_pitch(K)` bytes
+    apart), the blocked scale bytes, the bf16 output (16-byte stores), the number of code
+    words (M K / 8) and the words per row (K / 8)."""
     return Signature(ptr("data", cutlass.Int32, 4), ptr("scales", cutlass.Uint8, 1),
                      ptr("out", cutlass.BFloat16, 16), i32("words"), i32("words_per_row"))
 
@@ -77,7 +80,8 @@ def _dequantize(sf_format: cutlass.Constexpr, data_ptr: cute.Pointer, scales_ptr
                 stream):
     rows = words // words_per_row
     sf_bytes = (rows + 127) // 128 * ((words_per_row // 2 + 3) // 4) * 512  # the blocked layout
-    data = cute.make_tensor(data_ptr, cute.make_layout(words))
+    data = cute.make_tensor(data_ptr, cute.make_layout(
+        rows * (nvfp4_codes.row_pitch(words_per_row * 8) // 4)))
     scales = cute.make_tensor(scales_ptr, cute.make_layout(sf_bytes))
     out = cute.make_tensor(out_ptr, cute.make_layout(words * 8))
     per_block = THREADS * WORDS_PER_THREAD

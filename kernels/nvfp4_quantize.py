@@ -11,7 +11,9 @@ Two kernels, bit-exact with ``tk_cute.nvfp4.quantize_reference`` (its docstring 
   2 lanes (4 for fp32); its amax is one butterfly shuffle. Each lane encodes its 8 (4) elements
   into one 4 (2)-byte store; the block's first lane stores the UE4M3 byte. Rows past M and
   blocks past K/16 load zeros, so padding scale bytes come out 0; atoms past the scale tensor
-  are not written. Loads run one batch of rows ahead of the arithmetic (register double buffer).
+  are not written. Rows of codes are `nvfp4_codes.row_pitch(K)` bytes apart; their padding
+  (K % 32 != 0) is stored as zero codes. Loads run one batch of rows ahead of the arithmetic
+  (register double buffer).
   Every CTA reduces the amax partials itself (a warp reads them, L2-resident) and CTA 0 writes
   the decode scale, NaN-propagating, so a non-finite input gives a non-finite global scale (the
   host's finite check). With a given scale a warp vote ORs a non-finite flag (checked path only).
@@ -27,7 +29,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
-from tk_cute.layouts import nvfp4_scales
+from tk_cute.layouts import nvfp4_codes, nvfp4_scales
 from tk_cute.layouts.nvfp4_scales import ATOM_BYTES, ATOM_K, ATOM_ROWS, ATOM_SF_COLS, SF_VEC
 from tk_cute.ops import memory, ptx
 from tk_cute.ops.warp import flag_if_any
@@ -131,18 +133,24 @@ def _abs_max_bits(words, dtype: str) -> Uint32:
 
 
 def _load_row(cfg, x_base, row0, mt, warp, i, col, col_ok, M, K):
-    """Lane's 16 bytes of tile row `warp + warps * i` (zeros past M or K)."""
+    """Lane's 16 bytes of tile row `warp + warps * i` (zeros past M or K), whether to store
+    its codes (rows < M, columns inside the row pitch: the padding past K gets zero codes) and
+    where (the codes' byte offset: rows `nvfp4_codes.row_pitch(K)` bytes apart)."""
     r_local = warp + cfg.warps * i
     row = mt * ATOM_ROWS + r_local
-    valid = Uint32(row < M) & col_ok
+    row_ok = Uint32(row < M)
     elem = (row0 + Int64(row)) * Int64(K) + Int64(col)
-    return memory.ld_v4_pred(x_base + elem * cfg.esize, valid), valid, elem, r_local
+    pitch = nvfp4_codes.row_pitch(K)
+    store = row_ok & Uint32(col < 2 * pitch)
+    dst = (row0 + Int64(row)) * Int64(pitch) + Int64(col // 2)
+    return (memory.ld_v4_pred(x_base + elem * cfg.esize, row_ok & col_ok), store, dst,
+            r_local)
 
 
 def _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base, sf_base, sf_ok):
     """Block scale (shared by the block's lanes), E2M1 codes and stores of one loaded row;
     returns the block's amax bits (>= 0x7F800000: NaN/Inf)."""
-    words, valid, elem, r_local = item
+    words, valid, dst, r_local = item
     m = _abs_max_bits(words, cfg.dtype)
     for off in (1, 2)[: cfg.esize.bit_length() - 1]:  # lanes per block: 2 (16-bit), 4 (fp32)
         m = Uint32(cutlass.max(m, Uint32(cute.arch.shuffle_sync_bfly(m, offset=off))))
@@ -152,9 +160,9 @@ def _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base, sf_base, sf_ok):
         signs = fp4.sign_nibbles_16bit(*words)
     q = fp4.e2m1x8_quantize(_to_f32(words, cfg.dtype), s_enc, cfg.arch, signs)
     if cfg.dtype == "f32":
-        memory.st_u16_pred(d_base + elem // 2, q, valid)
+        memory.st_u16_pred(d_base + dst, q, valid)
     else:
-        memory.st_u32_pred(d_base + elem // 2, q, valid)
+        memory.st_u32_pred(d_base + dst, q, valid)
     memory.st_u8_pred(sf_base + Int64(nvfp4_scales.atom_offset(r_local, 0)), sf, sf_ok)
     return m
 

@@ -51,9 +51,11 @@ k16 step from thread t. Any permutation of K applied to both operands leaves the
 so the activations (read by every weight row) are permuted instead of the weights.
 One CTA per SM (the ring takes the shared memory). The register split comes from the launch
 allocation (`warpgroup.consumer_registers`: setmaxnreg.inc only takes what the producer
-warpgroup's .dec gave back). Constraints (checked): M <= 128, N % ROWS == 0, K % 32 == 0 (K %
+warpgroup's .dec gave back). Constraints (checked): M <= 128, N % ROWS == 0, K % 16 == 0 (K %
 256 != 0 with `Config.K_TAIL`: each row block's last stage is partial, its codes, scale atoms
-and activations past K zero-filled by the TMA or the permute pass).
+and activations past K zero-filled by the TMA or the permute pass). Rows of codes are
+`nvfp4_codes.row_pitch(K)` bytes apart (16-byte padded where K % 32 != 0, as NVFP4Tensor
+stores them): the TMA's global strides must be multiples of 16 bytes.
 Scale format (`Config.sf`): UE4M3, or UE5M3 (w = e2m1 * sf * 2^-16, the reduction undoing 2^16:
 `ops.nvfp4.decode_shift`; GPU-tested).
 
@@ -71,7 +73,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from tk_cute.arch import target
-from tk_cute.layouts import nvfp4_scales
+from tk_cute.layouts import nvfp4_codes, nvfp4_scales
 from tk_cute.ops import cluster, memory, schedule, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, ptr
@@ -88,7 +90,7 @@ WG = warpgroup.WARPGROUP_THREADS
 PRODUCER_REGISTERS = 48
 MAX_CONSUMER_REGISTERS = 232
 MAX_M = 128
-K_ALIGN = 32  # K % 32: rows of packed codes are 16-byte aligned, as the TMA needs
+K_ALIGN = nvfp4_scales.SF_VEC  # K % 16: whole scale blocks (padded rows of codes: any such K)
 SMEM_BUDGET = target("sm_90a").smem_bytes
 OUT_TYPES = ("bfloat16", "float16", "float32")
 # From this N_ACT on the activations are permuted once per call (`Config.permute`): on the H200
@@ -332,13 +334,14 @@ def _decode_chunk(sf_format: str, k_tail: bool, xq, xsf, m, blk, K, c):
     """Natural chunk c (elements 8c .. 8c + 7 of row m's 128-K block blk: one word of codes,
     one scale byte) of NVFP4 activations, decoded into the strided pairing; with a K tail,
     zeros past K (codes 0, read at a clamped address)."""
+    row_words = nvfp4_codes.row_pitch(K) // 4  # words from one row of codes to the next
     if k_tail:
         chunk = blk * (SUB_K // 8) + c
         valid, chunk = Uint32(chunk < K // 8), cutlass.min(chunk, K // 8 - 1)
-        word = memory.ld_u32(xq.toint() + (Int64(m) * Int64(K // 8) + chunk) * 4) * valid
+        word = memory.ld_u32(xq.toint() + (Int64(m) * Int64(row_words) + chunk) * 4) * valid
     else:
-        word = memory.ld_u32(xq.toint() + (Int64(m) * Int64(K // 8) + blk * (SUB_K // 8) + c)
-                             * 4)
+        word = memory.ld_u32(xq.toint() + (Int64(m) * Int64(row_words) + blk * (SUB_K // 8)
+                                           + c) * 4)
     rk = (K + nvfp4_scales.ATOM_K - 1) // nvfp4_scales.ATOM_K  # scale atoms per 128-row band
     kb = chunk // 2 if k_tail else blk * (SUB_K // nvfp4_scales.SF_VEC) + c // 2
     byte = memory.ld_u8(xsf.toint() + Int64(nvfp4_scales.band_offset(m, kb, rk)))
@@ -657,11 +660,13 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
 
 
 def weight_tensors(w: cute.Pointer, wsf: cute.Pointer, N, K, k_tail: bool = False):
-    """The weights as the global tensors the TMA loads: packed codes (N, K / 2) and blocked
+    """The weights as the global tensors the TMA loads: packed codes (N, K / 2), rows
+    `nvfp4_codes.row_pitch(K)` bytes apart (the box past K / 2 arrives as zeros), and blocked
     scales (each 512-byte atom as 2 rows of 256 bytes): all bands' atoms as one column of rows,
     or with a K tail one batch of rows per band (its atoms past K then arrive as zeros;
     `scale_coord`)."""
-    codes = row_major(w, N, K // 2)
+    codes = cute.make_tensor(w, cute.make_layout(
+        (N, K // 2, 1), stride=(nvfp4_codes.row_pitch(K), 1, N * nvfp4_codes.row_pitch(K))))
     if k_tail:
         rk = (K + nvfp4_scales.ATOM_K - 1) // nvfp4_scales.ATOM_K
         return codes, row_major(wsf, rk * 2, 256, N // BAND)
@@ -775,7 +780,7 @@ def check_shape(cfg: Config, M: int, N: int, K: int) -> None:
                          f"got N={N}")
     if K % K_ALIGN:
         raise ValueError(f"the register-A kernel needs K to be a multiple of {K_ALIGN} "
-                         f"(16-byte rows of codes), got K={K}")
+                         f"(the scale block), got K={K}")
     if K % STAGE_K and not cfg.K_TAIL:
         raise ValueError(f"K={K} is not a multiple of {STAGE_K}: the Config needs K_TAIL=True")
 

@@ -24,8 +24,9 @@ three lane shuffles, the block scale and codes by the recipe's one op (`ops.nvfp
 the quantizer's), with D's given decode scale, so the bytes equal quantizing the fp32 output;
 code pairs meet by one shuffle; scale bytes land at `nvfp4_scales.band_offset`; a saturated
 block scale (the given scale too small) ORs a device flag.
-Constraints (checked): N % 128 == 0, K % 32 == 0 (K % 128 != 0 with `Config.K_TAIL`: the last
-stage is partial, zero-filled past K); any M >= 1 (TMA zero-fills the last tile).
+Constraints (checked): N % 128 == 0, K % 16 == 0 (K % 128 != 0 with `Config.K_TAIL`: the last
+stage is partial, zero-filled past K); any M >= 1 (TMA zero-fills the last tile). Rows of codes
+(the weights', an NVFP4 D's) are `nvfp4_codes.row_pitch` bytes apart, as NVFP4Tensor keeps them.
 Weights' scale format (`Config.sf`): UE4M3, or UE5M3 (decode shift 16, `ops.nvfp4.decode_shift`;
 GPU-tested). An NVFP4 D always has UE4M3 scales.
 Peer: CUTLASS's Hopper mixed-input GEMM (`examples/55_hopper_mixed_dtype_gemm`), which
@@ -42,7 +43,7 @@ from cutlass import Float32
 
 from tk_cute.arch import target
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-from tk_cute.layouts import nvfp4_scales
+from tk_cute.layouts import nvfp4_codes, nvfp4_scales
 from tk_cute.ops import memory, register, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, ptr
@@ -109,8 +110,8 @@ def check_shape(M: int, N: int, K: int, cfg: Config | None = None) -> None:
     if N % ROWS:
         raise ValueError(f"the tiled register-A kernel needs N % {ROWS} == 0, got N={N}")
     if K % rs.K_ALIGN:
-        raise ValueError(f"the tiled register-A kernel needs K % {rs.K_ALIGN} == 0 (16-byte "
-                         f"rows of codes), got K={K}")
+        raise ValueError(f"the tiled register-A kernel needs K % {rs.K_ALIGN} == 0 (the scale "
+                         f"block), got K={K}")
     if cfg is not None and K % STAGE_K and not cfg.K_TAIL:
         raise ValueError(f"K={K} is not a multiple of {STAGE_K}: the Config needs K_TAIL=True")
 
@@ -216,7 +217,7 @@ class GemmNvfp4RsTiledSm90(LCF):
         m0 = at.c * self.Nb
         gq = s.lane // 4
         rk = g.N // nvfp4_scales.ATOM_K  # scale atoms per 128-row band of D's scales
-        half_n = cutlass.Int64(g.N // 2)
+        pitch = cutlass.Int64(nvfp4_codes.row_pitch(g.N))  # bytes per row of D's codes
         coords = s.acc.coords()
         saturated = cutlass.Uint32(0)
         for j in cutlass.range_constexpr(self.Nb // 8):
@@ -234,7 +235,7 @@ class GemmNvfp4RsTiledSm90(LCF):
                 if m < g.M:
                     saturated = saturated | sat
                     if gq % 2 == 0:
-                        row = g.out.toint() + cutlass.Int64(m) * half_n
+                        row = g.out.toint() + cutlass.Int64(m) * pitch
                         for h in cutlass.range_constexpr(2):
                             memory.st_u8_pred(row + nvfp4_out_byte(n_w, gq, h),
                                               codes[h] | (pair[h] << 4), cutlass.Uint32(1))

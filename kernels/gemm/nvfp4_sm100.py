@@ -30,7 +30,7 @@ import cutlass
 import cutlass.cute as cute
 
 from tk_cute.arch import target
-from tk_cute.layouts import nvfp4_scales
+from tk_cute.layouts import nvfp4_codes, nvfp4_scales
 from tk_cute.layouts import scales_sm100 as scales
 from tk_cute.layouts import tmem as tmem_map
 from tk_cute.ops import cluster, epilogue, memory, schedule, tma, warp, warpgroup
@@ -451,13 +451,14 @@ def d_row_tile(cta_tile_m, mh, m_mmas: int):
 def nvfp4_out_store(l, row, col, m, n):
     """Where the epilogue stores the NVFP4 block of D (m, n) at batch l, row `row`, columns
     col .. col + 15 (col % 16 == 0): (codes byte, codes in D, scale byte, scale in the blocked
-    tensor). Codes are row-major, n / 2 bytes a row, 8 bytes a block; the scale byte is
+    tensor). Codes are row-major, rows `nvfp4_codes.row_pitch(n)` bytes apart (n / 2, padded
+    to 16 bytes), 8 bytes a block; the scale byte is
     `nvfp4_scales` blocked (rows past m up to the 128-row band and scale columns past n / 16 up
     to the 4-column atom are padding: written, as zeros, since TMA zero-filled their operands).
     Plain integer arithmetic: the kernel evaluates it on device integers, the tests on ints."""
     rm, rk = (m + 127) // 128, (n + 63) // 64
     sf = l * (rm * rk * nvfp4_scales.ATOM_BYTES) + nvfp4_scales.band_offset(row, col // 16, rk)
-    return ((l * m + row) * (n // 2) + col // 2, (row < m) & (col < n), sf,
+    return ((l * m + row) * nvfp4_codes.row_pitch(n) + col // 2, (row < m) & (col < n), sf,
             (row < rm * 128) & (col < rk * 64))
 
 

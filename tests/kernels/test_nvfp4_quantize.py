@@ -15,6 +15,7 @@ import cutlass
 from tk_cute.compile import build
 from tk_cute.kernels import nvfp4_quantize as nq
 from tk_cute.nvfp4 import launch, unpack_fp4
+from tk_cute.nvfp4.tensor import has_row_pitch
 from tk_cute.ops import nvfp4 as fp4
 
 ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_107a")
@@ -148,7 +149,9 @@ def _check(x, global_scale=None):
                            torch.as_tensor(global_scale, dtype=torch.float32, device=x.device))
     torch.cuda.synchronize()
     assert got.data.shape == ref.data.shape and got.scales.shape == ref.scales.shape
-    bad = (got.data != ref.data).nonzero()
+    # rows row_pitch(K) bytes apart, their padding (K % 32 != 0) written as zeros
+    assert got.data.stride() == ref.data.stride() and has_row_pitch(got.data, x.shape[-1])
+    bad = (got.data_padded != ref.data_padded).nonzero()
     assert bad.numel() == 0, f"data differs at {bad[:8].tolist()} (shape {tuple(x.shape)})"
     bad = (got.scales != ref.scales).nonzero()
     assert bad.numel() == 0, f"scales differ at {bad[:8].tolist()} (shape {tuple(x.shape)})"
@@ -281,13 +284,14 @@ def test_non_finite_rejected_and_opt_out():
 
 @pytest.mark.gpu
 def test_outputs_fully_written():
-    """Poisoned allocations: every data and scale byte (padding too) must be written."""
+    """Poisoned allocations: every data and scale byte (padding too: K = 48 pads the rows of
+    codes to 32 bytes) must be written."""
     x = torch.randn(130, 48, device="cuda", dtype=torch.bfloat16)
     torch.cuda.synchronize()
     # The caching allocator hands back the poisoned blocks of the same sizes.
     for _ in range(2):
         ref = launch.quantize(x)
-        junk = [torch.full_like(ref.data, 0xAB), torch.full_like(ref.scales, 0xAB)]
+        junk = [torch.full_like(ref.data_padded, 0xAB), torch.full_like(ref.scales, 0xAB)]
         del ref, junk
     got = _check(x)
     assert (got.scales.view(-1)[got.scales.numel() - 1] == 0)

@@ -263,7 +263,7 @@ def test_register_split_is_feasible(rows, tiles):
 @pytest.mark.parametrize("M, N, K, match", [
     (129, 256, 512, "M <= N_ACT = 128.*got M=129"), (0, 256, 512, "got M=0"),
     (16, 200, 512, "multiple of ROWS = 128, got N=200"),
-    (16, 256, 400, "multiple of 32.*K=400")])
+    (16, 256, 392, "multiple of 16 .the scale block., got K=392")])
 def test_config_rejects_unsupported_shapes(M, N, K, match):
     assert not rs.supports(M, N, K)
     with pytest.raises(ValueError, match=match):
@@ -595,8 +595,6 @@ def test_rejects_bad_input():
         launch.gemm_rs(a.cpu(), b.to("cpu"))
     with pytest.raises(ValueError, match="multiple of ROWS = 128, got N=160"):
         launch.gemm_rs(a, _weights(160, 512))
-    with pytest.raises(ValueError, match=r"multiple of 32 \(16-byte rows of codes\), got K=400"):
-        launch.gemm_rs(torch.randn(16, 400, device="cuda").bfloat16(), _weights(256, 400))
     with pytest.raises(ValueError, match="multiple of ROWS = 256, got N=384"):
         launch.gemm_rs(a, _weights(384, 512), config=rs.Config(ROWS=256))
     with pytest.raises(ValueError, match="ctas >= 1, got ctas=0"):

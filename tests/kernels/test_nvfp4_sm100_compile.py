@@ -312,8 +312,10 @@ def test_nvfp4_scale_addresses_are_the_blocked_layout(arch, m, n):
                                            ("sm_100a", 130, 80, 0)])
 def test_nvfp4_grid_writes_every_byte_once(arch, m, n, l):
     """Over all tiles of a ragged problem (M, N not multiples of the tile) the predicated
-    stores write every code byte of D (M x N / 2) and every byte of its blocked scale tensor,
-    padding rows and columns included, exactly once, and nothing outside (batch l)."""
+    stores write every code byte of D (M rows of N / 2, `nvfp4_codes.row_pitch(N)` bytes apart:
+    N = 144 and 80 pad them) and every byte of its blocked scale tensor, padding rows and
+    columns included, exactly once, and nothing outside (batch l)."""
+    from tk_cute.layouts.nvfp4_codes import row_pitch
     from tk_cute.layouts.nvfp4_scales import blocked_shape
 
     cfg = heuristics.sm100_config(arch, m, n, 8192, out="nvfp4")
@@ -328,8 +330,10 @@ def test_nvfp4_grid_writes_every_byte_once(arch, m, n, l):
                 if sf_ok:
                     scales.append(sf_at)
     rm, rk, atom = blocked_shape(m, n)
-    base_c, base_s = l * m * n // 2, l * rm * rk * atom
-    assert sorted(codes) == list(range(base_c, base_c + m * n // 2))
+    pitch = row_pitch(n)
+    base_c, base_s = l * m * pitch, l * rm * rk * atom
+    assert pitch > n // 2  # the padding is never written: the kernel's rows hold N / 2 codes
+    assert sorted(codes) == [base_c + r * pitch + j for r in range(m) for j in range(n // 2)]
     assert sorted(scales) == list(range(base_s, base_s + rm * rk * atom))
 
 

@@ -12,17 +12,17 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "rows": 128 < M <= ROWS_MAX_M, the register-A kernel on 128-row slices of the activations
   (each pass streams the weights again; cheaper than a second, nearly empty row of tiles).
 - "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
-  128 x Nb output tiles): larger M where N % 128 == 0, but "dequantize" where K < TILED_MIN_K
-  and M >= DEQUANTIZE_MIN_M.
-The register-A kernels take K % 32 == 0 (16-byte rows of codes for the TMA), a partial last
-stage where K % 256 (K % 128 tiled) != 0 (`Config.K_TAIL`, set here from K).
+  128 x Nb output tiles): larger M where N % 128 == 0, but "dequantize" from enough rows at a
+  short K (`dequantize_wins`).
+The register-A kernels take any K % 16 == 0 (rows of codes padded to 16 bytes for the TMA where
+K % 32 != 0, as NVFP4Tensor stores them), a partial last stage where K % 256 (K % 128 tiled)
+!= 0 (`Config.K_TAIL`, set here from K).
 - "fused" (`kernels/gemm/nvfp4_sm90.py`, decode in shared memory): forced only (`path=`): every
   shape it takes (M % 128, N % 256, K % 64) the register-A kernels take too, faster. Where it was
   the default (one near-full wave of 128 x 256 tiles, K % 256 != 0: 128x28672x8192 fused 148 us
   against 298 dequantized, docs/results.md 2026-11-30), the register-A kernels now run.
 - "dequantize" (`kernels/nvfp4_dequantize.py` + `kernels/gemm/gemm_sm90.py`): everything else
-  (any M, any K % 16, N % 8, any output dtype): N % 128 != 0 beyond the small-M kernel, K % 32
-  != 0 (rows of codes that are not 16-byte aligned).
+  (any M, any K % 16, N % 8, any output dtype): N % 128 != 0 beyond the small-M kernel.
 W4A4 on "register_a" and "register_a_tiled" decodes its activations in the kernel's permute
 pass (`Config.a_format` "nvfp4": bit for bit the W4A16 kernel on the exactly decoded
 activations); "rows" runs W4A4 parts on 128-row slices (whole scale bands, ROWS_MIN_M = 128).
@@ -61,13 +61,17 @@ W4A4_NATIVE_MAX_M = 8
 # (two rows of 128 x 128 tiles, the second nearly empty); at 200 rows tiled won (54.7 vs 66.3).
 ROWS_MIN_M = rs.MAX_M
 ROWS_MAX_M = 160
-# Below TILED_MIN_K, from DEQUANTIZE_MIN_M rows on, the tiled register-A kernel lost to
-# "dequantize" (H200, docs/results.md, fourteenth session: 4096x5760x2880 233 us tiled against
-# 205 dequantized, 1000x5120x2880 74 against 62; at K = 8192 tiled wins by 5-15%). The tiled
-# kernel's per-tile costs weigh more against a short K; the dequantize pass costs N x K whatever
-# M is, so fewer rows keep the tiled kernel (not measured below 1000 rows at short K).
-TILED_MIN_K = 4096
-DEQUANTIZE_MIN_M = 1000
+# Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
+# W4A4. The dequantize pass costs N x K whatever M is, so it pays from enough rows, and sooner at
+# a short K (the tiled kernel's per-tile costs weigh more there); later for W4A4, whose pass
+# decodes the activations too (the tiled kernel's permute pass reads 4 bits of them, not 16).
+# H200 A/B (docs/results.md, fifteenth session; vs cuBLAS bf16, tiled / dequantized), W4A16:
+# K = 2880: 256x5760 0.64 / 0.48x, 384x5760 0.49 / 0.53x, 1024x5760 0.60 / 0.73x; K = 4096:
+# 1024x4096 0.84 / 0.75x, 2048x4096 0.83 / 0.86x, 4096x4096 0.87 / 0.94x; K = 8192: 0.90 /
+# 0.77x at 1024 rows, 0.90 / 0.88x at 2048, within 3% either way from 4096 rows (tiled kept).
+# W4A4: K = 2880: 512x5760 0.58 / 0.56x, 1024x5760 0.60 / 0.65x; K = 4096: 2048x4096 0.85 /
+# 0.78x, 4096x4096 0.89 / 0.86x; K = 8192: tiled at every M.
+DEQUANTIZE_FROM = {False: ((4096, 384), (8192, 2048)), True: ((4096, 1024),)}
 PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "fused", "dequantize")
 # Hopper paths whose kernels decode UE5M3 scales (a `sf` Config field, or the block dequantize)
 UE5M3_PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "dequantize")
@@ -86,11 +90,20 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int) -> str:
         return "small_m"
     if ROWS_MIN_M < M <= ROWS_MAX_M and rs.supports(rs.MAX_M, N, K):
         return "rows"
-    if M > rs.MAX_M and rst.supports(M, N, K) and (K >= TILED_MIN_K or M < DEQUANTIZE_MIN_M):
+    if M > rs.MAX_M and rst.supports(M, N, K) and not dequantize_wins(w4a4, M, K):
         return "register_a_tiled"
     # ("fused" takes a subset of what the register-A kernels take, and they were faster: it
     # runs only when forced, for comparisons.)
     return "dequantize"
+
+
+def dequantize_wins(w4a4: bool, M: int, K: int) -> bool:
+    """Whether "dequantize" beats the tiled register-A kernel at M rows and this K
+    (`DEQUANTIZE_FROM`)."""
+    for below, rows in DEQUANTIZE_FROM[w4a4]:
+        if K < below:
+            return M >= rows
+    return False
 
 
 def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: str,
@@ -112,7 +125,7 @@ def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: 
     if not takes[path]:
         raise ValueError(f"path {path!r} cannot run M={M}, N={N}, K={K}, out {out_dtype} "
                          f"(small_m: M <= 64, N % 32, K % 128; register_a: M <= 128, N % 128, "
-                         f"K % 32; register_a_tiled: N % 128, K % 32; rows: N % 128, K % 32; "
+                         f"K % 16; register_a_tiled: N % 128, K % 16; rows: N % 128, K % 16; "
                          f"fused: M % 128, N % 256, K % 64, 16-bit out)")
     return path
 

@@ -132,8 +132,9 @@ def to_torchao(q: NVFP4Tensor, *, orig_dtype: torch.dtype = torch.bfloat16,
         scale = q.scales_e4m3.reshape(*lead, 32 * rm, 16 * rk)
     else:
         scale = q.scales_logical().view(torch.float8_e4m3fn)
-    return TorchaoNVFP4(q.data, scale, SF_VEC, orig_dtype, per_tensor_scale=q.global_scale,
-                        is_swizzled_scales=swizzled)
+    # (contiguous codes: rows K / 2 bytes apart, without our 16-byte row padding)
+    return TorchaoNVFP4(q.data.contiguous(), scale, SF_VEC, orig_dtype,
+                        per_tensor_scale=q.global_scale, is_swizzled_scales=swizzled)
 
 
 def _ue4m3_only(q: NVFP4Tensor, who: str) -> None:
@@ -175,7 +176,7 @@ def to_flashinfer(q: NVFP4Tensor, *, is_sf_swizzled_layout: bool = True) -> Flas
     scales = q.scales.reshape(-1) if is_sf_swizzled_layout else q.scales_logical()
     dec = q.global_scale.reshape(1)
     enc = torch.div(torch.ones_like(dec), dec)
-    return FlashInferNVFP4(q.data, scales, enc, dec.clone())
+    return FlashInferNVFP4(q.data.contiguous(), scales, enc, dec.clone())
 
 
 def from_flashinfer(data: torch.Tensor, scales: torch.Tensor, *,

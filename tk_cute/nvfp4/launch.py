@@ -29,11 +29,12 @@ from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
 from tk_cute.kernels.gemm import nvfp4_sm90 as sm90
 from tk_cute.ops import nvfp4 as fp4_ops
 from tk_cute.ops import schedule
-from tk_cute.runtime import (KernelCache, aligned, as_cute, batched, compile_locked,
+from tk_cute.layouts import nvfp4_codes
+from tk_cute.runtime import (OUT_ALIGN, KernelCache, aligned, as_cute, batched, compile_locked,
                              device_index, output, raw_stream, sm_count, stream)
 
 from . import heuristics, validate
-from .tensor import NVFP4Tensor
+from .tensor import NVFP4Tensor, codes_storage, has_row_pitch
 
 _SMALL_M = KernelCache()  # (config, device index) -> Launcher
 _REGISTER_A = KernelCache()
@@ -47,6 +48,18 @@ def output_scale(a, b: NVFP4Tensor) -> torch.Tensor:
     return a.global_scale * b.global_scale if isinstance(a, NVFP4Tensor) else b.global_scale
 
 
+def codes(q: NVFP4Tensor) -> int:
+    """The address of q's codes as the kernels read them: rows `nvfp4_codes.row_pitch(K)`
+    bytes apart (the layout every NVFP4Tensor keeps: `tensor.padded_codes`) from a 16-byte
+    aligned start. ValueError otherwise: a copy here would be a silent per-call copy."""
+    d = q.data
+    if not has_row_pitch(d, q.K) or d.data_ptr() % OUT_ALIGN:
+        raise ValueError(f"NVFP4 codes must start 16-byte aligned with rows "
+                         f"{nvfp4_codes.row_pitch(q.K)} bytes apart (NVFP4Tensor's layout), "
+                         f"got address {d.data_ptr():#x}, strides {d.stride()}")
+    return d.data_ptr()
+
+
 # ---------------------------------------------------------------- paths
 
 
@@ -57,12 +70,12 @@ def small_m(a, b: NVFP4Tensor, out: torch.Tensor, cfg: gv.Config, gsb=None) -> t
     M, K = a.shape[-2], a.shape[-1]
     gsb = b.global_scale if gsb is None else gsb
     if w4a4:
-        x, xsf, gsa = aligned(a.data), aligned(a.scales, 2), a.global_scale
+        x, xsf, gsa = codes(a), aligned(a.scales, 2), a.global_scale
     else:
-        x, xsf, gsa = aligned(a), b.scales, gsb  # (xsf, gsa unused)
+        x, xsf, gsa = aligned(a).data_ptr(), b.scales, gsb  # (xsf, gsa unused)
     index = device_index(b.device)
     launch = _SMALL_M.get((cfg, index), lambda: gv.compile_launcher(cfg))
-    launch(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales, 2).data_ptr(), x=x.data_ptr(),
+    launch(w=codes(b), wsf=aligned(b.scales, 2).data_ptr(), x=x,
            xsf=xsf.data_ptr(), gsb=gsb.data_ptr(), gsa=gsa.data_ptr(), out=out.data_ptr(),
            M=M, N=b.M, K=K, trips=K // cfg.k_chunk // cfg.S, stream=raw_stream(index))
     return out
@@ -85,7 +98,7 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
     index = device_index(dev)
     launch = _REGISTER_A.get((cfg, index), lambda: rs.compile_launcher(cfg))
     gs = (b.global_scale if gsb is None else gsb).data_ptr()
-    common = dict(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales).data_ptr(), gsb=gs,
+    common = dict(w=codes(b), wsf=aligned(b.scales).data_ptr(), gsb=gs,
                   out=out.data_ptr(), ws=ws.data_ptr(), M=M, N=N, K=K, ctas=ctas,
                   stream=raw_stream(index))
     if cfg.a_format == "nvfp4":
@@ -109,7 +122,7 @@ def _decoded_activations(a: NVFP4Tensor) -> dict:
     (`_permuted_buffer`, then D's scale: 16 bytes)."""
     M, K = a.shape
     xp = _permuted_buffer(M, K, a.device, 8)
-    return dict(x=aligned(a.data, 4).data_ptr(), xsf=a.scales.contiguous().data_ptr(),
+    return dict(x=codes(a), xsf=a.scales.contiguous().data_ptr(),
                 gsa=a.global_scale.data_ptr(), xp=xp.data_ptr())
 
 
@@ -132,7 +145,7 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
     index = device_index(dev)
     sms = sm_count(dev)
     launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))
-    common = dict(w=aligned(b.data).data_ptr(), wsf=aligned(b.scales).data_ptr(),
+    common = dict(w=codes(b), wsf=aligned(b.scales).data_ptr(),
                   gs=(b.global_scale if gsb is None else gsb).data_ptr(), out=out,
                   out_sf=out_sf, out_gs=out_gs, flag=flag, M=M, N=N, K=K,
                   stream=raw_stream(index))
@@ -209,7 +222,7 @@ def dequantize_blocks(q: NVFP4Tensor, out: torch.Tensor | None = None) -> torch.
     index = device_index(q.device)
     fmt = q.scale_format
     launch = _DEQUANTIZE.get((fmt, index), lambda: dq.compile_launcher(fmt))
-    launch(data=aligned(q.data, 4).data_ptr(), scales=q.scales.contiguous().data_ptr(),
+    launch(data=codes(q), scales=q.scales.contiguous().data_ptr(),
            out=out.data_ptr(), words=M * K // 8, words_per_row=K // 8,
            stream=raw_stream(index))
     return out
@@ -235,7 +248,7 @@ class _QuantizePlan:
         self.cfg = cfg
         *lead, M, K = x.shape
         self.M, self.K, self.L = M, K, (lead[0] if lead else 1)
-        self.data_shape = (*lead, M, K // 2)
+        self.shape = x.shape
         self.scales_shape = blocked_shape(M, K, *lead)
         self.device = x.device
         self.device_index = device_index(x.device)
@@ -278,7 +291,7 @@ def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
     if out is not None:
         data, scales = out.data, out.scales
     else:
-        data = torch.empty(plan.data_shape, dtype=torch.uint8, device=dev)
+        data = codes_storage(plan.shape, dev, zero_padding=False)  # the kernel writes it
         scales = torch.empty(plan.scales_shape, dtype=torch.uint8, device=dev)
     ws = torch.empty(plan.ws_words, dtype=torch.float32, device=dev)
     wp = ws.data_ptr()

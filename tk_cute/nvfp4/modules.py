@@ -50,7 +50,7 @@ from torch import nn
 from tk_cute.layouts.nvfp4_scales import blocked_shape
 
 from .quantize import quantize
-from .tensor import NVFP4Tensor, TransposedNVFP4
+from .tensor import NVFP4Tensor, TransposedNVFP4, codes_storage, padded_codes
 
 ACTIVATIONS = ("bf16", "nvfp4")
 _MATMULS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.Tensor.mm)
@@ -99,7 +99,8 @@ class Linear(nn.Module):
         self.activations = _check_activations(activations)
         self.check_finite = False
         u8 = {"dtype": torch.uint8, "device": device}
-        self.register_buffer("weight_data", torch.zeros(out_features, in_features // 2, **u8))
+        self.register_buffer("weight_data",
+                             codes_storage((out_features, in_features), device).zero_())
         self.register_buffer("weight_scales",
                              torch.zeros(blocked_shape(out_features, in_features), **u8))
         self.register_buffer("weight_global_scale",
@@ -169,11 +170,14 @@ class Linear(nn.Module):
     def _apply(self, fn, recurse=True):
         # Module.to(dtype) / .half() cast every floating buffer: the decode scale must stay
         # float32 (the kernels read it so), so it only follows the device.
+        # A move copies the codes contiguous, dropping the 16-byte row padding of K % 32 != 0
+        # (`tensor.padded_codes`): pad them again here, once, not in every forward.
         gs = self.weight_global_scale
         out = super()._apply(fn, recurse)
         moved = self.weight_global_scale
         if moved.dtype != torch.float32:
             self.weight_global_scale = gs.to(moved.device)
+        self.weight_data = padded_codes(self.weight_data, self.in_features)
         return out
 
     def extra_repr(self) -> str:

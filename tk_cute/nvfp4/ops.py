@@ -48,7 +48,7 @@ from tk_cute.layouts.nvfp4_scales import blocked_shape
 
 from . import validate
 from .quantize import SUPPORTED_DTYPES, quantize
-from .tensor import SF_VEC, NVFP4Tensor, normalize_parts
+from .tensor import SF_VEC, NVFP4Tensor, codes_storage, normalize_parts
 
 __all__ = ["gemm", "nvfp4_gemm", "nvfp4_quantize", "parts"]
 
@@ -70,7 +70,8 @@ def parts(data: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor) 
 def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None,
                    check_finite: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`tk_cute.nvfp4.quantize(x, global_scale=..., check_finite=...)` as (data, scales,
-    global_scale): uint8 (..., M, K // 2), uint8 blocked (..., RM, RK, 512), float32 0-dim."""
+    global_scale): uint8 (..., M, K // 2) (rows `row_pitch(K)` bytes apart: a view of padded
+    rows where K % 32 != 0), uint8 blocked (..., RM, RK, 512), float32 0-dim."""
     q = quantize(x, global_scale=global_scale, check_finite=check_finite)
     # The CUDA quantizer's global scale is a 0-dim view into its workspace (storage offset =
     # the amax partials): an op output must be a tensor of its own, 16-byte aligned as the fake
@@ -88,7 +89,7 @@ def _(x, global_scale=None, check_finite=False):
         raise ValueError(f"quantize input must be (M, K) or (L, M, K) with K % 16 == 0, got "
                          f"{tuple(x.shape)}")
     *lead, M, K = x.shape
-    return (x.new_empty((*lead, M, K // 2), dtype=torch.uint8),
+    return (codes_storage(x.shape, x.device, zero_padding=False),  # the real one's strides
             x.new_empty(blocked_shape(M, K, *lead), dtype=torch.uint8),
             x.new_empty((), dtype=torch.float32))
 

@@ -2,7 +2,12 @@
 
 Three parts, each already in its global-memory layout so a kernel can take the tensors as is:
 
-* ``data``: torch.uint8 (..., M, K // 2), two E2M1 codes per byte, element 2i in the LOW nibble.
+* ``data``: torch.uint8 (..., M, K // 2), two E2M1 codes per byte, element 2i in the LOW nibble;
+  rows `nvfp4_codes.row_pitch(K)` bytes apart (16-byte aligned, as the TMA needs), batches
+  M * row_pitch(K) apart. For K % 32 == 0 that is plainly contiguous; otherwise (K = 8208, 48
+  ...) ``data`` is a view of rows padded by 8 bytes of zeros, made once when the tensor is made
+  (`padded_codes`): ``data.is_contiguous()`` is then False, and ``data.contiguous()`` is the
+  codes without the padding (what other libraries take).
 * ``scales``: torch.uint8 block-scale bytes in the 128x4 blocked layout, (RM, RK, 512) or
   (L, RM, RK, 512) (see ``tk_cute.layouts.nvfp4_scales``); padding bytes are zero.
 * ``global_scale``: float32 0-dim tensor, the per-tensor DECODE scale (one for all L batches).
@@ -43,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tk_cute.layouts import nvfp4_codes
 from tk_cute.layouts.nvfp4_scales import blocked_shape, from_blocked
 
 from .format import (
@@ -113,11 +119,14 @@ class NVFP4Tensor:
     @classmethod
     def trusted(cls, data, scales, global_scale, shape,
                 scale_format: str = "ue4m3") -> "NVFP4Tensor":
-        """A tensor from parts a kernel or a view of a valid tensor produced (no checks: they
-        cost ~13 us of host time, and reading a CUDA global scale would sync)."""
+        """A tensor from parts a kernel or a view of a valid tensor produced (no value checks:
+        they cost ~13 us of host time, and reading a CUDA global scale would sync). Codes whose
+        rows are not `row_pitch` apart (a torch op that made them contiguous: ``.to``,
+        ``torch.cat``, a reshape) are copied once into padded rows (`padded_codes`)."""
+        shape = torch.Size(shape)
         out = cls.__new__(cls)
-        out.__dict__.update(data=data, scales=scales, global_scale=global_scale,
-                            shape=torch.Size(shape), scale_format=scale_format)
+        out.__dict__.update(data=padded_codes(data, shape[-1]), scales=scales,
+                            global_scale=global_scale, shape=shape, scale_format=scale_format)
         return out
 
     @property
@@ -148,8 +157,10 @@ class NVFP4Tensor:
         if device == self.device:
             return self
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        # The parts were checked (or trusted) already: moving them changes no value.
-        return NVFP4Tensor.trusted(move(self.data), move(self.scales), move(self.global_scale),
+        # The parts were checked (or trusted) already: moving them changes no value. The codes
+        # move with their padded rows (a move of the view would drop the padding).
+        data = move(self.data_padded)[..., :self.K // 2]
+        return NVFP4Tensor.trusted(data, move(self.scales), move(self.global_scale),
                                    self.shape, self.scale_format)
 
     def cpu(self) -> NVFP4Tensor:
@@ -164,6 +175,13 @@ class NVFP4Tensor:
         elif isinstance(device, int):
             device = torch.device("cuda", device)
         return self.to(device, non_blocking=non_blocking)
+
+    @property
+    def data_padded(self) -> torch.Tensor:
+        """The codes as stored: a contiguous uint8 (..., M, row_pitch(K)) view, each row's
+        padding (K % 32 != 0: 8 bytes of zeros) included; `data` itself for K % 32 == 0."""
+        d = self.data
+        return d.as_strided((*d.shape[:-1], nvfp4_codes.row_pitch(self.K)), d.stride())
 
     @property
     def data_fp4x2(self) -> torch.Tensor:
@@ -268,9 +286,44 @@ def _bytes(t, name: str, alt: torch.dtype) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype == alt else t  # the same bytes, element size 1
 
 
+def codes_storage(shape, device, zero_padding: bool = True) -> torch.Tensor:
+    """Codes of a logical (..., M, K) operand, uninitialized: a uint8 (..., M, K // 2) view whose
+    rows are `nvfp4_codes.row_pitch(K)` bytes apart (module docstring), its padding zeroed
+    unless `zero_padding` is False (for a kernel that writes the padding itself)."""
+    *lead, M, K = shape
+    pitch = nvfp4_codes.row_pitch(K)
+    if pitch == K // 2:
+        return torch.empty((*lead, M, pitch), dtype=torch.uint8, device=device)
+    alloc = torch.zeros if zero_padding else torch.empty
+    return alloc((*lead, M, pitch), dtype=torch.uint8, device=device)[..., :K // 2]
+
+
+def has_row_pitch(data: torch.Tensor, K: int) -> bool:
+    """Whether `data` (..., M, K // 2) is laid out as `codes_storage` lays codes out: rows
+    `row_pitch(K)` apart, batches M rows apart, bytes contiguous. (Its address is not read:
+    tracing runs this on fake tensors; the launches check the alignment.)"""
+    want = nvfp4_codes.strides(data.shape[-2], K, data.dim() == 3)
+    got = data.stride()
+    if got == want:
+        return True
+    # Strides of size-1 dimensions are arbitrary (and never used) where rows have no padding;
+    # padded rows must be there, even the last one's (`NVFP4Tensor.data_padded` views them).
+    return not nvfp4_codes.padded(K) and all(
+        g == w or n == 1 for g, w, n in zip(got, want, data.shape))
+
+
+def padded_codes(data: torch.Tensor, K: int) -> torch.Tensor:
+    """`data` if it has the row pitch (`has_row_pitch`), else a copy into `codes_storage`."""
+    if has_row_pitch(data, K):
+        return data
+    out = codes_storage((*data.shape[:-1], K), data.device)
+    return out.copy_(data)
+
+
 def normalize_parts(data, scales, global_scale, shape, scale_format: str = "ue4m3"):
     """The parts in their stored forms (module docstring: the accepted alternatives are viewed
-    or reshaped, never converted), checked for dtype, shape and device; values are not read.
+    or reshaped, never converted; codes without the row pitch are copied into padded rows,
+    `padded_codes`), checked for dtype, shape and device; values are not read.
     float8_e4m3fn scales are accepted for the "ue4m3" format only.
 
     Returns:
@@ -319,7 +372,7 @@ def normalize_parts(data, scales, global_scale, shape, scale_format: str = "ue4m
         raise ValueError(
             f"NVFP4Tensor parts must share one device, got {sorted(map(str, devices))}"
         )
-    return data, scales, gs, shape
+    return padded_codes(data, K), scales, gs, shape
 
 
 def dequantize(q: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

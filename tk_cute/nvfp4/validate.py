@@ -15,7 +15,7 @@ import torch
 
 from tk_cute.runtime import OUT_ALIGN, check_out
 
-from .tensor import NVFP4Tensor
+from .tensor import NVFP4Tensor, codes_storage, has_row_pitch
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 __all__ = ["OUT_ALIGN", "OUT_DTYPES", "Operands", "check_out", "flag", "gemm_operands",
@@ -142,17 +142,19 @@ def nvfp4_out(shape: tuple, device, out, global_scale) -> NVFP4Tensor:
                          f"rows), got N={N}")
     if out is None:
         out = NVFP4Tensor.trusted(
-            torch.empty((*lead, M, N // 2), dtype=torch.uint8, device=device),
+            codes_storage(shape, device),
             torch.empty(blocked_shape(M, N, *lead), dtype=torch.uint8, device=device),
             global_scale, shape)
     elif not isinstance(out, NVFP4Tensor) or tuple(out.shape) != tuple(shape) or (
             out.device != torch.device(device)) or out.scale_format != "ue4m3":
         raise ValueError(f"out must be a UE4M3 NVFP4Tensor of shape {tuple(shape)} on {device}, "
                          f"got {out!r}")
-    for name, part in (("data", out.data), ("scales", out.scales)):
-        if not part.is_contiguous() or part.data_ptr() % OUT_ALIGN:
-            raise ValueError(f"out.{name} must be contiguous and {OUT_ALIGN}-byte aligned (the "
-                             f"kernels write it by address), got stride {part.stride()}, "
-                             f"address {part.data_ptr():#x}")
+    for name, part, ok in (("data", out.data, has_row_pitch(out.data, N)),
+                           ("scales", out.scales, out.scales.is_contiguous())):
+        if not ok or part.data_ptr() % OUT_ALIGN:
+            raise ValueError(f"out.{name} must be {OUT_ALIGN}-byte aligned and laid out as "
+                             f"NVFP4Tensor keeps it (contiguous; codes rows row_pitch(N) bytes "
+                             f"apart), as the kernels write it by address; got stride "
+                             f"{part.stride()}, address {part.data_ptr():#x}")
     out.saturated = torch.zeros((), dtype=torch.int32, device=device)
     return out

@@ -63,7 +63,8 @@ def test_issue_rows_take_the_expected_paths():
     assert _plan_hopper(False, 4000, 8192, 8192, "bfloat16", SMS, False).config.Nb == 256
     p = _plan_hopper(False, 200, 8192, 8192, "bfloat16", SMS, False, "rows")
     assert p.kernels() == ["register_a", "register_a"] and p.parts[1][2].config.N_ACT == 80
-    assert _plan_hopper(False, 16, 8192, 8208, "bfloat16", SMS, False).path == "dequantize"
+    p = _plan_hopper(False, 16, 8192, 8208, "bfloat16", SMS, False)  # K % 32 != 0: padded rows
+    assert p.path == "register_a" and p.config.K_TAIL
     p = _plan_hopper(False, 16, 8192, 8192, "float32", SMS, False)
     assert p.path == "register_a" and p.config.out_dtype == "float32"
     for M, N in ((100, 8192), (64, 28672), (16, 8192)):  # W4A4 reaches the register-A kernel
@@ -71,7 +72,18 @@ def test_issue_rows_take_the_expected_paths():
         assert p.path == "register_a" and p.config.a_format == "nvfp4"
     p = _plan_hopper(True, 1, 8192, 8192, "bfloat16", SMS, False)
     assert p.path == "small_m" and p.config.w4a4  # decoded in the kernel at tiny M
-    assert _plan_hopper(False, 4000, 8192, 8208, "bfloat16", SMS, False).path == "dequantize"
+    for w4a4 in (False, True):
+        p = _plan_hopper(w4a4, 4000, 8192, 8208, "bfloat16", SMS, False)
+        assert p.path == "register_a_tiled" and p.config.K_TAIL
+    # "dequantize" from enough rows at a short K (heuristics.DEQUANTIZE_FROM)
+    assert _plan_hopper(False, 256, 5760, 2880, "bfloat16", SMS, False).path == "register_a_tiled"
+    assert _plan_hopper(False, 512, 5760, 2880, "bfloat16", SMS, False).path == "dequantize"
+    assert _plan_hopper(False, 1024, 4096, 4096, "bfloat16", SMS, False).path == "register_a_tiled"
+    assert _plan_hopper(False, 4096, 4096, 4096, "bfloat16", SMS, False).path == "dequantize"
+    assert _plan_hopper(True, 8192, 8192, 8192, "bfloat16", SMS, False).path == "register_a_tiled"
+    assert _plan_hopper(False, 2048, 4096, 4096, "bfloat16", SMS, False).path == "dequantize"
+    assert _plan_hopper(True, 4096, 4096, 4096, "bfloat16", SMS, False).path == "register_a_tiled"
+    assert _plan_hopper(False, 8192, 8192, 8192, "bfloat16", SMS, False).path == "register_a_tiled"
     assert _plan_hopper(False, 100, 100, 64, "bfloat16", SMS, False).pad_n == 104
 
 
@@ -191,11 +203,14 @@ def test_grid_16_and_32_bit_outputs(seed, no_reference, w4a4, out_dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["w4a4", "w4a16_batched", "w4a16_leading_dims"])
+@pytest.mark.parametrize("case", ["w4a4", "w4a4_padded_rows", "w4a16_batched",
+                                  "w4a16_leading_dims"])
 def test_batched(seed, no_reference, case):
     from tk_cute.testing import assert_gemm_close
 
     L, M, N, K = 3, 129, 256, 512
+    if case == "w4a4_padded_rows":  # K % 32 != 0: batches of padded rows of codes
+        case, K = "w4a4", 272
     if case == "w4a4":
         a = quantize(torch.randn(L, M, K, device="cuda"))
         b = quantize(torch.randn(L, N, K, device="cuda"))
@@ -278,7 +293,7 @@ def test_rows_slices_nvfp4_activations_at_whole_scale_bands(seed):
 
 def test_k_tails_plan_the_register_a_kernels():
     """K % 32 == 0 but not a whole number of stages (gpt-oss's 2880, 160) takes the register-A
-    kernels with a partial last stage, at every M; K % 32 != 0 stays on "dequantize"."""
+    kernels with a partial last stage, at every M; so does K % 32 != 0 (padded rows of codes)."""
     for M in (1, 17, 128, 150):
         for K in (2880, 160, 2912):
             p = _plan_hopper(True, M, 384, K, "bfloat16", SMS, False)
@@ -287,16 +302,20 @@ def test_k_tails_plan_the_register_a_kernels():
     p = _plan_hopper(True, 1000, 384, 4160, "bfloat16", SMS, False)
     assert p.path == "register_a_tiled" and p.config.K_TAIL
     # Short K at large M: the dequantized operands and the dense GEMM were faster
-    assert _plan_hopper(True, 1000, 384, 2880, "bfloat16", SMS, False).path == "dequantize"
-    p = _plan_hopper(True, 600, 384, 2880, "bfloat16", SMS, False)  # fewer rows: tiled
+    assert _plan_hopper(True, 1024, 384, 2880, "bfloat16", SMS, False).path == "dequantize"
+    p = _plan_hopper(True, 300, 384, 2880, "bfloat16", SMS, False)  # fewer rows: tiled
     assert p.path == "register_a_tiled" and p.config.K_TAIL
-    assert _plan_hopper(False, 16, 384, 8208, "bfloat16", SMS, False).path == "dequantize"
+    for M, K in ((16, 8208), (1, 48), (100, 2896), (300, 8208)):
+        p = _plan_hopper(False, M, 384, K, "bfloat16", SMS, False)
+        subs = [sub for _, _, sub in p.parts] if p.parts else [p]
+        assert all(s.path.startswith("register_a") and s.config.K_TAIL for s in subs), (M, K, p)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("w4a4", [False, True], ids=["W4A16", "W4A4"])
 @pytest.mark.parametrize("M", [1, 17, 150, 1000])
 def test_k_tails_every_element(seed, no_reference, M, w4a4):
-    for N, K in ((384, 2880), (256, 160)):
+    for N, K in ((384, 2880), (256, 160), (384, 2896)):  # 2896: padded rows of codes
         _run(M, N, K, w4a4, torch.bfloat16)
     _run(M, 256, 2912, w4a4, torch.float32)
+    _run(M, 256, 48, w4a4, torch.float32)
