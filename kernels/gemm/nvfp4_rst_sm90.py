@@ -78,6 +78,9 @@ class Config:
     # K % STAGE_K != 0: the last stage is partial (codes, scale atoms and activations past K
     # arrive as zeros)
     K_TAIL: bool = field(default=False, metadata={"quiet": True})
+    # The GEMM launched as a programmatic dependent of the permute pass before it (`LCF.PDL`):
+    # its launch and prologue overlap the pass's tail
+    PDL: bool = field(default=True, metadata={"quiet": True})
     __repr__ = config_repr
 
     def __post_init__(self):
@@ -125,6 +128,7 @@ class GemmNvfp4RsTiledSm90(LCF):
     def __init__(self, config: Config = Config()):
         self.config = config
         self.Mb, self.Nb, self.SUPERGROUP_SIZE = ROWS, config.Nb, config.SUPERGROUP_SIZE
+        self.PDL = config.PDL
         self.w_tile = st(cutlass.Int8, ROWS, STAGE_K // 2, swizzle=False)
         self.sf_tile = st(cutlass.Int8, 2 * (STAGE_K // nvfp4_scales.ATOM_K), 256, swizzle=False)
         self.x_tile = st(cutlass.BFloat16, config.Nb, STAGE_K)
@@ -264,7 +268,7 @@ class GemmNvfp4RsTiledSm90(LCF):
                   out_gs: cute.Pointer, flag: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32,
                   K: cutlass.Int32, stream):
         """W4A4: the activations' decode pass (it writes D's scale gA * gB * 2^8 after them),
-        then the W4A16 GEMM, which starts once that pass has ended (no PDL) and reads it."""
+        then the W4A16 GEMM, which reads them once that pass has ended."""
         rs.launch_decode_permute(self.config.sf, x, xsf, gsa, gs, xp, M, K, stream,
                                  self.config.K_TAIL)
         scale = rs.decoded_scale(xp, M, rs.permuted_width(K, self.config.K_TAIL))

@@ -35,6 +35,9 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     assert b.ptx_count(r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global") >= 3
     assert b.ptx_count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232") == 1
     assert b.ptx_count(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+40") == 1
+    # PDL: the permute pass lets the GEMM launch, which waits for it before reading memory
+    assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1
+    assert b.ptx_count(r"griddepcontrol\.wait") == 2  # the pass's (no-op: not a dependent)
     for r in b.resources:
         assert r.local_bytes == 0 and r.stack_bytes == 0, r
     assert b.sass_count(r"\bLDL\b") == 0 and b.sass_count(r"\bSTL\b") == 0

@@ -24,9 +24,11 @@ in L2); optional clusters
 
 from __future__ import annotations
 
+import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 
+from tk_cute.ops import cluster as pdl
 from tk_cute.ops import schedule, tma, warp, warpgroup
 from tk_cute.types.gl import coord
 from tk_cute.types.semaphore import stage_ring
@@ -45,6 +47,10 @@ class LCF:
     CLUSTER_N = 1
     Mb = 128
     Nb = 256
+    # Launched as a programmatic dependent (PDL) of the kernel before it on the stream: the
+    # launch and everything up to the ring's initialization overlap that kernel's tail, then
+    # every thread waits for it (`griddepcontrol.wait`) before reading global memory.
+    PDL = False
 
     # --- what a kernel declares -----------------------------------------------------------
     def inputs(self) -> dict[str, st]:
@@ -97,7 +103,7 @@ class LCF:
         grid = schedule.grid(schedule.STATIC, params, max_ctas // (self.CLUSTER_M * self.CLUSTER_N))
         self.kernel(g, params).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=cluster, min_blocks_per_mp=1,
-            stream=stream,
+            stream=stream, use_pdl=self.PDL,
         )
 
     # --- device ---------------------------------------------------------------------------
@@ -126,6 +132,8 @@ class LCF:
         consumer_smem = {name: smem.alloc(t, n) for name, (t, n) in self.consumer_tiles().items()}
         k_steps = self.k_steps(g)
         pipeline.pipeline_init_wait(cluster_shape_mn=(self.CLUSTER_M, self.CLUSTER_N))
+        if cutlass.const_expr(self.PDL):
+            pdl.pdl_wait()
 
         if group == 0:
             warpgroup.decrease_registers(self.PRODUCER_REGISTERS)
