@@ -18,6 +18,7 @@ import functools
 import torch
 
 from tk_cute import arch
+from tk_cute.ops import schedule
 from tk_cute.runtime import KernelCache, device_index, output, raw_stream, sm_count
 
 _CACHE = KernelCache()
@@ -73,11 +74,8 @@ def tile_width(M: int, N: int, sms: int) -> int:
     narrower ones where wide tiles leave a round nearly empty (N = 384, M or N just past a
     multiple of the tile, few tiles). With one row of tiles (M <= 128) the call streams B and
     64-wide tiles keep too few bytes in flight per SM: Nb >= 128 there."""
-    def cost(nb):
-        tiles = -(-M // 128) * -(-N // nb)
-        return -(-tiles // sms) * nb * TILE_COST[nb], -nb
-
-    return min((nb for nb in TILE_COST if M > 128 or nb >= 128), key=cost)
+    widths = {nb: c for nb, c in TILE_COST.items() if M > 128 or nb >= 128}
+    return schedule.tile_width(-(-M // 128), N, sms, widths)
 
 
 def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N: int = 8192,

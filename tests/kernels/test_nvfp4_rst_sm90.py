@@ -87,6 +87,17 @@ def test_config_and_shape_rules():
     assert not heuristics.register_a_tiled_config(300, 256, 2944, "bfloat16", 132).K_TAIL
 
 
+@pytest.mark.parametrize("M, N, nb", [
+    (256, 8192, 128), (512, 8192, 256), (640, 8192, 128), (768, 8192, 128), (4000, 8192, 256),
+    (256, 28672, 256), (384, 28672, 128), (512, 28672, 128), (768, 28672, 128)])
+def test_tile_width_is_the_faster_measured_one(M, N, nb):
+    """The rounds model picks the width the H200 A/Bs measured faster (docs/results.md): 256
+    where its tiles fill their rounds, 128 where they leave a round or a tile row half empty."""
+    from tk_cute.nvfp4 import heuristics
+
+    assert heuristics.register_a_tiled_config(M, N, 8192, "bfloat16", 132).Nb == nb
+
+
 @pytest.mark.parametrize("N, K", [(128, 2880), (384, 160), (256, 32)])
 def test_k_tail_scale_tiles_hold_each_stage_atoms(N, K):
     """With a K tail (`Config.K_TAIL`) the scales are one batch of rows per band: the stage-k

@@ -200,14 +200,22 @@ def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs
     return narrow
 
 
+# A tiled register-A tile's time per activation row (column of D^T) relative to Nb = 256: with
+# 128 rows each decoded weight serves half the activations. Fitted to H200 A/Bs of the two
+# widths (docs/results.md, twelfth and fifteenth sessions; 8 shapes, the fitted ratio of a
+# 128-wide tile's time to a 256-wide one's 0.52-0.59).
+TILED_TILE_COST = {256: 1.0, 128: 1.08}
+
+
 def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) -> rst.Config:
-    """Nb = 256 activation rows per tile where the 128 x 256 tiles still make about a wave (each
-    decoded weight then serves twice the activations), else 128. H200 (docs/results.md,
-    twelfth session): 256x8192^2 (64 tiles of 256) 0.54x cuBLAS with Nb = 256 against 0.91x
-    with 128; 512x8192^2 (128 tiles) 0.90x against 0.84x."""
-    tiles = (N // rst.ROWS) * -(-M // 256)
-    return rst.Config(Nb=256 if tiles >= 0.9 * sms else 128, out_dtype=out_dtype,
-                      K_TAIL=K % rst.STAGE_K != 0)
+    """Nb (activation rows per tile) from the rounds model of `schedule.tile_width` over the
+    (N / 128) x ceil(M / Nb) tiles (`TILED_TILE_COST`): 256 where its tiles fill their rounds,
+    128 where 256-row tiles would leave a round nearly empty or their last row of tiles half
+    empty. H200 (docs/results.md), vs cuBLAS bf16, Nb = 256 / 128: 256x8192^2 0.54 / 0.91x,
+    512x8192^2 0.90 / 0.84x, 384x28672x8192 0.60 / 0.76x, 512x28672x8192 0.77 / 0.85x,
+    256x28672x8192 0.95 / 0.88x."""
+    nb = schedule.tile_width(N // rst.ROWS, M, sms, TILED_TILE_COST)
+    return rst.Config(Nb=nb, out_dtype=out_dtype, K_TAIL=K % rst.STAGE_K != 0)
 
 
 def register_a_ctas(cfg: rs.Config, N: int, K: int, sms: int) -> int:

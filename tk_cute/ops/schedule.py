@@ -213,3 +213,16 @@ def stream_k_spans(ctas: int, tiles: int) -> int:
     """The most CTAs whose shares one tile's units can span (partial sums per tile to keep):
     at most ceil(ctas / tiles) + 1."""
     return min(ctas, -(-ctas // tiles) + 1)
+
+
+def tile_width(bands: int, cols: int, sms: int, cost: dict) -> int:
+    """The width Nb (a key of `cost`) of the `bands` x ceil(cols / Nb) output tiles of a
+    persistent grid on `sms` SMs whose modelled time is least: ceil(tiles / sms) rounds times
+    Nb * cost[Nb] (cost: a tile's time per column relative to the others'). Wide tiles where
+    they fill the SMs, narrower ones where a wide tile leaves a round nearly empty or its last
+    tile mostly past `cols`; ties go to the wider tile (plain host arithmetic)."""
+    def time(nb):
+        tiles = bands * -(-cols // nb)
+        return -(-tiles // sms) * nb * cost[nb], -nb
+
+    return min(cost, key=time)
