@@ -3,7 +3,7 @@
 
 D (M, N) = A (M, K) @ deq(B)^T with B NVFP4 weights, computed as D^T = W X^T: each tile is 128
 weight rows (the wgmma M side, two consumer warpgroups of 64) by Nb activation rows (wgmma N,
-128 or 256), and the weights never exist as bf16 outside registers. Pipeline (`templates/lcf`):
+128, 192 or 256), and the weights never exist as bf16 outside registers. Pipeline (`templates/lcf`):
   producer warp: per 128-K stage, TMA loads of the tile's 128 weight rows (64 packed bytes
     each, plain rows), the band's two scale atoms (1 KiB) and Nb activation rows (128 bf16,
     128-byte swizzle, already in the decode's K order), into a LOAD_PIPE_DEPTH ring;
@@ -54,6 +54,7 @@ from tk_cute.types.struct import DeviceStruct, config_repr
 
 STAGE_K = rs.SUB_K  # K per stage: one register-A batch (8 wgmma k16 steps)
 ROWS = 128  # weight rows per tile: one scale band, two 64-row consumer warpgroups
+NBS = (128, 192, 256)  # activation rows per tile (wgmma N)
 OUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32, "nvfp4": cutlass.Uint8}  # nvfp4: D's packed codes
 SMEM_BUDGET = target("sm_90a").smem_bytes
@@ -61,7 +62,7 @@ SMEM_BUDGET = target("sm_90a").smem_bytes
 
 @dataclass(frozen=True)
 class Config:
-    """Nb: activation rows per tile (wgmma N: 128 or 256); LOAD_PIPE_DEPTH: ring stages (0: as
+    """Nb: activation rows per tile (wgmma N: 128, 192 or 256); LOAD_PIPE_DEPTH: ring stages (0: as
     many as fit); SUPERGROUP_SIZE: tile rows per supergroup (L2 reuse of the activations);
     A_SETS: A operand register sets the consumers alternate between stages (2: a stage's decode
     overlaps the previous stage's MMAs of the same warpgroup; 1: each decode waits for them)."""
@@ -84,8 +85,8 @@ class Config:
     __repr__ = config_repr
 
     def __post_init__(self):
-        if self.Nb not in (128, 256):
-            raise ValueError(f"Nb must be 128 or 256 (wgmma N), got {self.Nb}")
+        if self.Nb not in NBS:
+            raise ValueError(f"Nb must be one of {NBS} (wgmma N), got {self.Nb}")
         if self.out_dtype not in OUT_TYPES:
             raise ValueError(f"out_dtype must be one of {list(OUT_TYPES)}, got "
                              f"{self.out_dtype!r}")

@@ -9,8 +9,8 @@ from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
 from tk_cute.layouts import nvfp4_scales
 
 
-@pytest.fixture(scope="module", params=[(256, 1), (128, 1), (256, 2)],
-                ids=["nb256", "nb128", "nb256_2sets"])
+@pytest.fixture(scope="module", params=[(256, 1), (128, 1), (192, 1), (256, 2)],
+                ids=["nb256", "nb128", "nb192", "nb256_2sets"])
 def built(request):
     nb, sets = request.param
     cfg = rst.Config(Nb=nb, A_SETS=sets)
@@ -45,7 +45,7 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
 
 def test_ring_fills_shared_memory(built):
     cfg, k, _ = built
-    assert k.LOAD_PIPE_DEPTH == {256: 3, 128: 5}[cfg.Nb]
+    assert k.LOAD_PIPE_DEPTH == {256: 3, 192: 3, 128: 5}[cfg.Nb]
     assert k.stage_bytes() == 128 * 64 + 1024 + cfg.Nb * 128 * 2
     assert k.dynamic_shared_memory() <= rst.SMEM_BUDGET
 
@@ -66,7 +66,7 @@ def test_scale_tiles_hold_each_stage_atoms(N, K):
 
 
 def test_config_and_shape_rules():
-    with pytest.raises(ValueError, match="Nb must be 128 or 256"):
+    with pytest.raises(ValueError, match=r"Nb must be one of \(128, 192, 256\) .wgmma N., got 64"):
         rst.Config(Nb=64)
     with pytest.raises(ValueError, match="LOAD_PIPE_DEPTH"):
         rst.Config(LOAD_PIPE_DEPTH=1)
@@ -88,11 +88,14 @@ def test_config_and_shape_rules():
 
 
 @pytest.mark.parametrize("M, N, nb", [
-    (256, 8192, 128), (512, 8192, 256), (640, 8192, 128), (768, 8192, 128), (4000, 8192, 256),
-    (256, 28672, 256), (384, 28672, 128), (512, 28672, 128), (768, 28672, 128)])
+    (200, 8192, 128), (256, 8192, 128), (384, 8192, 192), (512, 8192, 256), (640, 8192, 192),
+    (768, 8192, 192), (1536, 8192, 256), (3072, 8192, 256), (4000, 8192, 256),
+    (256, 28672, 256), (384, 28672, 192), (512, 28672, 128), (768, 28672, 192),
+    (1152, 28672, 192)])
 def test_tile_width_is_the_faster_measured_one(M, N, nb):
-    """The rounds model picks the width the H200 A/Bs measured faster (docs/results.md): 256
-    where its tiles fill their rounds, 128 where they leave a round or a tile row half empty."""
+    """The rounds model picks the width the H200 A/Bs measured fastest (docs/results.md; 3072
+    rows: 256 and 192 within 0.3%): 256 where its tiles fill their rounds, 192 or 128 where
+    they leave a round or a row of tiles half empty."""
     from tk_cute.nvfp4 import heuristics
 
     assert heuristics.register_a_tiled_config(M, N, 8192, "bfloat16", 132).Nb == nb
@@ -167,7 +170,7 @@ def _poisoned_nvfp4(M, N, global_scale):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nb, sets", [(128, 1), (256, 1), (128, 2), (256, 2)])
+@pytest.mark.parametrize("nb, sets", [(128, 1), (192, 1), (256, 1), (128, 2), (256, 2)])
 @pytest.mark.parametrize("M, N, K", [(129, 256, 128), (300, 1024, 2048), (1000, 384, 1152),
                                      (256, 8192, 8192), (4097, 512, 256), (300, 384, 2880),
                                      (129, 256, 32), (1000, 256, 160)])

@@ -200,20 +200,20 @@ def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs
     return narrow
 
 
-# A tiled register-A tile's time per activation row (column of D^T) relative to Nb = 256: with
-# 128 rows each decoded weight serves half the activations. Fitted to H200 A/Bs of the two
-# widths (docs/results.md, twelfth and fifteenth sessions; 8 shapes, the fitted ratio of a
-# 128-wide tile's time to a 256-wide one's 0.52-0.59).
-TILED_TILE_COST = {256: 1.0, 128: 1.08}
+# A tiled register-A tile's time per activation row (column of D^T) relative to Nb = 256: the
+# narrower the tile, the fewer activations each decoded weight serves. Fitted to H200 A/Bs of
+# the widths (docs/results.md, twelfth and fifteenth sessions: 8 shapes at 128, 7 at 192; per
+# row 1.05-1.18 at 128, 0.97-1.06 at 192).
+TILED_TILE_COST = {256: 1.0, 192: 1.02, 128: 1.08}
 
 
 def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) -> rst.Config:
     """Nb (activation rows per tile) from the rounds model of `schedule.tile_width` over the
     (N / 128) x ceil(M / Nb) tiles (`TILED_TILE_COST`): 256 where its tiles fill their rounds,
-    128 where 256-row tiles would leave a round nearly empty or their last row of tiles half
-    empty. H200 (docs/results.md), vs cuBLAS bf16, Nb = 256 / 128: 256x8192^2 0.54 / 0.91x,
-    512x8192^2 0.90 / 0.84x, 384x28672x8192 0.60 / 0.76x, 512x28672x8192 0.77 / 0.85x,
-    256x28672x8192 0.95 / 0.88x."""
+    192 or 128 where 256-row tiles would leave a round nearly empty or their last row of tiles
+    half empty. H200 A/Bs (docs/results.md), vs cuBLAS bf16, Nb = 256 / 192 / 128: 384x8192^2
+    0.72 / 0.91 / 0.66x, 768x28672x8192 0.87 / 1.02 / 0.92x, 200x8192^2 0.50 / 0.36 / 0.80x,
+    512x8192^2 0.90 / - / 0.84x, 3072x8192^2 0.93 / 0.93 / 0.87x."""
     nb = schedule.tile_width(N // rst.ROWS, M, sms, TILED_TILE_COST)
     return rst.Config(Nb=nb, out_dtype=out_dtype, K_TAIL=K % rst.STAGE_K != 0)
 
