@@ -298,11 +298,12 @@ def stream_units(cfg: Config, N, K):
 
 @cute.kernel
 def _permute_kernel(k_tail: cutlass.Constexpr, x: cute.Pointer, xp: cute.Pointer, M: Int32,
-                    K: Int32):
+                    K: Int32, rows: Int32):
     """Permute "call": the activations in the K order of the decode (`act_column`), once per
     call into `xp` (rows `k_blocks` x 128 wide), which the GEMM's TMA then reads: 4 threads own
     the 16 chunks of a (row, 128-K block), as the permuting warps do per stage
-    (`_load_natural`, `_store_permuted`). With a K tail, chunks past K are zeros."""
+    (`_load_natural`, `_store_permuted`). With a K tail, chunks past K are zeros; rows M ..
+    `rows` of the copy are zeros (`_zero_rows`)."""
     tid, _, _ = cute.arch.thread_idx()
     bid, _, _ = cute.arch.block_idx()
     cluster.pdl_wait()  # x may be the previous kernel's output
@@ -319,6 +320,21 @@ def _permute_kernel(k_tail: cutlass.Constexpr, x: cute.Pointer, xp: cute.Pointer
             chunks = _load_natural(_ld_global, lambda c: x.toint() + row + 16 * c, p)
             out = row
         _store_permuted(memory.st_v4_u32, lambda c: xp.toint() + out + 16 * c, p, chunks)
+    _zero_rows(k_tail, xp, m, blk, p, M, K, rows)
+
+
+@cute.jit
+def _zero_rows(k_tail: cutlass.Constexpr, xp: cute.Pointer, m, blk, p, M, K, rows):
+    """Task (m, blk, p) of a permute pass past the activations (M <= m < rows): its chunks of
+    the copy as zeros. The tiled kernel's activation tiles then lie inside the copy: TMA boxes
+    mostly past a tensor's last row were measured slow (257x8192^2 with 256-row tiles: the
+    second row of tiles, one row in bounds, made the call 1.5x a 384-row one)."""
+    if m >= M:
+        if m < rows:
+            width = Int64(k_blocks(k_tail, K)) * SUB_K
+            out = (Int64(m) * width + blk * SUB_K) * 2
+            _store_permuted(memory.st_v4_u32, lambda c: xp.toint() + out + 16 * c, p,
+                            [[Uint32(0)] * 4] * 4)
 
 
 def _ld_global_tail(row, blk, K, c):
@@ -358,7 +374,8 @@ def permute_task(task, blocks):
 @cute.kernel
 def _decode_permute_kernel(sf_format: cutlass.Constexpr, k_tail: cutlass.Constexpr,
                            xq: cute.Pointer, xsf: cute.Pointer, gsa: cute.Pointer,
-                           gsb: cute.Pointer, xp: cute.Pointer, M: Int32, K: Int32):
+                           gsb: cute.Pointer, xp: cute.Pointer, M: Int32, K: Int32,
+                           rows: Int32):
     """Permute "call" for NVFP4 activations (W4A4): `_permute_kernel`'s pass, but each natural
     chunk of 8 elements is decoded from its 4 bytes of codes and its scale byte straight into
     the strided pairing (`ops.nvfp4.e2m1x8_scaled_shifted_strided`: e2m1 * sf * 2^-shift, exact
@@ -367,7 +384,7 @@ def _decode_permute_kernel(sf_format: cutlass.Constexpr, k_tail: cutlass.Constex
     exact) after the activations (`decoded_scale`), which the GEMM takes as its `gsb`: the sums
     carry 2^-shift exactly (no product comes near fp32's subnormals), so D = fl(sum * 2^shift_w
     * that) is bit for bit the W4A16 GEMM of the exactly decoded activations with gsb =
-    fl(gA * gB)."""
+    fl(gA * gB). Rows M .. `rows` of the copy are zeros (`_zero_rows`), D's scale after them."""
     tid, _, _ = cute.arch.thread_idx()
     bid, _, _ = cute.arch.block_idx()
     cluster.pdl_wait()  # the activations may be the previous kernel's output (the quantizer)
@@ -376,7 +393,7 @@ def _decode_permute_kernel(sf_format: cutlass.Constexpr, k_tail: cutlass.Constex
     if bid == 0 and tid == 0:
         scale = fp4.mul_rn(fp4.mul_rn(memory.ld_f32(gsa.toint()), memory.ld_f32(gsb.toint())),
                            shift)
-        memory.st_cvt(decoded_scale(xp, M, permuted_width(K, k_tail)).toint(), scale,
+        memory.st_cvt(decoded_scale(xp, rows, permuted_width(K, k_tail)).toint(), scale,
                       "float32")
     m, blk, p = permute_task(bid * PERMUTE_THREADS + tid, k_blocks(k_tail, K))
     if m < M:
@@ -387,6 +404,7 @@ def _decode_permute_kernel(sf_format: cutlass.Constexpr, k_tail: cutlass.Constex
         else:
             row = (Int64(m) * Int64(K) + blk * SUB_K) * 2
         _store_permuted(memory.st_v4_u32, lambda c: xp.toint() + row + 16 * c, p, chunks)
+    _zero_rows(k_tail, xp, m, blk, p, M, K, rows)
 
 
 @cute.kernel
@@ -674,21 +692,25 @@ def weight_tensors(w: cute.Pointer, wsf: cute.Pointer, N, K, k_tail: bool = Fals
 
 
 def launch_permute(x: cute.Pointer, xp: cute.Pointer, M, K, stream, use_pdl: bool,
-                   k_tail: bool = False) -> None:
-    """Launch `_permute_kernel`: xp = x with every row in the decode's K order."""
-    _permute_kernel(k_tail, x, xp, M, K).launch(grid=[_permute_ctas(k_tail, M, K), 1, 1],
-                                                block=[PERMUTE_THREADS, 1, 1], stream=stream,
-                                                use_pdl=use_pdl)
+                   k_tail: bool = False, rows=None) -> None:
+    """Launch `_permute_kernel`: xp = x with every row in the decode's K order, then zero rows
+    up to `rows` (default M)."""
+    rows = M if rows is None else rows
+    _permute_kernel(k_tail, x, xp, M, K, rows).launch(
+        grid=[_permute_ctas(k_tail, rows, K), 1, 1], block=[PERMUTE_THREADS, 1, 1],
+        stream=stream, use_pdl=use_pdl)
 
 
 def launch_decode_permute(sf_format: str, xq: cute.Pointer, xsf: cute.Pointer,
                           gsa: cute.Pointer, gsb: cute.Pointer, xp: cute.Pointer, M, K,
-                          stream, k_tail: bool = False) -> None:
+                          stream, k_tail: bool = False, rows=None) -> None:
     """Launch `_decode_permute_kernel` (PDL): xp = the NVFP4 activations (codes xq, blocked
-    scales xsf) decoded in the decode's K order, and D's scale after them."""
-    _decode_permute_kernel(sf_format, k_tail, xq, xsf, gsa, gsb, xp, M, K).launch(
-        grid=[_permute_ctas(k_tail, M, K), 1, 1], block=[PERMUTE_THREADS, 1, 1], stream=stream,
-        use_pdl=True)
+    scales xsf) decoded in the decode's K order, zero rows up to `rows` (default M), and D's
+    scale after them (`decoded_scale(xp, rows, ...)`)."""
+    rows = M if rows is None else rows
+    _decode_permute_kernel(sf_format, k_tail, xq, xsf, gsa, gsb, xp, M, K, rows).launch(
+        grid=[_permute_ctas(k_tail, rows, K), 1, 1], block=[PERMUTE_THREADS, 1, 1],
+        stream=stream, use_pdl=True)
 
 
 def _permute_ctas(k_tail: bool, M, K):

@@ -259,7 +259,8 @@ class GemmNvfp4RsTiledSm90(LCF):
                  x: cute.Pointer, xp: cute.Pointer, gs: cute.Pointer, out: cute.Pointer,
                  out_sf: cute.Pointer, out_gs: cute.Pointer, flag: cute.Pointer,
                  M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32, stream):
-        rs.launch_permute(x, xp, M, K, stream, use_pdl=False, k_tail=self.config.K_TAIL)
+        rs.launch_permute(x, xp, M, K, stream, use_pdl=False, k_tail=self.config.K_TAIL,
+                          rows=self.rows(M))
         self._gemm(sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, M, N, K, stream)
 
     @cute.jit
@@ -271,16 +272,28 @@ class GemmNvfp4RsTiledSm90(LCF):
         """W4A4: the activations' decode pass (it writes D's scale gA * gB * 2^8 after them),
         then the W4A16 GEMM, which reads them once that pass has ended."""
         rs.launch_decode_permute(self.config.sf, x, xsf, gsa, gs, xp, M, K, stream,
-                                 self.config.K_TAIL)
-        scale = rs.decoded_scale(xp, M, rs.permuted_width(K, self.config.K_TAIL))
+                                 self.config.K_TAIL, self.rows(M))
+        scale = rs.decoded_scale(xp, self.rows(M), rs.permuted_width(K, self.config.K_TAIL))
         self._gemm(sms, w, wsf, xp, scale, out, out_sf, out_gs, flag, M, N, K, stream)
+
+    def rows(self, M):
+        """Rows of the permuted activations: M rounded up to whole tiles (`padded_rows`)."""
+        return padded_rows(self.config, M)
 
     def _gemm(self, sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, M, N, K, stream):
         wt, sft = rs.weight_tensors(w, wsf, N, K, self.config.K_TAIL)
-        xt = row_major(xp, M, rs.permuted_width(K, self.config.K_TAIL))  # k_steps: its tiles
+        # the copy's zero rows past M complete the last row of tiles (TMA boxes in bounds)
+        xt = row_major(xp, self.rows(M), rs.permuted_width(K, self.config.K_TAIL))
         g = Globals(gl.load(wt, self.w_tile), gl.load(sft, self.sf_tile),
                     gl.load(xt, self.x_tile), gs, out, out_sf, out_gs, flag, M, N, K)
         self.launch(g, N // ROWS, cute.ceil_div(M, self.Nb), 1, sms, stream)
+
+
+def padded_rows(cfg: Config, M):
+    """Rows of the permuted activation copy the tiled kernel reads: M rounded up to a multiple
+    of Nb, the rows past M zeros (the permute passes' `rows`; plain integer arithmetic: the
+    host allocates the copy with it)."""
+    return (M + cfg.Nb - 1) // cfg.Nb * cfg.Nb
 
 
 def nvfp4_out_byte(n_w, gq, h):

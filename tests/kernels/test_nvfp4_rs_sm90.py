@@ -340,12 +340,13 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     assert b.sass_count(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0") <= 2 * cfg.TILES + 1
     # TMA tile loads per stage: weights, each band's scales and the activations in 64-column
     # (128-byte, one swizzle span) boxes; no global vector loads but the reduction's and the
-    # permute kernel's 4 (natural chunks) and its 4 stores (permuted chunks).
+    # permute kernel's 4 (natural chunks) and its 4 + 4 stores (permuted chunks; zero rows past
+    # M, `_zero_rows`, for the tiled kernel's whole tiles).
     tma_loads = 1 + cfg.bands + rs.STAGE_K // 64
     assert b.ptx_count(r"cp\.async\.bulk\.tensor\.2d") == tma_loads
     assert b.sass_count(r"\bUTMALDG\b") == tma_loads
     assert b.ptx_count(r"ld\.global\.nc\S*\.v4") == 1 + 4 * per_call
-    assert b.ptx_count(r"st\.global\.v4") == 4 * per_call
+    assert b.ptx_count(r"st\.global\.v4") == 8 * per_call
     # PDL: the reduction launches early and waits for the partials; the GEMM waits (a no-op
     # without PDL) for the permute kernel, which waits for the kernel before it. With
     # Config.PDL the reduction lets the next call's GEMM launch too.
@@ -413,7 +414,7 @@ def test_w4a4_decodes_in_the_permute_pass(n_act, rows):
     (dec,) = pick(e4, "_decode_permute_kernel")
     assert len(re.findall(r"ld\.global\.b32", dec)) == 4 + 2  # codes, gA and gB
     assert len(re.findall(r"ld\.global\.u8", dec)) == 4
-    assert len(re.findall(r"st\.global\.v4", dec)) == 4
+    assert len(re.findall(r"st\.global\.v4", dec)) == 4 + 4  # permuted chunks, zero rows
     assert len(re.findall(r"mul\.rn\.bf16x2", dec)) >= 4 * 4  # the exact decode, 4 per word
     assert all(k.local_bytes == 0 for k in b4.resources) and len(b4.resources) == 3
     with pytest.raises(ValueError, match="PERMUTE='stage'"):

@@ -110,18 +110,20 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
     return out
 
 
-def _permuted_buffer(M: int, K: int, device, extra: int = 0) -> torch.Tensor:
-    """The permute pass's output: M rows of `rs.permuted_width(K)` bf16 (K rounded up to the
-    permutation's 128: a K tail's columns are zeros there), then `extra` elements."""
-    return torch.empty(M * rs.permuted_width(K) + extra, dtype=torch.bfloat16, device=device)
+def _permuted_buffer(rows: int, K: int, device, extra: int = 0) -> torch.Tensor:
+    """The permute pass's output: `rows` (M, or the tiled kernel's `padded_rows`) rows of
+    `rs.permuted_width(K)` bf16 (K rounded up to the permutation's 128: a K tail's columns are
+    zeros there), then `extra` elements."""
+    return torch.empty(rows * rs.permuted_width(K) + extra, dtype=torch.bfloat16,
+                       device=device)
 
 
-def _decoded_activations(a: NVFP4Tensor) -> dict:
+def _decoded_activations(a: NVFP4Tensor, rows: int | None = None) -> dict:
     """The launch arguments of NVFP4 activations that a register-A kernel's permute pass
     decodes: their codes, blocked scales and decode scale, and the buffer it decodes into
-    (`_permuted_buffer`, then D's scale: 16 bytes)."""
+    (`_permuted_buffer` of `rows`, default M, then D's scale: 16 bytes)."""
     M, K = a.shape
-    xp = _permuted_buffer(M, K, a.device, 8)
+    xp = _permuted_buffer(M if rows is None else rows, K, a.device, 8)
     return dict(x=codes(a), xsf=a.scales.contiguous().data_ptr(),
                 gsa=a.global_scale.data_ptr(), xp=xp.data_ptr())
 
@@ -149,10 +151,11 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
                   gs=(b.global_scale if gsb is None else gsb).data_ptr(), out=out,
                   out_sf=out_sf, out_gs=out_gs, flag=flag, M=M, N=N, K=K,
                   stream=raw_stream(index))
+    rows = rst.padded_rows(cfg, M)  # whole tiles of the permuted copy (its rows past M zeros)
     if cfg.a_format == "nvfp4":
-        launch(**_decoded_activations(a), **common)
+        launch(**_decoded_activations(a, rows), **common)
     else:
-        xp = _permuted_buffer(M, K, dev)
+        xp = _permuted_buffer(rows, K, dev)
         launch(x=aligned(a).data_ptr(), xp=xp.data_ptr(), **common)
 
 
