@@ -683,8 +683,7 @@ def weight_tensors(w: cute.Pointer, wsf: cute.Pointer, N, K, k_tail: bool = Fals
     scales (each 512-byte atom as 2 rows of 256 bytes): all bands' atoms as one column of rows,
     or with a K tail one batch of rows per band (its atoms past K then arrive as zeros;
     `scale_coord`)."""
-    codes = cute.make_tensor(w, cute.make_layout(
-        (N, K // 2, 1), stride=(nvfp4_codes.row_pitch(K), 1, N * nvfp4_codes.row_pitch(K))))
+    codes = row_major(w, N, K // 2, pitch=nvfp4_codes.row_pitch(K))
     if k_tail:
         rk = (K + nvfp4_scales.ATOM_K - 1) // nvfp4_scales.ATOM_K
         return codes, row_major(wsf, rk * 2, 256, N // BAND)

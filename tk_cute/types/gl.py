@@ -93,11 +93,13 @@ class gl(DeviceStruct):
         cpasync.prefetch_descriptor(self.atom)
 
 
-def row_major(ptr, rows, cols, batch=1) -> cute.Tensor:
-    """The global tensor (rows, cols, batch) at `ptr`, cols contiguous, batches packed (what
-    `gl.load` / `gl.store` take; TK's `gl<T, b, 1, r, c>`)."""
+def row_major(ptr, rows, cols, batch=1, pitch=None) -> cute.Tensor:
+    """The global tensor (rows, cols, batch) at `ptr`, cols contiguous, rows `pitch` elements
+    apart (default cols: packed), batches packed (what `gl.load` / `gl.store` take; TK's
+    `gl<T, b, 1, r, c>`)."""
+    pitch = cols if pitch is None else pitch
     return cute.make_tensor(ptr, cute.make_layout((rows, cols, batch),
-                                                  stride=(cols, 1, rows * cols)))
+                                                  stride=(pitch, 1, rows * pitch)))
 
 
 def _check_global(tensor: cute.Tensor, tile: st):
