@@ -64,6 +64,26 @@ def test_scale_lookup_matches_the_logical_matrix():
 
 
 # %% [markdown]
+# Rows of codes start 16 bytes apart: the TMA's global strides must be multiples of 16 bytes.
+# K % 32 == 0 gives that for free (K / 2 bytes a row); for any other K % 16 (K = 48 here, 8208
+# in a real model) the rows are padded once, when the tensor is made: `data` keeps its logical
+# shape (M, K / 2) as a view of the padded rows, `data_padded` shows the bytes as stored.
+
+# %%
+def test_rows_of_codes_are_16_bytes_apart():
+    from tk_cute.layouts.nvfp4_codes import row_pitch
+
+    q48 = nvfp4.quantize(torch.randn(4, 48))
+    assert q48.data.shape == (4, 24) and q48.data.stride() == (row_pitch(48), 1) == (32, 1)
+    assert q48.data_padded.shape == (4, 32) and bool((q48.data_padded[:, 24:] == 0).all())
+    return q48
+
+
+print("K = 48: data", tuple(test_rows_of_codes_are_16_bytes_apart().data.stride()),
+      "strides (the row pitch is 32 bytes)")
+
+
+# %% [markdown]
 # An NVFP4 GEMM. On a GPU `nvfp4.gemm` runs a kernel (`nvfp4.plan` names it), checked element
 # by element against the float64 product of the exactly decoded operands
 # (`tk_cute.testing.assert_gemm_close`, whose docstring derives the bound). On a CPU there is
@@ -87,5 +107,6 @@ def test_gemm_matches_the_exact_product():
 
 if __name__ == "__main__":
     test_scale_lookup_matches_the_logical_matrix()
+    test_rows_of_codes_are_16_bytes_apart()
     plan = test_gemm_matches_the_exact_product()
     print(f"ok: nvfp4.gemm ran {plan} and matched the float64 product element by element")
