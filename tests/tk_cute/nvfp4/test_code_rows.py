@@ -118,6 +118,17 @@ def test_fake_quantize_op_has_the_real_strides():
     assert real[0].stride() == (32, 1)
 
 
+def test_custom_ops_pass_opcheck_on_padded_rows():
+    """torch.library.opcheck (schema, fake vs real, aliasing, AOT dispatch) with K = 48: the
+    quantizer's padded-row output and the GEMM taking such parts."""
+    x = torch.randn(9, 48)
+    torch.library.opcheck(torch.ops.tk_cute.nvfp4_quantize.default, (x, None, True))
+    q = nvfp4.quantize(torch.randn(24, 48))
+    a = torch.randn(5, 48).bfloat16()
+    torch.library.opcheck(torch.ops.tk_cute.nvfp4_gemm.default,
+                          (a, None, None, q.data, q.scales, q.global_scale, torch.bfloat16))
+
+
 def test_nvfp4_out_is_padded_and_checked():
     from tk_cute.nvfp4 import validate
 
