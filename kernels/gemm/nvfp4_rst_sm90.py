@@ -25,7 +25,8 @@ the quantizer's), with D's given decode scale, so the bytes equal quantizing the
 code pairs meet by one shuffle; scale bytes land at `nvfp4_scales.band_offset`; a saturated
 block scale (the given scale too small) ORs a device flag.
 Constraints (checked): N % 128 == 0, K % 16 == 0 (K % 128 != 0 with `Config.K_TAIL`: the last
-stage is partial, zero-filled past K); any M >= 1 (TMA zero-fills the last tile). Rows of codes
+stage is partial, zero-filled past K); any M >= 1 (the permute pass writes zero rows up to
+whole tiles, `padded_rows`). Rows of codes
 (the weights', an NVFP4 D's) are `nvfp4_codes.row_pitch` bytes apart, as NVFP4Tensor keeps them.
 Weights' scale format (`Config.sf`): UE4M3, or UE5M3 (decode shift 16, `ops.nvfp4.decode_shift`;
 GPU-tested). An NVFP4 D always has UE4M3 scales.
@@ -322,10 +323,10 @@ class Globals(DeviceStruct):
 
 def signature(cfg: Config) -> Signature:
     """The launch's runtime arguments: weights (codes, blocked scales), activations (W4A4: their
-    codes, blocked scales and decode scale gA) and their permuted copy (W4A4: M x K bf16 + 16
-    bytes), the accumulator's scale (gB, or gA * gB for bf16 activations decoded elsewhere), D
-    (for NVFP4: its codes, blocked scales, given decode scale and the saturation flag; other
-    outputs ignore those three), the shape."""
+    codes, blocked scales and decode scale gA) and their permuted copy (`padded_rows` x
+    `permuted_width` bf16; W4A4: + 16 bytes), the accumulator's scale (gB, or gA * gB for
+    bf16 activations decoded elsewhere), D (for NVFP4: its codes, blocked scales, given decode
+    scale and the saturation flag; other outputs ignore those three), the shape."""
     w = (ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8))
     if cfg.a_format == "nvfp4":
         x = (ptr("x", cutlass.Uint8, 4), ptr("xsf", cutlass.Uint8, 1),

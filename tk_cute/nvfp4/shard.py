@@ -40,7 +40,7 @@ import torch
 
 from tk_cute.layouts.nvfp4_scales import to_blocked
 
-from .tensor import SF_VEC, NVFP4Tensor
+from .tensor import SF_VEC, NVFP4Tensor, codes_storage
 
 
 def _dim(q: NVFP4Tensor, dim) -> int:
@@ -119,8 +119,8 @@ def shard(q: NVFP4Tensor, dim: int, index: int, count: int) -> NVFP4Tensor:
         data, sf = q.data[tuple(cut)], sf[tuple(cut)]
     shape = list(q.shape)
     shape[d] = step
-    return _like(q, data.clone(memory_format=torch.contiguous_format), to_blocked(sf),
-                 q.global_scale.clone(), shape)
+    own = codes_storage(shape, data.device).copy_(data)  # one copy, in the shard's row pitch
+    return _like(q, own, to_blocked(sf), q.global_scale.clone(), shape)
 
 
 def _like(q: NVFP4Tensor, data, scales, global_scale, shape) -> NVFP4Tensor:

@@ -184,13 +184,14 @@ def test_block_dequantize_reads_padded_rows(seed, K):
 @pytest.mark.gpu
 def test_nvfp4_output_with_padded_rows(seed):
     """D quantized to NVFP4 with N = 80 (rows of D's codes padded from 40 to 48 bytes): the
-    bytes, padding included, equal the CUDA quantizer's on the fp32 D of the same path."""
+    bytes, padding included, equal the CPU reference recipe's (`quantize_reference`, torch on
+    the host) on the fp32 D of the same path."""
     a = torch.randn(17, 256, device="cuda").bfloat16()
     b = nvfp4.quantize(torch.randn(80, 256, device="cuda"))
     d32 = nvfp4.gemm(a, b, torch.float32)
     gs = torch.tensor(float(d32.abs().max()) / 2688 * 1.01, device="cuda")
-    q = nvfp4.gemm(a, b, "nvfp4", out_global_scale=gs)
-    want = nvfp4.quantize(d32, global_scale=gs)
+    q = nvfp4.gemm(a, b, "nvfp4", out_global_scale=gs).to("cpu")
+    want = nvfp4.quantize_reference(d32.cpu(), global_scale=gs.cpu())
     assert q.data.stride() == (48, 1)
     assert torch.equal(q.data_padded, want.data_padded) and torch.equal(q.scales, want.scales)
 
