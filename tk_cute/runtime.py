@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -92,6 +93,50 @@ def output(out, shape: tuple, dtype, device, who: str) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=device)
     check_out(out, shape, dtype, device, who)
     return out
+
+
+# Workspaces up to this size are kept per (device, stream, name) and reused (`workspace`);
+# larger ones are allocated per call, where the GPU time dwarfs an allocation's host time. At
+# most WORKSPACE_CACHE_ENTRIES are kept (the oldest dropped: code that makes a stream per call
+# must not grow the cache).
+WORKSPACE_CACHE_BYTES = 8 << 20
+WORKSPACE_CACHE_ENTRIES = 64
+_WORKSPACES: dict = {}
+_WORKSPACES_LOCK = threading.Lock()
+
+
+def workspace(name: str, nbytes: int, device: torch.device, stream: int) -> torch.Tensor:
+    """A scratch buffer of at least `nbytes` bytes (16-byte aligned, uninitialized) for kernels
+    launched on `stream` (a raw handle, `raw_stream`): what a kernel writes and the next one
+    on the stream reads within one call (partial sums, permuted activations).
+
+    An allocation costs ~5 us of host time, as much as a small GEMM's whole launch, so buffers
+    up to `WORKSPACE_CACHE_BYTES` are kept per (device, stream, name) and handed out again.
+    That is safe because every use of a buffer is ordered on its stream: a call's kernels
+    finish with it before the next call's kernels on that stream touch it (a programmatic
+    dependent launch still waits for the kernel before it ends before writing memory). While
+    the stream is capturing a CUDA graph, and on CPU tensors (the launch tests), each call
+    allocates, as torch's caching allocator would: a graph keeps its own memory. A dropped or
+    replaced buffer goes back to torch's allocator, which hands it out again only in the order
+    of its stream."""
+    if device.type != "cuda" or nbytes > WORKSPACE_CACHE_BYTES or _capturing():
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    key = (device_index(device), stream, name)  # (the default stream is 0 on every device)
+    buf = _WORKSPACES.get(key)
+    if buf is None or buf.numel() < nbytes:
+        with _WORKSPACES_LOCK:  # (a larger buffer replaces a smaller one: stream-ordered)
+            buf = _WORKSPACES.get(key)
+            if buf is None or buf.numel() < nbytes:
+                _WORKSPACES.pop(key, None)  # (re-inserted last: the newest)
+                while len(_WORKSPACES) >= WORKSPACE_CACHE_ENTRIES:
+                    del _WORKSPACES[next(iter(_WORKSPACES))]
+                buf = _WORKSPACES[key] = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8,
+                                                     device=device)
+    return buf
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_current_stream_capturing()
 
 
 def stream():
@@ -242,11 +287,20 @@ class Signature:
 class Launcher:
     """A compiled function called with its argument slots packed directly, by name: the DSL's
     `generate_execution_args` costs ~6 us per call plus ~1 us per runtime object, DLPack views
-    ~10-20 us per tensor."""
+    ~10-20 us per tensor, and its `run_compiled_program` (a lock, a per-argument conversion
+    loop) ~4 us more than the compiled host function it calls. So each thread keeps its slots
+    in one buffer, refilled by one `struct.pack_into`, and, once the DSL has built its executor
+    on the first call, calls that executor's compiled host function on a packed-argument array
+    made once (`_direct`); objects without one (test doubles) keep `run_compiled_program`."""
 
     def __init__(self, compiled, signature: Signature):
         self.compiled, self.signature = compiled, signature
         self._tls = threading.local()
+        self._names = signature.names + ("stream",)
+        # One 8-byte cell per slot (i32 in the low half: little-endian, as the slots' ctypes).
+        self._struct = struct.Struct("<" + "".join(
+            "i4x" if cls is ctypes.c_int32 else "q" if cls is ctypes.c_int64 else "Q"
+            for cls in signature._slots))
 
     def check_against_dsl(self, values: dict | None = None) -> None:
         """Raise unless our slots hold what the DSL's own packing holds (once per kernel)."""
@@ -263,19 +317,50 @@ class Launcher:
                 raise RuntimeError("DSL argument packing differs from the signature's")
         del dsl_args
 
-    def __call__(self, **values):
-        sig = self.signature
-        if values.keys() != sig.keys:
-            sig.pack(values)  # raises, naming the arguments
-        # Slots made once per thread and refilled: building ~15 ctypes objects per call cost
-        # more host time than the launch itself.
+    def _slots(self):
+        """This thread's argument buffer and the slot addresses handed to the DSL."""
         t = self._tls
-        if not hasattr(t, "slots"):
-            t.slots = [cls() for cls in sig._slots]
-            t.addrs = [ctypes.c_void_p(ctypes.addressof(s)) for s in t.slots]
-        for slot, name in zip(t.slots, sig.names + ("stream",)):
-            slot.value = values[name]
-        self.compiled.run_compiled_program(t.addrs)
+        if not hasattr(t, "buf"):
+            t.buf = ctypes.create_string_buffer(8 * len(self._names))
+            base = ctypes.addressof(t.buf)
+            t.addrs = [ctypes.c_void_p(base + 8 * i) for i in range(len(self._names))]
+            t.run = None
+        return t
+
+    def __call__(self, **values):
+        if values.keys() != self.signature.keys:
+            self.signature.pack(values)  # raises, naming the arguments
+        t = self._slots()
+        self._struct.pack_into(t.buf, 0, *[values[n] for n in self._names])
+        if t.run is None:
+            self.compiled.run_compiled_program(t.addrs)  # the DSL makes its executor here
+            t.run = self._direct(t.addrs)
+        else:
+            t.run()
+
+    def _direct(self, addrs):
+        """A call of the DSL executor's compiled host function on `addrs`, packed once as the
+        executor packs them (its `_get_invoke_packed_args`: our slot addresses, then its
+        result slot and kernel handles), checking its CUDA result as `run_compiled_program`
+        does; that method itself where the compiled object has no such executor."""
+        ex = getattr(self.compiled, "_default_executor", None)
+        if ex is None or not all(hasattr(ex, a) for a in (
+                "capi_func", "_get_invoke_packed_args", "_has_cuda_result", "cuda_result")):
+            return functools.partial(self.compiled.run_compiled_program, addrs)
+        src = ex._get_invoke_packed_args(addrs)
+        packed = (ctypes.c_void_p * len(src))(*src)
+        capi, result = ex.capi_func, ex.cuda_result if ex._has_cuda_result else None
+
+        def run():
+            capi(packed)
+            if result is not None and result.value:
+                from cutlass.base_dsl.runtime import cuda as cuda_helpers
+
+                raise cuda_helpers.create_cuda_runtime_error(result.value,
+                                                             cuda_helpers.cudart.cudaError_t)
+
+        run.packed = packed  # (kept alive with the closure; tests read it)
+        return run
 
 
 def device_index(device: torch.device) -> int:

@@ -19,8 +19,9 @@ threads) or N_ACT = 128 (two warpgroups of two MMA tiles, 384 threads): each act
 then serves twice the weight rows (half the L2 reads per weight byte); else 128 (two
 warpgroups).
 Activations: the decode's K order is not memory order (below), so they are permuted either
-  once per call ("call", N_ACT >= 32): `_permute_kernel` writes a permuted copy, and this
-    kernel, launched behind it with PDL, asks for its first unit's weights before waiting; or
+  once per call ("call", N_ACT >= 32): `_permute_kernel` writes a permuted copy of N_ACT rows
+    (those past M zeros, so every activation box lies in bounds), and this kernel, launched
+    behind it with PDL, asks for its first unit's weights before waiting; or
   per stage ("stage", N_ACT <= 16, where the extra kernel boundary cost more than it saved):
     the producer warpgroup's warps 1-3 permute each landed tile in place.
   NVFP4 activations (W4A4, `Config.a_format` "nvfp4", always "call"): the per-call pass
@@ -29,8 +30,9 @@ Activations: the decode's K order is not memory order (below), so they are permu
 Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / empty):
   TMA warp (warp 0): once the consumers freed a stage, TMA-loads the unit's weight bytes (ROWS
     rows x 128 B, 128-byte swizzle), their scale atoms (2 KB per 128-row band) and the
-    activations (N_ACT rows x 256 K bf16, swizzled as wgmma reads them; rows past M arrive as
-    zeros), all completing on `loaded`;
+    activations (N_ACT rows x 256 K bf16, swizzled as wgmma reads them; rows past M are the
+    copy's zero rows, or with "stage" the TMA's out-of-bounds zeros), all completing on
+    `loaded`;
   permuting warps ("stage" only, warps 1-3): put the landed activations in the K order of the
     decode, in place (`act_column`, `_load_natural` / `_store_permuted`: 4 LDS.128, 16 prmt, 4
     STS.128 per 64 bytes), fence them for the async proxy and arrive on `full`;
@@ -717,10 +719,14 @@ def _permute_ctas(k_tail: bool, M, K):
 
 
 def _gemm_and_reduce(cfg, w, wsf, xt_ptr, gsb, out, ws, M, N, K, ctas, stream, pdl: bool):
-    """The GEMM over activations at `xt_ptr` (permuted, `k_blocks` x 128 wide; or natural with
-    permute "stage") and the reduction into D times `gsb`'s scale."""
+    """The GEMM over activations at `xt_ptr` (permuted: N_ACT rows, those past M zeros,
+    `k_blocks` x 128 wide; or natural, M rows, with permute "stage") and the reduction into D
+    times `gsb`'s scale."""
     wt, sft = weight_tensors(w, wsf, N, K, cfg.K_TAIL)
-    xt = row_major(xt_ptr, M, permuted_width(K, cfg.K_TAIL) if cfg.permute == "call" else K)
+    if cutlass.const_expr(cfg.permute == "call"):
+        xt = row_major(xt_ptr, cfg.N_ACT, permuted_width(K, cfg.K_TAIL))
+    else:
+        xt = row_major(xt_ptr, M, K)
     _kernel(cfg, gl.load(wt, cfg.weight_tile), gl.load(sft, cfg.scale_tile),
             gl.load(xt, cfg.act_tile), ws, M, N, K).launch(
         grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=pdl,
@@ -736,8 +742,8 @@ def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
             xp: cute.Pointer, gsb: cute.Pointer, out: cute.Pointer, ws: cute.Pointer, M: Int32,
             N: Int32, K: Int32, ctas: Int32, stream):
     per_call = cfg.permute == "call"  # (x: the permuted copy xp, which the TMA then reads)
-    if cutlass.const_expr(per_call):
-        launch_permute(x, xp, M, K, stream, use_pdl=True, k_tail=cfg.K_TAIL)
+    if cutlass.const_expr(per_call):  # (N_ACT rows: the act tiles' TMA boxes in bounds)
+        launch_permute(x, xp, M, K, stream, use_pdl=True, k_tail=cfg.K_TAIL, rows=cfg.N_ACT)
     _gemm_and_reduce(cfg, w, wsf, xp if per_call else x, gsb, out, ws, M, N, K, ctas, stream,
                      per_call or cfg.PDL)
 
@@ -748,10 +754,12 @@ def _launch_w4a4(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: 
                  out: cute.Pointer, ws: cute.Pointer, M: Int32, N: Int32, K: Int32, ctas: Int32,
                  stream):
     """W4A4: the activations' decode pass, then the same GEMM; D's scale is the one the pass
-    wrote after the decoded activations (xp: M x `permuted_width(K)` bf16 + 16 bytes)."""
-    launch_decode_permute(cfg.sf, x, xsf, gsa, gsb, xp, M, K, stream, cfg.K_TAIL)
-    _gemm_and_reduce(cfg, w, wsf, xp, decoded_scale(xp, M, permuted_width(K, cfg.K_TAIL)), out,
-                     ws, M, N, K, ctas, stream, True)
+    wrote after the decoded activations (xp: N_ACT x `permuted_width(K)` bf16, the rows past M
+    zeros, + 16 bytes)."""
+    launch_decode_permute(cfg.sf, x, xsf, gsa, gsb, xp, M, K, stream, cfg.K_TAIL, cfg.N_ACT)
+    _gemm_and_reduce(cfg, w, wsf, xp,
+                     decoded_scale(xp, cfg.N_ACT, permuted_width(K, cfg.K_TAIL)), out, ws, M, N,
+                     K, ctas, stream, True)
 
 
 def decoded_scale(xp: cute.Pointer, M, width) -> cute.Pointer:
@@ -767,7 +775,8 @@ def decoded_scale(xp: cute.Pointer, M, width) -> cute.Pointer:
 def signature(cfg: Config) -> Signature:
     """The launch's runtime arguments: weights (codes, blocked scales), activations and their
     permuted copy (permute "call"; W4A4: the activations' codes, blocked scales and decode
-    scale gA, and a decode buffer of M x K bf16 + 16 bytes), the weights' global decode scale,
+    scale gA, and a decode buffer of N_ACT x `permuted_width(K)` bf16 + 16 bytes), the weights'
+    global decode scale,
     D, the fp32 partial planes, the shape and the stream-K CTA count."""
     out_t = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32}[cfg.out_dtype]

@@ -70,15 +70,19 @@ def test_permuting_warps_implement_act_column():
         assert rs.act_column(k) == col
 
 
-@pytest.mark.parametrize("M, K", [(1, 256), (9, 512), (32, 8192), (128, 2048)])
+@pytest.mark.parametrize("M, K", [(1, 256), (9, 512), (17, 512), (32, 8192), (100, 2048),
+                                  (128, 2048)])
 def test_permute_kernel_threads_cover_every_row_block_once(M, K):
-    """Permute "call": `_permute_kernel`'s threads (the grid `_launch` gives it) take each (row,
+    """Permute "call": `_permute_kernel`'s threads (the grid `_launch` gives it: N_ACT rows, M
+    copied and the rest zeroed, so the GEMM's activation boxes lie in the copy) take each (row,
     128-K block, p) once, so with the model above every activation lands at `act_column`."""
+    rows = heuristics.register_a_config(M, 256, K).N_ACT
+    assert M <= rows < M + 16
     blocks = K // rs.SUB_K
-    threads = -(-M * blocks * 4 // rs.PERMUTE_THREADS) * rs.PERMUTE_THREADS
+    threads = rs._permute_ctas(False, rows, K) * rs.PERMUTE_THREADS
     tasks = [rs.permute_task(t, blocks) for t in range(threads)]
-    mine = sorted(x for x in tasks if x[0] < M)
-    assert mine == [(m, blk, p) for m in range(M) for blk in range(blocks) for p in range(4)]
+    mine = sorted(x for x in tasks if x[0] < rows)
+    assert mine == [(m, blk, p) for m in range(rows) for blk in range(blocks) for p in range(4)]
 
 
 @pytest.mark.parametrize("M, K", [(1, 2880), (9, 160), (32, 32), (128, 2912)])

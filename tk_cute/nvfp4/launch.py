@@ -31,7 +31,7 @@ from tk_cute.ops import nvfp4 as fp4_ops
 from tk_cute.ops import schedule
 from tk_cute.layouts import nvfp4_codes
 from tk_cute.runtime import (OUT_ALIGN, KernelCache, aligned, as_cute, batched, compile_locked,
-                             device_index, output, raw_stream, sm_count, stream)
+                             device_index, output, raw_stream, sm_count, stream, workspace)
 
 from . import heuristics, validate
 from .tensor import NVFP4Tensor, codes_storage, has_row_pitch
@@ -85,8 +85,8 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
                ctas: int | None = None, gsb=None) -> torch.Tensor:
     """The register-A kernel (M <= 128) on bf16 activations a (M, K), or on NVFP4 ones (W4A4,
     `cfg.a_format` "nvfp4": decoded in the kernel's permute pass); `gsb` as in `small_m`.
-    Workspace (torch's caching allocator): the fp32 partial planes and, with permute "call",
-    the permuted activations (W4A4: and D's scale after them)."""
+    Workspaces (`runtime.workspace`, on the launch's stream): the fp32 partial planes and,
+    with permute "call", the permuted activations (W4A4: and D's scale after them)."""
     (M, K), N = a.shape, b.M
     dev = b.device
     rs.check_shape(cfg, M, N, K)  # (a K tail without cfg.K_TAIL would drop it silently)
@@ -94,36 +94,36 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
         ctas = heuristics.register_a_ctas(cfg, N, K, sm_count(dev))
     ctas = min(ctas, rs.stream_units(cfg, N, K))
     planes = schedule.stream_k_spans(ctas, N // cfg.ROWS)
-    ws = torch.empty(planes * M * N, dtype=torch.float32, device=dev)
     index = device_index(dev)
+    st = raw_stream(index)
+    ws = workspace("planes", 4 * planes * M * N, dev, st)
     launch = _REGISTER_A.get((cfg, index), lambda: rs.compile_launcher(cfg))
     gs = (b.global_scale if gsb is None else gsb).data_ptr()
     common = dict(w=codes(b), wsf=aligned(b.scales).data_ptr(), gsb=gs,
-                  out=out.data_ptr(), ws=ws.data_ptr(), M=M, N=N, K=K, ctas=ctas,
-                  stream=raw_stream(index))
+                  out=out.data_ptr(), ws=ws.data_ptr(), M=M, N=N, K=K, ctas=ctas, stream=st)
     if cfg.a_format == "nvfp4":
-        launch(**_decoded_activations(a), **common)
+        launch(**_decoded_activations(a, st, cfg.N_ACT), **common)
         return out
     x = aligned(a)
-    xp = _permuted_buffer(M, K, dev) if cfg.permute == "call" else x
+    xp = _permuted_buffer(cfg.N_ACT, K, dev, st) if cfg.permute == "call" else x
     launch(x=x.data_ptr(), xp=xp.data_ptr(), **common)
     return out
 
 
-def _permuted_buffer(rows: int, K: int, device, extra: int = 0) -> torch.Tensor:
-    """The permute pass's output: `rows` (M, or the tiled kernel's `padded_rows`) rows of
+def _permuted_buffer(rows: int, K: int, device, stream: int, extra: int = 0) -> torch.Tensor:
+    """The permute pass's output (a `runtime.workspace` of `stream`): `rows` (the register-A
+    kernel's N_ACT, the tiled kernel's `padded_rows`: those past M zeros) rows of
     `rs.permuted_width(K)` bf16 (K rounded up to the permutation's 128: a K tail's columns are
-    zeros there), then `extra` elements."""
-    return torch.empty(rows * rs.permuted_width(K) + extra, dtype=torch.bfloat16,
-                       device=device)
+    zeros there), then `extra` bf16 elements."""
+    return workspace("permuted", 2 * (rows * rs.permuted_width(K) + extra), device, stream)
 
 
-def _decoded_activations(a: NVFP4Tensor, rows: int | None = None) -> dict:
+def _decoded_activations(a: NVFP4Tensor, stream: int, rows: int) -> dict:
     """The launch arguments of NVFP4 activations that a register-A kernel's permute pass
     decodes: their codes, blocked scales and decode scale, and the buffer it decodes into
-    (`_permuted_buffer` of `rows`, default M, then D's scale: 16 bytes)."""
-    M, K = a.shape
-    xp = _permuted_buffer(M if rows is None else rows, K, a.device, 8)
+    (`_permuted_buffer` of `rows`, then D's scale: 16 bytes)."""
+    K = a.shape[1]
+    xp = _permuted_buffer(rows, K, a.device, stream, 8)
     return dict(x=codes(a), xsf=a.scales.contiguous().data_ptr(),
                 gsa=a.global_scale.data_ptr(), xp=xp.data_ptr())
 
@@ -132,8 +132,7 @@ def register_a_tiled(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rst.Config,
                      gsb=None) -> torch.Tensor:
     """The tiled register-A kernel (large M) on bf16 activations a (M, K), or NVFP4 ones (W4A4,
     `cfg.a_format` "nvfp4": decoded in its permute pass); `gsb` as in `small_m`. Workspace:
-    the permuted activations (`_permuted_buffer`, torch's caching allocator; W4A4: + D's
-    scale)."""
+    the permuted activations (`_permuted_buffer`; W4A4: + D's scale)."""
     p = out.data_ptr()  # (the NVFP4-output arguments are unused: any valid address)
     _launch_tiled(a, b, cfg, gsb, p, p, b.global_scale.data_ptr(), p)
     return out
@@ -146,16 +145,16 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
     rst.check_shape(M, N, K, cfg)  # (a K tail without cfg.K_TAIL would drop it silently)
     index = device_index(dev)
     sms = sm_count(dev)
+    st = raw_stream(index)
     launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))
     common = dict(w=codes(b), wsf=aligned(b.scales).data_ptr(),
                   gs=(b.global_scale if gsb is None else gsb).data_ptr(), out=out,
-                  out_sf=out_sf, out_gs=out_gs, flag=flag, M=M, N=N, K=K,
-                  stream=raw_stream(index))
+                  out_sf=out_sf, out_gs=out_gs, flag=flag, M=M, N=N, K=K, stream=st)
     rows = rst.padded_rows(cfg, M)  # whole tiles of the permuted copy (its rows past M zeros)
     if cfg.a_format == "nvfp4":
-        launch(**_decoded_activations(a, rows), **common)
+        launch(**_decoded_activations(a, st, rows), **common)
     else:
-        xp = _permuted_buffer(rows, K, dev)
+        xp = _permuted_buffer(rows, K, dev, st)
         launch(x=aligned(a).data_ptr(), xp=xp.data_ptr(), **common)
 
 

@@ -1,0 +1,154 @@
+"""Host-side launch machinery (`tk_cute.runtime`) checked without a GPU: the raw-pointer
+`Launcher`'s direct call of the DSL executor, and the per-stream workspaces."""
+
+import ctypes
+
+import pytest
+import torch
+
+from tk_cute import runtime
+from tk_cute.runtime import Signature, i32, i64, ptr
+
+import cutlass
+
+SIG = Signature(ptr("a", cutlass.Float32), i32("M"), i64("lda"), ptr("out", cutlass.BFloat16))
+
+
+class FakeExecutor:
+    """What the DSL's JitExecutor offers the direct path: a compiled host function taking the
+    packed argument array (our slot addresses, then the executor's own extras), its result."""
+
+    EXTRA = 0xABC0
+
+    def __init__(self):
+        self.cuda_result = ctypes.c_int32(0)
+        self._has_cuda_result = True
+        self.calls = []
+        self.fail_next = False
+
+    def _get_invoke_packed_args(self, addrs):
+        return (ctypes.c_void_p * (len(addrs) + 1))(*[a.value for a in addrs], self.EXTRA)
+
+    def capi_func(self, packed):
+        n = len(SIG._slots)
+        self.calls.append(([ctypes.string_at(packed[i], ctypes.sizeof(c))
+                            for i, c in enumerate(SIG._slots)], packed[n]))
+        self.cuda_result.value = 700 if self.fail_next else 0
+
+
+class FakeCompiled:
+    """A compiled function whose first `run_compiled_program` builds its executor (as the
+    DSL's does) and runs it."""
+
+    def __init__(self):
+        self._default_executor = None
+        self.slow_calls = 0
+
+    def run_compiled_program(self, addrs):
+        self.slow_calls += 1
+        if self._default_executor is None:
+            self._default_executor = FakeExecutor()
+        ex = self._default_executor
+        ex.capi_func(ex._get_invoke_packed_args(addrs))
+
+
+def _values(seed: int) -> dict:
+    return dict(a=4096 * (seed + 1), M=-3 - seed, lda=2**40 + seed, out=2**33 + 16 * seed,
+                stream=128 + seed)
+
+
+def test_launcher_calls_the_executor_directly_with_the_packed_bytes():
+    compiled = FakeCompiled()
+    launch = runtime.Launcher(compiled, SIG)
+    for seed in range(4):
+        launch(**_values(seed))
+    assert compiled.slow_calls == 1  # only the first call goes through the DSL's wrapper
+    calls = compiled._default_executor.calls
+    assert len(calls) == 4
+    for seed, (seen, extra) in enumerate(calls):
+        _, ours = SIG.pack(_values(seed))  # the bytes of each argument, as ctypes packs them
+        assert seen == [ctypes.string_at(p, ctypes.sizeof(c)) for p, c in zip(ours, SIG._slots)]
+        assert extra == FakeExecutor.EXTRA  # the executor's own arguments follow ours
+    with pytest.raises(TypeError, match="launch arguments are"):
+        launch(**dict(_values(0), lda_=1))
+
+
+def test_launcher_raises_the_executors_cuda_error():
+    compiled = FakeCompiled()
+    launch = runtime.Launcher(compiled, SIG)
+    launch(**_values(0))
+    compiled._default_executor.fail_next = True
+    with pytest.raises(Exception, match="700|ILLEGAL"):
+        launch(**_values(1))
+
+
+def test_launcher_without_an_executor_keeps_run_compiled_program():
+    class Plain:
+        def __init__(self):
+            self.seen = []
+
+        def run_compiled_program(self, addrs):
+            self.seen.append([ctypes.string_at(p.value, ctypes.sizeof(c))
+                              for p, c in zip(addrs, SIG._slots)])
+
+    plain = Plain()
+    launch = runtime.Launcher(plain, SIG)
+    for seed in range(3):
+        launch(**_values(seed))
+    assert len(plain.seen) == 3
+    for seed, seen in enumerate(plain.seen):
+        _, ours = SIG.pack(_values(seed))
+        assert seen == [ctypes.string_at(p, ctypes.sizeof(c)) for p, c in zip(ours, SIG._slots)]
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """`runtime.workspace` on a pretend CUDA device: torch.empty makes CPU tensors."""
+    made = []
+    real_empty = torch.empty
+
+    def empty(n, dtype, device):
+        made.append(n)
+        return real_empty(n, dtype=dtype)
+
+    monkeypatch.setattr(runtime.torch, "empty", empty)
+    monkeypatch.setattr(runtime, "_capturing", lambda: False)
+    monkeypatch.setattr(runtime, "_WORKSPACES", {})
+    return made
+
+
+def test_workspaces_are_reused_per_device_stream_and_name(fake_cuda, monkeypatch):
+    dev0, dev1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    w = runtime.workspace("planes", 1000, dev0, 7)
+    assert w.numel() >= 1000
+    assert runtime.workspace("planes", 900, dev0, 7) is w  # fits: handed out again
+    assert runtime.workspace("planes", 1000, dev0, 8) is not w  # another stream
+    assert runtime.workspace("planes", 1000, dev1, 7) is not w  # another device, same handle
+    assert runtime.workspace("permuted", 1000, dev0, 7) is not w  # another buffer of the call
+    big = runtime.workspace("planes", 1 << 17, dev0, 7)  # grows: replaces the smaller one
+    assert big.numel() >= 1 << 17 and big is not w
+    assert runtime.workspace("planes", 1000, dev0, 7) is big
+    n = len(fake_cuda)
+    huge = runtime.WORKSPACE_CACHE_BYTES + 1  # past the cache: allocated per call
+    assert runtime.workspace("planes", huge, dev0, 7) is not runtime.workspace(
+        "planes", huge, dev0, 7)
+    assert len(fake_cuda) == n + 2
+    monkeypatch.setattr(runtime, "_capturing", lambda: True)  # a graph keeps its own memory
+    assert runtime.workspace("planes", 1000, dev0, 7) is not big
+
+
+def test_workspace_cache_keeps_a_bounded_number_of_buffers(fake_cuda, monkeypatch):
+    monkeypatch.setattr(runtime, "WORKSPACE_CACHE_ENTRIES", 4)
+    dev = torch.device("cuda", 0)
+    first = runtime.workspace("planes", 100, dev, 0)
+    for stream in range(1, 10):  # a new stream per call
+        runtime.workspace("planes", 100, dev, stream)
+        assert len(runtime._WORKSPACES) <= 4
+    assert runtime.workspace("planes", 100, dev, 9) is runtime._WORKSPACES[(0, 9, "planes")]
+    assert runtime.workspace("planes", 100, dev, 0) is not first  # dropped, then made again
+
+
+def test_workspaces_on_cpu_are_fresh():
+    cpu = torch.device("cpu")
+    a = runtime.workspace("planes", 64, cpu, 0)
+    assert a.numel() == 64 and runtime.workspace("planes", 64, cpu, 0) is not a
