@@ -155,7 +155,7 @@ def test_cluster_gemm_matches_reference(seed, cm, cn):
     import tk_cute
     from tk_cute.testing import assert_gemm_close
 
-    M, N, K = 1024, 1536, 768
+    M, N, K = 1152, 1672, 768  # 9 row tiles, 7 column tiles of 256: odd counts both ways
     a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
     b = torch.randn(N, K, device="cuda").to(torch.bfloat16)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -218,6 +218,55 @@ def test_narrow_tiles_compile_to_their_wgmma_without_spills(nb):
               arch="sm_90a")
     assert b.ptx_count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{nb}k16\.f32\.bf16\.bf16") == 4
     assert b.kernel.local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0
+
+
+@pytest.mark.parametrize("M, K, cluster_m", [
+    (3000, 5000, 2),   # rows 10000 bytes apart: 24 row tiles in 2 x 1 clusters multicasting B
+    (3000, 5120, 1),   # rows on L2 lines: no cluster (it was 1% slower there)
+    (2056, 2056, 2),   # 17 row tiles: the last cluster half outside the output
+    (100, 5000, 1),    # one row of tiles: nothing to share B with
+    (1000, 72, 2),
+])
+def test_operand_rows_off_l2_lines_run_in_clusters(M, K, cluster_m):
+    """Rows that do not start on a 128-byte line (`dense_gemm.line_aligned`) put each TMA row
+    piece of a stage across two lines; where the row tiles pair up, 2 x 1 clusters halve B's
+    reads (docs/results.md)."""
+    from tk_cute import dense_gemm
+
+    def on_line(rows, cols, dtype=torch.bfloat16):  # a (rows, cols) tensor at a 128-byte address
+        flat = torch.zeros(rows * cols + 128, dtype=dtype)
+        skip = (-flat.data_ptr() % 128) // flat.element_size()
+        return flat[skip:skip + rows * cols].view(rows, cols)
+
+    a, b = on_line(M, K), on_line(64, K)
+    lines = dense_gemm.line_aligned(a, b)
+    assert lines == ((K * 2) % 128 == 0)
+    cfg = dense_gemm.default_config(a.dtype, torch.bfloat16, M, 4096, SMS, lines=lines)
+    assert (cfg.CLUSTER_M, cfg.CLUSTER_N) == (cluster_m, 1)
+    wide, narrow = on_line(M, 5056), on_line(64, 64)
+    assert dense_gemm.line_aligned(wide[:, :5000], narrow)  # a pitch of 79 lines: aligned
+    assert not dense_gemm.line_aligned(wide[:, 8:], narrow)  # starts 16 bytes into a line
+    assert not dense_gemm.line_aligned(on_line(M, 192, torch.float8_e4m3fn))  # 1.5 lines
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("M, N, K", [(512, 520, 208), (1000, 4000, 5008), (256, 136, 48),
+                                     (300, 1000, 208), (2056, 2056, 2056)])
+def test_operand_rows_off_l2_lines_match_fp64_every_element(seed, dtype, M, N, K):
+    """The clustered calls of rows off L2 lines (row tiles 4, 8, 2, and odd counts: 3, 17,
+    whose last cluster lies half outside the output) against float64, every element of a
+    poisoned output."""
+    import tk_cute
+    from tk_cute import dense_gemm
+    from tk_cute.testing import assert_gemm_close
+
+    a = torch.randn(M, K, device="cuda").to(dtype)
+    b = torch.randn(N, K, device="cuda").to(dtype)
+    assert dense_gemm.default_config(dtype, torch.bfloat16, M, N, SMS,
+                                     lines=dense_gemm.line_aligned(a, b)).CLUSTER_M == 2
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert_gemm_close(tk_cute.gemm(a, b, out=out), a, b)
 
 
 # --- raw-pointer launch ----------------------------------------------------------------------
