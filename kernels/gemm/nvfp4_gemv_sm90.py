@@ -16,7 +16,8 @@ the same way). Products are exact; fp32 accumulation.
 Grid N / rows: a CTA owns `rows` weight rows and has WN x S warps: WN row groups (MT MMA tiles
 each) times S K-slices (split-K inside the CTA). With AHEAD (default at M <= 8) the next trip's
 weights are in flight while a trip decodes. At M = 1 (XSMEM) the CTA first copies its activation
-row to shared memory with cp.async and re-pairs it there for the strided decode (one barrier),
+row to shared memory with cp.async and re-pairs it there for the strided decode (W4A4: decodes
+it there from its codes and scales, once per CTA instead of in every warp's trips; one barrier),
 so trips read ready B fragments with LDS instead of L2 loads used right after they were issued;
 there each weight load also asks L2 for the row's whole 128-byte line (L2_FETCH). With PDL
 (opt-in, `gemm_small_m(pdl=True)`) the kernel lets the next one launch at once and reads its first
@@ -72,7 +73,7 @@ class Config:
     S: int = 1
     AHEAD: bool = False
     PDL: bool = False  # programmatic dependent launch: weights read before the prior kernel ends
-    XSMEM: int = 0  # > 0: shared memory bytes staging the CTA's bf16 activations (default: M = 1)
+    XSMEM: int = 0  # > 0: shared memory bytes staging the CTA's activations as bf16 (M = 1)
     L2_FETCH: int = 0  # 128 / 256: each weight load asks L2 for the whole 128 / 256-byte block
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # scale format of both operands
     __repr__ = config_repr  # (the kernel symbol follows the repr: sf shows once not UE4M3)
@@ -88,10 +89,9 @@ class Config:
                              f"{self.WN * self.S} <= {MAX_THREADS // 32} warps and S x rows x "
                              f"m_pad = {self.S} x {self.rows} x {self.m_pad} fp32 partials "
                              f"<= {MAX_PART_BYTES} B of shared memory")
-        if self.XSMEM and (self.w4a4 or self.XSMEM % 16 or self.XSMEM > MAX_XSMEM):
+        if self.XSMEM and (self.XSMEM % 16 or self.XSMEM > MAX_XSMEM):
             raise ValueError(f"XSMEM (staged bf16 activations) must be a multiple of 16 up to "
-                             f"{MAX_XSMEM} B and W4A16 only, got XSMEM={self.XSMEM}, "
-                             f"w4a4={self.w4a4}")
+                             f"{MAX_XSMEM} B, got XSMEM={self.XSMEM}")
         if self.L2_FETCH not in (0, 128, 256):
             raise ValueError(f"L2_FETCH (L2 prefetch size of the weight loads) must be 0, 128 "
                              f"or 256, got {self.L2_FETCH}")
@@ -115,6 +115,12 @@ class Config:
     @property
     def m_pad(self) -> int:  # activation rows per partial (MMA columns)
         return 8 * self.NT
+
+    @property
+    def decodes_activations(self) -> bool:
+        """Whether every trip decodes NVFP4 activations (W4A4 read from global memory; staged,
+        XSMEM, they are decoded once into bf16)."""
+        return self.w4a4 and not self.XSMEM
 
     @property
     def strided(self) -> bool:
@@ -255,7 +261,7 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
         # behind decode instead of alternating with it (registers: one trip's words more).
         regs = _weight_registers(cfg)
         _keep_weights(cfg, regs, _load_weights(cfg, w_rows, sf_rows, Int64(0)))
-        _await_activations(cfg, x, xs, M, K, tidx)
+        _await_activations(cfg, x, xsf, xs, M, K, tidx)
         for trip in cutlass.range(trips - 1, unroll=1):
             cur = _kept_weights(cfg, regs)
             _keep_weights(cfg, regs, _load_weights(cfg, w_rows, sf_rows, Int64(trip + 1)))
@@ -263,7 +269,7 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
         _mma_trip(cfg, acc, *_kept_weights(cfg, regs),
                   _load_activations(cfg, x_rows, xsf_rows, Int64(trips - 1)))
     else:
-        _await_activations(cfg, x, xs, M, K, tidx)
+        _await_activations(cfg, x, xsf, xs, M, K, tidx)
         for trip in cutlass.range(trips, unroll=1):
             wq, sc = _load_weights(cfg, w_rows, sf_rows, Int64(trip))
             xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
@@ -345,31 +351,43 @@ def _activation_rows(cfg, x, xsf, lane, M, K, k_begin):
     return x_rows, xsf_rows
 
 
-def _await_activations(cfg, x, xs, M, K, tidx):
+def _await_activations(cfg, x, xsf, xs, M, K, tidx):
     """Where the activations may first be read: after the previous kernel (PDL), and staged in
     shared memory (XSMEM)."""
     if cfg.PDL:
         cluster.pdl_wait()
     if cfg.XSMEM:
-        _stage_activations(cfg, x, xs, M, K, tidx)
+        _stage_activations(cfg, x, xsf, xs, M, K, tidx)
 
 
 @cute.jit
-def _stage_activations(cfg: cutlass.Constexpr, x, xs, M, K, tidx):
-    """Copy the M x K bf16 activations to shared memory (row m at xs + m * xsmem_row_bytes)
-    with 16-byte cp.async, wait, and (strided pairing) re-pair each 16-byte group in place, once
-    per CTA instead of in every trip; then meet at a CTA barrier (threads read each other's
-    rows)."""
-    per_row = K // 8  # 16-byte chunks
-    for c in cutlass.range(tidx, M * per_row, cfg.threads, unroll=1):
-        m, col = c // per_row, c % per_row
-        memory.cp_async_16(xs + m * xsmem_row_bytes(K) + col * 16,
-                           x.toint() + (Int64(m) * Int64(K) + Int64(col) * 8) * 2)
-    memory.cp_async_wait_all()
-    if cutlass.const_expr(cfg.strided):  # each thread re-pairs the chunks it copied
+def _stage_activations(cfg: cutlass.Constexpr, x, xsf, xs, M, K, tidx):
+    """The M x K activations as bf16 in shared memory (row m at xs + m * xsmem_row_bytes), in
+    the pairing the trips read, once per CTA instead of in every trip; then a CTA barrier
+    (threads read each other's rows). bf16: 16-byte cp.async, then (strided pairing) each group
+    re-paired in place. NVFP4 (W4A4): each chunk of 8 decoded from its codes word and scale byte
+    straight into the strided pairing (`_decode`, as the trips would), e2m1 * sf * 2^-shift."""
+    per_row = K // 8  # 16-byte chunks of bf16
+    if cutlass.const_expr(cfg.w4a4):
         for c in cutlass.range(tidx, M * per_row, cfg.threads, unroll=1):
-            addr = xs + (c // per_row) * xsmem_row_bytes(K) + (c % per_row) * 16
-            memory.st_shared_v4_u32(addr, fp4.bf16x8_strided(memory.ld_shared_v4(addr, Uint32)))
+            m, col = c // per_row, c % per_row
+            word = memory.ld_u32(x.toint() + Int64(m) * Int64(K // 2) + Int64(col) * 4)
+            byte = memory.ld_u8(xsf.toint() + nvfp4_scales.band_offset(Int64(m), col // 2,
+                                                                       Int64(K // 64)))
+            memory.st_shared_v4_u32(xs + m * xsmem_row_bytes(K) + col * 16,
+                                    _decode(cfg, word, fp4.scale_to_bf16x2_prescaled(byte,
+                                                                                     cfg.sf)))
+    else:
+        for c in cutlass.range(tidx, M * per_row, cfg.threads, unroll=1):
+            m, col = c // per_row, c % per_row
+            memory.cp_async_16(xs + m * xsmem_row_bytes(K) + col * 16,
+                               x.toint() + (Int64(m) * Int64(K) + Int64(col) * 8) * 2)
+        memory.cp_async_wait_all()
+        if cutlass.const_expr(cfg.strided):  # each thread re-pairs the chunks it copied
+            for c in cutlass.range(tidx, M * per_row, cfg.threads, unroll=1):
+                addr = xs + (c // per_row) * xsmem_row_bytes(K) + (c % per_row) * 16
+                memory.st_shared_v4_u32(addr,
+                                        fp4.bf16x8_strided(memory.ld_shared_v4(addr, Uint32)))
     cute.arch.barrier()
 
 
@@ -389,12 +407,12 @@ def _load_activations(cfg, x_rows, xsf_rows, trip):
     for u in range(cfg.UNROLL):
         k = trip * cfg.k_chunk + k_offset(0, u)
         for nt in range(cfg.NT):
-            if cfg.w4a4:
-                words += memory.ld_v4(x_rows[nt] + k // 2, False)
-                words.append(memory.ld_u16(xsf_rows[nt] + scale_step(k)))
-            elif cfg.XSMEM:
+            if cfg.XSMEM:
                 for j in range(4):
                     words += memory.ld_shared_v4(x_rows[nt] + Int32(k) * 2 + 16 * j, Uint32)
+            elif cfg.w4a4:
+                words += memory.ld_v4(x_rows[nt] + k // 2, False)
+                words.append(memory.ld_u16(xsf_rows[nt] + scale_step(k)))
             else:
                 for j in range(4):
                     words += memory.ld_v4(x_rows[nt] + k * 2 + 16 * j, False)
@@ -404,11 +422,11 @@ def _load_activations(cfg, x_rows, xsf_rows, trip):
 def _activation_fragments(cfg, words, u):
     """B fragments of step u from `_load_activations`' words: [nt][word j] -> 4 bf16x2 words
     (K k_offset + 8j .. +7), decoded from NVFP4 for W4A4."""
-    per = 5 if cfg.w4a4 else 16  # words per step and n8 tile (see `_load_activations`)
+    per = 5 if cfg.decodes_activations else 16  # words per step and n8 tile (`_load_activations`)
     out = []
     for nt in range(cfg.NT):
         w = words[(u * cfg.NT + nt) * per:][:per]
-        if cfg.w4a4:
+        if cfg.decodes_activations:
             f = fp4.scalex2_to_bf16x2_prescaled(w[4], cfg.sf)
             out.append([_decode(cfg, w[j], f[j // 2]) for j in range(4)])
         elif cfg.strided and not cfg.XSMEM:  # (staged activations are re-paired once)

@@ -185,6 +185,9 @@ CONFIGS = {
     "m1_pdl": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192), PDL=True),
     "m16_pdl": dataclasses.replace(heuristics.small_m_config(16, 8192, 8192), PDL=True),
     "m1_global_x": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192), XSMEM=0),
+    "m1_w4a4": heuristics.small_m_config(1, 8192, 8192, w4a4=True),  # staged, decoded once
+    "m1_w4a4_global_x": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192, w4a4=True),
+                                            XSMEM=0),
 }
 
 
@@ -210,8 +213,14 @@ def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
     hint = rf"\.LTC{cfg.L2_FETCH}B" if cfg.L2_FETCH else ""
     assert b.sass_count(rf"LDG\.E\.NA{hint}\.128") == 2 * steps
     # Activations: 16-byte loads (bf16: 4 per MMA column tile and step; NVFP4: 1).
-    act = cfg.NT * cfg.UNROLL * (1 if cfg.w4a4 else 4) * _bodies(cfg)
-    if cfg.XSMEM:  # staged once in shared memory (one cp.async loop), then LDS.128 per trip
+    act = cfg.NT * cfg.UNROLL * (1 if cfg.decodes_activations else 4) * _bodies(cfg)
+    if cfg.XSMEM and cfg.w4a4:  # decoded once into shared memory (one loop), LDS.128 per trip
+        assert b.ptx_count(r"ld\.global\.nc\.v4\.u32") == 0
+        assert b.ptx_count(r"ld\.shared\.v4\.u32") == act
+        assert b.ptx_count(r"st\.shared\.v4\.u32") == 1
+        assert b.ptx_count(r"ld\.global\.u8") == 1  # its scale bytes (the codes: ld.global.b32)
+        assert b.ptx_count(r"cp\.async") == 0
+    elif cfg.XSMEM:  # staged once in shared memory (one cp.async loop), then LDS.128 per trip
         assert b.ptx_count(r"ld\.global\.nc\.v4\.u32") == 0
         repair = 1 if cfg.strided else 0  # the staged groups re-paired in place (one loop)
         assert b.ptx_count(r"ld\.shared\.v4\.u32") == act + repair
@@ -237,11 +246,16 @@ def test_decode_instruction_budget(built):
     the MT weight tiles; staged activations (XSMEM): 4 in the one re-pairing loop); 1 prmt per
     scale pair (the broadcast of each scale to both halves is an HMUL2 operand select)."""
     cfg, b = built
-    words = (8 * cfg.MT * cfg.UNROLL + (4 * cfg.NT * cfg.UNROLL if cfg.w4a4 else 0)) * _bodies(cfg)
-    scales = (2 * cfg.MT * cfg.UNROLL + (cfg.NT * cfg.UNROLL if cfg.w4a4 else 0)) * _bodies(cfg)
+    per_trip = cfg.decodes_activations
+    words = (8 * cfg.MT * cfg.UNROLL + (4 * cfg.NT * cfg.UNROLL if per_trip else 0)) * _bodies(cfg)
+    scales = (2 * cfg.MT * cfg.UNROLL + (cfg.NT * cfg.UNROLL if per_trip else 0)) * _bodies(cfg)
+    selected = words  # multiplies by one half of a scale pair (an operand select)
+    if cfg.w4a4 and cfg.XSMEM:  # the staging loop: one word of codes, one whole scale word
+        words, scales = words + 1, scales + 1
     # ptxas may recompute a scale pair (2 HMUL2) rather than keep it live (seen at NT = 8).
     assert 4 * words + 2 * scales <= b.sass_count(r"HMUL2\.BF16") <= 4 * words + 4 * scales
-    assert b.sass_count(r"HMUL2\.BF16_V2 R\d+, R\d+, R\d+(\.reuse)?\.H[01]_H[01]") >= 4 * words
+    assert b.sass_count(r"HMUL2\.BF16_V2 R\d+, R\d+, R\d+(\.reuse)?\.H[01]_H[01]") >= \
+        4 * selected
     act = 16 * cfg.NT * cfg.UNROLL * _bodies(cfg) if cfg.strided and not cfg.w4a4 else 0
     if cfg.XSMEM and cfg.strided:
         act = 4
@@ -264,14 +278,16 @@ def test_pdl_reads_weights_before_the_wait_and_activations_after(built):
     first_weights = ptx.index("ld.global.nc.L1::no_allocate")
     assert ptx.index("griddepcontrol.launch_dependents") < min(first_weights, wait)
     assert (first_weights < wait) == cfg.AHEAD
-    first_activations = ptx.index("cp.async.cg" if cfg.XSMEM else "ld.global.nc.v4.u32")
+    first_activations = ptx.index("cp.async.cg" if cfg.XSMEM and not cfg.w4a4 else
+                                  "ld.global.b32" if cfg.XSMEM else "ld.global.nc.v4.u32")
     assert first_activations > wait
 
 
+@pytest.mark.parametrize("w4a4", [False, True])
 @pytest.mark.parametrize("M, K, staged", [(1, 8192, True), (1, 28672, True), (1, 32768, False),
                                            (2, 8192, False), (1, 4096, True)])
-def test_activations_staged_in_shared_memory_at_m1_where_they_fit(M, K, staged):
-    cfg = heuristics.small_m_config(M, 8192, K)
+def test_activations_staged_in_shared_memory_at_m1_where_they_fit(M, K, staged, w4a4):
+    cfg = heuristics.small_m_config(M, 8192, K, w4a4=w4a4)
     assert bool(cfg.XSMEM) == staged
     if staged:
         assert cfg.XSMEM == gv.xsmem_bytes(M, K) <= gv.MAX_XSMEM

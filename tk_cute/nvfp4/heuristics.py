@@ -160,8 +160,9 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
         WN //= 2
     ctas = max(1, 16 // (WN * cfg.S)) if cfg.AHEAD else 0
     # One activation row staged in shared memory: -0.7 us at 1x8192^2 (H200 A/B, 2 runs);
-    # M = 2 was slower (15.0 -> 15.9 us), larger M do not fit.
-    xs = gv.xsmem_bytes(M, K) if M == 1 and not w4a4 else 0
+    # M = 2 was slower (15.0 -> 15.9 us), larger M do not fit. W4A4 stages it decoded, once per
+    # CTA instead of in every warp's trips (docs/results.md, sixteenth session).
+    xs = gv.xsmem_bytes(M, K) if M == 1 else 0
     return dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas, XSMEM=xs if xs <= gv.MAX_XSMEM else 0)
 
 
