@@ -261,6 +261,8 @@ def test_operand_rows_off_l2_lines_match_fp64_every_element(seed, dtype, M, N, K
     from tk_cute import dense_gemm
     from tk_cute.testing import assert_gemm_close
 
+    if dtype.itemsize == 1 and K % 16:
+        pytest.skip("fp8 rows need K % 16 == 0 (16-byte TMA rows)")
     a = torch.randn(M, K, device="cuda").to(dtype)
     b = torch.randn(N, K, device="cuda").to(dtype)
     assert dense_gemm.default_config(dtype, torch.bfloat16, M, N, SMS,

@@ -56,6 +56,11 @@ WIDE_MAX_N_ACT = 64
 # it the register-A kernels decode them in their permute pass (at M = 1 the small-M kernel's
 # in-register decode costs less than a pass).
 W4A4_NATIVE_MAX_M = 8
+# W4A4 at M = 1 decodes its activation row once per CTA into shared memory up to this K. H200
+# A/B (docs/results.md, sixteenth session; W4A16 time / W4A4 time, staged vs decoded in every
+# trip): 1x8192^2 0.945 vs 0.922, 1x28672x8192 0.988 vs 0.884; at 1x8192x28672 each CTA decodes
+# 28672 elements before its first trip: 0.927 vs 0.955.
+W4A4_STAGE_MAX_K = 8192
 # "rows": the register-A kernel on 128-row slices, from just above 128 rows up to this M. On the
 # H200 (docs/results.md, twelfth session) 129x8192^2 took 50.7 us as rows against 76.0 us tiled
 # (two rows of 128 x 128 tiles, the second nearly empty); at 200 rows tiled won (54.7 vs 66.3).
@@ -160,9 +165,9 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
         WN //= 2
     ctas = max(1, 16 // (WN * cfg.S)) if cfg.AHEAD else 0
     # One activation row staged in shared memory: -0.7 us at 1x8192^2 (H200 A/B, 2 runs);
-    # M = 2 was slower (15.0 -> 15.9 us), larger M do not fit. W4A4 stages it decoded, once per
-    # CTA instead of in every warp's trips (docs/results.md, sixteenth session).
-    xs = gv.xsmem_bytes(M, K) if M == 1 else 0
+    # M = 2 was slower (15.0 -> 15.9 us), larger M do not fit. W4A4 stages it decoded (once per
+    # CTA instead of in every warp's trips) up to K = W4A4_STAGE_MAX_K.
+    xs = gv.xsmem_bytes(M, K) if M == 1 and (not w4a4 or K <= W4A4_STAGE_MAX_K) else 0
     return dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas, XSMEM=xs if xs <= gv.MAX_XSMEM else 0)
 
 
