@@ -55,7 +55,10 @@ from tk_cute.types.struct import DeviceStruct, config_repr
 
 STAGE_K = rs.SUB_K  # K per stage: one register-A batch (8 wgmma k16 steps)
 ROWS = 128  # weight rows per tile: one scale band, two 64-row consumer warpgroups
-NBS = (128, 192, 256)  # activation rows per tile (wgmma N)
+# Activation rows per tile (wgmma N): a multiple of 16 from 64 to 256 (odd multiples of 8 do not
+# build: the DSL aborts on their swizzled activation tile; below 64 rows the register-A
+# kernel's split over K serves better)
+NBS = tuple(range(64, 257, 16))
 OUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32, "nvfp4": cutlass.Uint8}  # nvfp4: D's packed codes
 SMEM_BUDGET = target("sm_90a").smem_bytes
@@ -63,7 +66,7 @@ SMEM_BUDGET = target("sm_90a").smem_bytes
 
 @dataclass(frozen=True)
 class Config:
-    """Nb: activation rows per tile (wgmma N: 128, 192 or 256); LOAD_PIPE_DEPTH: ring stages (0: as
+    """Nb: activation rows per tile (wgmma N: `NBS`); LOAD_PIPE_DEPTH: ring stages (0: as
     many as fit); SUPERGROUP_SIZE: tile rows per supergroup (L2 reuse of the activations);
     A_SETS: A operand register sets the consumers alternate between stages (2: a stage's decode
     overlaps the previous stage's MMAs of the same warpgroup; 1: each decode waits for them)."""
@@ -87,7 +90,8 @@ class Config:
 
     def __post_init__(self):
         if self.Nb not in NBS:
-            raise ValueError(f"Nb must be one of {NBS} (wgmma N), got {self.Nb}")
+            raise ValueError(f"Nb must be a multiple of 16 from 64 to 256 (wgmma N), got "
+                             f"{self.Nb}")
         if self.out_dtype not in OUT_TYPES:
             raise ValueError(f"out_dtype must be one of {list(OUT_TYPES)}, got "
                              f"{self.out_dtype!r}")

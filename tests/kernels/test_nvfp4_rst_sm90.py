@@ -7,10 +7,13 @@ import torch
 from tk_cute.compile import build
 from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
 from tk_cute.layouts import nvfp4_scales
+from tk_cute.nvfp4 import heuristics
 
 
-@pytest.fixture(scope="module", params=[(256, 1), (128, 1), (192, 1), (256, 2)],
-                ids=["nb256", "nb128", "nb192", "nb256_2sets"])
+@pytest.fixture(scope="module", params=[(256, 1), (128, 1), (192, 1), (256, 2), (64, 1),
+                                        (80, 1), (112, 1), (144, 1), (208, 1)],
+                ids=["nb256", "nb128", "nb192", "nb256_2sets", "nb64", "nb80", "nb112", "nb144",
+                     "nb208"])
 def built(request):
     nb, sets = request.param
     cfg = rst.Config(Nb=nb, A_SETS=sets)
@@ -45,7 +48,8 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
 
 def test_ring_fills_shared_memory(built):
     cfg, k, _ = built
-    assert k.LOAD_PIPE_DEPTH == {256: 3, 192: 3, 128: 5}[cfg.Nb]
+    assert k.LOAD_PIPE_DEPTH == {256: 3, 208: 3, 192: 3, 144: 5, 128: 5, 112: 6, 80: 7,
+                                 64: 8}[cfg.Nb]
     assert k.stage_bytes() == 128 * 64 + 1024 + cfg.Nb * 128 * 2
     assert k.dynamic_shared_memory() <= rst.SMEM_BUDGET
 
@@ -66,8 +70,10 @@ def test_scale_tiles_hold_each_stage_atoms(N, K):
 
 
 def test_config_and_shape_rules():
-    with pytest.raises(ValueError, match=r"Nb must be one of \(128, 192, 256\) .wgmma N., got 64"):
-        rst.Config(Nb=64)
+    for nb in (48, 72, 264):
+        with pytest.raises(ValueError, match=rf"Nb must be a multiple of 16 from 64 to 256 "
+                                             rf".wgmma N., got {nb}"):
+            rst.Config(Nb=nb)
     with pytest.raises(ValueError, match="LOAD_PIPE_DEPTH"):
         rst.Config(LOAD_PIPE_DEPTH=1)
     with pytest.raises(ValueError, match="of shared memory; the budget is"):
@@ -88,14 +94,17 @@ def test_config_and_shape_rules():
 
 
 @pytest.mark.parametrize("M, N, nb", [
-    (200, 8192, 128), (256, 8192, 128), (384, 8192, 192), (512, 8192, 256), (640, 8192, 192),
+    (129, 8192, 80), (200, 8192, 112), (257, 8192, 144), (300, 8192, 192),
+    (256, 8192, 128), (384, 8192, 192), (512, 8192, 256), (640, 8192, 192),
     (768, 8192, 192), (1536, 8192, 256), (3072, 8192, 256), (4000, 8192, 256),
     (256, 28672, 256), (384, 28672, 192), (512, 28672, 128), (768, 28672, 192),
     (1152, 28672, 192)])
 def test_tile_width_is_the_faster_measured_one(M, N, nb):
-    """The rounds model picks the width the H200 A/Bs measured fastest (docs/results.md; 3072
-    rows: 256 and 192 within 0.3%): 256 where its tiles fill their rounds, 192 or 128 where
-    they leave a round or a row of tiles half empty."""
+    """The width the H200 A/Bs measured fastest (docs/results.md; 3072 rows: 256 and 192 within
+    0.3%; 300 rows: 160 was faster than 192, not yet a GPU-tested width): with few weight tiles
+    (N = 8192, up to 512 rows) two activation tiles per weight tile, each the narrowest of
+    `heuristics.TILED_WIDTHS` covering half the rows; else the rounds model: 256 where its
+    tiles fill their rounds, 192 or 128 where they leave a round or a row of tiles half empty."""
     from tk_cute.nvfp4 import heuristics
 
     assert heuristics.register_a_tiled_config(M, N, 8192, "bfloat16", 132).Nb == nb
@@ -188,6 +197,24 @@ def test_every_element_matches_the_exact_product(seed, nb, sets, M, N, K):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("nb", [nb for nb in heuristics.TILED_WIDTHS if nb not in (128, 192, 256)])
+@pytest.mark.parametrize("M, N, K", [(129, 256, 128), (300, 1024, 2048), (257, 8192, 2880)])
+def test_narrow_widths_match_the_exact_product(seed, nb, M, N, K):
+    """The narrow widths the dispatch runs (`heuristics.TILED_WIDTHS`, picked by
+    `few_tiles_width`), every element of three output types (K = 2880: a partial last
+    stage)."""
+    from tk_cute.nvfp4 import launch
+    from tk_cute.testing import assert_gemm_close
+
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    for out_dtype in (torch.bfloat16, torch.float32, torch.float16):
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)  # poison
+        d = launch.gemm_rs_tiled(a, b, out=out, config=rst.Config(Nb=nb))
+        assert_gemm_close(d, a, b, f"Nb={nb} {out_dtype}")
+
+
+@pytest.mark.gpu
 def test_deterministic_and_public_dispatch(seed):
     from tk_cute import nvfp4
     from tk_cute.nvfp4 import launch
@@ -210,7 +237,8 @@ def test_deterministic_and_public_dispatch(seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M, N, K, nb", [(200, 256, 512, 128), (1000, 384, 1152, 256),
-                                         (257, 1024, 2048, 256), (300, 256, 2880, 128)])
+                                         (257, 1024, 2048, 256), (300, 256, 2880, 128),
+                                         (200, 8192, 512, 112), (257, 1024, 2880, 144)])
 def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K, nb):
     """W4A4 on the tiled kernel (activations decoded in its permute pass, D's scale written by
     that pass) is bit for bit the W4A16 kernel on the exactly decoded activations with D's

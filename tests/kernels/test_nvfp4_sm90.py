@@ -152,4 +152,4 @@ def test_the_dispatch_never_picks_the_fused_kernel():
             for K in (64, 192, 2880, 8192):
                 assert sm90.supports(M, N, K)
                 for w4a4 in (False, True):
-                    assert heuristics.hopper_path(w4a4, M, N, K) in heuristics.UE5M3_PATHS
+                    assert heuristics.hopper_path(w4a4, M, N, K, 132) in heuristics.UE5M3_PATHS

@@ -123,7 +123,7 @@ def _plan(op: validate.Operands, device: torch.device, out_dtype, pdl: bool,
 def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bool,
                  force: str | None = None, sf: str = "ue4m3") -> Plan:
     if force is None:
-        path = heuristics.hopper_path(w4a4, M, N, K)
+        path = heuristics.hopper_path(w4a4, M, N, K, sms)
     else:
         path = heuristics.check_hopper_path(force, w4a4, M, N, K, out, sf)
     if path == "small_m":

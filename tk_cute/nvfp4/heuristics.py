@@ -9,11 +9,12 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   the register-A kernel cannot take N or K.
 - "register_a" (`kernels/gemm/nvfp4_rs_sm90.py`, weights decoded into wgmma A registers):
   RS_MIN_M <= M <= 128 (below it too where the small-M kernel cannot take K: K % 128 != 0).
-- "rows": 128 < M <= ROWS_MAX_M, the register-A kernel on 128-row slices of the activations
-  (each pass streams the weights again; cheaper than a second, nearly empty row of tiles).
+- "rows": 128 < M <= ROWS_MAX_M where the tiled kernel's few-tiles width does not apply
+  (`few_tiles_width`), the register-A kernel on 128-row slices of the activations (each pass
+  streams the weights again; cheaper than a second, nearly empty row of wide tiles).
 - "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
   128 x Nb output tiles): larger M where N % 128 == 0, but "dequantize" from enough rows at a
-  short K (`dequantize_wins`).
+  short K (`dequantize_wins`). Nb: `register_a_tiled_config`.
 The register-A kernels take any K % 16 == 0 (rows of codes padded to 16 bytes for the TMA where
 K % 32 != 0, as NVFP4Tensor stores them), a partial last stage where K % 256 (K % 128 tiled)
 != 0 (`Config.K_TAIL`, set here from K).
@@ -82,9 +83,10 @@ PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "fused", "dequanti
 UE5M3_PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "dequantize")
 
 
-def hopper_path(w4a4: bool, M: int, N: int, K: int) -> str:
-    """The path of one 2-D Hopper GEMM (module docstring); every valid shape has one, and every
-    path it picks decodes UE4M3 and UE5M3 scales alike (`UE5M3_PATHS`)."""
+def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
+    """The path of one 2-D Hopper GEMM on a GPU of `sms` SMs (module docstring); every valid
+    shape has one, and every path it picks decodes UE4M3 and UE5M3 scales alike
+    (`UE5M3_PATHS`)."""
     if M <= W4A4_NATIVE_MAX_M and w4a4 and gv.supports(M, N, K):
         return "small_m"
     if M < RS_MIN_M and not w4a4 and gv.supports(M, N, K):
@@ -93,7 +95,8 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int) -> str:
         return "register_a"
     if M <= gv.MAX_M and not w4a4 and gv.supports(M, N, K):
         return "small_m"
-    if ROWS_MIN_M < M <= ROWS_MAX_M and rs.supports(rs.MAX_M, N, K):
+    if (ROWS_MIN_M < M <= ROWS_MAX_M and rs.supports(rs.MAX_M, N, K)
+            and few_tiles_width(M, N, sms) is None):
         return "rows"
     if M > rs.MAX_M and rst.supports(M, N, K) and not dequantize_wins(w4a4, M, K):
         return "register_a_tiled"
@@ -211,17 +214,37 @@ def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs
 # the widths (docs/results.md, twelfth and fifteenth sessions: 8 shapes at 128, 7 at 192; per
 # row 1.05-1.18 at 128, 0.97-1.06 at 192).
 TILED_TILE_COST = {256: 1.0, 192: 1.02, 128: 1.08}
+# The widths the tiled kernel runs (its GPU tests cover each, tests/kernels/
+# test_nvfp4_rst_sm90.py); `rst.NBS` builds every multiple of 16, the others not yet GPU-tested.
+TILED_WIDTHS = (64, 80, 112, 128, 144, 192, 256)
 
 
 def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) -> rst.Config:
-    """Nb (activation rows per tile) from the rounds model of `schedule.tile_width` over the
-    (N / 128) x ceil(M / Nb) tiles (`TILED_TILE_COST`): 256 where its tiles fill their rounds,
-    192 or 128 where 256-row tiles would leave a round nearly empty or their last row of tiles
-    half empty. H200 A/Bs (docs/results.md), vs cuBLAS bf16, Nb = 256 / 192 / 128: 384x8192^2
-    0.72 / 0.91 / 0.66x, 768x28672x8192 0.87 / 1.02 / 0.92x, 200x8192^2 0.50 / 0.36 / 0.80x,
+    """Nb (activation rows per tile): `few_tiles_width` where it applies, else the rounds model
+    of `schedule.tile_width` over the (N / 128) x ceil(M / Nb) tiles (`TILED_TILE_COST`): 256
+    where its tiles fill their rounds, 192 or 128 where 256-row tiles would leave a round nearly
+    empty or their last row of tiles half empty. H200 A/Bs (docs/results.md), vs cuBLAS bf16,
+    Nb = 256 / 192 / 128: 384x8192^2 0.72 / 0.91 / 0.66x, 768x28672x8192 0.87 / 1.02 / 0.92x,
     512x8192^2 0.90 / - / 0.84x, 3072x8192^2 0.93 / 0.93 / 0.87x."""
-    nb = schedule.tile_width(N // rst.ROWS, M, sms, TILED_TILE_COST)
+    nb = few_tiles_width(M, N, sms) or schedule.tile_width(N // rst.ROWS, M, sms,
+                                                            TILED_TILE_COST)
     return rst.Config(Nb=nb, out_dtype=out_dtype, K_TAIL=K % rst.STAGE_K != 0)
+
+
+def few_tiles_width(M: int, N: int, sms: int) -> int | None:
+    """Where the N / 128 weight tiles leave SMs idle, the activation rows are cut into as many
+    tiles per weight tile as one round of the SMs holds, each the narrowest of `TILED_WIDTHS`
+    that covers them: the fewest padded rows in one full round. None where no width covers
+    them, or their tiles fill less than 3/4 of the SMs (the rounds model then).
+    H200 A/B (docs/results.md, sixteenth session), N = K = 8192, vs cuBLAS bf16, this width /
+    before: 129 rows Nb = 80 0.95x / "rows" 0.83x, 160: 80 0.82 / "rows" 0.63x, 200: 112 0.80 /
+    128 0.74x, 257: 144 0.86 / 192 0.67x, 300: 160 0.87 / 192 0.73x."""
+    bands = N // rst.ROWS
+    per = sms // bands  # activation tiles per weight tile in one round
+    fits = [nb for nb in TILED_WIDTHS if per >= 1 and nb * per >= M]
+    if not fits or bands * -(-M // fits[0]) < 0.75 * sms:
+        return None
+    return fits[0]
 
 
 @functools.lru_cache(maxsize=1024)  # on every register-A call's host path (~2 us uncached)

@@ -53,12 +53,15 @@ def test_every_grid_shape_has_a_kernel_plan(w4a4, out):
 
 
 def test_issue_rows_take_the_expected_paths():
-    # Just above 128 rows: one register-A pass of 128 rows, the small-M kernel for the last row.
-    p = _plan_hopper(False, 129, 8192, 8192, "bfloat16", SMS, False)
+    # Just above 128 rows with few weight tiles (64 at N = 8192): the tiled register-A kernel,
+    # two 80-row activation tiles per weight tile (`heuristics.few_tiles_width`).
+    for M, nb in ((129, 80), (200, 112), (257, 144), (256, 128), (384, 192)):
+        p = _plan_hopper(False, M, 8192, 8192, "bfloat16", SMS, False)
+        assert p.path == "register_a_tiled" and p.config.Nb == nb, (M, p)
+    # Many weight tiles (224 at N = 28672): one register-A pass of 128 rows, the small-M kernel
+    # for the last row.
+    p = _plan_hopper(False, 129, 28672, 8192, "bfloat16", SMS, False)
     assert p.path == "rows" and p.kernels() == ["register_a", "small_m"]
-    # Above: the tiled register-A kernel, 128 x 256 tiles where they make about a wave.
-    p = _plan_hopper(False, 256, 8192, 8192, "bfloat16", SMS, False)
-    assert p.path == "register_a_tiled" and p.config.Nb == 128  # 64 tiles of 256: too few
     assert _plan_hopper(False, 512, 8192, 8192, "bfloat16", SMS, False).config.Nb == 256
     assert _plan_hopper(False, 4000, 8192, 8192, "bfloat16", SMS, False).config.Nb == 256
     p = _plan_hopper(False, 200, 8192, 8192, "bfloat16", SMS, False, "rows")
@@ -287,7 +290,7 @@ def test_rows_slices_nvfp4_activations_at_whole_scale_bands(seed):
         part, alone = _rows(q, m0, m1), quantize(x[m0:m1], global_scale=q.global_scale)
         assert part.shape == alone.shape == (m1 - m0, 512)
         assert torch.equal(part.data, alone.data) and torch.equal(part.scales, alone.scales)
-    p = _plan_hopper(True, 150, 8192, 8192, "bfloat16", SMS, False)
+    p = _plan_hopper(True, 150, 28672, 8192, "bfloat16", SMS, False)
     assert p.path == "rows" and [sub.config.a_format for _, _, sub in p.parts] == ["nvfp4"] * 2
 
 
