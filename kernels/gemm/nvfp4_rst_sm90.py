@@ -3,7 +3,8 @@
 
 D (M, N) = A (M, K) @ deq(B)^T with B NVFP4 weights, computed as D^T = W X^T: each tile is 128
 weight rows (the wgmma M side, two consumer warpgroups of 64) by Nb activation rows (wgmma N,
-128, 192 or 256), and the weights never exist as bf16 outside registers. Pipeline (`templates/lcf`):
+a multiple of 16 from 64 to 256: `NBS`), and the weights never exist as bf16 outside registers.
+Pipeline (`templates/lcf`):
   producer warp: per 128-K stage, TMA loads of the tile's 128 weight rows (64 packed bytes
     each, plain rows), the band's two scale atoms (1 KiB) and Nb activation rows (128 bf16,
     128-byte swizzle, already in the decode's K order), into a LOAD_PIPE_DEPTH ring;

@@ -62,9 +62,12 @@ W4A4_NATIVE_MAX_M = 8
 # trip): 1x8192^2 0.945 vs 0.922, 1x28672x8192 0.988 vs 0.884; at 1x8192x28672 each CTA decodes
 # 28672 elements before its first trip: 0.927 vs 0.955.
 W4A4_STAGE_MAX_K = 8192
-# "rows": the register-A kernel on 128-row slices, from just above 128 rows up to this M. On the
-# H200 (docs/results.md, twelfth session) 129x8192^2 took 50.7 us as rows against 76.0 us tiled
-# (two rows of 128 x 128 tiles, the second nearly empty); at 200 rows tiled won (54.7 vs 66.3).
+# "rows": the register-A kernel on 128-row slices, from just above 128 rows up to this M, where
+# the tiled kernel's few-tiles width does not apply (`few_tiles_width`). On the H200
+# (docs/results.md, twelfth session) 129x8192^2 took 50.7 us as rows against 76.0 us tiled
+# (two rows of 128 x 128 tiles, the second nearly empty); at 200 rows tiled won (54.7 vs 66.3);
+# sixteenth session: two 80-row tiles per weight tile beat rows at 129 (43.2 vs 49.7 us) and
+# 160 rows (46.2 vs 60.7).
 ROWS_MIN_M = rs.MAX_M
 ROWS_MAX_M = 160
 # Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
