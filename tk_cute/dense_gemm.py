@@ -12,7 +12,7 @@ the output's shape and the SM count (`tile_width`: a model of the persistent gri
 Operand rows that do not start on a 128-byte L2 line (K * element size % 128 != 0, or an offset
 view) make every TMA row piece of a stage touch two lines; from two rows of tiles on, such calls
 run in 2 x 1 clusters whose CTAs multicast the B tile they share (`line_aligned`,
-`default_config`), which halves B's reads (docs/results.md: 3000x7000x5000 0.67x -> 0.95x
+`default_config`), which halves B's reads (docs/results.md: 3000x7000x5000 0.67x -> 0.92-0.95x
 cuBLAS).
 """
 
