@@ -46,6 +46,18 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     assert b.sass_count(r"\bLDL\b") == 0 and b.sass_count(r"\bSTL\b") == 0
 
 
+@pytest.mark.parametrize("nb", rst.NBS)
+def test_every_width_builds_its_wgmma_without_spills(nb):
+    """Every width of `rst.NBS` (multiples of 16 from 64 to 256) builds for sm_90a: 8 wgmma
+    m64 n Nb k16 per stage, no local memory, at least 3 stages."""
+    cfg = rst.Config(Nb=nb)
+    k = rst.GemmNvfp4RsTiledSm90(cfg)
+    b = build(k, *rst.signature(cfg).compile_args(132), arch="sm_90a")
+    assert b.sass_count(rf"HGMMA\.64x{nb}x16") == 8
+    assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
+    assert k.LOAD_PIPE_DEPTH >= 3
+
+
 def test_ring_fills_shared_memory(built):
     cfg, k, _ = built
     assert k.LOAD_PIPE_DEPTH == {256: 3, 208: 3, 192: 3, 144: 5, 128: 5, 112: 6, 80: 7,
@@ -209,6 +221,23 @@ def test_narrow_widths_match_the_exact_product(seed, nb, M, N, K):
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     for out_dtype in (torch.bfloat16, torch.float32, torch.float16):
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)  # poison
+        d = launch.gemm_rs_tiled(a, b, out=out, config=rst.Config(Nb=nb))
+        assert_gemm_close(d, a, b, f"Nb={nb} {out_dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nb", [nb for nb in rst.NBS if nb not in heuristics.TILED_WIDTHS])
+def test_widths_the_dispatch_does_not_pick_yet_match_the_exact_product(seed, nb):
+    """The other buildable widths (96, 160, ...), one shape with a partial last stage: once
+    they pass on the H200 they can join `heuristics.TILED_WIDTHS` (docs/nvfp4_hopper.md)."""
+    from tk_cute.nvfp4 import launch
+    from tk_cute.testing import assert_gemm_close
+
+    M, N, K = 300, 1024, 2880
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    for out_dtype in (torch.bfloat16, torch.float32):
         out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)  # poison
         d = launch.gemm_rs_tiled(a, b, out=out, config=rst.Config(Nb=nb))
         assert_gemm_close(d, a, b, f"Nb={nb} {out_dtype}")
