@@ -130,8 +130,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None
         ValueError: shapes, strides, alignment, devices, `out`, a non-Hopper GPU.
     """
     _check(a, b, out_dtype)
-    config = config or default_config(a.dtype, out_dtype, a.shape[0], b.shape[0],
-                                      sm_count(a.device), lines=line_aligned(a, b))
+    config = config or _config_for(a, b, out_dtype)
     if config.dtype != _name(a.dtype) or config.out_dtype != _name(out_dtype):
         raise TypeError(f"config is for {config.dtype} -> {config.out_dtype}; the call is "
                         f"{_name(a.dtype)} -> {_name(out_dtype)}")
@@ -142,9 +141,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None
 def scaled(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out: torch.Tensor):
     """out = alpha * (a @ b^T) for bf16 a (M, K), b (N, K) and a 1-element fp32 device tensor
     alpha (read on the device: no host sync). For callers that validated already."""
-    config = default_config(a.dtype, out.dtype, a.shape[0], b.shape[0], sm_count(a.device),
-                            lines=line_aligned(a, b))
-    return _run(config, a, b, out, alpha.reshape(1))
+    return _run(_config_for(a, b, out.dtype), a, b, out, alpha.reshape(1))
+
+
+def _config_for(a: torch.Tensor, b: torch.Tensor, out_dtype):
+    """`default_config` for this call's operands (their shape, device and row alignment)."""
+    return default_config(a.dtype, out_dtype, a.shape[0], b.shape[0], sm_count(a.device),
+                          lines=line_aligned(a, b))
 
 
 def _run(config, a, b, c, alpha=None):

@@ -776,8 +776,7 @@ def signature(cfg: Config) -> Signature:
     """The launch's runtime arguments: weights (codes, blocked scales), activations and their
     permuted copy (permute "call"; W4A4: the activations' codes, blocked scales and decode
     scale gA, and a decode buffer of N_ACT x `permuted_width(K)` bf16 + 16 bytes), the weights'
-    global decode scale,
-    D, the fp32 partial planes, the shape and the stream-K CTA count."""
+    global decode scale, D, the fp32 partial planes, the shape and the stream-K CTA count."""
     out_t = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32}[cfg.out_dtype]
     w = (ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8))

@@ -15,15 +15,15 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
   128 x Nb output tiles): larger M where N % 128 == 0, but "dequantize" from enough rows at a
   short K (`dequantize_wins`). Nb: `register_a_tiled_config`.
-The register-A kernels take any K % 16 == 0 (rows of codes padded to 16 bytes for the TMA where
-K % 32 != 0, as NVFP4Tensor stores them), a partial last stage where K % 256 (K % 128 tiled)
-!= 0 (`Config.K_TAIL`, set here from K).
 - "fused" (`kernels/gemm/nvfp4_sm90.py`, decode in shared memory): forced only (`path=`): every
   shape it takes (M % 128, N % 256, K % 64) the register-A kernels take too, faster. Where it was
   the default (one near-full wave of 128 x 256 tiles, K % 256 != 0: 128x28672x8192 fused 148 us
   against 298 dequantized, docs/results.md 2026-11-30), the register-A kernels now run.
 - "dequantize" (`kernels/nvfp4_dequantize.py` + `kernels/gemm/gemm_sm90.py`): everything else
   (any M, any K % 16, N % 8, any output dtype): N % 128 != 0 beyond the small-M kernel.
+The register-A kernels take any K % 16 == 0 (rows of codes padded to 16 bytes for the TMA where
+K % 32 != 0, as NVFP4Tensor stores them), a partial last stage where K % 256 (K % 128 tiled)
+!= 0 (`Config.K_TAIL`, set here from K).
 W4A4 on "register_a" and "register_a_tiled" decodes its activations in the kernel's permute
 pass (`Config.a_format` "nvfp4": bit for bit the W4A16 kernel on the exactly decoded
 activations); "rows" runs W4A4 parts on 128-row slices (whole scale bands, ROWS_MIN_M = 128).
@@ -241,11 +241,12 @@ def few_tiles_width(M: int, N: int, sms: int) -> int | None:
     them, or their tiles fill less than 3/4 of the SMs (the rounds model then).
     H200 A/B (docs/results.md, sixteenth session), N = K = 8192, vs cuBLAS bf16, this width /
     before: 129 rows Nb = 80 0.95x / "rows" 0.83x, 160: 80 0.82 / "rows" 0.63x, 200: 112 0.80 /
-    128 0.74x, 257: 144 0.86 / 192 0.67x, 300: 160 0.87 / 192 0.73x."""
+    128 0.74x, 257: 144 0.86 / 192 0.67x (300 rows: 160 measured 0.87x against 192's 0.73x, but
+    160 is not yet a GPU-tested width, so 300 rows keep 192)."""
     bands = N // rst.ROWS
     per = sms // bands  # activation tiles per weight tile in one round
-    fits = [nb for nb in TILED_WIDTHS if per >= 1 and nb * per >= M]
-    if not fits or bands * -(-M // fits[0]) < 0.75 * sms:
+    fits = [nb for nb in TILED_WIDTHS if nb * per >= M]
+    if per < 1 or not fits or bands * -(-M // fits[0]) < 0.75 * sms:
         return None
     return fits[0]
 
