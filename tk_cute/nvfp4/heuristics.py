@@ -217,11 +217,6 @@ def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs
 # the widths (docs/results.md, twelfth and fifteenth sessions: 8 shapes at 128, 7 at 192; per
 # row 1.05-1.18 at 128, 0.97-1.06 at 192).
 TILED_TILE_COST = {256: 1.0, 192: 1.02, 128: 1.08}
-# The widths the tiled kernel runs (its GPU tests cover each, tests/kernels/
-# test_nvfp4_rst_sm90.py); `rst.NBS` builds every multiple of 16, the others not yet GPU-tested.
-TILED_WIDTHS = (64, 80, 112, 128, 144, 192, 256)
-
-
 def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) -> rst.Config:
     """Nb (activation rows per tile): `few_tiles_width` where it applies, else the rounds model
     of `schedule.tile_width` over the (N / 128) x ceil(M / Nb) tiles (`TILED_TILE_COST`): 256
@@ -236,16 +231,16 @@ def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) ->
 
 def few_tiles_width(M: int, N: int, sms: int) -> int | None:
     """Where the N / 128 weight tiles leave SMs idle, the activation rows are cut into as many
-    tiles per weight tile as one round of the SMs holds, each the narrowest of `TILED_WIDTHS`
-    that covers them: the fewest padded rows in one full round. None where no width covers
-    them, or their tiles fill less than 3/4 of the SMs (the rounds model then).
+    tiles per weight tile as one round of the SMs holds, each the narrowest of the kernel's
+    widths (`rst.NBS`, each GPU-tested) that covers them: the fewest padded rows in one full
+    round. None where no width covers them, or their tiles fill less than 3/4 of the SMs (the
+    rounds model then).
     H200 A/B (docs/results.md, sixteenth session), N = K = 8192, vs cuBLAS bf16, this width /
     before: 129 rows Nb = 80 0.95x / "rows" 0.83x, 160: 80 0.82 / "rows" 0.63x, 200: 112 0.80 /
-    128 0.74x, 257: 144 0.86 / 192 0.67x (300 rows: 160 measured 0.87x against 192's 0.73x, but
-    160 is not yet a GPU-tested width, so 300 rows keep 192)."""
+    128 0.74x, 257: 144 0.86 / 192 0.67x; seventeenth session: 300: 160 0.90 / 192 0.75x."""
     bands = N // rst.ROWS
     per = sms // bands  # activation tiles per weight tile in one round
-    fits = [nb for nb in TILED_WIDTHS if nb * per >= M]
+    fits = [nb for nb in rst.NBS if nb * per >= M]
     if per < 1 or not fits or bands * -(-M // fits[0]) < 0.75 * sms:
         return None
     return fits[0]
