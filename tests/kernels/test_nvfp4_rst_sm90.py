@@ -9,9 +9,10 @@ from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
 from tk_cute.layouts import nvfp4_scales
 
 @pytest.fixture(scope="module", params=[(256, 1), (128, 1), (192, 1), (256, 2), (64, 1),
-                                        (80, 1), (112, 1), (144, 1), (208, 1)],
+                                        (80, 1), (112, 1), (144, 1), (208, 1), (64, 2), (80, 2),
+                                        (96, 2)],
                 ids=["nb256", "nb128", "nb192", "nb256_2sets", "nb64", "nb80", "nb112", "nb144",
-                     "nb208"])
+                     "nb208", "nb64_2sets", "nb80_2sets", "nb96_2sets"])
 def built(request):
     nb, sets = request.param
     cfg = rst.Config(Nb=nb, A_SETS=sets)
@@ -58,7 +59,7 @@ def test_every_width_builds_its_wgmma_without_spills(nb):
 
 def test_ring_fills_shared_memory(built):
     cfg, k, _ = built
-    assert k.LOAD_PIPE_DEPTH == {256: 3, 208: 3, 192: 3, 144: 5, 128: 5, 112: 6, 80: 7,
+    assert k.LOAD_PIPE_DEPTH == {256: 3, 208: 3, 192: 3, 144: 5, 128: 5, 112: 6, 96: 6, 80: 7,
                                  64: 8}[cfg.Nb]
     assert k.stage_bytes() == 128 * 64 + 1024 + cfg.Nb * 128 * 2
     assert k.dynamic_shared_memory() <= rst.SMEM_BUDGET
@@ -117,7 +118,19 @@ def test_tile_width_is_the_faster_measured_one(M, N, nb):
     tiles fill their rounds, 192 or 128 where they leave a round or a row of tiles half empty."""
     from tk_cute.nvfp4 import heuristics
 
-    assert heuristics.register_a_tiled_config(M, N, 8192, "bfloat16", 132).Nb == nb
+    cfg = heuristics.register_a_tiled_config(M, N, 8192, "bfloat16", 132)
+    assert cfg.Nb == nb and cfg.A_SETS == (2 if nb <= 96 else 1)
+
+
+def test_narrow_tiles_take_two_register_sets_only_at_long_k():
+    """Two A register sets up to Nb = 96 from K = 8192 (heuristics.TILED_TWO_SETS_*: slower at
+    K = 2880 and from Nb = 112 on, docs/results.md)."""
+    from tk_cute.nvfp4 import heuristics
+
+    cfg = lambda M, K: heuristics.register_a_tiled_config(M, 8192, K, "bfloat16", 132)  # noqa: E731
+    assert cfg(129, 8192).A_SETS == 2 and cfg(129, 28672).A_SETS == 2
+    assert cfg(129, 2880).A_SETS == 1 and cfg(129, 4096).A_SETS == 1
+    assert cfg(200, 8192).A_SETS == 1 and cfg(4096, 8192).A_SETS == 1
 
 
 @pytest.mark.parametrize("N, K", [(128, 2880), (384, 160), (256, 32)])
@@ -140,8 +153,9 @@ def test_packing_matches_dsl():
     rst.compile_launcher(rst.Config(Nb=128, a_format="nvfp4"), 132, options="--gpu-arch sm_90a")
 
 
-@pytest.mark.parametrize("nb, out", [(256, "bfloat16"), (128, "nvfp4")])
-def test_w4a4_runs_the_w4a16_gemm_after_the_decode_pass(nb, out):
+@pytest.mark.parametrize("nb, out, sets", [(256, "bfloat16", 1), (128, "nvfp4", 1),
+                                           (80, "nvfp4", 2)])
+def test_w4a4_runs_the_w4a16_gemm_after_the_decode_pass(nb, out, sets):
     """W4A4 (`a_format` "nvfp4"): the register-A kernels' decode-permute pass instead of the
     permute kernel, then the W4A16 GEMM unchanged (the same PTX body), no spills."""
     import dataclasses
@@ -151,7 +165,7 @@ def test_w4a4_runs_the_w4a16_gemm_after_the_decode_pass(nb, out):
     sys.path.insert(0, str(Path(__file__).parent))
     from test_nvfp4_rs_sm90 import _entries
 
-    w16 = rst.Config(Nb=nb, out_dtype=out)
+    w16 = rst.Config(Nb=nb, out_dtype=out, A_SETS=sets)
     w4 = dataclasses.replace(w16, a_format="nvfp4")
     b16, b4 = (build(rst.launch_fn(c), *rst.signature(c).compile_args(132), arch="sm_90a")
                for c in (w16, w4))
@@ -189,7 +203,8 @@ def _poisoned_nvfp4(M, N, global_scale):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nb, sets", [(128, 1), (192, 1), (256, 1), (128, 2), (256, 2)])
+@pytest.mark.parametrize("nb, sets", [(128, 1), (192, 1), (256, 1), (128, 2), (256, 2), (64, 2),
+                                     (80, 2), (96, 2)])
 @pytest.mark.parametrize("M, N, K", [(129, 256, 128), (300, 1024, 2048), (1000, 384, 1152),
                                      (256, 8192, 8192), (4097, 512, 256), (300, 384, 2880),
                                      (129, 256, 32), (1000, 256, 160)])
@@ -245,10 +260,11 @@ def test_deterministic_and_public_dispatch(seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M, N, K, nb", [(200, 256, 512, 128), (1000, 384, 1152, 256),
-                                         (257, 1024, 2048, 256), (300, 256, 2880, 128),
-                                         (200, 8192, 512, 112), (257, 1024, 2880, 144)])
-def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K, nb):
+@pytest.mark.parametrize("M, N, K, nb, sets", [
+    (200, 256, 512, 128, 1), (1000, 384, 1152, 256, 1), (257, 1024, 2048, 256, 1),
+    (300, 256, 2880, 128, 1), (200, 8192, 512, 112, 1), (257, 1024, 2880, 144, 1),
+    (129, 8192, 8192, 80, 2)])
+def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K, nb, sets):
     """W4A4 on the tiled kernel (activations decoded in its permute pass, D's scale written by
     that pass) is bit for bit the W4A16 kernel on the exactly decoded activations with D's
     scale gA * gB, for bf16 / fp32 and fused NVFP4 output."""
@@ -261,14 +277,14 @@ def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K
     a = nvfp4.quantize(torch.randn(M, K, device="cuda"))
     a16, gs = launch.dequantize_blocks(a), a.global_scale * b.global_scale
     for out_dtype in ("bfloat16", "float32"):
-        w16 = rst.Config(Nb=nb, out_dtype=out_dtype, K_TAIL=K % rst.STAGE_K != 0)
+        w16 = rst.Config(Nb=nb, A_SETS=sets, out_dtype=out_dtype, K_TAIL=K % rst.STAGE_K != 0)
         w4 = dataclasses.replace(w16, a_format="nvfp4")
         d4 = launch.register_a_tiled(a, b, _poisoned(M, N, getattr(torch, out_dtype)), w4)
         d16 = launch.register_a_tiled(a16, b, _poisoned(M, N, getattr(torch, out_dtype)), w16,
                                       gs)
         assert not d4.isnan().any() and torch.equal(d4, d16)
     g = torch.tensor(float(d16.abs().max()) / 2688, device="cuda")
-    w16 = rst.Config(Nb=nb, K_TAIL=K % rst.STAGE_K != 0)
+    w16 = rst.Config(Nb=nb, A_SETS=sets, K_TAIL=K % rst.STAGE_K != 0)
     q4 = launch.register_a_tiled_nvfp4(a, b, dataclasses.replace(w16, a_format="nvfp4"),
                                        validate.nvfp4_out((M, N), b.device, _poisoned_nvfp4(
                                            M, N, g), g))
@@ -280,9 +296,9 @@ def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K
 # --- NVFP4 output (the fused epilogue) ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("nb", [128, 256])
-def test_nvfp4_epilogue_compiles_to_the_recipe(nb):
-    cfg = rst.Config(Nb=nb, out_dtype="nvfp4")
+@pytest.mark.parametrize("nb, sets", [(128, 1), (256, 1), (80, 2)])
+def test_nvfp4_epilogue_compiles_to_the_recipe(nb, sets):
+    cfg = rst.Config(Nb=nb, out_dtype="nvfp4", A_SETS=sets)
     b = build(rst.GemmNvfp4RsTiledSm90(cfg), *rst.signature(cfg).compile_args(132),
               arch="sm_90a")
     columns = nb // 4  # accumulator columns per thread, each one 16-element block of D

@@ -217,16 +217,30 @@ def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs
 # the widths (docs/results.md, twelfth and fifteenth sessions: 8 shapes at 128, 7 at 192; per
 # row 1.05-1.18 at 128, 0.97-1.06 at 192).
 TILED_TILE_COST = {256: 1.0, 192: 1.02, 128: 1.08}
+# Narrow tiled tiles decode more weights per MMA than a warpgroup's other warpgroup hides (at
+# Nb = 80 the tensor pipe is busy 60% of the active cycles, at 256 92%): up to this width, and
+# from this K on, each warpgroup decodes a stage into a second A register set while its previous
+# stage's MMAs run (`rst.Config.A_SETS`). H200 A/B (docs/results.md, seventeenth session; vs
+# cuBLAS bf16, one set / two): 129x8192^2 Nb = 80 0.97 / 1.02x, 170x8192^2 96 0.81 / 0.87x,
+# 200x4096x8192 64 0.78 / 0.80x, 129x8192x28672 80 0.80 / 0.84x; but 150x8192x2880 80 0.96 /
+# 0.92x, and from Nb = 112 on two sets were slower (200x8192^2 0.84 / 0.80x, 1024x8192^2 Nb = 256
+# 0.92 / 0.88x).
+TILED_TWO_SETS_MAX_NB = 96
+TILED_TWO_SETS_MIN_K = 8192
+
+
 def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) -> rst.Config:
     """Nb (activation rows per tile): `few_tiles_width` where it applies, else the rounds model
     of `schedule.tile_width` over the (N / 128) x ceil(M / Nb) tiles (`TILED_TILE_COST`): 256
     where its tiles fill their rounds, 192 or 128 where 256-row tiles would leave a round nearly
     empty or their last row of tiles half empty. H200 A/Bs (docs/results.md), vs cuBLAS bf16,
     Nb = 256 / 192 / 128: 384x8192^2 0.72 / 0.91 / 0.66x, 768x28672x8192 0.87 / 1.02 / 0.92x,
-    512x8192^2 0.90 / - / 0.84x, 3072x8192^2 0.93 / 0.93 / 0.87x."""
+    512x8192^2 0.90 / - / 0.84x, 3072x8192^2 0.93 / 0.93 / 0.87x. A_SETS: two register sets
+    for narrow tiles at long K (`TILED_TWO_SETS_MAX_NB`)."""
     nb = few_tiles_width(M, N, sms) or schedule.tile_width(N // rst.ROWS, M, sms,
                                                             TILED_TILE_COST)
-    return rst.Config(Nb=nb, out_dtype=out_dtype, K_TAIL=K % rst.STAGE_K != 0)
+    a_sets = 2 if nb <= TILED_TWO_SETS_MAX_NB and K >= TILED_TWO_SETS_MIN_K else 1
+    return rst.Config(Nb=nb, A_SETS=a_sets, out_dtype=out_dtype, K_TAIL=K % rst.STAGE_K != 0)
 
 
 def few_tiles_width(M: int, N: int, sms: int) -> int | None:
