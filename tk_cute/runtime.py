@@ -135,6 +135,27 @@ def workspace(name: str, nbytes: int, device: torch.device, stream: int) -> torc
     return buf
 
 
+def zeroed_flags(name: str, count: int, device: torch.device, stream: int) -> torch.Tensor:
+    """`count` int32 flags, zero when handed out, that a kernel on `stream` sets and clears
+    again before it ends (stream-K's handover flags): kept per (device, stream, name) like
+    `workspace` (fresh zeros while capturing a graph, whose replays then clear them as they
+    go)."""
+    if device.type != "cuda" or _capturing():
+        return torch.zeros(count, dtype=torch.int32, device=device)
+    key = (device_index(device), stream, "flags:" + name)
+    buf = _WORKSPACES.get(key)
+    if buf is None or buf.numel() < count:
+        with _WORKSPACES_LOCK:
+            buf = _WORKSPACES.get(key)
+            if buf is None or buf.numel() < count:
+                _WORKSPACES.pop(key, None)
+                while len(_WORKSPACES) >= WORKSPACE_CACHE_ENTRIES:
+                    del _WORKSPACES[next(iter(_WORKSPACES))]
+                buf = _WORKSPACES[key] = torch.zeros(max(count, 1024), dtype=torch.int32,
+                                                     device=device)
+    return buf
+
+
 def _capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
 

@@ -54,6 +54,7 @@ from tk_cute.types import coord, gl, rt, st
 from tk_cute.types.gl import row_major
 from tk_cute.types.struct import DeviceStruct, config_repr
 
+CONSUMER_THREADS = 2 * warpgroup.WARPGROUP_THREADS  # two consumer warpgroups (`LCF`)
 STAGE_K = rs.SUB_K  # K per stage: one register-A batch (8 wgmma k16 steps)
 ROWS = 128  # weight rows per tile: one scale band, two 64-row consumer warpgroups
 # Activation rows per tile (wgmma N): a multiple of 16 from 64 to 256 (odd multiples of 8 do not
@@ -87,6 +88,10 @@ class Config:
     # The GEMM launched as a programmatic dependent of the permute pass before it (`LCF.PDL`):
     # its launch and prologue overlap the pass's tail
     PDL: bool = field(default=True, metadata={"quiet": True})
+    # Stream-K (`LCF.STREAM_K`): equal shares of the (tile x stage) units on one CTA per SM, a
+    # tile split between two CTAs summed through fp32 partials (`partial_bytes`); the grid needs
+    # at least as many tiles as SMs (`stream_k_fits`)
+    STREAM_K: bool = False
     __repr__ = config_repr
 
     def __post_init__(self):
@@ -135,7 +140,7 @@ class GemmNvfp4RsTiledSm90(LCF):
     def __init__(self, config: Config = Config()):
         self.config = config
         self.Mb, self.Nb, self.SUPERGROUP_SIZE = ROWS, config.Nb, config.SUPERGROUP_SIZE
-        self.PDL = config.PDL
+        self.PDL, self.STREAM_K = config.PDL, config.STREAM_K
         self.w_tile = st(cutlass.Int8, ROWS, STAGE_K // 2, swizzle=False)
         self.sf_tile = st(cutlass.Int8, 2 * (STAGE_K // nvfp4_scales.ATOM_K), 256, swizzle=False)
         self.x_tile = st(cutlass.BFloat16, config.Nb, STAGE_K)
@@ -259,40 +264,74 @@ class GemmNvfp4RsTiledSm90(LCF):
     def finish_tail(self):
         pass  # plain stores: nothing outstanding
 
+    @cute.jit
+    def store_partial(self, g, s, slot, thread):
+        """Stream-K tail: accumulator element i of consumer thread t to word (i * 256 + t) of
+        slot `slot` (each warp's stores one 128-byte line), then zero them."""
+        base = g.partials.toint() + cutlass.Int64(slot) * partial_bytes(self.config)
+        for i in cutlass.range_constexpr(cute.size(s.acc.frag)):
+            memory.st_cvt(base + 4 * (i * CONSUMER_THREADS + thread), s.acc.frag[i], "float32")
+        register.zero(s.acc)
+
+    @cute.jit
+    def add_partial(self, g, s, slot, thread):
+        """Stream-K head: add the next CTA's tail sums (slot `slot`, `store_partial`'s order)."""
+        base = g.partials.toint() + cutlass.Int64(slot) * partial_bytes(self.config)
+        for i in cutlass.range_constexpr(cute.size(s.acc.frag)):
+            s.acc.frag[i] = s.acc.frag[i] + memory.ld_f32(
+                base + 4 * (i * CONSUMER_THREADS + thread))
+
     # --- host -------------------------------------------------------------------------------
     @cute.jit
     def __call__(self, sms: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer,
                  x: cute.Pointer, xp: cute.Pointer, gs: cute.Pointer, out: cute.Pointer,
                  out_sf: cute.Pointer, out_gs: cute.Pointer, flag: cute.Pointer,
-                 M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32, stream):
+                 partials: cute.Pointer, flags: cute.Pointer, M: cutlass.Int32,
+                 N: cutlass.Int32, K: cutlass.Int32, stream):
         rs.launch_permute(x, xp, M, K, stream, use_pdl=False, k_tail=self.config.K_TAIL,
                           rows=self.rows(M))
-        self._gemm(sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, M, N, K, stream)
+        self._gemm(sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, partials, flags, M, N, K,
+                   stream)
 
     @cute.jit
     def call_w4a4(self, sms: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer,
                   x: cute.Pointer, xsf: cute.Pointer, gsa: cute.Pointer, xp: cute.Pointer,
                   gs: cute.Pointer, out: cute.Pointer, out_sf: cute.Pointer,
-                  out_gs: cute.Pointer, flag: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32,
-                  K: cutlass.Int32, stream):
+                  out_gs: cute.Pointer, flag: cute.Pointer, partials: cute.Pointer,
+                  flags: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32,
+                  stream):
         """W4A4: the activations' decode pass (it writes D's scale gA * gB * 2^8 after them),
         then the W4A16 GEMM, which reads them once that pass has ended."""
         rs.launch_decode_permute(self.config.sf, x, xsf, gsa, gs, xp, M, K, stream,
                                  self.config.K_TAIL, self.rows(M))
         scale = rs.decoded_scale(xp, self.rows(M), rs.permuted_width(K, self.config.K_TAIL))
-        self._gemm(sms, w, wsf, xp, scale, out, out_sf, out_gs, flag, M, N, K, stream)
+        self._gemm(sms, w, wsf, xp, scale, out, out_sf, out_gs, flag, partials, flags, M, N,
+                   K, stream)
 
     def rows(self, M):
         """Rows of the permuted activations: M rounded up to whole tiles (`padded_rows`)."""
         return padded_rows(self.config, M)
 
-    def _gemm(self, sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, M, N, K, stream):
+    def _gemm(self, sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, partials, flags, M, N, K,
+              stream):
         wt, sft = rs.weight_tensors(w, wsf, N, K, self.config.K_TAIL)
         # the copy's zero rows past M complete the last row of tiles (TMA boxes in bounds)
         xt = row_major(xp, self.rows(M), rs.permuted_width(K, self.config.K_TAIL))
         g = Globals(gl.load(wt, self.w_tile), gl.load(sft, self.sf_tile),
-                    gl.load(xt, self.x_tile), gs, out, out_sf, out_gs, flag, M, N, K)
+                    gl.load(xt, self.x_tile), gs, out, out_sf, out_gs, flag, partials, flags,
+                    M, N, K)
         self.launch(g, N // ROWS, cute.ceil_div(M, self.Nb), 1, sms, stream)
+
+
+def partial_bytes(cfg: Config) -> int:
+    """Bytes of one stream-K partial slot: a tile's fp32 accumulators (ROWS x Nb)."""
+    return ROWS * cfg.Nb * 4
+
+
+def stream_k_fits(M: int, N: int, cfg: Config, sms: int) -> bool:
+    """Whether stream-K takes the grid: at least as many tiles as the SMs' CTAs (so a tile
+    spans at most two shares, `LCF.STREAM_K`)."""
+    return (N // ROWS) * -(-M // cfg.Nb) >= sms
 
 
 def padded_rows(cfg: Config, M):
@@ -318,11 +357,13 @@ class Consumer:
 
 
 class Globals(DeviceStruct):
-    _fields = ("W", "SF", "X", "gs", "out", "out_sf", "out_gs", "flag", "M", "N", "K")
+    _fields = ("W", "SF", "X", "gs", "out", "out_sf", "out_gs", "flag", "partials", "flags",
+               "M", "N", "K")
 
-    def __init__(self, W, SF, X, gs, out, out_sf, out_gs, flag, M, N, K):
+    def __init__(self, W, SF, X, gs, out, out_sf, out_gs, flag, partials, flags, M, N, K):
         self.W, self.SF, self.X, self.gs, self.out = W, SF, X, gs, out
         self.out_sf, self.out_gs, self.flag = out_sf, out_gs, flag
+        self.partials, self.flags = partials, flags
         self.M, self.N, self.K = M, N, K
 
 
@@ -331,7 +372,9 @@ def signature(cfg: Config) -> Signature:
     codes, blocked scales and decode scale gA) and their permuted copy (`padded_rows` x
     `permuted_width` bf16; W4A4: + 16 bytes), the accumulator's scale (gB, or gA * gB for
     bf16 activations decoded elsewhere), D (for NVFP4: its codes, blocked scales, given decode
-    scale and the saturation flag; other outputs ignore those three), the shape."""
+    scale and the saturation flag; other outputs ignore those three), stream-K's workspace
+    (`partial_bytes` per SM of fp32 partial sums, one int32 flag per SM, zero: the kernel
+    leaves them zero; without `Config.STREAM_K` any address), the shape."""
     w = (ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8))
     if cfg.a_format == "nvfp4":
         x = (ptr("x", cutlass.Uint8, 4), ptr("xsf", cutlass.Uint8, 1),
@@ -341,6 +384,7 @@ def signature(cfg: Config) -> Signature:
     return Signature(*w, *x, ptr("xp", cutlass.BFloat16), ptr("gs", cutlass.Float32, 4),
                      ptr("out", OUT_TYPES[cfg.out_dtype], 4), ptr("out_sf", cutlass.Uint8, 4),
                      ptr("out_gs", cutlass.Float32, 4), ptr("flag", cutlass.Int32, 4),
+                     ptr("partials", cutlass.Float32), ptr("flags", cutlass.Int32, 4),
                      i32("M"), i32("N"), i32("K"))
 
 

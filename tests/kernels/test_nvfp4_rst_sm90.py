@@ -104,22 +104,27 @@ def test_config_and_shape_rules():
     assert not heuristics.register_a_tiled_config(300, 256, 2944, "bfloat16", 132).K_TAIL
 
 
-@pytest.mark.parametrize("M, N, nb", [
-    (129, 8192, 80), (200, 8192, 112), (257, 8192, 144), (300, 8192, 160), (170, 8192, 96),
-    (400, 8192, 208), (256, 8192, 128), (384, 8192, 192), (512, 8192, 256), (640, 8192, 192),
-    (768, 8192, 192), (1536, 8192, 256), (3072, 8192, 256), (4000, 8192, 256),
-    (256, 28672, 256), (384, 28672, 192), (512, 28672, 128), (768, 28672, 192),
-    (1152, 28672, 192)])
-def test_tile_width_is_the_faster_measured_one(M, N, nb):
-    """The width the H200 A/Bs measured fastest (docs/results.md; 3072 rows: 256 and 192 within
-    0.3%; 170 and 400 rows: not measured, the rule's narrowest width): with few weight tiles
-    (N = 8192, up to 512 rows) two activation tiles per weight tile, each the narrowest of
-    `rst.NBS` covering half the rows; else the rounds model: 256 where its
-    tiles fill their rounds, 192 or 128 where they leave a round or a row of tiles half empty."""
+@pytest.mark.parametrize("M, N, nb, stream_k", [
+    (129, 8192, 80, False), (200, 8192, 112, False), (257, 8192, 144, False),
+    (300, 8192, 160, False), (170, 8192, 96, False), (400, 8192, 208, False),
+    (256, 8192, 128, False), (384, 8192, 192, False), (512, 8192, 256, False),
+    (640, 8192, 128, True), (768, 8192, 192, False), (1024, 8192, 256, False),
+    (1536, 8192, 256, False), (2048, 8192, 256, True), (3072, 8192, 256, True),
+    (4096, 8192, 256, True), (256, 28672, 256, True), (384, 28672, 192, True),
+    (512, 28672, 256, True), (768, 28672, 256, True), (1024, 28672, 256, True),
+    (1152, 28672, 192, True), (2048, 28672, 256, True)])
+def test_tile_width_is_the_faster_measured_one(M, N, nb, stream_k):
+    """The schedule the H200 A/Bs measured fastest (docs/results.md; 3072 rows: 256 and 192
+    within 0.3%; 170 and 400 rows: not measured, the rule's narrowest width): with few weight
+    tiles (N = 8192, up to 512 rows) two activation tiles per weight tile, each the narrowest
+    of `rst.NBS` covering half the rows; else the rounds model over whole tiles and stream-K
+    shares: stream-K where whole tiles would leave the last round part empty (1024 x 8192^2,
+    1.94 tiles per SM: whole tiles), 256 wide unless its tiles pad the rows (384: 192)."""
     from tk_cute.nvfp4 import heuristics
 
     cfg = heuristics.register_a_tiled_config(M, N, 8192, "bfloat16", 132)
-    assert cfg.Nb == nb and cfg.A_SETS == (2 if nb <= 96 else 1)
+    assert (cfg.Nb, cfg.STREAM_K) == (nb, stream_k)
+    assert cfg.A_SETS == (2 if nb <= 96 else 1)
 
 
 def test_narrow_tiles_take_two_register_sets_only_at_long_k():
@@ -430,3 +435,123 @@ def test_unfused_nvfp4_output_paths(seed):
         # (K + 16) 2^-24 |a| @ |b|^T, dominates): 1.01 S (the encode, with room for its
         # roundings) plus 1e-6 max |d| (the fp32 sums' error as observed, not a worst case).
         assert ((dq - d).abs() <= 1.01 * _block_bound(q) + 1e-6 * d.abs().max()).all()
+
+
+# --- stream-K ----------------------------------------------------------------------------------
+
+
+def _segments(cta, ctas, tiles, k_steps):
+    """The (tile, k0, k1) segments of CTA `cta`'s share, walked as `LCF._consume_shares` does."""
+    from tk_cute.ops import schedule
+
+    u, end = schedule.stream_k_share(cta, ctas, tiles * k_steps)
+    out = []
+    while u < end:
+        t, k0 = divmod(u, k_steps)
+        k1 = min(k_steps, k0 + end - u)
+        out.append((t, k0, k1))
+        u += k1 - k0
+    return out
+
+
+@pytest.mark.parametrize("tiles, k_steps, ctas", [(224, 64, 132), (448, 8, 132), (132, 23, 132),
+                                                  (1120, 4, 132), (133, 1, 132), (7168, 64, 132)])
+def test_stream_k_shares_hand_each_split_tile_from_a_first_to_a_last_segment(tiles, k_steps,
+                                                                             ctas):
+    """With at least as many tiles as CTAs every tile's K steps are covered once, by at most
+    two CTAs: a tail (k0 > 0) is the first segment of CTA c + 1 and its head (k0 = 0, k1 <
+    k_steps) the last of CTA c, so each head waits only for work its partner did first, and
+    partner slots are never shared."""
+    covered = {}
+    for c in range(ctas):
+        segs = _segments(c, ctas, tiles, k_steps)
+        for i, (t, k0, k1) in enumerate(segs):
+            covered.setdefault(t, []).append((k0, k1, c))
+            if k0 > 0:
+                assert i == 0 and k1 == k_steps  # a tail opens its share
+            elif k1 < k_steps:
+                assert i == len(segs) - 1  # a head closes it
+    assert sorted(covered) == list(range(tiles))
+    for t, parts in covered.items():
+        parts.sort()
+        assert parts[0][0] == 0 and parts[-1][1] == k_steps and len(parts) <= 2
+        if len(parts) == 2:
+            (h0, h1, hc), (t0, t1, tc) = parts
+            assert h1 == t0 and tc == hc + 1
+
+
+def test_stream_k_builds_its_handover():
+    """STREAM_K: the tile loop's wgmma unchanged, the flag handover (one acquire loop, one
+    release), fp32 partial stores and loads, no spills; the grid check."""
+    cfg = rst.Config(Nb=256, STREAM_K=True)
+    b = build(rst.GemmNvfp4RsTiledSm90(cfg), *rst.signature(cfg).compile_args(132),
+              arch="sm_90a")
+    assert b.sass_count(r"HGMMA\.64x256x16") == 8
+    assert b.ptx_count(r"ld\.acquire\.gpu\.global\.b32") >= 1
+    assert b.ptx_count(r"st\.release\.gpu\.global\.b32") == 1
+    assert b.ptx_count(r"st\.global\.f32") >= 128 and b.ptx_count(r"ld\.global\.b32") >= 128
+    assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
+    assert rst.stream_k_fits(256, 28672, cfg, 132) and not rst.stream_k_fits(256, 8192, cfg, 132)
+    assert rst.partial_bytes(cfg) == 128 * 256 * 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K, nb", [(256, 28672, 1024, 256), (1000, 8192, 2880, 256),
+                                         (520, 28672, 512, 128), (384, 28672, 4096, 192),
+                                         (2000, 16896, 256, 256)])
+def test_stream_k_matches_the_exact_product_and_the_whole_tile_kernel(seed, M, N, K, nb):
+    """Stream-K (tiles split between two CTAs, K tails, shares shorter and longer than a
+    tile): every element of bf16 / fp32 / fp16 D within the exact product's bound, run twice
+    bit for bit (the handover flags were left clear), W4A4 too, and NVFP4 output bit for bit
+    the quantized fp32 output."""
+    from tk_cute import nvfp4
+    from tk_cute.nvfp4 import launch, validate
+    from tk_cute.testing import assert_gemm_close
+
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    cfg = rst.Config(Nb=nb, STREAM_K=True, K_TAIL=K % rst.STAGE_K != 0)
+    for out_dtype in (torch.bfloat16, torch.float32, torch.float16):
+        d = launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, out_dtype), config=cfg)
+        assert_gemm_close(d, a, b, f"stream-K Nb={nb} {out_dtype}")
+        again = launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, out_dtype), config=cfg)
+        assert torch.equal(d, again)
+    d32 = launch.gemm_rs_tiled(a, b, torch.float32, config=cfg)
+    g = torch.tensor(1.01 * float(d32.abs().max()) / 2688, device="cuda")
+    q = launch.register_a_tiled_nvfp4(a, b, cfg, validate.nvfp4_out(
+        (M, N), b.device, _poisoned_nvfp4(M, N, g), g))
+    want = nvfp4.quantize(d32, global_scale=g)
+    assert torch.equal(q.data, want.data) and torch.equal(q.scales, want.scales)
+    import dataclasses
+
+    aq = nvfp4.quantize(a.float())
+    w4 = dataclasses.replace(cfg, a_format="nvfp4")
+    d4 = launch.register_a_tiled(aq, b, _poisoned(M, N, torch.bfloat16), w4)
+    assert_gemm_close(d4, aq, b, "stream-K W4A4")
+
+
+@pytest.mark.gpu
+def test_stream_k_replays_in_a_cuda_graph(seed):
+    """A captured stream-K GEMM replayed: each replay sets and clears its handover flags, so
+    every replay equals the eager result (new inputs copied in between)."""
+    from tk_cute.nvfp4 import launch
+
+    M, N, K = 256, 28672, 512
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    cfg = rst.Config(Nb=256, STREAM_K=True)
+    launch.gemm_rs_tiled(a, b, config=cfg)  # compile outside the capture
+    out = _poisoned(M, N, torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            launch.gemm_rs_tiled(a, b, out=out, config=cfg)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(3):
+        a.copy_(torch.randn(M, K, device="cuda").bfloat16())
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, launch.gemm_rs_tiled(a, b, config=cfg))

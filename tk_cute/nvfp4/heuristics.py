@@ -225,6 +225,15 @@ TILED_TILE_COST = {256: 1.0, 192: 1.02, 128: 1.08}
 # 200x4096x8192 64 0.78 / 0.80x, 129x8192x28672 80 0.80 / 0.84x; but 150x8192x2880 80 0.96 /
 # 0.92x, and from Nb = 112 on two sets were slower (200x8192^2 0.84 / 0.80x, 1024x8192^2 Nb = 256
 # 0.92 / 0.88x).
+# Stream-K on the tiled kernel (`rst.Config.STREAM_K`, `schedule.tile_plan`): a CTA's equal
+# share of the (tile x stage) units costs its tiles' time plus about this fraction of one tile
+# at K = 8192 (the fp32 hand-over of the tiles split between two CTAs, a fixed cost: a smaller
+# fraction of a longer tile). Fitted to an H200 A/B (docs/
+# results.md, seventeenth session; vs cuBLAS bf16, whole tiles / stream-K): 1024x8192^2 (1.94
+# tiles per SM) 0.901 / 0.872x at Nb = 256, 4096x8192^2 (7.76) 0.964 / 0.979x, 256x28672x8192
+# (1.70) 0.938 / 1.015x, 768x28672x8192 1.016 / 1.094x (192 / 256), 384x28672x8192 0.78 /
+# 0.91x (192), 1024x8192x28672 1.000 / 1.044x.
+TILED_STREAM_K_OVERHEAD = 0.12
 TILED_TWO_SETS_MAX_NB = 96
 TILED_TWO_SETS_MIN_K = 8192
 
@@ -235,12 +244,16 @@ def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) ->
     where its tiles fill their rounds, 192 or 128 where 256-row tiles would leave a round nearly
     empty or their last row of tiles half empty. H200 A/Bs (docs/results.md), vs cuBLAS bf16,
     Nb = 256 / 192 / 128: 384x8192^2 0.72 / 0.91 / 0.66x, 768x28672x8192 0.87 / 1.02 / 0.92x,
-    512x8192^2 0.90 / - / 0.84x, 3072x8192^2 0.93 / 0.93 / 0.87x. A_SETS: two register sets
-    for narrow tiles at long K (`TILED_TWO_SETS_MAX_NB`)."""
-    nb = few_tiles_width(M, N, sms) or schedule.tile_width(N // rst.ROWS, M, sms,
-                                                            TILED_TILE_COST)
+    512x8192^2 0.90 / - / 0.84x, 3072x8192^2 0.93 / 0.93 / 0.87x. With at least one tile per
+    SM the same model weighs stream-K shares (`TILED_STREAM_K_OVERHEAD`). A_SETS: two register
+    sets for narrow tiles at long K (`TILED_TWO_SETS_MAX_NB`)."""
+    nb, stream_k = few_tiles_width(M, N, sms), False
+    if nb is None:
+        nb, stream_k = schedule.tile_plan(N // rst.ROWS, M, sms, TILED_TILE_COST,
+                                          TILED_STREAM_K_OVERHEAD * 8192 / K)
     a_sets = 2 if nb <= TILED_TWO_SETS_MAX_NB and K >= TILED_TWO_SETS_MIN_K else 1
-    return rst.Config(Nb=nb, A_SETS=a_sets, out_dtype=out_dtype, K_TAIL=K % rst.STAGE_K != 0)
+    return rst.Config(Nb=nb, A_SETS=a_sets, STREAM_K=stream_k, out_dtype=out_dtype,
+                      K_TAIL=K % rst.STAGE_K != 0)
 
 
 def few_tiles_width(M: int, N: int, sms: int) -> int | None:

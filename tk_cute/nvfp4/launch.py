@@ -31,7 +31,8 @@ from tk_cute.ops import nvfp4 as fp4_ops
 from tk_cute.ops import schedule
 from tk_cute.layouts import nvfp4_codes
 from tk_cute.runtime import (OUT_ALIGN, KernelCache, aligned, as_cute, batched, compile_locked,
-                             device_index, output, raw_stream, sm_count, stream, workspace)
+                             device_index, output, raw_stream, sm_count, stream, workspace,
+                             zeroed_flags)
 
 from . import heuristics, validate
 from .tensor import NVFP4Tensor, codes_storage, has_row_pitch
@@ -102,7 +103,8 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
     common = dict(w=codes(b), wsf=aligned(b.scales).data_ptr(), gsb=gs,
                   out=out.data_ptr(), ws=ws.data_ptr(), M=M, N=N, K=K, ctas=ctas, stream=st)
     if cfg.a_format == "nvfp4":
-        launch(**_decoded_activations(a, st, cfg.N_ACT), **common)
+        args, _held = _decoded_activations(a, st, cfg.N_ACT)
+        launch(**args, **common)
         return out
     x = aligned(a)
     xp = _permuted_buffer(cfg.N_ACT, K, dev, st) if cfg.permute == "call" else x
@@ -118,14 +120,17 @@ def _permuted_buffer(rows: int, K: int, device, stream: int, extra: int = 0) -> 
     return workspace("permuted", 2 * (rows * rs.permuted_width(K) + extra), device, stream)
 
 
-def _decoded_activations(a: NVFP4Tensor, stream: int, rows: int) -> dict:
+def _decoded_activations(a: NVFP4Tensor, stream: int, rows: int) -> tuple[dict, tuple]:
     """The launch arguments of NVFP4 activations that a register-A kernel's permute pass
     decodes: their codes, blocked scales and decode scale, and the buffer it decodes into
-    (`_permuted_buffer` of `rows`, then D's scale: 16 bytes)."""
+    (`_permuted_buffer` of `rows`, then D's scale: 16 bytes); and the tensors behind them, for
+    the caller to hold until the launch is queued (a fresh buffer freed earlier could back
+    another allocation of the call)."""
     K = a.shape[1]
     xp = _permuted_buffer(rows, K, a.device, stream, 8)
-    return dict(x=codes(a), xsf=a.scales.contiguous().data_ptr(),
-                gsa=a.global_scale.data_ptr(), xp=xp.data_ptr())
+    xsf = a.scales.contiguous()
+    return dict(x=codes(a), xsf=xsf.data_ptr(), gsa=a.global_scale.data_ptr(),
+                xp=xp.data_ptr()), (xp, xsf)
 
 
 def register_a_tiled(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rst.Config,
@@ -146,13 +151,25 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
     index = device_index(dev)
     sms = sm_count(dev)
     st = raw_stream(index)
+    if cfg.STREAM_K and not rst.stream_k_fits(M, N, cfg, sms):
+        raise ValueError(f"stream-K needs at least {sms} tiles (one per SM), got "
+                         f"{(N // rst.ROWS) * -(-M // cfg.Nb)} for M={M}, N={N}, Nb={cfg.Nb}")
     launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))
+    # (the buffers stay referenced until the launch is queued: a freed one could back the
+    # next allocation of this call)
+    partials = flags = None
+    if cfg.STREAM_K:
+        partials = workspace("partials", sms * rst.partial_bytes(cfg), dev, st)
+        flags = zeroed_flags("stream_k", sms, dev, st)
     common = dict(w=codes(b), wsf=aligned(b.scales).data_ptr(),
                   gs=(b.global_scale if gsb is None else gsb).data_ptr(), out=out,
-                  out_sf=out_sf, out_gs=out_gs, flag=flag, M=M, N=N, K=K, stream=st)
+                  out_sf=out_sf, out_gs=out_gs, flag=flag,
+                  partials=out if partials is None else partials.data_ptr(),
+                  flags=out if flags is None else flags.data_ptr(), M=M, N=N, K=K, stream=st)
     rows = rst.padded_rows(cfg, M)  # whole tiles of the permuted copy (its rows past M zeros)
     if cfg.a_format == "nvfp4":
-        launch(**_decoded_activations(a, st, rows), **common)
+        args, _held = _decoded_activations(a, st, rows)
+        launch(**args, **common)
     else:
         xp = _permuted_buffer(rows, K, dev, st)
         launch(x=aligned(a).data_ptr(), xp=xp.data_ptr(), **common)

@@ -13,6 +13,9 @@ tests count these instructions.
   `ld_u32` / `ld_u8` (coherent, in program order: data the previous kernel wrote).
 - Stores: `st_u32`, `st_v4_u32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
   `st_u8_pred`, `st_u16_pred`, `st_u32_pred`, `st_v2_u32_pred`.
+- Flags between the CTAs of one grid (gpu scope): `ld_acquire_u32` (later reads see what the
+  flag's writer wrote before its release), `st_release_u32` (earlier writes become visible to
+  whoever acquires the flag); the thread's other accesses stay in program order around them.
 - Global -> shared without registers: `cp_async_16`, `cp_async_wait_all`.
 - Shared memory: `ld_shared_v4` (float32 or 32-bit words), `ld_shared_u16`, `st_shared_v2_f32`,
   `st_shared_v4_u32` on a 32-bit shared address.
@@ -87,6 +90,21 @@ def ld_u32_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> Uint32:
     earlier kernel of the stream)."""
     text = "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.b32 $0, [$1]; }"
     return Uint32(asm(T.i32(), [Int64(addr), Uint32(pred)], text, "=&r,l,r", loc, ip, True))
+
+
+@dsl_user_op
+def ld_acquire_u32(addr: Int64, *, loc=None, ip=None) -> Uint32:
+    """The 4 bytes at `addr`, an acquire at gpu scope (a flag another CTA releases)."""
+    return Uint32(asm(T.i32(), [Int64(addr)], "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l",
+                      loc, ip, True))
+
+
+@dsl_user_op
+def st_release_u32(addr: Int64, v: Uint32, *, loc=None, ip=None) -> None:
+    """Store `v` at `addr`, a release at gpu scope (cumulative: writes this thread observed,
+    e.g. its CTA's before a barrier, are visible to the flag's acquirer)."""
+    asm(None, [Int64(addr), Uint32(v)], "st.release.gpu.global.b32 [$0], $1;", "l,r", loc, ip,
+        True)
 
 
 @dsl_user_op

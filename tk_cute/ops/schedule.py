@@ -221,8 +221,23 @@ def tile_width(bands: int, cols: int, sms: int, cost: dict) -> int:
     Nb * cost[Nb] (cost: a tile's time per column relative to the others'). Wide tiles where
     they fill the SMs, narrower ones where a wide tile leaves a round nearly empty or its last
     tile mostly past `cols`; ties go to the wider tile (plain host arithmetic)."""
-    def time(nb):
-        tiles = bands * -(-cols // nb)
-        return -(-tiles // sms) * nb * cost[nb], -nb
+    return tile_plan(bands, cols, sms, cost)[0]
 
-    return min(cost, key=time)
+
+def tile_plan(bands: int, cols: int, sms: int, cost: dict,
+              stream_k_overhead: float | None = None) -> tuple[int, bool]:
+    """(Nb, stream-K) of the least modelled time: `tile_width`'s whole-tile rounds, or, given
+    `stream_k_overhead`, also equal stream-K shares of at least one tile per SM (`LCF.STREAM_K`)
+    costing tiles / sms tiles plus that fraction of one (the hand-over of split tiles); ties go
+    to whole tiles, then to the wider tile."""
+    def time(plan):
+        nb, stream_k = plan
+        tiles = bands * -(-cols // nb)
+        if stream_k:
+            rounds = tiles / sms + stream_k_overhead if tiles >= sms else math.inf
+        else:
+            rounds = -(-tiles // sms)
+        return rounds * nb * cost[nb], stream_k, -nb
+
+    kinds = (False,) if stream_k_overhead is None else (False, True)
+    return min(((nb, sk) for nb in cost for sk in kinds), key=time)

@@ -20,6 +20,17 @@ over output tiles in supergroup order (`ops/schedule.py`, shared with the Blackw
 kernels: SUPERGROUP_SIZE tile rows per group, so concurrently running CTAs share A and B panels
 in L2); optional clusters
 (CLUSTER_M x CLUSTER_N) whose CTAs multicast the shared A rows / B columns.
+Stream-K (`STREAM_K`, no clusters): the CTAs take equal contiguous shares of the (tile x
+K-step) units in supergroup tile order (`schedule.stream_k_share`), so a grid whose tiles leave
+the last round part empty spreads them evenly; the grid needs at least as many tiles as CTAs,
+so each tile spans at most two shares. A share's first tile, if it starts inside it, is that
+tile's tail: the consumers hand its sums to the tile's head (the end of the previous CTA's
+share) through `store_partial(g, state, slot, thread)` into the CTA's slot and a flag
+`g.flags[slot]` (released after a named barrier of the consumers); the head waits for the flag
+(acquired), `add_partial`s the slot, clears the flag for the next launch and `finish`es. Every
+head ends its CTA's share and every tail begins one, and all CTAs are resident (one per SM), so
+no wait blocks a CTA that another one waits for; the sum is head + tail in that order, the
+same on every run.
 """
 
 from __future__ import annotations
@@ -29,9 +40,9 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 
 from tk_cute.ops import cluster as pdl
-from tk_cute.ops import schedule, tma, warp, warpgroup
+from tk_cute.ops import memory, schedule, tma, warp, warpgroup
 from tk_cute.types.gl import coord
-from tk_cute.types.semaphore import stage_ring
+from tk_cute.types.semaphore import NamedBarrier, stage_ring
 from tk_cute.types.st import Shared, smem_bytes, st
 
 
@@ -51,6 +62,8 @@ class LCF:
     # launch and everything up to the ring's initialization overlap that kernel's tail, then
     # every thread waits for it (`griddepcontrol.wait`) before reading global memory.
     PDL = False
+    # Equal shares of the (tile x K-step) units instead of whole tiles (module docstring)
+    STREAM_K = False
 
     # --- what a kernel declares -----------------------------------------------------------
     def inputs(self) -> dict[str, st]:
@@ -101,6 +114,8 @@ class LCF:
         params = schedule.params(
             schedule.STATIC, (m_tiles, n_tiles, batches), cluster, self.SUPERGROUP_SIZE)
         grid = schedule.grid(schedule.STATIC, params, max_ctas // (self.CLUSTER_M * self.CLUSTER_N))
+        if self.STREAM_K:
+            grid = [max_ctas, 1, 1]  # (the caller checks m_tiles * n_tiles * batches >= it)
         self.kernel(g, params).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=cluster, min_blocks_per_mp=1,
             stream=stream, use_pdl=self.PDL,
@@ -137,7 +152,23 @@ class LCF:
 
         if group == 0:
             warpgroup.decrease_registers(self.PRODUCER_REGISTERS)
-            if warp_id == 0:
+            if cutlass.const_expr(self.STREAM_K):
+                if warp_id == 0:
+                    k_steps = cutlass.Int32(k_steps)
+                    u, end = self._share(params, k_steps)
+                    state = pipeline.make_pipeline_state(
+                        pipeline.PipelineUserType.Producer, self.LOAD_PIPE_DEPTH)
+                    while u < end:
+                        at, k0, k1 = self._segment(params, u, end, k_steps)
+                        for k in range(k0, k1):
+                            ring.producer_acquire(state)
+                            stage = {n: s[None, None, state.index] for n, s in inputs.items()}
+                            self.load(g, stage, at, k, ring.producer_get_barrier(state), mcast)
+                            ring.producer_commit(state)
+                            state.advance()
+                        u = u + k1 - k0
+                    ring.producer_tail(state)
+            elif warp_id == 0:
                 tiles = schedule.Tiles.create(schedule.STATIC, params)
                 work = tiles.first()
                 state = pipeline.make_pipeline_state(
@@ -156,30 +187,114 @@ class LCF:
             warpgroup.increase_registers(self.CONSUMER_REGISTERS)
             thread = cute.arch.thread_idx()[0] - warpgroup.WARPGROUP_THREADS
             acc_state = self.setup(g, thread, consumer_smem)
-            tiles = schedule.Tiles.create(schedule.STATIC, params)
-            work = tiles.first()
-            read = pipeline.make_pipeline_state(
-                pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
-            release = read.clone()
-            while work.is_valid_tile:
-                at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
-                warpgroup.mma_fence()
-                for k in range(k_steps):
-                    ring.consumer_wait(read)
-                    stage = {n: s[None, None, read.index] for n, s in inputs.items()}
-                    self.compute(g, acc_state, stage, k)
-                    warpgroup.mma_commit_group()
-                    read.advance()
-                    if k > 0:  # the previous stage's MMAs are done once at most one batch runs
-                        warpgroup.mma_async_wait(1)
-                        ring.consumer_release(release)
-                        release.advance()
-                warpgroup.mma_async_wait(0)
-                ring.consumer_release(release)
-                release.advance()
+            if cutlass.const_expr(self.STREAM_K):
+                self._consume_shares(g, params, ring, inputs, acc_state, consumer_smem, thread,
+                                     k_steps)
+            else:
+                tiles = schedule.Tiles.create(schedule.STATIC, params)
+                work = tiles.first()
+                read = pipeline.make_pipeline_state(
+                    pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
+                release = read.clone()
+                while work.is_valid_tile:
+                    at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
+                    warpgroup.mma_fence()
+                    for k in range(k_steps):
+                        ring.consumer_wait(read)
+                        stage = {n: s[None, None, read.index] for n, s in inputs.items()}
+                        self.compute(g, acc_state, stage, k)
+                        warpgroup.mma_commit_group()
+                        read.advance()
+                        if k > 0:  # the previous stage's MMAs are done once at most one batch runs
+                            warpgroup.mma_async_wait(1)
+                            ring.consumer_release(release)
+                            release.advance()
+                    warpgroup.mma_async_wait(0)
+                    ring.consumer_release(release)
+                    release.advance()
+                    self.finish(g, acc_state, at, consumer_smem, thread)
+                    work = tiles.next()
+                self.finish_tail()
+
+    @cute.jit
+    def _consume_shares(self, g, params, ring, inputs, acc_state, consumer_smem, thread,
+                        k_steps):
+        """Stream-K consumers: each segment of the share as the tile loop's body; a tail
+        segment hands its sums over, a head takes the next CTA's (module docstring)."""
+        cta = cute.arch.block_idx()[0]
+        k_steps = cutlass.Int32(k_steps)
+        consumers = warpgroup.sync(NamedBarrier.PARTIALS, self.NUM_CONSUMERS)
+        u, end = self._share(params, k_steps)
+        read = pipeline.make_pipeline_state(
+            pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
+        release = read.clone()
+        while u < end:
+            at, k0, k1 = self._segment(params, u, end, k_steps)
+            warpgroup.mma_fence()
+            for k in range(k0, k1):
+                ring.consumer_wait(read)
+                stage = {n: s[None, None, read.index] for n, s in inputs.items()}
+                self.compute(g, acc_state, stage, k)
+                warpgroup.mma_commit_group()
+                read.advance()
+                if k > k0:
+                    warpgroup.mma_async_wait(1)
+                    ring.consumer_release(release)
+                    release.advance()
+            warpgroup.mma_async_wait(0)
+            ring.consumer_release(release)
+            release.advance()
+            flag = g.flags.toint() + 4 * cutlass.Int64(cta)
+            if k0 > 0:  # the tile's tail: its sums to this CTA's slot, then the flag
+                self.store_partial(g, acc_state, cta, thread)
+                consumers()
+                if thread == 0:
+                    memory.st_release_u32(flag, cutlass.Uint32(1))
+            else:
+                if k1 < k_steps:  # the tile's head: the next CTA holds its tail
+                    if thread == 0:
+                        ready = memory.ld_acquire_u32(flag + 4)
+                        while ready == 0:
+                            ready = memory.ld_acquire_u32(flag + 4)
+                    consumers()
+                    self.add_partial(g, acc_state, cta + 1, thread)
+                    consumers()
+                    if thread == 0:
+                        memory.st_u32(flag + 4, cutlass.Uint32(0))  # for the next launch
                 self.finish(g, acc_state, at, consumer_smem, thread)
-                work = tiles.next()
-            self.finish_tail()
+            u = u + k1 - k0
+        self.finish_tail()
+
+    def _share(self, params, k_steps):
+        """[start, end) of this CTA's units (`schedule.stream_k_share`, 64-bit products)."""
+        p = params.inner
+        m, n, l = p.problem_layout_ncluster_mnl.shape
+        units = cutlass.Int64(m * n * l) * cutlass.Int64(k_steps)
+        ctas = cutlass.Int64(cute.arch.grid_dim()[0])
+        cta = cutlass.Int64(cute.arch.block_idx()[0])
+        return cutlass.Int32(cta * units // ctas), cutlass.Int32((cta + 1) * units // ctas)
+
+    def _segment(self, params, u, end, k_steps):
+        """Unit u's tile (supergroup order) and the K steps [k0, k1) of it the share holds."""
+        p = params.inner
+        clusters_m, clusters_n = p.problem_layout_ncluster_mnl.shape[:2]
+        t = u // k_steps
+        k0 = u - t * k_steps
+        k1 = cutlass.min(k_steps, k0 + end - u)
+        m, n, l = schedule.supergroup_coord(t, clusters_m, clusters_n, params.supergroup)
+        at = coord(cute.arch.make_warp_uniform(cutlass.Int32(m)),
+                   cute.arch.make_warp_uniform(cutlass.Int32(n)),
+                   cute.arch.make_warp_uniform(cutlass.Int32(l)))
+        return at, k0, k1
+
+    def store_partial(self, g, state, slot, thread):
+        """Stream-K: write the accumulators (a tile's tail sums) to partial slot `slot` and
+        zero them."""
+        raise NotImplementedError
+
+    def add_partial(self, g, state, slot, thread):
+        """Stream-K: add partial slot `slot` (the next CTA's tail sums) to the accumulators."""
+        raise NotImplementedError
 
     def _ring(self, barriers):
         """The stage ring's full/empty barriers. Every consumer warp releases a stage once per

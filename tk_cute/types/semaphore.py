@@ -186,3 +186,4 @@ class NamedBarrier(enum.IntEnum):
     EPILOGUE = 1  # the consumer (epilogue) warps around each shared output buffer's TMA store
     CONSUMERS = 2  # ltcf: the consumer warpgroups before a stage's MMAs (after their transform)
     TMEM_ALLOC = 3  # Blackwell/Rubin: the TMEM allocator warp with the epilogue warps
+    PARTIALS = 4  # lcf stream-K: the consumer warpgroups around a tile's partial sums
