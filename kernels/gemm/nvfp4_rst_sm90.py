@@ -14,7 +14,12 @@ Pipeline (`templates/lcf`):
     wgmma m64 n Nb k16 (A from registers, B the activation tile); the template commits and frees
     the stage once the next stage is issued; per tile, scale by 2^8 * gB (W4A4 on decoded
     activations: 2^8 * gA * gB) and store D^T's elements into D (rows past M skipped).
-While one warpgroup decodes, the other's MMAs keep the tensor cores busy.
+While one warpgroup decodes, the other's MMAs keep the tensor cores busy (narrow tiles: two
+A register sets, so a warpgroup's decode also overlaps its own previous MMAs).
+Schedule: whole tiles per persistent CTA, or stream-K (`Config.STREAM_K`, `LCF.STREAM_K`):
+equal runs of (tile x stage) units per CTA, a tile split between two CTAs handed from its tail
+(`store_partial`: fp32 accumulators to the tail CTA's slot of `partials`, then its flag) to its
+head (`add_partial`), which finishes it.
 Activations: `nvfp4_rs_sm90._permute_kernel` writes them once per call in the decode's K order
 (`nvfp4_rs_sm90.act_column`, period 128: a permutation of K applied to both operands leaves
 every sum unchanged). W4A4: that pass decodes the NVFP4 activations exactly (`Config.a_format`

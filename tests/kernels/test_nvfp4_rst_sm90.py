@@ -396,8 +396,10 @@ def test_fused_nvfp4_output_is_the_quantized_fp32_output(seed, M, N, K):
         assert int(q.saturated) == saturates
     tiled = "register_a_tiled"  # (forced: the dispatch picks it where not dequantize_wins)
     assert nvfp4.plan(a, b, torch.float32, path=tiled).path == tiled
-    public = nvfp4.gemm(a, b, "nvfp4", out_global_scale=gs, path=tiled)  # the fused path
-    assert torch.equal(public.data, q.data) and torch.equal(public.scales, q.scales)
+    # the fused path; the plan's schedule may differ from cfg's (stream-K: other fp32 sums)
+    public = nvfp4.gemm(a, b, "nvfp4", out_global_scale=gs, path=tiled)
+    want = nvfp4.quantize(nvfp4.gemm(a, b, torch.float32, path=tiled), global_scale=gs)
+    assert torch.equal(public.data, want.data) and torch.equal(public.scales, want.scales)
     aq = nvfp4.quantize(a.float())
     fused = nvfp4.gemm(aq, b, "nvfp4", out_global_scale=gs, path=tiled)
     want = nvfp4.quantize(nvfp4.gemm(aq, b, torch.float32, path=tiled), global_scale=gs)

@@ -78,6 +78,9 @@ class Plan:
         if self.path in ("rows", "batches"):
             inner = ", ".join(f"{m0}:{m1} {p}" for m0, m1, p in self.parts)
             return f"{self.path}[{inner}]{tail}"
+        if self.path == "register_a_tiled":  # its schedule: tile width, stream-K shares
+            sk = ", stream-K" if self.config.STREAM_K else ""
+            return f"{self.path}(Nb={self.config.Nb}{sk}){tail}"
         return f"{self.path}{tail}"
 
 

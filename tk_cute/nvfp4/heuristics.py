@@ -14,7 +14,8 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   streams the weights again; cheaper than a second, nearly empty row of wide tiles).
 - "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
   128 x Nb output tiles): larger M where N % 128 == 0, but "dequantize" from enough rows at a
-  short K (`dequantize_wins`). Nb: `register_a_tiled_config`.
+  short K (`dequantize_wins`). Its schedule (tile width Nb, stream-K shares, A register sets):
+  `register_a_tiled_config`.
 - "fused" (`kernels/gemm/nvfp4_sm90.py`, decode in shared memory): forced only (`path=`): every
   shape it takes (M % 128, N % 256, K % 64) the register-A kernels take too, faster. Where it was
   the default (one near-full wave of 128 x 256 tiles, K % 256 != 0: 128x28672x8192 fused 148 us

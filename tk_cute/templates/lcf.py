@@ -160,12 +160,7 @@ class LCF:
                         pipeline.PipelineUserType.Producer, self.LOAD_PIPE_DEPTH)
                     while u < end:
                         at, k0, k1 = self._segment(params, u, end, k_steps)
-                        for k in range(k0, k1):
-                            ring.producer_acquire(state)
-                            stage = {n: s[None, None, state.index] for n, s in inputs.items()}
-                            self.load(g, stage, at, k, ring.producer_get_barrier(state), mcast)
-                            ring.producer_commit(state)
-                            state.advance()
+                        state = self._load_stages(g, ring, inputs, state, at, k0, k1, mcast)
                         u = u + k1 - k0
                     ring.producer_tail(state)
             elif warp_id == 0:
@@ -175,12 +170,7 @@ class LCF:
                     pipeline.PipelineUserType.Producer, self.LOAD_PIPE_DEPTH)
                 while work.is_valid_tile:
                     at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
-                    for k in range(k_steps):
-                        ring.producer_acquire(state)
-                        stage = {n: s[None, None, state.index] for n, s in inputs.items()}
-                        self.load(g, stage, at, k, ring.producer_get_barrier(state), mcast)
-                        ring.producer_commit(state)
-                        state.advance()
+                    state = self._load_stages(g, ring, inputs, state, at, 0, k_steps, mcast)
                     work = tiles.next()
                 ring.producer_tail(state)
         else:
@@ -198,23 +188,44 @@ class LCF:
                 release = read.clone()
                 while work.is_valid_tile:
                     at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
-                    warpgroup.mma_fence()
-                    for k in range(k_steps):
-                        ring.consumer_wait(read)
-                        stage = {n: s[None, None, read.index] for n, s in inputs.items()}
-                        self.compute(g, acc_state, stage, k)
-                        warpgroup.mma_commit_group()
-                        read.advance()
-                        if k > 0:  # the previous stage's MMAs are done once at most one batch runs
-                            warpgroup.mma_async_wait(1)
-                            ring.consumer_release(release)
-                            release.advance()
-                    warpgroup.mma_async_wait(0)
-                    ring.consumer_release(release)
-                    release.advance()
+                    read, release = self._mma_stages(g, ring, inputs, acc_state, read, release,
+                                                     0, k_steps)
                     self.finish(g, acc_state, at, consumer_smem, thread)
                     work = tiles.next()
                 self.finish_tail()
+
+    @cute.jit
+    def _load_stages(self, g, ring, inputs, state, at, k0, k1, mcast):
+        """The producer's K steps k0 .. k1 - 1 of tile `at`: wait for a free stage, `load` it;
+        returns the ring cursor."""
+        for k in range(k0, k1):
+            ring.producer_acquire(state)
+            stage = {n: s[None, None, state.index] for n, s in inputs.items()}
+            self.load(g, stage, at, k, ring.producer_get_barrier(state), mcast)
+            ring.producer_commit(state)
+            state.advance()
+        return state
+
+    @cute.jit
+    def _mma_stages(self, g, ring, inputs, acc_state, read, release, k0, k1):
+        """The consumers' K steps k0 .. k1 - 1 of one tile: `compute` each landed stage, free
+        the one before once at most one batch of MMAs runs, the last once all are done;
+        returns the ring cursors (read, release)."""
+        warpgroup.mma_fence()
+        for k in range(k0, k1):
+            ring.consumer_wait(read)
+            stage = {n: s[None, None, read.index] for n, s in inputs.items()}
+            self.compute(g, acc_state, stage, k)
+            warpgroup.mma_commit_group()
+            read.advance()
+            if k > k0:  # the previous stage's MMAs are done once at most one batch runs
+                warpgroup.mma_async_wait(1)
+                ring.consumer_release(release)
+                release.advance()
+        warpgroup.mma_async_wait(0)
+        ring.consumer_release(release)
+        release.advance()
+        return read, release
 
     @cute.jit
     def _consume_shares(self, g, params, ring, inputs, acc_state, consumer_smem, thread,
@@ -230,20 +241,7 @@ class LCF:
         release = read.clone()
         while u < end:
             at, k0, k1 = self._segment(params, u, end, k_steps)
-            warpgroup.mma_fence()
-            for k in range(k0, k1):
-                ring.consumer_wait(read)
-                stage = {n: s[None, None, read.index] for n, s in inputs.items()}
-                self.compute(g, acc_state, stage, k)
-                warpgroup.mma_commit_group()
-                read.advance()
-                if k > k0:
-                    warpgroup.mma_async_wait(1)
-                    ring.consumer_release(release)
-                    release.advance()
-            warpgroup.mma_async_wait(0)
-            ring.consumer_release(release)
-            release.advance()
+            read, release = self._mma_stages(g, ring, inputs, acc_state, read, release, k0, k1)
             flag = g.flags.toint() + 4 * cutlass.Int64(cta)
             if k0 > 0:  # the tile's tail: its sums to this CTA's slot, then the flag
                 self.store_partial(g, acc_state, cta, thread)

@@ -58,6 +58,12 @@ def test_issue_rows_take_the_expected_paths():
     for M, nb in ((129, 80), (200, 112), (257, 144), (256, 128), (384, 192)):
         p = _plan_hopper(False, M, 8192, 8192, "bfloat16", SMS, False)
         assert p.path == "register_a_tiled" and p.config.Nb == nb, (M, p)
+    # The tiled schedule in the plan's text (what the bench prints): stream-K where whole
+    # 256-row tiles would leave the second round part empty (224 tiles on 132 SMs)
+    assert str(_plan_hopper(False, 129, 8192, 8192, "bfloat16", SMS, False)) == \
+        "register_a_tiled(Nb=80)"
+    assert str(_plan_hopper(False, 256, 28672, 8192, "bfloat16", SMS, False)) == \
+        "register_a_tiled(Nb=256, stream-K)"
     # Many weight tiles (224 at N = 28672): one register-A pass of 128 rows, the small-M kernel
     # for the last row.
     p = _plan_hopper(False, 129, 28672, 8192, "bfloat16", SMS, False)
