@@ -28,9 +28,11 @@ tile's tail: the consumers hand its sums to the tile's head (the end of the prev
 share) through `store_partial(g, state, slot, thread)` into the CTA's slot and a flag
 `g.flags[slot]` (released after a named barrier of the consumers); the head waits for the flag
 (acquired), `add_partial`s the slot, clears the flag for the next launch and `finish`es. Every
-head ends its CTA's share and every tail begins one, and all CTAs are resident (one per SM), so
-no wait blocks a CTA that another one waits for; the sum is head + tail in that order, the
-same on every run.
+head ends its CTA's share and every tail begins one, so a head waits only for the next CTA to
+have started: with one CTA per SM all are resident, and where fewer SMs are free (other work),
+CTAs dispatched in index order still progress (every CTA below the highest resident one finds
+its partner started, finishes and frees an SM for the next). The sum is head + tail in that
+order, the same on every run (not bit for bit whole tiles' single sum).
 """
 
 from __future__ import annotations
@@ -115,6 +117,9 @@ class LCF:
             schedule.STATIC, (m_tiles, n_tiles, batches), cluster, self.SUPERGROUP_SIZE)
         grid = schedule.grid(schedule.STATIC, params, max_ctas // (self.CLUSTER_M * self.CLUSTER_N))
         if self.STREAM_K:
+            if self.CLUSTER_M * self.CLUSTER_N != 1:
+                raise ValueError(f"stream-K runs without clusters, got CLUSTER_M="
+                                 f"{self.CLUSTER_M}, CLUSTER_N={self.CLUSTER_N}")
             grid = [max_ctas, 1, 1]  # (the caller checks m_tiles * n_tiles * batches >= it)
         self.kernel(g, params).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=cluster, min_blocks_per_mp=1,
