@@ -482,19 +482,23 @@ def test_stream_k_shares_hand_each_split_tile_from_a_first_to_a_last_segment(til
             assert h1 == t0 and tc == hc + 1
 
 
-def test_stream_k_builds_its_handover():
-    """STREAM_K: the tile loop's wgmma unchanged, the flag handover (one acquire loop, one
-    release), fp32 partial stores and loads, no spills; the grid check."""
-    cfg = rst.Config(Nb=256, STREAM_K=True)
-    b = build(rst.GemmNvfp4RsTiledSm90(cfg), *rst.signature(cfg).compile_args(132),
-              arch="sm_90a")
-    assert b.sass_count(r"HGMMA\.64x256x16") == 8
+@pytest.mark.parametrize("nb, out, a_format", [(256, "bfloat16", "bf16"), (192, "nvfp4", "bf16"),
+                                              (128, "float32", "nvfp4")])
+def test_stream_k_builds_its_handover(nb, out, a_format):
+    """STREAM_K (the schedules the dispatch picks, W4A4 and NVFP4 output too): the tile loop's
+    wgmma unchanged, the flag handover (an acquire loop, one release), Nb / 2 fp32 partial
+    stores and loads per thread, no spills; the grid check."""
+    cfg = rst.Config(Nb=nb, STREAM_K=True, out_dtype=out, a_format=a_format)
+    b = build(rst.launch_fn(cfg), *rst.signature(cfg).compile_args(132), arch="sm_90a")
+    assert b.sass_count(rf"HGMMA\.64x{nb}x16") == 8
     assert b.ptx_count(r"ld\.acquire\.gpu\.global\.b32") >= 1
     assert b.ptx_count(r"st\.release\.gpu\.global\.b32") == 1
-    assert b.ptx_count(r"st\.global\.f32") >= 128 and b.ptx_count(r"ld\.global\.b32") >= 128
+    assert b.ptx_count(r"st\.global\.f32") >= nb // 2
+    assert b.ptx_count(r"ld\.global\.b32") >= nb // 2
     assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
-    assert rst.stream_k_fits(256, 28672, cfg, 132) and not rst.stream_k_fits(256, 8192, cfg, 132)
-    assert rst.partial_bytes(cfg) == 128 * 256 * 4
+    assert rst.stream_k_fits(256, 28672, cfg, 132) == (224 * -(-256 // nb) >= 132)
+    assert not rst.stream_k_fits(100, 8192, cfg, 132)
+    assert rst.partial_bytes(cfg) == 128 * nb * 4
 
 
 @pytest.mark.gpu
