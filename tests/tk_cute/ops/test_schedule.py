@@ -151,3 +151,19 @@ def test_stream_k_aligned_ctas(units, tile_units, limit, expected):
         for c in range(ctas):
             start, end = schedule.stream_k_share(c, ctas, units)
             assert start // tile_units == (end - 1) // tile_units or start % tile_units == 0
+
+
+def test_tile_plan_takes_stream_k_where_whole_tiles_leave_a_round_part_empty():
+    """`tile_plan`: whole tiles where their rounds fill the SMs (64 x 4 tiles of 256 = 1.94 per
+    SM: 2 rounds, stream-K's 1.94 + 0.12 is more); stream-K where a round would be part empty
+    (224 tiles: 1.70 + 0.12 against 2), at the width that pads the rows least (384 rows: 192);
+    never with fewer tiles than SMs; without an overhead exactly `tile_width`."""
+    from tk_cute.ops.schedule import tile_plan, tile_width
+
+    cost = {256: 1.0, 192: 1.02, 128: 1.08}
+    assert tile_plan(64, 1024, 132, cost, 0.12) == (256, False)
+    assert tile_plan(224, 256, 132, cost, 0.12) == (256, True)
+    assert tile_plan(224, 384, 132, cost, 0.12) == (192, True)
+    assert tile_plan(64, 256, 132, cost, 0.0) == (128, False)  # 128 tiles < 132 SMs at Nb = 128
+    for bands, cols in ((64, 1024), (224, 384), (64, 640), (8, 4097)):
+        assert tile_plan(bands, cols, 132, cost) == (tile_width(bands, cols, 132, cost), False)
