@@ -121,18 +121,8 @@ def workspace(name: str, nbytes: int, device: torch.device, stream: int) -> torc
     of its stream."""
     if device.type != "cuda" or nbytes > WORKSPACE_CACHE_BYTES or _capturing():
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
-    key = (device_index(device), stream, name)  # (the default stream is 0 on every device)
-    buf = _WORKSPACES.get(key)
-    if buf is None or buf.numel() < nbytes:
-        with _WORKSPACES_LOCK:  # (a larger buffer replaces a smaller one: stream-ordered)
-            buf = _WORKSPACES.get(key)
-            if buf is None or buf.numel() < nbytes:
-                _WORKSPACES.pop(key, None)  # (re-inserted last: the newest)
-                while len(_WORKSPACES) >= WORKSPACE_CACHE_ENTRIES:
-                    del _WORKSPACES[next(iter(_WORKSPACES))]
-                buf = _WORKSPACES[key] = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8,
-                                                     device=device)
-    return buf
+    return _kept((device_index(device), stream, name), nbytes, lambda: torch.empty(
+        max(nbytes, 1 << 16), dtype=torch.uint8, device=device))
 
 
 def zeroed_flags(name: str, count: int, device: torch.device, stream: int) -> torch.Tensor:
@@ -142,17 +132,23 @@ def zeroed_flags(name: str, count: int, device: torch.device, stream: int) -> to
     go)."""
     if device.type != "cuda" or _capturing():
         return torch.zeros(count, dtype=torch.int32, device=device)
-    key = (device_index(device), stream, "flags:" + name)
+    return _kept((device_index(device), stream, "flags:" + name), count, lambda: torch.zeros(
+        max(count, 1024), dtype=torch.int32, device=device))
+
+
+def _kept(key, numel: int, make) -> torch.Tensor:
+    """The kept buffer of `key` (device index, stream, name) if it holds `numel` elements, else
+    a new one from `make()` in its place (a larger buffer replaces a smaller one: stream-ordered;
+    the oldest of WORKSPACE_CACHE_ENTRIES dropped). (The default stream is 0 on every device.)"""
     buf = _WORKSPACES.get(key)
-    if buf is None or buf.numel() < count:
+    if buf is None or buf.numel() < numel:
         with _WORKSPACES_LOCK:
             buf = _WORKSPACES.get(key)
-            if buf is None or buf.numel() < count:
-                _WORKSPACES.pop(key, None)
+            if buf is None or buf.numel() < numel:
+                _WORKSPACES.pop(key, None)  # (re-inserted last: the newest)
                 while len(_WORKSPACES) >= WORKSPACE_CACHE_ENTRIES:
                     del _WORKSPACES[next(iter(_WORKSPACES))]
-                buf = _WORKSPACES[key] = torch.zeros(max(count, 1024), dtype=torch.int32,
-                                                     device=device)
+                buf = _WORKSPACES[key] = make()
     return buf
 
 

@@ -123,8 +123,9 @@ def supports(M: int, N: int, K: int) -> bool:
     return M >= 1 and N % ROWS == 0 and K % rs.K_ALIGN == 0
 
 
-def check_shape(M: int, N: int, K: int, cfg: Config | None = None) -> None:
-    """Raise ValueError naming the constraint (M, N, K) or cfg breaks."""
+def check_shape(M: int, N: int, K: int, cfg: Config | None = None,
+                sms: int | None = None) -> None:
+    """Raise ValueError naming the constraint (M, N, K) or cfg (on a GPU of `sms` SMs) breaks."""
     if M < 1:
         raise ValueError(f"the tiled register-A kernel needs M >= 1, got M={M}")
     if N % ROWS:
@@ -134,6 +135,9 @@ def check_shape(M: int, N: int, K: int, cfg: Config | None = None) -> None:
                          f"block), got K={K}")
     if cfg is not None and K % STAGE_K and not cfg.K_TAIL:
         raise ValueError(f"K={K} is not a multiple of {STAGE_K}: the Config needs K_TAIL=True")
+    if cfg is not None and cfg.STREAM_K and sms is not None and not stream_k_fits(M, N, cfg, sms):
+        raise ValueError(f"stream-K needs at least {sms} tiles (one per SM), got "
+                         f"{tiles(M, N, cfg)} for M={M}, N={N}, Nb={cfg.Nb}")
 
 
 class GemmNvfp4RsTiledSm90(LCF):
@@ -271,20 +275,23 @@ class GemmNvfp4RsTiledSm90(LCF):
 
     @cute.jit
     def store_partial(self, g, s, slot, thread):
-        """Stream-K tail: accumulator element i of consumer thread t to word (i * 256 + t) of
-        slot `slot` (each warp's stores one 128-byte line), then zero them."""
-        base = g.partials.toint() + cutlass.Int64(slot) * partial_bytes(self.config)
+        """Stream-K tail: the accumulators to partial slot `slot` (`_partial_addr`), then zero
+        them."""
         for i in cutlass.range_constexpr(cute.size(s.acc.frag)):
-            memory.st_cvt(base + 4 * (i * CONSUMER_THREADS + thread), s.acc.frag[i], "float32")
+            memory.st_cvt(self._partial_addr(g, slot, i, thread), s.acc.frag[i], "float32")
         register.zero(s.acc)
 
     @cute.jit
     def add_partial(self, g, s, slot, thread):
         """Stream-K head: add the next CTA's tail sums (slot `slot`, `store_partial`'s order)."""
-        base = g.partials.toint() + cutlass.Int64(slot) * partial_bytes(self.config)
         for i in cutlass.range_constexpr(cute.size(s.acc.frag)):
-            s.acc.frag[i] = s.acc.frag[i] + memory.ld_f32(
-                base + 4 * (i * CONSUMER_THREADS + thread))
+            s.acc.frag[i] = s.acc.frag[i] + memory.ld_f32(self._partial_addr(g, slot, i, thread))
+
+    def _partial_addr(self, g, slot, i, thread):
+        """Address of accumulator element i of consumer thread `thread` in partial slot
+        `slot`: word i * 256 + thread (each warp's stores one 128-byte line)."""
+        return (g.partials.toint() + cutlass.Int64(slot) * partial_bytes(self.config)
+                + 4 * (i * CONSUMER_THREADS + thread))
 
     # --- host -------------------------------------------------------------------------------
     @cute.jit
@@ -333,10 +340,15 @@ def partial_bytes(cfg: Config) -> int:
     return ROWS * cfg.Nb * 4
 
 
+def tiles(M: int, N: int, cfg: Config) -> int:
+    """Output tiles of the grid: N / ROWS weight bands x ceil(M / Nb) activation tiles."""
+    return (N // ROWS) * -(-M // cfg.Nb)
+
+
 def stream_k_fits(M: int, N: int, cfg: Config, sms: int) -> bool:
     """Whether stream-K takes the grid: at least as many tiles as the SMs' CTAs (so a tile
     spans at most two shares, `LCF.STREAM_K`)."""
-    return (N // ROWS) * -(-M // cfg.Nb) >= sms
+    return tiles(M, N, cfg) >= sms
 
 
 def padded_rows(cfg: Config, M):

@@ -96,6 +96,9 @@ def test_config_and_shape_rules():
     assert rst.supports(300, 256, 8208)  # K % 32 != 0: rows of codes padded to 16 bytes
     with pytest.raises(ValueError, match="K_TAIL=True"):
         rst.check_shape(300, 256, 2880, rst.Config())
+    with pytest.raises(ValueError, match="stream-K needs at least 132 tiles .*got 64 for M=100"):
+        rst.check_shape(100, 8192, 8192, rst.Config(STREAM_K=True), 132)
+    rst.check_shape(256, 28672, 8192, rst.Config(STREAM_K=True), 132)  # 224 tiles
     assert rst.supports(1, 256, 128) and not rst.supports(5, 200, 128)
     assert rst.supports(300, 256, 2880) and rst.supports(300, 256, 32)
     from tk_cute.nvfp4 import heuristics

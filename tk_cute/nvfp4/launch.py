@@ -70,13 +70,17 @@ def small_m(a, b: NVFP4Tensor, out: torch.Tensor, cfg: gv.Config, gsb=None) -> t
     w4a4 = isinstance(a, NVFP4Tensor)
     M, K = a.shape[-2], a.shape[-1]
     gsb = b.global_scale if gsb is None else gsb
+    # (every tensor whose address a launch takes stays referenced until it is queued: a copy
+    # freed earlier could back the call's next allocation)
+    wsf = aligned(b.scales, 2)
     if w4a4:
         x, xsf, gsa = codes(a), aligned(a.scales, 2), a.global_scale
     else:
-        x, xsf, gsa = aligned(a).data_ptr(), b.scales, gsb  # (xsf, gsa unused)
+        xt = aligned(a)
+        x, xsf, gsa = xt.data_ptr(), b.scales, gsb  # (xsf, gsa unused)
     index = device_index(b.device)
     launch = _SMALL_M.get((cfg, index), lambda: gv.compile_launcher(cfg))
-    launch(w=codes(b), wsf=aligned(b.scales, 2).data_ptr(), x=x,
+    launch(w=codes(b), wsf=wsf.data_ptr(), x=x,
            xsf=xsf.data_ptr(), gsb=gsb.data_ptr(), gsa=gsa.data_ptr(), out=out.data_ptr(),
            M=M, N=b.M, K=K, trips=K // cfg.k_chunk // cfg.S, stream=raw_stream(index))
     return out
@@ -100,7 +104,8 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
     ws = workspace("planes", 4 * planes * M * N, dev, st)
     launch = _REGISTER_A.get((cfg, index), lambda: rs.compile_launcher(cfg))
     gs = (b.global_scale if gsb is None else gsb).data_ptr()
-    common = dict(w=codes(b), wsf=aligned(b.scales).data_ptr(), gsb=gs,
+    wsf = aligned(b.scales)  # (held until the launch: `small_m`)
+    common = dict(w=codes(b), wsf=wsf.data_ptr(), gsb=gs,
                   out=out.data_ptr(), ws=ws.data_ptr(), M=M, N=N, K=K, ctas=ctas, stream=st)
     if cfg.a_format == "nvfp4":
         args, _held = _decoded_activations(a, st, cfg.N_ACT)
@@ -124,8 +129,7 @@ def _decoded_activations(a: NVFP4Tensor, stream: int, rows: int) -> tuple[dict, 
     """The launch arguments of NVFP4 activations that a register-A kernel's permute pass
     decodes: their codes, blocked scales and decode scale, and the buffer it decodes into
     (`_permuted_buffer` of `rows`, then D's scale: 16 bytes); and the tensors behind them, for
-    the caller to hold until the launch is queued (a fresh buffer freed earlier could back
-    another allocation of the call)."""
+    the caller to hold until the launch is queued (`small_m`)."""
     K = a.shape[1]
     xp = _permuted_buffer(rows, K, a.device, stream, 8)
     xsf = a.scales.contiguous()
@@ -147,21 +151,18 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
                   flag: int) -> None:
     (M, K), N = a.shape, b.M
     dev = b.device
-    rst.check_shape(M, N, K, cfg)  # (a K tail without cfg.K_TAIL would drop it silently)
-    index = device_index(dev)
     sms = sm_count(dev)
+    rst.check_shape(M, N, K, cfg, sms)  # (a K tail without cfg.K_TAIL would drop it silently)
+    index = device_index(dev)
     st = raw_stream(index)
-    if cfg.STREAM_K and not rst.stream_k_fits(M, N, cfg, sms):
-        raise ValueError(f"stream-K needs at least {sms} tiles (one per SM), got "
-                         f"{(N // rst.ROWS) * -(-M // cfg.Nb)} for M={M}, N={N}, Nb={cfg.Nb}")
     launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))
-    # (the buffers stay referenced until the launch is queued: a freed one could back the
-    # next allocation of this call)
+    # (every buffer stays referenced until the launch is queued: `small_m`)
     partials = flags = None
     if cfg.STREAM_K:
         partials = workspace("partials", sms * rst.partial_bytes(cfg), dev, st)
         flags = zeroed_flags("stream_k", sms, dev, st)
-    common = dict(w=codes(b), wsf=aligned(b.scales).data_ptr(),
+    wsf = aligned(b.scales)
+    common = dict(w=codes(b), wsf=wsf.data_ptr(),
                   gs=(b.global_scale if gsb is None else gsb).data_ptr(), out=out,
                   out_sf=out_sf, out_gs=out_gs, flag=flag,
                   partials=out if partials is None else partials.data_ptr(),
@@ -171,8 +172,8 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
         args, _held = _decoded_activations(a, st, rows)
         launch(**args, **common)
     else:
-        xp = _permuted_buffer(rows, K, dev, st)
-        launch(x=aligned(a).data_ptr(), xp=xp.data_ptr(), **common)
+        x, xp = aligned(a), _permuted_buffer(rows, K, dev, st)
+        launch(x=x.data_ptr(), xp=xp.data_ptr(), **common)
 
 
 def register_a_tiled_nvfp4(a, b: NVFP4Tensor, cfg: rst.Config, out: NVFP4Tensor,
