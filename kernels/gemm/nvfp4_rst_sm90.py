@@ -17,9 +17,10 @@ Pipeline (`templates/lcf`):
 While one warpgroup decodes, the other's MMAs keep the tensor cores busy (narrow tiles: two
 A register sets, so a warpgroup's decode also overlaps its own previous MMAs).
 Schedule: whole tiles per persistent CTA, or stream-K (`Config.STREAM_K`, `LCF.STREAM_K`):
-equal runs of (tile x stage) units per CTA, a tile split between two CTAs handed from its tail
-(`store_partial`: fp32 accumulators to the tail CTA's slot of `partials`, then its flag) to its
-head (`add_partial`), which finishes it.
+equal runs of (tile x stage) units per CTA, a tile split between CTAs handed from each later
+part (`store_partial`: fp32 accumulators to that CTA's slot of `partials`, then its flag) to
+its head (`add_partial`, in CTA order), which finishes it; where the tiles are fewer than the
+SMs, each split into up to `Config.STREAM_K_SPLIT` equal parts (split-K).
 Activations: `nvfp4_rs_sm90._permute_kernel` writes them once per call in the decode's K order
 (`nvfp4_rs_sm90.act_column`, period 128: a permutation of K applied to both operands leaves
 every sum unchanged). W4A4: that pass decodes the NVFP4 activations exactly (`Config.a_format`
@@ -51,7 +52,7 @@ from cutlass import Float32
 from tk_cute.arch import target
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.layouts import nvfp4_codes, nvfp4_scales
-from tk_cute.ops import memory, register, tma, warp, warpgroup
+from tk_cute.ops import memory, register, schedule, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, ptr
 from tk_cute.templates.lcf import LCF
@@ -94,9 +95,11 @@ class Config:
     # its launch and prologue overlap the pass's tail
     PDL: bool = field(default=True, metadata={"quiet": True})
     # Stream-K (`LCF.STREAM_K`): equal shares of the (tile x stage) units on one CTA per SM, a
-    # tile split between two CTAs summed through fp32 partials (`partial_bytes`); the grid needs
-    # at least as many tiles as SMs (`stream_k_fits`)
+    # tile split between CTAs summed through fp32 partials (`partial_bytes`); where the tiles are
+    # fewer than the SMs, each split into at most STREAM_K_SPLIT equal shares (split-K,
+    # `schedule.stream_k_ctas`)
     STREAM_K: bool = False
+    STREAM_K_SPLIT: int = field(default=4, metadata={"quiet": True})
     __repr__ = config_repr
 
     def __post_init__(self):
@@ -112,6 +115,8 @@ class Config:
             raise ValueError(f"sf must be one of {fp4.DECODE_FORMATS}, got {self.sf!r}")
         if self.a_format not in rs.A_FORMATS:
             raise ValueError(f"a_format must be one of {rs.A_FORMATS}, got {self.a_format!r}")
+        if self.STREAM_K_SPLIT < 1:
+            raise ValueError(f"STREAM_K_SPLIT must be >= 1, got {self.STREAM_K_SPLIT}")
         if self.LOAD_PIPE_DEPTH == 1 or self.LOAD_PIPE_DEPTH < 0:
             raise ValueError(f"LOAD_PIPE_DEPTH must be 0 (auto) or >= 2, got "
                              f"{self.LOAD_PIPE_DEPTH}")
@@ -123,9 +128,8 @@ def supports(M: int, N: int, K: int) -> bool:
     return M >= 1 and N % ROWS == 0 and K % rs.K_ALIGN == 0
 
 
-def check_shape(M: int, N: int, K: int, cfg: Config | None = None,
-                sms: int | None = None) -> None:
-    """Raise ValueError naming the constraint (M, N, K) or cfg (on a GPU of `sms` SMs) breaks."""
+def check_shape(M: int, N: int, K: int, cfg: Config | None = None) -> None:
+    """Raise ValueError naming the constraint (M, N, K) or cfg breaks."""
     if M < 1:
         raise ValueError(f"the tiled register-A kernel needs M >= 1, got M={M}")
     if N % ROWS:
@@ -135,9 +139,6 @@ def check_shape(M: int, N: int, K: int, cfg: Config | None = None,
                          f"block), got K={K}")
     if cfg is not None and K % STAGE_K and not cfg.K_TAIL:
         raise ValueError(f"K={K} is not a multiple of {STAGE_K}: the Config needs K_TAIL=True")
-    if cfg is not None and cfg.STREAM_K and sms is not None and not stream_k_fits(M, N, cfg, sms):
-        raise ValueError(f"stream-K needs at least {sms} tiles (one per SM), got "
-                         f"{tiles(M, N, cfg)} for M={M}, N={N}, Nb={cfg.Nb}")
 
 
 class GemmNvfp4RsTiledSm90(LCF):
@@ -150,6 +151,7 @@ class GemmNvfp4RsTiledSm90(LCF):
         self.config = config
         self.Mb, self.Nb, self.SUPERGROUP_SIZE = ROWS, config.Nb, config.SUPERGROUP_SIZE
         self.PDL, self.STREAM_K = config.PDL, config.STREAM_K
+        self.STREAM_K_SPLIT = config.STREAM_K_SPLIT
         self.w_tile = st(cutlass.Int8, ROWS, STAGE_K // 2, swizzle=False)
         self.sf_tile = st(cutlass.Int8, 2 * (STAGE_K // nvfp4_scales.ATOM_K), 256, swizzle=False)
         self.x_tile = st(cutlass.BFloat16, config.Nb, STAGE_K)
@@ -275,15 +277,16 @@ class GemmNvfp4RsTiledSm90(LCF):
 
     @cute.jit
     def store_partial(self, g, s, slot, thread):
-        """Stream-K tail: the accumulators to partial slot `slot` (`_partial_addr`), then zero
-        them."""
+        """Stream-K tail or middle part: the accumulators to partial slot `slot`
+        (`_partial_addr`), then zero them."""
         for i in cutlass.range_constexpr(cute.size(s.acc.frag)):
             memory.st_cvt(self._partial_addr(g, slot, i, thread), s.acc.frag[i], "float32")
         register.zero(s.acc)
 
     @cute.jit
     def add_partial(self, g, s, slot, thread):
-        """Stream-K head: add the next CTA's tail sums (slot `slot`, `store_partial`'s order)."""
+        """Stream-K head: add a later CTA's part of the tile (slot `slot`, `store_partial`'s
+        order)."""
         for i in cutlass.range_constexpr(cute.size(s.acc.frag)):
             s.acc.frag[i] = s.acc.frag[i] + memory.ld_f32(self._partial_addr(g, slot, i, thread))
 
@@ -345,10 +348,14 @@ def tiles(M: int, N: int, cfg: Config) -> int:
     return (N // ROWS) * -(-M // cfg.Nb)
 
 
-def stream_k_fits(M: int, N: int, cfg: Config, sms: int) -> bool:
-    """Whether stream-K takes the grid: at least as many tiles as the SMs' CTAs (so a tile
-    spans at most two shares, `LCF.STREAM_K`)."""
-    return tiles(M, N, cfg) >= sms
+def stream_k_ctas(M: int, N: int, K: int, cfg: Config, sms: int) -> int:
+    """The stream-K grid (`schedule.stream_k_ctas`): CTAs, each with at most one partial slot."""
+    return schedule.stream_k_ctas(tiles(M, N, cfg), stages(K), sms, cfg.STREAM_K_SPLIT)
+
+
+def stages(K: int) -> int:
+    """128-K stages of a row (the last one partial where K % STAGE_K != 0)."""
+    return -(-K // STAGE_K)
 
 
 def padded_rows(cfg: Config, M):

@@ -96,9 +96,8 @@ def test_config_and_shape_rules():
     assert rst.supports(300, 256, 8208)  # K % 32 != 0: rows of codes padded to 16 bytes
     with pytest.raises(ValueError, match="K_TAIL=True"):
         rst.check_shape(300, 256, 2880, rst.Config())
-    with pytest.raises(ValueError, match="stream-K needs at least 132 tiles .*got 64 for M=100"):
-        rst.check_shape(100, 8192, 8192, rst.Config(STREAM_K=True), 132)
-    rst.check_shape(256, 28672, 8192, rst.Config(STREAM_K=True), 132)  # 224 tiles
+    with pytest.raises(ValueError, match="STREAM_K_SPLIT must be >= 1, got 0"):
+        rst.Config(STREAM_K=True, STREAM_K_SPLIT=0)
     assert rst.supports(1, 256, 128) and not rst.supports(5, 200, 128)
     assert rst.supports(300, 256, 2880) and rst.supports(300, 256, 32)
     from tk_cute.nvfp4 import heuristics
@@ -459,30 +458,44 @@ def _segments(cta, ctas, tiles, k_steps):
     return out
 
 
-@pytest.mark.parametrize("tiles, k_steps, ctas", [(224, 64, 132), (448, 8, 132), (132, 23, 132),
-                                                  (1120, 4, 132), (133, 1, 132), (7168, 64, 132)])
-def test_stream_k_shares_hand_each_split_tile_from_a_first_to_a_last_segment(tiles, k_steps,
-                                                                             ctas):
-    """With at least as many tiles as CTAs every tile's K steps are covered once, by at most
-    two CTAs: a tail (k0 > 0) is the first segment of CTA c + 1 and its head (k0 = 0, k1 <
-    k_steps) the last of CTA c, so each head waits only for work its partner did first, and
-    partner slots are never shared."""
+@pytest.mark.parametrize("tiles, k_steps, split", [
+    (224, 64, 4), (448, 8, 4), (132, 23, 4), (1120, 4, 4), (133, 1, 4), (7168, 64, 4),
+    (64, 64, 4), (40, 64, 4), (16, 23, 4), (16, 3, 4), (1, 64, 4), (100, 1, 4), (64, 64, 1),
+    (131, 7, 4)])
+def test_stream_k_shares_hand_each_split_tile_to_its_head(tiles, k_steps, split):
+    """On `schedule.stream_k_ctas`'s grid (132 SMs) every tile's K steps are covered once and
+    every share is at least one unit. A tile's first segment (k0 = 0) is its head and the last
+    segment of its CTA c; its other parts are the first (and, inside the tile, only) segments
+    of CTAs c + 1 .. `stream_k_owner` of the tile's last unit, so each CTA writes at most one
+    partial, no slot is shared, and a head waits only for CTAs after its own. At least as many
+    tiles as CTAs: at most two CTAs per tile; fewer: exactly min(132 // tiles, k_steps, split)
+    CTAs per tile, the tiles' boundaries the shares'."""
+    from tk_cute.ops import schedule
+
+    ctas = schedule.stream_k_ctas(tiles, k_steps, 132, split)
+    units = tiles * k_steps
     covered = {}
     for c in range(ctas):
         segs = _segments(c, ctas, tiles, k_steps)
+        assert segs, f"CTA {c} has an empty share"
         for i, (t, k0, k1) in enumerate(segs):
             covered.setdefault(t, []).append((k0, k1, c))
             if k0 > 0:
-                assert i == 0 and k1 == k_steps  # a tail opens its share
+                assert i == 0  # a part after the head opens its share (its one partial)
             elif k1 < k_steps:
                 assert i == len(segs) - 1  # a head closes it
     assert sorted(covered) == list(range(tiles))
     for t, parts in covered.items():
         parts.sort()
-        assert parts[0][0] == 0 and parts[-1][1] == k_steps and len(parts) <= 2
-        if len(parts) == 2:
-            (h0, h1, hc), (t0, t1, tc) = parts
-            assert h1 == t0 and tc == hc + 1
+        assert parts[0][0] == 0 and parts[-1][1] == k_steps
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # contiguous, once
+        head = parts[0][2]
+        last = schedule.stream_k_owner(t * k_steps + k_steps - 1, ctas, units)
+        assert [c for _, _, c in parts] == list(range(head, last + 1))
+        if tiles >= 132:
+            assert ctas == 132 and len(parts) <= 2
+        else:
+            assert len(parts) == min(132 // tiles, k_steps, split)
 
 
 @pytest.mark.parametrize("nb, out, a_format", [(256, "bfloat16", "bf16"), (192, "nvfp4", "bf16"),
@@ -499,20 +512,26 @@ def test_stream_k_builds_its_handover(nb, out, a_format):
     assert b.ptx_count(r"st\.global\.f32") >= nb // 2
     assert b.ptx_count(r"ld\.global\.b32") >= nb // 2
     assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
-    assert rst.stream_k_fits(256, 28672, cfg, 132) == (224 * -(-256 // nb) >= 132)
-    assert not rst.stream_k_fits(100, 8192, cfg, 132)
+    assert rst.stream_k_ctas(256, 28672, 8192, cfg, 132) == 132  # 224 tiles or more
+    assert rst.stream_k_ctas(100, 8192, 8192, cfg, 132) == 128  # 64 tiles, two CTAs each
+    assert rst.stream_k_ctas(100, 5120, 2880, cfg, 132) == 120  # 40 tiles of 23 stages
+    assert rst.stream_k_ctas(100, 1024, 2880, cfg, 132) == 32  # at most STREAM_K_SPLIT each
     assert rst.partial_bytes(cfg) == 128 * nb * 4
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M, N, K, nb", [(256, 28672, 1024, 256), (1000, 8192, 2880, 256),
                                          (520, 28672, 512, 128), (384, 28672, 4096, 192),
-                                         (2000, 16896, 256, 256)])
+                                         (2000, 16896, 256, 256),
+                                         # fewer tiles than SMs: 2, 3, 4 and 4 CTAs per tile
+                                         (200, 8192, 8192, 208), (256, 5120, 1024, 256),
+                                         (129, 2048, 2880, 144), (300, 1024, 512, 256)])
 def test_stream_k_matches_the_exact_product_and_the_whole_tile_kernel(seed, M, N, K, nb):
     """Stream-K (tiles split between two CTAs, K tails, shares shorter and longer than a
-    tile): every element of bf16 / fp32 / fp16 D within the exact product's bound, run twice
-    bit for bit (the handover flags were left clear), W4A4 too, and NVFP4 output bit for bit
-    the quantized fp32 output."""
+    tile; fewer tiles than SMs: each split into equal parts, the last ones one stage): every
+    element of bf16 / fp32 / fp16 D within the exact product's bound, run twice bit for bit
+    (the handover flags were left clear), W4A4 too, and NVFP4 output bit for bit the
+    quantized fp32 output."""
     from tk_cute import nvfp4
     from tk_cute.nvfp4 import launch, validate
     from tk_cute.testing import assert_gemm_close

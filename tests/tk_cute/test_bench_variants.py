@@ -7,12 +7,15 @@ from tk_cute.bench import nvfp4 as bench_nvfp4
 
 
 @pytest.mark.parametrize("M, N, K", [(1, 8192, 8192), (16, 28672, 8192), (64, 8192, 28672),
-                                     (128, 28672, 8192), (1024, 8192, 8192)])
+                                     (128, 28672, 8192), (200, 8192, 8192),
+                                     (1024, 8192, 8192)])
 def test_nvfp4_variants_with_tuning(M, N, K):
     v, notes = bench_nvfp4._variants(M, N, K, paths=True, tune=True, sms=132)
     assert {"tk_cute w4a16", "tk_cute w4a4", bench_nvfp4.BASELINE} <= set(v)
     tuned = [n for n in v if n.startswith("tk_cute w4a16 MT")]
     assert bool(tuned) == (M <= 64)
+    tiled = [n for n in v if n.startswith("tk_cute w4a16 tiled")]
+    assert bool(tiled) == (M > 128)
     from tk_cute.nvfp4.heuristics import PATHS
 
     forced = {notes[n][1] for n in v if "path=" in n}

@@ -19,8 +19,8 @@ write) is measured in the same run. `--plot` draws speedup over cuBLAS bf16 agai
 panel per (N, K) (`tk_cute.viz.speedup_plot`); `--json` keeps every number.
 `--tune` adds small-M tk_cute variants over the tiling (MT MMA row tiles per warp, WN warps
 along N, U 128-K steps per trip, ahead: the next trip's weights in flight, cN: a register cap for
-N CTAs per SM) and split-K (S warps along K), and for M > 128 the tiled register-A kernel with
-128 and 256 activation rows per tile.
+N CTAs per SM) and split-K (S warps along K), and for M > 128 the tiled register-A kernel's
+schedules (`_tiled_tuning_variants`: whole tiles, stream-K, one activation tile split along K).
 """
 
 from __future__ import annotations
@@ -94,15 +94,28 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int):
     if tune and M <= 64:
         v.update(_tuning_variants(M, N, K, sms))
     if tune and M > 128:
-        from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
-        from tk_cute.nvfp4 import launch
-
-        for nb in (128, 256):
-            for sets in (1, 2):
-                v[f"tk_cute w4a16 tiled Nb={nb} A{sets}"] = (
-                    lambda s, c=rst.Config(Nb=nb, A_SETS=sets): launch.gemm_rs_tiled(
-                        s["a"], s["b"], config=c))
+        v.update(_tiled_tuning_variants(M, K))
     return v, notes
+
+
+def _tiled_tuning_variants(M, K):
+    """The tiled register-A kernel beside the dispatch's pick: whole tiles of 128 and 256 rows,
+    stream-K shares at 192 and 256, and up to 256 rows one activation tile as wide as M split
+    into K parts (stream-K where the tiles are fewer than the SMs)."""
+    from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+    from tk_cute.nvfp4 import launch
+
+    tail = K % rst.STAGE_K != 0
+    configs = {"Nb=128": rst.Config(Nb=128, K_TAIL=tail),
+               "Nb=256": rst.Config(Nb=256, K_TAIL=tail),
+               "Nb=192 stream-K": rst.Config(Nb=192, STREAM_K=True, K_TAIL=tail),
+               "Nb=256 stream-K": rst.Config(Nb=256, STREAM_K=True, K_TAIL=tail)}
+    one = [nb for nb in rst.NBS if nb >= M]
+    if one:
+        configs[f"Nb={one[0]} stream-K"] = rst.Config(Nb=one[0], STREAM_K=True, K_TAIL=tail)
+    return {f"tk_cute w4a16 tiled {name}": (
+        lambda s, c=cfg: launch.gemm_rs_tiled(s["a"], s["b"], config=c))
+        for name, cfg in configs.items()}
 
 
 def _tuning_variants(M, N, K, sms):

@@ -152,7 +152,7 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
     (M, K), N = a.shape, b.M
     dev = b.device
     sms = sm_count(dev)
-    rst.check_shape(M, N, K, cfg, sms)  # (a K tail without cfg.K_TAIL would drop it silently)
+    rst.check_shape(M, N, K, cfg)  # (a K tail without cfg.K_TAIL would drop it silently)
     index = device_index(dev)
     st = raw_stream(index)
     launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))

@@ -20,8 +20,10 @@ Stream-K (`stream_k_share`, `stream_k_owner`, `stream_k_spans`): a grid of `ctas
 CTAs splits the flattened (tile x K step) units into equal contiguous shares, so no wave is left
 part-empty whatever the tile count; a tile whose units span several CTAs gets one partial sum
 per CTA, to be reduced in CTA order (deterministic). `stream_k_aligned_ctas` picks a grid just
-under one CTA per SM whose shares line up with the tiles where one exists. Plain integer
-arithmetic, the same on the host and in a kernel.
+under one CTA per SM whose shares line up with the tiles where one exists; `stream_k_ctas` the
+grid of a kernel that keeps at most one partial per CTA (whole SMs where the tiles are at least
+as many, else each tile split into the same number of equal parts). Plain integer arithmetic,
+the same on the host and in a kernel (`cutlass.min` / `max` take Python ints too).
 
 Every role writes the same loop for both kinds:
     tiles = Tiles.create(*walk(kind, params, clc_barriers, clc_response, cluster, walkers))
@@ -207,6 +209,16 @@ def stream_k_aligned_ctas(units: int, tile_units: int, limit: int, slack: float 
             if tile_units % share == 0 or share % tile_units == 0:
                 return ctas
     return limit
+
+
+def stream_k_ctas(tiles, k_steps, limit: int, max_split: int):
+    """The grid of an in-kernel stream-K (`LCF.STREAM_K`) over `tiles` tiles of `k_steps` units
+    on at most `limit` CTAs: `limit` where the tiles are at least as many (then a tile spans at
+    most two shares), else `split` = min(limit // tiles, k_steps, max_split) CTAs per tile,
+    whose equal shares line up with the tiles (each tile exactly `split` shares, none empty).
+    Either way every share is at least one unit and starts at most one split tile."""
+    split = cutlass.max(1, cutlass.min(cutlass.min(limit // tiles, k_steps), max_split))
+    return cutlass.min(limit, tiles * split)
 
 
 def stream_k_spans(ctas: int, tiles: int) -> int:

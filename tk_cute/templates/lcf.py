@@ -21,18 +21,21 @@ kernels: SUPERGROUP_SIZE tile rows per group, so concurrently running CTAs share
 in L2); optional clusters
 (CLUSTER_M x CLUSTER_N) whose CTAs multicast the shared A rows / B columns.
 Stream-K (`STREAM_K`, no clusters): the CTAs take equal contiguous shares of the (tile x
-K-step) units in supergroup tile order (`schedule.stream_k_share`), so a grid whose tiles leave
-the last round part empty spreads them evenly; the grid needs at least as many tiles as CTAs,
-so each tile spans at most two shares. A share's first tile, if it starts inside it, is that
-tile's tail: the consumers hand its sums to the tile's head (the end of the previous CTA's
-share) through `store_partial(g, state, slot, thread)` into the CTA's slot and a flag
-`g.flags[slot]` (released after a named barrier of the consumers); the head waits for the flag
-(acquired), `add_partial`s the slot, clears the flag for the next launch and `finish`es. Every
-head ends its CTA's share and every tail begins one, so a head waits only for the next CTA to
-have started: with one CTA per SM all are resident, and where fewer SMs are free (other work),
-CTAs dispatched in index order still progress (every CTA below the highest resident one finds
-its partner started, finishes and frees an SM for the next). The sum is head + tail in that
-order, the same on every run (not bit for bit whole tiles' single sum).
+K-step) units in supergroup tile order (`schedule.stream_k_share`) on the grid
+`schedule.stream_k_ctas`: one CTA per SM where the tiles are at least as many (each tile spans
+at most two shares), else each tile split into `STREAM_K_SPLIT` (at most) equal shares. A
+share's first tile, if it starts inside it, is that tile's tail; a share inside one tile is a
+middle part: either way the consumers hand its sums to the tile's head (the end of the share
+the tile starts in) through `store_partial(g, state, slot, thread)` into the CTA's slot and a
+flag `g.flags[slot]` (released after a named barrier of the consumers); the head waits for the
+flags of the CTAs after it that hold the rest of the tile (acquired), `add_partial`s their
+slots in CTA order, clears the flags for the next launch and `finish`es. Every CTA writes at
+most one partial (its first segment), every head ends its CTA's share, and tails and middle
+parts wait for nothing, so a head waits only for later CTAs to have started: with one CTA per
+SM all are resident, and where fewer SMs are free (other work), CTAs dispatched in index order
+still progress (every CTA below the highest resident one finds its partners started, finishes
+and frees an SM for the next). The sum is head + the parts in CTA order, the same on every run
+(not bit for bit whole tiles' single sum).
 """
 
 from __future__ import annotations
@@ -64,8 +67,10 @@ class LCF:
     # launch and everything up to the ring's initialization overlap that kernel's tail, then
     # every thread waits for it (`griddepcontrol.wait`) before reading global memory.
     PDL = False
-    # Equal shares of the (tile x K-step) units instead of whole tiles (module docstring)
+    # Equal shares of the (tile x K-step) units instead of whole tiles (module docstring); where
+    # the tiles are fewer than the CTAs, each split across at most STREAM_K_SPLIT of them
     STREAM_K = False
+    STREAM_K_SPLIT = 1
 
     # --- what a kernel declares -----------------------------------------------------------
     def inputs(self) -> dict[str, st]:
@@ -120,7 +125,8 @@ class LCF:
             if self.CLUSTER_M * self.CLUSTER_N != 1:
                 raise ValueError(f"stream-K runs without clusters, got CLUSTER_M="
                                  f"{self.CLUSTER_M}, CLUSTER_N={self.CLUSTER_N}")
-            grid = [max_ctas, 1, 1]  # (the caller checks m_tiles * n_tiles * batches >= it)
+            grid = [schedule.stream_k_ctas(m_tiles * n_tiles * batches, self.k_steps(g),
+                                           max_ctas, self.STREAM_K_SPLIT), 1, 1]
         self.kernel(g, params).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=cluster, min_blocks_per_mp=1,
             stream=stream, use_pdl=self.PDL,
@@ -235,8 +241,8 @@ class LCF:
     @cute.jit
     def _consume_shares(self, g, params, ring, inputs, acc_state, consumer_smem, thread,
                         k_steps):
-        """Stream-K consumers: each segment of the share as the tile loop's body; a tail
-        segment hands its sums over, a head takes the next CTA's (module docstring)."""
+        """Stream-K consumers: each segment of the share as the tile loop's body; a tail or
+        middle part hands its sums over, a head takes the later CTAs' (module docstring)."""
         cta = cute.arch.block_idx()[0]
         k_steps = cutlass.Int32(k_steps)
         consumers = warpgroup.sync(NamedBarrier.PARTIALS, self.NUM_CONSUMERS)
@@ -247,35 +253,62 @@ class LCF:
         while u < end:
             at, k0, k1 = self._segment(params, u, end, k_steps)
             read, release = self._mma_stages(g, ring, inputs, acc_state, read, release, k0, k1)
-            flag = g.flags.toint() + 4 * cutlass.Int64(cta)
-            if k0 > 0:  # the tile's tail: its sums to this CTA's slot, then the flag
-                self.store_partial(g, acc_state, cta, thread)
-                consumers()
-                if thread == 0:
-                    memory.st_release_u32(flag, cutlass.Uint32(1))
+            if k0 > 0:
+                self._hand_over(g, acc_state, cta, thread, consumers)
             else:
-                if k1 < k_steps:  # the tile's head: the next CTA holds its tail
-                    if thread == 0:
-                        ready = memory.ld_acquire_u32(flag + 4)
-                        while ready == 0:
-                            ready = memory.ld_acquire_u32(flag + 4)
-                    consumers()
-                    self.add_partial(g, acc_state, cta + 1, thread)
-                    consumers()
-                    if thread == 0:
-                        memory.st_u32(flag + 4, cutlass.Uint32(0))  # for the next launch
+                if k1 < k_steps:  # the tile's head: CTAs cta + 1 .. last hold the rest
+                    last = self._owner(params, u - k0 + k_steps - 1, k_steps)
+                    self._take_over(g, acc_state, cta, last, thread, consumers)
                 self.finish(g, acc_state, at, consumer_smem, thread)
             u = u + k1 - k0
         self.finish_tail()
 
+    @cute.jit
+    def _hand_over(self, g, acc_state, cta, thread, consumers):
+        """A tail or middle part: its sums to this CTA's slot, then (every consumer done) the
+        released flag."""
+        self.store_partial(g, acc_state, cta, thread)
+        consumers()
+        if thread == 0:
+            memory.st_release_u32(self._flag(g, cta), cutlass.Uint32(1))
+
+    @cute.jit
+    def _take_over(self, g, acc_state, cta, last, thread, consumers):
+        """A head: wait for the flags of CTAs cta + 1 .. last (acquired), add their slots in
+        that order, clear the flags for the next launch."""
+        if thread == 0:
+            for c in range(cta + 1, last + 1):
+                ready = memory.ld_acquire_u32(self._flag(g, c))
+                while ready == 0:
+                    ready = memory.ld_acquire_u32(self._flag(g, c))
+        consumers()
+        for c in range(cta + 1, last + 1):
+            self.add_partial(g, acc_state, c, thread)
+        consumers()
+        if thread == 0:
+            for c in range(cta + 1, last + 1):
+                memory.st_u32(self._flag(g, c), cutlass.Uint32(0))
+
     def _share(self, params, k_steps):
         """[start, end) of this CTA's units (`schedule.stream_k_share`, 64-bit products)."""
-        p = params.inner
-        m, n, l = p.problem_layout_ncluster_mnl.shape
-        units = cutlass.Int64(m * n * l) * cutlass.Int64(k_steps)
-        ctas = cutlass.Int64(cute.arch.grid_dim()[0])
+        units, ctas = self._units(params, k_steps)
         cta = cutlass.Int64(cute.arch.block_idx()[0])
         return cutlass.Int32(cta * units // ctas), cutlass.Int32((cta + 1) * units // ctas)
+
+    def _owner(self, params, u, k_steps):
+        """The CTA whose share holds unit u (`schedule.stream_k_owner`)."""
+        units, ctas = self._units(params, k_steps)
+        return cutlass.Int32(schedule.stream_k_owner(cutlass.Int64(u), ctas, units))
+
+    def _flag(self, g, cta):
+        """Address of CTA `cta`'s hand-over flag."""
+        return g.flags.toint() + 4 * cutlass.Int64(cta)
+
+    def _units(self, params, k_steps):
+        """(units, CTAs) of the grid, both 64-bit."""
+        m, n, l = params.inner.problem_layout_ncluster_mnl.shape
+        return (cutlass.Int64(m * n * l) * cutlass.Int64(k_steps),
+                cutlass.Int64(cute.arch.grid_dim()[0]))
 
     def _segment(self, params, u, end, k_steps):
         """Unit u's tile (supergroup order) and the K steps [k0, k1) of it the share holds."""
@@ -296,7 +329,8 @@ class LCF:
         raise NotImplementedError
 
     def add_partial(self, g, state, slot, thread):
-        """Stream-K: add partial slot `slot` (the next CTA's tail sums) to the accumulators."""
+        """Stream-K: add partial slot `slot` (a later CTA's part of the tile) to the
+        accumulators."""
         raise NotImplementedError
 
     def _ring(self, barriers):

@@ -130,6 +130,35 @@ def test_stream_k_shares(tiles, steps, ctas):
     assert max(spans) <= schedule.stream_k_spans(ctas, tiles)
 
 
+STREAM_K_GRIDS = [  # (tiles, k_steps, limit, max_split): ctas
+    ((224, 64, 132, 4), 132), ((132, 5, 132, 4), 132), ((131, 1, 132, 4), 131),
+    ((64, 64, 132, 4), 128), ((40, 23, 132, 4), 120), ((16, 23, 132, 4), 64),
+    ((16, 3, 132, 4), 48), ((1, 64, 132, 4), 4), ((64, 64, 132, 1), 64)]
+
+
+@pytest.mark.parametrize("args, ctas", STREAM_K_GRIDS)
+def test_stream_k_ctas(args, ctas):
+    """One CTA per SM from as many tiles on, else min(limit // tiles, k_steps, max_split)
+    CTAs per tile; never more CTAs than units."""
+    assert schedule.stream_k_ctas(*args) == ctas
+    tiles, k_steps, limit, _ = args
+    assert ctas <= min(limit, tiles * k_steps)
+
+
+def test_stream_k_ctas_on_dsl_integers(capfd):
+    """The kernel launch computes its grid from the shape at run time (DSL Int32 on the host):
+    the same numbers as on Python ints (a wrong grid would leave a share empty and its head
+    waiting). Runs on the CPU: a host `@cute.jit` without a kernel."""
+    import cutlass
+
+    from _host_jit import print_stream_k_ctas  # tests/_host_jit.py (on sys.path: conftest)
+
+    for (tiles, k_steps, limit, split), _ in STREAM_K_GRIDS:
+        print_stream_k_ctas(cutlass.Int32(tiles), cutlass.Int32(k_steps), limit, split)
+    printed = [int(w) for w in capfd.readouterr().out.split() if w.isdigit()]
+    assert printed == [ctas for _, ctas in STREAM_K_GRIDS]
+
+
 @pytest.mark.parametrize("units, tile_units, limit, expected", [
     (1024, 32, 132, 128),  # 32 row blocks x 32 K steps (8192^2, 256 rows): 8 units, a quarter
     (3584, 112, 132, 128),  # 32 x 112 (8192 x 28672): 28 units, a quarter of a tile
