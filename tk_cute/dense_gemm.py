@@ -24,7 +24,8 @@ import torch
 
 from tk_cute import arch
 from tk_cute.ops import schedule
-from tk_cute.runtime import KernelCache, device_index, output, raw_stream, sm_count
+from tk_cute.runtime import (KernelCache, device_index, output, raw_stream, sm_count, workspace,
+                             zeroed_flags)
 
 _CACHE = KernelCache()
 _DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
@@ -92,7 +93,8 @@ def line_aligned(*operands: torch.Tensor) -> bool:
 
 
 def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N: int = 8192,
-                   sms: int = 132, nb: int | None = None, lines: bool = True):
+                   sms: int = 132, nb: int | None = None, lines: bool = True,
+                   stream_k: bool = False):
     """The kernel config `gemm` uses for an M x N output on `sms` SMs: tile width `nb`, by
     default `tile_width`'s; two epilogue buffers for fp32 C (each 128 x 32 fp32 block is 16 KiB;
     four would cost a load stage) and for tile widths that are not a multiple of 4 x 32.
@@ -101,14 +103,16 @@ def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N:
     3000x7000x5000 0.67 -> 0.94x cuBLAS, 8192x8192x8200 0.76 -> 1.01x, 2056^3 0.55 -> 0.69x;
     1% slower where rows are aligned, K = 5120). An odd count of row tiles leaves the last
     cluster half outside the output: the scheduler rounds clusters up, and that CTA loads zeros,
-    shares its B half and stores nothing (GPU-tested)."""
+    shares its B half and stores nothing (GPU-tested). `stream_k`: equal shares of the (tile x
+    K-step) units instead of whole tiles (`gemm_sm90.Config.STREAM_K`, no clusters; on the
+    grid `schedule.stream_k_grid` picks); `gemm` does not pick it yet (not measured)."""
     from tk_cute.kernels.gemm.gemm_sm90 import Config
 
     nb = nb or tile_width(M, N, sms)
     depth = 2 if out_dtype == torch.float32 or nb % 128 else 4
-    cluster_m = 2 if not lines and M > 128 else 1
+    cluster_m = 2 if not lines and M > 128 and not stream_k else 1
     return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), Nb=nb, EPI_PIPE_DEPTH=depth,
-                  CLUSTER_M=cluster_m)
+                  CLUSTER_M=cluster_m, STREAM_K=stream_k)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None,
@@ -155,12 +159,21 @@ def _run(config, a, b, c, alpha=None):
 
     index = device_index(a.device)
     sms = _check_device(a.device)
+    st = raw_stream(index)
     launch = _CACHE.get((config, alpha is not None, sms),
                         lambda: gemm_sm90.compile_launcher(config, sms, alpha is not None))
     extra = {} if alpha is None else {"alpha": alpha.data_ptr()}
-    launch(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), M=c.shape[0], N=c.shape[1],
-           K=a.shape[1], lda=a.stride(0), ldb=b.stride(0), ldc=c.stride(0),
-           stream=raw_stream(index), **extra)
+    (M, K), N = a.shape, b.shape[0]
+    ctas, partials, flags = sms, c, c  # (stream-K's buffers stay referenced until the launch)
+    if config.STREAM_K:
+        tiles = -(-M // config.Mb) * -(-N // config.Nb)
+        ctas = schedule.stream_k_grid(tiles, -(-K // config.k_block), sms)
+        partials = workspace("dense_partials", ctas * gemm_sm90.partial_bytes(config), a.device,
+                             st)
+        flags = zeroed_flags("dense_stream_k", ctas, a.device, st)
+    launch(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), partials=partials.data_ptr(),
+           flags=flags.data_ptr(), M=M, N=N, K=K, lda=a.stride(0), ldb=b.stride(0),
+           ldc=c.stride(0), ctas=ctas, stream=st, **extra)
     return c
 
 

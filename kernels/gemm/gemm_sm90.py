@@ -7,7 +7,10 @@ Pipeline (TK's H100 GEMM on the `lcf` template): a producer warp issues TMA load
 warpgroups each run SS wgmma on 64 rows of the (Mb, Nb) fp32 accumulator, one commit group per
 stage, releasing a stage once the next one's MMAs are issued; finish converts the accumulator
 in (Mb, EPI_N) column blocks, stmatrix-stores each into one of EPI_PIPE_DEPTH shared buffers and
-TMA-stores it while the next is written. Persistent CTAs walk tiles in supergroup order.
+TMA-stores it while the next is written. Persistent CTAs walk tiles in supergroup order, or,
+with `Config.STREAM_K`, take equal shares of the (tile x K-step) units on the launch's `ctas`
+CTAs (`LCF.STREAM_K`: a tile split between CTAs is summed through fp32 partial slots, one per
+CTA, `partial_bytes`, before its head's epilogue).
 Constraints: A (M, K) and B (N, K) K-major with 16-byte aligned rows; any M, N, K: the TMA
 loads of edge tiles fill zeros past the tensors (they add nothing to the sums; a stage still
 carries its whole box of bytes) and the TMA stores clip the edge tiles of C.
@@ -26,6 +29,7 @@ from cutlass.cute.nvgpu.warpgroup import OperandMajorMode
 from tk_cute.arch import target
 from tk_cute.ops import register, tma, warpgroup
 from tk_cute.runtime import Signature, i32, i64, ptr
+from tk_cute.templates import lcf
 from tk_cute.templates.lcf import LCF
 from tk_cute.types import coord, gl, rt, st
 from tk_cute.types.semaphore import NamedBarrier
@@ -53,6 +57,7 @@ class Config:
     SUPERGROUP_SIZE: int = 8
     CLUSTER_M: int = 1
     CLUSTER_N: int = 1
+    STREAM_K: bool = False
     arch: str = "sm_90a"
 
     def __post_init__(self):
@@ -70,6 +75,9 @@ class Config:
             raise ValueError(f"Nb={self.Nb} must be a multiple of EPI_N*EPI_PIPE_DEPTH")
         if self.CLUSTER_M * self.CLUSTER_N > 4:
             raise ValueError(f"cluster {self.CLUSTER_M}x{self.CLUSTER_N} exceeds 4 CTAs")
+        if self.STREAM_K and self.CLUSTER_M * self.CLUSTER_N != 1:
+            raise ValueError(f"stream-K runs without clusters, got {self.CLUSTER_M}x"
+                             f"{self.CLUSTER_N}")
 
     @property
     def in_type(self):
@@ -88,6 +96,7 @@ class GemmSm90(LCF):
         self.Mb, self.Nb, self.Kb = c.Mb, c.Nb, c.k_block
         self.SUPERGROUP_SIZE, self.CLUSTER_M, self.CLUSTER_N = (
             c.SUPERGROUP_SIZE, c.CLUSTER_M, c.CLUSTER_N)
+        self.STREAM_K = c.STREAM_K
         self.a_tile = st(c.in_type, c.Mb, self.Kb)
         self.b_tile = st(c.in_type, c.Nb, self.Kb)
         self.c_tile = st(OUTPUT_TYPES[c.out_dtype], c.Mb, c.EPI_N)
@@ -145,20 +154,35 @@ class GemmSm90(LCF):
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, max_ctas: cutlass.Constexpr,
                  stream):
-        """a (M, K, L), b (N, K, L), c (M, N, L), each with its second mode contiguous."""
-        g = Globals(gl.load(a, self.a_tile, self.CLUSTER_N),
-                    gl.load(b, self.b_tile, self.CLUSTER_M), gl.store(c, self.c_tile))
-        m_tiles = cute.ceil_div(c.shape[0], self.Mb)
-        n_tiles = cute.ceil_div(c.shape[1], self.Nb)
-        self.launch(g, m_tiles, n_tiles, c.shape[2], max_ctas, stream)
+        """a (M, K, L), b (N, K, L), c (M, N, L), each with its second mode contiguous (whole
+        tiles; stream-K runs through `call_ptrs`)."""
+        self._launch(self._globals(a, b, c), c, max_ctas, None, stream)
 
     @cute.jit
     def call_ptrs(self, sms: cutlass.Constexpr, a: cute.Pointer, b: cute.Pointer,
-                  c: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32,
-                  lda: cutlass.Int64, ldb: cutlass.Int64, ldc: cutlass.Int64, stream):
+                  c: cute.Pointer, partials: cute.Pointer, flags: cute.Pointer, M: cutlass.Int32,
+                  N: cutlass.Int32, K: cutlass.Int32, lda: cutlass.Int64, ldb: cutlass.Int64,
+                  ldc: cutlass.Int64, ctas: cutlass.Int32, stream):
         """`__call__` on raw pointers (`signature`): a (M, K), b (N, K), c (M, N) with row
-        strides lda, ldb, ldc elements."""
-        self.__call__(*_matrices(a, b, c, M, N, K, lda, ldb, ldc), sms, stream)
+        strides lda, ldb, ldc elements; stream-K's partial slots, flags and grid."""
+        at, bt, ct = _matrices(a, b, c, M, N, K, lda, ldb, ldc)
+        self._launch(self._globals(at, bt, ct, partials=partials, flags=flags), ct, sms, ctas,
+                     stream)
+
+    def _globals(self, a, b, c, alpha=None, partials=None, flags=None):
+        """The kernel's globals: stream-K's pointers only where the config runs it (the
+        whole-tile kernel's arguments stay A, B, C and alpha)."""
+        if not self.STREAM_K:
+            partials = flags = None
+        return Globals(gl.load(a, self.a_tile, self.CLUSTER_N),
+                       gl.load(b, self.b_tile, self.CLUSTER_M), gl.store(c, self.c_tile),
+                       alpha, partials, flags)
+
+    def _launch(self, g, c, max_ctas, ctas, stream):
+        if self.STREAM_K and ctas is None:
+            raise ValueError("stream-K launches through call_ptrs (partial slots, flags, grid)")
+        self.launch(g, cute.ceil_div(c.shape[0], self.Mb), cute.ceil_div(c.shape[1], self.Nb),
+                    c.shape[2], max_ctas, stream, ctas)
 
 
 def _matrices(a, b, c, M, N, K, lda, ldb, ldc):
@@ -169,11 +193,21 @@ def _matrices(a, b, c, M, N, K, lda, ldb, ldc):
 
 def signature(config: Config, scaled: bool = False) -> Signature:
     """The raw-pointer launch's runtime arguments (`call_ptrs`): A, B, C (16-byte aligned, as
-    TMA needs), alpha for `GemmScaledSm90` (one fp32), the shape and the row strides."""
+    TMA needs), alpha for `GemmScaledSm90` (one fp32), stream-K's workspace (`partial_bytes`
+    per CTA of fp32 sums, one int32 flag per CTA, zero: the kernel leaves them zero; without
+    `Config.STREAM_K` any address), the shape, the row strides and stream-K's grid (`ctas`,
+    `schedule.stream_k_grid`; ignored without it)."""
     dtype = INPUT_TYPES[config.dtype]
     alpha = (ptr("alpha", cutlass.Float32, 4),) if scaled else ()
     return Signature(ptr("a", dtype), ptr("b", dtype), ptr("c", OUTPUT_TYPES[config.out_dtype]),
-                     *alpha, i32("M"), i32("N"), i32("K"), i64("lda"), i64("ldb"), i64("ldc"))
+                     *alpha, ptr("partials", cutlass.Float32), ptr("flags", cutlass.Int32, 4),
+                     i32("M"), i32("N"), i32("K"), i64("lda"), i64("ldb"), i64("ldc"),
+                     i32("ctas"))
+
+
+def partial_bytes(config: Config) -> int:
+    """Bytes of one stream-K partial slot: an Mb x Nb tile of fp32 sums."""
+    return lcf.partial_bytes(config.Mb, config.Nb)
 
 
 def compile_launcher(config: Config, sms: int, scaled: bool = False, options: str = ""):
@@ -184,12 +218,14 @@ def compile_launcher(config: Config, sms: int, scaled: bool = False, options: st
 
 
 class Globals(DeviceStruct):
-    """The kernel's global layouts (TK `globals`)."""
+    """The kernel's global layouts (TK `globals`), and where given alpha (`GemmScaledSm90`)
+    and stream-K's partial slots and flags (pointers)."""
 
-    _fields = ("A", "B", "C")
-
-    def __init__(self, A: gl, B: gl, C: gl):
+    def __init__(self, A: gl, B: gl, C: gl, alpha=None, partials=None, flags=None):
         self.A, self.B, self.C = A, B, C
+        self.alpha, self.partials, self.flags = alpha, partials, flags
+        self._fields = ("A", "B", "C") + tuple(
+            n for n in ("alpha", "partials", "flags") if getattr(self, n) is not None)
 
 
 class GemmScaledSm90(GemmSm90):
@@ -207,23 +243,26 @@ class GemmScaledSm90(GemmSm90):
         register.mul(s.acc, s.acc, s.alpha)
         super().finish(g, s.acc, at, smem, thread)
 
+    def accumulator(self, s):
+        return s.acc
+
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, alpha: cute.Tensor,
                  max_ctas: cutlass.Constexpr, stream):
         """As `GemmSm90.__call__`, with alpha a 1-element fp32 tensor."""
-        g = ScaledGlobals(gl.load(a, self.a_tile, self.CLUSTER_N),
-                          gl.load(b, self.b_tile, self.CLUSTER_M), gl.store(c, self.c_tile), alpha)
-        self.launch(g, cute.ceil_div(c.shape[0], self.Mb), cute.ceil_div(c.shape[1], self.Nb),
-                    c.shape[2], max_ctas, stream)
+        self._launch(self._globals(a, b, c, alpha=alpha), c, max_ctas, None, stream)
 
     @cute.jit
     def call_ptrs(self, sms: cutlass.Constexpr, a: cute.Pointer, b: cute.Pointer,
-                  c: cute.Pointer, alpha: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32,
-                  K: cutlass.Int32, lda: cutlass.Int64, ldb: cutlass.Int64, ldc: cutlass.Int64,
-                  stream):
+                  c: cute.Pointer, alpha: cute.Pointer, partials: cute.Pointer,
+                  flags: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32,
+                  lda: cutlass.Int64, ldb: cutlass.Int64, ldc: cutlass.Int64,
+                  ctas: cutlass.Int32, stream):
         """As `GemmSm90.call_ptrs`, with alpha one fp32 in global memory."""
         at, bt, ct = _matrices(a, b, c, M, N, K, lda, ldb, ldc)
-        self.__call__(at, bt, ct, cute.make_tensor(alpha, cute.make_layout(1)), sms, stream)
+        g = self._globals(at, bt, ct, alpha=cute.make_tensor(alpha, cute.make_layout(1)),
+                          partials=partials, flags=flags)
+        self._launch(g, ct, sms, ctas, stream)
 
 
 class Scaled:
@@ -231,10 +270,3 @@ class Scaled:
 
     def __init__(self, acc: rt, alpha):
         self.acc, self.alpha = acc, alpha
-
-
-class ScaledGlobals(DeviceStruct):
-    _fields = ("A", "B", "C", "alpha")
-
-    def __init__(self, A: gl, B: gl, C: gl, alpha):
-        self.A, self.B, self.C, self.alpha = A, B, C, alpha

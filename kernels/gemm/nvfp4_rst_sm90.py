@@ -20,7 +20,7 @@ Schedule: whole tiles per persistent CTA, or stream-K (`Config.STREAM_K`, `LCF.S
 equal runs of (tile x stage) units per CTA, a tile split between CTAs handed from each later
 part (`store_partial`: fp32 accumulators to that CTA's slot of `partials`, then its flag) to
 its head (`add_partial`, in CTA order), which finishes it; where the tiles are fewer than the
-SMs, each split into up to `Config.STREAM_K_SPLIT` equal parts (split-K).
+SMs, on a grid the host picks (`schedule.stream_k_grid`: 64 tiles split in two on 128 CTAs).
 Activations: `nvfp4_rs_sm90._permute_kernel` writes them once per call in the decode's K order
 (`nvfp4_rs_sm90.act_column`, period 128: a permutation of K applied to both operands leaves
 every sum unchanged). W4A4: that pass decodes the NVFP4 activations exactly (`Config.a_format`
@@ -52,9 +52,10 @@ from cutlass import Float32
 from tk_cute.arch import target
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.layouts import nvfp4_codes, nvfp4_scales
-from tk_cute.ops import memory, register, schedule, tma, warp, warpgroup
+from tk_cute.ops import memory, register, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, ptr
+from tk_cute.templates import lcf
 from tk_cute.templates.lcf import LCF
 from tk_cute.types import coord, gl, rt, st
 from tk_cute.types.gl import row_major
@@ -94,12 +95,9 @@ class Config:
     # The GEMM launched as a programmatic dependent of the permute pass before it (`LCF.PDL`):
     # its launch and prologue overlap the pass's tail
     PDL: bool = field(default=True, metadata={"quiet": True})
-    # Stream-K (`LCF.STREAM_K`): equal shares of the (tile x stage) units on one CTA per SM, a
-    # tile split between CTAs summed through fp32 partials (`partial_bytes`); where the tiles are
-    # fewer than the SMs, each split into at most STREAM_K_SPLIT equal shares (split-K,
-    # `schedule.stream_k_ctas`)
+    # Stream-K (`LCF.STREAM_K`): equal shares of the (tile x stage) units on the launch's
+    # `ctas` CTAs, a tile split between CTAs summed through fp32 partials (`partial_bytes`)
     STREAM_K: bool = False
-    STREAM_K_SPLIT: int = field(default=4, metadata={"quiet": True})
     __repr__ = config_repr
 
     def __post_init__(self):
@@ -115,8 +113,6 @@ class Config:
             raise ValueError(f"sf must be one of {fp4.DECODE_FORMATS}, got {self.sf!r}")
         if self.a_format not in rs.A_FORMATS:
             raise ValueError(f"a_format must be one of {rs.A_FORMATS}, got {self.a_format!r}")
-        if self.STREAM_K_SPLIT < 1:
-            raise ValueError(f"STREAM_K_SPLIT must be >= 1, got {self.STREAM_K_SPLIT}")
         if self.LOAD_PIPE_DEPTH == 1 or self.LOAD_PIPE_DEPTH < 0:
             raise ValueError(f"LOAD_PIPE_DEPTH must be 0 (auto) or >= 2, got "
                              f"{self.LOAD_PIPE_DEPTH}")
@@ -151,7 +147,6 @@ class GemmNvfp4RsTiledSm90(LCF):
         self.config = config
         self.Mb, self.Nb, self.SUPERGROUP_SIZE = ROWS, config.Nb, config.SUPERGROUP_SIZE
         self.PDL, self.STREAM_K = config.PDL, config.STREAM_K
-        self.STREAM_K_SPLIT = config.STREAM_K_SPLIT
         self.w_tile = st(cutlass.Int8, ROWS, STAGE_K // 2, swizzle=False)
         self.sf_tile = st(cutlass.Int8, 2 * (STAGE_K // nvfp4_scales.ATOM_K), 256, swizzle=False)
         self.x_tile = st(cutlass.BFloat16, config.Nb, STAGE_K)
@@ -275,26 +270,8 @@ class GemmNvfp4RsTiledSm90(LCF):
     def finish_tail(self):
         pass  # plain stores: nothing outstanding
 
-    @cute.jit
-    def store_partial(self, g, s, slot, thread):
-        """Stream-K tail or middle part: the accumulators to partial slot `slot`
-        (`_partial_addr`), then zero them."""
-        for i in cutlass.range_constexpr(cute.size(s.acc.frag)):
-            memory.st_cvt(self._partial_addr(g, slot, i, thread), s.acc.frag[i], "float32")
-        register.zero(s.acc)
-
-    @cute.jit
-    def add_partial(self, g, s, slot, thread):
-        """Stream-K head: add a later CTA's part of the tile (slot `slot`, `store_partial`'s
-        order)."""
-        for i in cutlass.range_constexpr(cute.size(s.acc.frag)):
-            s.acc.frag[i] = s.acc.frag[i] + memory.ld_f32(self._partial_addr(g, slot, i, thread))
-
-    def _partial_addr(self, g, slot, i, thread):
-        """Address of accumulator element i of consumer thread `thread` in partial slot
-        `slot`: word i * 256 + thread (each warp's stores one 128-byte line)."""
-        return (g.partials.toint() + cutlass.Int64(slot) * partial_bytes(self.config)
-                + 4 * (i * CONSUMER_THREADS + thread))
+    def accumulator(self, s):
+        return s.acc
 
     # --- host -------------------------------------------------------------------------------
     @cute.jit
@@ -302,11 +279,11 @@ class GemmNvfp4RsTiledSm90(LCF):
                  x: cute.Pointer, xp: cute.Pointer, gs: cute.Pointer, out: cute.Pointer,
                  out_sf: cute.Pointer, out_gs: cute.Pointer, flag: cute.Pointer,
                  partials: cute.Pointer, flags: cute.Pointer, M: cutlass.Int32,
-                 N: cutlass.Int32, K: cutlass.Int32, stream):
+                 N: cutlass.Int32, K: cutlass.Int32, ctas: cutlass.Int32, stream):
         rs.launch_permute(x, xp, M, K, stream, use_pdl=False, k_tail=self.config.K_TAIL,
                           rows=self.rows(M))
         self._gemm(sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, partials, flags, M, N, K,
-                   stream)
+                   ctas, stream)
 
     @cute.jit
     def call_w4a4(self, sms: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer,
@@ -314,43 +291,38 @@ class GemmNvfp4RsTiledSm90(LCF):
                   gs: cute.Pointer, out: cute.Pointer, out_sf: cute.Pointer,
                   out_gs: cute.Pointer, flag: cute.Pointer, partials: cute.Pointer,
                   flags: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32,
-                  stream):
+                  ctas: cutlass.Int32, stream):
         """W4A4: the activations' decode pass (it writes D's scale gA * gB * 2^8 after them),
         then the W4A16 GEMM, which reads them once that pass has ended."""
         rs.launch_decode_permute(self.config.sf, x, xsf, gsa, gs, xp, M, K, stream,
                                  self.config.K_TAIL, self.rows(M))
         scale = rs.decoded_scale(xp, self.rows(M), rs.permuted_width(K, self.config.K_TAIL))
         self._gemm(sms, w, wsf, xp, scale, out, out_sf, out_gs, flag, partials, flags, M, N,
-                   K, stream)
+                   K, ctas, stream)
 
     def rows(self, M):
         """Rows of the permuted activations: M rounded up to whole tiles (`padded_rows`)."""
         return padded_rows(self.config, M)
 
     def _gemm(self, sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, partials, flags, M, N, K,
-              stream):
+              ctas, stream):
         wt, sft = rs.weight_tensors(w, wsf, N, K, self.config.K_TAIL)
         # the copy's zero rows past M complete the last row of tiles (TMA boxes in bounds)
         xt = row_major(xp, self.rows(M), rs.permuted_width(K, self.config.K_TAIL))
         g = Globals(gl.load(wt, self.w_tile), gl.load(sft, self.sf_tile),
                     gl.load(xt, self.x_tile), gs, out, out_sf, out_gs, flag, partials, flags,
                     M, N, K)
-        self.launch(g, N // ROWS, cute.ceil_div(M, self.Nb), 1, sms, stream)
+        self.launch(g, N // ROWS, cute.ceil_div(M, self.Nb), 1, sms, stream, ctas)
 
 
 def partial_bytes(cfg: Config) -> int:
     """Bytes of one stream-K partial slot: a tile's fp32 accumulators (ROWS x Nb)."""
-    return ROWS * cfg.Nb * 4
+    return lcf.partial_bytes(ROWS, cfg.Nb)
 
 
 def tiles(M: int, N: int, cfg: Config) -> int:
     """Output tiles of the grid: N / ROWS weight bands x ceil(M / Nb) activation tiles."""
     return (N // ROWS) * -(-M // cfg.Nb)
-
-
-def stream_k_ctas(M: int, N: int, K: int, cfg: Config, sms: int) -> int:
-    """The stream-K grid (`schedule.stream_k_ctas`): CTAs, each with at most one partial slot."""
-    return schedule.stream_k_ctas(tiles(M, N, cfg), stages(K), sms, cfg.STREAM_K_SPLIT)
 
 
 def stages(K: int) -> int:
@@ -397,8 +369,9 @@ def signature(cfg: Config) -> Signature:
     `permuted_width` bf16; W4A4: + 16 bytes), the accumulator's scale (gB, or gA * gB for
     bf16 activations decoded elsewhere), D (for NVFP4: its codes, blocked scales, given decode
     scale and the saturation flag; other outputs ignore those three), stream-K's workspace
-    (`partial_bytes` per SM of fp32 partial sums, one int32 flag per SM, zero: the kernel
-    leaves them zero; without `Config.STREAM_K` any address), the shape."""
+    (`partial_bytes` per CTA of fp32 partial sums, one int32 flag per CTA, zero: the kernel
+    leaves them zero; without `Config.STREAM_K` any address), the shape, and stream-K's grid
+    (`ctas`, `schedule.stream_k_grid`; ignored without it)."""
     w = (ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8))
     if cfg.a_format == "nvfp4":
         x = (ptr("x", cutlass.Uint8, 4), ptr("xsf", cutlass.Uint8, 1),
@@ -409,7 +382,7 @@ def signature(cfg: Config) -> Signature:
                      ptr("out", OUT_TYPES[cfg.out_dtype], 4), ptr("out_sf", cutlass.Uint8, 4),
                      ptr("out_gs", cutlass.Float32, 4), ptr("flag", cutlass.Int32, 4),
                      ptr("partials", cutlass.Float32), ptr("flags", cutlass.Int32, 4),
-                     i32("M"), i32("N"), i32("K"))
+                     i32("M"), i32("N"), i32("K"), i32("ctas"))
 
 
 def launch_fn(cfg: Config):

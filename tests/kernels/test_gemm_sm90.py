@@ -60,6 +60,7 @@ def test_shared_memory_fits_the_target(built):
         (dict(arch="sm_100a"), "needs wgmma"),
         (dict(CLUSTER_M=4, CLUSTER_N=2), "exceeds 4"),
         (dict(LOAD_PIPE_DEPTH=6), "shared memory"),
+        (dict(STREAM_K=True, CLUSTER_M=2), "stream-K runs without clusters, got 2x1"),
     ],
 )
 def test_config_rejects_misuse(kwargs, match):
@@ -273,11 +274,13 @@ def test_operand_rows_off_l2_lines_match_fp64_every_element(seed, dtype, M, N, K
 
 # --- raw-pointer launch ----------------------------------------------------------------------
 
+@pytest.mark.parametrize("stream_k", [False, True])
 @pytest.mark.parametrize("scaled", [False, True])
-def test_launches_pass_exactly_the_signature_by_name(monkeypatch, scaled):
+def test_launches_pass_exactly_the_signature_by_name(monkeypatch, scaled, stream_k):
     """`tk_cute.gemm` / `scaled` hand the compiled launcher every argument its `signature`
     declares (checked on the CPU with the launcher replaced by a recorder: a wrong or missing
-    name would only fail on a GPU otherwise), with the operands' row strides."""
+    name would only fail on a GPU otherwise), with the operands' row strides; stream-K its
+    grid (`schedule.stream_k_grid`) and workspaces of that many slots."""
     from tk_cute import dense_gemm
     from tk_cute.kernels.gemm import gemm_sm90
 
@@ -296,13 +299,27 @@ def test_launches_pass_exactly_the_signature_by_name(monkeypatch, scaled):
     b = torch.randn(136, 64).bfloat16()
     c = torch.empty(300, 136, dtype=torch.float32)
     alpha = torch.tensor([0.5])
-    config = dense_gemm.default_config(a.dtype, c.dtype, 300, 136, SMS)
+    config = dense_gemm.default_config(a.dtype, c.dtype, 300, 136, SMS, stream_k=stream_k)
+    held = []  # the workspaces handed out, kept alive to compare addresses
+    real_workspace, real_flags = dense_gemm.workspace, dense_gemm.zeroed_flags
+    monkeypatch.setattr(dense_gemm, "workspace",
+                        lambda *a: held.append(real_workspace(*a)) or held[-1])
+    monkeypatch.setattr(dense_gemm, "zeroed_flags",
+                        lambda *a: held.append(real_flags(*a)) or held[-1])
     dense_gemm._run(config, a, b, c, alpha if scaled else None)
     (call,) = calls
     assert (call["a"], call["b"], call["c"]) == (a.data_ptr(), b.data_ptr(), c.data_ptr())
     assert (call["M"], call["N"], call["K"]) == (300, 136, 64)
     assert (call["lda"], call["ldb"], call["ldc"]) == (72, 64, 136)
     assert ("alpha" in call) == scaled
+    if stream_k:  # tiles of one 64-K step (K = 64): a CTA per tile
+        partials, flags = held
+        tiles = 3 * -(-136 // config.Nb)
+        assert call["ctas"] == tiles
+        assert partials.numel() >= tiles * 128 * config.Nb * 4 and flags.numel() >= tiles
+        assert (call["partials"], call["flags"]) == (partials.data_ptr(), flags.data_ptr())
+    else:
+        assert call["ctas"] == SMS and not held
 
 
 @pytest.mark.parametrize("scaled", [False, True])
@@ -312,4 +329,62 @@ def test_raw_pointer_launchers_compile_with_the_dsls_packing(scaled):
     from tk_cute.kernels.gemm import gemm_sm90
 
     launcher = gemm_sm90.compile_launcher(Config(), SMS, scaled, options="--gpu-arch sm_90a")
-    assert launcher.signature.names[-3:] == ("lda", "ldb", "ldc")
+    assert launcher.signature.names[-4:] == ("lda", "ldb", "ldc", "ctas")
+
+
+# --- stream-K --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("dtype, nb, out", [("bfloat16", 256, "bfloat16"),
+                                            ("float8_e4m3fn", 192, "float32")])
+def test_stream_k_builds_its_handover(scaled, dtype, nb, out):
+    """Stream-K (`Config.STREAM_K`): the stage's wgmmas unchanged, the flag handover (an
+    acquire loop, one release), Nb / 2 fp32 partial stores per thread (128 x Nb over 256
+    threads), no spills; the raw-pointer launch carries the grid."""
+    from tk_cute.kernels.gemm import gemm_sm90
+
+    cfg = Config(dtype=dtype, Nb=nb, out_dtype=out, EPI_PIPE_DEPTH=2, STREAM_K=True)
+    k = (gemm_sm90.GemmScaledSm90 if scaled else GemmSm90)(cfg)
+    b = build(k.call_ptrs, *gemm_sm90.signature(cfg, scaled).compile_args(SMS), arch="sm_90a")
+    assert b.sass_count("HGMMA" if dtype == "bfloat16" else "QGMMA") == 4
+    assert b.ptx_count(r"ld\.acquire\.gpu\.global\.b32") >= 1
+    assert b.ptx_count(r"st\.release\.gpu\.global\.b32") == 1
+    assert b.ptx_count(r"st\.global\.f32") >= nb // 2
+    assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
+    assert gemm_sm90.partial_bytes(cfg) == 128 * nb * 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("M, N, K, nb", [
+    (4000, 5000, 4096, 256),  # 640 tiles: 132 CTAs, at most two per tile
+    (1000, 2056, 4104, 192),  # 88 tiles: 132 CTAs straddling them, a partial last K step
+    (64, 8192, 4096, 256),  # 32 tiles: 128 CTAs, four per tile
+    (257, 8192, 1024, 256),  # 96 tiles of 16 K steps: 132 CTAs, two or three per tile
+    (129, 136, 48, 128),  # 4 tiles of 1 K step: 4 CTAs (a share is at least one unit)
+])
+def test_stream_k_matches_fp64_every_element(seed, dtype, M, N, K, nb):
+    """Stream-K against float64, every element of poisoned bf16 / fp32 outputs, twice bit for
+    bit (the flags were left clear), and through `scaled` (alpha after the hand-over)."""
+    import tk_cute
+    from tk_cute import dense_gemm
+    from tk_cute.testing import assert_gemm_close
+
+    if dtype.itemsize == 1 and K % 16:
+        pytest.skip("fp8 rows need K % 16 == 0 (16-byte TMA rows)")
+    a = torch.randn(M, K, device="cuda").to(dtype)
+    b = torch.randn(N, K, device="cuda").to(dtype)
+    for out_dtype in (torch.bfloat16, torch.float32):
+        cfg = dense_gemm.default_config(dtype, out_dtype, M, N, SMS, nb=nb, stream_k=True)
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
+        c = tk_cute.gemm(a, b, out_dtype, config=cfg, out=out)
+        assert_gemm_close(c, a, b)
+        again = tk_cute.gemm(a, b, out_dtype, config=cfg,
+                             out=torch.full_like(out, float("nan")))
+        assert torch.equal(c, again)
+    if dtype == torch.bfloat16:
+        cfg = dense_gemm.default_config(dtype, torch.float32, M, N, SMS, nb=nb, stream_k=True)
+        alpha = torch.tensor([0.375], device="cuda")
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float32)
+        dense_gemm._run(cfg, a, b, out, alpha)
+        assert torch.equal(out, 0.375 * tk_cute.gemm(a, b, torch.float32, config=cfg))

@@ -96,8 +96,6 @@ def test_config_and_shape_rules():
     assert rst.supports(300, 256, 8208)  # K % 32 != 0: rows of codes padded to 16 bytes
     with pytest.raises(ValueError, match="K_TAIL=True"):
         rst.check_shape(300, 256, 2880, rst.Config())
-    with pytest.raises(ValueError, match="STREAM_K_SPLIT must be >= 1, got 0"):
-        rst.Config(STREAM_K=True, STREAM_K_SPLIT=0)
     assert rst.supports(1, 256, 128) and not rst.supports(5, 200, 128)
     assert rst.supports(300, 256, 2880) and rst.supports(300, 256, 32)
     from tk_cute.nvfp4 import heuristics
@@ -458,21 +456,20 @@ def _segments(cta, ctas, tiles, k_steps):
     return out
 
 
-@pytest.mark.parametrize("tiles, k_steps, split", [
-    (224, 64, 4), (448, 8, 4), (132, 23, 4), (1120, 4, 4), (133, 1, 4), (7168, 64, 4),
-    (64, 64, 4), (40, 64, 4), (16, 23, 4), (16, 3, 4), (1, 64, 4), (100, 1, 4), (64, 64, 1),
-    (131, 7, 4)])
-def test_stream_k_shares_hand_each_split_tile_to_its_head(tiles, k_steps, split):
-    """On `schedule.stream_k_ctas`'s grid (132 SMs) every tile's K steps are covered once and
+@pytest.mark.parametrize("tiles, k_steps", [
+    (224, 64), (448, 8), (132, 23), (1120, 4), (133, 1), (7168, 64), (64, 64), (40, 64),
+    (96, 64), (16, 23), (16, 3), (1, 64), (1, 300), (100, 1), (131, 7), (3, 5)])
+def test_stream_k_shares_hand_each_split_tile_to_its_head(tiles, k_steps):
+    """On `schedule.stream_k_grid`'s grid (132 SMs) every tile's K steps are covered once and
     every share is at least one unit. A tile's first segment (k0 = 0) is its head and the last
     segment of its CTA c; its other parts are the first (and, inside the tile, only) segments
     of CTAs c + 1 .. `stream_k_owner` of the tile's last unit, so each CTA writes at most one
     partial, no slot is shared, and a head waits only for CTAs after its own. At least as many
-    tiles as CTAs: at most two CTAs per tile; fewer: exactly min(132 // tiles, k_steps, split)
-    CTAs per tile, the tiles' boundaries the shares'."""
+    tiles as CTAs: at most two CTAs per tile; fewer, on an aligned grid (`stream_k_grid`'s
+    split): exactly `split` CTAs per tile."""
     from tk_cute.ops import schedule
 
-    ctas = schedule.stream_k_ctas(tiles, k_steps, 132, split)
+    ctas = schedule.stream_k_grid(tiles, k_steps, 132)
     units = tiles * k_steps
     covered = {}
     for c in range(ctas):
@@ -494,8 +491,8 @@ def test_stream_k_shares_hand_each_split_tile_to_its_head(tiles, k_steps, split)
         assert [c for _, _, c in parts] == list(range(head, last + 1))
         if tiles >= 132:
             assert ctas == 132 and len(parts) <= 2
-        else:
-            assert len(parts) == min(132 // tiles, k_steps, split)
+        elif ctas % tiles == 0:
+            assert len(parts) == ctas // tiles
 
 
 @pytest.mark.parametrize("nb, out, a_format", [(256, "bfloat16", "bf16"), (192, "nvfp4", "bf16"),
@@ -512,10 +509,6 @@ def test_stream_k_builds_its_handover(nb, out, a_format):
     assert b.ptx_count(r"st\.global\.f32") >= nb // 2
     assert b.ptx_count(r"ld\.global\.b32") >= nb // 2
     assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
-    assert rst.stream_k_ctas(256, 28672, 8192, cfg, 132) == 132  # 224 tiles or more
-    assert rst.stream_k_ctas(100, 8192, 8192, cfg, 132) == 128  # 64 tiles, two CTAs each
-    assert rst.stream_k_ctas(100, 5120, 2880, cfg, 132) == 120  # 40 tiles of 23 stages
-    assert rst.stream_k_ctas(100, 1024, 2880, cfg, 132) == 32  # at most STREAM_K_SPLIT each
     assert rst.partial_bytes(cfg) == 128 * nb * 4
 
 

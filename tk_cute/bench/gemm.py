@@ -6,7 +6,9 @@ CUTLASS's CuTe DSL persistent Hopper GEMM, same process, same inputs, cold L2.
 `--peer` is the path of CUTLASS's
 `examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py` (public
 CUTLASS repository, tag v4.7.0 or main at 7107b05; not vendored: copy it into the git-ignored
-`.peers/`). The peer runs with its own defaults (tile 128x256, cluster 1x1).
+`.peers/`). The peer runs with its own defaults (tile 128x256, cluster 1x1). `--nb`,
+`--stream-k`, `--supergroups` and `--clusters` add forced tk_cute configs beside the default
+(stream-K: equal shares of the tile x K-step units on `schedule.stream_k_grid`'s grid).
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ def main(argv=None):
                    help="also time these SUPERGROUP_SIZE values (default config: 8)")
     p.add_argument("--nb", type=int, nargs="*", default=[],
                    help="also time these tile widths (default: dense_gemm.tile_width's)")
+    p.add_argument("--stream-k", type=int, nargs="*", default=None,
+                   help="also time stream-K shares at these tile widths (none given: the "
+                        "default width)")
     p.add_argument("--clusters", nargs="*", default=[],
                    help="also time these cluster shapes, e.g. 2x1 1x2 (TMA multicast)")
     p.add_argument("--eager", action="store_true",
@@ -112,6 +117,11 @@ def main(argv=None):
             for nb in args.nb:
                 cfg = gemm_mod.default_config(dtype, torch.bfloat16, nb=nb)
                 variants[f"tk_cute Nb={nb}"] = lambda s, c=cfg: tk_cute.gemm(
+                    s[0], s[1], config=c)
+            for nb in ([] if args.stream_k is None else args.stream_k or [None]):
+                cfg = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb,
+                                              stream_k=True)
+                variants[f"tk_cute stream-K Nb={cfg.Nb}"] = lambda s, c=cfg: tk_cute.gemm(
                     s[0], s[1], config=c)
             for sg in args.supergroups:
                 cfg = Config(dtype=dtype_name, SUPERGROUP_SIZE=sg)

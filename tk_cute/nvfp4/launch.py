@@ -158,15 +158,19 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
     launch = _REGISTER_A_TILED.get((cfg, index), lambda: rst.compile_launcher(cfg, sms))
     # (every buffer stays referenced until the launch is queued: `small_m`)
     partials = flags = None
+    ctas = sms
     if cfg.STREAM_K:
-        partials = workspace("partials", sms * rst.partial_bytes(cfg), dev, st)
-        flags = zeroed_flags("stream_k", sms, dev, st)
+        tiles, stages = rst.tiles(M, N, cfg), rst.stages(K)
+        ctas = schedule.stream_k_grid(tiles, stages, sms)
+        partials = workspace("partials", ctas * rst.partial_bytes(cfg), dev, st)
+        flags = zeroed_flags("stream_k", ctas, dev, st)
     wsf = aligned(b.scales)
     common = dict(w=codes(b), wsf=wsf.data_ptr(),
                   gs=(b.global_scale if gsb is None else gsb).data_ptr(), out=out,
                   out_sf=out_sf, out_gs=out_gs, flag=flag,
                   partials=out if partials is None else partials.data_ptr(),
-                  flags=out if flags is None else flags.data_ptr(), M=M, N=N, K=K, stream=st)
+                  flags=out if flags is None else flags.data_ptr(), M=M, N=N, K=K, ctas=ctas,
+                  stream=st)
     rows = rst.padded_rows(cfg, M)  # whole tiles of the permuted copy (its rows past M zeros)
     if cfg.a_format == "nvfp4":
         args, _held = _decoded_activations(a, st, rows)

@@ -16,14 +16,13 @@ count along N up to a multiple of the swizzle and hands out the padding as valid
 past the problem's N, a kernel without TMA bounds writes out of bounds or into the next batch),
 and under CLC, whose grid is not padded, it never hands out the last real tiles at all.
 
-Stream-K (`stream_k_share`, `stream_k_owner`, `stream_k_spans`): a grid of `ctas` persistent
-CTAs splits the flattened (tile x K step) units into equal contiguous shares, so no wave is left
-part-empty whatever the tile count; a tile whose units span several CTAs gets one partial sum
-per CTA, to be reduced in CTA order (deterministic). `stream_k_aligned_ctas` picks a grid just
-under one CTA per SM whose shares line up with the tiles where one exists; `stream_k_ctas` the
-grid of a kernel that keeps at most one partial per CTA (whole SMs where the tiles are at least
-as many, else each tile split into the same number of equal parts). Plain integer arithmetic,
-the same on the host and in a kernel (`cutlass.min` / `max` take Python ints too).
+Stream-K (`stream_k_share`, `stream_k_owner`, `stream_k_spans`; in a kernel, `Shares`): a grid
+of `ctas` persistent CTAs splits the flattened (tile x K step) units into equal contiguous
+shares, so no wave is left part-empty whatever the tile count; a tile whose units span several
+CTAs gets one partial sum per CTA, to be reduced in CTA order (deterministic).
+`stream_k_aligned_ctas` picks a grid just under one CTA per SM whose shares line up with the
+tiles where one exists; `stream_k_grid` the grid of a kernel whose CTAs each keep at most one
+partial (`LCF.STREAM_K`). Plain integer arithmetic, the same on the host and in a kernel.
 
 Every role writes the same loop for both kinds:
     tiles = Tiles.create(*walk(kind, params, clc_barriers, clc_response, cluster, walkers))
@@ -42,6 +41,9 @@ import cutlass.utils as utils
 from cutlass.cutlass_dsl import Int32, extract_mlir_values, new_from_mlir_values
 from cutlass.cutlass_dsl import min as cutlass_min
 from cutlass.utils import WorkTileInfo
+
+from tk_cute.types.gl import coord
+from tk_cute.types.struct import DeviceStruct
 
 STATIC, CLC = "static", "clc"
 KINDS = (STATIC, CLC)
@@ -187,6 +189,39 @@ def clc_steal(tiles: Tiles):
     tiles.clc.producer_tail(produce)
 
 
+class Shares(DeviceStruct):
+    """This CTA's stream-K share (`stream_k_share` over the grid's CTAs) of the (tile x K-step)
+    units, tiles in supergroup order: `bounds()` its [start, end), `segment(u, end)` the tile
+    of unit u and the K steps [k0, k1) of it the share holds, `owner(u)` the CTA holding unit
+    u. Built in the kernel (64-bit products; the same arithmetic as the host functions).
+    (A DeviceStruct: the DSL's while loops carry it.)"""
+
+    _fields = ("params", "k_steps", "units", "ctas", "cta")
+
+    def __init__(self, params: Params, k_steps):
+        self.params, self.k_steps = params, Int32(k_steps)
+        m, n, l = params.inner.problem_layout_ncluster_mnl.shape
+        self.units = cutlass.Int64(m * n * l) * cutlass.Int64(k_steps)
+        self.ctas = cutlass.Int64(cute.arch.grid_dim()[0])
+        self.cta = cute.arch.block_idx()[0]
+
+    def bounds(self):
+        start, end = stream_k_share(cutlass.Int64(self.cta), self.ctas, self.units)
+        return Int32(start), Int32(end)
+
+    def owner(self, u):
+        return Int32(stream_k_owner(cutlass.Int64(u), self.ctas, self.units))
+
+    def segment(self, u, end):
+        clusters_m, clusters_n = self.params.inner.problem_layout_ncluster_mnl.shape[:2]
+        t = u // self.k_steps
+        k0 = u - t * self.k_steps
+        k1 = cutlass.min(self.k_steps, k0 + end - u)
+        m, n, l = supergroup_coord(t, clusters_m, clusters_n, self.params.supergroup)
+        uniform = cute.arch.make_warp_uniform
+        return (coord(uniform(Int32(m)), uniform(Int32(n)), uniform(Int32(l))), k0, k1)
+
+
 def stream_k_share(cta, ctas, units):
     """[start, end) of the units (tile major) that CTA `cta` of `ctas` takes: equal contiguous
     shares (sizes differ by at most one)."""
@@ -211,14 +246,20 @@ def stream_k_aligned_ctas(units: int, tile_units: int, limit: int, slack: float 
     return limit
 
 
-def stream_k_ctas(tiles, k_steps, limit: int, max_split: int):
-    """The grid of an in-kernel stream-K (`LCF.STREAM_K`) over `tiles` tiles of `k_steps` units
-    on at most `limit` CTAs: `limit` where the tiles are at least as many (then a tile spans at
-    most two shares), else `split` = min(limit // tiles, k_steps, max_split) CTAs per tile,
-    whose equal shares line up with the tiles (each tile exactly `split` shares, none empty).
-    Either way every share is at least one unit and starts at most one split tile."""
-    split = cutlass.max(1, cutlass.min(cutlass.min(limit // tiles, k_steps), max_split))
-    return cutlass.min(limit, tiles * split)
+def stream_k_grid(tiles: int, k_steps: int, limit: int, slack: float = 0.1) -> int:
+    """The CTAs of an in-kernel stream-K (`LCF.STREAM_K`) over `tiles` tiles of `k_steps` units
+    on at most `limit`: `limit` where the tiles are at least as many (a tile then spans at most
+    two shares); fewer tiles: each split into `split` = min(limit // tiles, k_steps) equal
+    shares that line up with the tiles, where those fill the grid within `slack` (64 tiles on
+    132 SMs: 128 CTAs, every tile in two parts), else one CTA per SM (or per unit), whose
+    shares straddle the tiles (96 tiles: 132 CTAs, each tile in two or three parts). Every
+    share is at least one unit."""
+    if tiles >= limit:
+        return limit
+    split = min(limit // tiles, k_steps)
+    if tiles * split >= (1 - slack) * limit:
+        return tiles * split
+    return min(limit, tiles * k_steps)
 
 
 def stream_k_spans(ctas: int, tiles: int) -> int:

@@ -21,21 +21,22 @@ kernels: SUPERGROUP_SIZE tile rows per group, so concurrently running CTAs share
 in L2); optional clusters
 (CLUSTER_M x CLUSTER_N) whose CTAs multicast the shared A rows / B columns.
 Stream-K (`STREAM_K`, no clusters): the CTAs take equal contiguous shares of the (tile x
-K-step) units in supergroup tile order (`schedule.stream_k_share`) on the grid
-`schedule.stream_k_ctas`: one CTA per SM where the tiles are at least as many (each tile spans
-at most two shares), else each tile split into `STREAM_K_SPLIT` (at most) equal shares. A
+K-step) units in supergroup tile order (`schedule.stream_k_share`) on a grid of `ctas` CTAs
+the host picks (`schedule.stream_k_grid`; 1 <= ctas <= min(units, SMs): no share empty). A
 share's first tile, if it starts inside it, is that tile's tail; a share inside one tile is a
 middle part: either way the consumers hand its sums to the tile's head (the end of the share
-the tile starts in) through `store_partial(g, state, slot, thread)` into the CTA's slot and a
-flag `g.flags[slot]` (released after a named barrier of the consumers); the head waits for the
-flags of the CTAs after it that hold the rest of the tile (acquired), `add_partial`s their
-slots in CTA order, clears the flags for the next launch and `finish`es. Every CTA writes at
-most one partial (its first segment), every head ends its CTA's share, and tails and middle
-parts wait for nothing, so a head waits only for later CTAs to have started: with one CTA per
-SM all are resident, and where fewer SMs are free (other work), CTAs dispatched in index order
-still progress (every CTA below the highest resident one finds its partners started, finishes
-and frees an SM for the next). The sum is head + the parts in CTA order, the same on every run
-(not bit for bit whole tiles' single sum).
+the tile starts in) through `store_partial` (the fp32 accumulators to the CTA's slot of
+`g.partials`, `partial_bytes` each) and a flag `g.flags[slot]` (released after a named barrier
+of the consumers); the head waits for the flags of the CTAs after it that hold the rest of the
+tile (acquired), `add_partial`s their slots in CTA order, clears the flags for the next launch
+and `finish`es. Every CTA writes at most one partial (its first segment), every head ends its
+CTA's share, and tails and middle parts wait for nothing, so a head waits only for later CTAs
+to have started: with one CTA per SM all are resident, and where fewer SMs are free (other
+work), CTAs dispatched in index order still progress (every CTA below the highest resident one
+finds its partners started, finishes and frees an SM for the next). The sum is head + the
+parts in CTA order, the same on every run (not bit for bit whole tiles' single sum). A kernel
+with stream-K names its accumulator tile (`accumulator(state)`) and puts `partials` and
+`flags` pointers in its globals.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 
 from tk_cute.ops import cluster as pdl
-from tk_cute.ops import memory, schedule, tma, warp, warpgroup
+from tk_cute.ops import memory, register, schedule, tma, warp, warpgroup
 from tk_cute.types.gl import coord
+from tk_cute.types.rt import rt
 from tk_cute.types.semaphore import NamedBarrier, stage_ring
 from tk_cute.types.st import Shared, smem_bytes, st
 
@@ -67,10 +69,8 @@ class LCF:
     # launch and everything up to the ring's initialization overlap that kernel's tail, then
     # every thread waits for it (`griddepcontrol.wait`) before reading global memory.
     PDL = False
-    # Equal shares of the (tile x K-step) units instead of whole tiles (module docstring); where
-    # the tiles are fewer than the CTAs, each split across at most STREAM_K_SPLIT of them
+    # Equal shares of the (tile x K-step) units instead of whole tiles (module docstring)
     STREAM_K = False
-    STREAM_K_SPLIT = 1
 
     # --- what a kernel declares -----------------------------------------------------------
     def inputs(self) -> dict[str, st]:
@@ -114,9 +114,9 @@ class LCF:
         return depth
 
     # --- host -----------------------------------------------------------------------------
-    def launch(self, g, m_tiles, n_tiles, batches, max_ctas: int, stream):
+    def launch(self, g, m_tiles, n_tiles, batches, max_ctas: int, stream, ctas=None):
         """Launch over an (m_tiles, n_tiles, batches) grid of output tiles on at most
-        `max_ctas` persistent CTAs."""
+        `max_ctas` persistent CTAs; with STREAM_K on `ctas` (run time, checked by the host)."""
         cluster = (self.CLUSTER_M, self.CLUSTER_N, 1)
         params = schedule.params(
             schedule.STATIC, (m_tiles, n_tiles, batches), cluster, self.SUPERGROUP_SIZE)
@@ -125,8 +125,7 @@ class LCF:
             if self.CLUSTER_M * self.CLUSTER_N != 1:
                 raise ValueError(f"stream-K runs without clusters, got CLUSTER_M="
                                  f"{self.CLUSTER_M}, CLUSTER_N={self.CLUSTER_N}")
-            grid = [schedule.stream_k_ctas(m_tiles * n_tiles * batches, self.k_steps(g),
-                                           max_ctas, self.STREAM_K_SPLIT), 1, 1]
+            grid = [ctas, 1, 1]
         self.kernel(g, params).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=cluster, min_blocks_per_mp=1,
             stream=stream, use_pdl=self.PDL,
@@ -165,12 +164,12 @@ class LCF:
             warpgroup.decrease_registers(self.PRODUCER_REGISTERS)
             if cutlass.const_expr(self.STREAM_K):
                 if warp_id == 0:
-                    k_steps = cutlass.Int32(k_steps)
-                    u, end = self._share(params, k_steps)
+                    shares = schedule.Shares(params, k_steps)
+                    u, end = shares.bounds()
                     state = pipeline.make_pipeline_state(
                         pipeline.PipelineUserType.Producer, self.LOAD_PIPE_DEPTH)
                     while u < end:
-                        at, k0, k1 = self._segment(params, u, end, k_steps)
+                        at, k0, k1 = shares.segment(u, end)
                         state = self._load_stages(g, ring, inputs, state, at, k0, k1, mcast)
                         u = u + k1 - k0
                     ring.producer_tail(state)
@@ -243,21 +242,21 @@ class LCF:
                         k_steps):
         """Stream-K consumers: each segment of the share as the tile loop's body; a tail or
         middle part hands its sums over, a head takes the later CTAs' (module docstring)."""
-        cta = cute.arch.block_idx()[0]
-        k_steps = cutlass.Int32(k_steps)
+        shares = schedule.Shares(params, k_steps)
+        cta, k_steps = shares.cta, shares.k_steps
         consumers = warpgroup.sync(NamedBarrier.PARTIALS, self.NUM_CONSUMERS)
-        u, end = self._share(params, k_steps)
+        u, end = shares.bounds()
         read = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
         release = read.clone()
         while u < end:
-            at, k0, k1 = self._segment(params, u, end, k_steps)
+            at, k0, k1 = shares.segment(u, end)
             read, release = self._mma_stages(g, ring, inputs, acc_state, read, release, k0, k1)
             if k0 > 0:
                 self._hand_over(g, acc_state, cta, thread, consumers)
             else:
                 if k1 < k_steps:  # the tile's head: CTAs cta + 1 .. last hold the rest
-                    last = self._owner(params, u - k0 + k_steps - 1, k_steps)
+                    last = shares.owner(u - k0 + k_steps - 1)
                     self._take_over(g, acc_state, cta, last, thread, consumers)
                 self.finish(g, acc_state, at, consumer_smem, thread)
             u = u + k1 - k0
@@ -289,49 +288,37 @@ class LCF:
             for c in range(cta + 1, last + 1):
                 memory.st_u32(self._flag(g, c), cutlass.Uint32(0))
 
-    def _share(self, params, k_steps):
-        """[start, end) of this CTA's units (`schedule.stream_k_share`, 64-bit products)."""
-        units, ctas = self._units(params, k_steps)
-        cta = cutlass.Int64(cute.arch.block_idx()[0])
-        return cutlass.Int32(cta * units // ctas), cutlass.Int32((cta + 1) * units // ctas)
-
-    def _owner(self, params, u, k_steps):
-        """The CTA whose share holds unit u (`schedule.stream_k_owner`)."""
-        units, ctas = self._units(params, k_steps)
-        return cutlass.Int32(schedule.stream_k_owner(cutlass.Int64(u), ctas, units))
-
     def _flag(self, g, cta):
         """Address of CTA `cta`'s hand-over flag."""
         return g.flags.toint() + 4 * cutlass.Int64(cta)
 
-    def _units(self, params, k_steps):
-        """(units, CTAs) of the grid, both 64-bit."""
-        m, n, l = params.inner.problem_layout_ncluster_mnl.shape
-        return (cutlass.Int64(m * n * l) * cutlass.Int64(k_steps),
-                cutlass.Int64(cute.arch.grid_dim()[0]))
+    def accumulator(self, state) -> rt:
+        """Stream-K: the consumer state's accumulator tile (its fp32 sums hand over)."""
+        return state
 
-    def _segment(self, params, u, end, k_steps):
-        """Unit u's tile (supergroup order) and the K steps [k0, k1) of it the share holds."""
-        p = params.inner
-        clusters_m, clusters_n = p.problem_layout_ncluster_mnl.shape[:2]
-        t = u // k_steps
-        k0 = u - t * k_steps
-        k1 = cutlass.min(k_steps, k0 + end - u)
-        m, n, l = schedule.supergroup_coord(t, clusters_m, clusters_n, params.supergroup)
-        at = coord(cute.arch.make_warp_uniform(cutlass.Int32(m)),
-                   cute.arch.make_warp_uniform(cutlass.Int32(n)),
-                   cute.arch.make_warp_uniform(cutlass.Int32(l)))
-        return at, k0, k1
-
+    @cute.jit
     def store_partial(self, g, state, slot, thread):
-        """Stream-K: write the accumulators (a tile's tail sums) to partial slot `slot` and
-        zero them."""
-        raise NotImplementedError
+        """Stream-K: the accumulators (a tail or middle part of a tile) to partial slot `slot`,
+        then zero them."""
+        acc = self.accumulator(state)
+        for i in cutlass.range_constexpr(cute.size(acc.frag)):
+            memory.st_cvt(self._partial_addr(g, slot, i, thread), acc.frag[i], "float32")
+        register.zero(acc)
 
+    @cute.jit
     def add_partial(self, g, state, slot, thread):
-        """Stream-K: add partial slot `slot` (a later CTA's part of the tile) to the
-        accumulators."""
-        raise NotImplementedError
+        """Stream-K: add partial slot `slot` (a later CTA's part of the tile, `store_partial`'s
+        order) to the accumulators."""
+        acc = self.accumulator(state)
+        for i in cutlass.range_constexpr(cute.size(acc.frag)):
+            acc.frag[i] = acc.frag[i] + memory.ld_f32(self._partial_addr(g, slot, i, thread))
+
+    def _partial_addr(self, g, slot, i, thread):
+        """Address of accumulator element i of consumer thread `thread` in partial slot
+        `slot`: word i * threads + thread (each warp's stores one 128-byte line)."""
+        threads = self.NUM_CONSUMERS * warpgroup.WARPGROUP_THREADS
+        return (g.partials.toint() + cutlass.Int64(slot) * partial_bytes(self.Mb, self.Nb)
+                + 4 * (i * threads + thread))
 
     def _ring(self, barriers):
         """The stage ring's full/empty barriers. Every consumer warp releases a stage once per
@@ -355,3 +342,8 @@ class LCF:
     def finish_tail(self):
         """Runs once after a consumer's last tile (wait for outstanding stores)."""
         tma.store_async_read_wait(0)
+
+
+def partial_bytes(Mb: int, Nb: int) -> int:
+    """Bytes of one stream-K partial slot: an Mb x Nb tile of fp32 sums."""
+    return Mb * Nb * 4

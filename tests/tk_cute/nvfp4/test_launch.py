@@ -58,8 +58,16 @@ def test_launch_arguments_match_the_signatures(recorded, seed):
     gs = torch.tensor(0.5)
     q = launch.register_a_tiled_nvfp4(a, b, rst.Config(Nb=128),
                                       validate.nvfp4_out((M, N), a.device, None, gs))
+    stream_k = rst.Config(Nb=128, STREAM_K=True)
+    launch.register_a_tiled(a, b, out, stream_k)
     calls = [c for r in recorded.values() for c in r.calls]
-    assert len(calls) == 6
+    assert len(calls) == 7
+    # stream-K: 2 x 3 tiles of 4 stages on `schedule.stream_k_grid`'s 24 CTAs (one per unit)
+    (sk,) = [c for key, r in recorded.items() if key[0] == stream_k for c in r.calls]
+    assert sk["ctas"] == 24 and sk["partials"] != sk["out"] and sk["flags"] != sk["out"]
+    tiled = [c for key, r in recorded.items() if isinstance(key[0], rst.Config)
+             and not key[0].STREAM_K for c in r.calls]
+    assert len(tiled) == 3 and all(c["ctas"] == 132 for c in tiled)  # (ignored there)
     (w4a4_call,) = [c for c in calls if "xsf" in c and "ws" in c]  # (small_m: no ws)
     assert w4a4_call["x"] == qa.data.data_ptr() and w4a4_call["xsf"] == qa.scales.data_ptr()
     assert w4a4_call["gsa"] == qa.global_scale.data_ptr() and w4a4_call["M"] == 32
