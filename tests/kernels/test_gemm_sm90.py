@@ -354,6 +354,17 @@ def test_stream_k_builds_its_handover(scaled, dtype, nb, out):
     assert gemm_sm90.partial_bytes(cfg) == 128 * nb * 4
 
 
+def test_stream_k_needs_the_raw_pointer_launch():
+    """The tensor `__call__` has no partial slots, flags or grid: stream-K there raises."""
+    from cuda.bindings import driver as cuda
+
+    k = GemmSm90(Config(STREAM_K=True))
+    c = _fake(cutlass.BFloat16, 0, 0)
+    with pytest.raises(ValueError, match="stream-K launches through call_ptrs"):
+        build(k, _fake(k.a_tile.dtype, 0, 0), _fake(k.b_tile.dtype, 0, 0), c, SMS,
+              cuda.CUstream(0), arch="sm_90a")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
 @pytest.mark.parametrize("M, N, K, nb", [
