@@ -11,6 +11,9 @@ the arrays it was drawn from, computed by the same layout functions the kernels 
   fragment's own layout, the MMAs' scale columns): 576 columns on Rubin.
 - `schedule_plot`: which persistent CTA takes which output tile, in the supergroup order of
   `ops.schedule.supergroup_coord` (the static scheduler's stride: one grid per wave).
+- `stream_k_plot`: which CTA's stream-K share holds each (tile, K step) unit on the grid the
+  host picks (`ops.schedule.stream_k_grid`, `stream_k_share`), which tiles are split and where
+  their heads are.
 - `roofline_plot`: kernel reports (`tk_cute.report.report`) on their target's roof (a MODEL).
 - `speedup_plot(results)`: the NVFP4 bench's speedup over cuBLAS bf16 against M, one panel per
   (N, K), log-scaled M (`python -m tk_cute.bench nvfp4 --plot FILE`).
@@ -384,6 +387,68 @@ def schedule_plot(m_tiles: int, n_tiles: int, ctas: int | None = None, supergrou
     return fig
 
 
+# --------------------------------------------------------------------------- stream-K shares
+def stream_k_walk(tiles: int, k_steps: int, ctas: int) -> tuple[np.ndarray, list]:
+    """(owner, parts): the CTA whose equal stream-K share (`ops.schedule.stream_k_share`) holds
+    each (tile, K step) unit, tiles in the kernels' order, and per tile the CTAs that hold a
+    part of it, its head (the first part, which sums the others and stores the tile) first."""
+    from tk_cute.ops.schedule import stream_k_share
+
+    units = tiles * k_steps
+    owner = np.empty(units, dtype=np.int64)
+    for c in range(ctas):
+        start, end = stream_k_share(c, ctas, units)
+        owner[start:end] = c
+    owner = owner.reshape(tiles, k_steps)
+    return owner, [list(dict.fromkeys(row.tolist())) for row in owner]
+
+
+def stream_k_plot(tiles: int, k_steps: int, ctas: int | None = None):
+    """Stream-K (`LCF.STREAM_K`): which CTA takes which K steps of which tile.
+
+    Args:
+        tiles: output tiles (in the kernels' supergroup order), e.g. ceil(M / Mb) * ceil(N / Nb).
+        k_steps: K steps per tile (K / Kb rounded up).
+        ctas: the grid (default: `ops.schedule.stream_k_grid` on sm_90a's SM count, as the
+            launches pick it).
+
+    Returns:
+        The Figure; `fig.drawn` has "owner" (tiles, k_steps), "parts" (per tile the CTAs
+        holding it, head first) and "ctas".
+    """
+    from tk_cute.ops.schedule import stream_k_grid
+
+    if tiles < 1 or k_steps < 1:
+        raise ValueError(f"tiles and k_steps must be >= 1, got {tiles} and {k_steps}")
+    if ctas is None:
+        from tk_cute.arch import target
+
+        ctas = stream_k_grid(tiles, k_steps, target("sm_90a").sm_count)
+    if not 1 <= ctas <= tiles * k_steps:
+        raise ValueError(f"a stream-K grid needs 1 <= ctas <= tiles x k_steps = "
+                         f"{tiles * k_steps}, got {ctas}")
+    owner, parts = stream_k_walk(tiles, k_steps, ctas)
+    fig, (ax,) = _figure(1, min(14, 4 + 0.12 * k_steps), min(14, 2.5 + 0.18 * tiles))
+    fig.drawn = {"owner": owner, "parts": parts, "ctas": ctas}
+    ax.imshow(owner % 20, cmap="tab20", interpolation="nearest", aspect="auto", vmin=0, vmax=19)
+    for t, held in enumerate(parts):  # the head's part of each split tile, outlined
+        if len(held) > 1:
+            k1 = int(np.count_nonzero(owner[t] == held[0]))
+            ax.add_patch(_rect(-0.5, t - 0.5, k1, 1, f"head {t}", fill=False, linewidth=1.5))
+    if tiles * k_steps <= 4096:
+        for t in range(tiles):
+            for k in range(k_steps):
+                if k == 0 or owner[t, k] != owner[t, k - 1]:
+                    ax.text(k, t, str(owner[t, k]), ha="left", va="center", fontsize=6)
+    split = [p for p in parts if len(p) > 1]
+    ax.set(title=f"{tiles} tiles x {k_steps} K steps on {ctas} CTAs (stream-K): {len(split)} "
+                 f"tiles split, up to {max(map(len, parts))} parts\n(colour and number: the "
+                 f"CTA; outlined: a split tile's head, which adds the later parts)",
+           xlabel="K step", ylabel="tile (supergroup order)")
+    fig.tight_layout()
+    return fig
+
+
 # --------------------------------------------------------------------------- roofline
 def roofline_plot(reports, measured_us=None):
     """Kernel reports on their target's roofline MODEL (vendor peaks, not a measurement).
@@ -479,6 +544,7 @@ DRAWINGS = {
     "swizzle": "banks of the 16-byte chunks of a swizzled shared tile (st)",
     "tmem": "tensor-memory column map of the Blackwell/Rubin NVFP4 GEMM",
     "schedule": "which persistent CTA takes which output tile (supergroup order)",
+    "stream-k": "which CTA's stream-K share holds which K steps of which tile",
     "roofline": "a kernel report on its target's roofline model (compiles the kernel)",
     "speedup": "the NVFP4 bench's speedup over cuBLAS bf16 against M (from --json results)",
 }
@@ -522,6 +588,11 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--ctas", type=int, default=None,
                            help="persistent CTAs (default: sm_90a's SM count)")
             s.add_argument("--supergroup", type=int, default=8)
+        elif name == "stream-k":
+            s.add_argument("--mnk", type=_ints(3), default=(257, 8192, 8192), help="M,N,K")
+            s.add_argument("--tile", type=_ints(3), default=(128, 256, 64), help="Mb,Nb,Kb")
+            s.add_argument("--ctas", type=int, default=None,
+                           help="the grid (default: stream_k_grid on sm_90a's SM count)")
         elif name in ("tmem", "roofline"):
             s.add_argument("--arch", choices=("sm_100a", "sm_103a", "sm_107a"),
                            default="sm_107a")
@@ -556,6 +627,14 @@ def draw(args, parser):
         if (args.ctas is not None and args.ctas < 1) or args.supergroup < 1 or Mb < 1 or Nb < 1:
             parser.error("--ctas, --supergroup and --tile must be positive")
         return schedule_plot(-(-M // Mb), -(-N // Nb), args.ctas, args.supergroup)
+    if args.what == "stream-k":
+        (M, N, K), (Mb, Nb, Kb) = args.mnk, args.tile
+        if min(M, N, K, Mb, Nb, Kb) < 1:
+            parser.error("--mnk and --tile must be positive")
+        try:
+            return stream_k_plot(-(-M // Mb) * -(-N // Nb), -(-K // Kb), args.ctas)
+        except ValueError as e:
+            parser.error(str(e))
     if args.what in ("tmem", "roofline"):
         from tk_cute import report
         from tk_cute.nvfp4 import dispatch_sm100

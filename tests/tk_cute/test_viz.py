@@ -139,6 +139,30 @@ def test_schedule_plot_is_the_supergroup_walk(m_tiles, n_tiles, ctas, sg, cluste
     assert fig.drawn["path"][0] == (0, 0)
 
 
+@pytest.mark.parametrize("tiles, k_steps, ctas", [(96, 64, None), (64, 64, None), (3, 5, 7),
+                                                 (224, 64, None), (1, 16, 4)])
+def test_stream_k_plot_is_the_kernels_share_walk(tiles, k_steps, ctas):
+    """Every unit's CTA is the one whose `stream_k_share` holds it (`stream_k_owner`); the grid
+    defaults to `stream_k_grid`'s; a tile's parts are consecutive CTAs, its head first, and
+    exactly the split tiles' heads are outlined."""
+    from tk_cute.ops import schedule
+
+    fig = viz.stream_k_plot(tiles, k_steps, ctas)
+    d = fig.drawn
+    grid = schedule.stream_k_grid(tiles, k_steps, 132) if ctas is None else ctas
+    assert d["ctas"] == grid
+    units = tiles * k_steps
+    assert [schedule.stream_k_owner(u, grid, units) for u in range(units)] == (
+        d["owner"].flatten().tolist())
+    for t, held in enumerate(d["parts"]):
+        assert held == list(range(held[0], held[-1] + 1))
+        assert held[0] == schedule.stream_k_owner(t * k_steps, grid, units)
+    heads = {a.get_gid() for a in fig.axes[0].patches if str(a.get_gid()).startswith("head")}
+    assert heads == {f"head {t}" for t, held in enumerate(d["parts"]) if len(held) > 1}
+    with pytest.raises(ValueError, match="1 <= ctas <= tiles x k_steps = 15, got 16"):
+        viz.stream_k_plot(3, 5, 16)
+
+
 def _report(arch, m, n, k):
     from tk_cute import report
 
