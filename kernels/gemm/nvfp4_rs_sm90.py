@@ -679,17 +679,20 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
             memory.st_cvt(out.toint() + (Int64(i) + e) * esize, total[e] * scale, cfg.out_dtype)
 
 
-def weight_tensors(w: cute.Pointer, wsf: cute.Pointer, N, K, k_tail: bool = False):
+def weight_tensors(w: cute.Pointer, wsf: cute.Pointer, N, K, k_tail: bool = False,
+                   n_tail: bool = False):
     """The weights as the global tensors the TMA loads: packed codes (N, K / 2), rows
-    `nvfp4_codes.row_pitch(K)` bytes apart (the box past K / 2 arrives as zeros), and blocked
-    scales (each 512-byte atom as 2 rows of 256 bytes): all bands' atoms as one column of rows,
-    or with a K tail one batch of rows per band (its atoms past K then arrive as zeros;
-    `scale_coord`)."""
+    `nvfp4_codes.row_pitch(K)` bytes apart (the box past K / 2, and with `n_tail` past row N,
+    arrives as zeros), and blocked scales (each 512-byte atom as 2 rows of 256 bytes) of the
+    ceil(N / BAND) bands (the blocked layout pads the last one): all bands' atoms as one column
+    of rows, or with a K tail one batch of rows per band (its atoms past K then arrive as
+    zeros; `scale_coord`)."""
     codes = row_major(w, N, K // 2, pitch=nvfp4_codes.row_pitch(K))
+    bands = (N + BAND - 1) // BAND if n_tail else N // BAND
     if k_tail:
         rk = (K + nvfp4_scales.ATOM_K - 1) // nvfp4_scales.ATOM_K
-        return codes, row_major(wsf, rk * 2, 256, N // BAND)
-    return codes, row_major(wsf, (N // BAND) * (K // nvfp4_scales.ATOM_K) * 2, 256)
+        return codes, row_major(wsf, rk * 2, 256, bands)
+    return codes, row_major(wsf, bands * (K // nvfp4_scales.ATOM_K) * 2, 256)
 
 
 def launch_permute(x: cute.Pointer, xp: cute.Pointer, M, K, stream, use_pdl: bool,

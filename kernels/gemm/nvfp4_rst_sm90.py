@@ -31,10 +31,11 @@ three lane shuffles, the block scale and codes by the recipe's one op (`ops.nvfp
 the quantizer's), with D's given decode scale, so the bytes equal quantizing the fp32 output;
 code pairs meet by one shuffle; scale bytes land at `nvfp4_scales.band_offset`; a saturated
 block scale (the given scale too small) ORs a device flag.
-Constraints (checked): N % 128 == 0, K % 16 == 0 (K % 128 != 0 with `Config.K_TAIL`: the last
-stage is partial, zero-filled past K); any M >= 1 (the permute pass writes zero rows up to
-whole tiles, `padded_rows`). Rows of codes
-(the weights', an NVFP4 D's) are `nvfp4_codes.row_pitch` bytes apart, as NVFP4Tensor keeps them.
+Constraints (checked): N % 8 == 0 (N % 128 != 0 with `Config.N_TAIL`: the last weight band is
+partial, its codes past N zero-filled and D's columns past N not stored), K % 16 == 0 (K % 128
+!= 0 with `Config.K_TAIL`: the last stage is partial, zero-filled past K); any M >= 1 (the
+permute pass writes zero rows up to whole tiles, `padded_rows`). Rows of codes (the weights',
+an NVFP4 D's) are `nvfp4_codes.row_pitch` bytes apart, as NVFP4Tensor keeps them.
 Weights' scale format (`Config.sf`): UE4M3, or UE5M3 (decode shift 16, `ops.nvfp4.decode_shift`;
 GPU-tested). An NVFP4 D always has UE4M3 scales.
 Peer: CUTLASS's Hopper mixed-input GEMM (`examples/55_hopper_mixed_dtype_gemm`), which
@@ -64,6 +65,7 @@ from tk_cute.types.struct import DeviceStruct, config_repr
 CONSUMER_THREADS = 2 * warpgroup.WARPGROUP_THREADS  # two consumer warpgroups (`LCF`)
 STAGE_K = rs.SUB_K  # K per stage: one register-A batch (8 wgmma k16 steps)
 ROWS = 128  # weight rows per tile: one scale band, two 64-row consumer warpgroups
+N_ALIGN = 8  # D's rows (N elements) 16 bytes apart in bf16 (`Config.N_TAIL` below ROWS)
 # Activation rows per tile (wgmma N): a multiple of 16 from 64 to 256 (odd multiples of 8 do not
 # build: the DSL aborts on their swizzled activation tile; below 64 rows the register-A
 # kernel's split over K serves better)
@@ -92,6 +94,9 @@ class Config:
     # K % STAGE_K != 0: the last stage is partial (codes, scale atoms and activations past K
     # arrive as zeros)
     K_TAIL: bool = field(default=False, metadata={"quiet": True})
+    # N % ROWS != 0: the last weight band is partial (its codes past N arrive as zeros, D's
+    # columns past N are not stored); not with the NVFP4 epilogue (whole 128-column bands)
+    N_TAIL: bool = field(default=False, metadata={"quiet": True})
     # The GEMM launched as a programmatic dependent of the permute pass before it (`LCF.PDL`):
     # its launch and prologue overlap the pass's tail
     PDL: bool = field(default=True, metadata={"quiet": True})
@@ -113,28 +118,34 @@ class Config:
             raise ValueError(f"sf must be one of {fp4.DECODE_FORMATS}, got {self.sf!r}")
         if self.a_format not in rs.A_FORMATS:
             raise ValueError(f"a_format must be one of {rs.A_FORMATS}, got {self.a_format!r}")
+        if self.N_TAIL and self.out_dtype == "nvfp4":
+            raise ValueError(f"the NVFP4 epilogue writes whole {ROWS}-column bands: N_TAIL "
+                             f"(N % {ROWS} != 0) takes bf16 / fp16 / fp32 output only")
         if self.LOAD_PIPE_DEPTH == 1 or self.LOAD_PIPE_DEPTH < 0:
             raise ValueError(f"LOAD_PIPE_DEPTH must be 0 (auto) or >= 2, got "
                              f"{self.LOAD_PIPE_DEPTH}")
 
 
 def supports(M: int, N: int, K: int) -> bool:
-    """Whether some Config takes the shape (`Config.K_TAIL` where K % STAGE_K != 0;
-    `tk_cute.nvfp4.heuristics` picks it)."""
-    return M >= 1 and N % ROWS == 0 and K % rs.K_ALIGN == 0
+    """Whether some Config takes the shape (`Config.K_TAIL` where K % STAGE_K != 0,
+    `Config.N_TAIL` where N % ROWS != 0; `tk_cute.nvfp4.heuristics` picks them)."""
+    return M >= 1 and N >= N_ALIGN and N % N_ALIGN == 0 and K % rs.K_ALIGN == 0
 
 
 def check_shape(M: int, N: int, K: int, cfg: Config | None = None) -> None:
     """Raise ValueError naming the constraint (M, N, K) or cfg breaks."""
     if M < 1:
         raise ValueError(f"the tiled register-A kernel needs M >= 1, got M={M}")
-    if N % ROWS:
-        raise ValueError(f"the tiled register-A kernel needs N % {ROWS} == 0, got N={N}")
+    if N < N_ALIGN or N % N_ALIGN:
+        raise ValueError(f"the tiled register-A kernel needs N % {N_ALIGN} == 0 (16-byte rows "
+                         f"of D), got N={N}")
     if K % rs.K_ALIGN:
         raise ValueError(f"the tiled register-A kernel needs K % {rs.K_ALIGN} == 0 (the scale "
                          f"block), got K={K}")
     if cfg is not None and K % STAGE_K and not cfg.K_TAIL:
         raise ValueError(f"K={K} is not a multiple of {STAGE_K}: the Config needs K_TAIL=True")
+    if cfg is not None and N % ROWS and not cfg.N_TAIL:
+        raise ValueError(f"N={N} is not a multiple of {ROWS}: the Config needs N_TAIL=True")
 
 
 class GemmNvfp4RsTiledSm90(LCF):
@@ -217,7 +228,6 @@ class GemmNvfp4RsTiledSm90(LCF):
 
     @cute.jit
     def _finish_dense(self, g, s, at):
-        esize = OUT_TYPES[self.config.out_dtype].width // 8
         n0 = at.r * ROWS + s.rows
         m0 = at.c * self.Nb
         coords = s.acc.coords()
@@ -225,8 +235,17 @@ class GemmNvfp4RsTiledSm90(LCF):
         for i in cutlass.range_constexpr(cute.size(s.acc.frag)):
             r, m = coords[i]
             if m0 + m < g.M:
-                addr = base + (cutlass.Int64(m0 + m) * cutlass.Int64(g.N) + n0 + r) * esize
-                memory.st_cvt(addr, s.acc.frag[i] * s.scale, self.config.out_dtype)
+                if cutlass.const_expr(self.config.N_TAIL):
+                    if n0 + r < g.N:  # (a partial last band: no column past N)
+                        self._store_dense(g, s, base, m0 + m, n0, r, i)
+                else:
+                    self._store_dense(g, s, base, m0 + m, n0, r, i)
+
+    def _store_dense(self, g, s, base, m, n0, r, i):
+        """D[m, n0 + r] = scale * accumulator element i."""
+        esize = OUT_TYPES[self.config.out_dtype].width // 8
+        addr = base + (cutlass.Int64(m) * cutlass.Int64(g.N) + n0 + r) * esize
+        memory.st_cvt(addr, s.acc.frag[i] * s.scale, self.config.out_dtype)
 
     @cute.jit
     def _finish_nvfp4(self, g, s, at):
@@ -306,13 +325,14 @@ class GemmNvfp4RsTiledSm90(LCF):
 
     def _gemm(self, sms, w, wsf, xp, gs, out, out_sf, out_gs, flag, partials, flags, M, N, K,
               ctas, stream):
-        wt, sft = rs.weight_tensors(w, wsf, N, K, self.config.K_TAIL)
+        wt, sft = rs.weight_tensors(w, wsf, N, K, self.config.K_TAIL, self.config.N_TAIL)
         # the copy's zero rows past M complete the last row of tiles (TMA boxes in bounds)
         xt = row_major(xp, self.rows(M), rs.permuted_width(K, self.config.K_TAIL))
         g = Globals(gl.load(wt, self.w_tile), gl.load(sft, self.sf_tile),
                     gl.load(xt, self.x_tile), gs, out, out_sf, out_gs, flag, partials, flags,
                     M, N, K)
-        self.launch(g, N // ROWS, cute.ceil_div(M, self.Nb), 1, sms, stream, ctas)
+        bands = cute.ceil_div(N, ROWS) if cutlass.const_expr(self.config.N_TAIL) else N // ROWS
+        self.launch(g, bands, cute.ceil_div(M, self.Nb), 1, sms, stream, ctas)
 
 
 def partial_bytes(cfg: Config) -> int:
@@ -321,8 +341,8 @@ def partial_bytes(cfg: Config) -> int:
 
 
 def tiles(M: int, N: int, cfg: Config) -> int:
-    """Output tiles of the grid: N / ROWS weight bands x ceil(M / Nb) activation tiles."""
-    return (N // ROWS) * -(-M // cfg.Nb)
+    """Output tiles of the grid: ceil(N / ROWS) weight bands x ceil(M / Nb) activation tiles."""
+    return -(-N // ROWS) * -(-M // cfg.Nb)
 
 
 def stages(K: int) -> int:

@@ -89,19 +89,32 @@ def test_config_and_shape_rules():
         rst.Config(LOAD_PIPE_DEPTH=1)
     with pytest.raises(ValueError, match="of shared memory; the budget is"):
         rst.GemmNvfp4RsTiledSm90(rst.Config(LOAD_PIPE_DEPTH=4))
-    with pytest.raises(ValueError, match="N % 128 == 0, got N=136"):
-        rst.check_shape(300, 136, 256)
+    with pytest.raises(ValueError, match="N % 8 == 0 .16-byte rows of D., got N=140"):
+        rst.check_shape(300, 140, 256)
+    with pytest.raises(ValueError, match="N=136 is not a multiple of 128: the Config needs "
+                                         "N_TAIL=True"):
+        rst.check_shape(300, 136, 256, rst.Config())
+    rst.check_shape(300, 136, 256, rst.Config(N_TAIL=True))
+    with pytest.raises(ValueError, match="the NVFP4 epilogue writes whole 128-column bands"):
+        rst.Config(N_TAIL=True, out_dtype="nvfp4")
     with pytest.raises(ValueError, match="K % 16 == 0 .*got K=8200"):
         rst.check_shape(300, 256, 8200)
     assert rst.supports(300, 256, 8208)  # K % 32 != 0: rows of codes padded to 16 bytes
     with pytest.raises(ValueError, match="K_TAIL=True"):
         rst.check_shape(300, 256, 2880, rst.Config())
-    assert rst.supports(1, 256, 128) and not rst.supports(5, 200, 128)
+    assert rst.supports(1, 256, 128) and rst.supports(5, 200, 128) and not rst.supports(5, 4, 128)
+    assert rst.tiles(300, 136, rst.Config(Nb=128)) == 2 * 3  # a partial second band
     assert rst.supports(300, 256, 2880) and rst.supports(300, 256, 32)
     from tk_cute.nvfp4 import heuristics
 
     assert heuristics.register_a_tiled_config(300, 256, 2880, "bfloat16", 132).K_TAIL
     assert not heuristics.register_a_tiled_config(300, 256, 2944, "bfloat16", 132).K_TAIL
+    assert heuristics.register_a_tiled_config(300, 2880, 2880, "bfloat16", 132).N_TAIL
+    assert not heuristics.register_a_tiled_config(300, 2944, 2880, "bfloat16", 132).N_TAIL
+    # N % 128 != 0 runs the tiled kernel only when forced (partial bands not yet GPU-run)
+    assert heuristics.hopper_path(False, 300, 2880, 2880, 132) == "dequantize"
+    assert heuristics.check_hopper_path("register_a_tiled", False, 300, 2880, 2880,
+                                        "bfloat16") == "register_a_tiled"
 
 
 @pytest.mark.parametrize("M, N, nb, stream_k", [
@@ -224,6 +237,45 @@ def test_every_element_matches_the_exact_product(seed, nb, sets, M, N, K):
         d = launch.gemm_rs_tiled(a, b, out=out, config=rst.Config(Nb=nb, A_SETS=sets))
         assert d.data_ptr() == out.data_ptr()
         assert_gemm_close(d, a, b, f"Nb={nb} A_SETS={sets} {out_dtype}")
+
+
+def test_partial_weight_bands_build_their_column_check():
+    """`Config.N_TAIL` (N % 128 != 0): the same wgmma and stores, each store behind a column
+    check too (more compares), no spills."""
+    whole, tail = rst.Config(Nb=128), rst.Config(Nb=128, N_TAIL=True)
+    b0, b1 = (build(rst.GemmNvfp4RsTiledSm90(c), *rst.signature(c).compile_args(132),
+                    arch="sm_90a") for c in (whole, tail))
+    assert b1.sass_count(r"HGMMA\.64x128x16") == b0.sass_count(r"HGMMA\.64x128x16") == 8
+    assert b1.ptx_count(r"st\.global\.b16") == b0.ptx_count(r"st\.global\.b16") == 64
+    assert b1.ptx_count(r"setp\.") > b0.ptx_count(r"setp\.")
+    assert all(r.local_bytes == 0 for r in b1.resources) and b1.sass_count(r"\bSTL\b") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(300, 2880, 2880), (129, 136, 48), (1000, 4000, 8192),
+                                     (257, 8, 256), (200, 2880, 8208), (600, 1000, 512)])
+def test_partial_weight_bands_match_the_exact_product(seed, M, N, K):
+    """N % 128 != 0 (gpt-oss's 2880, the issue's 136 and 4000, N = 8): every element of
+    bf16 / fp32 / fp16 D within the exact product's bound, nothing written past the M x N
+    output (a poisoned guard after it stays NaN), whole tiles and stream-K, W4A16 and W4A4,
+    through the public `gemm(path="register_a_tiled")`."""
+    from tk_cute import nvfp4
+    from tk_cute.nvfp4 import launch
+    from tk_cute.testing import assert_gemm_close
+
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    aq = nvfp4.quantize(a.float())
+    for out_dtype in (torch.bfloat16, torch.float32, torch.float16):
+        for stream_k in (False, True):
+            cfg = rst.Config(Nb=128, STREAM_K=stream_k)
+            flat = torch.full((M * N + 4096,), float("nan"), device="cuda", dtype=out_dtype)
+            d = launch.gemm_rs_tiled(a, b, out=flat[:M * N].view(M, N), config=cfg)
+            assert_gemm_close(d, a, b, f"N={N} stream-K={stream_k} {out_dtype}")
+            assert flat[M * N:].isnan().all(), "a store past the output"
+        d4 = nvfp4.gemm(aq, b, out_dtype, out=_poisoned(M, N, out_dtype),
+                        path="register_a_tiled")
+        assert_gemm_close(d4, aq, b, f"W4A4 N={N} {out_dtype}")
 
 
 @pytest.mark.gpu

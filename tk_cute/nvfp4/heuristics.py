@@ -14,8 +14,9 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   streams the weights again; cheaper than a second, nearly empty row of wide tiles).
 - "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
   128 x Nb output tiles): larger M where N % 128 == 0, but "dequantize" from enough rows at a
-  short K (`dequantize_wins`). Its schedule (tile width Nb, stream-K shares, A register sets):
-  `register_a_tiled_config`.
+  short K (`dequantize_wins`). It takes N % 8 == 0 too (a partial last weight band,
+  `rst.Config.N_TAIL`) when forced (`path=`): not yet GPU-run, so not picked. Its schedule
+  (tile width Nb, stream-K shares, A register sets): `register_a_tiled_config`.
 - "fused" (`kernels/gemm/nvfp4_sm90.py`, decode in shared memory): forced only (`path=`): every
   shape it takes (M % 128, N % 256, K % 64) the register-A kernels take too, faster. Where it was
   the default (one near-full wave of 128 x 256 tiles, K % 256 != 0: 128x28672x8192 fused 148 us
@@ -102,8 +103,9 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     if (ROWS_MIN_M < M <= ROWS_MAX_M and rs.supports(rs.MAX_M, N, K)
             and few_tiles_width(M, N, sms) is None):
         return "rows"
-    if M > rs.MAX_M and rst.supports(M, N, K) and not dequantize_wins(w4a4, M, K):
-        return "register_a_tiled"
+    if (M > rs.MAX_M and rst.supports(M, N, K) and N % rst.ROWS == 0
+            and not dequantize_wins(w4a4, M, K)):
+        return "register_a_tiled"  # (N % 128 != 0, `rst.Config.N_TAIL`: forced only so far)
     # ("fused" takes a subset of what the register-A kernels take, and they were faster: it
     # runs only when forced, for comparisons.)
     return "dequantize"
@@ -137,8 +139,8 @@ def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: 
     if not takes[path]:
         raise ValueError(f"path {path!r} cannot run M={M}, N={N}, K={K}, out {out_dtype} "
                          f"(small_m: M <= 64, N % 32, K % 128; register_a: M <= 128, N % 128, "
-                         f"K % 16; register_a_tiled: N % 128, K % 16; rows: N % 128, K % 16; "
-                         f"fused: M % 128, N % 256, K % 64, 16-bit out)")
+                         f"K % 16; register_a_tiled: N % 8 (NVFP4 out: N % 128), K % 16; rows: "
+                         f"N % 128, K % 16; fused: M % 128, N % 256, K % 64, 16-bit out)")
     return path
 
 
@@ -250,11 +252,11 @@ def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) ->
     sets for narrow tiles at long K (`TILED_TWO_SETS_MAX_NB`)."""
     nb, stream_k = few_tiles_width(M, N, sms), False
     if nb is None:
-        nb, stream_k = schedule.tile_plan(N // rst.ROWS, M, sms, TILED_TILE_COST,
+        nb, stream_k = schedule.tile_plan(-(-N // rst.ROWS), M, sms, TILED_TILE_COST,
                                           TILED_STREAM_K_OVERHEAD * 8192 / K)
     a_sets = 2 if nb <= TILED_TWO_SETS_MAX_NB and K >= TILED_TWO_SETS_MIN_K else 1
     return rst.Config(Nb=nb, A_SETS=a_sets, STREAM_K=stream_k, out_dtype=out_dtype,
-                      K_TAIL=K % rst.STAGE_K != 0)
+                      K_TAIL=K % rst.STAGE_K != 0, N_TAIL=N % rst.ROWS != 0)
 
 
 def few_tiles_width(M: int, N: int, sms: int) -> int | None:
@@ -266,7 +268,7 @@ def few_tiles_width(M: int, N: int, sms: int) -> int | None:
     H200 A/B (docs/results.md, sixteenth session), N = K = 8192, vs cuBLAS bf16, this width /
     before: 129 rows Nb = 80 0.95x / "rows" 0.83x, 160: 80 0.82 / "rows" 0.63x, 200: 112 0.80 /
     128 0.74x, 257: 144 0.86 / 192 0.67x; seventeenth session: 300: 160 0.90 / 192 0.75x."""
-    bands = N // rst.ROWS
+    bands = -(-N // rst.ROWS)
     per = sms // bands  # activation tiles per weight tile in one round
     fits = [nb for nb in rst.NBS if nb * per >= M]
     if per < 1 or not fits or bands * -(-M // fits[0]) < 0.75 * sms:

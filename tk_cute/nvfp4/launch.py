@@ -443,6 +443,7 @@ def gemm_rs_tiled(a, b, out_dtype=None, *, out=None, config: rst.Config | None =
         config = heuristics.register_a_tiled_config(op.M, op.N, op.K, name, sm_count(b.device))
     else:
         config = dataclasses.replace(config, out_dtype=name)
-    config = dataclasses.replace(config, sf=b.scale_format, K_TAIL=op.K % rst.STAGE_K != 0)
+    config = dataclasses.replace(config, sf=b.scale_format, K_TAIL=op.K % rst.STAGE_K != 0,
+                                 N_TAIL=op.N % rst.ROWS != 0)
     out = output(out, (op.M, op.N), out_dtype, b.device, "gemm_rs_tiled")
     return register_a_tiled(a, b, out, config)
