@@ -53,7 +53,8 @@ k16 step from thread t. Any permutation of K applied to both operands leaves the
 so the activations (read by every weight row) are permuted instead of the weights.
 One CTA per SM (the ring takes the shared memory). The register split comes from the launch
 allocation (`warpgroup.consumer_registers`: setmaxnreg.inc only takes what the producer
-warpgroup's .dec gave back). Constraints (checked): M <= 128, N % ROWS == 0, K % 16 == 0 (K %
+warpgroup's .dec gave back). Constraints (checked): M <= 128, N % 8 == 0 (N % ROWS != 0 with
+`Config.N_TAIL`: the last row block is partial), K % 16 == 0 (K %
 256 != 0 with `Config.K_TAIL`: each row block's last stage is partial, its codes, scale atoms
 and activations past K zero-filled by the TMA or the permute pass). Rows of codes are
 `nvfp4_codes.row_pitch(K)` bytes apart (16-byte padded where K % 32 != 0, as NVFP4Tensor
@@ -99,6 +100,7 @@ OUT_TYPES = ("bfloat16", "float16", "float32")
 # (docs/results.md) even at 32, 7-13% faster at 48-96 and 1.6x at 128; 5% slower at 16.
 CALL_PERMUTE_MIN_N_ACT = 32
 A_FORMATS = ("bf16", "nvfp4")  # activations as they come: bfloat16 (W4A16) or NVFP4 (W4A4)
+N_ALIGN = 8  # D's rows (N elements) 16 bytes apart in bf16 (`Config.N_TAIL` below ROWS)
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,9 @@ class Config:
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # the weights' scale format
     # K % STAGE_K != 0: the last stage of each row block is partial (`k_stages`)
     K_TAIL: bool = field(default=False, metadata={"quiet": True})
+    # N % ROWS != 0: the last row block is partial (its codes past N arrive as zeros, no
+    # partial sum past N is stored; `stream_units`)
+    N_TAIL: bool = field(default=False, metadata={"quiet": True})
     # "nvfp4" (W4A4): x is the activations' codes, decoded in the permute "call" pass (their
     # scales in the format `sf` too); "bf16" (W4A16)
     a_format: str = field(default="bf16", metadata={"quiet": True})
@@ -264,8 +269,9 @@ def weight_offset(r, chunk):
 
 def supports(M: int, N: int, K: int) -> bool:
     """Whether some Config of this kernel takes this shape (`tk_cute.nvfp4.heuristics` picks
-    it): K % K_ALIGN, and `Config.K_TAIL` where K % STAGE_K != 0."""
-    return 1 <= M <= MAX_M and N % BAND == 0 and K % K_ALIGN == 0
+    it): N % N_ALIGN, K % K_ALIGN, `Config.K_TAIL` where K % STAGE_K != 0 and `Config.N_TAIL`
+    where N % ROWS != 0."""
+    return 1 <= M <= MAX_M and N >= N_ALIGN and N % N_ALIGN == 0 and K % K_ALIGN == 0
 
 
 def k_stages(cfg, K):
@@ -290,9 +296,15 @@ def permuted_width(K, k_tail: bool = True):
 
 
 def stream_units(cfg: Config, N, K):
-    """The stream-K schedule's units: (N / ROWS row blocks) x (`k_stages` stages), row block
-    major (plain integer arithmetic: the host and the kernel use it alike)."""
-    return (N // cfg.ROWS) * k_stages(cfg, K)
+    """The stream-K schedule's units: (N / ROWS row blocks, the last one partial with
+    `N_TAIL`) x (`k_stages` stages), row block major (plain integer arithmetic: the host and
+    the kernel use it alike)."""
+    return row_blocks(cfg, N) * k_stages(cfg, K)
+
+
+def row_blocks(cfg: Config, N):
+    """Row blocks of ROWS weight rows (with `N_TAIL` the last one partial)."""
+    return (N + cfg.ROWS - 1) // cfg.ROWS if cfg.N_TAIL else N // cfg.ROWS
 
 
 # ---------------------------------------------------------------- kernel
@@ -635,8 +647,16 @@ def _store(cfg: cutlass.Constexpr, acc, ws, M, N, K, cta, ctas, n0):
         r, m = coords[i]
         if m < M:
             n = Int64(n0 + spread_row(r))
-            memory.st_cvt(ws.toint() + (Int64(plane * M + m) * Int64(N) + n) * 4, acc.frag[i],
-                          "float32")
+            if cutlass.const_expr(cfg.N_TAIL):
+                if n < Int64(N):  # (a partial last row block: no row past N)
+                    _store_partial(ws, plane, M, N, m, n, acc.frag[i])
+            else:
+                _store_partial(ws, plane, M, N, m, n, acc.frag[i])
+
+
+def _store_partial(ws, plane, M, N, m, n, v):
+    """Plane `plane`'s element (m, n) of the M x N fp32 partial sums."""
+    memory.st_cvt(ws.toint() + (Int64(plane * M + m) * Int64(N) + n) * 4, v, "float32")
 
 
 def output_scale(gsb, sf_format: str = "ue4m3"):
@@ -725,7 +745,7 @@ def _gemm_and_reduce(cfg, w, wsf, xt_ptr, gsb, out, ws, M, N, K, ctas, stream, p
     """The GEMM over activations at `xt_ptr` (permuted: N_ACT rows, those past M zeros,
     `k_blocks` x 128 wide; or natural, M rows, with permute "stage") and the reduction into D
     times `gsb`'s scale."""
-    wt, sft = weight_tensors(w, wsf, N, K, cfg.K_TAIL)
+    wt, sft = weight_tensors(w, wsf, N, K, cfg.K_TAIL, cfg.N_TAIL)
     if cutlass.const_expr(cfg.permute == "call"):
         xt = row_major(xt_ptr, cfg.N_ACT, permuted_width(K, cfg.K_TAIL))
     else:
@@ -807,9 +827,12 @@ def check_shape(cfg: Config, M: int, N: int, K: int) -> None:
     if not 1 <= M <= min(MAX_M, cfg.N_ACT):
         raise ValueError(f"the register-A kernel needs 1 <= M <= N_ACT = {cfg.N_ACT} (at most "
                          f"{MAX_M}), got M={M}")
-    if N % cfg.ROWS:
-        raise ValueError(f"the register-A kernel needs N to be a multiple of ROWS = {cfg.ROWS}, "
+    if N < N_ALIGN or N % N_ALIGN:
+        raise ValueError(f"the register-A kernel needs N % {N_ALIGN} == 0 (16-byte rows of D), "
                          f"got N={N}")
+    if N % cfg.ROWS and not cfg.N_TAIL:
+        raise ValueError(f"N={N} is not a multiple of ROWS = {cfg.ROWS}: the Config needs "
+                         f"N_TAIL=True")
     if K % K_ALIGN:
         raise ValueError(f"the register-A kernel needs K to be a multiple of {K_ALIGN} "
                          f"(the scale block), got K={K}")

@@ -65,7 +65,6 @@ from tk_cute.types.struct import DeviceStruct, config_repr
 CONSUMER_THREADS = 2 * warpgroup.WARPGROUP_THREADS  # two consumer warpgroups (`LCF`)
 STAGE_K = rs.SUB_K  # K per stage: one register-A batch (8 wgmma k16 steps)
 ROWS = 128  # weight rows per tile: one scale band, two 64-row consumer warpgroups
-N_ALIGN = 8  # D's rows (N elements) 16 bytes apart in bf16 (`Config.N_TAIL` below ROWS)
 # Activation rows per tile (wgmma N): a multiple of 16 from 64 to 256 (odd multiples of 8 do not
 # build: the DSL aborts on their swizzled activation tile; below 64 rows the register-A
 # kernel's split over K serves better)
@@ -129,15 +128,15 @@ class Config:
 def supports(M: int, N: int, K: int) -> bool:
     """Whether some Config takes the shape (`Config.K_TAIL` where K % STAGE_K != 0,
     `Config.N_TAIL` where N % ROWS != 0; `tk_cute.nvfp4.heuristics` picks them)."""
-    return M >= 1 and N >= N_ALIGN and N % N_ALIGN == 0 and K % rs.K_ALIGN == 0
+    return M >= 1 and N >= rs.N_ALIGN and N % rs.N_ALIGN == 0 and K % rs.K_ALIGN == 0
 
 
 def check_shape(M: int, N: int, K: int, cfg: Config | None = None) -> None:
     """Raise ValueError naming the constraint (M, N, K) or cfg breaks."""
     if M < 1:
         raise ValueError(f"the tiled register-A kernel needs M >= 1, got M={M}")
-    if N < N_ALIGN or N % N_ALIGN:
-        raise ValueError(f"the tiled register-A kernel needs N % {N_ALIGN} == 0 (16-byte rows "
+    if N < rs.N_ALIGN or N % rs.N_ALIGN:
+        raise ValueError(f"the tiled register-A kernel needs N % {rs.N_ALIGN} == 0 (16-byte rows "
                          f"of D), got N={N}")
     if K % rs.K_ALIGN:
         raise ValueError(f"the tiled register-A kernel needs K % {rs.K_ALIGN} == 0 (the scale "

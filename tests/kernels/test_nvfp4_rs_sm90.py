@@ -266,12 +266,40 @@ def test_register_split_is_feasible(rows, tiles):
 
 @pytest.mark.parametrize("M, N, K, match", [
     (129, 256, 512, "M <= N_ACT = 128.*got M=129"), (0, 256, 512, "got M=0"),
-    (16, 200, 512, "multiple of ROWS = 128, got N=200"),
+    (16, 196, 512, "N % 8 == 0 .16-byte rows of D., got N=196"),
     (16, 256, 392, "multiple of 16 .the scale block., got K=392")])
 def test_config_rejects_unsupported_shapes(M, N, K, match):
     assert not rs.supports(M, N, K)
     with pytest.raises(ValueError, match=match):
         heuristics.register_a_config(M, N, K)
+
+
+def test_partial_row_blocks_take_n_tail():
+    """N % 128 != 0 (gpt-oss's 2880, the issue's 136 and 4000): `Config.N_TAIL`, a partial last
+    row block counted in the stream-K units; without it the Config refuses the shape; the
+    default dispatch does not pick it yet (forced only)."""
+    cfg = heuristics.register_a_config(16, 2880, 2880)
+    assert cfg.N_TAIL and cfg.ROWS == 128 and rs.row_blocks(cfg, 2880) == 23
+    assert rs.stream_units(cfg, 2880, 2880) == 23 * rs.k_stages(cfg, 2880)
+    assert not heuristics.register_a_config(16, 2944, 2880).N_TAIL
+    with pytest.raises(ValueError, match="N=136 is not a multiple of ROWS = 128: the Config "
+                                         "needs N_TAIL=True"):
+        rs.check_shape(rs.Config(N_ACT=16), 16, 136, 256)
+    assert heuristics.hopper_path(True, 16, 2880, 2880, 132) == "dequantize"
+    assert heuristics.check_hopper_path("register_a", True, 16, 2880, 2880,
+                                        "bfloat16") == "register_a"
+
+
+def test_partial_row_blocks_build_their_row_check():
+    """The N_TAIL build: the same wgmma and partial-sum stores, behind a row check too (more
+    compares), no spills."""
+    whole, tail = rs.Config(N_ACT=64), rs.Config(N_ACT=64, N_TAIL=True)
+    b0, b1 = (build(rs._launch, *rs.signature(c).compile_args(c), arch="sm_90a")
+              for c in (whole, tail))
+    assert b1.sass_count(r"\bHGMMA\b") == b0.sass_count(r"\bHGMMA\b") == 16
+    assert b1.ptx_count(r"st\.global\.f32") == b0.ptx_count(r"st\.global\.f32") > 0
+    assert b1.ptx_count(r"setp\.") > b0.ptx_count(r"setp\.")
+    assert all(r.local_bytes == 0 for r in b1.resources) and b1.sass_count(r"\bSTL\b") == 0
 
 
 def test_config_rejects_bad_fields():
@@ -535,6 +563,29 @@ def test_k_tail_matches_float64(seed, M, N, K):
     d = launch.gemm_rs(a, b, out=out)
     assert d.data_ptr() == out.data_ptr()
     assert_gemm_close(d, a, b, f"K tail {M}x{N}x{K} ({cfg.permute})")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(1, 2880, 2880), (16, 136, 48), (65, 4000, 8192),
+                                     (128, 8, 256), (100, 2880, 8208), (9, 1000, 512)])
+def test_partial_row_blocks_match_float64(seed, M, N, K):
+    """N % 128 != 0: every element of bf16 / fp32 D within the exact product's bound, nothing
+    written past the M x N output (a poisoned guard after it stays NaN), W4A16 and W4A4 (through
+    the public `gemm(path="register_a")`)."""
+    from tk_cute import nvfp4
+
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    assert heuristics.register_a_config(M, N, K).N_TAIL
+    for out_dtype in (torch.bfloat16, torch.float32):
+        flat = torch.full((M * N + 4096,), float("nan"), device="cuda", dtype=out_dtype)
+        d = launch.gemm_rs(a, b, out=flat[:M * N].view(M, N))
+        assert_gemm_close(d, a, b, f"N tail {M}x{N}x{K} {out_dtype}")
+        assert flat[M * N:].isnan().all(), "a store past the output"
+        aq = nvfp4.quantize(a.float())
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
+        assert_gemm_close(nvfp4.gemm(aq, b, out_dtype, out=out, path="register_a"), aq, b,
+                          f"W4A4 N tail {M}x{N}x{K}")
 
 
 @pytest.mark.gpu

@@ -8,14 +8,16 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M; also W4A16 M <= 64 where
   the register-A kernel cannot take N or K.
 - "register_a" (`kernels/gemm/nvfp4_rs_sm90.py`, weights decoded into wgmma A registers):
-  RS_MIN_M <= M <= 128 (below it too where the small-M kernel cannot take K: K % 128 != 0).
+  RS_MIN_M <= M <= 128 (below it too where the small-M kernel cannot take K: K % 128 != 0),
+  N % 128 == 0 (it takes N % 8 too, a partial last row block `rs.Config.N_TAIL`, when forced:
+  not yet GPU-run, so not picked).
 - "rows": 128 < M <= ROWS_MAX_M where the tiled kernel's few-tiles width does not apply
   (`few_tiles_width`), the register-A kernel on 128-row slices of the activations (each pass
   streams the weights again; cheaper than a second, nearly empty row of wide tiles).
 - "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
   128 x Nb output tiles): larger M where N % 128 == 0, but "dequantize" from enough rows at a
   short K (`dequantize_wins`). It takes N % 8 == 0 too (a partial last weight band,
-  `rst.Config.N_TAIL`) when forced (`path=`): not yet GPU-run, so not picked. Its schedule
+  `rst.Config.N_TAIL`) when forced (`path=`), as "register_a" does. Its schedule
   (tile width Nb, stream-K shares, A register sets): `register_a_tiled_config`.
 - "fused" (`kernels/gemm/nvfp4_sm90.py`, decode in shared memory): forced only (`path=`): every
   shape it takes (M % 128, N % 256, K % 64) the register-A kernels take too, faster. Where it was
@@ -96,16 +98,18 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
         return "small_m"
     if M < RS_MIN_M and not w4a4 and gv.supports(M, N, K):
         return "small_m"
-    if M <= rs.MAX_M and rs.supports(M, N, K):
+    # (the register-A kernels' partial row blocks, `N_TAIL`, run only when forced so far: not
+    # yet GPU-run)
+    whole = N % rs.BAND == 0
+    if M <= rs.MAX_M and rs.supports(M, N, K) and whole:
         return "register_a"
     if M <= gv.MAX_M and not w4a4 and gv.supports(M, N, K):
         return "small_m"
-    if (ROWS_MIN_M < M <= ROWS_MAX_M and rs.supports(rs.MAX_M, N, K)
+    if (ROWS_MIN_M < M <= ROWS_MAX_M and rs.supports(rs.MAX_M, N, K) and whole
             and few_tiles_width(M, N, sms) is None):
         return "rows"
-    if (M > rs.MAX_M and rst.supports(M, N, K) and N % rst.ROWS == 0
-            and not dequantize_wins(w4a4, M, K)):
-        return "register_a_tiled"  # (N % 128 != 0, `rst.Config.N_TAIL`: forced only so far)
+    if M > rs.MAX_M and rst.supports(M, N, K) and whole and not dequantize_wins(w4a4, M, K):
+        return "register_a_tiled"
     # ("fused" takes a subset of what the register-A kernels take, and they were faster: it
     # runs only when forced, for comparisons.)
     return "dequantize"
@@ -138,9 +142,9 @@ def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: 
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if not takes[path]:
         raise ValueError(f"path {path!r} cannot run M={M}, N={N}, K={K}, out {out_dtype} "
-                         f"(small_m: M <= 64, N % 32, K % 128; register_a: M <= 128, N % 128, "
+                         f"(small_m: M <= 64, N % 32, K % 128; register_a: M <= 128, N % 8, "
                          f"K % 16; register_a_tiled: N % 8 (NVFP4 out: N % 128), K % 16; rows: "
-                         f"N % 128, K % 16; fused: M % 128, N % 256, K % 64, 16-bit out)")
+                         f"N % 8, K % 16; fused: M % 128, N % 256, K % 64, 16-bit out)")
     return path
 
 
@@ -201,10 +205,10 @@ def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs
     activation byte then serves twice the weight rows): as four warpgroups of one MMA tile up
     to N_ACT = WIDE_MAX_N_ACT, and as two of two tiles where 128 rows would leave a ring of two
     stages anyway (N_ACT = 128; beyond that 128 rows keep three stages and were faster)."""
-    tail = K % rs.STAGE_K != 0
-    rs.check_shape(rs.Config(N_ACT=rs.MAX_M, K_TAIL=tail), M, N, K)
+    tail, n_tail = K % rs.STAGE_K != 0, N % rs.BAND != 0
+    rs.check_shape(rs.Config(N_ACT=rs.MAX_M, K_TAIL=tail, N_TAIL=n_tail), M, N, K)
     n_act = 8 if M <= 8 else -(-M // 16) * 16
-    narrow = rs.Config(N_ACT=n_act, out_dtype=out_dtype, K_TAIL=tail)
+    narrow = rs.Config(N_ACT=n_act, out_dtype=out_dtype, K_TAIL=tail, N_TAIL=n_tail)
     if N % (2 * rs.BAND):
         return narrow
     if n_act <= WIDE_MAX_N_ACT:

@@ -98,7 +98,7 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
     if ctas is None:
         ctas = heuristics.register_a_ctas(cfg, N, K, sm_count(dev))
     ctas = min(ctas, rs.stream_units(cfg, N, K))
-    planes = schedule.stream_k_spans(ctas, N // cfg.ROWS)
+    planes = schedule.stream_k_spans(ctas, rs.row_blocks(cfg, N))
     index = device_index(dev)
     st = raw_stream(index)
     ws = workspace("planes", 4 * planes * M * N, dev, st)
