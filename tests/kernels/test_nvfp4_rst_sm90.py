@@ -568,7 +568,7 @@ def test_stream_k_builds_its_handover(nb, out, a_format):
 @pytest.mark.parametrize("M, N, K, nb", [(256, 28672, 1024, 256), (1000, 8192, 2880, 256),
                                          (520, 28672, 512, 128), (384, 28672, 4096, 192),
                                          (2000, 16896, 256, 256),
-                                         # fewer tiles than SMs: 2, 3, 8 and 4 (one stage each) CTAs per tile
+                                         # fewer tiles than SMs: 2, 3, 8, 4 CTAs per tile
                                          (200, 8192, 8192, 208), (256, 5120, 1024, 256),
                                          (129, 2048, 2880, 144), (300, 1024, 512, 256)])
 def test_stream_k_matches_the_exact_product_and_the_whole_tile_kernel(seed, M, N, K, nb):
