@@ -304,7 +304,13 @@ def stream_units(cfg: Config, N, K):
 
 def row_blocks(cfg: Config, N):
     """Row blocks of ROWS weight rows (with `N_TAIL` the last one partial)."""
-    return (N + cfg.ROWS - 1) // cfg.ROWS if cfg.N_TAIL else N // cfg.ROWS
+    return blocks(N, cfg.ROWS, cfg.N_TAIL)
+
+
+def blocks(N, rows, n_tail: bool):
+    """Blocks of `rows` weight rows: ceil(N / rows) with a partial last one (`n_tail`), else
+    N / rows (plain integer arithmetic: the host and the kernels use it alike)."""
+    return (N + rows - 1) // rows if n_tail else N // rows
 
 
 # ---------------------------------------------------------------- kernel
@@ -708,7 +714,7 @@ def weight_tensors(w: cute.Pointer, wsf: cute.Pointer, N, K, k_tail: bool = Fals
     of rows, or with a K tail one batch of rows per band (its atoms past K then arrive as
     zeros; `scale_coord`)."""
     codes = row_major(w, N, K // 2, pitch=nvfp4_codes.row_pitch(K))
-    bands = (N + BAND - 1) // BAND if n_tail else N // BAND
+    bands = blocks(N, BAND, n_tail)
     if k_tail:
         rk = (K + nvfp4_scales.ATOM_K - 1) // nvfp4_scales.ATOM_K
         return codes, row_major(wsf, rk * 2, 256, bands)

@@ -330,7 +330,7 @@ class GemmNvfp4RsTiledSm90(LCF):
         g = Globals(gl.load(wt, self.w_tile), gl.load(sft, self.sf_tile),
                     gl.load(xt, self.x_tile), gs, out, out_sf, out_gs, flag, partials, flags,
                     M, N, K)
-        bands = cute.ceil_div(N, ROWS) if cutlass.const_expr(self.config.N_TAIL) else N // ROWS
+        bands = rs.blocks(N, ROWS, self.config.N_TAIL)
         self.launch(g, bands, cute.ceil_div(M, self.Nb), 1, sms, stream, ctas)
 
 
@@ -341,12 +341,7 @@ def partial_bytes(cfg: Config) -> int:
 
 def tiles(M: int, N: int, cfg: Config) -> int:
     """Output tiles of the grid: ceil(N / ROWS) weight bands x ceil(M / Nb) activation tiles."""
-    return -(-N // ROWS) * -(-M // cfg.Nb)
-
-
-def stages(K: int) -> int:
-    """128-K stages of a row (the last one partial where K % STAGE_K != 0)."""
-    return -(-K // STAGE_K)
+    return rs.blocks(N, ROWS, True) * -(-M // cfg.Nb)
 
 
 def padded_rows(cfg: Config, M):

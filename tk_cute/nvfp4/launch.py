@@ -160,7 +160,7 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
     partials = flags = None
     ctas = sms
     if cfg.STREAM_K:
-        tiles, stages = rst.tiles(M, N, cfg), rst.stages(K)
+        tiles, stages = rst.tiles(M, N, cfg), rs.k_blocks(cfg.K_TAIL, K)  # (its X tiles)
         ctas = schedule.stream_k_grid(tiles, stages, sms)
         partials = workspace("partials", ctas * rst.partial_bytes(cfg), dev, st)
         flags = zeroed_flags("stream_k", ctas, dev, st)
