@@ -277,7 +277,7 @@ def test_config_rejects_unsupported_shapes(M, N, K, match):
 def test_partial_row_blocks_take_n_tail():
     """N % 128 != 0 (gpt-oss's 2880, the issue's 136 and 4000): `Config.N_TAIL`, a partial last
     row block counted in the stream-K units; without it the Config refuses the shape; the
-    default dispatch does not pick it yet (forced only)."""
+    dispatch picks it from 17 rows (the small-M kernel up to 16, where it takes K)."""
     cfg = heuristics.register_a_config(16, 2880, 2880)
     assert cfg.N_TAIL and cfg.ROWS == 128 and rs.row_blocks(cfg, 2880) == 23
     assert rs.stream_units(cfg, 2880, 2880) == 23 * rs.k_stages(cfg, 2880)
@@ -285,7 +285,9 @@ def test_partial_row_blocks_take_n_tail():
     with pytest.raises(ValueError, match="N=136 is not a multiple of ROWS = 128: the Config "
                                          "needs N_TAIL=True"):
         rs.check_shape(rs.Config(N_ACT=16), 16, 136, 256)
-    assert heuristics.hopper_path(True, 16, 2880, 2880, 132) == "dequantize"
+    assert heuristics.hopper_path(True, 16, 2880, 2880, 132) == "register_a"
+    assert heuristics.hopper_path(False, 16, 4000, 8192, 132) == "small_m"
+    assert heuristics.hopper_path(True, 17, 4000, 8192, 132) == "register_a"
     assert heuristics.check_hopper_path("register_a", True, 16, 2880, 2880,
                                         "bfloat16") == "register_a"
 
@@ -649,9 +651,11 @@ def test_rejects_bad_input():
         launch.gemm_rs(a.cpu(), b)
     with pytest.raises(ValueError, match="CUDA device"):
         launch.gemm_rs(a.cpu(), b.to("cpu"))
-    with pytest.raises(ValueError, match="multiple of ROWS = 128, got N=160"):
-        launch.gemm_rs(a, _weights(160, 512))
-    with pytest.raises(ValueError, match="multiple of ROWS = 256, got N=384"):
+    # (the default Config takes N % 128 != 0, `Config.N_TAIL`; a Config without it refuses)
+    with pytest.raises(ValueError, match="N=160 is not a multiple of ROWS = 128: the Config "
+                                         "needs N_TAIL=True"):
+        launch.gemm_rs(a, _weights(160, 512), config=rs.Config(N_ACT=16))
+    with pytest.raises(ValueError, match="N=384 is not a multiple of ROWS = 256"):
         launch.gemm_rs(a, _weights(384, 512), config=rs.Config(ROWS=256))
     with pytest.raises(ValueError, match="ctas >= 1, got ctas=0"):
         launch.gemm_rs(a, b, ctas=0)

@@ -111,15 +111,20 @@ def test_config_and_shape_rules():
     assert not heuristics.register_a_tiled_config(300, 256, 2944, "bfloat16", 132).K_TAIL
     assert heuristics.register_a_tiled_config(300, 2880, 2880, "bfloat16", 132).N_TAIL
     assert not heuristics.register_a_tiled_config(300, 2944, 2880, "bfloat16", 132).N_TAIL
-    # N % 128 != 0 runs the tiled kernel only when forced (partial bands not yet GPU-run)
-    assert heuristics.hopper_path(False, 300, 2880, 2880, 132) == "dequantize"
+    # N % 128 != 0: the tiled kernel's partial last band, but W4A16 "dequantize" on few
+    # weight bands (23 x 2 tiles of 128 rows at 256 rows: heuristics.DEQUANTIZE_MAX_TILES)
+    assert heuristics.hopper_path(False, 300, 2880, 2880, 132) == "register_a_tiled"
+    assert heuristics.hopper_path(False, 256, 2880, 2880, 132) == "dequantize"
+    assert heuristics.hopper_path(True, 256, 2880, 2880, 132) == "register_a_tiled"
     assert heuristics.check_hopper_path("register_a_tiled", False, 300, 2880, 2880,
                                         "bfloat16") == "register_a_tiled"
 
 
 @pytest.mark.parametrize("M, N, nb, stream_k", [
-    (129, 8192, 80, False), (200, 8192, 112, False), (257, 8192, 144, False),
-    (300, 8192, 160, False), (170, 8192, 96, False), (400, 8192, 208, False),
+    (129, 8192, 144, True), (200, 8192, 208, True), (257, 8192, 144, False),
+    (300, 8192, 160, False), (170, 8192, 176, True), (400, 8192, 208, False),
+    (129, 28672, 144, True), (208, 28672, 208, True), (240, 8192, 128, False),
+    (240, 28672, 240, True),
     (256, 8192, 128, False), (384, 8192, 192, False), (512, 8192, 256, False),
     (640, 8192, 128, True), (768, 8192, 192, False), (1024, 8192, 256, False),
     (1536, 8192, 256, False), (2048, 8192, 256, True), (3072, 8192, 256, True),
@@ -128,7 +133,8 @@ def test_config_and_shape_rules():
     (1152, 28672, 192, True), (2048, 28672, 256, True)])
 def test_tile_width_is_the_faster_measured_one(M, N, nb, stream_k):
     """The schedule the H200 A/Bs measured fastest (docs/results.md; 3072 rows: 256 and 192
-    within 0.3%; 170 and 400 rows: not measured, the rule's narrowest width): with few weight
+    within 0.3%; 170, 208 and 400 rows: not measured, the rule's width): up to 208 rows one
+    split tile as wide as M (`heuristics.SPLIT_TILE_MAX_M`, stream-K along K); with few weight
     tiles (N = 8192, up to 512 rows) two activation tiles per weight tile, each the narrowest
     of `rst.NBS` covering half the rows; else the rounds model over whole tiles and stream-K
     shares: stream-K where whole tiles would leave the last round part empty (1024 x 8192^2,
@@ -142,13 +148,15 @@ def test_tile_width_is_the_faster_measured_one(M, N, nb, stream_k):
 
 def test_narrow_tiles_take_two_register_sets_only_at_long_k():
     """Two A register sets up to Nb = 96 from K = 8192 (heuristics.TILED_TWO_SETS_*: slower at
-    K = 2880 and from Nb = 112 on, docs/results.md)."""
+    K = 2880 and from Nb = 112 on, docs/results.md): 240 rows on 40 weight bands are three
+    80-row tiles per band (`few_tiles_width`)."""
     from tk_cute.nvfp4 import heuristics
 
-    cfg = lambda M, K: heuristics.register_a_tiled_config(M, 8192, K, "bfloat16", 132)  # noqa: E731
-    assert cfg(129, 8192).A_SETS == 2 and cfg(129, 28672).A_SETS == 2
-    assert cfg(129, 2880).A_SETS == 1 and cfg(129, 4096).A_SETS == 1
-    assert cfg(200, 8192).A_SETS == 1 and cfg(4096, 8192).A_SETS == 1
+    cfg = lambda M, K: heuristics.register_a_tiled_config(M, 5120, K, "bfloat16", 132)  # noqa: E731
+    assert cfg(240, 8192).Nb == 80 and cfg(240, 8192).A_SETS == 2
+    assert cfg(240, 28672).A_SETS == 2
+    assert cfg(240, 2880).A_SETS == 1 and cfg(240, 4096).A_SETS == 1
+    assert cfg(129, 8192).A_SETS == 1 and cfg(4096, 8192).A_SETS == 1
 
 
 @pytest.mark.parametrize("N, K", [(128, 2880), (384, 160), (256, 32)])

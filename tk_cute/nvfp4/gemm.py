@@ -12,8 +12,8 @@ what a CPU can do.
 What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
 - Hopper (sm_90a): every shape the format allows: any M >= 1, any N >= 1, any K % 16 == 0, 2-D
   or batched, W4A16 and W4A4, bf16 / fp16 / fp32 out. "small_m", "register_a",
-  "register_a_tiled" (large M), "rows" (the register-A kernel on 128-row slices), "fused" and
-  "dequantize" (any shape: the operands expanded to exact bf16 in global memory, then the dense
+  "register_a_tiled" (M > 128), "rows" (the register-A kernel on 128-row slices) and "fused"
+  (both forced only, `path=`), and "dequantize" (any shape: the operands expanded to exact bf16 in global memory, then the dense
   Hopper GEMM). Batched operands run
   one 2-D plan per batch ("batches"). W4A4 decodes its activations in the kernel on "small_m"
   (M <= `heuristics.W4A4_NATIVE_MAX_M`), "register_a" and "register_a_tiled" (their permute
@@ -274,7 +274,7 @@ def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None 
         from . import dispatch_sm100
 
         return dispatch_sm100.gemm_sm100_nvfp4(a2, b, None, config=p.config, out=d)
-    if p.path == "register_a_tiled":
+    if p.path == "register_a_tiled" and not p.config.N_TAIL:  # (its epilogue: whole bands)
         from . import launch
 
         return launch.register_a_tiled_nvfp4(a2, b, p.config, d)

@@ -5,32 +5,34 @@ numbers behind each rule are in docs/results.md and docs/nvfp4_hopper.md; the ru
 
 Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "small_m" (`kernels/gemm/nvfp4_gemv_sm90.py`, mma.sync streaming the weights): M < RS_MIN_M
-  and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M; also W4A16 M <= 64 where
-  the register-A kernel cannot take N or K.
+  and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M; up to
+  SMALL_M_TAIL_MAX_M where N % 128 != 0; also W4A16 M <= 64 where the register-A kernel cannot
+  take N or K.
 - "register_a" (`kernels/gemm/nvfp4_rs_sm90.py`, weights decoded into wgmma A registers):
   RS_MIN_M <= M <= 128 (below it too where the small-M kernel cannot take K: K % 128 != 0),
-  N % 128 == 0 (it takes N % 8 too, a partial last row block `rs.Config.N_TAIL`, when forced:
-  not yet GPU-run, so not picked).
-- "rows": 128 < M <= ROWS_MAX_M where the tiled kernel's few-tiles width does not apply
-  (`few_tiles_width`), the register-A kernel on 128-row slices of the activations (each pass
-  streams the weights again; cheaper than a second, nearly empty row of wide tiles).
+  any N % 8 == 0 (N % 128 != 0: a partial last row block, `rs.Config.N_TAIL`).
 - "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
-  128 x Nb output tiles): larger M where N % 128 == 0, but "dequantize" from enough rows at a
-  short K (`dequantize_wins`). It takes N % 8 == 0 too (a partial last weight band,
-  `rst.Config.N_TAIL`) when forced (`path=`), as "register_a" does. Its schedule
-  (tile width Nb, stream-K shares, A register sets): `register_a_tiled_config`.
+  128 x Nb output tiles): M > 128, any N % 8 == 0 (a partial last weight band,
+  `rst.Config.N_TAIL`), but "dequantize" from enough rows at a short K, or for W4A16 on few
+  weight bands (`dequantize_wins`). Its schedule (`register_a_tiled_config`): up to
+  SPLIT_TILE_MAX_M rows one tile as wide as M split along K (stream-K), then the tile width
+  Nb, stream-K shares and A register sets of the few-tiles and rounds models.
+- "rows" (the register-A kernel on 128-row slices of the activations, each pass streaming the
+  weights again): forced only (`path=`); the split tile beat it at every shape measured.
 - "fused" (`kernels/gemm/nvfp4_sm90.py`, decode in shared memory): forced only (`path=`): every
   shape it takes (M % 128, N % 256, K % 64) the register-A kernels take too, faster. Where it was
   the default (one near-full wave of 128 x 256 tiles, K % 256 != 0: 128x28672x8192 fused 148 us
   against 298 dequantized, docs/results.md 2026-11-30), the register-A kernels now run.
 - "dequantize" (`kernels/nvfp4_dequantize.py` + `kernels/gemm/gemm_sm90.py`): everything else
-  (any M, any K % 16, N % 8, any output dtype): N % 128 != 0 beyond the small-M kernel.
+  (any M, any K % 16, any N, any output dtype): N % 8 != 0, and `dequantize_wins`.
 The register-A kernels take any K % 16 == 0 (rows of codes padded to 16 bytes for the TMA where
 K % 32 != 0, as NVFP4Tensor stores them), a partial last stage where K % 256 (K % 128 tiled)
 != 0 (`Config.K_TAIL`, set here from K).
 W4A4 on "register_a" and "register_a_tiled" decodes its activations in the kernel's permute
 pass (`Config.a_format` "nvfp4": bit for bit the W4A16 kernel on the exactly decoded
-activations); "rows" runs W4A4 parts on 128-row slices (whole scale bands, ROWS_MIN_M = 128).
+activations); "rows" (forced) runs W4A4 parts on 128-row slices (whole scale bands,
+ROWS_MIN_M = 128). D quantized to NVFP4 (`gemm_nvfp4`) takes the tiled kernel's fused
+epilogue on whole weight bands only; with N % 128 != 0 it is quantized after the GEMM.
 UE5M3 operands (`UE5M3_PATHS`): every path but "fused" decodes them (its shared-memory decode is
 UE4M3 only): forcing "fused" on them raises.
 Blackwell / Rubin: UE5M3 runs only on sm_107a (`dispatch_sm100.scale_format` raises elsewhere).
@@ -66,14 +68,16 @@ W4A4_NATIVE_MAX_M = 8
 # trip): 1x8192^2 0.945 vs 0.922, 1x28672x8192 0.988 vs 0.884; at 1x8192x28672 each CTA decodes
 # 28672 elements before its first trip: 0.927 vs 0.955.
 W4A4_STAGE_MAX_K = 8192
-# "rows": the register-A kernel on 128-row slices, from just above 128 rows up to this M, where
-# the tiled kernel's few-tiles width does not apply (`few_tiles_width`). On the H200
-# (docs/results.md, twelfth session) 129x8192^2 took 50.7 us as rows against 76.0 us tiled
-# (two rows of 128 x 128 tiles, the second nearly empty); at 200 rows tiled won (54.7 vs 66.3);
-# sixteenth session: two 80-row tiles per weight tile beat rows at 129 (43.2 vs 49.7 us) and
-# 160 rows (46.2 vs 60.7).
+# Where N % 128 != 0 (the register-A kernel's partial last row block, `rs.Config.N_TAIL`) the
+# small-M kernel keeps up to this M. H200 A/B (docs/results.md, nineteenth session; vs cuBLAS
+# bf16, small-M / register-A): 16x4000x8192 W4A16 1.99 / 1.63x, W4A4 2.04 / 1.58x; 64x4000x8192
+# W4A16 0.81 / 1.44x.
+SMALL_M_TAIL_MAX_M = 16
+# "rows" (forced only): the register-A kernel on slices of this many activation rows. H200 A/B
+# (docs/results.md, nineteenth session; vs cuBLAS bf16, rows / the split tile): 129x8192^2
+# 0.83 / 1.18x, 160x8192^2 0.64 / 0.98x, 129x28672x8192 0.78 / 1.09x, 160x8192x28672 0.80 /
+# 1.12x, 129x4000x8192 0.69 / 0.92x, 129x2880^2 0.30 / 0.43x.
 ROWS_MIN_M = rs.MAX_M
-ROWS_MAX_M = 160
 # Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
 # W4A4. The dequantize pass costs N x K whatever M is, so it pays from enough rows, and sooner at
 # a short K (the tiled kernel's per-tile costs weigh more there); later for W4A4, whose pass
@@ -85,6 +89,15 @@ ROWS_MAX_M = 160
 # W4A4: K = 2880: 512x5760 0.58 / 0.56x, 1024x5760 0.60 / 0.65x; K = 4096: 2048x4096 0.85 /
 # 0.78x, 4096x4096 0.89 / 0.86x; K = 8192: tiled at every M.
 DEQUANTIZE_FROM = {False: ((4096, 384), (8192, 2048)), True: ((4096, 1024),)}
+# W4A16 beyond the split tile's rows (`SPLIT_TILE_MAX_M`): "dequantize" where the weight bands
+# times the 128-row activation tiles are fewer than this fraction of the SMs (the tiled
+# kernel's few tiles then take longer than the dequantize pass + cuBLAS; W4A4 also decodes its
+# activations there, and stays tiled). H200 A/B (docs/results.md, nineteenth session; vs cuBLAS
+# bf16, tiled / dequantize), 240 and 256 rows: 1024x8192 0.31-0.36 / 0.49-0.50x, 2048x4096
+# 0.40-0.42 / 0.49-0.55x, 2880x2880 0.42 / 0.49-0.51x (46 tiles); 4000x8192 (64 tiles) 0.82-
+# 0.90 / 0.48-0.56x. Up to 208 rows the split tile won there: 129x2880x2880 0.42 / 0.27x,
+# 200x2880x2880 0.40 / 0.38x.
+DEQUANTIZE_MAX_TILES = 0.4
 PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "fused", "dequantize")
 # Hopper paths whose kernels decode UE5M3 scales (a `sf` Config field, or the block dequantize)
 UE5M3_PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "dequantize")
@@ -98,26 +111,25 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
         return "small_m"
     if M < RS_MIN_M and not w4a4 and gv.supports(M, N, K):
         return "small_m"
-    # (the register-A kernels' partial row blocks, `N_TAIL`, run only when forced so far: not
-    # yet GPU-run)
-    whole = N % rs.BAND == 0
-    if M <= rs.MAX_M and rs.supports(M, N, K) and whole:
+    if N % rs.BAND and M <= SMALL_M_TAIL_MAX_M and gv.supports(M, N, K):
+        return "small_m"
+    if M <= rs.MAX_M and rs.supports(M, N, K):
         return "register_a"
     if M <= gv.MAX_M and not w4a4 and gv.supports(M, N, K):
         return "small_m"
-    if (ROWS_MIN_M < M <= ROWS_MAX_M and rs.supports(rs.MAX_M, N, K) and whole
-            and few_tiles_width(M, N, sms) is None):
-        return "rows"
-    if M > rs.MAX_M and rst.supports(M, N, K) and whole and not dequantize_wins(w4a4, M, K):
+    if M > rs.MAX_M and rst.supports(M, N, K) and not dequantize_wins(w4a4, M, N, K, sms):
         return "register_a_tiled"
     # ("fused" takes a subset of what the register-A kernels take, and they were faster: it
     # runs only when forced, for comparisons.)
     return "dequantize"
 
 
-def dequantize_wins(w4a4: bool, M: int, K: int) -> bool:
+def dequantize_wins(w4a4: bool, M: int, N: int, K: int, sms: int) -> bool:
     """Whether "dequantize" beats the tiled register-A kernel at M rows and this K
-    (`DEQUANTIZE_FROM`)."""
+    (`DEQUANTIZE_FROM`), or, W4A16, on too few weight bands (`DEQUANTIZE_MAX_TILES`)."""
+    if (not w4a4 and M > SPLIT_TILE_MAX_M
+            and -(-N // rst.ROWS) * -(-M // rst.ROWS) < DEQUANTIZE_MAX_TILES * sms):
+        return True
     for below, rows in DEQUANTIZE_FROM[w4a4]:
         if K < below:
             return M >= rows
@@ -241,12 +253,26 @@ TILED_TILE_COST = {256: 1.0, 192: 1.02, 128: 1.08}
 # (1.70) 0.938 / 1.015x, 768x28672x8192 1.016 / 1.094x (192 / 256), 384x28672x8192 0.78 /
 # 0.91x (192), 1024x8192x28672 1.000 / 1.044x.
 TILED_STREAM_K_OVERHEAD = 0.12
+# The split tile: above 128 rows (the register-A kernel's most) and up to this M, the tiled
+# kernel runs one activation tile as wide as M (`split_tile_width`) on every 128-row weight
+# band, its K split into stream-K shares (`schedule.stream_k_grid`: equal parts of each tile
+# where the bands are fewer than the SMs, else shares that straddle the tiles). Every weight
+# is then decoded once, for all M rows, and no padded tile is spent on a nearly empty second
+# row of tiles. H200 A/B (docs/results.md, nineteenth session; vs cuBLAS bf16, split tile / the
+# previous pick): 129x8192^2 1.17 / 1.02x (two 80-row tiles), 129x8192x28672 1.25 / 0.94x,
+# 129x5120^2 1.00 / 0.87x, 150x28672x8192 1.07 / 0.75x ("rows"), 200x8192x28672 1.02 / 0.92x,
+# 200x8192^2 and 200x5120^2 even (0.81, 0.79x); at 256 rows it lost (256x8192^2 0.79 / 0.90x
+# for two 128-row tiles).
+SPLIT_TILE_MAX_M = 208
 TILED_TWO_SETS_MAX_NB = 96
 TILED_TWO_SETS_MIN_K = 8192
 
 
 def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) -> rst.Config:
-    """Nb (activation rows per tile): `few_tiles_width` where it applies, else the rounds model
+    """Nb (activation rows per tile): up to SPLIT_TILE_MAX_M rows one split tile as wide as M,
+    stream-K along K (`split_tile_width`); then `few_tiles_width` where it applies, else the
+    rounds model (its stream-K with one tile as wide as M narrowed to `split_tile_width`: 240x
+    28672x8192 at Nb = 240 1.006x against 0.962x at 256, docs/results.md nineteenth session)
     of `schedule.tile_width` over the (N / 128) x ceil(M / Nb) tiles (`TILED_TILE_COST`): 256
     where its tiles fill their rounds, 192 or 128 where 256-row tiles would leave a round nearly
     empty or their last row of tiles half empty. H200 A/Bs (docs/results.md), vs cuBLAS bf16,
@@ -254,13 +280,23 @@ def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) ->
     512x8192^2 0.90 / - / 0.84x, 3072x8192^2 0.93 / 0.93 / 0.87x. With at least one tile per
     SM the same model weighs stream-K shares (`TILED_STREAM_K_OVERHEAD`). A_SETS: two register
     sets for narrow tiles at long K (`TILED_TWO_SETS_MAX_NB`)."""
-    nb, stream_k = few_tiles_width(M, N, sms), False
+    if M <= SPLIT_TILE_MAX_M:
+        nb, stream_k = split_tile_width(M), True
+    else:
+        nb, stream_k = few_tiles_width(M, N, sms), False
     if nb is None:
         nb, stream_k = schedule.tile_plan(-(-N // rst.ROWS), M, sms, TILED_TILE_COST,
                                           TILED_STREAM_K_OVERHEAD * 8192 / K)
+        if stream_k and nb >= M:  # one activation tile either way: the narrowest that holds M
+            nb = split_tile_width(M)
     a_sets = 2 if nb <= TILED_TWO_SETS_MAX_NB and K >= TILED_TWO_SETS_MIN_K else 1
     return rst.Config(Nb=nb, A_SETS=a_sets, STREAM_K=stream_k, out_dtype=out_dtype,
                       K_TAIL=K % rst.STAGE_K != 0, N_TAIL=N % rst.ROWS != 0)
+
+
+def split_tile_width(M: int) -> int:
+    """The narrowest tiled width (`rst.NBS`) that holds all M activation rows in one tile."""
+    return next(nb for nb in rst.NBS if nb >= M)
 
 
 def few_tiles_width(M: int, N: int, sms: int) -> int | None:

@@ -53,21 +53,28 @@ def test_every_grid_shape_has_a_kernel_plan(w4a4, out):
 
 
 def test_issue_rows_take_the_expected_paths():
-    # Just above 128 rows with few weight tiles (64 at N = 8192): the tiled register-A kernel,
-    # two 80-row activation tiles per weight tile (`heuristics.few_tiles_width`).
-    for M, nb in ((129, 80), (200, 112), (257, 144), (256, 128), (384, 192)):
+    # Just above 128 rows, up to 208: the tiled register-A kernel, one split tile as wide as M
+    # (`heuristics.SPLIT_TILE_MAX_M`); then with few weight tiles (64 at N = 8192) two
+    # activation tiles per weight tile (`heuristics.few_tiles_width`).
+    for M, nb in ((129, 144), (200, 208), (257, 144), (256, 128), (384, 192)):
         p = _plan_hopper(False, M, 8192, 8192, "bfloat16", SMS, False)
         assert p.path == "register_a_tiled" and p.config.Nb == nb, (M, p)
+        assert p.config.STREAM_K == (M <= 208)
     # The tiled schedule in the plan's text (what the bench prints): stream-K where whole
     # 256-row tiles would leave the second round part empty (224 tiles on 132 SMs)
     assert str(_plan_hopper(False, 129, 8192, 8192, "bfloat16", SMS, False)) == \
-        "register_a_tiled(Nb=80)"
+        "register_a_tiled(Nb=144, stream-K)"
     assert str(_plan_hopper(False, 256, 28672, 8192, "bfloat16", SMS, False)) == \
         "register_a_tiled(Nb=256, stream-K)"
-    # Many weight tiles (224 at N = 28672): one register-A pass of 128 rows, the small-M kernel
-    # for the last row.
+    # Many weight tiles (224 at N = 28672): the split tile too ("rows" is forced only)
     p = _plan_hopper(False, 129, 28672, 8192, "bfloat16", SMS, False)
-    assert p.path == "rows" and p.kernels() == ["register_a", "small_m"]
+    assert str(p) == "register_a_tiled(Nb=144, stream-K)"
+    # W4A16 on few weight bands beyond 208 rows: "dequantize" (heuristics.DEQUANTIZE_MAX_TILES)
+    assert _plan_hopper(False, 240, 1024, 8192, "bfloat16", SMS, False).path == "dequantize"
+    assert _plan_hopper(True, 240, 1024, 8192, "bfloat16", SMS, False).path == \
+        "register_a_tiled"
+    assert _plan_hopper(False, 200, 1024, 8192, "bfloat16", SMS, False).config.STREAM_K
+    assert _plan_hopper(False, 200, 4000, 8192, "bfloat16", SMS, False).config.N_TAIL
     assert _plan_hopper(False, 512, 8192, 8192, "bfloat16", SMS, False).config.Nb == 256
     assert _plan_hopper(False, 4000, 8192, 8192, "bfloat16", SMS, False).config.Nb == 256
     p = _plan_hopper(False, 200, 8192, 8192, "bfloat16", SMS, False, "rows")
@@ -296,7 +303,7 @@ def test_rows_slices_nvfp4_activations_at_whole_scale_bands(seed):
         part, alone = _rows(q, m0, m1), quantize(x[m0:m1], global_scale=q.global_scale)
         assert part.shape == alone.shape == (m1 - m0, 512)
         assert torch.equal(part.data, alone.data) and torch.equal(part.scales, alone.scales)
-    p = _plan_hopper(True, 150, 28672, 8192, "bfloat16", SMS, False)
+    p = _plan_hopper(True, 150, 28672, 8192, "bfloat16", SMS, False, "rows")
     assert p.path == "rows" and [sub.config.a_format for _, _, sub in p.parts] == ["nvfp4"] * 2
 
 
@@ -307,15 +314,16 @@ def test_k_tails_plan_the_register_a_kernels():
         for K in (2880, 160, 2912):
             p = _plan_hopper(True, M, 384, K, "bfloat16", SMS, False)
             subs = [sub for _, _, sub in p.parts] if p.parts else [p]
-            assert all(s.path == "register_a" and s.config.K_TAIL for s in subs), (M, K, p)
+            assert all(s.path.startswith("register_a") and s.config.K_TAIL for s in subs), \
+                (M, K, p)
     p = _plan_hopper(True, 1000, 384, 4160, "bfloat16", SMS, False)
     assert p.path == "register_a_tiled" and p.config.K_TAIL
     # Short K at large M: the dequantized operands and the dense GEMM were faster
     assert _plan_hopper(True, 1024, 384, 2880, "bfloat16", SMS, False).path == "dequantize"
     p = _plan_hopper(True, 300, 384, 2880, "bfloat16", SMS, False)  # fewer rows: tiled
     assert p.path == "register_a_tiled" and p.config.K_TAIL
-    for M, K in ((16, 8208), (1, 48), (100, 2896), (300, 8208)):
-        p = _plan_hopper(False, M, 384, K, "bfloat16", SMS, False)
+    for M, K in ((16, 8208), (1, 48), (100, 2896), (300, 8208)):  # (N: not few bands)
+        p = _plan_hopper(False, M, 4096, K, "bfloat16", SMS, False)
         subs = [sub for _, _, sub in p.parts] if p.parts else [p]
         assert all(s.path.startswith("register_a") and s.config.K_TAIL for s in subs), (M, K, p)
 
