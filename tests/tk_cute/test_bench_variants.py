@@ -28,6 +28,14 @@ def test_nvfp4_shapes_and_help():
         (1, 8192, 8192), (16, 8192, 8192), (129, 8192, 8208)]
     text = bench_nvfp4._parser().format_help()
     assert "--plot" in text and "--paths" in text
+    # the issue rows join the default grid only; a chosen grid runs as given
+    parse = bench_nvfp4._parser().parse_args
+    assert bench_nvfp4.extra_shapes(parse([])) == bench_nvfp4.DEFAULT_SHAPES
+    assert "129,8192,8192" in bench_nvfp4.DEFAULT_SHAPES
+    assert bench_nvfp4.extra_shapes(parse(["--m", "16"])) == []
+    assert bench_nvfp4.extra_shapes(parse(["--nk", "2880,2880"])) == []
+    assert bench_nvfp4.extra_shapes(parse(["--shapes"])) == []
+    assert bench_nvfp4.extra_shapes(parse(["--m", "16", "--shapes", "3,8,16"])) == ["3,8,16"]
 
 
 def test_bench_help_lists_every_bench(capsys):

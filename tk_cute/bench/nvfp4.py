@@ -4,7 +4,8 @@
                                   [--shapes M,N,K ...] [--paths] [--plot FILE.png]
 
 Shapes: every M of `--m` times every (N, K) of `--nk`, plus the explicit `--shapes` (odd and
-prime sizes, K not a multiple of 256: the issue rows). Variants per shape: tk_cute W4A16 and
+prime sizes, K not a multiple of 256; with no shape option, also `DEFAULT_SHAPES`: the issue
+rows). Variants per shape: tk_cute W4A16 and
 W4A4 through the public `tk_cute.nvfp4.gemm` (its notes column prints the path the dispatch
 took, `tk_cute.nvfp4.plan`), cuBLAS bf16 on the dequantized weights (`a @ w.t()`, the
 baseline), cuBLAS fp8 e4m3 (`torch._scaled_mm`, per-tensor scales) and, optionally, the torch
@@ -34,6 +35,10 @@ from tk_cute.bench.harness import HEADER, bench, environment, host_overhead, inp
 
 DEFAULT_M = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096]
 DEFAULT_NK = ["8192,8192", "28672,8192", "8192,28672"]
+# The odd rows a user meets first (issue 19's table): just above the register-A kernel's 128
+# rows, ragged M, a partial weight band (gpt-oss's N = K = 2880), K % 32 != 0
+DEFAULT_SHAPES = ["129,8192,8192", "200,8192,8192", "1000,8192,8192", "100,8192,8192",
+                  "16,8192,8208", "200,4000,8192", "128,2880,2880"]
 BASELINE = "cuBLAS bf16 (deq W)"
 SPEED_OF_LIGHT = "speed of light: read W"
 
@@ -157,12 +162,21 @@ def shapes(ms, nks, extra) -> list[tuple[int, int, int]]:
     return out + [tuple(map(int, s.split(","))) for s in extra]
 
 
+def extra_shapes(args) -> list[str]:
+    """`--shapes`, or with no shape option given the issue rows (`DEFAULT_SHAPES`)."""
+    if args.shapes is not None:
+        return args.shapes
+    return DEFAULT_SHAPES if (args.m, args.nk) == (DEFAULT_M, DEFAULT_NK) else []
+
+
 def _parser():
     p = argparse.ArgumentParser(prog="python -m tk_cute.bench nvfp4",
                                 description="NVFP4 GEMM against cuBLAS bf16 / fp8 on Hopper.")
     p.add_argument("--m", type=int, nargs="+", default=DEFAULT_M, help="rows of A")
     p.add_argument("--nk", nargs="+", default=DEFAULT_NK, help="N,K pairs")
-    p.add_argument("--shapes", nargs="*", default=[], help="extra M,N,K shapes")
+    p.add_argument("--shapes", nargs="*", default=None,
+                   help="extra M,N,K shapes (default: DEFAULT_SHAPES where --m and --nk are "
+                        "left at theirs, else none)")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--paths", action="store_true", help="every Hopper path that takes a shape")
     p.add_argument("--tune", action="store_true", help="small-M tiling / split-K variants")
@@ -183,7 +197,7 @@ def main(argv=None):
     print("timing: CUDA graph replay, cold L2 (rotating input sets); GB/s = 0.5625 B x N x K")
     print(HEADER)
     results = []
-    for M, N, K in shapes(args.m, args.nk, args.shapes):
+    for M, N, K in shapes(args.m, args.nk, extra_shapes(args)):
         sets = input_sets(lambda: _make(M, N, K), N * K * 9 // 16 + M * K * 2)
         variants, notes = _variants(M, N, K, args.paths, args.tune, sms)
         if not args.torch_deq:

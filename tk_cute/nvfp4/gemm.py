@@ -13,9 +13,9 @@ What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
 - Hopper (sm_90a): every shape the format allows: any M >= 1, any N >= 1, any K % 16 == 0, 2-D
   or batched, W4A16 and W4A4, bf16 / fp16 / fp32 out. "small_m", "register_a",
   "register_a_tiled" (M > 128), "rows" (the register-A kernel on 128-row slices) and "fused"
-  (both forced only, `path=`), and "dequantize" (any shape: the operands expanded to exact bf16 in global memory, then the dense
-  Hopper GEMM). Batched operands run
-  one 2-D plan per batch ("batches"). W4A4 decodes its activations in the kernel on "small_m"
+  (both forced only, `path=`), and "dequantize" (any shape: the operands expanded to exact
+  bf16 in global memory, then the dense Hopper GEMM). Batched operands run one 2-D plan per
+  batch ("batches"). W4A4 decodes its activations in the kernel on "small_m"
   (M <= `heuristics.W4A4_NATIVE_MAX_M`), "register_a" and "register_a_tiled" (their permute
   passes), "fused" and "dequantize"; "rows" slices them at 128-row scale bands for its parts.
   D's rows must be 16-byte aligned for the kernels' stores: where N * element size is not, D
