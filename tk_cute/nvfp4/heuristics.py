@@ -261,25 +261,25 @@ TILED_STREAM_K_OVERHEAD = 0.12
 # row of tiles. H200 A/B (docs/results.md, nineteenth session; vs cuBLAS bf16, split tile / the
 # previous pick): 129x8192^2 1.17 / 1.02x (two 80-row tiles), 129x8192x28672 1.25 / 0.94x,
 # 129x5120^2 1.00 / 0.87x, 150x28672x8192 1.07 / 0.75x ("rows"), 200x8192x28672 1.02 / 0.92x,
-# 200x8192^2 and 200x5120^2 even (0.81, 0.79x); at 256 rows it lost (256x8192^2 0.79 / 0.90x
-# for two 128-row tiles).
+# 200x8192^2 and 200x5120^2 even (0.81, 0.79x); at 240 and 256 rows it lost at N = 8192
+# (240x8192^2 0.83 / 0.89x, 256x8192^2 0.79-0.84 / 0.90-0.95x for two 128-row tiles).
 SPLIT_TILE_MAX_M = 208
 TILED_TWO_SETS_MAX_NB = 96
 TILED_TWO_SETS_MIN_K = 8192
 
 
 def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) -> rst.Config:
-    """Nb (activation rows per tile): up to SPLIT_TILE_MAX_M rows one split tile as wide as M,
-    stream-K along K (`split_tile_width`); then `few_tiles_width` where it applies, else the
-    rounds model (its stream-K with one tile as wide as M narrowed to `split_tile_width`: 240x
-    28672x8192 at Nb = 240 1.006x against 0.962x at 256, docs/results.md nineteenth session)
-    of `schedule.tile_width` over the (N / 128) x ceil(M / Nb) tiles (`TILED_TILE_COST`): 256
-    where its tiles fill their rounds, 192 or 128 where 256-row tiles would leave a round nearly
-    empty or their last row of tiles half empty. H200 A/Bs (docs/results.md), vs cuBLAS bf16,
-    Nb = 256 / 192 / 128: 384x8192^2 0.72 / 0.91 / 0.66x, 768x28672x8192 0.87 / 1.02 / 0.92x,
-    512x8192^2 0.90 / - / 0.84x, 3072x8192^2 0.93 / 0.93 / 0.87x. With at least one tile per
-    SM the same model weighs stream-K shares (`TILED_STREAM_K_OVERHEAD`). A_SETS: two register
-    sets for narrow tiles at long K (`TILED_TWO_SETS_MAX_NB`)."""
+    """Nb (activation rows per tile) and stream-K. Up to SPLIT_TILE_MAX_M rows one split tile
+    as wide as M, stream-K along K (`split_tile_width`). Above: `few_tiles_width` where it
+    applies, else the rounds model of `schedule.tile_plan` over the (N / 128) x ceil(M / Nb)
+    tiles (`TILED_TILE_COST`): 256 where its tiles fill their rounds, 192 or 128 where 256-row
+    tiles would leave a round nearly empty or their last row of tiles half empty. H200 A/Bs
+    (docs/results.md), vs cuBLAS bf16, Nb = 256 / 192 / 128: 384x8192^2 0.72 / 0.91 / 0.66x,
+    768x28672x8192 0.87 / 1.02 / 0.92x, 512x8192^2 0.90 / - / 0.84x, 3072x8192^2 0.93 / 0.93 /
+    0.87x. With at least one tile per SM the same model weighs stream-K shares
+    (`TILED_STREAM_K_OVERHEAD`); its stream-K pick with one tile as wide as M is narrowed to
+    `split_tile_width` (240x28672x8192 at Nb = 240 1.006x against 0.962x at 256, nineteenth
+    session). A_SETS: two register sets for narrow tiles at long K (`TILED_TWO_SETS_MAX_NB`)."""
     if M <= SPLIT_TILE_MAX_M:
         nb, stream_k = split_tile_width(M), True
     else:
