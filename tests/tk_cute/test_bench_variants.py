@@ -16,6 +16,9 @@ def test_nvfp4_variants_with_tuning(M, N, K):
     assert bool(tuned) == (M <= 64)
     tiled = [n for n in v if n.startswith("tk_cute w4a16 tiled")]
     assert bool(tiled) == (M > 128)
+    if M == 200:  # the split tile beside the few-tiles width it replaced (two 112-row tiles)
+        assert {"tk_cute w4a16 tiled Nb=208 stream-K",
+                "tk_cute w4a16 tiled Nb=112 few tiles"} <= set(tiled)
     from tk_cute.nvfp4.heuristics import PATHS
 
     forced = {notes[n][1] for n in v if "path=" in n}

@@ -21,7 +21,7 @@ panel per (N, K) (`tk_cute.viz.speedup_plot`); `--json` keeps every number.
 `--tune` adds small-M tk_cute variants over the tiling (MT MMA row tiles per warp, WN warps
 along N, U 128-K steps per trip, ahead: the next trip's weights in flight, cN: a register cap for
 N CTAs per SM) and split-K (S warps along K), and for M > 128 the tiled register-A kernel's
-schedules (`_tiled_tuning_variants`: whole tiles, stream-K, one activation tile split along K).
+schedules (`_tiled_tuning_variants`: whole tiles, stream-K, the split tile, few-tiles widths).
 """
 
 from __future__ import annotations
@@ -99,25 +99,30 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int):
     if tune and M <= 64:
         v.update(_tuning_variants(M, N, K, sms))
     if tune and M > 128:
-        v.update(_tiled_tuning_variants(M, K))
+        v.update(_tiled_tuning_variants(M, N, K, sms))
     return v, notes
 
 
-def _tiled_tuning_variants(M, K):
+def _tiled_tuning_variants(M, N, K, sms):
     """The tiled register-A kernel beside the dispatch's pick: whole tiles of 128 and 256 rows,
-    stream-K shares at 192 and 256, and up to 256 rows one activation tile as wide as M split
-    into K parts (stream-K where the tiles are fewer than the SMs)."""
+    stream-K shares at 192 and 256, up to 256 rows the split tile (one activation tile as wide
+    as M split into K parts, `heuristics.split_tile_width`), and the few-tiles width (as many
+    activation tiles per weight band as one round holds, `heuristics.few_tiles_width`)."""
     from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
-    from tk_cute.nvfp4 import launch
+    from tk_cute.nvfp4 import heuristics, launch
 
-    tail = K % rst.STAGE_K != 0
-    configs = {"Nb=128": rst.Config(Nb=128, K_TAIL=tail),
-               "Nb=256": rst.Config(Nb=256, K_TAIL=tail),
-               "Nb=192 stream-K": rst.Config(Nb=192, STREAM_K=True, K_TAIL=tail),
-               "Nb=256 stream-K": rst.Config(Nb=256, STREAM_K=True, K_TAIL=tail)}
-    one = [nb for nb in rst.NBS if nb >= M]
-    if one:
-        configs[f"Nb={one[0]} stream-K"] = rst.Config(Nb=one[0], STREAM_K=True, K_TAIL=tail)
+    tails = dict(K_TAIL=K % rst.STAGE_K != 0, N_TAIL=N % rst.ROWS != 0)
+    configs = {"Nb=128": rst.Config(Nb=128, **tails),
+               "Nb=256": rst.Config(Nb=256, **tails),
+               "Nb=192 stream-K": rst.Config(Nb=192, STREAM_K=True, **tails),
+               "Nb=256 stream-K": rst.Config(Nb=256, STREAM_K=True, **tails)}
+    if M <= rst.NBS[-1]:
+        nb = heuristics.split_tile_width(M)
+        configs[f"Nb={nb} stream-K"] = rst.Config(Nb=nb, STREAM_K=True, **tails)
+    few = heuristics.few_tiles_width(M, N, sms)
+    if few is not None:
+        two = few <= heuristics.TILED_TWO_SETS_MAX_NB and K >= heuristics.TILED_TWO_SETS_MIN_K
+        configs[f"Nb={few} few tiles"] = rst.Config(Nb=few, A_SETS=2 if two else 1, **tails)
     return {f"tk_cute w4a16 tiled {name}": (
         lambda s, c=cfg: launch.gemm_rs_tiled(s["a"], s["b"], config=c))
         for name, cfg in configs.items()}
