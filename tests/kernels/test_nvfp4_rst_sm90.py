@@ -468,12 +468,15 @@ def test_fused_nvfp4_output_is_the_quantized_fp32_output(seed, M, N, K):
 
 @pytest.mark.gpu
 def test_unfused_nvfp4_output_paths(seed):
-    """Shapes without the fused epilogue (small M, K % 128) quantize the fp32 output: decodes
-    within each block's spacing of the exact product, saturation reported."""
+    """Shapes without the fused epilogue (small M, K % 128, a partial weight band: the split
+    tile at 200 x 1040) quantize the fp32 output: decodes within each block's spacing of the
+    exact product, saturation reported."""
     from tk_cute import nvfp4
     from tk_cute.testing import gemm_bound
 
-    for M, N, K in ((16, 1024, 1024), (3, 256, 48)):
+    assert nvfp4.plan(torch.empty(200, 1024, device="cuda", dtype=torch.bfloat16),
+                      _weights(1040, 1024), torch.float32).config.N_TAIL
+    for M, N, K in ((16, 1024, 1024), (3, 256, 48), (200, 1040, 1024)):
         b = _weights(N, K)
         a = torch.randn(M, K, device="cuda").bfloat16()
         d = nvfp4.w4a16_reference(a, b, torch.float32).double()
