@@ -80,9 +80,12 @@ viz.schedule_plot(4096 // kernel.Mb, 4096 // kernel.Nb, ctas=SMS,
 
 # %% [markdown]
 # A 257 x 8192 C makes only 3 x 32 = 96 tiles: whole tiles leave 36 of the 132 SMs idle.
-# Stream-K (`Config(STREAM_K=True)`, not the default yet) gives every CTA an equal run of
-# (tile x 64-K step) units instead; a tile split between CTAs is summed by its head (outlined),
-# which adds the later parts' fp32 sums in CTA order before its epilogue.
+# Stream-K (`Config(STREAM_K=True)`) gives every CTA an equal run of (tile x 64-K step) units
+# instead; a tile split between CTAs is summed by its head (outlined), which adds the later
+# parts' fp32 sums in CTA order before its epilogue. On the H200 the dense GEMM's stream-K was
+# slower than whole tiles at every shape timed (docs/results.md), so `tk_cute.gemm` does not
+# pick it; the NVFP4 tiled kernel runs the same code by default from 129 to 208 rows (one
+# activation tile as wide as M, its K split between CTAs: 129 x 8192^2 at 1.18x cuBLAS bf16).
 
 # %%
 viz.stream_k_plot(-(-257 // kernel.Mb) * (8192 // kernel.Nb), 8192 // kernel.Kb)
