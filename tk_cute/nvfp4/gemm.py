@@ -234,12 +234,12 @@ def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None 
                pdl: bool = False, path: str | None = None) -> NVFP4Tensor:
     """D = a @ b^T quantized to NVFP4 (UE4M3 scales) with decode scale `global_scale`: bit for
     bit ``quantize(D32, global_scale=global_scale)`` of the fp32 D32 the path computes. The
-    tiled register-A path (Hopper, large M) and the Blackwell / Rubin kernel (path "sm100",
-    `dispatch_sm100.gemm_sm100_nvfp4`: D32 = fl(acc * gA gB) of its fp32 accumulators, never
-    stored) quantize in their epilogues (D never exists in fp32: 0.5625 instead of 4 bytes per
-    element written); every other Hopper path writes fp32 D = `gemm(a, b, torch.float32)`, then
-    the quantizer runs. Blackwell / Rubin has no fp32 GEMM: shapes its kernel cannot take
-    (K % 256) raise NotImplementedError there.
+    tiled register-A path (Hopper, M > 128, N % 128 == 0) and the Blackwell / Rubin kernel
+    (path "sm100", `dispatch_sm100.gemm_sm100_nvfp4`: D32 = fl(acc * gA gB) of its fp32
+    accumulators, never stored) quantize in their epilogues (D never exists in fp32: 0.5625
+    instead of 4 bytes per element written); every other Hopper path writes fp32 D =
+    `gemm(a, b, torch.float32)`, then the quantizer runs. Blackwell / Rubin has no fp32 GEMM:
+    shapes its kernel cannot take (K % 256) raise NotImplementedError there.
 
     Args:
         a, b: as `gemm` (2-D).
