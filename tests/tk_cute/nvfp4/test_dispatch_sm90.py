@@ -219,6 +219,20 @@ def test_grid_16_and_32_bit_outputs(seed, no_reference, w4a4, out_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(240, 17024, 8192), (208, 1040, 2880), (129, 136, 8192)])
+def test_split_tile_edges_every_element(seed, no_reference, M, N, K):
+    """The tiled schedules at their edges: 240 rows over 133 weight bands (the rounds model's
+    one-tile stream-K narrowed to Nb = 240), the split tile's last M with a partial band and a
+    K tail, and 129 rows on two bands (64 K parts per tile summed by its head)."""
+    for w4a4 in (False, True):
+        p = plan(quantize(torch.randn(M, K, device="cuda")) if w4a4 else
+                 torch.empty(M, K, device="cuda", dtype=torch.bfloat16), _weights(N, K))
+        assert p.path == "register_a_tiled" and p.config.STREAM_K, p
+        assert p.config.Nb == {240: 240, 208: 208, 129: 144}[M]
+        _run(M, N, K, w4a4, torch.bfloat16)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("case", ["w4a4", "w4a4_padded_rows", "w4a16_batched",
                                   "w4a16_leading_dims"])
 def test_batched(seed, no_reference, case):
