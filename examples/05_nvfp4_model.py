@@ -21,7 +21,7 @@ import time
 import pytest
 import torch
 
-from tk_cute import nvfp4
+from tk_cute import nvfp4, viz
 from tk_cute.bench.model import MLP
 from tk_cute.compare import Table
 
@@ -82,6 +82,16 @@ def test_quantized_model_is_close_to_bf16_and_each_layer_exact():
             a = nvfp4.quantize(a) if layer.activations == "nvfp4" else a
             assert_gemm_close(layer(x).reshape(-1, INTERMEDIATE), a, layer.weight, "gate")
 
+
+# %% [markdown]
+# Which kernel runs a layer on a Hopper GPU depends on the tokens per call (M) and the layer's
+# N and K: the dispatch's map at the gate / up projections' K (`viz.paths_plot`, drawn from
+# `tk_cute.nvfp4.heuristics`' own rules; `nvfp4.plan(a, layer.weight)` names one call's path).
+# Decode batches run the weight-streaming kernels (small_m, register_a), from 129 rows the
+# tiled register-A kernel (up to 208 rows one tile as wide as M, its K split between CTAs).
+
+# %%
+viz.paths_plot(HIDDEN)
 
 # %% [markdown]
 # `torch.compile(fullgraph=True)`: the NVFP4 layers are custom ops with fake implementations,

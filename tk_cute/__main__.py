@@ -2,7 +2,8 @@
 
     python -m tk_cute [run] [--m M --n N --k K] [--seed S]
     python -m tk_cute report --arch sm_107a --mnk 16384,16384,16384
-    python -m tk_cute draw {scales,swizzle,tmem,schedule,roofline,speedup} --out FILE.png
+    python -m tk_cute draw {scales,swizzle,tmem,schedule,stream-k,roofline,speedup,paths} \
+        --out FILE.png
     python -m tk_cute compare --arch sm_90a [--peer PATH] [--plot FILE.png]
     python -m tk_cute --help
 """
@@ -17,7 +18,7 @@ COMMANDS = {
            "the Rubin kernel compiled and checked, and the exact reference)",
     "report": "compile-only kernel report for any target: resources, MMAs, roofline model",
     "draw": "pictures (PNG/SVG): NVFP4 scale tiling, st swizzle, TMEM map, tile schedule, "
-            "roofline, bench speedups",
+            "stream-K shares, roofline, bench speedups, the NVFP4 dispatch's paths",
     "compare": "the same GEMM in tk_cute and a CuTe DSL peer side by side: source lines, "
                "instruction mix, resources, time",
 }

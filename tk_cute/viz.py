@@ -17,6 +17,8 @@ the arrays it was drawn from, computed by the same layout functions the kernels 
 - `roofline_plot`: kernel reports (`tk_cute.report.report`) on their target's roof (a MODEL).
 - `speedup_plot(results)`: the NVFP4 bench's speedup over cuBLAS bf16 against M, one panel per
   (N, K), log-scaled M (`python -m tk_cute.bench nvfp4 --plot FILE`).
+- `paths_plot`: which Hopper NVFP4 path `tk_cute.nvfp4.gemm` takes for each M x N at one K
+  (`nvfp4.heuristics.hopper_path`, the dispatch's own rules), and the tiled kernel's schedule.
 
 `python -m tk_cute draw WHAT --out FILE` draws any of them (`main`).
 """
@@ -539,6 +541,82 @@ def speedup_plot(results: list[dict], baseline: str = "cuBLAS bf16 (deq W)",
 
 
 # --------------------------------------------------------------------------- command line
+# The Hopper NVFP4 paths' colours (`paths_plot`), in `heuristics.PATHS` order.
+PATH_COLOURS = {"small_m": "#4c72b0", "register_a": "#55a868", "register_a_tiled": "#c44e52",
+                "rows": "#8172b2", "fused": "#937860", "dequantize": "#ccb974"}
+
+
+def _default_ms() -> list[int]:
+    """M from 1 to 8192, log-spaced, with the dispatch's edges (8/9, 16/17, 128/129, 208/209)."""
+    ms = set(np.unique(np.round(np.geomspace(1, 8192, 48))).astype(int).tolist())
+    return sorted(ms | {8, 9, 16, 17, 64, 128, 129, 208, 209, 256})
+
+
+def _default_ns() -> list[int]:
+    """N from 128 to 32768, log-spaced whole 128-row bands, each beside a partial one (+ 64)."""
+    bands = np.unique(np.round(np.geomspace(1, 256, 24))).astype(int)
+    return sorted({128 * b for b in bands.tolist()} | {128 * b + 64 for b in bands.tolist()})
+
+
+def paths_plot(K: int = 8192, w4a4: bool = False, sms: int | None = None,
+               ms: list[int] | None = None, ns: list[int] | None = None):
+    """Which Hopper path the NVFP4 dispatch takes at each M x N for one K.
+
+    Args:
+        K: the shared dimension (a multiple of 16).
+        w4a4: NVFP4 activations (else bf16, W4A16).
+        sms: the GPU's SM count (default: sm_90a's, an H100/H200).
+        ms, ns: the activation rows and weight rows drawn (default: log-spaced from 1 and 128,
+            the dispatch's M edges and partial weight bands included).
+
+    Returns:
+        The Figure; `fig.drawn` has "paths" ({(M, N): path}, from
+        `nvfp4.heuristics.hopper_path`), "schedules" ({(M, N): the tiled kernel's
+        `register_a_tiled_config` as "Nb=... [stream-K]"} where that path runs), "ms", "ns".
+    """
+    from tk_cute.nvfp4 import heuristics
+
+    if K < 16 or K % 16:
+        raise ValueError(f"NVFP4 K must be a positive multiple of 16 (the scale block), got {K}")
+    if sms is None:
+        from tk_cute.arch import target
+
+        sms = target("sm_90a").sm_count
+    ms, ns = sorted(ms or _default_ms()), sorted(ns or _default_ns())
+    if min(ms) < 1 or min(ns) < 1:
+        raise ValueError(f"M and N must be positive, got M from {min(ms)} and N from {min(ns)}")
+    paths, schedules = {}, {}
+    for m in ms:
+        for n in ns:
+            path = paths[(m, n)] = heuristics.hopper_path(w4a4, m, n, K, sms)
+            if path == "register_a_tiled":
+                cfg = heuristics.register_a_tiled_config(m, n, K, "bfloat16", sms)
+                schedules[(m, n)] = f"Nb={cfg.Nb}" + (" stream-K" if cfg.STREAM_K else "")
+    names = [p for p in PATH_COLOURS if p in set(paths.values())]
+    index = np.array([[names.index(paths[(m, n)]) for m in ms] for n in ns])
+    fig, (ax,) = _figure(1, 11, 6)
+    fig.drawn = {"paths": paths, "schedules": schedules, "ms": ms, "ns": ns}
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    ax.imshow(index, cmap=ListedColormap([PATH_COLOURS[p] for p in names]), vmin=-0.5,
+              vmax=len(names) - 0.5, aspect="auto", origin="lower", interpolation="nearest")
+    edges = {9, 17, 129, 209}  # the first M of each path's range
+    xs = [i for i, m in enumerate(ms) if i % 6 == 0 or m in edges]
+    ax.set_xticks(xs, [str(ms[i]) for i in xs], fontsize=7, rotation=90)
+    ys = [i for i, n in enumerate(ns) if n % 128 == 0][::3]
+    ax.set_yticks(ys, [str(ns[i]) for i in ys], fontsize=7)
+    fig.drawn["legend"] = names  # the image's value i is path names[i]
+    ax.legend(handles=[Patch(color=PATH_COLOURS[p], label=p) for p in names], fontsize=8,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set(xlabel="M (activation rows)",
+           ylabel="N (weight rows: whole bands and N + 64)",
+           title=f"tk_cute.nvfp4.gemm on Hopper ({sms} SMs), {'W4A4' if w4a4 else 'W4A16'}, "
+                 f"K = {K}: the path of each M x N")
+    fig.tight_layout()
+    return fig
+
+
 DRAWINGS = {
     "scales": "NVFP4 scale factors in 128x4 blocked atoms, one element's byte, a K stage in TMEM",
     "swizzle": "banks of the 16-byte chunks of a swizzled shared tile (st)",
@@ -547,6 +625,7 @@ DRAWINGS = {
     "stream-k": "which CTA's stream-K share holds which K steps of which tile",
     "roofline": "a kernel report on its target's roofline model (compiles the kernel)",
     "speedup": "the NVFP4 bench's speedup over cuBLAS bf16 against M (from --json results)",
+    "paths": "which Hopper NVFP4 path the dispatch takes at each M x N for one K",
 }
 DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn")
 
@@ -597,6 +676,10 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--arch", choices=("sm_100a", "sm_103a", "sm_107a"),
                            default="sm_107a")
             s.add_argument("--mnk", type=_ints(3), default=(16384, 16384, 16384), help="M,N,K")
+        elif name == "paths":
+            s.add_argument("--k", type=int, default=8192, help="K (a multiple of 16)")
+            s.add_argument("--w4a4", action="store_true", help="NVFP4 activations")
+            s.add_argument("--sms", type=int, default=None, help="SMs (default: sm_90a's)")
         elif name == "speedup":
             s.add_argument("--results", required=True, help="JSON of `tk_cute.bench nvfp4 "
                                                             "--json`")
@@ -645,6 +728,13 @@ def draw(args, parser):
         cfg = sm100_config(args.arch, *args.mnk)
         return tmem_plot(cfg) if args.what == "tmem" else roofline_plot(
             report.report(cfg, *args.mnk))
+    if args.what == "paths":
+        if args.sms is not None and args.sms < 1:
+            parser.error(f"--sms must be positive, got {args.sms}")
+        try:
+            return paths_plot(args.k, args.w4a4, args.sms)
+        except ValueError as e:
+            parser.error(str(e))
     try:
         with open(args.results) as f:
             data = json.load(f)

@@ -163,6 +163,28 @@ def test_stream_k_plot_is_the_kernels_share_walk(tiles, k_steps, ctas):
         viz.stream_k_plot(3, 5, 16)
 
 
+def test_paths_plot_maps_the_dispatch():
+    """The Hopper dispatch's regions (docs/design.md's table): small_m, register_a, the split
+    tile up to 208 rows, dequantize for W4A16 on few bands beyond it; the image's colours are
+    the same paths."""
+    fig = viz.paths_plot(8192, ms=[1, 16, 64, 129, 240], ns=[1024, 4000, 8192])
+    d = fig.drawn
+    want = {(1, 8192): "small_m", (16, 4000): "small_m", (16, 8192): "register_a",
+            (64, 4000): "register_a", (129, 1024): "register_a_tiled",
+            (240, 1024): "dequantize", (240, 8192): "register_a_tiled"}
+    assert {k: d["paths"][k] for k in want} == want
+    assert d["schedules"][(129, 8192)] == "Nb=144 stream-K"
+    assert d["schedules"][(240, 8192)] == "Nb=128" and (240, 1024) not in d["schedules"]
+    image = np.asarray(fig.axes[0].images[0].get_array())
+    assert image.shape == (3, 5)
+    assert [[d["legend"][int(v)] for v in row] for row in image] == [
+        [d["paths"][(m, n)] for m in d["ms"]] for n in d["ns"]]
+    assert viz.paths_plot(8192, w4a4=True, ms=[240], ns=[1024]).drawn["paths"][(240, 1024)] == \
+        "register_a_tiled"  # W4A4 stays tiled there (it would decode its activations too)
+    with pytest.raises(ValueError, match="multiple of 16 .*got 100"):
+        viz.paths_plot(100)
+
+
 def _report(arch, m, n, k):
     from tk_cute import report
 
@@ -213,7 +235,7 @@ def test_draw_command_writes_files(tmp_path, capsys):
     for argv in (["schedule", "--mnk", "1024,2048,64"], ["swizzle", "--dtype", "float8_e4m3fn",
                                                          "--shape", "64,128"],
                  ["scales", "--mk", "128,128", "--element", "5,17"], ["tmem"],
-                 ["speedup", "--results", str(results)]):
+                 ["speedup", "--results", str(results)], ["paths", "--k", "2880", "--w4a4"]):
         out = tmp_path / f"{argv[0]}.svg"
         assert main(["draw", *argv, "--out", str(out)]) == 0
         assert out.read_text().lstrip().startswith("<?xml")
@@ -230,6 +252,8 @@ def test_draw_command_writes_files(tmp_path, capsys):
     (["draw", "roofline", "--mnk", "256,256,100", "--out", "x.png"], "K % 256 == 0"),
     (["draw", "schedule", "--tile", "a,b", "--out", "x.png"], "comma-separated"),
     (["draw", "speedup", "--results", "/nonexistent.json", "--out", "x.png"], "cannot read"),
+    (["draw", "paths", "--k", "100", "--out", "x.png"], "multiple of 16"),
+    (["draw", "paths", "--sms", "0", "--out", "x.png"], "--sms must be positive"),
 ])
 def test_draw_usage_errors(usage_error, argv, message):
     usage_error(argv, message)
