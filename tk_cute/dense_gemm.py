@@ -24,8 +24,8 @@ import torch
 
 from tk_cute import arch
 from tk_cute.ops import schedule
-from tk_cute.runtime import (KernelCache, device_index, output, raw_stream, sm_count, workspace,
-                             zeroed_flags)
+from tk_cute.runtime import (KernelCache, device_index, output, raw_stream, sm_count,
+                             stream_k_buffers)
 
 _CACHE = KernelCache()
 _DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
@@ -105,7 +105,8 @@ def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N:
     cluster half outside the output: the scheduler rounds clusters up, and that CTA loads zeros,
     shares its B half and stores nothing (GPU-tested). `stream_k`: equal shares of the (tile x
     K-step) units instead of whole tiles (`gemm_sm90.Config.STREAM_K`, no clusters; on the
-    grid `schedule.stream_k_grid` picks); `gemm` does not pick it yet (not measured)."""
+    grid `schedule.stream_k_grid` picks); `gemm` does not pick it: slower than whole tiles at
+    every shape timed on the H200 (docs/results.md, nineteenth session)."""
     from tk_cute.kernels.gemm.gemm_sm90 import Config
 
     nb = nb or tile_width(M, N, sms)
@@ -166,11 +167,9 @@ def _run(config, a, b, c, alpha=None):
     (M, K), N = a.shape, b.shape[0]
     ctas, partials, flags = sms, c, c  # (stream-K's buffers stay referenced until the launch)
     if config.STREAM_K:
-        tiles = -(-M // config.Mb) * -(-N // config.Nb)
-        ctas = schedule.stream_k_grid(tiles, -(-K // config.k_block), sms)
-        partials = workspace("dense_partials", ctas * gemm_sm90.partial_bytes(config), a.device,
-                             st)
-        flags = zeroed_flags("dense_stream_k", ctas, a.device, st)
+        ctas, partials, flags = stream_k_buffers(
+            "dense_stream_k", -(-M // config.Mb) * -(-N // config.Nb), -(-K // config.k_block),
+            gemm_sm90.partial_bytes(config), sms, a.device, st)
     launch(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), partials=partials.data_ptr(),
            flags=flags.data_ptr(), M=M, N=N, K=K, lda=a.stride(0), ldb=b.stride(0),
            ldc=c.stride(0), ctas=ctas, stream=st, **extra)

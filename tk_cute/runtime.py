@@ -136,6 +136,19 @@ def zeroed_flags(name: str, count: int, device: torch.device, stream: int) -> to
         max(count, 1024), dtype=torch.int32, device=device))
 
 
+def stream_k_buffers(name: str, tiles: int, k_steps: int, slot_bytes: int, sms: int,
+                     device: torch.device, stream: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """(ctas, partials, flags) of an in-kernel stream-K launch (`LCF.STREAM_K`) over `tiles`
+    tiles of `k_steps` units on a GPU of `sms` SMs: `schedule.stream_k_grid`'s CTAs, a partial
+    slot of `slot_bytes` per CTA (`workspace`) and a zero flag per CTA (`zeroed_flags`), both
+    kept per (device, stream, name). The caller holds them until the launch is queued."""
+    from tk_cute.ops.schedule import stream_k_grid
+
+    ctas = stream_k_grid(tiles, k_steps, sms)
+    return (ctas, workspace(name, ctas * slot_bytes, device, stream),
+            zeroed_flags(name, ctas, device, stream))
+
+
 def _kept(key, numel: int, make) -> torch.Tensor:
     """The kept buffer of `key` (device index, stream, name) if it holds `numel` elements, else
     a new one from `make()` in its place (a larger buffer replaces a smaller one: stream-ordered;

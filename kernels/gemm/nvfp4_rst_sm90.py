@@ -62,7 +62,6 @@ from tk_cute.types import coord, gl, rt, st
 from tk_cute.types.gl import row_major
 from tk_cute.types.struct import DeviceStruct, config_repr
 
-CONSUMER_THREADS = 2 * warpgroup.WARPGROUP_THREADS  # two consumer warpgroups (`LCF`)
 STAGE_K = rs.SUB_K  # K per stage: one register-A batch (8 wgmma k16 steps)
 ROWS = 128  # weight rows per tile: one scale band, two 64-row consumer warpgroups
 # Activation rows per tile (wgmma N): a multiple of 16 from 64 to 256 (odd multiples of 8 do not

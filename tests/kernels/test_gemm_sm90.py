@@ -300,12 +300,14 @@ def test_launches_pass_exactly_the_signature_by_name(monkeypatch, scaled, stream
     c = torch.empty(300, 136, dtype=torch.float32)
     alpha = torch.tensor([0.5])
     config = dense_gemm.default_config(a.dtype, c.dtype, 300, 136, SMS, stream_k=stream_k)
-    held = []  # the workspaces handed out, kept alive to compare addresses
-    real_workspace, real_flags = dense_gemm.workspace, dense_gemm.zeroed_flags
-    monkeypatch.setattr(dense_gemm, "workspace",
-                        lambda *a: held.append(real_workspace(*a)) or held[-1])
-    monkeypatch.setattr(dense_gemm, "zeroed_flags",
-                        lambda *a: held.append(real_flags(*a)) or held[-1])
+    held = []  # the stream-K buffers handed out, kept alive to compare addresses
+    real_buffers = dense_gemm.stream_k_buffers
+
+    def buffers(*args):
+        held.append(real_buffers(*args))
+        return held[-1]
+
+    monkeypatch.setattr(dense_gemm, "stream_k_buffers", buffers)
     dense_gemm._run(config, a, b, c, alpha if scaled else None)
     (call,) = calls
     assert (call["a"], call["b"], call["c"]) == (a.data_ptr(), b.data_ptr(), c.data_ptr())
@@ -313,8 +315,9 @@ def test_launches_pass_exactly_the_signature_by_name(monkeypatch, scaled, stream
     assert (call["lda"], call["ldb"], call["ldc"]) == (72, 64, 136)
     assert ("alpha" in call) == scaled
     if stream_k:  # tiles of one 64-K step (K = 64): a CTA per tile
-        partials, flags = held
+        ((ctas, partials, flags),) = held
         tiles = 3 * -(-136 // config.Nb)
+        assert ctas == tiles
         assert call["ctas"] == tiles
         assert partials.numel() >= tiles * 128 * config.Nb * 4 and flags.numel() >= tiles
         assert (call["partials"], call["flags"]) == (partials.data_ptr(), flags.data_ptr())

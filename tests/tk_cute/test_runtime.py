@@ -103,15 +103,21 @@ def test_launcher_without_an_executor_keeps_run_compiled_program():
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """`runtime.workspace` on a pretend CUDA device: torch.empty makes CPU tensors."""
+    """`runtime.workspace` / `zeroed_flags` on a pretend CUDA device: torch.empty and
+    torch.zeros make CPU tensors."""
     made = []
-    real_empty = torch.empty
+    real_empty, real_zeros = torch.empty, torch.zeros
 
     def empty(n, dtype, device):
         made.append(n)
         return real_empty(n, dtype=dtype)
 
+    def zeros(n, dtype, device):
+        made.append(n)
+        return real_zeros(n, dtype=dtype)
+
     monkeypatch.setattr(runtime.torch, "empty", empty)
+    monkeypatch.setattr(runtime.torch, "zeros", zeros)
     monkeypatch.setattr(runtime, "_capturing", lambda: False)
     monkeypatch.setattr(runtime, "_WORKSPACES", {})
     return made
@@ -152,3 +158,16 @@ def test_workspaces_on_cpu_are_fresh():
     cpu = torch.device("cpu")
     a = runtime.workspace("planes", 64, cpu, 0)
     assert a.numel() == 64 and runtime.workspace("planes", 64, cpu, 0) is not a
+
+
+def test_stream_k_buffers_hold_one_slot_and_one_zero_flag_per_cta(fake_cuda):
+    """The grid is `schedule.stream_k_grid`'s (64 tiles of 64 steps on 132 SMs: 128 CTAs, each
+    tile in two; 200 tiles: one CTA per SM); a slot of partial sums and a zero flag per CTA,
+    kept per (device, stream, name) like the other workspaces."""
+    dev = torch.device("cuda", 0)
+    ctas, partials, flags = runtime.stream_k_buffers("tiled_stream_k", 64, 64, 4096, 132, dev, 3)
+    assert ctas == 128 and partials.numel() >= 128 * 4096 and flags.numel() >= 128
+    assert flags.dtype == torch.int32 and not flags.any()
+    again = runtime.stream_k_buffers("tiled_stream_k", 200, 64, 4096, 132, dev, 3)
+    assert again[0] == 132 and again[2] is flags  # (the kept flags fit: handed out again)
+    assert runtime.stream_k_buffers("dense_stream_k", 64, 64, 4096, 132, dev, 3)[2] is not flags

@@ -31,8 +31,8 @@ from tk_cute.ops import nvfp4 as fp4_ops
 from tk_cute.ops import schedule
 from tk_cute.layouts import nvfp4_codes
 from tk_cute.runtime import (OUT_ALIGN, KernelCache, aligned, as_cute, batched, compile_locked,
-                             device_index, output, raw_stream, sm_count, stream, workspace,
-                             zeroed_flags)
+                             device_index, output, raw_stream, sm_count, stream, stream_k_buffers,
+                             workspace)
 
 from . import heuristics, validate
 from .tensor import NVFP4Tensor, codes_storage, has_row_pitch
@@ -160,10 +160,9 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
     partials = flags = None
     ctas = sms
     if cfg.STREAM_K:
-        tiles, stages = rst.tiles(M, N, cfg), rs.k_blocks(cfg.K_TAIL, K)  # (its X tiles)
-        ctas = schedule.stream_k_grid(tiles, stages, sms)
-        partials = workspace("partials", ctas * rst.partial_bytes(cfg), dev, st)
-        flags = zeroed_flags("stream_k", ctas, dev, st)
+        ctas, partials, flags = stream_k_buffers(  # (K steps: its X tiles)
+            "tiled_stream_k", rst.tiles(M, N, cfg), rs.k_blocks(cfg.K_TAIL, K),
+            rst.partial_bytes(cfg), sms, dev, st)
     wsf = aligned(b.scales)
     common = dict(w=codes(b), wsf=wsf.data_ptr(),
                   gs=(b.global_scale if gsb is None else gsb).data_ptr(), out=out,
