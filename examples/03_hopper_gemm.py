@@ -84,7 +84,7 @@ viz.schedule_plot(4096 // kernel.Mb, 4096 // kernel.Nb, ctas=SMS,
 # instead; a tile split between CTAs is summed by its head (outlined), which adds the later
 # parts' fp32 sums in CTA order before its epilogue. On the H200 the dense GEMM's stream-K was
 # slower than whole tiles at every shape timed (docs/results.md), so `tk_cute.gemm` does not
-# pick it; the NVFP4 tiled kernel runs the same code by default from 129 to 208 rows (one
+# pick it; the NVFP4 tiled kernel runs the same code by default from 113 to 208 rows (one
 # activation tile as wide as M, its K split between CTAs: 129 x 8192^2 at 1.18x cuBLAS bf16).
 
 # %%

@@ -101,6 +101,8 @@ class Config:
     # Stream-K (`LCF.STREAM_K`): equal shares of the (tile x stage) units on the launch's
     # `ctas` CTAs, a tile split between CTAs summed through fp32 partials (`partial_bytes`)
     STREAM_K: bool = False
+    # Stream-K partials as 16-byte vectors (`LCF.PARTIAL_V4`; not yet the default: to be timed)
+    PARTIAL_V4: bool = field(default=False, metadata={"quiet": True})
     __repr__ = config_repr
 
     def __post_init__(self):
@@ -156,6 +158,7 @@ class GemmNvfp4RsTiledSm90(LCF):
         self.config = config
         self.Mb, self.Nb, self.SUPERGROUP_SIZE = ROWS, config.Nb, config.SUPERGROUP_SIZE
         self.PDL, self.STREAM_K = config.PDL, config.STREAM_K
+        self.PARTIAL_V4 = config.PARTIAL_V4
         self.w_tile = st(cutlass.Int8, ROWS, STAGE_K // 2, swizzle=False)
         self.sf_tile = st(cutlass.Int8, 2 * (STAGE_K // nvfp4_scales.ATOM_K), 256, swizzle=False)
         self.x_tile = st(cutlass.BFloat16, config.Nb, STAGE_K)

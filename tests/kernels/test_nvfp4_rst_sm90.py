@@ -309,7 +309,7 @@ def test_deterministic_and_public_dispatch(seed):
     from tk_cute.nvfp4 import launch
     from tk_cute.testing import assert_gemm_close
 
-    M, N, K = 600, 1024, 4096  # (the dispatch takes this kernel: not `dequantize_wins`)
+    M, N, K = 600, 2048, 4096  # dispatch takes this kernel (16 bands x 5 tiles)
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     d = launch.gemm_rs_tiled(a, b, torch.float32, out=_poisoned(M, N, torch.float32))
@@ -575,6 +575,20 @@ def test_stream_k_builds_its_handover(nb, out, a_format):
     assert rst.partial_bytes(cfg) == 128 * nb * 4
 
 
+@pytest.mark.parametrize("nb", [208, 128])
+def test_stream_k_vector_partials_build(nb):
+    """PARTIAL_V4 (`LCF.PARTIAL_V4`): the partials move as 16-byte vectors, Nb / 8 stores and
+    loads per thread and no scalar fp32 partial access left; the wgmma and no spills as
+    before."""
+    cfg = rst.Config(Nb=nb, STREAM_K=True, PARTIAL_V4=True)
+    b = build(rst.launch_fn(cfg), *rst.signature(cfg).compile_args(132), arch="sm_90a")
+    assert b.sass_count(rf"HGMMA\.64x{nb}x16") == 8
+    assert b.ptx_count(r"st\.global\.v4\.f32") >= nb // 8
+    assert b.ptx_count(r"ld\.global\.v4\.f32") >= nb // 8
+    assert b.ptx_count(r"st\.global\.f32") == 0
+    assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("M, N, K, nb", [(256, 28672, 1024, 256), (1000, 8192, 2880, 256),
                                          (520, 28672, 512, 128), (384, 28672, 4096, 192),
@@ -612,6 +626,29 @@ def test_stream_k_matches_the_exact_product_and_the_whole_tile_kernel(seed, M, N
     w4 = dataclasses.replace(cfg, a_format="nvfp4")
     d4 = launch.register_a_tiled(aq, b, _poisoned(M, N, torch.bfloat16), w4)
     assert_gemm_close(d4, aq, b, "stream-K W4A4")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K, nb", [(200, 8192, 8192, 208), (129, 2048, 2880, 144),
+                                         (113, 4000, 8208, 128)])
+def test_stream_k_vector_partials_match(seed, M, N, K, nb):
+    """PARTIAL_V4 moves the same sums in the same order as the scalar hand-over: D bit for bit
+    that of PARTIAL_V4=False (fp32 out: no rounding hides a lost part), and within the exact
+    product's bound, every element written (poisoned D; K tail and a partial band too)."""
+    import dataclasses
+
+    from tk_cute.nvfp4 import launch
+    from tk_cute.testing import assert_gemm_close
+
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    cfg = rst.Config(Nb=nb, STREAM_K=True, K_TAIL=K % rst.STAGE_K != 0,
+                     N_TAIL=N % rst.ROWS != 0)
+    v4 = dataclasses.replace(cfg, PARTIAL_V4=True)
+    d = launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, torch.float32), config=v4)
+    assert_gemm_close(d, a, b, f"stream-K v4 partials Nb={nb}")
+    assert torch.equal(d, launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, torch.float32),
+                                               config=cfg))
 
 
 @pytest.mark.gpu

@@ -15,10 +15,11 @@ def test_nvfp4_variants_with_tuning(M, N, K):
     tuned = [n for n in v if n.startswith("tk_cute w4a16 MT")]
     assert bool(tuned) == (M <= 64)
     tiled = [n for n in v if n.startswith("tk_cute w4a16 tiled")]
-    assert bool(tiled) == (M > 128)
-    if M == 200:  # the split tile beside the few-tiles width it replaced (two 112-row tiles)
-        assert {"tk_cute w4a16 tiled Nb=208 stream-K",
-                "tk_cute w4a16 tiled Nb=112 few tiles"} <= set(tiled)
+    assert bool(tiled) == (M >= 113)  # from `heuristics.SPLIT_TILE_MIN_M`
+    if M == 200:  # the split tile beside the few-tiles width it replaced (two 112-row tiles),
+        # and with 16-byte partials
+        assert {"tk_cute w4a16 tiled Nb=208 stream-K", "tk_cute w4a16 tiled Nb=112 few tiles",
+                "tk_cute w4a16 tiled Nb=208 stream-K v4 partials"} <= set(tiled)
     from tk_cute.nvfp4.heuristics import PATHS
 
     forced = {notes[n][1] for n in v if "path=" in n}

@@ -27,6 +27,7 @@ schedules (`_tiled_tuning_variants`: whole tiles, stream-K, the split tile, few-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import torch
@@ -98,7 +99,7 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int):
                 notes[name] = (key, path)
     if tune and M <= 64:
         v.update(_tuning_variants(M, N, K, sms))
-    if tune and M > 128:
+    if tune and M >= heuristics.SPLIT_TILE_MIN_M:
         v.update(_tiled_tuning_variants(M, N, K, sms))
     return v, notes
 
@@ -106,8 +107,10 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int):
 def _tiled_tuning_variants(M, N, K, sms):
     """The tiled register-A kernel beside the dispatch's pick: whole tiles of 128 and 256 rows,
     stream-K shares at 192 and 256, up to 256 rows the split tile (one activation tile as wide
-    as M split into K parts, `heuristics.split_tile_width`), and the few-tiles width (as many
-    activation tiles per weight band as one round holds, `heuristics.few_tiles_width`)."""
+    as M split into K parts, `heuristics.split_tile_width`), the few-tiles width (as many
+    activation tiles per weight band as one round holds, `heuristics.few_tiles_width`), and
+    where the dispatch's schedule is stream-K, that schedule with 16-byte partials
+    (`rst.Config.PARTIAL_V4`)."""
     from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
     from tk_cute.nvfp4 import heuristics, launch
 
@@ -123,14 +126,15 @@ def _tiled_tuning_variants(M, N, K, sms):
     if few is not None:
         two = few <= heuristics.TILED_TWO_SETS_MAX_NB and K >= heuristics.TILED_TWO_SETS_MIN_K
         configs[f"Nb={few} few tiles"] = rst.Config(Nb=few, A_SETS=2 if two else 1, **tails)
+    pick = heuristics.register_a_tiled_config(M, N, K, "bfloat16", sms)
+    if pick.STREAM_K:  # the dispatch's schedule, its partials as 16-byte vectors
+        configs[f"Nb={pick.Nb} stream-K v4 partials"] = dataclasses.replace(pick, PARTIAL_V4=True)
     return {f"tk_cute w4a16 tiled {name}": (
         lambda s, c=cfg: launch.gemm_rs_tiled(s["a"], s["b"], config=c))
         for name, cfg in configs.items()}
 
 
 def _tuning_variants(M, N, K, sms):
-    import dataclasses
-
     from tk_cute.nvfp4 import heuristics, launch
 
     base = heuristics.small_m_config(M, N, K)

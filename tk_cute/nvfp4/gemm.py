@@ -12,12 +12,13 @@ what a CPU can do.
 What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
 - Hopper (sm_90a): every shape the format allows: any M >= 1, any N >= 1, any K % 16 == 0, 2-D
   or batched, W4A16 and W4A4, bf16 / fp16 / fp32 out. "small_m", "register_a",
-  "register_a_tiled" (M > 128), "rows" (the register-A kernel on 128-row slices) and "fused"
-  (both forced only, `path=`), and "dequantize" (any shape: the operands expanded to exact
-  bf16 in global memory, then the dense Hopper GEMM). Batched operands run one 2-D plan per
-  batch ("batches"). W4A4 decodes its activations in the kernel on "small_m"
-  (M <= `heuristics.W4A4_NATIVE_MAX_M`), "register_a" and "register_a_tiled" (their permute
-  passes), "fused" and "dequantize"; "rows" slices them at 128-row scale bands for its parts.
+  "register_a_tiled" (M >= `heuristics.SPLIT_TILE_MIN_M`), "rows" (the register-A kernel on
+  128-row slices) and "fused" (both forced only, `path=`), and "dequantize" (any shape: the
+  operands expanded to exact bf16 in global memory, then the dense Hopper GEMM). Batched
+  operands run one 2-D plan per batch ("batches"). W4A4 decodes its activations in the kernel
+  on "small_m" (M <= `heuristics.W4A4_NATIVE_MAX_M`), "register_a" and "register_a_tiled"
+  (their permute passes), "fused" and "dequantize"; "rows" slices them at 128-row scale bands
+  for its parts.
   D's rows must be 16-byte aligned for the kernels' stores: where N * element size is not, D
   is computed N-padded and copied into place (`Plan.pad_n`).
 - Blackwell / Rubin (sm_100a, sm_103a, sm_107a): W4A4 with K % 256 == 0 and N % 8 == 0, bf16 /
@@ -145,7 +146,7 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
         step = heuristics.ROWS_MIN_M
         parts = tuple((m0, min(M, m0 + step),
                        _plan_hopper(w4a4, min(M, m0 + step) - m0, N, K, out, sms, pdl,
-                                    sf=sf))
+                                    "register_a", sf))
                       for m0 in range(0, M, step))
         return Plan(path, parts=parts)
     if path == "fused":
@@ -187,11 +188,12 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
             the operands' device; or an NVFP4Tensor (M, N) whose global scale is D's decode
             scale (NVFP4 output).
         pdl: let back-to-back calls overlap (programmatic dependent launch) where the path
-            supports it (the Hopper kernels for M <= 128: register-A and small-M); others
-            ignore it. The call may then read the weights b while the kernel before it on the
-            stream is still running (it reads a and writes D only after that kernel has ended),
-            so pass it only for weights that the kernels just before do not write, e.g. static
-            weights in a chain of decode GEMMs (docs/results.md: 0.4-1.7 us per call).
+            supports it (the Hopper kernels below `heuristics.SPLIT_TILE_MIN_M` rows:
+            register-A and small-M); others ignore it. The call may then read the weights b
+            while the kernel before it on the stream is still running (it reads a and writes
+            D only after that kernel has ended), so pass it only for weights that the kernels
+            just before do not write, e.g. static weights in a chain of decode GEMMs
+            (docs/results.md: 0.4-1.7 us per call).
         path: force one kernel path (`heuristics.PATHS`, for comparisons and tests); ValueError
             when that path cannot take the shape. Default: the heuristics' choice.
 
@@ -234,12 +236,12 @@ def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None 
                pdl: bool = False, path: str | None = None) -> NVFP4Tensor:
     """D = a @ b^T quantized to NVFP4 (UE4M3 scales) with decode scale `global_scale`: bit for
     bit ``quantize(D32, global_scale=global_scale)`` of the fp32 D32 the path computes. The
-    tiled register-A path (Hopper, M > 128, N % 128 == 0) and the Blackwell / Rubin kernel
-    (path "sm100", `dispatch_sm100.gemm_sm100_nvfp4`: D32 = fl(acc * gA gB) of its fp32
-    accumulators, never stored) quantize in their epilogues (D never exists in fp32: 0.5625
-    instead of 4 bytes per element written); every other Hopper path writes fp32 D =
-    `gemm(a, b, torch.float32)`, then the quantizer runs. Blackwell / Rubin has no fp32 GEMM:
-    shapes its kernel cannot take (K % 256) raise NotImplementedError there.
+    tiled register-A path (Hopper, M >= heuristics.SPLIT_TILE_MIN_M, N % 128 == 0) and the
+    Blackwell / Rubin kernel (path "sm100", `dispatch_sm100.gemm_sm100_nvfp4`: D32 =
+    fl(acc * gA gB) of its fp32 accumulators, never stored) quantize in their epilogues (D never
+    exists in fp32: 0.5625 instead of 4 bytes per element written); every other Hopper path
+    writes fp32 D = `gemm(a, b, torch.float32)`, then the quantizer runs. Blackwell / Rubin has
+    no fp32 GEMM: shapes its kernel cannot take (K % 256) raise NotImplementedError there.
 
     Args:
         a, b: as `gemm` (2-D).

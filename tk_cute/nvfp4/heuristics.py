@@ -9,10 +9,12 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   SMALL_M_TAIL_MAX_M where N % 128 != 0; also W4A16 M <= 64 where the register-A kernel cannot
   take N or K.
 - "register_a" (`kernels/gemm/nvfp4_rs_sm90.py`, weights decoded into wgmma A registers):
-  RS_MIN_M <= M <= 128 (below it too where the small-M kernel cannot take K: K % 128 != 0),
-  any N % 8 == 0 (N % 128 != 0: a partial last row block, `rs.Config.N_TAIL`).
+  RS_MIN_M <= M < SPLIT_TILE_MIN_M, up to 128 on fewer than SPLIT_TILE_MIN_BANDS weight bands
+  (below RS_MIN_M too where the small-M kernel cannot take K: K % 128 != 0), any N % 8 == 0
+  (N % 128 != 0: a partial last row block, `rs.Config.N_TAIL`).
 - "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
-  128 x Nb output tiles): M > 128, any N % 8 == 0 (a partial last weight band,
+  128 x Nb output tiles): M >= SPLIT_TILE_MIN_M on SPLIT_TILE_MIN_BANDS bands or more, and
+  every M > 128, any N % 8 == 0 (a partial last weight band,
   `rst.Config.N_TAIL`), but "dequantize" from enough rows at a short K, or for W4A16 on few
   weight bands (`dequantize_wins`). Its schedule (`register_a_tiled_config`): up to
   SPLIT_TILE_MAX_M rows one tile as wide as M split along K (stream-K), then the tile width
@@ -113,11 +115,12 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
         return "small_m"
     if N % rs.BAND and M <= SMALL_M_TAIL_MAX_M and gv.supports(M, N, K):
         return "small_m"
-    if M <= rs.MAX_M and rs.supports(M, N, K):
+    if (M < SPLIT_TILE_MIN_M or -(-N // rst.ROWS) < SPLIT_TILE_MIN_BANDS) and \
+            M <= rs.MAX_M and rs.supports(M, N, K):
         return "register_a"
     if M <= gv.MAX_M and not w4a4 and gv.supports(M, N, K):
         return "small_m"
-    if M > rs.MAX_M and rst.supports(M, N, K) and not dequantize_wins(w4a4, M, N, K, sms):
+    if rst.supports(M, N, K) and not dequantize_wins(w4a4, M, N, K, sms):
         return "register_a_tiled"
     # ("fused" takes a subset of what the register-A kernels take, and they were faster: it
     # runs only when forced, for comparisons.)
@@ -264,6 +267,16 @@ TILED_STREAM_K_OVERHEAD = 0.12
 # 200x8192^2 and 200x5120^2 even (0.81, 0.79x); at 240 and 256 rows it lost at N = 8192
 # (240x8192^2 0.83 / 0.89x, 256x8192^2 0.79-0.84 / 0.90-0.95x for two 128-row tiles).
 SPLIT_TILE_MAX_M = 208
+# From this M the split tile (one tile of `split_tile_width`, 128 here) beats the register-A
+# kernel's 128-row blocks. H200 A/B (docs/results.md, twentieth session; vs cuBLAS bf16, split
+# tile / register-A) at N x K = 8192^2, 28672x8192, 8192x28672: 128 rows 1.13 / 1.03x, 1.26 /
+# 1.20x, 1.22 / 1.23x; 120 rows 1.11 / 1.01x, 1.20 / 1.14x, 1.23 / 1.24x; 112 rows 1.22 /
+# 1.26x, 1.27 / 1.24x, 1.30 / 1.33x; 96 rows register-A ahead at all three (1.31 / 1.22x ...).
+# Also at 113 and 128 rows: 2880^2 0.44 / 0.42x, 5120^2 0.80 / 0.64x, 4000x8192 0.93 / 0.87x
+# (113) and 0.89 / 0.83x (128); but on 8 weight bands register-A keeps them (1024x8192 0.43 /
+# 0.52x): from SPLIT_TILE_MIN_BANDS 128-row bands (23 at N = 2880) the split tile.
+SPLIT_TILE_MIN_M = 113
+SPLIT_TILE_MIN_BANDS = 16
 TILED_TWO_SETS_MAX_NB = 96
 TILED_TWO_SETS_MIN_K = 8192
 

@@ -10,8 +10,10 @@ tests count these instructions.
 - Streaming reads: `ld_v4(addr, stream=True)` (``ld.global.nc.L1::no_allocate``: weights read
   once; `l2_fetch`: ``.L2::128B`` / ``.L2::256B`` prefetch sizes), `ld_v4_pred` (evict-first,
   zeros when off), `ld_u16`, `ld_u32_pred`, `ld_f32` (a scalar such as a global scale), and
-  `ld_u32` / `ld_u8` (coherent, in program order: data the previous kernel wrote).
-- Stores: `st_u32`, `st_v4_u32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element) and predicated
+  `ld_u32` / `ld_u8` / `ld_v4_f32` (coherent, in program order: data the previous kernel, or
+  another CTA behind a flag, wrote).
+- Stores: `st_u32`, `st_v4_u32`, `st_v4_f32`, `st_cvt` (fp32 -> bf16 / fp16 / fp32 element)
+  and predicated
   `st_u8_pred`, `st_u16_pred`, `st_u32_pred`, `st_v2_u32_pred`.
 - Flags between the CTAs of one grid (gpu scope): `ld_acquire_u32` (later reads see what the
   flag's writer wrote before its release), `st_release_u32` (earlier writes become visible to
@@ -72,6 +74,16 @@ def ld_f32(addr: Int64, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
+def ld_v4_f32(addr: Int64, *, loc=None, ip=None) -> list:
+    """16 bytes at `addr` (16-byte aligned) as 4 Float32: a plain coherent load kept in program
+    order, as `ld_f32` (data another CTA released, read after the acquire)."""
+    ret = llvm.StructType.get_literal([T.f32()] * 4)
+    text = "ld.global.v4.f32 {$0, $1, $2, $3}, [$4];"
+    res = asm(ret, [Int64(addr)], text, "=f,=f,=f,=f,l", loc, ip, True)
+    return unpack(res, T.f32(), 4, Float32, loc, ip)
+
+
+@dsl_user_op
 def ld_u32(addr: Int64, *, loc=None, ip=None) -> Uint32:
     """The 4 bytes at `addr` (a plain coherent load kept in program order, as `ld_f32`: data an
     earlier kernel of the stream wrote, read after the PDL wait)."""
@@ -117,6 +129,13 @@ def st_v4_u32(addr: Int64, words: list, *, loc=None, ip=None) -> None:
     """4 32-bit words to global `addr` (16-byte aligned)."""
     asm(None, [Int64(addr)] + [Uint32(w) for w in words],
         "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r", loc, ip, True)
+
+
+@dsl_user_op
+def st_v4_f32(addr: Int64, xs: list, *, loc=None, ip=None) -> None:
+    """4 float32 to global `addr` (16-byte aligned)."""
+    asm(None, [Int64(addr)] + [Float32(x) for x in xs],
+        "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f", loc, ip, True)
 
 
 @dsl_user_op

@@ -71,6 +71,9 @@ class LCF:
     PDL = False
     # Equal shares of the (tile x K-step) units instead of whole tiles (module docstring)
     STREAM_K = False
+    # Stream-K partial sums moved as 16-byte vectors of 4 consecutive accumulator elements
+    # (one instruction per 4 elements) instead of one 4-byte access per element
+    PARTIAL_V4 = False
 
     # --- what a kernel declares -----------------------------------------------------------
     def inputs(self) -> dict[str, st]:
@@ -301,8 +304,13 @@ class LCF:
         """Stream-K: the accumulators (a tail or middle part of a tile) to partial slot `slot`,
         then zero them."""
         acc = self.accumulator(state)
-        for i in cutlass.range_constexpr(cute.size(acc.frag)):
-            memory.st_cvt(self._partial_addr(g, slot, i, thread), acc.frag[i], "float32")
+        v = self._partial_vector(acc)
+        for i in cutlass.range_constexpr(0, cute.size(acc.frag), v):
+            addr = self._partial_addr(g, slot, i, thread)
+            if cutlass.const_expr(v == 4):
+                memory.st_v4_f32(addr, [acc.frag[i + j] for j in range(4)])
+            else:
+                memory.st_cvt(addr, acc.frag[i], "float32")
         register.zero(acc)
 
     @cute.jit
@@ -310,15 +318,34 @@ class LCF:
         """Stream-K: add partial slot `slot` (a later CTA's part of the tile, `store_partial`'s
         order) to the accumulators."""
         acc = self.accumulator(state)
-        for i in cutlass.range_constexpr(cute.size(acc.frag)):
-            acc.frag[i] = acc.frag[i] + memory.ld_f32(self._partial_addr(g, slot, i, thread))
+        v = self._partial_vector(acc)
+        for i in cutlass.range_constexpr(0, cute.size(acc.frag), v):
+            addr = self._partial_addr(g, slot, i, thread)
+            if cutlass.const_expr(v == 4):
+                part = memory.ld_v4_f32(addr)
+                for j in cutlass.range_constexpr(4):
+                    acc.frag[i + j] = acc.frag[i + j] + part[j]
+            else:
+                acc.frag[i] = acc.frag[i] + memory.ld_f32(addr)
+
+    def _partial_vector(self, acc) -> int:
+        """Accumulator elements per partial access: 4 with PARTIAL_V4 (the fragment holds
+        whole vectors), else 1."""
+        if not self.PARTIAL_V4:
+            return 1
+        assert cute.size(acc.frag) % 4 == 0, "PARTIAL_V4 needs whole 4-element vectors"
+        return 4
 
     def _partial_addr(self, g, slot, i, thread):
         """Address of accumulator element i of consumer thread `thread` in partial slot
-        `slot`: word i * threads + thread (each warp's stores one 128-byte line)."""
+        `slot`: word i * threads + thread (each warp's scalar stores one 128-byte line), or with
+        PARTIAL_V4 the vector of elements i .. i + 3 at 16 * (i / 4 * threads + thread) (each
+        warp's vector stores 512 contiguous bytes)."""
         threads = self.NUM_CONSUMERS * warpgroup.WARPGROUP_THREADS
-        return (g.partials.toint() + cutlass.Int64(slot) * partial_bytes(self.Mb, self.Nb)
-                + 4 * (i * threads + thread))
+        base = g.partials.toint() + cutlass.Int64(slot) * partial_bytes(self.Mb, self.Nb)
+        if self.PARTIAL_V4:
+            return base + 16 * (i // 4 * threads + thread)
+        return base + 4 * (i * threads + thread)
 
     def _ring(self, barriers):
         """The stage ring's full/empty barriers. Every consumer warp releases a stage once per

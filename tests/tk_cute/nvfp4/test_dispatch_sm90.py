@@ -53,13 +53,22 @@ def test_every_grid_shape_has_a_kernel_plan(w4a4, out):
 
 
 def test_issue_rows_take_the_expected_paths():
-    # Just above 128 rows, up to 208: the tiled register-A kernel, one split tile as wide as M
+    # From 113 rows up to 208: the tiled register-A kernel, one split tile as wide as M
     # (`heuristics.SPLIT_TILE_MAX_M`); then with few weight tiles (64 at N = 8192) two
     # activation tiles per weight tile (`heuristics.few_tiles_width`).
-    for M, nb in ((129, 144), (200, 208), (257, 144), (256, 128), (384, 192)):
+    for M, nb in ((113, 128), (128, 128), (129, 144), (200, 208), (257, 144), (256, 128),
+                  (384, 192)):
         p = _plan_hopper(False, M, 8192, 8192, "bfloat16", SMS, False)
         assert p.path == "register_a_tiled" and p.config.Nb == nb, (M, p)
         assert p.config.STREAM_K == (M <= 208)
+    # From 113 rows (`heuristics.SPLIT_TILE_MIN_M`) the split tile; below, register-A
+    assert _plan_hopper(False, 112, 8192, 8192, "bfloat16", SMS, False).path == "register_a"
+    assert _plan_hopper(True, 113, 8192, 8192, "bfloat16", SMS, False).path == \
+        "register_a_tiled"
+    # ... on SPLIT_TILE_MIN_BANDS weight bands or more: on 8 (N = 1024) register-A up to 128
+    assert _plan_hopper(False, 128, 1024, 8192, "bfloat16", SMS, False).path == "register_a"
+    assert _plan_hopper(False, 128, 2880, 2880, "bfloat16", SMS, False).path == \
+        "register_a_tiled"
     # The tiled schedule in the plan's text (what the bench prints): stream-K where whole
     # 256-row tiles would leave the second round part empty (224 tiles on 132 SMs)
     assert str(_plan_hopper(False, 129, 8192, 8192, "bfloat16", SMS, False)) == \
@@ -219,16 +228,18 @@ def test_grid_16_and_32_bit_outputs(seed, no_reference, w4a4, out_dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M, N, K", [(240, 17024, 8192), (208, 1040, 2880), (129, 136, 8192)])
+@pytest.mark.parametrize("M, N, K", [(240, 17024, 8192), (208, 1040, 2880), (129, 136, 8192),
+                                     (113, 4000, 8208)])
 def test_split_tile_edges_every_element(seed, no_reference, M, N, K):
     """The tiled schedules at their edges: 240 rows over 133 weight bands (the rounds model's
     one-tile stream-K narrowed to Nb = 240), the split tile's last M with a partial band and a
-    K tail, and 129 rows on two bands (64 K parts per tile summed by its head)."""
+    K tail, 129 rows on two bands (64 K parts per tile summed by its head), and its first M
+    (`heuristics.SPLIT_TILE_MIN_M`) with a partial band and a K tail."""
     for w4a4 in (False, True):
         p = plan(quantize(torch.randn(M, K, device="cuda")) if w4a4 else
                  torch.empty(M, K, device="cuda", dtype=torch.bfloat16), _weights(N, K))
         assert p.path == "register_a_tiled" and p.config.STREAM_K, p
-        assert p.config.Nb == {240: 240, 208: 208, 129: 144}[M]
+        assert p.config.Nb == {240: 240, 208: 208, 129: 144, 113: 128}[M]
         _run(M, N, K, w4a4, torch.bfloat16)
 
 
