@@ -10,8 +10,8 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   take N or K.
 - "register_a" (`kernels/gemm/nvfp4_rs_sm90.py`, weights decoded into wgmma A registers):
   RS_MIN_M <= M < SPLIT_TILE_MIN_M, up to 128 on fewer than SPLIT_TILE_MIN_BANDS weight bands
-  (below RS_MIN_M too where the small-M kernel cannot take K: K % 128 != 0), any N % 8 == 0
-  (N % 128 != 0: a partial last row block, `rs.Config.N_TAIL`).
+  (`split_tile_wins`; below RS_MIN_M too where the small-M kernel cannot take K: K % 128 !=
+  0), any N % 8 == 0 (N % 128 != 0: a partial last row block, `rs.Config.N_TAIL`).
 - "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
   128 x Nb output tiles): M >= SPLIT_TILE_MIN_M on SPLIT_TILE_MIN_BANDS bands or more, and
   every M > 128, any N % 8 == 0 (a partial last weight band,
@@ -115,8 +115,7 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
         return "small_m"
     if N % rs.BAND and M <= SMALL_M_TAIL_MAX_M and gv.supports(M, N, K):
         return "small_m"
-    if (M < SPLIT_TILE_MIN_M or -(-N // rst.ROWS) < SPLIT_TILE_MIN_BANDS) and \
-            M <= rs.MAX_M and rs.supports(M, N, K):
+    if rs.supports(M, N, K) and not split_tile_wins(M, N):
         return "register_a"
     if M <= gv.MAX_M and not w4a4 and gv.supports(M, N, K):
         return "small_m"
@@ -125,6 +124,13 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     # ("fused" takes a subset of what the register-A kernels take, and they were faster: it
     # runs only when forced, for comparisons.)
     return "dequantize"
+
+
+def split_tile_wins(M: int, N: int) -> bool:
+    """Whether the tiled kernel takes M rows rather than the register-A kernel: every M above
+    the latter's 128, and from SPLIT_TILE_MIN_M on SPLIT_TILE_MIN_BANDS weight bands or more,
+    where one split tile beat it (H200 A/B above SPLIT_TILE_MIN_M)."""
+    return M > rs.MAX_M or (M >= SPLIT_TILE_MIN_M and -(-N // rst.ROWS) >= SPLIT_TILE_MIN_BANDS)
 
 
 def dequantize_wins(w4a4: bool, M: int, N: int, K: int, sms: int) -> bool:
