@@ -228,6 +228,21 @@ def _poisoned_nvfp4(M, N, global_scale):
         global_scale, (M, N))
 
 
+def _assert_nvfp4_out_quantizes_fp32(a, b, fp32_cfg, nvfp4_cfg):
+    """The fused NVFP4 epilogue of `nvfp4_cfg` is bit for bit `quantize` of the fp32 D of
+    `fp32_cfg` (a global scale 1% above the amax: no block saturates)."""
+    from tk_cute import nvfp4
+    from tk_cute.nvfp4 import launch, validate
+
+    (M, _), N = a.shape, b.M
+    d32 = launch.gemm_rs_tiled(a, b, torch.float32, config=fp32_cfg)
+    g = torch.tensor(1.01 * float(d32.abs().max()) / 2688, device="cuda")
+    q = launch.register_a_tiled_nvfp4(a, b, nvfp4_cfg, validate.nvfp4_out(
+        (M, N), b.device, _poisoned_nvfp4(M, N, g), g))
+    want = nvfp4.quantize(d32, global_scale=g)
+    assert torch.equal(q.data, want.data) and torch.equal(q.scales, want.scales)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("nb, sets", [(128, 1), (192, 1), (256, 1), (128, 2), (256, 2), (64, 2),
                                      (80, 2), (96, 2)])
@@ -589,6 +604,26 @@ def test_stream_k_vector_partials_build(nb):
     assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
 
 
+@pytest.mark.parametrize("nb, out", [(208, "bfloat16"), (144, "float32")])
+def test_stream_k_pairs_build(nb, out):
+    """PAIRS (`LCF.STREAM_K_PAIRS`): one hand-over per CTA (an acquire loop, one release), the
+    two warpgroups' own named barriers (128 threads each), the wgmma and no spills as before;
+    the Config and grid checks."""
+    cfg = rst.Config(Nb=nb, STREAM_K=True, PAIRS=True, out_dtype=out)
+    b = build(rst.launch_fn(cfg), *rst.signature(cfg).compile_args(132), arch="sm_90a")
+    assert b.sass_count(rf"HGMMA\.64x{nb}x16") == 8
+    assert b.ptx_count(r"ld\.acquire\.gpu\.global\.b32") >= 1
+    assert b.ptx_count(r"st\.release\.gpu\.global\.b32") == 1
+    for wg in (5, 6):  # NamedBarrier.PAIR_HALVES + warpgroup
+        assert b.ptx_count(rf"bar\.sync\s+{wg},\s*128") >= 2
+    assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
+    with pytest.raises(ValueError, match="STREAM_K=True"):
+        rst.Config(Nb=nb, PAIRS=True)
+    rst.check_grid(cfg, 64, 128)
+    with pytest.raises(ValueError, match="exactly two"):
+        rst.check_grid(cfg, 128, 128)  # (300 x 8192 at Nb = 256: 128 tiles on 132 SMs)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("M, N, K, nb", [(256, 28672, 1024, 256), (1000, 8192, 2880, 256),
                                          (520, 28672, 512, 128), (384, 28672, 4096, 192),
@@ -603,7 +638,7 @@ def test_stream_k_matches_the_exact_product_and_the_whole_tile_kernel(seed, M, N
     (the handover flags were left clear), W4A4 too, and NVFP4 output bit for bit the
     quantized fp32 output."""
     from tk_cute import nvfp4
-    from tk_cute.nvfp4 import launch, validate
+    from tk_cute.nvfp4 import launch
     from tk_cute.testing import assert_gemm_close
 
     b = _weights(N, K)
@@ -614,18 +649,57 @@ def test_stream_k_matches_the_exact_product_and_the_whole_tile_kernel(seed, M, N
         assert_gemm_close(d, a, b, f"stream-K Nb={nb} {out_dtype}")
         again = launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, out_dtype), config=cfg)
         assert torch.equal(d, again)
-    d32 = launch.gemm_rs_tiled(a, b, torch.float32, config=cfg)
-    g = torch.tensor(1.01 * float(d32.abs().max()) / 2688, device="cuda")
-    q = launch.register_a_tiled_nvfp4(a, b, cfg, validate.nvfp4_out(
-        (M, N), b.device, _poisoned_nvfp4(M, N, g), g))
-    want = nvfp4.quantize(d32, global_scale=g)
-    assert torch.equal(q.data, want.data) and torch.equal(q.scales, want.scales)
+    _assert_nvfp4_out_quantizes_fp32(a, b, cfg, cfg)
     import dataclasses
 
     aq = nvfp4.quantize(a.float())
     w4 = dataclasses.replace(cfg, a_format="nvfp4")
     d4 = launch.register_a_tiled(aq, b, _poisoned(M, N, torch.bfloat16), w4)
     assert_gemm_close(d4, aq, b, "stream-K W4A4")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K, nb", [(200, 8192, 8192, 208), (129, 8192, 2880, 144),
+                                         (150, 8000, 4096, 160)])
+def test_stream_k_pairs_match(seed, M, N, K, nb):
+    """PAIRS (every tile in two shares: 64 tiles, an odd 23 K steps, a partial band on 63) sums
+    the same two parts as the head-takes-all hand-over: D bit for bit equal to it for fp32 and
+    bf16 out (and with 16-byte partials), W4A4 too, NVFP4 out bit for bit, and within the exact
+    product's bound; poisoned D."""
+    import dataclasses
+
+    from tk_cute import nvfp4
+    from tk_cute.nvfp4 import launch
+    from tk_cute.testing import assert_gemm_close
+
+    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+    from tk_cute.ops.schedule import stream_k_grid
+    from tk_cute.runtime import sm_count
+
+    cfg = rst.Config(Nb=nb, STREAM_K=True, K_TAIL=K % rst.STAGE_K != 0,
+                     N_TAIL=N % rst.ROWS != 0)
+    tiles, sms = rst.tiles(M, N, cfg), sm_count(torch.device("cuda"))
+    if stream_k_grid(tiles, rs.k_blocks(cfg.K_TAIL, K), sms) != 2 * tiles:
+        pytest.skip(f"{tiles} tiles are not two shares each on this GPU's SMs")
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    pairs = dataclasses.replace(cfg, PAIRS=True)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        d = launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, out_dtype), config=pairs)
+        assert_gemm_close(d, a, b, f"stream-K pairs Nb={nb} {out_dtype}")
+        assert torch.equal(d, launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, out_dtype),
+                                                   config=cfg))
+    want32 = launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, torch.float32), config=cfg)
+    v4 = dataclasses.replace(pairs, PARTIAL_V4=True)
+    assert torch.equal(launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, torch.float32),
+                                            config=v4), want32)
+    aq = nvfp4.quantize(a.float())
+    w4 = [launch.register_a_tiled(aq, b, _poisoned(M, N, torch.bfloat16),
+                                  dataclasses.replace(c, a_format="nvfp4")) for c in (pairs, cfg)]
+    assert_gemm_close(w4[0], aq, b, "stream-K pairs W4A4")
+    assert torch.equal(w4[0], w4[1])
+    if not cfg.N_TAIL:  # (the NVFP4 epilogue writes whole bands)
+        _assert_nvfp4_out_quantizes_fp32(a, b, cfg, pairs)
 
 
 @pytest.mark.gpu

@@ -37,6 +37,13 @@ finds its partners started, finishes and frees an SM for the next). The sum is h
 parts in CTA order, the same on every run (not bit for bit whole tiles' single sum). A kernel
 with stream-K names its accumulator tile (`accumulator(state)`) and puts `partials` and
 `flags` pointers in its globals.
+Stream-K pairs (`STREAM_K_PAIRS`, on a grid of exactly two shares per tile: CTA 2T holds the
+first K steps of tile T, 2T + 1 the rest, and they end together): rather than the head adding
+all 128 rows of the partner's sums and writing all of D's tile, each CTA finishes one consumer
+warpgroup's rows (warpgroup cta % 2), adding the partner's sums of them, and hands the other
+warpgroup's rows to the partner (a slot and a flag per CTA, as above; named barriers of one
+warpgroup). Half the partial bytes and half the epilogue per CTA on the critical path, and the
+same sums (a + b = b + a in fp32): D bit for bit the head-takes-all hand-over's.
 """
 
 from __future__ import annotations
@@ -74,6 +81,10 @@ class LCF:
     # Stream-K partial sums moved as 16-byte vectors of 4 consecutive accumulator elements
     # (one instruction per 4 elements) instead of one 4-byte access per element
     PARTIAL_V4 = False
+    # Stream-K on a grid of exactly two shares per tile (`ctas` = 2 x tiles, the host checks;
+    # module docstring): the pair's two CTAs each finish one consumer warpgroup's rows of the
+    # tile. Needs a `finish` whose warpgroups write their own rows without each other.
+    STREAM_K_PAIRS = False
 
     # --- what a kernel declares -----------------------------------------------------------
     def inputs(self) -> dict[str, st]:
@@ -190,7 +201,10 @@ class LCF:
             warpgroup.increase_registers(self.CONSUMER_REGISTERS)
             thread = cute.arch.thread_idx()[0] - warpgroup.WARPGROUP_THREADS
             acc_state = self.setup(g, thread, consumer_smem)
-            if cutlass.const_expr(self.STREAM_K):
+            if cutlass.const_expr(self.STREAM_K and self.STREAM_K_PAIRS):
+                self._consume_pair(g, params, ring, inputs, acc_state, consumer_smem, thread,
+                                   k_steps)
+            elif cutlass.const_expr(self.STREAM_K):
                 self._consume_shares(g, params, ring, inputs, acc_state, consumer_smem, thread,
                                      k_steps)
             else:
@@ -264,6 +278,56 @@ class LCF:
                 self.finish(g, acc_state, at, consumer_smem, thread)
             u = u + k1 - k0
         self.finish_tail()
+
+    @cute.jit
+    def _consume_pair(self, g, params, ring, inputs, acc_state, consumer_smem, thread, k_steps):
+        """Stream-K pairs (STREAM_K_PAIRS): this CTA's share is one half of one tile (CTA 2T
+        its first K steps, 2T + 1 the rest). Consumer warpgroup `half` (= cta % 2) finishes its
+        rows here, adding the partner's sums of them; the other warpgroup hands its rows to
+        the partner, whose warpgroup of that index finishes them (the same threads' fragments
+        on both CTAs)."""
+        assert self.NUM_CONSUMERS == 2, "STREAM_K_PAIRS splits a tile between two warpgroups"
+        shares = schedule.Shares(params, k_steps)
+        cta = shares.cta
+        u, end = shares.bounds()
+        read = pipeline.make_pipeline_state(
+            pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
+        release = read.clone()
+        at, k0, k1 = shares.segment(u, end)
+        read, release = self._mma_stages(g, ring, inputs, acc_state, read, release, k0, k1)
+        wg = thread // warpgroup.WARPGROUP_THREADS
+        if wg == cta % 2:
+            self._pair_take(g, acc_state, cta ^ 1, thread, wg)
+            self.finish(g, acc_state, at, consumer_smem, thread)
+        else:
+            self.store_partial(g, acc_state, cta, thread)
+            self._pair_sync(wg)
+            if thread % warpgroup.WARPGROUP_THREADS == 0:
+                memory.st_release_u32(self._flag(g, cta), cutlass.Uint32(1))
+        self.finish_tail()
+
+    @cute.jit
+    def _pair_take(self, g, acc_state, partner, thread, wg):
+        """Warpgroup `wg`: wait for the partner's flag (acquired), add its slot (this
+        warpgroup's rows), clear the flag for the next launch."""
+        first = thread % warpgroup.WARPGROUP_THREADS == 0
+        if first:
+            ready = memory.ld_acquire_u32(self._flag(g, partner))
+            while ready == 0:
+                ready = memory.ld_acquire_u32(self._flag(g, partner))
+        self._pair_sync(wg)
+        self.add_partial(g, acc_state, partner, thread)
+        self._pair_sync(wg)
+        if first:
+            memory.st_u32(self._flag(g, partner), cutlass.Uint32(0))
+
+    @cute.jit
+    def _pair_sync(self, wg):
+        """A named barrier of consumer warpgroup `wg` alone (NamedBarrier.PAIR_HALVES + wg)."""
+        if wg == 0:
+            warpgroup.sync(NamedBarrier.PAIR_HALVES, 1)()
+        else:
+            warpgroup.sync(NamedBarrier.PAIR_HALVES + 1, 1)()
 
     @cute.jit
     def _hand_over(self, g, acc_state, cta, thread, consumers):
