@@ -137,16 +137,21 @@ def zeroed_flags(name: str, count: int, device: torch.device, stream: int) -> to
 
 
 def stream_k_buffers(name: str, tiles: int, k_steps: int, slot_bytes: int, sms: int,
-                     device: torch.device, stream: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+                     device: torch.device, stream: int, teams: bool = False
+                     ) -> tuple[int, torch.Tensor, torch.Tensor]:
     """(ctas, partials, flags) of an in-kernel stream-K launch (`LCF.STREAM_K`) over `tiles`
-    tiles of `k_steps` units on a GPU of `sms` SMs: `schedule.stream_k_grid`'s CTAs, a partial
-    slot of `slot_bytes` per CTA (`workspace`) and a zero flag per CTA (`zeroed_flags`), both
+    tiles of `k_steps` units on a GPU of `sms` SMs: `schedule.stream_k_grid`'s CTAs (with
+    `teams`, `stream_k_team_grid`'s), a partial slot of `slot_bytes` per CTA (`workspace`) and
+    a zero flag per CTA (`zeroed_flags`; teams: one per CTA and consumer warp, TEAM_MAX), both
     kept per (device, stream, name). The caller holds them until the launch is queued."""
-    from tk_cute.ops.schedule import stream_k_grid
+    from tk_cute.ops import schedule
 
-    ctas = stream_k_grid(tiles, k_steps, sms)
+    if teams:
+        ctas, flags = schedule.stream_k_team_grid(tiles, k_steps, sms), schedule.TEAM_MAX
+    else:
+        ctas, flags = schedule.stream_k_grid(tiles, k_steps, sms), 1
     return (ctas, workspace(name, ctas * slot_bytes, device, stream),
-            zeroed_flags(name, ctas, device, stream))
+            zeroed_flags(name, ctas * flags, device, stream))
 
 
 def _kept(key, numel: int, make) -> torch.Tensor:

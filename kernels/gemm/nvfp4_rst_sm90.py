@@ -103,10 +103,11 @@ class Config:
     STREAM_K: bool = False
     # Stream-K partials as 16-byte vectors (`LCF.PARTIAL_V4`; not yet the default: to be timed)
     PARTIAL_V4: bool = field(default=False, metadata={"quiet": True})
-    # Stream-K on exactly two shares per tile (`LCF.STREAM_K_PAIRS`; `check_grid`): each CTA of
-    # a pair finishes one warpgroup's 64 rows, so the hand-over and the epilogue are halved
-    # on the critical path (not yet the default: to be timed)
-    PAIRS: bool = field(default=False, metadata={"quiet": True})
+    # Stream-K teams (`LCF.STREAM_K_TEAMS`, grid `schedule.stream_k_team_grid`): every tile in
+    # 2-8 equal shares that end together, each finishing some warps' rows with the others'
+    # sums of them, so no head adds every part and writes the whole tile (not yet the
+    # default: to be timed)
+    TEAMS: bool = field(default=False, metadata={"quiet": True})
     __repr__ = config_repr
 
     def __post_init__(self):
@@ -125,9 +126,8 @@ class Config:
         if self.N_TAIL and self.out_dtype == "nvfp4":
             raise ValueError(f"the NVFP4 epilogue writes whole {ROWS}-column bands: N_TAIL "
                              f"(N % {ROWS} != 0) takes bf16 / fp16 / fp32 output only")
-        if self.PAIRS and not self.STREAM_K:
-            raise ValueError("PAIRS splits stream-K tiles between two CTAs: it needs "
-                             "STREAM_K=True")
+        if self.TEAMS and not self.STREAM_K:
+            raise ValueError("TEAMS splits stream-K tiles between CTAs: it needs STREAM_K=True")
         if self.LOAD_PIPE_DEPTH == 1 or self.LOAD_PIPE_DEPTH < 0:
             raise ValueError(f"LOAD_PIPE_DEPTH must be 0 (auto) or >= 2, got "
                              f"{self.LOAD_PIPE_DEPTH}")
@@ -137,14 +137,6 @@ def supports(M: int, N: int, K: int) -> bool:
     """Whether some Config takes the shape (`Config.K_TAIL` where K % STAGE_K != 0,
     `Config.N_TAIL` where N % ROWS != 0; `tk_cute.nvfp4.heuristics` picks them)."""
     return M >= 1 and N >= rs.N_ALIGN and N % rs.N_ALIGN == 0 and K % rs.K_ALIGN == 0
-
-
-def check_grid(cfg: Config, tiles: int, ctas: int) -> None:
-    """Raise ValueError where a stream-K grid of `ctas` CTAs over `tiles` tiles does not fit
-    cfg: PAIRS needs every tile in exactly two shares (ctas == 2 * tiles)."""
-    if cfg.PAIRS and ctas != 2 * tiles:
-        raise ValueError(f"PAIRS needs every tile in exactly two stream-K shares (ctas == 2 x "
-                         f"tiles), got {ctas} CTAs for {tiles} tiles")
 
 
 def check_shape(M: int, N: int, K: int, cfg: Config | None = None) -> None:
@@ -173,7 +165,7 @@ class GemmNvfp4RsTiledSm90(LCF):
         self.config = config
         self.Mb, self.Nb, self.SUPERGROUP_SIZE = ROWS, config.Nb, config.SUPERGROUP_SIZE
         self.PDL, self.STREAM_K = config.PDL, config.STREAM_K
-        self.PARTIAL_V4, self.STREAM_K_PAIRS = config.PARTIAL_V4, config.PAIRS
+        self.PARTIAL_V4, self.STREAM_K_TEAMS = config.PARTIAL_V4, config.TEAMS
         self.w_tile = st(cutlass.Int8, ROWS, STAGE_K // 2, swizzle=False)
         self.sf_tile = st(cutlass.Int8, 2 * (STAGE_K // nvfp4_scales.ATOM_K), 256, swizzle=False)
         self.x_tile = st(cutlass.BFloat16, config.Nb, STAGE_K)

@@ -605,23 +605,27 @@ def test_stream_k_vector_partials_build(nb):
 
 
 @pytest.mark.parametrize("nb, out", [(208, "bfloat16"), (144, "float32")])
-def test_stream_k_pairs_build(nb, out):
-    """PAIRS (`LCF.STREAM_K_PAIRS`): one hand-over per CTA (an acquire loop, one release), the
-    two warpgroups' own named barriers (128 threads each), the wgmma and no spills as before;
-    the Config and grid checks."""
-    cfg = rst.Config(Nb=nb, STREAM_K=True, PAIRS=True, out_dtype=out)
+def test_stream_k_teams_build(nb, out):
+    """TEAMS (`LCF.STREAM_K_TEAMS`): the hand-over as warps (acquire loops, one release, warp
+    barriers), the wgmma and no spills as before; the Config check and the team grid
+    (`schedule.stream_k_team_grid`)."""
+    from tk_cute.ops import schedule
+
+    cfg = rst.Config(Nb=nb, STREAM_K=True, TEAMS=True, out_dtype=out)
     b = build(rst.launch_fn(cfg), *rst.signature(cfg).compile_args(132), arch="sm_90a")
     assert b.sass_count(rf"HGMMA\.64x{nb}x16") == 8
     assert b.ptx_count(r"ld\.acquire\.gpu\.global\.b32") >= 1
     assert b.ptx_count(r"st\.release\.gpu\.global\.b32") == 1
-    for wg in (5, 6):  # NamedBarrier.PAIR_HALVES + warpgroup
-        assert b.ptx_count(rf"bar\.sync\s+{wg},\s*128") >= 2
+    assert b.ptx_count(r"bar\.warp\.sync") >= 3
     assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
     with pytest.raises(ValueError, match="STREAM_K=True"):
-        rst.Config(Nb=nb, PAIRS=True)
-    rst.check_grid(cfg, 64, 128)
-    with pytest.raises(ValueError, match="exactly two"):
-        rst.check_grid(cfg, 128, 128)  # (300 x 8192 at Nb = 256: 128 tiles on 132 SMs)
+        rst.Config(Nb=nb, TEAMS=True)
+    assert schedule.stream_k_team_grid(64, 64, 132) == 128  # two parts per tile
+    assert schedule.stream_k_team_grid(23, 23, 132) == 115  # five
+    assert schedule.stream_k_team_grid(8, 64, 132) == 64  # at most TEAM_MAX (8 warps)
+    assert schedule.stream_k_team_grid(16, 3, 132) == 48  # at most the K steps
+    with pytest.raises(ValueError, match="two parts per tile"):
+        schedule.stream_k_team_grid(128, 64, 132)
 
 
 @pytest.mark.gpu
@@ -660,46 +664,46 @@ def test_stream_k_matches_the_exact_product_and_the_whole_tile_kernel(seed, M, N
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M, N, K, nb", [(200, 8192, 8192, 208), (129, 8192, 2880, 144),
-                                         (150, 8000, 4096, 160)])
-def test_stream_k_pairs_match(seed, M, N, K, nb):
-    """PAIRS (every tile in two shares: 64 tiles, an odd 23 K steps, a partial band on 63) sums
-    the same two parts as the head-takes-all hand-over: D bit for bit equal to it for fp32 and
-    bf16 out (and with 16-byte partials), W4A4 too, NVFP4 out bit for bit, and within the exact
-    product's bound; poisoned D."""
+                                         (150, 8000, 4096, 160), (129, 2880, 2880, 144),
+                                         (100, 1024, 8192, 112)])
+def test_stream_k_teams_match(seed, M, N, K, nb):
+    """TEAMS: two parts per tile (64 tiles; an odd 23 K steps; a partial band on 63 tiles)
+    sum what the head-takes-all hand-over sums: D bit for bit its D, fp32 and bf16 out (and
+    with 16-byte partials), W4A4 too, NVFP4 out bit for bit; five parts (23 tiles) and eight
+    (8 tiles): within the exact product's bound and the same on a second run. Poisoned D."""
     import dataclasses
 
     from tk_cute import nvfp4
-    from tk_cute.nvfp4 import launch
-    from tk_cute.testing import assert_gemm_close
-
     from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-    from tk_cute.ops.schedule import stream_k_grid
+    from tk_cute.nvfp4 import launch
+    from tk_cute.ops.schedule import stream_k_grid, stream_k_team_grid
     from tk_cute.runtime import sm_count
+    from tk_cute.testing import assert_gemm_close
 
     cfg = rst.Config(Nb=nb, STREAM_K=True, K_TAIL=K % rst.STAGE_K != 0,
                      N_TAIL=N % rst.ROWS != 0)
-    tiles, sms = rst.tiles(M, N, cfg), sm_count(torch.device("cuda"))
-    if stream_k_grid(tiles, rs.k_blocks(cfg.K_TAIL, K), sms) != 2 * tiles:
-        pytest.skip(f"{tiles} tiles are not two shares each on this GPU's SMs")
+    tiles, k_steps = rst.tiles(M, N, cfg), rs.k_blocks(cfg.K_TAIL, K)
+    sms = sm_count(torch.device("cuda"))
+    team_ctas = stream_k_team_grid(tiles, k_steps, sms)
+    same_sums = team_ctas == 2 * tiles == stream_k_grid(tiles, k_steps, sms)
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
-    pairs = dataclasses.replace(cfg, PAIRS=True)
-    for out_dtype in (torch.float32, torch.bfloat16):
-        d = launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, out_dtype), config=pairs)
-        assert_gemm_close(d, a, b, f"stream-K pairs Nb={nb} {out_dtype}")
-        assert torch.equal(d, launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, out_dtype),
-                                                   config=cfg))
-    want32 = launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, torch.float32), config=cfg)
-    v4 = dataclasses.replace(pairs, PARTIAL_V4=True)
-    assert torch.equal(launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, torch.float32),
-                                            config=v4), want32)
+    teams = dataclasses.replace(cfg, TEAMS=True)
+    for c in (teams, dataclasses.replace(teams, PARTIAL_V4=True)):
+        for out_dtype in (torch.float32, torch.bfloat16):
+            d = launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, out_dtype), config=c)
+            assert_gemm_close(d, a, b, f"stream-K teams Nb={nb} {out_dtype}")
+            again = launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, out_dtype),
+                                         config=cfg if same_sums else c)
+            assert torch.equal(d, again)
     aq = nvfp4.quantize(a.float())
     w4 = [launch.register_a_tiled(aq, b, _poisoned(M, N, torch.bfloat16),
-                                  dataclasses.replace(c, a_format="nvfp4")) for c in (pairs, cfg)]
-    assert_gemm_close(w4[0], aq, b, "stream-K pairs W4A4")
+                                  dataclasses.replace(c, a_format="nvfp4"))
+          for c in (teams, cfg if same_sums else teams)]
+    assert_gemm_close(w4[0], aq, b, "stream-K teams W4A4")
     assert torch.equal(w4[0], w4[1])
     if not cfg.N_TAIL:  # (the NVFP4 epilogue writes whole bands)
-        _assert_nvfp4_out_quantizes_fp32(a, b, cfg, pairs)
+        _assert_nvfp4_out_quantizes_fp32(a, b, teams, teams)
 
 
 @pytest.mark.gpu

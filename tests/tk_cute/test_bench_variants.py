@@ -20,7 +20,7 @@ def test_nvfp4_variants_with_tuning(M, N, K):
         # and with 16-byte partials
         assert {"tk_cute w4a16 tiled Nb=208 stream-K", "tk_cute w4a16 tiled Nb=112 few tiles",
                 "tk_cute w4a16 tiled Nb=208 stream-K v4 partials",
-                "tk_cute w4a16 tiled Nb=208 stream-K pairs"} <= set(tiled)
+                "tk_cute w4a16 tiled Nb=208 stream-K teams of 2"} <= set(tiled)
     from tk_cute.nvfp4.heuristics import PATHS
 
     forced = {notes[n][1] for n in v if "path=" in n}

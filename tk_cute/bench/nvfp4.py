@@ -110,7 +110,7 @@ def _tiled_tuning_variants(M, N, K, sms):
     as M split into K parts, `heuristics.split_tile_width`), the few-tiles width (as many
     activation tiles per weight band as one round holds, `heuristics.few_tiles_width`), and
     where the dispatch's schedule is stream-K, that schedule with 16-byte partials
-    (`rst.Config.PARTIAL_V4`) and, on exactly two shares per tile, as pairs (`PAIRS`)."""
+    (`rst.Config.PARTIAL_V4`) and as teams (`TEAMS`) where two parts per tile or more fit."""
     from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
     from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
     from tk_cute.nvfp4 import heuristics, launch
@@ -129,13 +129,18 @@ def _tiled_tuning_variants(M, N, K, sms):
         two = few <= heuristics.TILED_TWO_SETS_MAX_NB and K >= heuristics.TILED_TWO_SETS_MIN_K
         configs[f"Nb={few} few tiles"] = rst.Config(Nb=few, A_SETS=2 if two else 1, **tails)
     pick = heuristics.register_a_tiled_config(M, N, K, "bfloat16", sms)
-    if pick.STREAM_K:  # the dispatch's schedule, its partials as 16-byte vectors, and pairs
+    if pick.STREAM_K:  # the dispatch's schedule, its partials as 16-byte vectors, and teams
         configs[f"Nb={pick.Nb} stream-K v4 partials"] = dataclasses.replace(pick, PARTIAL_V4=True)
         tiles = rst.tiles(M, N, pick)
-        if schedule.stream_k_grid(tiles, rs.k_blocks(pick.K_TAIL, K), sms) == 2 * tiles:
-            configs[f"Nb={pick.Nb} stream-K pairs"] = dataclasses.replace(pick, PAIRS=True)
-            configs[f"Nb={pick.Nb} stream-K pairs v4"] = dataclasses.replace(
-                pick, PAIRS=True, PARTIAL_V4=True)
+        try:
+            team = schedule.stream_k_team_grid(tiles, rs.k_blocks(pick.K_TAIL, K), sms) // tiles
+        except ValueError:  # fewer than two parts per tile fit
+            team = 0
+        if team:
+            configs[f"Nb={pick.Nb} stream-K teams of {team}"] = dataclasses.replace(
+                pick, TEAMS=True)
+            configs[f"Nb={pick.Nb} stream-K teams of {team} v4"] = dataclasses.replace(
+                pick, TEAMS=True, PARTIAL_V4=True)
     return {f"tk_cute w4a16 tiled {name}": (
         lambda s, c=cfg: launch.gemm_rs_tiled(s["a"], s["b"], config=c))
         for name, cfg in configs.items()}

@@ -160,11 +160,9 @@ def _launch_tiled(a, b: NVFP4Tensor, cfg: rst.Config, gsb, out: int, out_sf: int
     partials = flags = None
     ctas = sms
     if cfg.STREAM_K:
-        tiles = rst.tiles(M, N, cfg)
         ctas, partials, flags = stream_k_buffers(  # (K steps: its X tiles)
-            "tiled_stream_k", tiles, rs.k_blocks(cfg.K_TAIL, K), rst.partial_bytes(cfg), sms,
-            dev, st)
-        rst.check_grid(cfg, tiles, ctas)
+            "tiled_stream_k", rst.tiles(M, N, cfg), rs.k_blocks(cfg.K_TAIL, K),
+            rst.partial_bytes(cfg), sms, dev, st, teams=cfg.TEAMS)
     wsf = aligned(b.scales)
     common = dict(w=codes(b), wsf=wsf.data_ptr(),
                   gs=(b.global_scale if gsb is None else gsb).data_ptr(), out=out,

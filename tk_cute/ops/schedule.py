@@ -262,6 +262,23 @@ def stream_k_grid(tiles: int, k_steps: int, limit: int, slack: float = 0.1) -> i
     return min(limit, tiles * k_steps)
 
 
+# Most CTAs of a stream-K team (`LCF.STREAM_K_TEAMS`): each part finishes whole consumer warps'
+# rows of the tile, and LCF's two consumer warpgroups are 8 warps.
+TEAM_MAX = 8
+
+
+def stream_k_team_grid(tiles: int, k_steps: int, limit: int) -> int:
+    """The CTAs of a stream-K team launch: every tile split into the same number of equal
+    shares, as many as fit `limit` (at most `k_steps` and TEAM_MAX), so each tile's parts end
+    together. ValueError where fewer than two parts per tile fit (23 tiles of 23 K steps on 132
+    SMs: 5 parts, 115 CTAs)."""
+    team = min(limit // tiles, k_steps, TEAM_MAX)
+    if team < 2:
+        raise ValueError(f"a stream-K team needs two parts per tile or more: {tiles} tiles of "
+                         f"{k_steps} K steps on {limit} CTAs give {team}")
+    return tiles * team
+
+
 def stream_k_spans(ctas: int, tiles: int) -> int:
     """The most CTAs whose shares one tile's units can span (partial sums per tile to keep):
     at most ceil(ctas / tiles) + 1."""

@@ -37,13 +37,15 @@ finds its partners started, finishes and frees an SM for the next). The sum is h
 parts in CTA order, the same on every run (not bit for bit whole tiles' single sum). A kernel
 with stream-K names its accumulator tile (`accumulator(state)`) and puts `partials` and
 `flags` pointers in its globals.
-Stream-K pairs (`STREAM_K_PAIRS`, on a grid of exactly two shares per tile: CTA 2T holds the
-first K steps of tile T, 2T + 1 the rest, and they end together): rather than the head adding
-all 128 rows of the partner's sums and writing all of D's tile, each CTA finishes one consumer
-warpgroup's rows (warpgroup cta % 2), adding the partner's sums of them, and hands the other
-warpgroup's rows to the partner (a slot and a flag per CTA, as above; named barriers of one
-warpgroup). Half the partial bytes and half the epilogue per CTA on the critical path, and the
-same sums (a + b = b + a in fp32): D bit for bit the head-takes-all hand-over's.
+Stream-K teams (`STREAM_K_TEAMS`, on `schedule.stream_k_team_grid`: every tile in `team` = 2
+to TEAM_MAX equal shares, CTA team * T + p holding part p of tile T; the parts end together):
+rather than one head adding all the other parts and writing all of D's tile, consumer warp w of
+part w % team finishes its 16 rows, adding the other parts of them in CTA order, and every other
+warp hands its rows to that part (its fragment to the CTA's slot, then a flag per CTA and warp,
+released after `bar.warp.sync`). Per CTA about 1 / team of the epilogue and (team - 1) / team
+of a slot's bytes stored and loaded, where a head loads team - 1 slots. With two parts the sums
+are the same (a + b = b + a in fp32: D bit for bit the head-takes-all hand-over's); with more,
+the owner's part comes first (deterministic, the same error bound).
 """
 
 from __future__ import annotations
@@ -81,10 +83,10 @@ class LCF:
     # Stream-K partial sums moved as 16-byte vectors of 4 consecutive accumulator elements
     # (one instruction per 4 elements) instead of one 4-byte access per element
     PARTIAL_V4 = False
-    # Stream-K on a grid of exactly two shares per tile (`ctas` = 2 x tiles, the host checks;
-    # module docstring): the pair's two CTAs each finish one consumer warpgroup's rows of the
-    # tile. Needs a `finish` whose warpgroups write their own rows without each other.
-    STREAM_K_PAIRS = False
+    # Stream-K teams (module docstring): every tile in the same number of shares (the host's
+    # `schedule.stream_k_team_grid`), each finishing some consumer warps' rows of it. Needs a
+    # `finish` whose warps write their own rows without each other.
+    STREAM_K_TEAMS = False
 
     # --- what a kernel declares -----------------------------------------------------------
     def inputs(self) -> dict[str, st]:
@@ -201,8 +203,8 @@ class LCF:
             warpgroup.increase_registers(self.CONSUMER_REGISTERS)
             thread = cute.arch.thread_idx()[0] - warpgroup.WARPGROUP_THREADS
             acc_state = self.setup(g, thread, consumer_smem)
-            if cutlass.const_expr(self.STREAM_K and self.STREAM_K_PAIRS):
-                self._consume_pair(g, params, ring, inputs, acc_state, consumer_smem, thread,
+            if cutlass.const_expr(self.STREAM_K and self.STREAM_K_TEAMS):
+                self._consume_team(g, params, ring, inputs, acc_state, consumer_smem, thread,
                                    k_steps)
             elif cutlass.const_expr(self.STREAM_K):
                 self._consume_shares(g, params, ring, inputs, acc_state, consumer_smem, thread,
@@ -280,54 +282,56 @@ class LCF:
         self.finish_tail()
 
     @cute.jit
-    def _consume_pair(self, g, params, ring, inputs, acc_state, consumer_smem, thread, k_steps):
-        """Stream-K pairs (STREAM_K_PAIRS): this CTA's share is one half of one tile (CTA 2T
-        its first K steps, 2T + 1 the rest). Consumer warpgroup `half` (= cta % 2) finishes its
-        rows here, adding the partner's sums of them; the other warpgroup hands its rows to
-        the partner, whose warpgroup of that index finishes them (the same threads' fragments
-        on both CTAs)."""
-        assert self.NUM_CONSUMERS == 2, "STREAM_K_PAIRS splits a tile between two warpgroups"
+    def _consume_team(self, g, params, ring, inputs, acc_state, consumer_smem, thread, k_steps):
+        """Stream-K teams (STREAM_K_TEAMS): this CTA's share is part `part` of one tile's
+        `team` equal parts. Consumer warp w finishes its rows here when w % team == part,
+        adding the team's other parts of them in CTA order; else it hands its rows to that
+        part's CTA (its slot, its flag: the same lanes' fragments on every CTA)."""
         shares = schedule.Shares(params, k_steps)
         cta = shares.cta
+        team = cutlass.Int32(shares.ctas // (shares.units // shares.k_steps))
+        part = cta % team
         u, end = shares.bounds()
         read = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
         release = read.clone()
         at, k0, k1 = shares.segment(u, end)
         read, release = self._mma_stages(g, ring, inputs, acc_state, read, release, k0, k1)
-        wg = thread // warpgroup.WARPGROUP_THREADS
-        if wg == cta % 2:
-            self._pair_take(g, acc_state, cta ^ 1, thread, wg)
+        w = thread // 32
+        lane = thread % 32
+        if w % team == part:
+            self._team_take(g, acc_state, cta - part, team, part, w, thread)
             self.finish(g, acc_state, at, consumer_smem, thread)
         else:
             self.store_partial(g, acc_state, cta, thread)
-            self._pair_sync(wg)
-            if thread % warpgroup.WARPGROUP_THREADS == 0:
-                memory.st_release_u32(self._flag(g, cta), cutlass.Uint32(1))
+            warp.sync()  # (bar.warp.sync: the lanes' stores are ordered before the release)
+            if lane == 0:
+                memory.st_release_u32(self._team_flag(g, cta, w), cutlass.Uint32(1))
         self.finish_tail()
 
     @cute.jit
-    def _pair_take(self, g, acc_state, partner, thread, wg):
-        """Warpgroup `wg`: wait for the partner's flag (acquired), add its slot (this
-        warpgroup's rows), clear the flag for the next launch."""
-        first = thread % warpgroup.WARPGROUP_THREADS == 0
-        if first:
-            ready = memory.ld_acquire_u32(self._flag(g, partner))
-            while ready == 0:
-                ready = memory.ld_acquire_u32(self._flag(g, partner))
-        self._pair_sync(wg)
-        self.add_partial(g, acc_state, partner, thread)
-        self._pair_sync(wg)
-        if first:
-            memory.st_u32(self._flag(g, partner), cutlass.Uint32(0))
+    def _team_take(self, g, acc_state, first, team, part, w, thread):
+        """Warp w: wait for the other parts' flags of its rows (acquired), add their slots in
+        CTA order, clear the flags for the next launch."""
+        if thread % 32 == 0:
+            for j in range(team):
+                if j != part:
+                    ready = memory.ld_acquire_u32(self._team_flag(g, first + j, w))
+                    while ready == 0:
+                        ready = memory.ld_acquire_u32(self._team_flag(g, first + j, w))
+        warp.sync()
+        for j in range(team):
+            if j != part:
+                self.add_partial(g, acc_state, first + j, thread)
+        warp.sync()
+        if thread % 32 == 0:
+            for j in range(team):
+                if j != part:
+                    memory.st_u32(self._team_flag(g, first + j, w), cutlass.Uint32(0))
 
-    @cute.jit
-    def _pair_sync(self, wg):
-        """A named barrier of consumer warpgroup `wg` alone (NamedBarrier.PAIR_HALVES + wg)."""
-        if wg == 0:
-            warpgroup.sync(NamedBarrier.PAIR_HALVES, 1)()
-        else:
-            warpgroup.sync(NamedBarrier.PAIR_HALVES + 1, 1)()
+    def _team_flag(self, g, cta, w):
+        """Address of CTA `cta`'s hand-over flag for consumer warp w's rows (TEAM_MAX each)."""
+        return g.flags.toint() + 4 * (cutlass.Int64(cta) * schedule.TEAM_MAX + w)
 
     @cute.jit
     def _hand_over(self, g, acc_state, cta, thread, consumers):

@@ -187,6 +187,3 @@ class NamedBarrier(enum.IntEnum):
     CONSUMERS = 2  # ltcf: the consumer warpgroups before a stage's MMAs (after their transform)
     TMEM_ALLOC = 3  # Blackwell/Rubin: the TMEM allocator warp with the epilogue warps
     PARTIALS = 4  # lcf stream-K: the consumer warpgroups around a tile's partial sums
-    # lcf stream-K pairs: one consumer warpgroup around its half of a tile's hand-over (ids
-    # PAIR_HALVES + w for consumer warpgroup w: 5, 6)
-    PAIR_HALVES = 5
