@@ -49,21 +49,56 @@ def _kernel_for(sf_format: str):
         for i in cutlass.range_constexpr(WORDS_PER_THREAD):
             c = first + i * THREADS  # each round of a block covers THREADS consecutive words
             if c < total:
-                row, w = c // words_per_row, c % words_per_row
-                kb = w // 2  # two words per 16-element scale block
-                sf = fp4.scale_to_bf16x2(
-                    Uint32(scales[nvfp4_scales.band_offset(row, kb, rk)]), sf_format)
-                decoded = fp4.e2m1x8_scaled(data[row * pitch + w], sf, "bf16")
-                words = cute.make_rmem_tensor((4,), Uint32)
-                for t in cutlass.range_constexpr(4):
-                    words[t] = decoded[t]
-                values = cute.recast_tensor(words, out.element_type)
-                cute.autovec_copy(values, cute.local_tile(out, (8,), (c,)))
+                _decode_word(sf_format, data, scales, out, words_per_row, pitch, rk, c)
 
     return _dequantize_kernel
 
 
+@cute.jit
+def _decode_word(sf_format: cutlass.Constexpr, data, scales, out, words_per_row, pitch, rk, c):
+    """Word c of the flat walk (rows `pitch` words apart, `rk` scale atoms per 128-row band):
+    its 8 codes times their scale, one 16-byte store."""
+    row, w = c // words_per_row, c % words_per_row
+    kb = w // 2  # two words per 16-element scale block
+    sf = fp4.scale_to_bf16x2(Uint32(scales[nvfp4_scales.band_offset(row, kb, rk)]), sf_format)
+    decoded = fp4.e2m1x8_scaled(data[row * pitch + w], sf, "bf16")
+    words = cute.make_rmem_tensor((4,), Uint32)
+    for t in cutlass.range_constexpr(4):
+        words[t] = decoded[t]
+    values = cute.recast_tensor(words, out.element_type)
+    cute.autovec_copy(values, cute.local_tile(out, (8,), (c,)))
+
+
+def _pair_kernel_for(sf_format: str):
+    """Both operands of a W4A4 GEMM (the same K) in one walk: words 0 .. words_a - 1 are A's,
+    the rest B's; and the first thread writes D's scale gA * gB (one fp32 multiply, as
+    torch's). One launch where two and a torch multiply took three."""
+
+    @cute.kernel
+    def _dequantize_pair_kernel(data_a: cute.Tensor, scales_a: cute.Tensor, out_a: cute.Tensor,
+                                data_b: cute.Tensor, scales_b: cute.Tensor, out_b: cute.Tensor,
+                                gs_a: cute.Tensor, gs_b: cute.Tensor, gs_out: cute.Tensor,
+                                words_per_row: cutlass.Int32):
+        words_a = cute.size(out_a) // 8
+        total = words_a + cute.size(out_b) // 8
+        pitch = nvfp4_codes.row_pitch(words_per_row * 8) // 4
+        first = cute.arch.block_idx()[0] * THREADS * WORDS_PER_THREAD + cute.arch.thread_idx()[0]
+        rk = (words_per_row // 2 + 3) // 4
+        if first == 0:
+            gs_out[0] = gs_a[0] * gs_b[0]
+        for i in cutlass.range_constexpr(WORDS_PER_THREAD):
+            c = first + i * THREADS
+            if c < words_a:
+                _decode_word(sf_format, data_a, scales_a, out_a, words_per_row, pitch, rk, c)
+            elif c < total:
+                _decode_word(sf_format, data_b, scales_b, out_b, words_per_row, pitch, rk,
+                             c - words_a)
+
+    return _dequantize_pair_kernel
+
+
 _KERNELS = {f: _kernel_for(f) for f in fp4.DECODE_FORMATS}
+_PAIR_KERNELS = {f: _pair_kernel_for(f) for f in fp4.DECODE_FORMATS}
 
 
 def signature() -> Signature:
@@ -74,23 +109,60 @@ def signature() -> Signature:
                      ptr("out", cutlass.BFloat16, 16), i32("words"), i32("words_per_row"))
 
 
-@cute.jit
-def _dequantize(sf_format: cutlass.Constexpr, data_ptr: cute.Pointer, scales_ptr: cute.Pointer,
-                out_ptr: cute.Pointer, words: cutlass.Int32, words_per_row: cutlass.Int32,
-                stream):
+def _views(data_ptr, scales_ptr, out_ptr, words, words_per_row):
+    """The flat tensors of one operand: its codes' words (rows `row_pitch` apart), its blocked
+    scale bytes and its bf16 output."""
     rows = words // words_per_row
     sf_bytes = (rows + 127) // 128 * ((words_per_row // 2 + 3) // 4) * 512  # the blocked layout
     data = cute.make_tensor(data_ptr, cute.make_layout(
         rows * (nvfp4_codes.row_pitch(words_per_row * 8) // 4)))
     scales = cute.make_tensor(scales_ptr, cute.make_layout(sf_bytes))
-    out = cute.make_tensor(out_ptr, cute.make_layout(words * 8))
+    return data, scales, cute.make_tensor(out_ptr, cute.make_layout(words * 8))
+
+
+@cute.jit
+def _dequantize(sf_format: cutlass.Constexpr, data_ptr: cute.Pointer, scales_ptr: cute.Pointer,
+                out_ptr: cute.Pointer, words: cutlass.Int32, words_per_row: cutlass.Int32,
+                stream):
     per_block = THREADS * WORDS_PER_THREAD
-    _KERNELS[sf_format](data, scales, out, words_per_row).launch(
+    _KERNELS[sf_format](*_views(data_ptr, scales_ptr, out_ptr, words, words_per_row),
+                        words_per_row).launch(
         grid=((words + per_block - 1) // per_block, 1, 1), block=(THREADS, 1, 1), stream=stream)
 
 
-def compile_launcher(sf_format: str = "ue4m3", options: str = ""):
-    """The kernel for `sf_format` scales as a `runtime.Launcher`."""
+def pair_signature() -> Signature:
+    """`_dequantize_pair`'s runtime arguments: A's and B's codes, scales and bf16 outputs as in
+    `signature`, their fp32 global scales and D's (written), the code words of each and the
+    words per row (K / 8, shared)."""
+    return Signature(ptr("data_a", cutlass.Int32, 4), ptr("scales_a", cutlass.Uint8, 1),
+                     ptr("out_a", cutlass.BFloat16, 16), ptr("data_b", cutlass.Int32, 4),
+                     ptr("scales_b", cutlass.Uint8, 1), ptr("out_b", cutlass.BFloat16, 16),
+                     ptr("gs_a", cutlass.Float32, 4), ptr("gs_b", cutlass.Float32, 4),
+                     ptr("gs_out", cutlass.Float32, 4), i32("words_a"), i32("words_b"),
+                     i32("words_per_row"))
+
+
+@cute.jit
+def _dequantize_pair(sf_format: cutlass.Constexpr, data_a: cute.Pointer, scales_a: cute.Pointer,
+                     out_a: cute.Pointer, data_b: cute.Pointer, scales_b: cute.Pointer,
+                     out_b: cute.Pointer, gs_a: cute.Pointer, gs_b: cute.Pointer,
+                     gs_out: cute.Pointer, words_a: cutlass.Int32, words_b: cutlass.Int32,
+                     words_per_row: cutlass.Int32, stream):
+    one = cute.make_layout(1)
+    per_block = THREADS * WORDS_PER_THREAD
+    _PAIR_KERNELS[sf_format](
+        *_views(data_a, scales_a, out_a, words_a, words_per_row),
+        *_views(data_b, scales_b, out_b, words_b, words_per_row),
+        cute.make_tensor(gs_a, one), cute.make_tensor(gs_b, one), cute.make_tensor(gs_out, one),
+        words_per_row).launch(grid=((words_a + words_b + per_block - 1) // per_block, 1, 1),
+                              block=(THREADS, 1, 1), stream=stream)
+
+
+def compile_launcher(sf_format: str = "ue4m3", options: str = "", pair: bool = False):
+    """The kernel for `sf_format` scales (`pair`: both W4A4 operands and D's scale) as a
+    `runtime.Launcher`."""
     if sf_format not in _KERNELS:
         raise ValueError(f"sf_format must be one of {sorted(_KERNELS)}, got {sf_format!r}")
+    if pair:
+        return pair_signature().compile(_dequantize_pair, sf_format, options=options)
     return signature().compile(_dequantize, sf_format, options=options)

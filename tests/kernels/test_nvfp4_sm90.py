@@ -140,6 +140,45 @@ def test_dequantize_blocks_compiles_to_vector_accesses():
     assert b.kernel.local_bytes == 0
 
 
+def test_dequantize_pair_compiles_to_vector_accesses():
+    """Both W4A4 operands in one walk: per word the single kernel's accesses (one 4-byte code
+    load, its scale byte, one 16-byte store), twice the words per thread's round (A's or
+    B's), and one fp32 multiply for D's scale."""
+    from tk_cute.kernels import nvfp4_dequantize as dq
+
+    b = build(dq._dequantize_pair, *dq.pair_signature().compile_args("ue4m3"), arch="sm_90a")
+    dq.compile_launcher("ue4m3", options="--gpu-arch sm_90a", pair=True)
+    n = dq.WORDS_PER_THREAD
+    assert b.sass_count(r"STG\.E\.128") == 2 * n and b.sass_count(r"LDG\.E\.U8") == 2 * n
+    assert b.sass_count(r"\bFMUL\b") == 1
+    assert b.kernel.local_bytes == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(100, 136, 272), (1000, 2880, 2880), (3, 8192, 8192)])
+def test_dequantize_pair_matches_two_launches(seed, M, N, K):
+    """`dequantize_pair` writes what two `dequantize_blocks` write, bit for bit, into poisoned
+    outputs (K % 32 != 0: padded rows of codes), and gA * gB as torch multiplies them; the
+    paired "dequantize" GEMM is bit for bit the two-launch one."""
+    from tk_cute import nvfp4
+    from tk_cute.nvfp4 import launch
+
+    a = nvfp4.quantize(torch.randn(M, K, device="cuda"))
+    b = nvfp4.quantize(torch.randn(N, K, device="cuda") * 0.02)
+    nan = lambda r: torch.full((r, K), float("nan"), device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    a16, b16, scale = launch.dequantize_pair(a, b, out_a=nan(M), out_b=nan(N))
+    assert torch.equal(a16, launch.dequantize_blocks(a))
+    assert torch.equal(b16, launch.dequantize_blocks(b))
+    assert torch.equal(scale, a.global_scale * b.global_scale)
+    outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            for _ in range(2)]
+    for out, paired in zip(outs, (True, False)):
+        launch.dequantize(a, b, out, paired=paired)
+    assert torch.equal(outs[0], outs[1])
+    with pytest.raises(ValueError, match="one K"):
+        launch.dequantize_pair(a, nvfp4.quantize(torch.randn(N, K + 16, device="cuda")))
+
+
 def test_the_dispatch_never_picks_the_fused_kernel():
     """Every shape the fused kernel takes (M % 128, N % 256, K % 64) a register-A kernel takes
     too (K % 32, N % 128): "fused" runs only when forced, and every path the rules pick decodes

@@ -97,6 +97,12 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int):
                 name = f"tk_cute {kind} path={path}"
                 v[name] = lambda s, p=path, k=key: nvfp4.gemm(s[k], s["b"], path=p)
                 notes[name] = (key, path)
+        if N % 8 == 0:  # W4A4 "dequantize" in one launch (`launch.DEQUANTIZE_PAIRED`)
+            from tk_cute.nvfp4 import launch
+
+            v["tk_cute w4a4 path=dequantize paired"] = lambda s: launch.dequantize(
+                s["aq"], s["b"], torch.empty(M, N, dtype=torch.bfloat16, device="cuda"),
+                paired=True)
     if tune and M <= 64:
         v.update(_tuning_variants(M, N, K, sms))
     if tune and M >= heuristics.SPLIT_TILE_MIN_M:

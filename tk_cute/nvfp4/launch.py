@@ -218,12 +218,25 @@ def _fused_kernel(config: sm90.Config):
     return sm90.GemmNvfp4Sm90(config)
 
 
-def dequantize(a, b: NVFP4Tensor, out: torch.Tensor) -> torch.Tensor:
+# W4A4 "dequantize" with one launch for both operands and D's scale (`dequantize_pair`), where
+# today two dequantize launches and torch's gA * gB run before the GEMM. Built in the twentieth
+# session, GPU test pending (tests/kernels/test_nvfp4_sm90.py::
+# test_dequantize_pair_matches_two_launches): the default once it passes and is timed.
+DEQUANTIZE_PAIRED = False
+
+
+def dequantize(a, b: NVFP4Tensor, out: torch.Tensor, paired: bool | None = None) -> torch.Tensor:
     """Any shape: the FP4 operands expanded to exact bf16 e2m1 * ue4m3 in global memory (2 B
     per element of workspace), then the dense Hopper GEMM times gA * gB (gB for W4A16) in its
-    epilogue. Output rows must be 16-byte aligned (the caller pads N otherwise)."""
-    a16 = dequantize_blocks(a) if isinstance(a, NVFP4Tensor) else aligned(a)
-    dense_gemm.scaled(a16, dequantize_blocks(b), output_scale(a, b), out)
+    epilogue. Output rows must be 16-byte aligned (the caller pads N otherwise). `paired`
+    (default DEQUANTIZE_PAIRED): W4A4 operands of one scale format in one launch."""
+    paired = DEQUANTIZE_PAIRED if paired is None else paired
+    if isinstance(a, NVFP4Tensor) and paired and a.scale_format == b.scale_format:
+        a16, b16, scale = dequantize_pair(a, b)
+    else:
+        a16 = dequantize_blocks(a) if isinstance(a, NVFP4Tensor) else aligned(a)
+        b16, scale = dequantize_blocks(b), output_scale(a, b)
+    dense_gemm.scaled(a16, b16, scale, out)
     return out
 
 
@@ -249,6 +262,37 @@ def dequantize_blocks(q: NVFP4Tensor, out: torch.Tensor | None = None) -> torch.
            out=out.data_ptr(), words=M * K // 8, words_per_row=K // 8,
            stream=raw_stream(index))
     return out
+
+
+def dequantize_pair(a: NVFP4Tensor, b: NVFP4Tensor, out_a: torch.Tensor | None = None,
+                    out_b: torch.Tensor | None = None) -> tuple:
+    """(`dequantize_blocks(a)`, `dequantize_blocks(b)`, gA * gB as a 0-dim fp32 tensor) of two
+    2-D CUDA NVFP4Tensors of one K and one scale format, in one launch (into `out_a` /
+    `out_b` where given, checked as `dequantize_blocks`'s `out`)."""
+    from tk_cute.kernels import nvfp4_dequantize as dq
+
+    (M, K), (N, Kb) = a.shape, b.shape
+    if K != Kb or a.scale_format != b.scale_format or a.device != b.device:
+        raise ValueError(f"dequantize_pair takes operands of one K, scale format and device, "
+                         f"got K {K} / {Kb}, {a.scale_format} / {b.scale_format}, "
+                         f"{a.device} / {b.device}")
+    if a.device.type != "cuda":
+        raise ValueError(f"dequantize_pair runs on CUDA tensors, got {a.device}")
+    if (M + N) * K >= 2**31:  # the kernel indexes elements with 32-bit integers
+        raise ValueError(f"dequantize_pair takes (M + N) * K < 2^31 elements, got ({M} + {N}) "
+                         f"x {K}")
+    a16 = output(out_a, (M, K), torch.bfloat16, a.device, "dequantize_pair")
+    b16 = output(out_b, (N, K), torch.bfloat16, a.device, "dequantize_pair")
+    scale = torch.empty((), dtype=torch.float32, device=a.device)
+    index = device_index(a.device)
+    fmt = a.scale_format
+    launch = _DEQUANTIZE.get((fmt, index, "pair"), lambda: dq.compile_launcher(fmt, pair=True))
+    launch(data_a=codes(a), scales_a=a.scales.contiguous().data_ptr(), out_a=a16.data_ptr(),
+           data_b=codes(b), scales_b=b.scales.contiguous().data_ptr(), out_b=b16.data_ptr(),
+           gs_a=a.global_scale.data_ptr(), gs_b=b.global_scale.data_ptr(),
+           gs_out=scale.data_ptr(), words_a=M * K // 8, words_b=N * K // 8,
+           words_per_row=K // 8, stream=raw_stream(index))
+    return a16, b16, scale
 
 
 _QUANTIZE = KernelCache()
