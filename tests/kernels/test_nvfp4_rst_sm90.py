@@ -573,6 +573,42 @@ def test_stream_k_shares_hand_each_split_tile_to_its_head(tiles, k_steps):
             assert len(parts) == ctas // tiles
 
 
+@pytest.mark.parametrize("tiles, k_steps", [(64, 64), (64, 23), (63, 32), (23, 23), (8, 64),
+                                            (16, 3), (44, 2), (66, 5), (2, 300)])
+def test_stream_k_teams_cover_each_tile_and_warp_once(tiles, k_steps):
+    """On `schedule.stream_k_team_grid`'s grid (132 SMs), as `LCF._consume_team` walks it: each
+    CTA's share is one segment of tile cta // team, part cta % team (the kernel's arithmetic:
+    team = ctas // (units // k_steps)); a tile's parts cover its K steps once; each of the 8
+    consumer warps' rows of a tile is finished by exactly one part (w % team), which waits for
+    the flag (cta, w) of every other part, and every such flag is released by exactly its
+    part's warp w: no flag waited for that nobody releases, none released twice."""
+    from tk_cute.ops import schedule
+
+    ctas = schedule.stream_k_team_grid(tiles, k_steps, 132)
+    team = ctas // (tiles * k_steps // k_steps)
+    assert 2 <= team <= schedule.TEAM_MAX and ctas == team * tiles <= 132
+    released, waited, finished = set(), set(), {}
+    for c in range(ctas):
+        (t, k0, k1), = _segments(c, ctas, tiles, k_steps)  # one segment per CTA
+        part = c % team
+        assert t == c // team and (k0 == 0) == (part == 0) and (k1 == k_steps) == (
+            part == team - 1)
+        for w in range(schedule.TEAM_MAX):
+            if w % team == part:
+                finished.setdefault((t, w), []).append(c)
+                waited |= {(c - part + j, w) for j in range(team) if j != part}
+            else:
+                assert (c, w) not in released
+                released.add((c, w))
+    assert waited == released
+    assert all(len(cs) == 1 for cs in finished.values())
+    assert sorted(finished) == [(t, w) for t in range(tiles) for w in range(schedule.TEAM_MAX)]
+    for t in range(tiles):
+        parts = [_segments(c, ctas, tiles, k_steps)[0] for c in range(t * team, (t + 1) * team)]
+        assert parts[0][1] == 0 and parts[-1][2] == k_steps
+        assert all(a[2] == b[1] for a, b in zip(parts, parts[1:]))  # contiguous, once
+
+
 @pytest.mark.parametrize("nb, out, a_format", [(256, "bfloat16", "bf16"), (192, "nvfp4", "bf16"),
                                               (128, "float32", "nvfp4")])
 def test_stream_k_builds_its_handover(nb, out, a_format):

@@ -270,8 +270,8 @@ TEAM_MAX = 8
 def stream_k_team_grid(tiles: int, k_steps: int, limit: int) -> int:
     """The CTAs of a stream-K team launch: every tile split into the same number of equal
     shares, as many as fit `limit` (at most `k_steps` and TEAM_MAX), so each tile's parts end
-    together. ValueError where fewer than two parts per tile fit (23 tiles of 23 K steps on 132
-    SMs: 5 parts, 115 CTAs)."""
+    together: 23 tiles of 23 K steps on 132 SMs, 5 parts (115 CTAs). ValueError where fewer
+    than two parts per tile fit (128 tiles on 132 SMs)."""
     team = min(limit // tiles, k_steps, TEAM_MAX)
     if team < 2:
         raise ValueError(f"a stream-K team needs two parts per tile or more: {tiles} tiles of "
