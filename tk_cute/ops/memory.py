@@ -33,6 +33,10 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from tk_cute.ops.ptx import asm, unpack
 
 
+# 16-byte vectors of 4 x 32 bits: (LLVM type, PTX type, asm constraint) per element type
+_V4 = {Float32: (T.f32, "f32", "f"), Uint32: (T.i32, "u32", "r")}
+
+
 # ---------------------------------------------------------------- loads
 
 
@@ -124,18 +128,23 @@ def st_u32(addr: Int64, v: Uint32, *, loc=None, ip=None) -> None:
     asm(None, [Int64(addr), Uint32(v)], "st.global.b32 [$0], $1;", "l,r", loc, ip, True)
 
 
+def _st_v4(addr, values: list, dtype, loc, ip) -> None:
+    """4 `dtype` values (Float32 or Uint32, `_V4`) to global `addr` (16-byte aligned)."""
+    _, ptx, c = _V4[dtype]
+    asm(None, [Int64(addr)] + [dtype(v) for v in values],
+        f"st.global.v4.{ptx} [$0], {{$1, $2, $3, $4}};", f"l,{c},{c},{c},{c}", loc, ip, True)
+
+
 @dsl_user_op
 def st_v4_u32(addr: Int64, words: list, *, loc=None, ip=None) -> None:
     """4 32-bit words to global `addr` (16-byte aligned)."""
-    asm(None, [Int64(addr)] + [Uint32(w) for w in words],
-        "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r", loc, ip, True)
+    _st_v4(addr, words, Uint32, loc, ip)
 
 
 @dsl_user_op
 def st_v4_f32(addr: Int64, xs: list, *, loc=None, ip=None) -> None:
     """4 float32 to global `addr` (16-byte aligned)."""
-    asm(None, [Int64(addr)] + [Float32(x) for x in xs],
-        "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f", loc, ip, True)
+    _st_v4(addr, xs, Float32, loc, ip)
 
 
 @dsl_user_op
@@ -199,7 +208,6 @@ def cp_async_wait_all() -> None:
 # ---------------------------------------------------------------- shared memory
 
 
-_V4 = {Float32: (T.f32, "f32", "f"), Uint32: (T.i32, "u32", "r")}  # type, PTX type, constraint
 
 
 @dsl_user_op

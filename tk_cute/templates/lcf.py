@@ -331,7 +331,7 @@ class LCF:
 
     def _team_flag(self, g, cta, w):
         """Address of CTA `cta`'s hand-over flag for consumer warp w's rows (TEAM_MAX each)."""
-        return g.flags.toint() + 4 * (cutlass.Int64(cta) * schedule.TEAM_MAX + w)
+        return self._flag(g, cutlass.Int64(cta) * schedule.TEAM_MAX + w)
 
     @cute.jit
     def _hand_over(self, g, acc_state, cta, thread, consumers):
