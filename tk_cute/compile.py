@@ -181,12 +181,17 @@ def cuda_tool(name: str) -> str:
 
 
 def _run_on_cubin(cubin: bytes, cmd: list[str]) -> str:
+    tool = cuda_tool(cmd[0])
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run(
-            [cuda_tool(cmd[0]), *cmd[1:], f.name], check=True, capture_output=True, text=True
-        ).stdout
+        done = subprocess.run([tool, *cmd[1:], f.name], capture_output=True, text=True)
+    if done.returncode != 0:  # (an older CUDA's tool on PATH cannot read the newer targets)
+        raise RuntimeError(
+            f"{tool} could not read the cubin (exit {done.returncode}: "
+            f"{done.stderr.strip()[:200]!r}); the 13.5 tools read every target: pip install "
+            f"nvidia-cuda-{cmd[0]}==13.5.* (the dev extra)")
+    return done.stdout
 
 
 def build(fn, *args, arch: str, options: str = "", **kwargs) -> Build:

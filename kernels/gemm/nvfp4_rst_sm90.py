@@ -101,12 +101,13 @@ class Config:
     # Stream-K (`LCF.STREAM_K`): equal shares of the (tile x stage) units on the launch's
     # `ctas` CTAs, a tile split between CTAs summed through fp32 partials (`partial_bytes`)
     STREAM_K: bool = False
-    # Stream-K partials as 16-byte vectors (`LCF.PARTIAL_V4`; not yet the default: to be timed)
+    # Stream-K partials as 16-byte vectors (`LCF.PARTIAL_V4`; the dispatch sets it with TEAMS:
+    # `heuristics.TILED_TEAMS_MIN`)
     PARTIAL_V4: bool = field(default=False, metadata={"quiet": True})
     # Stream-K teams (`LCF.STREAM_K_TEAMS`, grid `schedule.stream_k_team_grid`): every tile in
     # 2-8 equal shares that end together, each finishing some warps' rows with the others'
-    # sums of them, so no head adds every part and writes the whole tile (not yet the
-    # default: to be timed)
+    # sums of them, so no head adds every part and writes the whole tile (the dispatch's from
+    # three parts per tile: `heuristics.TILED_TEAMS_MIN`)
     TEAMS: bool = field(default=False, metadata={"quiet": True})
     __repr__ = config_repr
 

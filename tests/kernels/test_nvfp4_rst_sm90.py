@@ -111,11 +111,11 @@ def test_config_and_shape_rules():
     assert not heuristics.register_a_tiled_config(300, 256, 2944, "bfloat16", 132).K_TAIL
     assert heuristics.register_a_tiled_config(300, 2880, 2880, "bfloat16", 132).N_TAIL
     assert not heuristics.register_a_tiled_config(300, 2944, 2880, "bfloat16", 132).N_TAIL
-    # N % 128 != 0: the tiled kernel's partial last band, but W4A16 "dequantize" on few
-    # weight bands (23 x 2 tiles of 128 rows at 256 rows: heuristics.DEQUANTIZE_MAX_TILES)
-    assert heuristics.hopper_path(False, 300, 2880, 2880, 132) == "register_a_tiled"
-    assert heuristics.hopper_path(False, 256, 2880, 2880, 132) == "dequantize"
-    assert heuristics.hopper_path(True, 256, 2880, 2880, 132) == "register_a_tiled"
+    # N % 128 != 0: the tiled kernel's partial last band, but "dequantize" on few weight
+    # bands (23 x 2 tiles of 128 rows at 256 rows: heuristics.DEQUANTIZE_MAX_TILES)
+    for w4a4 in (False, True):
+        assert heuristics.hopper_path(w4a4, 300, 2880, 2880, 132) == "register_a_tiled"
+        assert heuristics.hopper_path(w4a4, 256, 2880, 2880, 132) == "dequantize"
     assert heuristics.check_hopper_path("register_a_tiled", False, 300, 2880, 2880,
                                         "bfloat16") == "register_a_tiled"
 

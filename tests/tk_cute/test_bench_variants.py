@@ -25,7 +25,7 @@ def test_nvfp4_variants_with_tuning(M, N, K):
 
     forced = {notes[n][1] for n in v if "path=" in n and n in notes}
     assert forced == set(PATHS)  # every path beside the dispatch's choice (those that fail drop)
-    assert "tk_cute w4a4 path=dequantize paired" in v
+    assert "tk_cute w4a4 path=dequantize two launches" in v
     assert (bench_nvfp4.SPEED_OF_LIGHT in v) == (M <= 128)
 
 

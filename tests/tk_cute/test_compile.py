@@ -35,3 +35,20 @@ def test_build_reports_target_ptx_sass_and_resources(arch):
 def test_build_rejects_unknown_target():
     with pytest.raises(ValueError, match="unsupported target 'sm_120a'"):
         build(_scale, None, None, arch="sm_120a")
+
+
+def test_a_tool_that_cannot_read_the_cubin_raises_naming_the_fix(monkeypatch, tmp_path):
+    """An older CUDA's nvdisasm on PATH (the GPU machine's 12.x) exits non-zero on an sm_107a
+    cubin: the SASS request says which tool failed and which package reads every target."""
+    from tk_cute import compile as tk_compile
+
+    old = tmp_path / "nvdisasm"
+    old.write_text("#!/bin/sh\necho 'nvdisasm fatal : unsupported arch' >&2\nexit 1\n")
+    old.chmod(0o755)
+    monkeypatch.setattr(tk_compile, "cuda_tool", lambda name: str(old))
+    x = make_fake_tensor(cutlass.Float32, (cute.sym_int64(divisibility=128),), (1,),
+                         assumed_align=16)
+    b = build(_scale, x, x, arch="sm_107a")
+    with pytest.raises(RuntimeError, match=r"could not read the cubin.*unsupported arch.*"
+                                           r"nvidia-cuda-nvdisasm==13\.5"):
+        b.sass

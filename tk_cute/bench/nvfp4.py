@@ -97,12 +97,12 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int):
                 name = f"tk_cute {kind} path={path}"
                 v[name] = lambda s, p=path, k=key: nvfp4.gemm(s[k], s["b"], path=p)
                 notes[name] = (key, path)
-        if N % 8 == 0:  # W4A4 "dequantize" in one launch (`launch.DEQUANTIZE_PAIRED`)
+        if N % 8 == 0:  # W4A4 "dequantize" in two launches (not `launch.DEQUANTIZE_PAIRED`)
             from tk_cute.nvfp4 import launch
 
-            v["tk_cute w4a4 path=dequantize paired"] = lambda s: launch.dequantize(
+            v["tk_cute w4a4 path=dequantize two launches"] = lambda s: launch.dequantize(
                 s["aq"], s["b"], torch.empty(M, N, dtype=torch.bfloat16, device="cuda"),
-                paired=True)
+                paired=False)
     if tune and M <= 64:
         v.update(_tuning_variants(M, N, K, sms))
     if tune and M >= heuristics.SPLIT_TILE_MIN_M:
@@ -115,12 +115,11 @@ def _tiled_tuning_variants(M, N, K, sms):
     stream-K shares at 192 and 256, up to 256 rows the split tile (one activation tile as wide
     as M split into K parts, `heuristics.split_tile_width`), the few-tiles width (as many
     activation tiles per weight band as one round holds, `heuristics.few_tiles_width`), and
-    where the dispatch's schedule is stream-K, that schedule with 16-byte partials
-    (`rst.Config.PARTIAL_V4`) and as teams (`TEAMS`) where two parts per tile or more fit."""
-    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+    where the dispatch's schedule is stream-K, that schedule with one head adding the parts,
+    with 16-byte partials (`rst.Config.PARTIAL_V4`) and as teams (`TEAMS`) where two parts per
+    tile or more fit (`heuristics.stream_k_team`), each way whatever the dispatch picked."""
     from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
     from tk_cute.nvfp4 import heuristics, launch
-    from tk_cute.ops import schedule
 
     tails = dict(K_TAIL=K % rst.STAGE_K != 0, N_TAIL=N % rst.ROWS != 0)
     configs = {"Nb=128": rst.Config(Nb=128, **tails),
@@ -136,17 +135,16 @@ def _tiled_tuning_variants(M, N, K, sms):
         configs[f"Nb={few} few tiles"] = rst.Config(Nb=few, A_SETS=2 if two else 1, **tails)
     pick = heuristics.register_a_tiled_config(M, N, K, "bfloat16", sms)
     if pick.STREAM_K:  # the dispatch's schedule, its partials as 16-byte vectors, and teams
-        configs[f"Nb={pick.Nb} stream-K v4 partials"] = dataclasses.replace(pick, PARTIAL_V4=True)
-        tiles = rst.tiles(M, N, pick)
-        try:
-            team = schedule.stream_k_team_grid(tiles, rs.k_blocks(pick.K_TAIL, K), sms) // tiles
-        except ValueError:  # fewer than two parts per tile fit
-            team = 0
+        team = heuristics.stream_k_team(M, N, K, pick, sms)
+        plain = dataclasses.replace(pick, TEAMS=False, PARTIAL_V4=False)
+        if plain not in configs.values():
+            configs[f"Nb={pick.Nb} stream-K head takes all"] = plain
+        configs[f"Nb={pick.Nb} stream-K v4 partials"] = dataclasses.replace(plain, PARTIAL_V4=True)
         if team:
             configs[f"Nb={pick.Nb} stream-K teams of {team}"] = dataclasses.replace(
-                pick, TEAMS=True)
+                plain, TEAMS=True)
             configs[f"Nb={pick.Nb} stream-K teams of {team} v4"] = dataclasses.replace(
-                pick, TEAMS=True, PARTIAL_V4=True)
+                plain, TEAMS=True, PARTIAL_V4=True)
     return {f"tk_cute w4a16 tiled {name}": (
         lambda s, c=cfg: launch.gemm_rs_tiled(s["a"], s["b"], config=c))
         for name, cfg in configs.items()}

@@ -81,6 +81,7 @@ class Plan:
             return f"{self.path}[{inner}]{tail}"
         if self.path == "register_a_tiled":  # its schedule: tile width, stream-K shares
             sk = ", stream-K" if self.config.STREAM_K else ""
+            sk += " teams" if self.config.TEAMS else ""
             return f"{self.path}(Nb={self.config.Nb}{sk}){tail}"
         return f"{self.path}{tail}"
 

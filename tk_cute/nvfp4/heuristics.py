@@ -15,8 +15,8 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
   128 x Nb output tiles): M >= SPLIT_TILE_MIN_M on SPLIT_TILE_MIN_BANDS bands or more, and
   every M > 128, any N % 8 == 0 (a partial last weight band,
-  `rst.Config.N_TAIL`), but "dequantize" from enough rows at a short K, or for W4A16 on few
-  weight bands (`dequantize_wins`). Its schedule (`register_a_tiled_config`): up to
+  `rst.Config.N_TAIL`), but "dequantize" from enough rows at a short K, or on few weight
+  bands (`dequantize_wins`). Its schedule (`register_a_tiled_config`): up to
   SPLIT_TILE_MAX_M rows one tile as wide as M split along K (stream-K), then the tile width
   Nb, stream-K shares and A register sets of the few-tiles and rounds models.
 - "rows" (the register-A kernel on 128-row slices of the activations, each pass streaming the
@@ -82,23 +82,25 @@ SMALL_M_TAIL_MAX_M = 16
 ROWS_MIN_M = rs.MAX_M
 # Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
 # W4A4. The dequantize pass costs N x K whatever M is, so it pays from enough rows, and sooner at
-# a short K (the tiled kernel's per-tile costs weigh more there); later for W4A4, whose pass
-# decodes the activations too (the tiled kernel's permute pass reads 4 bits of them, not 16).
-# H200 A/B (docs/results.md, fifteenth session; vs cuBLAS bf16, tiled / dequantized), W4A16:
-# K = 2880: 256x5760 0.64 / 0.48x, 384x5760 0.49 / 0.53x, 1024x5760 0.60 / 0.73x; K = 4096:
-# 1024x4096 0.84 / 0.75x, 2048x4096 0.83 / 0.86x, 4096x4096 0.87 / 0.94x; K = 8192: 0.90 /
-# 0.77x at 1024 rows, 0.90 / 0.88x at 2048, within 3% either way from 4096 rows (tiled kept).
-# W4A4: K = 2880: 512x5760 0.58 / 0.56x, 1024x5760 0.60 / 0.65x; K = 4096: 2048x4096 0.85 /
-# 0.78x, 4096x4096 0.89 / 0.86x; K = 8192: tiled at every M.
-DEQUANTIZE_FROM = {False: ((4096, 384), (8192, 2048)), True: ((4096, 1024),)}
-# W4A16 beyond the split tile's rows (`SPLIT_TILE_MAX_M`): "dequantize" where the weight bands
-# times the 128-row activation tiles are fewer than this fraction of the SMs (the tiled
-# kernel's few tiles then take longer than the dequantize pass + cuBLAS; W4A4 also decodes its
-# activations there, and stays tiled). H200 A/B (docs/results.md, nineteenth session; vs cuBLAS
-# bf16, tiled / dequantize), 240 and 256 rows: 1024x8192 0.31-0.36 / 0.49-0.50x, 2048x4096
-# 0.40-0.42 / 0.49-0.55x, 2880x2880 0.42 / 0.49-0.51x (46 tiles); 4000x8192 (64 tiles) 0.82-
-# 0.90 / 0.48-0.56x. Up to 208 rows the split tile won there: 129x2880x2880 0.42 / 0.27x,
-# 200x2880x2880 0.40 / 0.38x.
+# a short K (the tiled kernel's per-tile costs weigh more there). H200 A/B (docs/results.md,
+# twenty-first session; tiled / dequantize us, W4A16 | W4A4, W4A4 "dequantize" in one launch):
+# K = 2880, N = 2880: 384 rows 18.4 / 24.7 | 18.2 / 25.3, 512 21.8 / 25.0 | 21.4 / 25.8, 1024
+# 33.5 / 33.5 | 32.7 / 34.8, 2048 61.0 / 57.9 | 59.1 / 61.3, 4096 124.7 / 108.5 | 123.9 /
+# 115.6; N = 5760: 512 37.3 / 38.3 | 37.0 / 39.4, 1024 62.0 / 63.1 | 61.2 / 64.8, 2048 118.7 /
+# 112.3 | 118.3 / 114.0. K = 4096 (fifteenth session, vs cuBLAS bf16), W4A16 1024x4096 0.84 /
+# 0.75x, 2048x4096 0.83 / 0.86x, W4A4 2048x4096 0.85 / 0.78x (twenty-first: 2048x4096^2 W4A4
+# 100-108 / 108 us, even); K = 8192: tiled at every M (W4A16 0.90 / 0.77x at 1024 rows, 0.90 /
+# 0.88x at 2048, within 3% either way from 4096 rows).
+DEQUANTIZE_FROM = {False: ((8192, 2048),), True: ((4096, 2048),)}
+# Beyond the split tile's rows (`SPLIT_TILE_MAX_M`): "dequantize" where the weight bands times
+# the 128-row activation tiles are fewer than this fraction of the SMs (the tiled kernel's few
+# tiles then take longer than the dequantize pass + cuBLAS). W4A4 too since its operands decode
+# in one launch (`launch.DEQUANTIZE_PAIRED`; 256x2880^2 tiled 21.9 us, one-launch dequantize
+# 18.7, W4A16's 18.3: docs/results.md, twenty-first session). H200 A/B (docs/results.md,
+# nineteenth session; vs cuBLAS bf16, tiled / dequantize), 240 and 256 rows: 1024x8192
+# 0.31-0.36 / 0.49-0.50x, 2048x4096 0.40-0.42 / 0.49-0.55x, 2880x2880 0.42 / 0.49-0.51x (46
+# tiles); 4000x8192 (64 tiles) 0.82-0.90 / 0.48-0.56x. Up to 208 rows the split tile won
+# there: 129x2880x2880 0.42 / 0.27x, 200x2880x2880 0.40 / 0.38x.
 DEQUANTIZE_MAX_TILES = 0.4
 PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "fused", "dequantize")
 # Hopper paths whose kernels decode UE5M3 scales (a `sf` Config field, or the block dequantize)
@@ -135,8 +137,8 @@ def split_tile_wins(M: int, N: int) -> bool:
 
 def dequantize_wins(w4a4: bool, M: int, N: int, K: int, sms: int) -> bool:
     """Whether "dequantize" beats the tiled register-A kernel at M rows and this K
-    (`DEQUANTIZE_FROM`), or, W4A16, on too few weight bands (`DEQUANTIZE_MAX_TILES`)."""
-    if (not w4a4 and M > SPLIT_TILE_MAX_M
+    (`DEQUANTIZE_FROM`), or on too few weight bands (`DEQUANTIZE_MAX_TILES`)."""
+    if (M > SPLIT_TILE_MAX_M
             and -(-N // rst.ROWS) * -(-M // rst.ROWS) < DEQUANTIZE_MAX_TILES * sms):
         return True
     for below, rows in DEQUANTIZE_FROM[w4a4]:
@@ -279,12 +281,22 @@ SPLIT_TILE_MAX_M = 208
 # 1.20x, 1.22 / 1.23x; 120 rows 1.11 / 1.01x, 1.20 / 1.14x, 1.23 / 1.24x; 112 rows 1.22 /
 # 1.26x, 1.27 / 1.24x, 1.30 / 1.33x; 96 rows register-A ahead at all three (1.31 / 1.22x ...).
 # Also at 113 and 128 rows: 2880^2 0.44 / 0.42x, 5120^2 0.80 / 0.64x, 4000x8192 0.93 / 0.87x
-# (113) and 0.89 / 0.83x (128); but on 8 weight bands register-A keeps them (1024x8192 0.43 /
-# 0.52x): from SPLIT_TILE_MIN_BANDS 128-row bands (23 at N = 2880) the split tile.
+# (113) and 0.89 / 0.83x (128). On 8 weight bands the split tile lost with one head adding
+# the parts (1024x8192 0.43 / 0.52x), won as teams of 8 (`TILED_TEAMS_MIN`; twenty-first
+# session, 113 and 128 rows: 19.8 and 19.9 us / 22.0 and 21.7): from SPLIT_TILE_MIN_BANDS
+# 128-row bands the split tile.
 SPLIT_TILE_MIN_M = 113
-SPLIT_TILE_MIN_BANDS = 16
+SPLIT_TILE_MIN_BANDS = 8
 TILED_TWO_SETS_MAX_NB = 96
 TILED_TWO_SETS_MIN_K = 8192
+# Stream-K teams with 16-byte partials (`rst.Config.TEAMS`, `PARTIAL_V4`) where each tile
+# splits into this many equal parts or more (`stream_k_team`): the parts finish their warps'
+# rows side by side instead of one head adding every other part. H200 A/B (docs/results.md,
+# twenty-first session; vs cuBLAS bf16, head-takes-all / teams / teams + v4): five parts
+# (23 bands) 113x2880^2 0.44 / 0.50 / 0.52x, 200x2880^2 0.40 / 0.47 / 0.49x; eight (8 bands)
+# 200x1024x8192 0.37 / 0.47 / 0.50x; but two parts (64 bands) 113x8192^2 1.22 / 1.17 / 1.18x,
+# 200x8192^2 0.87 / 0.86 / 0.87x.
+TILED_TEAMS_MIN = 3
 
 
 def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) -> rst.Config:
@@ -298,7 +310,9 @@ def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) ->
     0.87x. With at least one tile per SM the same model weighs stream-K shares
     (`TILED_STREAM_K_OVERHEAD`); its stream-K pick with one tile as wide as M is narrowed to
     `split_tile_width` (240x28672x8192 at Nb = 240 1.006x against 0.962x at 256, nineteenth
-    session). A_SETS: two register sets for narrow tiles at long K (`TILED_TWO_SETS_MAX_NB`)."""
+    session). A_SETS: two register sets for narrow tiles at long K (`TILED_TWO_SETS_MAX_NB`).
+    Stream-K teams with 16-byte partials where a tile splits into TILED_TEAMS_MIN parts or
+    more."""
     if M <= SPLIT_TILE_MAX_M:
         nb, stream_k = split_tile_width(M), True
     else:
@@ -309,8 +323,21 @@ def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) ->
         if stream_k and nb >= M:  # one activation tile either way: the narrowest that holds M
             nb = split_tile_width(M)
     a_sets = 2 if nb <= TILED_TWO_SETS_MAX_NB and K >= TILED_TWO_SETS_MIN_K else 1
-    return rst.Config(Nb=nb, A_SETS=a_sets, STREAM_K=stream_k, out_dtype=out_dtype,
-                      K_TAIL=K % rst.STAGE_K != 0, N_TAIL=N % rst.ROWS != 0)
+    cfg = rst.Config(Nb=nb, A_SETS=a_sets, STREAM_K=stream_k, out_dtype=out_dtype,
+                     K_TAIL=K % rst.STAGE_K != 0, N_TAIL=N % rst.ROWS != 0)
+    if stream_k and stream_k_team(M, N, K, cfg, sms) >= TILED_TEAMS_MIN:
+        cfg = dataclasses.replace(cfg, TEAMS=True, PARTIAL_V4=True)
+    return cfg
+
+
+def stream_k_team(M: int, N: int, K: int, cfg: rst.Config, sms: int) -> int:
+    """Parts per tile of `cfg`'s tiles as a stream-K team launch on `sms` SMs
+    (`schedule.stream_k_team_grid`); 0 where fewer than two fit."""
+    tiles = rst.tiles(M, N, cfg)
+    try:
+        return schedule.stream_k_team_grid(tiles, rs.k_blocks(cfg.K_TAIL, K), sms) // tiles
+    except ValueError:
+        return 0
 
 
 def split_tile_width(M: int) -> int:

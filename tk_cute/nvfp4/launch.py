@@ -218,11 +218,11 @@ def _fused_kernel(config: sm90.Config):
     return sm90.GemmNvfp4Sm90(config)
 
 
-# W4A4 "dequantize" with one launch for both operands and D's scale (`dequantize_pair`), where
-# today two dequantize launches and torch's gA * gB run before the GEMM. Built in the twentieth
-# session, GPU test pending (tests/kernels/test_nvfp4_sm90.py::
-# test_dequantize_pair_matches_two_launches): the default once it passes and is timed.
-DEQUANTIZE_PAIRED = False
+# W4A4 "dequantize" with one launch for both operands and D's scale (`dequantize_pair`) rather
+# than two dequantize launches and torch's gA * gB. H200 A/B (docs/results.md, twenty-first
+# session; two launches / one, us): 256x2880^2 23.4 / 18.7, 1024x2880^2 38.9 / 37.0,
+# 2048x2880^2 66.3 / 60.5, 256x4096^2 36.5 / 32.2, 2048x4096^2 113.5 / 107.8.
+DEQUANTIZE_PAIRED = True
 
 
 def dequantize(a, b: NVFP4Tensor, out: torch.Tensor, paired: bool | None = None) -> torch.Tensor:

@@ -234,7 +234,7 @@ def test_ue5m3_plans_on_sm100_targets(monkeypatch, name, ok):
 @pytest.mark.parametrize("w4a4, m, path", [(False, 1, "small_m"), (True, 4, "small_m"),
                                            (False, 64, "register_a"),
                                            (True, 150, "register_a_tiled"),
-                                           (True, 600, "register_a_tiled")])
+                                           (True, 1000, "register_a_tiled")])
 def test_ue5m3_hopper_plans_carry_the_format(monkeypatch, w4a4, m, path):
     _pretend(monkeypatch, "sm_90a")
     b = operand(1024, 4096, fmt="ue5m3")

@@ -65,8 +65,11 @@ def test_issue_rows_take_the_expected_paths():
     assert _plan_hopper(False, 112, 8192, 8192, "bfloat16", SMS, False).path == "register_a"
     assert _plan_hopper(True, 113, 8192, 8192, "bfloat16", SMS, False).path == \
         "register_a_tiled"
-    # ... on SPLIT_TILE_MIN_BANDS weight bands or more: on 8 (N = 1024) register-A up to 128
-    assert _plan_hopper(False, 128, 1024, 8192, "bfloat16", SMS, False).path == "register_a"
+    # ... on SPLIT_TILE_MIN_BANDS weight bands or more (8, N = 1024, as teams of 8): on 7
+    # (N = 896) register-A up to 128
+    p = _plan_hopper(False, 128, 1024, 8192, "bfloat16", SMS, False)
+    assert p.path == "register_a_tiled" and p.config.TEAMS
+    assert _plan_hopper(False, 128, 896, 8192, "bfloat16", SMS, False).path == "register_a"
     assert _plan_hopper(False, 128, 2880, 2880, "bfloat16", SMS, False).path == \
         "register_a_tiled"
     # The tiled schedule in the plan's text (what the bench prints): stream-K where whole
@@ -78,10 +81,15 @@ def test_issue_rows_take_the_expected_paths():
     # Many weight tiles (224 at N = 28672): the split tile too ("rows" is forced only)
     p = _plan_hopper(False, 129, 28672, 8192, "bfloat16", SMS, False)
     assert str(p) == "register_a_tiled(Nb=144, stream-K)"
-    # W4A16 on few weight bands beyond 208 rows: "dequantize" (heuristics.DEQUANTIZE_MAX_TILES)
-    assert _plan_hopper(False, 240, 1024, 8192, "bfloat16", SMS, False).path == "dequantize"
-    assert _plan_hopper(True, 240, 1024, 8192, "bfloat16", SMS, False).path == \
-        "register_a_tiled"
+    # Few weight bands beyond 208 rows: "dequantize" (heuristics.DEQUANTIZE_MAX_TILES)
+    for w4a4 in (False, True):
+        assert _plan_hopper(w4a4, 240, 1024, 8192, "bfloat16", SMS, False).path == "dequantize"
+    # Stream-K teams with 16-byte partials where a tile splits into 3 parts or more (5 here,
+    # 23 tiles), the head adding every part at 2 (64 tiles)
+    p = _plan_hopper(False, 200, 2880, 2880, "bfloat16", SMS, False)
+    assert p.config.TEAMS and p.config.PARTIAL_V4
+    p = _plan_hopper(False, 200, 8192, 8192, "bfloat16", SMS, False)
+    assert p.config.STREAM_K and not p.config.TEAMS and not p.config.PARTIAL_V4
     assert _plan_hopper(False, 200, 1024, 8192, "bfloat16", SMS, False).config.STREAM_K
     assert _plan_hopper(False, 200, 4000, 8192, "bfloat16", SMS, False).config.N_TAIL
     assert _plan_hopper(False, 512, 8192, 8192, "bfloat16", SMS, False).config.Nb == 256
@@ -101,8 +109,10 @@ def test_issue_rows_take_the_expected_paths():
         p = _plan_hopper(w4a4, 4000, 8192, 8208, "bfloat16", SMS, False)
         assert p.path == "register_a_tiled" and p.config.K_TAIL
     # "dequantize" from enough rows at a short K (heuristics.DEQUANTIZE_FROM)
-    assert _plan_hopper(False, 256, 5760, 2880, "bfloat16", SMS, False).path == "register_a_tiled"
-    assert _plan_hopper(False, 512, 5760, 2880, "bfloat16", SMS, False).path == "dequantize"
+    for w4a4 in (False, True):
+        assert _plan_hopper(w4a4, 1024, 5760, 2880, "bfloat16", SMS, False).path == \
+            "register_a_tiled"
+        assert _plan_hopper(w4a4, 2048, 5760, 2880, "bfloat16", SMS, False).path == "dequantize"
     assert _plan_hopper(False, 1024, 4096, 4096, "bfloat16", SMS, False).path == "register_a_tiled"
     assert _plan_hopper(False, 4096, 4096, 4096, "bfloat16", SMS, False).path == "dequantize"
     assert _plan_hopper(True, 8192, 8192, 8192, "bfloat16", SMS, False).path == "register_a_tiled"
@@ -341,11 +351,14 @@ def test_k_tails_plan_the_register_a_kernels():
             subs = [sub for _, _, sub in p.parts] if p.parts else [p]
             assert all(s.path.startswith("register_a") and s.config.K_TAIL for s in subs), \
                 (M, K, p)
-    p = _plan_hopper(True, 1000, 384, 4160, "bfloat16", SMS, False)
+    # (N = 4096 beyond 208 rows: 384 is few weight bands, "dequantize")
+    p = _plan_hopper(True, 1000, 4096, 4160, "bfloat16", SMS, False)
     assert p.path == "register_a_tiled" and p.config.K_TAIL
     # Short K at large M: the dequantized operands and the dense GEMM were faster
-    assert _plan_hopper(True, 1024, 384, 2880, "bfloat16", SMS, False).path == "dequantize"
-    p = _plan_hopper(True, 300, 384, 2880, "bfloat16", SMS, False)  # fewer rows: tiled
+    assert _plan_hopper(True, 2048, 4096, 2880, "bfloat16", SMS, False).path == "dequantize"
+    assert _plan_hopper(True, 1024, 4096, 2880, "bfloat16", SMS, False).path == \
+        "register_a_tiled"
+    p = _plan_hopper(True, 300, 4096, 2880, "bfloat16", SMS, False)  # fewer rows: tiled
     assert p.path == "register_a_tiled" and p.config.K_TAIL
     for M, K in ((16, 8208), (1, 48), (100, 2896), (300, 8208)):  # (N: not few bands)
         p = _plan_hopper(False, M, 4096, K, "bfloat16", SMS, False)
