@@ -575,6 +575,7 @@ def paths_plot(K: int = 8192, w4a4: bool = False, sms: int | None = None,
         `register_a_tiled_config` as "Nb=... [stream-K]"} where that path runs), "ms", "ns".
     """
     from tk_cute.nvfp4 import heuristics
+    from tk_cute.nvfp4.gemm import tiled_schedule
 
     if K < 16 or K % 16:
         raise ValueError(f"NVFP4 K must be a positive multiple of 16 (the scale block), got {K}")
@@ -591,7 +592,7 @@ def paths_plot(K: int = 8192, w4a4: bool = False, sms: int | None = None,
             path = paths[(m, n)] = heuristics.hopper_path(w4a4, m, n, K, sms)
             if path == "register_a_tiled":
                 cfg = heuristics.register_a_tiled_config(m, n, K, "bfloat16", sms)
-                schedules[(m, n)] = f"Nb={cfg.Nb}" + (" stream-K" if cfg.STREAM_K else "")
+                schedules[(m, n)] = tiled_schedule(cfg)
     names = [p for p in PATH_COLOURS if p in set(paths.values())]
     index = np.array([[names.index(paths[(m, n)]) for m in ms] for n in ns])
     fig, (ax,) = _figure(1, 11, 6)

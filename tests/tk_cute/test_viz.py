@@ -165,22 +165,23 @@ def test_stream_k_plot_is_the_kernels_share_walk(tiles, k_steps, ctas):
 
 def test_paths_plot_maps_the_dispatch():
     """The Hopper dispatch's regions (docs/design.md's table): small_m, register_a, the split
-    tile up to 208 rows, dequantize for W4A16 on few bands beyond it; the image's colours are
-    the same paths."""
+    tile up to 208 rows (as teams on few bands), dequantize on few bands beyond it, W4A16 and
+    W4A4; the image's colours are the same paths."""
     fig = viz.paths_plot(8192, ms=[1, 16, 64, 129, 240], ns=[1024, 4000, 8192])
     d = fig.drawn
     want = {(1, 8192): "small_m", (16, 4000): "small_m", (16, 8192): "register_a",
             (64, 4000): "register_a", (129, 1024): "register_a_tiled",
             (240, 1024): "dequantize", (240, 8192): "register_a_tiled"}
     assert {k: d["paths"][k] for k in want} == want
-    assert d["schedules"][(129, 8192)] == "Nb=144 stream-K"
+    assert d["schedules"][(129, 8192)] == "Nb=144, stream-K"
+    assert d["schedules"][(129, 1024)] == "Nb=144, stream-K teams"
     assert d["schedules"][(240, 8192)] == "Nb=128" and (240, 1024) not in d["schedules"]
     image = np.asarray(fig.axes[0].images[0].get_array())
     assert image.shape == (3, 5)
     assert [[d["legend"][int(v)] for v in row] for row in image] == [
         [d["paths"][(m, n)] for m in d["ms"]] for n in d["ns"]]
     assert viz.paths_plot(8192, w4a4=True, ms=[240], ns=[1024]).drawn["paths"][(240, 1024)] == \
-        "register_a_tiled"  # W4A4 stays tiled there (it would decode its activations too)
+        "dequantize"  # W4A4 too (its operands decode in one launch: launch.DEQUANTIZE_PAIRED)
     with pytest.raises(ValueError, match="multiple of 16 .*got 100"):
         viz.paths_plot(100)
 

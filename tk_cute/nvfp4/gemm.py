@@ -79,11 +79,16 @@ class Plan:
         if self.path in ("rows", "batches"):
             inner = ", ".join(f"{m0}:{m1} {p}" for m0, m1, p in self.parts)
             return f"{self.path}[{inner}]{tail}"
-        if self.path == "register_a_tiled":  # its schedule: tile width, stream-K shares
-            sk = ", stream-K" if self.config.STREAM_K else ""
-            sk += " teams" if self.config.TEAMS else ""
-            return f"{self.path}(Nb={self.config.Nb}{sk}){tail}"
+        if self.path == "register_a_tiled":
+            return f"{self.path}({tiled_schedule(self.config)}){tail}"
         return f"{self.path}{tail}"
+
+
+def tiled_schedule(cfg) -> str:
+    """The tiled register-A kernel's schedule in words (what plans and pictures print): its tile
+    width, and stream-K shares, as teams where they are (`heuristics.register_a_tiled_config`)."""
+    return (f"Nb={cfg.Nb}" + (", stream-K" if cfg.STREAM_K else "")
+            + (" teams" if cfg.TEAMS else ""))
 
 
 def plan(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16, *, pdl: bool = False,
