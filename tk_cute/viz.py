@@ -540,16 +540,25 @@ def speedup_plot(results: list[dict], baseline: str = "cuBLAS bf16 (deq W)",
     return fig
 
 
-# --------------------------------------------------------------------------- command line
 # The Hopper NVFP4 paths' colours (`paths_plot`), in `heuristics.PATHS` order.
 PATH_COLOURS = {"small_m": "#4c72b0", "register_a": "#55a868", "register_a_tiled": "#c44e52",
                 "rows": "#8172b2", "fused": "#937860", "dequantize": "#ccb974"}
 
 
+def _path_edges() -> set[int]:
+    """The first M of each Hopper path's rows (`nvfp4.heuristics`' own constants)."""
+    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+    from tk_cute.nvfp4 import heuristics as h
+
+    return {h.RS_MIN_M, h.SMALL_M_TAIL_MAX_M + 1, h.SPLIT_TILE_MIN_M, rs.MAX_M + 1,
+            h.SPLIT_TILE_MAX_M + 1}
+
+
 def _default_ms() -> list[int]:
-    """M from 1 to 8192, log-spaced, with the dispatch's edges (8/9, 16/17, 128/129, 208/209)."""
+    """M from 1 to 8192, log-spaced, with each side of the dispatch's edges (`_path_edges`)."""
     ms = set(np.unique(np.round(np.geomspace(1, 8192, 48))).astype(int).tolist())
-    return sorted(ms | {8, 9, 16, 17, 64, 128, 129, 208, 209, 256})
+    edges = _path_edges()
+    return sorted(ms | edges | {m - 1 for m in edges} | {64, 256})
 
 
 def _default_ns() -> list[int]:
@@ -572,7 +581,8 @@ def paths_plot(K: int = 8192, w4a4: bool = False, sms: int | None = None,
     Returns:
         The Figure; `fig.drawn` has "paths" ({(M, N): path}, from
         `nvfp4.heuristics.hopper_path`), "schedules" ({(M, N): the tiled kernel's
-        `register_a_tiled_config` as "Nb=... [stream-K]"} where that path runs), "ms", "ns".
+        `register_a_tiled_config` as `nvfp4.gemm.tiled_schedule` words it, e.g. "Nb=144,
+        stream-K teams"} where that path runs), "ms", "ns".
     """
     from tk_cute.nvfp4 import heuristics
     from tk_cute.nvfp4.gemm import tiled_schedule
@@ -602,7 +612,7 @@ def paths_plot(K: int = 8192, w4a4: bool = False, sms: int | None = None,
 
     ax.imshow(index, cmap=ListedColormap([PATH_COLOURS[p] for p in names]), vmin=-0.5,
               vmax=len(names) - 0.5, aspect="auto", origin="lower", interpolation="nearest")
-    edges = {9, 17, 129, 209}  # the first M of each path's range
+    edges = _path_edges()
     xs = [i for i, m in enumerate(ms) if i % 6 == 0 or m in edges]
     ax.set_xticks(xs, [str(ms[i]) for i in xs], fontsize=7, rotation=90)
     ys = [i for i, n in enumerate(ns) if n % 128 == 0][::3]
@@ -618,6 +628,7 @@ def paths_plot(K: int = 8192, w4a4: bool = False, sms: int | None = None,
     return fig
 
 
+# --------------------------------------------------------------------------- command line
 DRAWINGS = {
     "scales": "NVFP4 scale factors in 128x4 blocked atoms, one element's byte, a K stage in TMEM",
     "swizzle": "banks of the 16-byte chunks of a swizzled shared tile (st)",

@@ -208,8 +208,6 @@ def cp_async_wait_all() -> None:
 # ---------------------------------------------------------------- shared memory
 
 
-
-
 @dsl_user_op
 def ld_shared_v4(addr: Int32, dtype=Float32, *, loc=None, ip=None) -> list:
     """16 bytes at 32-bit shared address `addr` (16-byte aligned) as 4 `dtype` (Float32 or
