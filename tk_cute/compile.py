@@ -114,6 +114,20 @@ class Build:
         """Number of SASS instruction lines matching the regular expression `pattern`."""
         return _count(self.sass, pattern)
 
+    def reads_before_pdl_wait(self) -> dict[str, list[str]]:
+        """{kernel: its global reads (LDG, LDGSTS, TMA loads) above its first
+        ``griddepcontrol.wait`` (SASS ACQBULK) in the program text} for every kernel that
+        waits: what it may read while the kernel before it on the stream still runs
+        (programmatic dependent launch). ptxas moves read-only (``.nc``) loads above the wait,
+        so the PTX order alone does not tell."""
+        out = {}
+        for name, body in re.findall(r"^\s*\.text\.(\S+):\s*$(.*?)(?=^\s*\.section|\Z)",
+                                     self.sass, re.M | re.S):
+            if "ACQBULK" in body:
+                head = body[:body.index("ACQBULK")]
+                out[name] = re.findall(r"\b(?:LDG|LDGSTS|UTMALDG|UBLKCP)\b\S*", head)
+        return out
+
     def instruction_mix(self) -> dict[str, tuple[int, int]]:
         """{class: (PTX lines, SASS lines)} for the `INSTRUCTION_MIX` classes (a static count of
         the program text, not of executed instructions)."""

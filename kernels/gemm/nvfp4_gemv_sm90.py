@@ -19,9 +19,12 @@ weights are in flight while a trip decodes. At M = 1 (XSMEM) the CTA first copie
 row to shared memory with cp.async and re-pairs it there for the strided decode (W4A4: decodes
 it there from its codes and scales, once per CTA instead of in every warp's trips; one barrier),
 so trips read ready B fragments with LDS instead of L2 loads used right after they were issued;
-there each weight load also asks L2 for the row's whole 128-byte line (L2_FETCH). With PDL
-(opt-in, `gemm_small_m(pdl=True)`) the kernel lets the next one launch at once and reads its first
-weights before the kernel before it has ended (activations after). At the end each warp puts
+there each weight load also asks L2 for the row's whole 128-byte line (L2_FETCH). With PDL (the
+default configuration's) the kernel launches during the one before it and lets the next one
+launch at once, and waits for the one before before its first global read; with EARLY_WEIGHTS
+(`gemm_small_m(pdl=True)`) it reads its first weights before that kernel has ended
+(activations after). Whatever that kernel wrote is read with coherent loads (`memory.ld_v4`'s
+coherent: ptxas moves read-only loads above the wait). At the end each warp puts
 its fp32 partial in shared memory and, after one CTA barrier, the CTA sums the S slices in
 order (deterministic), applies 2^8 (2^16 for W4A4) * global scales and writes D: no global
 workspace, no atomics, no fences.
@@ -72,7 +75,12 @@ class Config:
     MIN_CTAS: int = 0  # CTAs per SM ptxas must fit (caps registers); 0: no cap
     S: int = 1
     AHEAD: bool = False
-    PDL: bool = False  # programmatic dependent launch: weights read before the prior kernel ends
+    # Programmatic dependent launch: this kernel may launch during the one before it and lets
+    # the next launch at once; nothing is read before the one before has ended, unless
+    # EARLY_WEIGHTS (and AHEAD): the first trip's weights are (the caller promised that kernel
+    # does not write them).
+    PDL: bool = False
+    EARLY_WEIGHTS: bool = False
     XSMEM: int = 0  # > 0: shared memory bytes staging the CTA's activations as bf16 (M = 1)
     L2_FETCH: int = 0  # 128 / 256: each weight load asks L2 for the whole 128 / 256-byte block
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # scale format of both operands
@@ -99,6 +107,10 @@ class Config:
             raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
         if self.sf not in fp4.DECODE_FORMATS:
             raise ValueError(f"sf must be one of {fp4.DECODE_FORMATS}, got {self.sf!r}")
+
+    @property
+    def waits_first(self) -> bool:  # PDL, and nothing read before the kernel before has ended
+        return self.PDL and not self.EARLY_WEIGHTS
 
     @property
     def rows(self) -> int:  # weight rows per CTA
@@ -250,12 +262,14 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
     for i in cutlass.range_constexpr(cfg.MT * cfg.NT * 4):
         acc[i] = Float32(0.0)
     if cutlass.const_expr(cfg.PDL):
-        # Let the next kernel launch now: its CTAs start as ours exit and (AHEAD) load their
-        # first weights during our tail. Ours (AHEAD) are loaded before the kernel before us
-        # has ended (the caller promised it does not write them); activations only after.
-        # Without AHEAD nothing is read before the wait (an L2 prefetch of the first trip
-        # there made M = 16 slower on the H200).
+        # Let the next kernel launch now: its CTAs start as ours exit. With EARLY_WEIGHTS and
+        # AHEAD our first weights are loaded before the kernel before us has ended (the caller
+        # promised it does not write them), activations only after; otherwise nothing is read
+        # before the wait (an L2 prefetch of the first trip before it made M = 16 slower on
+        # the H200).
         cluster.pdl_launch_dependents()
+        if cutlass.const_expr(cfg.waits_first):
+            cluster.pdl_wait()
     if cutlass.const_expr(cfg.AHEAD):
         # The weights of trip i + 1 are in flight while trip i decodes: HBM latency hides
         # behind decode instead of alternating with it (registers: one trip's words more).
@@ -301,8 +315,9 @@ def _load_weights(cfg, w_rows, sf_rows, trip):
     wq, sc = [], []
     for u in range(cfg.UNROLL):
         k = trip * cfg.k_chunk + k_offset(0, u)
-        wq.append([memory.ld_v4(a + k // 2, True, cfg.L2_FETCH) for a in w_rows])
-        sc.append([memory.ld_u16(a + scale_step(k)) for a in sf_rows])
+        wq.append([memory.ld_v4(a + k // 2, True, cfg.L2_FETCH, cfg.waits_first)
+                   for a in w_rows])
+        sc.append([memory.ld_u16(a + scale_step(k), cfg.waits_first) for a in sf_rows])
     return wq, sc
 
 
@@ -354,7 +369,7 @@ def _activation_rows(cfg, x, xsf, lane, M, K, k_begin):
 def _await_activations(cfg, x, xsf, xs, M, K, tidx):
     """Where the activations may first be read: after the previous kernel (PDL), and staged in
     shared memory (XSMEM)."""
-    if cfg.PDL:
+    if cfg.PDL and cfg.EARLY_WEIGHTS:
         cluster.pdl_wait()
     if cfg.XSMEM:
         _stage_activations(cfg, x, xsf, xs, M, K, tidx)
@@ -411,11 +426,12 @@ def _load_activations(cfg, x_rows, xsf_rows, trip):
                 for j in range(4):
                     words += memory.ld_shared_v4(x_rows[nt] + Int32(k) * 2 + 16 * j, Uint32)
             elif cfg.w4a4:
-                words += memory.ld_v4(x_rows[nt] + k // 2, False)
-                words.append(memory.ld_u16(xsf_rows[nt] + scale_step(k)))
+                words += memory.ld_v4(x_rows[nt] + k // 2, False, coherent=cfg.PDL)
+                words.append(memory.ld_u16(xsf_rows[nt] + scale_step(k), cfg.PDL))
             else:
                 for j in range(4):
-                    words += memory.ld_v4(x_rows[nt] + k * 2 + 16 * j, False)
+                    words += memory.ld_v4(x_rows[nt] + k * 2 + 16 * j, False,
+                                          coherent=cfg.PDL)
     return words
 
 

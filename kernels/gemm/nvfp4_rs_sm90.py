@@ -111,9 +111,9 @@ class Config:
     as fit); A_SETS: A operand register sets a consumer alternates (2: a batch's decode
     overlaps the previous batch's MMAs; 1: each batch waits for its MMAs; 0: 2 where they fit
     the consumer registers); PERMUTE: see `permute`; PDL: calls chain with programmatic
-    dependent launch (`gemm_rs(pdl=True)`: the reduction lets the next kernel launch at once;
-    the GEMM launches during the kernel before it and asks for its first unit's weights
-    before waiting for that kernel)."""
+    dependent launch (the reduction lets the next kernel launch at once; the GEMM launches
+    during the kernel before it and waits for it before its first weight load, or with
+    EARLY_WEIGHTS, `gemm_rs(pdl=True)`, after asking for its first unit's weights)."""
 
     N_ACT: int = 16
     ROWS: int = 128
@@ -122,6 +122,7 @@ class Config:
     A_SETS: int = 0
     PERMUTE: str = "auto"
     PDL: bool = False
+    EARLY_WEIGHTS: bool = False  # with PDL: the first unit's weights asked for before the wait
     out_dtype: str = "bfloat16"
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # the weights' scale format
     # K % STAGE_K != 0: the last stage of each row block is partial (`k_stages`)
@@ -194,6 +195,13 @@ class Config:
         if self.a_format == "nvfp4":  # the decode pass writes them permuted anyway
             return "call"
         return "call" if self.N_ACT >= CALL_PERMUTE_MIN_N_ACT else "stage"
+
+    @property
+    def waits_before_weights(self) -> bool:
+        """Whether the TMA warp waits for the kernel before this one before any weight load:
+        PDL without EARLY_WEIGHTS, where that kernel is the previous call's (permute "stage";
+        a per-call pass waits for its own predecessor before the GEMM may launch)."""
+        return self.PDL and not self.EARLY_WEIGHTS and self.permute == "stage"
 
     @property
     def consumer_registers(self) -> int:
@@ -469,15 +477,20 @@ def _load(cfg: cutlass.Constexpr, gw, gsf, gx, wq, sf, xs, loaded, empty, start,
     """TMA warp: per stage unit, once the consumers freed its slot, the weight bytes, their
     scale atoms and the activations (rows past M arrive as zeros). The first unit's weights are
     asked for before waiting for the kernel before this one (PDL: `_permute_kernel`, or with
-    Config.PDL the previous call's reduction; a no-op without PDL). Asking for more units'
+    Config.PDL and EARLY_WEIGHTS the previous call's reduction; a no-op without PDL), after it
+    with PDL alone (`waits_before_weights`). Asking for more units'
     weights before the wait was slower on the H200 (docs/nvfp4_hopper.md)."""
     phases = ring(cfg.stages)
     for i in cutlass.range(steps, unroll=1):
         s = phases.stage(i)
         phases.wait_finished(empty, i)
+        if cutlass.const_expr(cfg.waits_before_weights):
+            if i == 0:
+                cluster.pdl_wait()
         stage = _load_weights(cfg, gw, gsf, wq, sf, loaded, start, i, K)
-        if i == 0:
-            cluster.pdl_wait()
+        if cutlass.const_expr(not cfg.waits_before_weights):
+            if i == 0:
+                cluster.pdl_wait()
         tma.load_async(xs[None, None, s], gx, coord(0, stage), loaded + s)
 
 

@@ -182,8 +182,12 @@ CONFIGS = {
     "m1_no_ahead": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192), AHEAD=False,
                                       MIN_CTAS=0),
     "m16_wn1": heuristics.small_m_config(16, 8160, 8192),
-    "m1_pdl": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192), PDL=True),
-    "m16_pdl": dataclasses.replace(heuristics.small_m_config(16, 8192, 8192), PDL=True),
+    "m1": heuristics.small_m_config(1, 8192, 8192),
+    "m1_pdl_early": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192),
+                                        EARLY_WEIGHTS=True),  # pdl=True
+    "m16_no_pdl": dataclasses.replace(heuristics.small_m_config(16, 8192, 8192), PDL=False),
+    "m16_pdl_early": dataclasses.replace(heuristics.small_m_config(16, 8192, 8192),
+                                         EARLY_WEIGHTS=True),
     "m1_global_x": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192), XSMEM=0),
     "m1_w4a4": heuristics.small_m_config(1, 8192, 8192, w4a4=True),  # staged, decoded once
     "m1_w4a4_global_x": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192, w4a4=True),
@@ -209,25 +213,26 @@ def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
     steps = cfg.UNROLL * cfg.MT * _bodies(cfg)
     # Weights: one 16-byte streaming load per weight row (2 per MMA tile) per 128-K step.
     hint = rf"\.L2::{cfg.L2_FETCH}B" if cfg.L2_FETCH else ""
-    assert b.ptx_count(rf"ld\.global\.nc\.L1::no_allocate{hint}\.v4\.u32") == 2 * steps
+    # (read-only loads with EARLY_WEIGHTS or without PDL, else coherent: after the PDL wait)
+    assert b.ptx_count(rf"ld\.global(\.nc)?\.L1::no_allocate{hint}\.v4\.u32") == 2 * steps
     hint = rf"\.LTC{cfg.L2_FETCH}B" if cfg.L2_FETCH else ""
     assert b.sass_count(rf"LDG\.E\.NA{hint}\.128") == 2 * steps
     # Activations: 16-byte loads (bf16: 4 per MMA column tile and step; NVFP4: 1).
     act = cfg.NT * cfg.UNROLL * (1 if cfg.decodes_activations else 4) * _bodies(cfg)
     if cfg.XSMEM and cfg.w4a4:  # decoded once into shared memory (one loop), LDS.128 per trip
-        assert b.ptx_count(r"ld\.global\.nc\.v4\.u32") == 0
+        assert b.ptx_count(r"ld\.global(\.nc)?\.v4\.u32") == 0
         assert b.ptx_count(r"ld\.shared\.v4\.u32") == act
         assert b.ptx_count(r"st\.shared\.v4\.u32") == 1
         assert b.ptx_count(r"ld\.global\.u8") == 1  # its scale bytes (the codes: ld.global.b32)
         assert b.ptx_count(r"cp\.async") == 0
     elif cfg.XSMEM:  # staged once in shared memory (one cp.async loop), then LDS.128 per trip
-        assert b.ptx_count(r"ld\.global\.nc\.v4\.u32") == 0
+        assert b.ptx_count(r"ld\.global(\.nc)?\.v4\.u32") == 0
         repair = 1 if cfg.strided else 0  # the staged groups re-paired in place (one loop)
         assert b.ptx_count(r"ld\.shared\.v4\.u32") == act + repair
         assert b.ptx_count(r"st\.shared\.v4\.u32") == repair
         assert b.ptx_count(r"cp\.async\.cg\.shared\.global") == 1
     else:
-        assert b.ptx_count(r"ld\.global\.nc\.v4\.u32") == act
+        assert b.ptx_count(r"ld\.global(\.nc)?\.v4\.u32") == act
     mmas = 8 * cfg.MT * cfg.NT * cfg.UNROLL * _bodies(cfg)
     assert b.ptx_count(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32") == mmas
     assert b.sass_count(r"HMMA\.16816\.F32\.BF16") == mmas
@@ -263,24 +268,31 @@ def test_decode_instruction_budget(built):
     assert b.sass_count(r"\bPRMT\b") <= words_permuted + act + 2 * scales + 4
 
 
-def test_pdl_reads_weights_before_the_wait_and_activations_after(built):
-    """With PDL and AHEAD the first trip's weights are loaded before ``griddepcontrol.wait``,
-    every activation load after it; without AHEAD every load follows the wait; without PDL
-    neither op is there."""
+def test_pdl_reads_nothing_before_the_wait_but_early_weights(built):
+    """With PDL the kernel lets the next one launch before anything else and waits for the one
+    before it; in the SASS (ptxas moves read-only loads above the wait) no global read precedes
+    the wait, except with EARLY_WEIGHTS and AHEAD the first trip's weights: read-only loads,
+    at most one trip's. Activations, which the kernel before may have written, are read with
+    coherent loads (W4A4 scales too); without PDL neither op is there."""
     cfg, b = built
-    ptx = b.ptx
     if not cfg.PDL:
         assert b.ptx_count(r"griddepcontrol") == 0
         return
     assert b.ptx_count(r"griddepcontrol\.wait") == 1
     assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1
-    wait = ptx.index("griddepcontrol.wait")
-    first_weights = ptx.index("ld.global.nc.L1::no_allocate")
-    assert ptx.index("griddepcontrol.launch_dependents") < min(first_weights, wait)
-    assert (first_weights < wait) == cfg.AHEAD
-    first_activations = ptx.index("cp.async.cg" if cfg.XSMEM and not cfg.w4a4 else
-                                  "ld.global.b32" if cfg.XSMEM else "ld.global.nc.v4.u32")
-    assert first_activations > wait
+    assert b.ptx.index("griddepcontrol.launch_dependents") < b.ptx.index("griddepcontrol.wait")
+    (early,) = b.reads_before_pdl_wait().values()
+    if cfg.EARLY_WEIGHTS and cfg.AHEAD:
+        assert all(r.endswith(".CONSTANT") for r in early), early
+        assert len(early) <= 2 * (2 * cfg.MT) * cfg.UNROLL  # a 16-byte and a scale load per row
+    else:
+        assert early == []
+    # read-only loads: the weights' (streaming, and their scales), none without EARLY_WEIGHTS
+    assert b.ptx_count(r"ld\.global\.nc\.v4") == 0
+    if not cfg.EARLY_WEIGHTS:
+        assert b.ptx_count(r"ld\.global\.nc") == 0
+    if not cfg.XSMEM:  # (staged: cp.async / coherent loads)
+        assert b.ptx_count(r"ld\.global\.v4\.u32") > 0
 
 
 @pytest.mark.parametrize("w4a4", [False, True])
@@ -417,10 +429,11 @@ def test_fp32_output_split_invariance_and_determinism(seed, M):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True])  # PDL reading nothing early / weights first
 @pytest.mark.parametrize("M", [1, 16])
-def test_pdl_chain_reads_each_activation_after_its_producer(seed, M):
-    """pdl=True calls chained through their outputs (call i + 1's activations are call i's
-    output; each may start during the previous one's tail, weights first): every link equals
+def test_pdl_chain_reads_each_activation_after_its_producer(seed, M, pdl):
+    """Calls chained through their outputs (call i + 1's activations are call i's output; each
+    may start during the previous one's tail, with pdl=True weights first): every link equals
     the float64 product of the bf16 activations it was given."""
     N = K = 4096
     b = _weights(N, K)
@@ -428,7 +441,7 @@ def test_pdl_chain_reads_each_activation_after_its_producer(seed, M):
     outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
             for _ in range(4)]  # poison
     for out in outs:
-        xs.append(launch.gemm_small_m(xs[-1], b, out=out, pdl=True))
+        xs.append(launch.gemm_small_m(xs[-1], b, out=out, pdl=pdl))
     torch.cuda.synchronize()
     for x, d in zip(xs, xs[1:]):
         assert not d.isnan().any(), "unwritten or NaN outputs"

@@ -348,6 +348,7 @@ CONFIGS = {"n8": rs.Config(N_ACT=8), "n16": rs.Config(N_ACT=16), "n48": rs.Confi
            "n64_stage": rs.Config(N_ACT=64, PERMUTE="stage"),
            "n128_r256_t2": rs.Config(N_ACT=128, ROWS=256, TILES=2),
            "n16_r256_pdl": rs.Config(N_ACT=16, ROWS=256, PDL=True),
+           "n16_r256_pdl_early": rs.Config(N_ACT=16, ROWS=256, PDL=True, EARLY_WEIGHTS=True),
            "n64_r256_pdl": rs.Config(N_ACT=64, ROWS=256, PDL=True)}
 
 
@@ -605,20 +606,35 @@ def test_chained_calls_read_the_previous_output(seed):
         assert torch.equal(d2, launch.gemm_rs(d1.clone(), b2))
 
 
+def test_pdl_reads_nothing_before_the_wait_but_the_first_weights(built):
+    """In the SASS (ptxas moves read-only loads above ``griddepcontrol.wait``) the reduction and
+    the permute pass read nothing above their wait, nor does the GEMM where it waits before its
+    first weights (PDL, permute "stage", no EARLY_WEIGHTS); elsewhere the GEMM asks only for its
+    first unit's weights and scales (TMA) before it."""
+    cfg, b = built
+    for name, reads in b.reads_before_pdl_wait().items():
+        if "reduce" in name or "permute" in name or cfg.waits_before_weights:
+            assert reads == [], name
+        else:
+            assert set(reads) <= {"UTMALDG.2D"} and len(reads) <= 1 + cfg.bands, (name, reads)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [16, 48])  # activations permuted per stage / per call
 @pytest.mark.parametrize("ctas", [None, 8])  # one unit per CTA, or 8
-def test_pdl_chain_reads_each_activation_after_its_producer(seed, M, ctas):
-    """pdl=True calls chained through their outputs (call i + 1's activations are call i's
-    output, written by its reduction, during which the next GEMM may launch and ask for its
-    first unit's weights): every link matches the float64 product of the activations it was
-    given, and every output element is written."""
+@pytest.mark.parametrize("early", [False, True])  # EARLY_WEIGHTS (pdl=True)
+def test_pdl_chain_reads_each_activation_after_its_producer(seed, M, ctas, early):
+    """PDL calls chained through their outputs (call i + 1's activations are call i's
+    output, written by its reduction, during which the next GEMM may launch and, with
+    EARLY_WEIGHTS, ask for its first unit's weights): every link matches the float64 product
+    of the activations it was given, and every output element is written."""
     import dataclasses
 
     N = K = 2048
     b = _weights(N, K)
     # (the host's pdl: stage only)
-    cfg = dataclasses.replace(heuristics.register_a_config(M, N, K), PDL=True)
+    cfg = dataclasses.replace(heuristics.register_a_config(M, N, K), PDL=True,
+                              EARLY_WEIGHTS=early)
     xs = [torch.randn(M, K, device="cuda").bfloat16()]
     outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
             for _ in range(4)]  # poison

@@ -40,6 +40,8 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     # PDL: the permute pass lets the GEMM launch, which waits for it before reading memory
     assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1
     assert b.ptx_count(r"griddepcontrol\.wait") == 2  # the pass's (no-op: not a dependent)
+    # ... in the SASS too (ptxas moves read-only loads above the wait)
+    assert all(reads == [] for reads in b.reads_before_pdl_wait().values())
     for r in b.resources:
         assert r.local_bytes == 0 and r.stack_bytes == 0, r
     assert b.sass_count(r"\bLDL\b") == 0 and b.sass_count(r"\bSTL\b") == 0

@@ -138,12 +138,12 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
         path = heuristics.check_hopper_path(force, w4a4, M, N, K, out, sf)
     if path == "small_m":
         cfg = heuristics.small_m_config(M, N, K, w4a4, out, sms)
-        return Plan(path, dataclasses.replace(cfg, PDL=pdl, sf=sf))
+        return Plan(path, dataclasses.replace(cfg, PDL=cfg.PDL or pdl, EARLY_WEIGHTS=pdl, sf=sf))
     if path == "register_a":
         cfg = dataclasses.replace(heuristics.register_a_config(M, N, K, out), sf=sf,
                                   a_format="nvfp4" if w4a4 else "bf16")
         if pdl and cfg.permute == "stage":
-            cfg = dataclasses.replace(cfg, PDL=True)
+            cfg = dataclasses.replace(cfg, PDL=True, EARLY_WEIGHTS=True)
         return Plan(path, cfg)
     if path == "register_a_tiled":
         cfg = heuristics.register_a_tiled_config(M, N, K, out, sms)
@@ -193,13 +193,14 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
         out: optional preallocated D: contiguous, 16-byte aligned, of D's shape and dtype, on
             the operands' device; or an NVFP4Tensor (M, N) whose global scale is D's decode
             scale (NVFP4 output).
-        pdl: let back-to-back calls overlap (programmatic dependent launch) where the path
-            supports it (the Hopper kernels below `heuristics.SPLIT_TILE_MIN_M` rows:
-            register-A and small-M); others ignore it. The call may then read the weights b
-            while the kernel before it on the stream is still running (it reads a and writes
-            D only after that kernel has ended), so pass it only for weights that the kernels
-            just before do not write, e.g. static weights in a chain of decode GEMMs
-            (docs/results.md: 0.4-1.7 us per call).
+        pdl: let the call read the weights b while the kernel before it on the stream is
+            still running (programmatic dependent launch with early weight loads) where the
+            path supports it (the Hopper kernels below `heuristics.SPLIT_TILE_MIN_M` rows:
+            register-A and small-M); others ignore it. It reads a and writes D only after
+            that kernel has ended, so pass it only for weights that the kernels just before
+            do not write, e.g. static weights in a chain of decode GEMMs (docs/results.md:
+            0.4-1.7 us per call). Without it the small-M kernel still launches as a
+            programmatic dependent, reading nothing before the kernel before it has ended.
         path: force one kernel path (`heuristics.PATHS`, for comparisons and tests); ValueError
             when that path cannot take the shape. Default: the heuristics' choice.
 

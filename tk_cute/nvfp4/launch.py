@@ -418,7 +418,7 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: gv.Config | None = N
     if splits is not None:
         cfg = dataclasses.replace(cfg, S=splits)
     if pdl:
-        cfg = dataclasses.replace(cfg, PDL=True)
+        cfg = dataclasses.replace(cfg, PDL=True, EARLY_WEIGHTS=True)
     gv.check_shape(cfg, op.M, op.N, op.K)
     out = output(out, (op.M, op.N), out_dtype, b.device, "gemm_small_m")
     return small_m(a, b, out, cfg)
@@ -458,7 +458,7 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
         config = dataclasses.replace(config, out_dtype=name)
     config = dataclasses.replace(config, sf=b.scale_format, K_TAIL=op.K % rs.STAGE_K != 0)
     if pdl and config.permute == "stage":
-        config = dataclasses.replace(config, PDL=True)
+        config = dataclasses.replace(config, PDL=True, EARLY_WEIGHTS=True)
     rs.check_shape(config, op.M, op.N, op.K)
     if ctas is not None and ctas < 1:
         raise ValueError(f"gemm_rs needs ctas >= 1, got ctas={ctas}")

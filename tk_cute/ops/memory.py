@@ -41,13 +41,17 @@ _V4 = {Float32: (T.f32, "f32", "f"), Uint32: (T.i32, "u32", "r")}
 
 
 @dsl_user_op
-def ld_v4(addr: Int64, stream: bool, l2_fetch: int = 0, *, loc=None, ip=None) -> list:
+def ld_v4(addr: Int64, stream: bool, l2_fetch: int = 0, coherent: bool = False, *, loc=None,
+          ip=None) -> list:
     """16 bytes at `addr` as 4 Uint32 (read-only path); `stream`: no L1 allocation (data read
-    once); `l2_fetch` (128 or 256): L2 fetches that many bytes around it (a prefetch hint)."""
+    once); `l2_fetch` (128 or 256): L2 fetches that many bytes around it (a prefetch hint).
+    `coherent`: a plain load kept in program order instead (data an earlier kernel of the
+    stream wrote, read after the PDL wait: ptxas moves read-only loads above
+    `griddepcontrol.wait`)."""
     hint = (".L1::no_allocate" if stream else "") + (f".L2::{l2_fetch}B" if l2_fetch else "")
     ret = llvm.StructType.get_literal([T.i32()] * 4)
-    text = f"ld.global.nc{hint}.v4.u32 {{$0, $1, $2, $3}}, [$4];"
-    res = asm(ret, [Int64(addr)], text, "=r,=r,=r,=r,l", loc, ip)
+    text = f"ld.global{'' if coherent else '.nc'}{hint}.v4.u32 {{$0, $1, $2, $3}}, [$4];"
+    res = asm(ret, [Int64(addr)], text, "=r,=r,=r,=r,l", loc, ip, coherent)
     return unpack(res, T.i32(), 4, Uint32, loc, ip)
 
 
@@ -64,9 +68,10 @@ def ld_v4_pred(addr: Int64, pred: Uint32, *, loc=None, ip=None) -> list:
 
 
 @dsl_user_op
-def ld_u16(addr: Int64, *, loc=None, ip=None) -> Uint32:
-    """The 2 bytes at `addr` (read-only path), zero-extended."""
-    return Uint32(asm(T.i32(), [Int64(addr)], "ld.global.nc.u16 $0, [$1];", "=r,l", loc, ip))
+def ld_u16(addr: Int64, coherent: bool = False, *, loc=None, ip=None) -> Uint32:
+    """The 2 bytes at `addr` (read-only path; `coherent`: as `ld_v4`), zero-extended."""
+    text = f"ld.global{'' if coherent else '.nc'}.u16 $0, [$1];"
+    return Uint32(asm(T.i32(), [Int64(addr)], text, "=r,l", loc, ip, coherent))
 
 
 @dsl_user_op

@@ -123,10 +123,17 @@ def test_issue_rows_take_the_expected_paths():
 
 
 def test_pdl_reaches_the_kernels_that_take_it():
-    assert _plan_hopper(False, 1, 8192, 8192, "bfloat16", SMS, True).config.PDL
-    assert _plan_hopper(False, 16, 8192, 8192, "bfloat16", SMS, True).config.PDL  # stage
-    assert not _plan_hopper(False, 64, 8192, 8192, "bfloat16", SMS, True).config.PDL  # call
-    assert not _plan_hopper(False, 64, 8192, 8192, "bfloat16", SMS, False).config.PDL
+    """pdl=True: early weight loads in the small-M kernel and in the register-A kernel that
+    permutes per stage; the small-M kernel launches as a programmatic dependent either way."""
+    def config(M, pdl):
+        return _plan_hopper(False, M, 8192, 8192, "bfloat16", SMS, pdl).config
+
+    assert config(1, True).PDL and config(1, True).EARLY_WEIGHTS
+    assert config(1, False).PDL and not config(1, False).EARLY_WEIGHTS
+    assert config(16, True).PDL and config(16, True).EARLY_WEIGHTS  # stage
+    assert not config(16, False).PDL
+    assert not config(64, True).PDL  # call
+    assert not config(64, False).PDL
 
 
 def test_forced_paths_are_checked():
