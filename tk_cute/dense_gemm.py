@@ -106,7 +106,8 @@ def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N:
     shares its B half and stores nothing (GPU-tested). `stream_k`: equal shares of the (tile x
     K-step) units instead of whole tiles (`gemm_sm90.Config.STREAM_K`, no clusters; on the
     grid `schedule.stream_k_grid` picks); `gemm` does not pick it: slower than whole tiles at
-    every shape timed on the H200 (docs/results.md, nineteenth session)."""
+    every shape timed on the H200, also after whole waves (`Config.STREAM_K_DP`; docs/results.md,
+    nineteenth and twenty-second sessions)."""
     from tk_cute.kernels.gemm.gemm_sm90 import Config
 
     nb = nb or tile_width(M, N, sms)

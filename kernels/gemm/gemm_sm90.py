@@ -58,6 +58,7 @@ class Config:
     CLUSTER_M: int = 1
     CLUSTER_N: int = 1
     STREAM_K: bool = False
+    STREAM_K_DP: bool = False  # stream-K after whole waves (`LCF.STREAM_K_DP`)
     arch: str = "sm_90a"
 
     def __post_init__(self):
@@ -75,6 +76,8 @@ class Config:
             raise ValueError(f"Nb={self.Nb} must be a multiple of EPI_N*EPI_PIPE_DEPTH")
         if self.CLUSTER_M * self.CLUSTER_N > 4:
             raise ValueError(f"cluster {self.CLUSTER_M}x{self.CLUSTER_N} exceeds 4 CTAs")
+        if self.STREAM_K_DP and not self.STREAM_K:
+            raise ValueError("STREAM_K_DP (data-parallel waves before the shares) needs STREAM_K")
         if self.STREAM_K and self.CLUSTER_M * self.CLUSTER_N != 1:
             raise ValueError(f"stream-K runs without clusters, got {self.CLUSTER_M}x"
                              f"{self.CLUSTER_N}")
@@ -96,7 +99,7 @@ class GemmSm90(LCF):
         self.Mb, self.Nb, self.Kb = c.Mb, c.Nb, c.k_block
         self.SUPERGROUP_SIZE, self.CLUSTER_M, self.CLUSTER_N = (
             c.SUPERGROUP_SIZE, c.CLUSTER_M, c.CLUSTER_N)
-        self.STREAM_K = c.STREAM_K
+        self.STREAM_K, self.STREAM_K_DP = c.STREAM_K, c.STREAM_K_DP
         self.a_tile = st(c.in_type, c.Mb, self.Kb)
         self.b_tile = st(c.in_type, c.Nb, self.Kb)
         self.c_tile = st(OUTPUT_TYPES[c.out_dtype], c.Mb, c.EPI_N)

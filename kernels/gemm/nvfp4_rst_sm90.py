@@ -109,6 +109,9 @@ class Config:
     # sums of them, so no head adds every part and writes the whole tile (the dispatch's from
     # three parts per tile: `heuristics.TILED_TEAMS_MIN`)
     TEAMS: bool = field(default=False, metadata={"quiet": True})
+    # Stream-K after whole waves (`LCF.STREAM_K_DP`): the tiles that fill whole waves run
+    # whole, only the last partial wave is shared
+    STREAM_K_DP: bool = field(default=False, metadata={"quiet": True})
     __repr__ = config_repr
 
     def __post_init__(self):
@@ -129,6 +132,9 @@ class Config:
                              f"(N % {ROWS} != 0) takes bf16 / fp16 / fp32 output only")
         if self.TEAMS and not self.STREAM_K:
             raise ValueError("TEAMS splits stream-K tiles between CTAs: it needs STREAM_K=True")
+        if self.STREAM_K_DP and (not self.STREAM_K or self.TEAMS):
+            raise ValueError("STREAM_K_DP (whole waves before the shares) needs STREAM_K and "
+                             "not TEAMS")
         if self.LOAD_PIPE_DEPTH == 1 or self.LOAD_PIPE_DEPTH < 0:
             raise ValueError(f"LOAD_PIPE_DEPTH must be 0 (auto) or >= 2, got "
                              f"{self.LOAD_PIPE_DEPTH}")
@@ -167,6 +173,7 @@ class GemmNvfp4RsTiledSm90(LCF):
         self.Mb, self.Nb, self.SUPERGROUP_SIZE = ROWS, config.Nb, config.SUPERGROUP_SIZE
         self.PDL, self.STREAM_K = config.PDL, config.STREAM_K
         self.PARTIAL_V4, self.STREAM_K_TEAMS = config.PARTIAL_V4, config.TEAMS
+        self.STREAM_K_DP = config.STREAM_K_DP
         self.w_tile = st(cutlass.Int8, ROWS, STAGE_K // 2, swizzle=False)
         self.sf_tile = st(cutlass.Int8, 2 * (STAGE_K // nvfp4_scales.ATOM_K), 256, swizzle=False)
         self.x_tile = st(cutlass.BFloat16, config.Nb, STAGE_K)

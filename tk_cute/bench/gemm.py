@@ -8,13 +8,15 @@ CUTLASS's CuTe DSL persistent Hopper GEMM, same process, same inputs, cold L2.
 CUTLASS repository, tag v4.7.0 or main at 7107b05; not vendored: copy it into the git-ignored
 `.peers/`). The peer runs with its own defaults (tile 128x256, cluster 1x1). `--nb`,
 `--stream-k`, `--supergroups` and `--clusters` add forced tk_cute configs beside the default
-(stream-K: equal shares of the tile x K-step units on `schedule.stream_k_grid`'s grid).
+(stream-K: equal shares of the tile x K-step units on `schedule.stream_k_grid`'s grid;
+`--stream-k-dp`: also each after whole waves of whole tiles).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import importlib.util
 
 import torch
@@ -77,6 +79,9 @@ def main(argv=None):
     p.add_argument("--stream-k", type=int, nargs="*", default=None,
                    help="also time stream-K shares at these tile widths (none given: the "
                         "default width)")
+    p.add_argument("--stream-k-dp", action="store_true",
+                   help="with --stream-k: each width also after whole waves of whole tiles "
+                        "(`Config.STREAM_K_DP`)")
     p.add_argument("--clusters", nargs="*", default=[],
                    help="also time these cluster shapes, e.g. 2x1 1x2 (TMA multicast)")
     p.add_argument("--eager", action="store_true",
@@ -123,6 +128,10 @@ def main(argv=None):
                                               stream_k=True)
                 variants[f"tk_cute stream-K Nb={cfg.Nb}"] = lambda s, c=cfg: tk_cute.gemm(
                     s[0], s[1], config=c)
+                if args.stream_k_dp:
+                    dp = dataclasses.replace(cfg, STREAM_K_DP=True)
+                    variants[f"tk_cute stream-K after waves Nb={cfg.Nb}"] = (
+                        lambda s, c=dp: tk_cute.gemm(s[0], s[1], config=c))
             for sg in args.supergroups:
                 cfg = Config(dtype=dtype_name, SUPERGROUP_SIZE=sg)
                 variants[f"tk_cute supergroup {sg}"] = lambda s, c=cfg: tk_cute.gemm(
