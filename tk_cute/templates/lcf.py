@@ -189,9 +189,11 @@ class LCF:
                     shares = schedule.Shares(params, k_steps, self.STREAM_K_DP)
                     state = pipeline.make_pipeline_state(
                         pipeline.PipelineUserType.Producer, self.LOAD_PIPE_DEPTH)
-                    for j in cutlass.range(shares.dp_waves(), unroll=1):
-                        at, k0, k1 = shares.dp_tile(j)
-                        state = self._load_stages(g, ring, inputs, state, at, k0, k1, mcast)
+                    if cutlass.const_expr(self.STREAM_K_DP):
+                        for j in cutlass.range(shares.dp_waves(), unroll=1):
+                            at, k0, k1 = shares.dp_tile(j)
+                            state = self._load_stages(g, ring, inputs, state, at, k0, k1,
+                                                      mcast)
                     u, end = shares.bounds()
                     while u < end:
                         at, k0, k1 = shares.segment(u, end)
@@ -276,10 +278,12 @@ class LCF:
         read = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
         release = read.clone()
-        for j in cutlass.range(shares.dp_waves(), unroll=1):  # (STREAM_K_DP: whole tiles)
-            at, k0, k1 = shares.dp_tile(j)
-            read, release = self._mma_stages(g, ring, inputs, acc_state, read, release, k0, k1)
-            self.finish(g, acc_state, at, consumer_smem, thread)
+        if cutlass.const_expr(self.STREAM_K_DP):  # whole tiles first
+            for j in cutlass.range(shares.dp_waves(), unroll=1):
+                at, k0, k1 = shares.dp_tile(j)
+                read, release = self._mma_stages(g, ring, inputs, acc_state, read, release, k0,
+                                                 k1)
+                self.finish(g, acc_state, at, consumer_smem, thread)
         u, end = shares.bounds()
         while u < end:
             at, k0, k1 = shares.segment(u, end)
