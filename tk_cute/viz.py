@@ -13,7 +13,7 @@ the arrays it was drawn from, computed by the same layout functions the kernels 
   `ops.schedule.supergroup_coord` (the static scheduler's stride: one grid per wave).
 - `stream_k_plot`: which CTA's stream-K share holds each (tile, K step) unit on the grid the
   host picks (`ops.schedule.stream_k_grid`, `stream_k_share`), which tiles are split and where
-  their heads are.
+  their heads are (also after whole waves: `LCF.STREAM_K_DP`).
 - `roofline_plot`: kernel reports (`tk_cute.report.report`) on their target's roof (a MODEL).
 - `speedup_plot(results)`: the NVFP4 bench's speedup over cuBLAS bf16 against M, one panel per
   (N, K), log-scaled M (`python -m tk_cute.bench nvfp4 --plot FILE`).
