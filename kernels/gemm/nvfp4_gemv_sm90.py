@@ -20,8 +20,8 @@ row to shared memory with cp.async and re-pairs it there for the strided decode 
 it there from its codes and scales, once per CTA instead of in every warp's trips; one barrier),
 so trips read ready B fragments with LDS instead of L2 loads used right after they were issued;
 there each weight load also asks L2 for the row's whole 128-byte line (L2_FETCH). With PDL (the
-default configuration's) the kernel launches during the one before it and lets the next one
-launch at once, and waits for the one before before its first global read; with EARLY_WEIGHTS
+default configuration's) the kernel launches during the one before it, lets the next one
+launch at once and waits for the one before it ahead of its first global read; with EARLY_WEIGHTS
 (`gemm_small_m(pdl=True)`) it reads its first weights before that kernel has ended
 (activations after). Whatever that kernel wrote is read with coherent loads (`memory.ld_v4`'s
 coherent: ptxas moves read-only loads above the wait). At the end each warp puts
