@@ -335,12 +335,8 @@ def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) ->
 
 def stream_k_team(M: int, N: int, K: int, cfg: rst.Config, sms: int) -> int:
     """Parts per tile of `cfg`'s tiles as a stream-K team launch on `sms` SMs
-    (`schedule.stream_k_team_grid`); 0 where fewer than two fit."""
-    tiles = rst.tiles(M, N, cfg)
-    try:
-        return schedule.stream_k_team_grid(tiles, rs.k_blocks(cfg.K_TAIL, K), sms) // tiles
-    except ValueError:
-        return 0
+    (`schedule.stream_k_team`); 0 where fewer than two fit."""
+    return schedule.stream_k_team(rst.tiles(M, N, cfg), rs.k_blocks(cfg.K_TAIL, K), sms)
 
 
 def split_tile_width(M: int) -> int:

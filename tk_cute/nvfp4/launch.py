@@ -250,10 +250,7 @@ def dequantize_blocks(q: NVFP4Tensor, out: torch.Tensor | None = None) -> torch.
     from tk_cute.kernels import nvfp4_dequantize as dq
 
     M, K = q.shape
-    if q.device.type != "cuda":
-        raise ValueError(f"dequantize_blocks runs on CUDA tensors, got {q.device}")
-    if M * K >= 2**31:  # the kernel indexes elements with 32-bit integers
-        raise ValueError(f"dequantize_blocks takes M * K < 2^31 elements, got {M} x {K}")
+    _check_dequantize("dequantize_blocks", q.device, M, K, f"{M} x {K}")
     out = output(out, (M, K), torch.bfloat16, q.device, "dequantize_blocks")
     index = device_index(q.device)
     fmt = q.scale_format
@@ -262,6 +259,15 @@ def dequantize_blocks(q: NVFP4Tensor, out: torch.Tensor | None = None) -> torch.
            out=out.data_ptr(), words=M * K // 8, words_per_row=K // 8,
            stream=raw_stream(index))
     return out
+
+
+def _check_dequantize(name: str, device, rows: int, K: int, shape: str) -> None:
+    """The block dequantize's limits: a CUDA device, fewer than 2^31 elements (the kernel
+    indexes them with 32-bit integers)."""
+    if device.type != "cuda":
+        raise ValueError(f"{name} runs on CUDA tensors, got {device}")
+    if rows * K >= 2**31:
+        raise ValueError(f"{name} takes fewer than 2^31 elements, got {shape}")
 
 
 def dequantize_pair(a: NVFP4Tensor, b: NVFP4Tensor, out_a: torch.Tensor | None = None,
@@ -276,11 +282,7 @@ def dequantize_pair(a: NVFP4Tensor, b: NVFP4Tensor, out_a: torch.Tensor | None =
         raise ValueError(f"dequantize_pair takes operands of one K, scale format and device, "
                          f"got K {K} / {Kb}, {a.scale_format} / {b.scale_format}, "
                          f"{a.device} / {b.device}")
-    if a.device.type != "cuda":
-        raise ValueError(f"dequantize_pair runs on CUDA tensors, got {a.device}")
-    if (M + N) * K >= 2**31:  # the kernel indexes elements with 32-bit integers
-        raise ValueError(f"dequantize_pair takes (M + N) * K < 2^31 elements, got ({M} + {N}) "
-                         f"x {K}")
+    _check_dequantize("dequantize_pair", a.device, M + N, K, f"({M} + {N}) x {K}")
     a16 = output(out_a, (M, K), torch.bfloat16, a.device, "dequantize_pair")
     b16 = output(out_b, (N, K), torch.bfloat16, a.device, "dequantize_pair")
     scale = torch.empty((), dtype=torch.float32, device=a.device)

@@ -292,15 +292,21 @@ def stream_k_grid(tiles: int, k_steps: int, limit: int, slack: float = 0.1) -> i
 TEAM_MAX = 8
 
 
-def stream_k_team_grid(tiles: int, k_steps: int, limit: int) -> int:
-    """The CTAs of a stream-K team launch: every tile split into the same number of equal
-    shares, as many as fit `limit` (at most `k_steps` and TEAM_MAX), so each tile's parts end
-    together: 23 tiles of 23 K steps on 132 SMs, 5 parts (115 CTAs). ValueError where fewer
-    than two parts per tile fit (128 tiles on 132 SMs)."""
+def stream_k_team(tiles: int, k_steps: int, limit: int) -> int:
+    """Parts per tile of a stream-K team launch: as many equal shares of every tile as fit
+    `limit` CTAs (at most `k_steps` and TEAM_MAX); 0 where fewer than two fit."""
     team = min(limit // tiles, k_steps, TEAM_MAX)
-    if team < 2:
+    return team if team >= 2 else 0
+
+
+def stream_k_team_grid(tiles: int, k_steps: int, limit: int) -> int:
+    """The CTAs of a stream-K team launch: every tile split into `stream_k_team` equal shares,
+    so each tile's parts end together: 23 tiles of 23 K steps on 132 SMs, 5 parts (115 CTAs).
+    ValueError where fewer than two parts per tile fit (128 tiles on 132 SMs)."""
+    team = stream_k_team(tiles, k_steps, limit)
+    if not team:
         raise ValueError(f"a stream-K team needs two parts per tile or more: {tiles} tiles of "
-                         f"{k_steps} K steps on {limit} CTAs give {team}")
+                         f"{k_steps} K steps on {limit} CTAs give fewer")
     return tiles * team
 
 

@@ -333,9 +333,7 @@ class LCF:
         if thread % 32 == 0:
             for j in range(team):
                 if j != part:
-                    ready = memory.ld_acquire_u32(self._team_flag(g, first + j, w))
-                    while ready == 0:
-                        ready = memory.ld_acquire_u32(self._team_flag(g, first + j, w))
+                    self._await_flag(self._team_flag(g, first + j, w))
         warp.sync()
         for j in range(team):
             if j != part:
@@ -365,9 +363,7 @@ class LCF:
         that order, clear the flags for the next launch."""
         if thread == 0:
             for c in range(cta + 1, last + 1):
-                ready = memory.ld_acquire_u32(self._flag(g, c))
-                while ready == 0:
-                    ready = memory.ld_acquire_u32(self._flag(g, c))
+                self._await_flag(self._flag(g, c))
         consumers()
         for c in range(cta + 1, last + 1):
             self.add_partial(g, acc_state, c, thread)
@@ -375,6 +371,14 @@ class LCF:
         if thread == 0:
             for c in range(cta + 1, last + 1):
                 memory.st_u32(self._flag(g, c), cutlass.Uint32(0))
+
+    @cute.jit
+    def _await_flag(self, addr):
+        """Spin until the hand-over flag at `addr` is set (acquired: the slot it guards is
+        then visible)."""
+        ready = memory.ld_acquire_u32(addr)
+        while ready == 0:
+            ready = memory.ld_acquire_u32(addr)
 
     def _flag(self, g, cta):
         """Address of CTA `cta`'s hand-over flag."""
