@@ -158,17 +158,17 @@ def tk_cute_side(arch: str, mnk, overrides: dict | None = None, name: str = "tk_
     fields `overrides`."""
     overrides = overrides or {}
     if _family(arch) == "hopper":
-        from tk_cute.kernels.gemm.gemm_sm90 import Config, GemmSm90
+        from tk_cute.kernels.gemm.gemm_sm90 import Config, kernel_for
 
         cfg = Config(dtype="bfloat16", **overrides)
-        kernel = GemmSm90(cfg)
+        kernel = kernel_for(cfg)
 
         def run(a, b, c):
             import tk_cute
 
             tk_cute.gemm(a, b, config=cfg, out=c)
 
-        return Side(name, _hopper_build(kernel), source_lines(_of(GemmSm90)),
+        return Side(name, _hopper_build(kernel), source_lines(_of(type(kernel))),
                     kernel.dynamic_shared_memory(), run=run)
     from tk_cute.kernels.gemm import nvfp4_sm100 as K
     from tk_cute.nvfp4.heuristics import sm100_config

@@ -139,7 +139,7 @@ def zeroed_flags(name: str, count: int, device: torch.device, stream: int) -> to
 def stream_k_buffers(name: str, tiles: int, k_steps: int, slot_bytes: int, sms: int,
                      device: torch.device, stream: int, teams: bool = False
                      ) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """(ctas, partials, flags) of an in-kernel stream-K launch (`LCF.STREAM_K`) over `tiles`
+    """(ctas, partials, flags) of an in-kernel stream-K launch (`StreamK`) over `tiles`
     tiles of `k_steps` units on a GPU of `sms` SMs: `schedule.stream_k_grid`'s CTAs (with
     `teams`, `stream_k_team_grid`'s), a partial slot of `slot_bytes` per CTA (`workspace`) and
     a zero flag per CTA (`zeroed_flags`; teams: one per CTA and consumer warp, TEAM_MAX), both

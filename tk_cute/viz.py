@@ -13,7 +13,7 @@ the arrays it was drawn from, computed by the same layout functions the kernels 
   `ops.schedule.supergroup_coord` (the static scheduler's stride: one grid per wave).
 - `stream_k_plot`: which CTA's stream-K share holds each (tile, K step) unit on the grid the
   host picks (`ops.schedule.stream_k_grid`, `stream_k_share`), which tiles are split and where
-  their heads are (also after whole waves: `LCF.STREAM_K_DP`).
+  their heads are (also after whole waves: `StreamK.STREAM_K_DP`).
 - `roofline_plot`: kernel reports (`tk_cute.report.report`) on their target's roof (a MODEL).
 - `speedup_plot(results)`: the NVFP4 bench's speedup over cuBLAS bf16 against M, one panel per
   (N, K), log-scaled M (`python -m tk_cute.bench nvfp4 --plot FILE`).
@@ -395,7 +395,7 @@ def stream_k_walk(tiles: int, k_steps: int, ctas: int,
     """(owner, parts): the CTA whose equal stream-K share (`ops.schedule.stream_k_share`) holds
     each (tile, K step) unit, tiles in the kernels' order, and per tile the CTAs that hold a
     part of it, its head (the first part, which sums the others and stores the tile) first.
-    dp (`LCF.STREAM_K_DP`): the whole waves' tiles (`stream_k_dp_tiles`) go whole to CTA
+    dp (`StreamK.STREAM_K_DP`): the whole waves' tiles (`stream_k_dp_tiles`) go whole to CTA
     tile % ctas, and the shares split only the units after them."""
     from tk_cute.ops.schedule import stream_k_dp_tiles, stream_k_share
 
@@ -411,14 +411,14 @@ def stream_k_walk(tiles: int, k_steps: int, ctas: int,
 
 
 def stream_k_plot(tiles: int, k_steps: int, ctas: int | None = None, dp: bool = False):
-    """Stream-K (`LCF.STREAM_K`): which CTA takes which K steps of which tile.
+    """Stream-K (`StreamK`): which CTA takes which K steps of which tile.
 
     Args:
         tiles: output tiles (in the kernels' supergroup order), e.g. ceil(M / Mb) * ceil(N / Nb).
         k_steps: K steps per tile (K / Kb rounded up).
         ctas: the grid (default: `ops.schedule.stream_k_grid` on sm_90a's SM count, as the
             launches pick it).
-        dp: after whole waves (`LCF.STREAM_K_DP`, `stream_k_walk`).
+        dp: after whole waves (`StreamK.STREAM_K_DP`, `stream_k_walk`).
 
     Returns:
         The Figure; `fig.drawn` has "owner" (tiles, k_steps), "parts" (per tile the CTAs
@@ -692,7 +692,7 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--ctas", type=int, default=None,
                            help="the grid (default: stream_k_grid on sm_90a's SM count)")
             s.add_argument("--dp", action="store_true",
-                           help="after whole waves of whole tiles (LCF.STREAM_K_DP)")
+                           help="after whole waves of whole tiles (StreamK.STREAM_K_DP)")
         elif name in ("tmem", "roofline"):
             s.add_argument("--arch", choices=("sm_100a", "sm_103a", "sm_107a"),
                            default="sm_107a")

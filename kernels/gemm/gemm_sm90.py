@@ -8,9 +8,9 @@ warpgroups each run SS wgmma on 64 rows of the (Mb, Nb) fp32 accumulator, one co
 stage, releasing a stage once the next one's MMAs are issued; finish converts the accumulator
 in (Mb, EPI_N) column blocks, stmatrix-stores each into one of EPI_PIPE_DEPTH shared buffers and
 TMA-stores it while the next is written. Persistent CTAs walk tiles in supergroup order, or,
-with `Config.STREAM_K`, take equal shares of the (tile x K-step) units on the launch's `ctas`
-CTAs (`LCF.STREAM_K`: a tile split between CTAs is summed through fp32 partial slots, one per
-CTA, `partial_bytes`, before its head's epilogue).
+with `Config.STREAM_K` (`GemmSm90StreamK`, `templates/stream_k.py`), take equal shares of the
+(tile x K-step) units on the launch's `ctas` CTAs (a tile split between CTAs is summed through
+fp32 partial slots, one per CTA, `partial_bytes`, before its head's epilogue).
 Constraints: A (M, K) and B (N, K) K-major with 16-byte aligned rows; any M, N, K: the TMA
 loads of edge tiles fill zeros past the tensors (they add nothing to the sums; a stage still
 carries its whole box of bytes) and the TMA stores clip the edge tiles of C.
@@ -29,8 +29,9 @@ from cutlass.cute.nvgpu.warpgroup import OperandMajorMode
 from tk_cute.arch import target
 from tk_cute.ops import register, tma, warpgroup
 from tk_cute.runtime import Signature, i32, i64, ptr
-from tk_cute.templates import lcf
+from tk_cute.templates import stream_k
 from tk_cute.templates.lcf import LCF
+from tk_cute.templates.stream_k import StreamK
 from tk_cute.types import coord, gl, rt, st
 from tk_cute.types.semaphore import NamedBarrier
 from tk_cute.types.struct import DeviceStruct
@@ -58,7 +59,7 @@ class Config:
     CLUSTER_M: int = 1
     CLUSTER_N: int = 1
     STREAM_K: bool = False
-    STREAM_K_DP: bool = False  # stream-K after whole waves (`LCF.STREAM_K_DP`)
+    STREAM_K_DP: bool = False  # stream-K after whole waves (`StreamK.STREAM_K_DP`)
     arch: str = "sm_90a"
 
     def __post_init__(self):
@@ -99,7 +100,7 @@ class GemmSm90(LCF):
         self.Mb, self.Nb, self.Kb = c.Mb, c.Nb, c.k_block
         self.SUPERGROUP_SIZE, self.CLUSTER_M, self.CLUSTER_N = (
             c.SUPERGROUP_SIZE, c.CLUSTER_M, c.CLUSTER_N)
-        self.STREAM_K, self.STREAM_K_DP = c.STREAM_K, c.STREAM_K_DP
+        stream_k.configure(self, c.STREAM_K, STREAM_K_DP=c.STREAM_K_DP)
         self.a_tile = st(c.in_type, c.Mb, self.Kb)
         self.b_tile = st(c.in_type, c.Nb, self.Kb)
         self.c_tile = st(OUTPUT_TYPES[c.out_dtype], c.Mb, c.EPI_N)
@@ -175,14 +176,14 @@ class GemmSm90(LCF):
     def _globals(self, a, b, c, alpha=None, partials=None, flags=None):
         """The kernel's globals: stream-K's pointers only where the config runs it (the
         whole-tile kernel's arguments stay A, B, C and alpha)."""
-        if not self.STREAM_K:
+        if not isinstance(self, StreamK):
             partials = flags = None
         return Globals(gl.load(a, self.a_tile, self.CLUSTER_N),
                        gl.load(b, self.b_tile, self.CLUSTER_M), gl.store(c, self.c_tile),
                        alpha, partials, flags)
 
     def _launch(self, g, c, max_ctas, ctas, stream):
-        if self.STREAM_K and ctas is None:
+        if isinstance(self, StreamK) and ctas is None:
             raise ValueError("stream-K launches through call_ptrs (partial slots, flags, grid)")
         self.launch(g, cute.ceil_div(c.shape[0], self.Mb), cute.ceil_div(c.shape[1], self.Nb),
                     c.shape[2], max_ctas, stream, ctas)
@@ -210,14 +211,14 @@ def signature(config: Config, scaled: bool = False) -> Signature:
 
 def partial_bytes(config: Config) -> int:
     """Bytes of one stream-K partial slot: an Mb x Nb tile of fp32 sums."""
-    return lcf.partial_bytes(config.Mb, config.Nb)
+    return stream_k.partial_bytes(config.Mb, config.Nb)
 
 
 def compile_launcher(config: Config, sms: int, scaled: bool = False, options: str = ""):
-    """The kernel (`GemmScaledSm90` if `scaled`) for a GPU of `sms` SMs as a raw-pointer
-    `Launcher` (`options`: e.g. "--gpu-arch sm_90a" to build without a GPU)."""
-    kernel = (GemmScaledSm90 if scaled else GemmSm90)(config)
-    return signature(config, scaled).compile(kernel.call_ptrs, sms, options=options)
+    """`kernel_for(config, scaled)` for a GPU of `sms` SMs as a raw-pointer `Launcher`
+    (`options`: e.g. "--gpu-arch sm_90a" to build without a GPU)."""
+    return signature(config, scaled).compile(kernel_for(config, scaled).call_ptrs, sms,
+                                             options=options)
 
 
 class Globals(DeviceStruct):
@@ -266,6 +267,21 @@ class GemmScaledSm90(GemmSm90):
         g = self._globals(at, bt, ct, alpha=cute.make_tensor(alpha, cute.make_layout(1)),
                           partials=partials, flags=flags)
         self._launch(g, ct, sms, ctas, stream)
+
+
+class GemmSm90StreamK(GemmSm90, StreamK):
+    """`GemmSm90` on stream-K shares (`Config.STREAM_K`)."""
+
+
+class GemmScaledSm90StreamK(GemmScaledSm90, StreamK):
+    """`GemmScaledSm90` on stream-K shares (`Config.STREAM_K`)."""
+
+
+def kernel_for(config: Config, scaled: bool = False) -> GemmSm90:
+    """The kernel `config` runs on: `GemmScaledSm90` if `scaled`, else `GemmSm90`, composed
+    with `StreamK` where `config.STREAM_K`."""
+    classes = ((GemmSm90, GemmSm90StreamK), (GemmScaledSm90, GemmScaledSm90StreamK))
+    return classes[scaled][config.STREAM_K](config)
 
 
 class Scaled:

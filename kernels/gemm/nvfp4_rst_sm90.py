@@ -16,7 +16,7 @@ Pipeline (`templates/lcf`):
     activations: 2^8 * gA * gB) and store D^T's elements into D (rows past M skipped).
 While one warpgroup decodes, the other's MMAs keep the tensor cores busy (narrow tiles: two
 A register sets, so a warpgroup's decode also overlaps its own previous MMAs).
-Schedule: whole tiles per persistent CTA, or stream-K (`Config.STREAM_K`, `LCF.STREAM_K`):
+Schedule: whole tiles per persistent CTA, or stream-K (`Config.STREAM_K`, `templates/stream_k.py`):
 equal runs of (tile x stage) units per CTA, a tile split between CTAs handed from each later
 part (`store_partial`: fp32 accumulators to that CTA's slot of `partials`, then its flag) to
 its head (`add_partial`, in CTA order), which finishes it; where the tiles are fewer than the
@@ -56,8 +56,9 @@ from tk_cute.layouts import nvfp4_codes, nvfp4_scales
 from tk_cute.ops import memory, register, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, ptr
-from tk_cute.templates import lcf
+from tk_cute.templates import stream_k
 from tk_cute.templates.lcf import LCF
+from tk_cute.templates.stream_k import StreamK
 from tk_cute.types import coord, gl, rt, st
 from tk_cute.types.gl import row_major
 from tk_cute.types.struct import DeviceStruct, config_repr
@@ -98,18 +99,19 @@ class Config:
     # The GEMM launched as a programmatic dependent of the permute pass before it (`LCF.PDL`):
     # its launch and prologue overlap the pass's tail
     PDL: bool = field(default=True, metadata={"quiet": True})
-    # Stream-K (`LCF.STREAM_K`): equal shares of the (tile x stage) units on the launch's
-    # `ctas` CTAs, a tile split between CTAs summed through fp32 partials (`partial_bytes`)
+    # Stream-K (`GemmNvfp4RsTiledSm90StreamK`): equal shares of the (tile x stage) units on
+    # the launch's `ctas` CTAs, a tile split between CTAs summed through fp32 partials
+    # (`partial_bytes`)
     STREAM_K: bool = False
-    # Stream-K partials as 16-byte vectors (`LCF.PARTIAL_V4`; the dispatch sets it with TEAMS:
+    # Stream-K partials as 16-byte vectors (`StreamK.PARTIAL_V4`; the dispatch sets it with TEAMS:
     # `heuristics.TILED_TEAMS_MIN`)
     PARTIAL_V4: bool = field(default=False, metadata={"quiet": True})
-    # Stream-K teams (`LCF.STREAM_K_TEAMS`, grid `schedule.stream_k_team_grid`): every tile in
+    # Stream-K teams (`StreamK.STREAM_K_TEAMS`, grid `schedule.stream_k_team_grid`): every tile in
     # 2-8 equal shares that end together, each finishing some warps' rows with the others'
     # sums of them, so no head adds every part and writes the whole tile (the dispatch's from
     # three parts per tile: `heuristics.TILED_TEAMS_MIN`)
     TEAMS: bool = field(default=False, metadata={"quiet": True})
-    # Stream-K after whole waves (`LCF.STREAM_K_DP`): the tiles that fill whole waves run
+    # Stream-K after whole waves (`StreamK.STREAM_K_DP`): the tiles that fill whole waves run
     # whole, only the last partial wave is shared
     STREAM_K_DP: bool = field(default=False, metadata={"quiet": True})
     __repr__ = config_repr
@@ -171,9 +173,9 @@ class GemmNvfp4RsTiledSm90(LCF):
     def __init__(self, config: Config = Config()):
         self.config = config
         self.Mb, self.Nb, self.SUPERGROUP_SIZE = ROWS, config.Nb, config.SUPERGROUP_SIZE
-        self.PDL, self.STREAM_K = config.PDL, config.STREAM_K
-        self.PARTIAL_V4, self.STREAM_K_TEAMS = config.PARTIAL_V4, config.TEAMS
-        self.STREAM_K_DP = config.STREAM_K_DP
+        self.PDL = config.PDL
+        stream_k.configure(self, config.STREAM_K, PARTIAL_V4=config.PARTIAL_V4,
+                           STREAM_K_TEAMS=config.TEAMS, STREAM_K_DP=config.STREAM_K_DP)
         self.w_tile = st(cutlass.Int8, ROWS, STAGE_K // 2, swizzle=False)
         self.sf_tile = st(cutlass.Int8, 2 * (STAGE_K // nvfp4_scales.ATOM_K), 256, swizzle=False)
         self.x_tile = st(cutlass.BFloat16, config.Nb, STAGE_K)
@@ -351,9 +353,19 @@ class GemmNvfp4RsTiledSm90(LCF):
         self.launch(g, bands, cute.ceil_div(M, self.Nb), 1, sms, stream, ctas)
 
 
+class GemmNvfp4RsTiledSm90StreamK(GemmNvfp4RsTiledSm90, StreamK):
+    """`GemmNvfp4RsTiledSm90` on stream-K shares (`Config.STREAM_K`)."""
+
+
+def kernel_for(cfg: Config) -> GemmNvfp4RsTiledSm90:
+    """The kernel `cfg` runs on: `GemmNvfp4RsTiledSm90`, composed with `StreamK` where
+    `cfg.STREAM_K`."""
+    return (GemmNvfp4RsTiledSm90StreamK if cfg.STREAM_K else GemmNvfp4RsTiledSm90)(cfg)
+
+
 def partial_bytes(cfg: Config) -> int:
     """Bytes of one stream-K partial slot: a tile's fp32 accumulators (ROWS x Nb)."""
-    return lcf.partial_bytes(ROWS, cfg.Nb)
+    return stream_k.partial_bytes(ROWS, cfg.Nb)
 
 
 def tiles(M: int, N: int, cfg: Config) -> int:
@@ -418,7 +430,7 @@ def signature(cfg: Config) -> Signature:
 
 def launch_fn(cfg: Config):
     """The `@cute.jit` launch `signature(cfg)` describes (constexpr argument: the SM count)."""
-    kernel = GemmNvfp4RsTiledSm90(cfg)
+    kernel = kernel_for(cfg)
     return kernel.call_w4a4 if cfg.a_format == "nvfp4" else kernel
 
 

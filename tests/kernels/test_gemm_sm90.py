@@ -9,6 +9,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from tk_cute.arch import target
 from tk_cute.compile import build
+from tk_cute.kernels.gemm import gemm_sm90
 from tk_cute.kernels.gemm.gemm_sm90 import Config, GemmSm90
 
 SMS = 132  # H100/H200: the persistent grid size the compile assumes
@@ -283,7 +284,6 @@ def test_launches_pass_exactly_the_signature_by_name(monkeypatch, scaled, stream
     name would only fail on a GPU otherwise), with the operands' row strides; stream-K its
     grid (`schedule.stream_k_grid`) and workspaces of that many slots."""
     from tk_cute import dense_gemm
-    from tk_cute.kernels.gemm import gemm_sm90
 
     calls = []
 
@@ -330,7 +330,6 @@ def test_launches_pass_exactly_the_signature_by_name(monkeypatch, scaled, stream
 def test_raw_pointer_launchers_compile_with_the_dsls_packing(scaled):
     """The launcher compiles for sm_90a without a GPU and its argument slots equal the DSL's
     own packing (`Signature.compile` checks it)."""
-    from tk_cute.kernels.gemm import gemm_sm90
 
     launcher = gemm_sm90.compile_launcher(Config(), SMS, scaled, options="--gpu-arch sm_90a")
     assert launcher.signature.names[-4:] == ("lda", "ldb", "ldc", "ctas")
@@ -347,11 +346,9 @@ def test_stream_k_builds_its_handover(scaled, dtype, nb, out, dp):
     acquire loop, one release), Nb / 2 fp32 partial stores per thread (128 x Nb over 256
     threads), no spills; the raw-pointer launch carries the grid. With data-parallel waves
     (`STREAM_K_DP`) the whole-tile loop before the shares is a second copy of the stage."""
-    from tk_cute.kernels.gemm import gemm_sm90
-
     cfg = Config(dtype=dtype, Nb=nb, out_dtype=out, EPI_PIPE_DEPTH=2, STREAM_K=True,
                  STREAM_K_DP=dp)
-    k = (gemm_sm90.GemmScaledSm90 if scaled else GemmSm90)(cfg)
+    k = gemm_sm90.kernel_for(cfg, scaled)
     b = build(k.call_ptrs, *gemm_sm90.signature(cfg, scaled).compile_args(SMS), arch="sm_90a")
     assert b.sass_count("HGMMA" if dtype == "bfloat16" else "QGMMA") == 4 * (1 + dp)
     assert b.ptx_count(r"ld\.acquire\.gpu\.global\.b32") >= 1
@@ -365,7 +362,7 @@ def test_stream_k_needs_the_raw_pointer_launch():
     """The tensor `__call__` has no partial slots, flags or grid: stream-K there raises."""
     from cuda.bindings import driver as cuda
 
-    k = GemmSm90(Config(STREAM_K=True))
+    k = gemm_sm90.kernel_for(Config(STREAM_K=True))
     c = _fake(cutlass.BFloat16, 0, 0)
     with pytest.raises(ValueError, match="stream-K launches through call_ptrs"):
         build(k, _fake(k.a_tile.dtype, 0, 0), _fake(k.b_tile.dtype, 0, 0), c, SMS,

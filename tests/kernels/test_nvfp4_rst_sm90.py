@@ -647,7 +647,7 @@ def test_stream_k_builds_its_handover(nb, out, a_format):
 
 @pytest.mark.parametrize("nb", [256, 192])
 def test_stream_k_after_whole_waves_builds(nb):
-    """STREAM_K_DP (`LCF.STREAM_K_DP`): the whole waves' loop before the shares is a second
+    """STREAM_K_DP (`StreamK.STREAM_K_DP`): the whole waves' loop before the shares is a second
     copy of the stage's 8 wgmma; no spills, and no read above the PDL wait."""
     cfg = rst.Config(Nb=nb, STREAM_K=True, STREAM_K_DP=True)
     b = build(rst.launch_fn(cfg), *rst.signature(cfg).compile_args(132), arch="sm_90a")
@@ -658,7 +658,7 @@ def test_stream_k_after_whole_waves_builds(nb):
 
 @pytest.mark.parametrize("nb", [208, 128])
 def test_stream_k_vector_partials_build(nb):
-    """PARTIAL_V4 (`LCF.PARTIAL_V4`): the partials move as 16-byte vectors, Nb / 8 stores and
+    """PARTIAL_V4 (`StreamK.PARTIAL_V4`): the partials move as 16-byte vectors, Nb / 8 stores and
     loads per thread and no scalar fp32 partial access left; the wgmma and no spills as
     before."""
     cfg = rst.Config(Nb=nb, STREAM_K=True, PARTIAL_V4=True)
@@ -672,7 +672,7 @@ def test_stream_k_vector_partials_build(nb):
 
 @pytest.mark.parametrize("nb, out", [(208, "bfloat16"), (144, "float32")])
 def test_stream_k_teams_build(nb, out):
-    """TEAMS (`LCF.STREAM_K_TEAMS`): the hand-over as warps (acquire loops, one release, warp
+    """TEAMS (`StreamK.STREAM_K_TEAMS`): the hand-over as warps (acquire loops, one release, warp
     barriers), the wgmma and no spills as before; the Config check and the team grid
     (`schedule.stream_k_team_grid`)."""
     from tk_cute.ops import schedule

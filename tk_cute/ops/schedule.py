@@ -22,7 +22,7 @@ shares, so no wave is left part-empty whatever the tile count; a tile whose unit
 CTAs gets one partial sum per CTA, to be reduced in CTA order (deterministic).
 `stream_k_aligned_ctas` picks a grid just under one CTA per SM whose shares line up with the
 tiles where one exists; `stream_k_grid` the grid of a kernel whose CTAs each keep at most one
-partial (`LCF.STREAM_K`). Plain integer arithmetic, the same on the host and in a kernel.
+partial (`StreamK`). Plain integer arithmetic, the same on the host and in a kernel.
 
 Every role writes the same loop for both kinds:
     tiles = Tiles.create(*walk(kind, params, clc_barriers, clc_response, cluster, walkers))
@@ -250,7 +250,7 @@ def stream_k_owner(u, ctas, units):
 
 
 def stream_k_dp_tiles(tiles, ctas):
-    """The leading tiles a stream-K grid with data-parallel waves (`LCF.STREAM_K_DP`) runs
+    """The leading tiles a stream-K grid with data-parallel waves (`StreamK.STREAM_K_DP`) runs
     whole: as many whole waves of `ctas` as the tiles fill. Whole, the CTAs of a wave walk the
     same K steps together, so the A and B panels they share stay in L2 (staggered shares read
     3.8-4.4x the DRAM bytes of whole tiles on the H200); only the last, partial wave's units
@@ -272,7 +272,7 @@ def stream_k_aligned_ctas(units: int, tile_units: int, limit: int, slack: float 
 
 
 def stream_k_grid(tiles: int, k_steps: int, limit: int, slack: float = 0.1) -> int:
-    """The CTAs of an in-kernel stream-K (`LCF.STREAM_K`) over `tiles` tiles of `k_steps` units
+    """The CTAs of an in-kernel stream-K (`StreamK`) over `tiles` tiles of `k_steps` units
     on at most `limit`: `limit` where the tiles are at least as many (a tile then spans at most
     two shares); fewer tiles: each split into `split` = min(limit // tiles, k_steps) equal
     shares that line up with the tiles, where those fill the grid within `slack` (64 tiles on
@@ -287,7 +287,7 @@ def stream_k_grid(tiles: int, k_steps: int, limit: int, slack: float = 0.1) -> i
     return min(limit, tiles * k_steps)
 
 
-# Most CTAs of a stream-K team (`LCF.STREAM_K_TEAMS`): each part finishes whole consumer warps'
+# Most CTAs of a stream-K team (`StreamK.STREAM_K_TEAMS`): each part finishes whole consumer warps'
 # rows of the tile, and LCF's two consumer warpgroups are 8 warps.
 TEAM_MAX = 8
 
@@ -328,7 +328,7 @@ def tile_width(bands: int, cols: int, sms: int, cost: dict) -> int:
 def tile_plan(bands: int, cols: int, sms: int, cost: dict,
               stream_k_overhead: float | None = None) -> tuple[int, bool]:
     """(Nb, stream-K) of the least modelled time: `tile_width`'s whole-tile rounds, or, given
-    `stream_k_overhead`, also equal stream-K shares of at least one tile per SM (`LCF.STREAM_K`)
+    `stream_k_overhead`, also equal stream-K shares of at least one tile per SM (`StreamK`)
     costing tiles / sms tiles plus that fraction of one (the hand-over of split tiles); ties go
     to whole tiles, then to the wider tile."""
     def time(plan):
