@@ -7,13 +7,14 @@ accumulator (`GemmScaledSm90`), which the NVFP4 "dequantize" path runs on exact 
 
 Shapes: any M, N, K whose rows meet TMA's 16-byte alignment (K * element size and N * output
 element size multiples of 16 bytes, tensors 16-byte aligned): the kernel's edge tiles are
-partial (zero-filled loads, clipped stores), never padded on the host. The tile width comes from
-the output's shape and the SM count (`tile_width`: a model of the persistent grid's rounds).
+partial (zero-filled loads, clipped stores), never padded on the host. The tile width (64 to
+256 in steps of 32) and the cluster shape come from the output's shape and the SM count
+(`tile_plan`: a model of the persistent grid's rounds, with costs fitted on the H200). Clusters
+multicast the tile their CTAs share (2 x 1: B, 1 x 2: A), which cuts the L2 reads per MMA.
 Operand rows that do not start on a 128-byte L2 line (K * element size % 128 != 0, or an offset
 view) make every TMA row piece of a stage touch two lines; from two rows of tiles on, such calls
-run in 2 x 1 clusters whose CTAs multicast the B tile they share (`line_aligned`,
-`default_config`), which halves B's reads (docs/results.md: 3000x7000x5000 0.67x -> 0.92-0.95x
-cuBLAS).
+always run in 2 x 1 clusters (`line_aligned`, `default_config`), which halves B's reads
+(docs/results.md: 3000x7000x5000 0.67x -> 0.92-0.95x cuBLAS).
 """
 
 from __future__ import annotations
@@ -69,20 +70,37 @@ def _check(a: torch.Tensor, b: torch.Tensor, out_dtype):
 
 
 # Time per output column of a 128 x Nb tile relative to Nb = 256 (narrower wgmmas issue more
-# instructions per column and reload A from shared memory more often): fitted to the H200 sweep
-# of 28 shapes x 4 widths in docs/results.md (2026-12-01, fourteenth session).
-TILE_COST = {256: 1.0, 192: 1.02, 128: 1.1, 64: 1.6}
+# instructions per column and read more operand bytes per MMA), and of a cluster shape's tiles
+# relative to none (multicast: fewer L2 reads per MMA): a least-squares fit of log time over the
+# H200 sweeps of 36 shapes x 7 widths x 3 cluster shapes in docs/results.md (twenty-third
+# session).
+TILE_COST = {256: 1.0, 224: 1.05, 192: 1.057, 160: 1.11, 128: 1.15, 96: 1.415, 64: 1.82}
+CLUSTER_COST = {(1, 1): 1.0, (2, 1): 0.972, (1, 2): 0.982}
+# Aligned rows in clusters from this tile width on: a 64-wide tile's B is 8 KiB a stage, so
+# multicast saves little and the cluster costs more (257x2056x4096 +8%, 2056x384x4096 +14% in
+# 2 x 1 clusters, twenty-third session)
+CLUSTER_MIN_WIDTH = 96
 
 
-def tile_width(M: int, N: int, sms: int) -> int:
-    """The tile width Nb of 128 x Nb output tiles for an M x N output on `sms` SMs. The
-    persistent grid runs ceil(tiles / sms) rounds of tiles, so the time is modelled as
-    rounds * Nb * TILE_COST[Nb] (ties to the wider tile): wide tiles where they fill the SMs,
-    narrower ones where wide tiles leave a round nearly empty (N = 384, M or N just past a
-    multiple of the tile, few tiles). With one row of tiles (M <= 128) the call streams B and
-    64-wide tiles keep too few bytes in flight per SM: Nb >= 128 there."""
-    widths = {nb: c for nb, c in TILE_COST.items() if M > 128 or nb >= 128}
-    return schedule.tile_width(-(-M // 128), N, sms, widths)
+def tile_plan(M: int, N: int, sms: int, lines: bool = True, nb: int | None = None,
+              clusters: bool = True) -> tuple[int, tuple[int, int]]:
+    """(Nb, (CLUSTER_M, CLUSTER_N)) of 128 x Nb output tiles for an M x N output on `sms` SMs:
+    `schedule.cluster_plan`'s rounds of tiles (padded to whole clusters) times Nb *
+    TILE_COST[Nb] * CLUSTER_COST[cluster]. Wide tiles where they fill the SMs, narrower ones
+    where wide tiles leave a round nearly empty (N = 384, M or N just past a multiple of the
+    tile, few tiles); clusters where their padding costs no round, for tiles from
+    CLUSTER_MIN_WIDTH wide. With one row of tiles
+    (M <= 128) the call streams B and 64-wide tiles keep too few bytes in flight per SM:
+    Nb >= 128 there. `lines` False (`line_aligned`): 2 x 1 clusters from two rows of tiles on.
+    `nb`: that width only; `clusters` False: none (stream-K)."""
+    if nb is not None and nb not in TILE_COST:
+        raise ValueError(f"tile width must be one of {tuple(TILE_COST)}, got {nb}")
+    widths = ({nb: TILE_COST[nb]} if nb else
+              {w: c for w, c in TILE_COST.items() if M > 128 or w >= 128})
+    if clusters and not lines and M > 128:
+        return schedule.cluster_plan(-(-M // 128), N, sms, widths, {(2, 1): 1.0})
+    shapes = CLUSTER_COST if clusters else {(1, 1): 1.0}
+    return schedule.cluster_plan(-(-M // 128), N, sms, widths, shapes, CLUSTER_MIN_WIDTH)
 
 
 def line_aligned(*operands: torch.Tensor) -> bool:
@@ -95,26 +113,29 @@ def line_aligned(*operands: torch.Tensor) -> bool:
 def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N: int = 8192,
                    sms: int = 132, nb: int | None = None, lines: bool = True,
                    stream_k: bool = False):
-    """The kernel config `gemm` uses for an M x N output on `sms` SMs: tile width `nb`, by
-    default `tile_width`'s; two epilogue buffers for fp32 C (each 128 x 32 fp32 block is 16 KiB;
-    four would cost a load stage) and for tile widths that are not a multiple of 4 x 32.
+    """The kernel config `gemm` uses for an M x N output on `sms` SMs: `tile_plan`'s tile width
+    (or `nb`) and cluster shape; 32-column epilogue blocks, or 16 where a width is an odd multiple
+    of 32 (160: ten blocks, not five); two epilogue buffers for fp32 C (each 128 x 32 fp32 block
+    is 16 KiB; four would cost a load stage) and for tile widths that are not a multiple of
+    4 x 32.
     `lines`: the operands' rows start on L2 lines (`line_aligned`); where they do not and the
     output has two or more 128-row tiles, 2 x 1 clusters multicast B (H200, docs/results.md:
-    3000x7000x5000 0.67 -> 0.94x cuBLAS, 8192x8192x8200 0.76 -> 1.01x, 2056^3 0.55 -> 0.69x;
-    1% slower where rows are aligned, K = 5120). An odd count of row tiles leaves the last
-    cluster half outside the output: the scheduler rounds clusters up, and that CTA loads zeros,
-    shares its B half and stores nothing (GPU-tested). `stream_k`: equal shares of the (tile x
+    3000x7000x5000 0.67 -> 0.94x cuBLAS, 8192x8192x8200 0.76 -> 1.01x, 2056^3 0.55 -> 0.69x).
+    An odd count of row tiles leaves the last cluster half outside the output: the scheduler
+    rounds clusters up, and that CTA loads zeros, shares its B half and stores nothing
+    (GPU-tested). `stream_k`: equal shares of the (tile x
     K-step) units instead of whole tiles (`gemm_sm90.Config.STREAM_K`, no clusters; on the
     grid `schedule.stream_k_grid` picks); `gemm` does not pick it: slower than whole tiles at
     every shape timed on the H200, also after whole waves (`Config.STREAM_K_DP`; docs/results.md,
     nineteenth and twenty-second sessions)."""
     from tk_cute.kernels.gemm.gemm_sm90 import Config
 
-    nb = nb or tile_width(M, N, sms)
+    nb, (cluster_m, cluster_n) = tile_plan(M, N, sms, lines, nb, clusters=not stream_k)
     depth = 2 if out_dtype == torch.float32 or nb % 128 else 4
-    cluster_m = 2 if not lines and M > 128 and not stream_k else 1
-    return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), Nb=nb, EPI_PIPE_DEPTH=depth,
-                  CLUSTER_M=cluster_m, STREAM_K=stream_k)
+    epi_n = 16 if nb // 32 % 2 else 32
+    return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), Nb=nb, EPI_N=epi_n,
+                  EPI_PIPE_DEPTH=depth, CLUSTER_M=cluster_m, CLUSTER_N=cluster_n,
+                  STREAM_K=stream_k)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None,

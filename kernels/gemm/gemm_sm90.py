@@ -40,12 +40,18 @@ INPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
                "float8_e4m3fn": cutlass.Float8E4M3FN, "float8_e5m2": cutlass.Float8E5M2}
 OUTPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
                 "float32": cutlass.Float32}
+# Tile widths: multiples of 32 (the epilogue's 16- or 32-column blocks come in pairs or fours)
+# up to wgmma's N = 256
+NBS = tuple(range(64, 257, 32))
 
 
 @dataclass(frozen=True)
 class Config:
     """Tile and pipeline shape (TK config names). Kb = 0 picks 4 MMA K-steps (64 for 16-bit
-    inputs, 128 for fp8); LOAD_PIPE_DEPTH = 0 fills the target's shared memory."""
+    inputs, 128 for fp8); LOAD_PIPE_DEPTH = 0 fills the target's shared memory. The epilogue
+    stages C in EPI_N-column blocks (16 or 32) through EPI_PIPE_DEPTH shared buffers, a whole
+    number of rounds of them per tile (every tile starts on buffer 0, free once the last
+    tile's stores have read the buffers after it)."""
 
     dtype: str = "bfloat16"
     out_dtype: str = "bfloat16"
@@ -70,11 +76,14 @@ class Config:
                             f"{self.out_dtype!r}")
         if not target(self.arch).wgmma:
             raise ValueError(f"GemmSm90 needs wgmma (sm_90a); target is {self.arch}")
-        if self.Mb != 128 or self.Nb not in (64, 128, 192, 256):
-            raise ValueError(f"tile must be 128 x {{64,128,192,256}} (two 64-row consumers); "
+        if self.Mb != 128 or self.Nb not in NBS:
+            raise ValueError(f"tile must be 128 x one of {NBS} (two 64-row consumers); "
                              f"got {self.Mb} x {self.Nb}")
+        if self.EPI_N not in (16, 32):
+            raise ValueError(f"EPI_N must be 16 or 32 columns, got {self.EPI_N}")
         if self.Nb % (self.EPI_N * self.EPI_PIPE_DEPTH):
-            raise ValueError(f"Nb={self.Nb} must be a multiple of EPI_N*EPI_PIPE_DEPTH")
+            raise ValueError(f"Nb={self.Nb} must be a multiple of EPI_N*EPI_PIPE_DEPTH = "
+                             f"{self.EPI_N}*{self.EPI_PIPE_DEPTH}")
         if self.CLUSTER_M * self.CLUSTER_N > 4:
             raise ValueError(f"cluster {self.CLUSTER_M}x{self.CLUSTER_N} exceeds 4 CTAs")
         if self.STREAM_K_DP and not self.STREAM_K:

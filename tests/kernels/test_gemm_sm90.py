@@ -1,5 +1,7 @@
 """Hopper GEMM (kernels/gemm/gemm_sm90.py): compile checks on the CPU, numerics on the GPU."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -57,7 +59,9 @@ def test_shared_memory_fits_the_target(built):
     [
         (dict(dtype="float32"), "input dtype"),
         (dict(out_dtype="float64"), "out_dtype"),
-        (dict(Nb=96), "tile must be"),
+        (dict(Nb=80), "tile must be"),
+        (dict(EPI_N=64), "EPI_N must be 16 or 32"),
+        (dict(Nb=160), "multiple of EPI_N\\*EPI_PIPE_DEPTH = 32\\*4"),
         (dict(arch="sm_100a"), "needs wgmma"),
         (dict(CLUSTER_M=4, CLUSTER_N=2), "exceeds 4"),
         (dict(LOAD_PIPE_DEPTH=6), "shared memory"),
@@ -168,19 +172,33 @@ def test_cluster_gemm_matches_reference(seed, cm, cn):
 
 # --- tile width ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("M, N, nb", [
-    (8192, 8192, 256),  # 2048 tiles of 256: 15.5 rounds, nearly full
-    (4000, 5000, 256),
-    (4096, 384, 128),   # 256-wide tiles would be 64, the second half empty; 128: 96 in one round
-    (1000, 3000, 192),  # 128 tiles of 192 in one round against 96 of 256
-    (3000, 2056, 192),  # 24 x 11 = 264 tiles of 192: 2 rounds; 256: 216 tiles, 2 rounds
-    (1000, 384, 64),    # 48 tiles of 64 in one round, against 24 of 128 twice as long
-    (16, 8192, 128),    # one row of tiles: never 64 wide (too few bytes in flight per SM)
+@pytest.mark.parametrize("M, N, plan", [
+    (8192, 8192, (256, (2, 1))),  # 2048 tiles of 256: 15.5 rounds, pairs of row tiles share B
+    (4000, 5000, (256, (2, 1))),
+    (2056, 5000, (224, (1, 1))),  # 17 x 23 tiles: 3 rounds; a cluster's padding makes 4
+    (1000, 5000, (160, (2, 1))),  # 8 x 32 = 256 tiles of 160: 2 rounds, as 216 of 192
+    (4096, 384, (96, (2, 1))),    # 32 x 4 tiles of 96 in one round; 128: 96 tiles, 4/3 wider
+    (1000, 3000, (192, (2, 1))),  # 128 tiles of 192 in one round against 96 of 256
+    (3000, 2056, (192, (2, 1))),  # 24 x 11 = 264 tiles of 192: 2 rounds; 256: 216 tiles, 2
+    (1000, 384, (64, (1, 1))),    # 48 tiles of 64 in one round, against 24 of 128 twice as
+                                  # long; 64 wide: no cluster (`CLUSTER_MIN_WIDTH`)
+    (16, 8192, (128, (1, 2))),    # one row of tiles: never 64 wide, no 2 x 1; tiles share A
 ])
-def test_tile_width_follows_the_rounds_of_the_persistent_grid(M, N, nb):
-    from tk_cute.dense_gemm import tile_width
+def test_tile_plan_follows_the_rounds_of_the_persistent_grid(M, N, plan):
+    from tk_cute.dense_gemm import tile_plan
 
-    assert tile_width(M, N, SMS) == nb
+    assert tile_plan(M, N, SMS) == plan
+
+
+def test_tile_plan_takes_forced_widths_and_rows_off_lines():
+    from tk_cute.dense_gemm import tile_plan
+
+    assert tile_plan(8192, 8192, SMS, nb=160) == (160, (2, 1))
+    assert tile_plan(16, 8192, SMS, nb=64) == (64, (1, 1))  # forced: below the one-row floor
+    assert tile_plan(2056, 5000, SMS, lines=False) == (256, (2, 1))  # rows off lines: 2 x 1
+    assert tile_plan(2056, 5000, SMS, clusters=False) == (224, (1, 1))  # stream-K: none
+    with pytest.raises(ValueError, match="tile width must be one of .* got 80"):
+        tile_plan(1000, 1000, SMS, nb=80)
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
@@ -195,9 +213,12 @@ def test_every_tile_width_makes_a_valid_config(dtype, out_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cluster", [(1, 1), (2, 1), (1, 2)])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("nb", [64, 128, 192, 256])
-def test_every_tile_width_matches_fp64_every_element(seed, nb, out_dtype):
+@pytest.mark.parametrize("nb", gemm_sm90.NBS)
+def test_every_tile_width_matches_fp64_every_element(seed, nb, out_dtype, cluster):
+    """Every width in every cluster shape: 3 row tiles and, at every width, an odd count of
+    column tiles or a last one partial, so a cluster's last CTA may lie outside the output."""
     import tk_cute
     from tk_cute.dense_gemm import default_config
     from tk_cute.testing import assert_gemm_close
@@ -206,12 +227,16 @@ def test_every_tile_width_matches_fp64_every_element(seed, nb, out_dtype):
     a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
     b = torch.randn(N, K, device="cuda").to(torch.bfloat16)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)  # poison
-    c = tk_cute.gemm(a, b, out_dtype, config=default_config(a.dtype, out_dtype, nb=nb), out=out)
+    cfg = dataclasses.replace(default_config(a.dtype, out_dtype, nb=nb), CLUSTER_M=cluster[0],
+                              CLUSTER_N=cluster[1])
+    c = tk_cute.gemm(a, b, out_dtype, config=cfg, out=out)
     assert_gemm_close(c, a, b)
 
 
-@pytest.mark.parametrize("nb", [64, 192])
+@pytest.mark.parametrize("nb", [64, 160, 192])
 def test_narrow_tiles_compile_to_their_wgmma_without_spills(nb):
+    """A width's 4 wgmma per stage, no spills; the epilogue's stmatrix.x4 (16 columns of a
+    warp's 16 rows each) once per 16 columns: 160 runs ten 16-column blocks."""
     from cuda.bindings import driver as cuda
 
     from tk_cute.dense_gemm import default_config
@@ -220,17 +245,18 @@ def test_narrow_tiles_compile_to_their_wgmma_without_spills(nb):
     b = build(k, *(_fake(cutlass.BFloat16, 0, 0) for _ in range(3)), SMS, cuda.CUstream(0),
               arch="sm_90a")
     assert b.ptx_count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{nb}k16\.f32\.bf16\.bf16") == 4
+    assert b.sass_count(r"\bSTSM\b") == nb // 16
     assert b.kernel.local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0
 
 
-@pytest.mark.parametrize("M, K, cluster_m", [
-    (3000, 5000, 2),   # rows 10000 bytes apart: 24 row tiles in 2 x 1 clusters multicasting B
-    (3000, 5120, 1),   # rows on L2 lines: no cluster (it was 1% slower there)
-    (2056, 2056, 2),   # 17 row tiles: the last cluster half outside the output
-    (100, 5000, 1),    # one row of tiles: nothing to share B with
-    (1000, 72, 2),
+@pytest.mark.parametrize("M, K, cluster", [
+    (3000, 5000, (2, 1)),   # rows 10000 bytes apart: 24 row tiles in 2 x 1 clusters sharing B
+    (3000, 5120, None),     # rows on L2 lines: `tile_plan`'s cluster
+    (2056, 2056, (2, 1)),   # 17 row tiles: the last cluster half outside the output
+    (100, 5000, None),      # one row of tiles: nothing to share B with (`tile_plan`'s 1 x 2)
+    (1000, 72, (2, 1)),
 ])
-def test_operand_rows_off_l2_lines_run_in_clusters(M, K, cluster_m):
+def test_operand_rows_off_l2_lines_run_in_clusters(M, K, cluster):
     """Rows that do not start on a 128-byte line (`dense_gemm.line_aligned`) put each TMA row
     piece of a stage across two lines; where the row tiles pair up, 2 x 1 clusters halve B's
     reads (docs/results.md)."""
@@ -245,7 +271,7 @@ def test_operand_rows_off_l2_lines_run_in_clusters(M, K, cluster_m):
     lines = dense_gemm.line_aligned(a, b)
     assert lines == ((K * 2) % 128 == 0)
     cfg = dense_gemm.default_config(a.dtype, torch.bfloat16, M, 4096, SMS, lines=lines)
-    assert (cfg.CLUSTER_M, cfg.CLUSTER_N) == (cluster_m, 1)
+    assert (cfg.CLUSTER_M, cfg.CLUSTER_N) == (cluster or dense_gemm.tile_plan(M, 4096, SMS)[1])
     wide, narrow = on_line(M, 5056), on_line(64, 64)
     assert dense_gemm.line_aligned(wide[:, :5000], narrow)  # a pitch of 79 lines: aligned
     assert not dense_gemm.line_aligned(wide[:, 8:], narrow)  # starts 16 bytes into a line
@@ -414,7 +440,6 @@ def test_stream_k_matches_fp64_every_element(seed, dtype, M, N, K, nb):
 def test_stream_k_after_whole_waves_matches_fp64_every_element(seed, M, N, K, nb):
     """`Config.STREAM_K_DP`: every element of poisoned bf16 / fp32 outputs against float64,
     twice bit for bit (the flags were left clear)."""
-    import dataclasses
 
     import tk_cute
     from tk_cute import dense_gemm

@@ -75,7 +75,8 @@ def main(argv=None):
     p.add_argument("--supergroups", type=int, nargs="*", default=[],
                    help="also time these SUPERGROUP_SIZE values (default config: 8)")
     p.add_argument("--nb", type=int, nargs="*", default=[],
-                   help="also time these tile widths (default: dense_gemm.tile_width's)")
+                   help="also time these tile widths, each in the cluster shape "
+                        "dense_gemm.tile_plan gives it (--clusters 1x1: none)")
     p.add_argument("--stream-k", type=int, nargs="*", default=None,
                    help="also time stream-K shares at these tile widths (none given: the "
                         "default width)")
@@ -102,6 +103,10 @@ def main(argv=None):
         peer = _peer(args.peer, dtype, sms) if args.peer else None
         for mnk in dict.fromkeys(args.mnk):
             M, N, K = map(int, mnk.split(","))
+            if dtype.itemsize == 1 and (N % 16 or K % 16):
+                print(f"| skipped {mnk} [{dtype_name}]: cuBLAS fp8 (torch._scaled_mm) needs N "
+                      f"and K multiples of 16")
+                continue
 
             def make():
                 a = torch.randn(M, K, device="cuda").to(dtype)
@@ -118,11 +123,13 @@ def main(argv=None):
                 cublas = lambda s: torch._scaled_mm(  # noqa: E731
                     s[0], s[1].t(), one, one, out_dtype=torch.bfloat16)
             variants = {base: cublas, "tk_cute": lambda s: tk_cute.gemm(s[0], s[1])}
-            notes = {"tk_cute": f"Nb={gemm_mod.tile_width(M, N, sms)}"}
+            nb, (cm, cn) = gemm_mod.tile_plan(M, N, sms)
+            notes = {"tk_cute": f"Nb={nb}, cluster {cm}x{cn} (aligned rows)"}
             for nb in args.nb:
-                cfg = gemm_mod.default_config(dtype, torch.bfloat16, nb=nb)
+                cfg = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb)
                 variants[f"tk_cute Nb={nb}"] = lambda s, c=cfg: tk_cute.gemm(
                     s[0], s[1], config=c)
+                notes[f"tk_cute Nb={nb}"] = f"cluster {cfg.CLUSTER_M}x{cfg.CLUSTER_N}"
             for nb in ([] if args.stream_k is None else args.stream_k or [None]):
                 cfg = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb,
                                               stream_k=True)
@@ -138,9 +145,12 @@ def main(argv=None):
                     s[0], s[1], config=c)
             for cl in args.clusters:
                 cm, cn = map(int, cl.split("x"))
-                cfg = Config(dtype=dtype_name, CLUSTER_M=cm, CLUSTER_N=cn)
-                variants[f"tk_cute cluster {cl}"] = lambda s, c=cfg: tk_cute.gemm(
-                    s[0], s[1], config=c)
+                for nb in args.nb or [gemm_mod.tile_plan(M, N, sms)[0]]:
+                    cfg = dataclasses.replace(gemm_mod.default_config(dtype, torch.bfloat16,
+                                                                      nb=nb),
+                                              CLUSTER_M=cm, CLUSTER_N=cn)
+                    variants[f"tk_cute cluster {cl} Nb={nb}"] = (
+                        lambda s, c=cfg: tk_cute.gemm(s[0], s[1], config=c))
             if peer:
                 variants["CUTLASS CuTe DSL peer"] = lambda s: peer[0](*s)
             res = bench(variants, sets, rounds=args.rounds, graph=not args.eager)

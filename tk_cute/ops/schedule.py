@@ -342,3 +342,22 @@ def tile_plan(bands: int, cols: int, sms: int, cost: dict,
 
     kinds = (False,) if stream_k_overhead is None else (False, True)
     return min(((nb, sk) for nb in cost for sk in kinds), key=time)
+
+
+def cluster_plan(bands: int, cols: int, sms: int, cost: dict, clusters: dict,
+                 min_cluster_width: int = 0) -> tuple[int, tuple[int, int]]:
+    """(Nb, (cluster_m, cluster_n)) of the least modelled time of whole tiles in clusters:
+    `tile_width`'s rounds of the tiles padded to whole clusters (bands rounded up to
+    cluster_m, column tiles to cluster_n: the scheduler's cluster grid), times Nb * cost[Nb]
+    * clusters[cluster] (a cluster shape's time relative to the others'; multicast shares
+    tiles). Clusters larger than the tile grid, and of tiles narrower than
+    `min_cluster_width`, are left out; ties go to the smaller cluster, then to the wider
+    tile."""
+    def time(plan):
+        nb, (cm, cn) = plan
+        tiles = -(-bands // cm) * cm * (-(-cols // (nb * cn)) * cn)
+        return -(-tiles // sms) * nb * cost[nb] * clusters[(cm, cn)], cm * cn, -nb
+
+    plans = [(nb, c) for nb in cost for c in clusters if c == (1, 1) or (
+        nb >= min_cluster_width and c[0] <= bands and c[1] <= -(-cols // nb))]
+    return min(plans, key=time)

@@ -177,3 +177,22 @@ def test_tile_plan_takes_stream_k_where_whole_tiles_leave_a_round_part_empty():
     assert tile_plan(64, 256, 132, cost, 0.0) == (128, False)  # 128 tiles < 132 SMs at Nb = 128
     for bands, cols in ((64, 1024), (224, 384), (64, 640), (8, 4097)):
         assert tile_plan(bands, cols, 132, cost) == (tile_width(bands, cols, 132, cost), False)
+
+
+def test_cluster_plan_pads_the_tiles_to_whole_clusters():
+    """`cluster_plan`: a cluster shape where its padded tiles cost no round (8 x 20 tiles pair
+    up either way: 2 x 1, the cheaper), none where padding adds one (17 x 23 tiles: 391, 3
+    rounds; in 2 x 1 clusters 18 x 23 = 414, in 1 x 2 17 x 24 = 408: 4 rounds); clusters larger
+    than the grid, or of tiles below `min_cluster_width`, are left out (one band: no 2 x 1); ties
+    to the smaller cluster."""
+    from tk_cute.ops.schedule import cluster_plan
+
+    cost = {256: 1.0, 224: 1.05}
+    clusters = {(1, 1): 1.0, (2, 1): 0.97, (1, 2): 0.98}
+    assert cluster_plan(8, 5000, 132, {256: 1.0}, clusters) == (256, (2, 1))
+    assert cluster_plan(17, 5000, 132, {224: 1.0}, clusters) == (224, (1, 1))
+    assert cluster_plan(1, 8192, 132, {256: 1.0}, clusters) == (256, (1, 2))
+    assert cluster_plan(1, 8192, 132, cost, clusters) == (224, (1, 2))  # 38 tiles: one round
+    assert cluster_plan(1, 200, 132, {256: 1.0}, clusters) == (256, (1, 1))  # one tile
+    assert cluster_plan(8, 5000, 132, {256: 1.0}, {(1, 1): 1.0, (2, 1): 1.0}) == (256, (1, 1))
+    assert cluster_plan(8, 5000, 132, {256: 1.0}, clusters, 257) == (256, (1, 1))  # too narrow
