@@ -89,10 +89,10 @@ def tile_plan(M: int, N: int, sms: int, lines: bool = True, nb: int | None = Non
     TILE_COST[Nb] * CLUSTER_COST[cluster]. Wide tiles where they fill the SMs, narrower ones
     where wide tiles leave a round nearly empty (N = 384, M or N just past a multiple of the
     tile, few tiles); clusters where their padding costs no round, for tiles from
-    CLUSTER_MIN_WIDTH wide. With one row of tiles
-    (M <= 128) the call streams B and 64-wide tiles keep too few bytes in flight per SM:
-    Nb >= 128 there. `lines` False (`line_aligned`): 2 x 1 clusters from two rows of tiles on.
-    `nb`: that width only; `clusters` False: none (stream-K)."""
+    CLUSTER_MIN_WIDTH wide. With one row of tiles (M <= 128) the call streams B and 64-wide
+    tiles keep too few bytes in flight per SM: Nb >= 128 there. `lines` False
+    (`line_aligned`): 2 x 1 clusters from two rows of tiles on, at any width. `nb`: that width
+    only; `clusters` False: none (stream-K)."""
     if nb is not None and nb not in TILE_COST:
         raise ValueError(f"tile width must be one of {tuple(TILE_COST)}, got {nb}")
     widths = ({nb: TILE_COST[nb]} if nb else

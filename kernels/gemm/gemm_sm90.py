@@ -40,8 +40,8 @@ INPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
                "float8_e4m3fn": cutlass.Float8E4M3FN, "float8_e5m2": cutlass.Float8E5M2}
 OUTPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
                 "float32": cutlass.Float32}
-# Tile widths: multiples of 32 (the epilogue's 16- or 32-column blocks come in pairs or fours)
-# up to wgmma's N = 256
+# Tile widths: multiples of 32 up to wgmma's N = 256, so that a tile's epilogue blocks (32
+# columns, or 16 for odd multiples of 32) fill whole rounds of two buffers
 NBS = tuple(range(64, 257, 32))
 
 
