@@ -384,6 +384,27 @@ def test_stream_k_builds_its_handover(scaled, dtype, nb, out, dp):
     assert gemm_sm90.partial_bytes(cfg) == 128 * nb * 4
 
 
+@pytest.mark.parametrize("scaled", [False, True])
+def test_stream_k_is_a_layer_only_its_classes_compose(scaled):
+    """`kernel_for` picks the class a config runs on: the whole-tile kernels carry nothing of
+    `templates/stream_k.py` (not in their classes), the stream-K ones keep the kernel's own
+    steps (its `accumulator`, `finish`) over StreamK's; a config on the other class raises."""
+    from tk_cute.templates.lcf import LCF
+    from tk_cute.templates.stream_k import StreamK
+
+    whole = gemm_sm90.kernel_for(Config(), scaled)
+    shared = gemm_sm90.kernel_for(Config(STREAM_K=True, STREAM_K_DP=True), scaled)
+    assert not isinstance(whole, StreamK) and isinstance(shared, StreamK)
+    assert type(shared).__mro__[1] is type(whole) and shared.STREAM_K_DP
+    assert type(shared).finish is type(whole).finish
+    assert (type(shared).accumulator is not StreamK.accumulator) == scaled
+    assert type(whole).consume is LCF.consume and type(shared).consume is StreamK.consume
+    with pytest.raises(ValueError, match="STREAM_K=True runs on a StreamK kernel, not GemmSm90"):
+        GemmSm90(Config(STREAM_K=True))
+    with pytest.raises(ValueError, match="STREAM_K=False runs on a whole-tile kernel"):
+        gemm_sm90.GemmSm90StreamK(Config())
+
+
 def test_stream_k_needs_the_raw_pointer_launch():
     """The tensor `__call__` has no partial slots, flags or grid: stream-K there raises."""
     from cuda.bindings import driver as cuda

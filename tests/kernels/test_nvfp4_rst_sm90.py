@@ -686,6 +686,10 @@ def test_stream_k_teams_build(nb, out):
     assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
     with pytest.raises(ValueError, match="STREAM_K=True"):
         rst.Config(Nb=nb, TEAMS=True)
+    k = rst.kernel_for(cfg)  # the stream-K class, with the config's hand-over flags
+    assert isinstance(k, rst.GemmNvfp4RsTiledSm90StreamK) and k.STREAM_K_TEAMS
+    with pytest.raises(ValueError, match="runs on a StreamK kernel"):
+        rst.GemmNvfp4RsTiledSm90(cfg)
     with pytest.raises(ValueError, match="needs STREAM_K and not TEAMS"):
         rst.Config(Nb=nb, STREAM_K=True, TEAMS=True, STREAM_K_DP=True)
     assert schedule.stream_k_team_grid(64, 64, 132) == 128  # two parts per tile
