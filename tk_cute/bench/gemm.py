@@ -23,8 +23,11 @@ import torch
 
 from tk_cute.bench.harness import HEADER, bench, environment, host_overhead, input_sets, row
 
-DEFAULT_SHAPES = ["8192,8192,8192", "4096,4096,4096", "4096,4096,4096", "4096,14336,4096",
-                  "4096,4096,14336"]
+# The square and LLM shapes, then ragged ones whose tiles do not fill the rounds evenly (odd,
+# prime and one-row-of-tiles M; N off the tile widths; the 4000x5000x4096)
+DEFAULT_SHAPES = ["8192,8192,8192", "4096,4096,4096", "4096,14336,4096", "4096,4096,14336",
+                  "4000,5000,4096", "1000,5000,4096", "997,5000,4096", "2056,2056,4096",
+                  "3000,384,4096", "257,8192,4096", "64,8192,4096"]
 
 
 PEER_CLASS = "HopperWgmmaGemmPersistentKernel"
