@@ -316,28 +316,30 @@ def stream_k_spans(ctas: int, tiles: int) -> int:
     return min(ctas, -(-ctas // tiles) + 1)
 
 
-def tile_width(bands: int, cols: int, sms: int, cost: dict) -> int:
-    """The width Nb (a key of `cost`) of the `bands` x ceil(cols / Nb) output tiles of a
-    persistent grid on `sms` SMs whose modelled time is least: ceil(tiles / sms) rounds times
-    Nb * cost[Nb] (cost: a tile's time per column relative to the others'). Wide tiles where
-    they fill the SMs, narrower ones where a wide tile leaves a round nearly empty or its last
-    tile mostly past `cols`; ties go to the wider tile (plain host arithmetic)."""
-    return tile_plan(bands, cols, sms, cost)[0]
+def tile_rounds(bands: int, cols: int, nb: int, sms: int, cluster=(1, 1)) -> int:
+    """Rounds of a persistent grid on `sms` SMs over the `bands` x ceil(cols / nb) output
+    tiles, padded to whole clusters (bands rounded up to cluster_m, column tiles to
+    cluster_n: the scheduler's cluster grid)."""
+    cm, cn = cluster
+    tiles = -(-bands // cm) * cm * (-(-cols // (nb * cn)) * cn)
+    return -(-tiles // sms)
 
 
 def tile_plan(bands: int, cols: int, sms: int, cost: dict,
               stream_k_overhead: float | None = None) -> tuple[int, bool]:
-    """(Nb, stream-K) of the least modelled time: `tile_width`'s whole-tile rounds, or, given
-    `stream_k_overhead`, also equal stream-K shares of at least one tile per SM (`StreamK`)
-    costing tiles / sms tiles plus that fraction of one (the hand-over of split tiles); ties go
-    to whole tiles, then to the wider tile."""
+    """(Nb, stream-K) of the least modelled time, the width Nb a key of `cost` (a tile's time
+    per column relative to the others'): whole tiles' `tile_rounds` times Nb * cost[Nb] (wide
+    tiles where they fill the SMs, narrower ones where a wide tile leaves a round nearly empty
+    or its last tile mostly past `cols`), or, given `stream_k_overhead`, also equal stream-K
+    shares of at least one tile per SM (`StreamK`) costing tiles / sms tiles plus that fraction
+    of one (the hand-over of split tiles); ties go to whole tiles, then to the wider tile."""
     def time(plan):
         nb, stream_k = plan
         tiles = bands * -(-cols // nb)
         if stream_k:
             rounds = tiles / sms + stream_k_overhead if tiles >= sms else math.inf
         else:
-            rounds = -(-tiles // sms)
+            rounds = tile_rounds(bands, cols, nb, sms)
         return rounds * nb * cost[nb], stream_k, -nb
 
     kinds = (False,) if stream_k_overhead is None else (False, True)
@@ -347,16 +349,13 @@ def tile_plan(bands: int, cols: int, sms: int, cost: dict,
 def cluster_plan(bands: int, cols: int, sms: int, cost: dict, clusters: dict,
                  min_cluster_width: int = 0) -> tuple[int, tuple[int, int]]:
     """(Nb, (cluster_m, cluster_n)) of the least modelled time of whole tiles in clusters:
-    `tile_width`'s rounds of the tiles padded to whole clusters (bands rounded up to
-    cluster_m, column tiles to cluster_n: the scheduler's cluster grid), times Nb * cost[Nb]
-    * clusters[cluster] (a cluster shape's time relative to the others'; multicast shares
-    tiles). Clusters larger than the tile grid, and of tiles narrower than
-    `min_cluster_width`, are left out; ties go to the smaller cluster, then to the wider
-    tile."""
+    `tile_rounds` (tiles padded to whole clusters) times Nb * cost[Nb] * clusters[cluster]
+    (a cluster shape's time relative to the others'; multicast shares tiles). Clusters larger
+    than the tile grid, and of tiles narrower than `min_cluster_width`, are left out; ties go
+    to the smaller cluster, then to the wider tile."""
     def time(plan):
-        nb, (cm, cn) = plan
-        tiles = -(-bands // cm) * cm * (-(-cols // (nb * cn)) * cn)
-        return -(-tiles // sms) * nb * cost[nb] * clusters[(cm, cn)], cm * cn, -nb
+        nb, c = plan
+        return tile_rounds(bands, cols, nb, sms, c) * nb * cost[nb] * clusters[c], c[0] * c[1], -nb
 
     plans = [(nb, c) for nb in cost for c in clusters if c == (1, 1) or (
         nb >= min_cluster_width and c[0] <= bands and c[1] <= -(-cols // nb))]

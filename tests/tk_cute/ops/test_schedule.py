@@ -167,16 +167,20 @@ def test_tile_plan_takes_stream_k_where_whole_tiles_leave_a_round_part_empty():
     """`tile_plan`: whole tiles where their rounds fill the SMs (64 x 4 tiles of 256 = 1.94 per
     SM: 2 rounds, stream-K's 1.94 + 0.12 is more); stream-K where a round would be part empty
     (224 tiles: 1.70 + 0.12 against 2), at the width that pads the rows least (384 rows: 192);
-    never with fewer tiles than SMs; without an overhead exactly `tile_width`."""
-    from tk_cute.ops.schedule import tile_plan, tile_width
+    never with fewer tiles than SMs; without an overhead whole tiles, at the width of the
+    fewest rounds x columns."""
+    from tk_cute.ops.schedule import tile_plan, tile_rounds
 
     cost = {256: 1.0, 192: 1.02, 128: 1.08}
     assert tile_plan(64, 1024, 132, cost, 0.12) == (256, False)
     assert tile_plan(224, 256, 132, cost, 0.12) == (256, True)
     assert tile_plan(224, 384, 132, cost, 0.12) == (192, True)
     assert tile_plan(64, 256, 132, cost, 0.0) == (128, False)  # 128 tiles < 132 SMs at Nb = 128
-    for bands, cols in ((64, 1024), (224, 384), (64, 640), (8, 4097)):
-        assert tile_plan(bands, cols, 132, cost) == (tile_width(bands, cols, 132, cost), False)
+    for bands, cols, nb in ((64, 1024, 256), (224, 384, 192), (64, 640, 192), (8, 4097, 128)):
+        assert tile_plan(bands, cols, 132, cost) == (nb, False)
+    # 640 columns: 64 x 3 = 192 tiles of 256 (2 rounds x 256) against 64 x 4 of 192 (2 x 192)
+    assert (tile_rounds(64, 640, 256, 132), tile_rounds(64, 640, 192, 132)) == (2, 2)
+    assert tile_rounds(17, 5000, 224, 132, (2, 1)) == 4  # 18 x 23 = 414 tiles in clusters
 
 
 def test_cluster_plan_pads_the_tiles_to_whole_clusters():
