@@ -7,10 +7,13 @@ accumulator (`GemmScaledSm90`), which the NVFP4 "dequantize" path runs on exact 
 
 Shapes: any M, N, K whose rows meet TMA's 16-byte alignment (K * element size and N * output
 element size multiples of 16 bytes, tensors 16-byte aligned): the kernel's edge tiles are
-partial (zero-filled loads, clipped stores), never padded on the host. The tile width (64 to
-256 in steps of 32) and the cluster shape come from the output's shape and the SM count
-(`tile_plan`: a model of the persistent grid's rounds, with costs fitted on the H200). Clusters
-multicast the tile their CTAs share (2 x 1: B, 1 x 2: A), which cuts the L2 reads per MMA.
+partial (zero-filled loads, clipped stores), never padded on the host. The tile (128 rows, or
+64 for outputs of one or two 64-row bands: `few_rows_plan`; 64 to 256 columns in steps of 32)
+and the cluster shape come from the output's shape and the SM count (`tile_plan`: a model of
+the persistent grid's rounds, with costs fitted on the H200). Clusters multicast the tile their
+CTAs share (2 x 1: B, 1 x 2 and 1 x 4: A), which cuts the L2 reads per MMA; the persistent
+grid holds as many clusters as the GPU runs at once (`runtime.resident_clusters`: 30 of 4
+CTAs on the H200's 132 SMs, not 33).
 Operand rows that do not start on a 128-byte L2 line (K * element size % 128 != 0, or an offset
 view) make every TMA row piece of a stage touch two lines; from two rows of tiles on, such calls
 always run in 2 x 1 clusters (`line_aligned`, `default_config`), which halves B's reads
@@ -25,8 +28,8 @@ import torch
 
 from tk_cute import arch
 from tk_cute.ops import schedule
-from tk_cute.runtime import (KernelCache, device_index, output, raw_stream, sm_count,
-                             stream_k_buffers)
+from tk_cute.runtime import (KernelCache, device_index, output, raw_stream,
+                             resident_clusters, sm_count, stream_k_buffers)
 
 _CACHE = KernelCache()
 _DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
@@ -82,25 +85,72 @@ CLUSTER_COST = {(1, 1): 1.0, (2, 1): 0.972, (1, 2): 0.982}
 CLUSTER_MIN_WIDTH = 96
 
 
+# The few-rows regime: outputs of a few 64-row bands stream B, and 128-row tiles there keep
+# few SMs busy (at M <= 64, half their MMAs multiply zero rows: the second consumer
+# warpgroup's rows are all past M). 64-row tiles instead (`Config.Mb = 64`, one consumer
+# warpgroup), at the narrowest width (64, then 128) whose clusters fit one round of those the
+# GPU holds at once: 1 x 4 clusters that multicast A, else 1 x 2 (one band) or 2 x 1 that
+# multicast B between two bands (several; first where a band is mostly past M: 80x4096x4096
+# 18.8 us in 2 x 1 against 16.2 in 1 x 4, 160x2048x8192 35.2 against 24.0). H200,
+# twenty-fourth session, against 128-row tiles: 64x8192x4096 28.7 -> 20.2 us (cuBLAS 20.5),
+# 16x8192x8208 59.7 -> 36.2, 1x8192x8192 62.7 -> 34.8, 128x8192x8192 48.0 -> 38.5 (cuBLAS
+# 38.3), 100x8192x8192 46.9 -> 40.1, 128x2048x8192 41.0 -> 21.8, 192x4096x4096 30.2 -> 18.8,
+# 256x4096x4096 19.2 -> 17.4. Where no width fits one round, several bands take 128-row tiles
+# (128x28672x8192: 126.1 against 129.8-177.0 us, 256x8192x4096 26.5 against 31.5), one band
+# 64-row tiles 128 wide in 1 x 4 clusters (64x28672x8192 127.8 -> 110.5 us).
+FEW_ROWS_MAX_M = 256
+FEW_ROWS_WIDTHS = (64, 128)
+ONE_BAND_CLUSTERS = ((1, 4), (1, 2))  # CTAs along N sharing A
+BANDS_CLUSTERS = ((1, 4), (2, 1))  # then two bands sharing B
+
+
+def few_rows_plan(M: int, N: int, sms: int, quads: int | None = None,
+                  nb: int | None = None) -> tuple[int, tuple[int, int]] | None:
+    """(Nb, (CLUSTER_M, CLUSTER_N)) of 64-row tiles for an M x N output of M <=
+    FEW_ROWS_MAX_M rows (see the few-rows regime above), or None where 128-row tiles are the
+    plan. `quads`: the 4-CTA clusters the GPU holds at once (`runtime.resident_clusters`;
+    None: sms // 4); 2-CTA clusters are taken to fill the SMs. `nb`: that width only."""
+    if M > FEW_ROWS_MAX_M:
+        return None
+    bands, widths = -(-M // 64), (nb,) if nb else FEW_ROWS_WIDTHS
+    resident = {4: sms // 4 if quads is None else quads, 2: sms // 2}
+    for cm, cn in ONE_BAND_CLUSTERS if bands == 1 else BANDS_CLUSTERS:
+        for w in widths:
+            cols = -(-N // w)
+            if cols >= cn and -(-bands // cm) * -(-cols // cn) <= resident[cm * cn]:
+                return w, (cm, cn)
+    if bands > 1:
+        return None
+    w = nb or (FEW_ROWS_WIDTHS[0] if N <= FEW_ROWS_WIDTHS[0] else FEW_ROWS_WIDTHS[-1])
+    return w, next((c for c in ONE_BAND_CLUSTERS if -(-N // w) >= c[1]), (1, 1))
+
+
 def tile_plan(M: int, N: int, sms: int, lines: bool = True, nb: int | None = None,
-              clusters: bool = True) -> tuple[int, tuple[int, int]]:
-    """(Nb, (CLUSTER_M, CLUSTER_N)) of 128 x Nb output tiles for an M x N output on `sms` SMs:
+              clusters: bool = True, quads: int | None = None
+              ) -> tuple[int, int, tuple[int, int]]:
+    """(Mb, Nb, (CLUSTER_M, CLUSTER_N)) of Mb x Nb output tiles for an M x N output on `sms`
+    SMs. Few rows (`few_rows_plan`): 64-row tiles. Otherwise 128-row tiles:
     `schedule.cluster_plan`'s rounds of tiles (padded to whole clusters) times Nb *
     TILE_COST[Nb] * CLUSTER_COST[cluster]. Wide tiles where they fill the SMs, narrower ones
     where wide tiles leave a round nearly empty (N = 384, M or N just past a multiple of the
     tile, few tiles); clusters where their padding costs no round, for tiles from
-    CLUSTER_MIN_WIDTH wide. With one row of tiles (M <= 128) the call streams B and 64-wide
+    CLUSTER_MIN_WIDTH wide. With one row of 128-row tiles the call streams B and 64-wide
     tiles keep too few bytes in flight per SM: Nb >= 128 there. `lines` False
     (`line_aligned`): 2 x 1 clusters from two rows of tiles on, at any width. `nb`: that width
-    only; `clusters` False: none (stream-K)."""
+    only; `clusters` False: none, and 128-row tiles (stream-K). `quads`: as in
+    `few_rows_plan`."""
     if nb is not None and nb not in TILE_COST:
         raise ValueError(f"tile width must be one of {tuple(TILE_COST)}, got {nb}")
+    few = few_rows_plan(M, N, sms, quads, nb) if clusters else None
+    if few:
+        return (64, *few)
     widths = ({nb: TILE_COST[nb]} if nb else
               {w: c for w, c in TILE_COST.items() if M > 128 or w >= 128})
     if clusters and not lines and M > 128:
-        return schedule.cluster_plan(-(-M // 128), N, sms, widths, {(2, 1): 1.0})
+        return (128, *schedule.cluster_plan(-(-M // 128), N, sms, widths, {(2, 1): 1.0}))
     shapes = CLUSTER_COST if clusters else {(1, 1): 1.0}
-    return schedule.cluster_plan(-(-M // 128), N, sms, widths, shapes, CLUSTER_MIN_WIDTH)
+    return (128, *schedule.cluster_plan(-(-M // 128), N, sms, widths, shapes,
+                                        CLUSTER_MIN_WIDTH))
 
 
 def line_aligned(*operands: torch.Tensor) -> bool:
@@ -113,28 +163,29 @@ def line_aligned(*operands: torch.Tensor) -> bool:
 @functools.lru_cache(maxsize=4096)  # host time: a plan and a Config cost ~10-30 us per call
 def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N: int = 8192,
                    sms: int = 132, nb: int | None = None, lines: bool = True,
-                   stream_k: bool = False):
-    """The kernel config `gemm` uses for an M x N output on `sms` SMs: `tile_plan`'s tile width
-    (or `nb`) and cluster shape; 32-column epilogue blocks, or 16 where a width is an odd multiple
-    of 32 (160: ten blocks, not five); two epilogue buffers for fp32 C (each 128 x 32 fp32 block
-    is 16 KiB; four would cost a load stage) and for tile widths that are not a multiple of
-    4 x 32.
+                   stream_k: bool = False, quads: int | None = None):
+    """The kernel config `gemm` uses for an M x N output on `sms` SMs: `tile_plan`'s tile (or
+    width `nb`) and cluster shape; 32-column epilogue blocks, or 16 where a width is an odd
+    multiple of 32 (160: ten blocks, not five); two epilogue buffers for fp32 C (each 128 x 32
+    fp32 block is 16 KiB; four would cost a load stage) and for tile widths that are not a
+    multiple of 4 x 32.
     `lines`: the operands' rows start on L2 lines (`line_aligned`); where they do not and the
     output has two or more 128-row tiles, 2 x 1 clusters multicast B (H200, docs/results.md:
     3000x7000x5000 0.67 -> 0.94x cuBLAS, 8192x8192x8200 0.76 -> 1.01x, 2056^3 0.55 -> 0.69x).
     An odd count of row tiles leaves the last cluster half outside the output: the scheduler
     rounds clusters up, and that CTA loads zeros, shares its B half and stores nothing
-    (GPU-tested). `stream_k`: equal shares of the (tile x
-    K-step) units instead of whole tiles (`gemm_sm90.Config.STREAM_K`, no clusters; on the
-    grid `schedule.stream_k_grid` picks); `gemm` does not pick it: slower than whole tiles at
-    every shape timed on the H200, also after whole waves (`Config.STREAM_K_DP`; docs/results.md,
+    (GPU-tested). `quads`: the 4-CTA clusters the GPU holds at once (`few_rows_plan`).
+    `stream_k`: equal shares of the (tile x K-step) units instead of whole tiles
+    (`gemm_sm90.Config.STREAM_K`, 128-row tiles, no clusters; on the grid
+    `schedule.stream_k_grid` picks); `gemm` does not pick it: slower than whole tiles at every
+    shape timed on the H200, also after whole waves (`Config.STREAM_K_DP`; docs/results.md,
     nineteenth and twenty-second sessions)."""
     from tk_cute.kernels.gemm.gemm_sm90 import Config
 
-    nb, (cluster_m, cluster_n) = tile_plan(M, N, sms, lines, nb, clusters=not stream_k)
+    mb, nb, (cluster_m, cluster_n) = tile_plan(M, N, sms, lines, nb, not stream_k, quads)
     depth = 2 if out_dtype == torch.float32 or nb % 128 else 4
     epi_n = 16 if nb // 32 % 2 else 32
-    return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), Nb=nb, EPI_N=epi_n,
+    return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), Mb=mb, Nb=nb, EPI_N=epi_n,
                   EPI_PIPE_DEPTH=depth, CLUSTER_M=cluster_m, CLUSTER_N=cluster_n,
                   STREAM_K=stream_k)
 
@@ -175,7 +226,7 @@ def scaled(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out: torch.Ten
 def _config_for(a: torch.Tensor, b: torch.Tensor, out_dtype):
     """`default_config` for this call's operands (their shape, device and row alignment)."""
     return default_config(a.dtype, out_dtype, a.shape[0], b.shape[0], sm_count(a.device),
-                          lines=line_aligned(a, b))
+                          lines=line_aligned(a, b), quads=resident_clusters(a.device, 4))
 
 
 def _run(config, a, b, c, alpha=None):
@@ -184,8 +235,10 @@ def _run(config, a, b, c, alpha=None):
     index = device_index(a.device)
     sms = _check_device(a.device)
     st = raw_stream(index)
-    launch = _CACHE.get((config, alpha is not None, sms),
-                        lambda: gemm_sm90.compile_launcher(config, sms, alpha is not None))
+    size = config.CLUSTER_M * config.CLUSTER_N  # the persistent grid: the clusters that fit
+    grid = sms if size == 1 else size * resident_clusters(a.device, size)
+    launch = _CACHE.get((config, alpha is not None, grid),
+                        lambda: gemm_sm90.compile_launcher(config, grid, alpha is not None))
     extra = {} if alpha is None else {"alpha": alpha.data_ptr()}
     (M, K), N = a.shape, b.shape[0]
     ctas, partials, flags = sms, c, c  # (stream-K's buffers stay referenced until the launch)

@@ -412,6 +412,58 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def resident_clusters(device: torch.device, size: int) -> int:
+    """How many clusters of `size` CTAs (1 CTA per SM) the GPU runs at once: a cluster's CTAs
+    share one GPC, so GPCs whose SM count is not a multiple of `size` leave SMs idle (H200,
+    132 SMs: 66 clusters of 2, 30 of 4). A persistent grid of more clusters than this runs the
+    rest after the first finish (64x16384x4096 in 1 x 4 clusters: 32 clusters, 41.8 us against
+    30 clusters' 34.9 at 64x15360; docs/results.md, twenty-fourth session). Read once per
+    device and size (`cuOccupancyMaxActiveClusters` on an empty kernel that takes a whole SM's
+    shared memory)."""
+    return _resident_clusters(device_index(device), size)
+
+
+# An empty kernel for the occupancy query: the driver JIT-compiles PTX (no compiler needed).
+_EMPTY_PTX = b""".version 8.0
+.target sm_90
+.address_size 64
+.visible .entry tk_cute_empty() { ret; }
+"""
+
+
+@functools.cache
+def _resident_clusters(index: int, size: int) -> int:
+    from cuda.bindings import driver
+
+    def check(result):
+        err, *value = result if isinstance(result, tuple) else (result,)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"resident_clusters({size}) on cuda:{index}: {err}")
+        return value[0] if value else None
+
+    with torch.cuda.device(index):
+        torch.cuda.init()
+        torch.zeros(1, device=f"cuda:{index}")  # the primary context, current on this thread
+        smem = torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+        fn = check(driver.cuModuleGetFunction(check(driver.cuModuleLoadData(_EMPTY_PTX)),
+                                              b"tk_cute_empty"))
+        attr = driver.CUfunction_attribute
+        check(driver.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        smem))
+        check(driver.cuFuncSetAttribute(
+            fn, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1))
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = size * _sm_count(index), 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = 128, 1, 1
+        config.sharedMemBytes = smem
+        cluster = driver.CUlaunchAttribute()
+        cluster.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        cluster.value.clusterDim.x, cluster.value.clusterDim.y = size, 1
+        cluster.value.clusterDim.z = 1
+        config.attrs, config.numAttrs = [cluster], 1
+        return check(driver.cuOccupancyMaxActiveClusters(fn, config))
+
+
 # torch's own C accessor of the current stream, the one inductor's generated code calls
 # (building a `torch.cuda.Stream` costs ~3 us per call); CPU-only builds lack it.
 _CURRENT_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)

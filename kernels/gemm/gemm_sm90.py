@@ -76,9 +76,9 @@ class Config:
                             f"{self.out_dtype!r}")
         if not target(self.arch).wgmma:
             raise ValueError(f"GemmSm90 needs wgmma (sm_90a); target is {self.arch}")
-        if self.Mb != 128 or self.Nb not in NBS:
-            raise ValueError(f"tile must be 128 x one of {NBS} (two 64-row consumers); "
-                             f"got {self.Mb} x {self.Nb}")
+        if self.Mb not in (64, 128) or self.Nb not in NBS:
+            raise ValueError(f"tile must be 64 or 128 rows (one 64-row consumer warpgroup per "
+                             f"64) x one of {NBS}; got {self.Mb} x {self.Nb}")
         if self.EPI_N not in (16, 32):
             raise ValueError(f"EPI_N must be 16 or 32 columns, got {self.EPI_N}")
         if self.Nb % (self.EPI_N * self.EPI_PIPE_DEPTH):
@@ -107,6 +107,7 @@ class GemmSm90(LCF):
     def __init__(self, config: Config = Config()):
         self.config = c = config
         self.Mb, self.Nb, self.Kb = c.Mb, c.Nb, c.k_block
+        self.NUM_CONSUMERS = c.Mb // 64
         self.SUPERGROUP_SIZE, self.CLUSTER_M, self.CLUSTER_N = (
             c.SUPERGROUP_SIZE, c.CLUSTER_M, c.CLUSTER_N)
         stream_k.configure(self, c.STREAM_K, STREAM_K_DP=c.STREAM_K_DP)

@@ -182,21 +182,139 @@ def test_cluster_gemm_matches_reference(seed, cm, cn):
     (3000, 2056, (192, (2, 1))),  # 24 x 11 = 264 tiles of 192: 2 rounds; 256: 216 tiles, 2
     (1000, 384, (64, (1, 1))),    # 48 tiles of 64 in one round, against 24 of 128 twice as
                                   # long; 64 wide: no cluster (`CLUSTER_MIN_WIDTH`)
-    (16, 8192, (128, (1, 2))),    # one row of tiles: never 64 wide, no 2 x 1; tiles share A
+    (256, 8192, (128, (2, 1))),   # four 64-row bands in no round of clusters: 128-row tiles
+    (128, 28672, (224, (1, 2))),  # two bands whose 64-row tiles fill no round of clusters
 ])
 def test_tile_plan_follows_the_rounds_of_the_persistent_grid(M, N, plan):
     from tk_cute.dense_gemm import tile_plan
 
-    assert tile_plan(M, N, SMS) == plan
+    assert tile_plan(M, N, SMS, quads=30) == (128, *plan)
+
+
+@pytest.mark.parametrize("M, N, plan", [
+    (64, 8192, (128, (1, 4))),   # 128 tiles of 64 are 32 clusters of 4, past the 30 that fit
+    (16, 8192, (128, (1, 4))),
+    (1, 8192, (128, (1, 4))),
+    (32, 4096, (64, (1, 4))),    # 64 tiles of 64: 16 clusters
+    (48, 1024, (64, (1, 4))),
+    (128, 4096, (128, (1, 4))),  # two bands x 8 clusters of 4 x 128 columns
+    (128, 2048, (64, (1, 4))),   # two bands x 8 clusters of 4 x 64 columns
+    (192, 4096, (128, (1, 4))),  # three bands x 8
+    (65, 8192, (128, (2, 1))),   # 2 x 16 clusters of 4 exceed 30: 2 bands share B, 64 of 2
+    (100, 8192, (128, (2, 1))),
+    (256, 4096, (128, (2, 1))),  # 4 bands: 2 x 32 clusters of 2
+    (64, 28672, (128, (1, 4))),  # one band: 64-row tiles whatever the rounds
+    (64, 136, (64, (1, 2))),     # three column tiles
+    (1, 8, (64, (1, 1))),        # one tile
+])
+def test_few_rows_take_64_row_tiles_in_clusters_that_fit_one_round(M, N, plan):
+    """`few_rows_plan` on the H200 (132 SMs, 30 resident 4-CTA clusters): the narrowest width
+    whose tiles fit one round of 1 x 4 clusters, else of 1 x 2 (one band) or 2 x 1 clusters
+    (several bands)."""
+    from tk_cute.dense_gemm import few_rows_plan, tile_plan
+
+    assert few_rows_plan(M, N, SMS, quads=30) == plan
+    assert tile_plan(M, N, SMS, quads=30) == (64, *plan)
+    assert few_rows_plan(257, N, SMS, quads=30) is None
+    assert few_rows_plan(128, 28672, SMS, quads=30) is None  # two bands, no round: 128 rows
+    assert few_rows_plan(256, 8192, SMS, quads=30) is None
+
+
+def test_few_rows_plan_counts_the_clusters_the_gpu_holds():
+    """64 x 8192 in 1 x 4 clusters: 64 wide (32 clusters) where 33 would fit, 128 wide (16)
+    where 30 do; stream-K plans keep 128-row tiles."""
+    from tk_cute.dense_gemm import default_config, few_rows_plan, tile_plan
+
+    assert few_rows_plan(64, 8192, SMS, quads=33) == (64, (1, 4))
+    assert few_rows_plan(64, 8192, SMS) == (64, (1, 4))  # quads None: sms // 4
+    assert few_rows_plan(64, 8192, SMS, nb=256) == (256, (1, 4))
+    assert tile_plan(64, 8192, SMS, clusters=False)[0] == 128
+    cfg = default_config(torch.bfloat16, torch.bfloat16, 16, 8192, SMS, quads=30)
+    assert (cfg.Mb, cfg.Nb, cfg.CLUSTER_M, cfg.CLUSTER_N) == (64, 128, 1, 4)
+    assert GemmSm90(cfg).NUM_CONSUMERS == 1
+
+
+@pytest.mark.parametrize("dtype, inst", [("bfloat16", "m64n128k16.f32.bf16.bf16"),
+                                         ("float8_e4m3fn", "m64n128k32.f32.e4m3.e4m3")])
+def test_64_row_tiles_compile_to_one_consumer_warpgroup(dtype, inst):
+    """`Config.Mb = 64`: one consumer warpgroup (256 threads with the producer's), its 4
+    wgmma per stage, A multicast along a 1 x 4 cluster, no spills."""
+    from cuda.bindings import driver as cuda
+
+    k = GemmSm90(Config(dtype=dtype, Mb=64, Nb=128, CLUSTER_N=4))
+    assert (k.NUM_CONSUMERS, k.threads) == (1, 256)
+    b = build(k, _fake(k.a_tile.dtype, 0, 0), _fake(k.b_tile.dtype, 0, 0),
+              _fake(cutlass.BFloat16, 0, 0), SMS, cuda.CUstream(0), arch="sm_90a")
+    assert b.ptx_count(rf"wgmma\.mma_async\.sync\.aligned\.{inst}") == 4
+    assert b.ptx_count(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.\S*multicast") >= 1
+    assert b.ptx_count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232") == 1
+    assert b.kernel.local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0
+    with pytest.raises(ValueError, match="64 or 128 rows"):
+        GemmSm90(Config(Mb=96))
+
+
+@pytest.mark.gpu
+def test_resident_clusters_are_what_the_gpu_holds():
+    from tk_cute.runtime import resident_clusters, sm_count
+
+    dev = torch.device("cuda")
+    sms = sm_count(dev)
+    assert resident_clusters(dev, 1) == sms
+    assert 1 <= resident_clusters(dev, 4) <= sms // 4
+    assert resident_clusters(dev, 4) <= resident_clusters(dev, 2) <= sms // 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, out_dtype", [(torch.bfloat16, torch.bfloat16),
+                                              (torch.float8_e4m3fn, torch.bfloat16),
+                                              (torch.float16, torch.float32)])
+@pytest.mark.parametrize("M, N, K", [(1, 8192, 8192), (3, 136, 48), (16, 8192, 8208),
+                                     (17, 4000, 16), (64, 1000, 4096), (65, 8192, 256),
+                                     (100, 4000, 512), (128, 2056, 1040), (1, 8, 16),
+                                     (64, 28672, 256), (150, 3000, 208), (200, 4096, 208)])
+def test_few_rows_match_fp64_every_element(seed, dtype, M, N, K, out_dtype):
+    """The 64-row tiles `gemm` runs for few rows (`few_rows_plan`: 1 x 4, 1 x 2 and 2 x 1
+    clusters, tiles past N or M in the last cluster, one to three bands, partial K steps)
+    against float64, every element of a poisoned output."""
+    import tk_cute
+    from tk_cute import dense_gemm
+    from tk_cute.testing import assert_gemm_close
+
+    if dtype.itemsize == 1 and K % 16:
+        pytest.skip("fp8 rows need K % 16 == 0 (16-byte TMA rows)")
+    a = torch.randn(M, K, device="cuda").to(dtype)
+    b = torch.randn(N, K, device="cuda").to(dtype)
+    assert dense_gemm._config_for(a, b, out_dtype).Mb == 64
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
+    assert_gemm_close(tk_cute.gemm(a, b, out_dtype, out=out), a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nb", [64, 128, 192, 256])
+@pytest.mark.parametrize("cluster", [(1, 1), (1, 2), (1, 4), (2, 1)])
+def test_64_row_tiles_in_every_cluster_match_fp64_every_element(seed, nb, cluster):
+    """64-row tiles at any width and cluster shape, three bands and a column count that leaves
+    the last cluster part outside the output."""
+    import tk_cute
+    from tk_cute.testing import assert_gemm_close
+
+    M, N, K = 150, 1000, 328
+    a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+    b = torch.randn(N, K, device="cuda").to(torch.bfloat16)
+    cfg = Config(Mb=64, Nb=nb, EPI_PIPE_DEPTH=2, EPI_N=16 if nb // 32 % 2 else 32,
+                 CLUSTER_M=cluster[0], CLUSTER_N=cluster[1])
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert_gemm_close(tk_cute.gemm(a, b, config=cfg, out=out), a, b)
 
 
 def test_tile_plan_takes_forced_widths_and_rows_off_lines():
     from tk_cute.dense_gemm import tile_plan
 
-    assert tile_plan(8192, 8192, SMS, nb=160) == (160, (2, 1))
-    assert tile_plan(16, 8192, SMS, nb=64) == (64, (1, 1))  # forced: below the one-row floor
-    assert tile_plan(2056, 5000, SMS, lines=False) == (256, (2, 1))  # rows off lines: 2 x 1
-    assert tile_plan(2056, 5000, SMS, clusters=False) == (224, (1, 1))  # stream-K: none
+    assert tile_plan(8192, 8192, SMS, nb=160) == (128, 160, (2, 1))
+    assert tile_plan(16, 8192, SMS, nb=64, quads=30) == (64, 64, (1, 2))  # forced width
+    assert tile_plan(16, 8192, SMS, nb=64, clusters=False) == (128, 64, (1, 1))  # stream-K
+    assert tile_plan(2056, 5000, SMS, lines=False) == (128, 256, (2, 1))  # rows off lines
+    assert tile_plan(2056, 5000, SMS, clusters=False) == (128, 224, (1, 1))  # stream-K: none
     with pytest.raises(ValueError, match="tile width must be one of .* got 80"):
         tile_plan(1000, 1000, SMS, nb=80)
 
@@ -253,7 +371,7 @@ def test_narrow_tiles_compile_to_their_wgmma_without_spills(nb):
     (3000, 5000, (2, 1)),   # rows 10000 bytes apart: 24 row tiles in 2 x 1 clusters sharing B
     (3000, 5120, None),     # rows on L2 lines: `tile_plan`'s cluster
     (2056, 2056, (2, 1)),   # 17 row tiles: the last cluster half outside the output
-    (100, 5000, None),      # one row of tiles: nothing to share B with (`tile_plan`'s 1 x 2)
+    (100, 5000, None),      # two 64-row bands: `tile_plan`'s 1 x 4 clusters sharing A
     (1000, 72, (2, 1)),
 ])
 def test_operand_rows_off_l2_lines_run_in_clusters(M, K, cluster):
@@ -271,7 +389,7 @@ def test_operand_rows_off_l2_lines_run_in_clusters(M, K, cluster):
     lines = dense_gemm.line_aligned(a, b)
     assert lines == ((K * 2) % 128 == 0)
     cfg = dense_gemm.default_config(a.dtype, torch.bfloat16, M, 4096, SMS, lines=lines)
-    assert (cfg.CLUSTER_M, cfg.CLUSTER_N) == (cluster or dense_gemm.tile_plan(M, 4096, SMS)[1])
+    assert (cfg.CLUSTER_M, cfg.CLUSTER_N) == (cluster or dense_gemm.tile_plan(M, 4096, SMS)[2])
     wide, narrow = on_line(M, 5056), on_line(64, 64)
     assert dense_gemm.line_aligned(wide[:, :5000], narrow)  # a pitch of 79 lines: aligned
     assert not dense_gemm.line_aligned(wide[:, 8:], narrow)  # starts 16 bytes into a line

@@ -22,12 +22,14 @@ import importlib.util
 import torch
 
 from tk_cute.bench.harness import HEADER, bench, environment, host_overhead, input_sets, row
+from tk_cute.runtime import resident_clusters
 
 # The square and LLM shapes, then ragged ones whose tiles do not fill the rounds evenly (odd,
-# prime and one-row-of-tiles M; N off the tile widths; the 4000x5000x4096)
+# prime and few-rows M; N off the tile widths; the 4000x5000x4096)
 DEFAULT_SHAPES = ["8192,8192,8192", "4096,4096,4096", "4096,14336,4096", "4096,4096,14336",
                   "4000,5000,4096", "1000,5000,4096", "997,5000,4096", "2056,2056,4096",
-                  "3000,384,4096", "257,8192,4096", "64,8192,4096"]
+                  "3000,384,4096", "257,8192,4096", "128,4096,4096", "64,8192,4096",
+                  "16,8192,8208"]
 
 
 PEER_CLASS = "HopperWgmmaGemmPersistentKernel"
@@ -126,13 +128,16 @@ def main(argv=None):
                 cublas = lambda s: torch._scaled_mm(  # noqa: E731
                     s[0], s[1].t(), one, one, out_dtype=torch.bfloat16)
             variants = {base: cublas, "tk_cute": lambda s: tk_cute.gemm(s[0], s[1])}
-            nb, (cm, cn) = gemm_mod.tile_plan(M, N, sms)
-            notes = {"tk_cute": f"Nb={nb}, cluster {cm}x{cn} (aligned rows)"}
+            quads = resident_clusters(torch.device("cuda"), 4)
+            mb, nb, (cm, cn) = gemm_mod.tile_plan(M, N, sms, quads=quads)
+            notes = {"tk_cute": f"{mb}x{nb} tiles, cluster {cm}x{cn} (aligned rows)"}
             for nb in args.nb:
-                cfg = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb)
+                cfg = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb,
+                                              quads=quads)
                 variants[f"tk_cute Nb={nb}"] = lambda s, c=cfg: tk_cute.gemm(
                     s[0], s[1], config=c)
-                notes[f"tk_cute Nb={nb}"] = f"cluster {cfg.CLUSTER_M}x{cfg.CLUSTER_N}"
+                notes[f"tk_cute Nb={nb}"] = (f"{cfg.Mb} rows, cluster "
+                                             f"{cfg.CLUSTER_M}x{cfg.CLUSTER_N}")
             for nb in ([] if args.stream_k is None else args.stream_k or [None]):
                 cfg = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb,
                                               stream_k=True)
@@ -148,10 +153,10 @@ def main(argv=None):
                     s[0], s[1], config=c)
             for cl in args.clusters:
                 cm, cn = map(int, cl.split("x"))
-                for nb in args.nb or [gemm_mod.tile_plan(M, N, sms)[0]]:
-                    cfg = dataclasses.replace(gemm_mod.default_config(dtype, torch.bfloat16,
-                                                                      nb=nb),
-                                              CLUSTER_M=cm, CLUSTER_N=cn)
+                for nb in args.nb or [gemm_mod.tile_plan(M, N, sms, quads=quads)[1]]:
+                    cfg = dataclasses.replace(gemm_mod.default_config(
+                        dtype, torch.bfloat16, M, N, sms, nb=nb, quads=quads),
+                        CLUSTER_M=cm, CLUSTER_N=cn)
                     variants[f"tk_cute cluster {cl} Nb={nb}"] = (
                         lambda s, c=cfg: tk_cute.gemm(s[0], s[1], config=c))
             if peer:
