@@ -8,7 +8,7 @@ accumulator (`GemmScaledSm90`), which the NVFP4 "dequantize" path runs on exact 
 Shapes: any M, N, K whose rows meet TMA's 16-byte alignment (K * element size and N * output
 element size multiples of 16 bytes, tensors 16-byte aligned): the kernel's edge tiles are
 partial (zero-filled loads, clipped stores), never padded on the host. The tile (128 rows, or
-64 for outputs of one or two 64-row bands: `few_rows_plan`; 64 to 256 columns in steps of 32)
+64 for few rows, M <= 256: `few_rows_plan`; 64 to 256 columns in steps of 32)
 and the cluster shape come from the output's shape and the SM count (`tile_plan`: a model of
 the persistent grid's rounds, with costs fitted on the H200). Clusters multicast the tile their
 CTAs share (2 x 1: B, 1 x 2 and 1 x 4: A), which cuts the L2 reads per MMA; the persistent
@@ -90,8 +90,9 @@ CLUSTER_MIN_WIDTH = 96
 # warpgroup's rows are all past M). 64-row tiles instead (`Config.Mb = 64`, one consumer
 # warpgroup), at the narrowest width (64, then 128) whose clusters fit one round of those the
 # GPU holds at once: 1 x 4 clusters that multicast A, else 1 x 2 (one band) or 2 x 1 that
-# multicast B between two bands (several; first where a band is mostly past M: 80x4096x4096
-# 18.8 us in 2 x 1 against 16.2 in 1 x 4, 160x2048x8192 35.2 against 24.0). H200,
+# multicast B between two bands (several bands; 1 x 4 first, as 2 x 1 is slow where a band is
+# mostly past M: 80x4096x4096 18.8 us in 2 x 1 against 16.2 in 1 x 4, 160x2048x8192 35.2
+# against 24.0). H200,
 # twenty-fourth session, against 128-row tiles: 64x8192x4096 28.7 -> 20.2 us (cuBLAS 20.5),
 # 16x8192x8208 59.7 -> 36.2, 1x8192x8192 62.7 -> 34.8, 128x8192x8192 48.0 -> 38.5 (cuBLAS
 # 38.3), 100x8192x8192 46.9 -> 40.1, 128x2048x8192 41.0 -> 21.8, 192x4096x4096 30.2 -> 18.8,

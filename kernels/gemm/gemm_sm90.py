@@ -3,8 +3,9 @@
 / fp32 out.
 
 Pipeline (TK's H100 GEMM on the `lcf` template): a producer warp issues TMA loads of an
-(Mb, Kb) A tile and an (Nb, Kb) B tile per stage into a LOAD_PIPE_DEPTH ring; two consumer
-warpgroups each run SS wgmma on 64 rows of the (Mb, Nb) fp32 accumulator, one commit group per
+(Mb, Kb) A tile and an (Nb, Kb) B tile per stage into a LOAD_PIPE_DEPTH ring; Mb / 64 consumer
+warpgroups (two, or one for 64-row tiles) each run SS wgmma on 64 rows of the (Mb, Nb) fp32
+accumulator, one commit group per
 stage, releasing a stage once the next one's MMAs are issued; finish converts the accumulator
 in (Mb, EPI_N) column blocks, stmatrix-stores each into one of EPI_PIPE_DEPTH shared buffers and
 TMA-stores it while the next is written. Persistent CTAs walk tiles in supergroup order, or,
