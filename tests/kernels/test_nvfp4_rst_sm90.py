@@ -320,6 +320,38 @@ def test_narrow_widths_match_the_exact_product(seed, nb, M, N, K):
         assert_gemm_close(d, a, b, f"Nb={nb} {out_dtype}")
 
 
+def test_clusters_of_two_weight_bands_multicast_the_activations():
+    """`Config.CLUSTER_M = 2`: the activation tile's TMA load multicast to the cluster's other
+    band (the weights and scales not), no spills; stream-K and odd band counts refused."""
+    cfg = rst.Config(Nb=256, CLUSTER_M=2)
+    b = build(rst.launch_fn(cfg), *rst.signature(cfg).compile_args(132), arch="sm_90a")
+    one = build(rst.launch_fn(rst.Config(Nb=256)), *rst.signature(rst.Config(Nb=256))
+                .compile_args(132), arch="sm_90a")
+    assert b.ptx_count(r"multicast::cluster") > 0 == one.ptx_count(r"multicast::cluster")
+    assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
+    with pytest.raises(ValueError, match="1 with STREAM_K"):
+        rst.Config(CLUSTER_M=2, STREAM_K=True)
+    with pytest.raises(ValueError, match="N=8320 has 65"):
+        rst.check_shape(256, 8320, 8192, rst.Config(CLUSTER_M=2, N_TAIL=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nb", [128, 256])
+@pytest.mark.parametrize("M, N, K", [(300, 1024, 2048), (1000, 3000, 2880), (129, 256, 128)])
+def test_clusters_of_two_weight_bands_match_the_exact_product(seed, nb, M, N, K):
+    """Whole tiles in 2 x 1 clusters (even band counts, N % 128 != 0 at 3000 = 24 bands, a
+    partial last stage at K = 2880): every element of three output types."""
+    from tk_cute.nvfp4 import launch
+    from tk_cute.testing import assert_gemm_close
+
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    for out_dtype in (torch.bfloat16, torch.float32, torch.float16):
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)  # poison
+        d = launch.gemm_rs_tiled(a, b, out=out, config=rst.Config(Nb=nb, CLUSTER_M=2))
+        assert_gemm_close(d, a, b, f"Nb={nb} cluster 2x1 {out_dtype}")
+
+
 @pytest.mark.gpu
 def test_deterministic_and_public_dispatch(seed):
     from tk_cute import nvfp4
