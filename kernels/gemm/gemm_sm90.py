@@ -5,10 +5,9 @@
 Pipeline (TK's H100 GEMM on the `lcf` template): a producer warp issues TMA loads of an
 (Mb, Kb) A tile and an (Nb, Kb) B tile per stage into a LOAD_PIPE_DEPTH ring; Mb / 64 consumer
 warpgroups (two, or one for 64-row tiles) each run SS wgmma on 64 rows of the (Mb, Nb) fp32
-accumulator, one commit group per
-stage, releasing a stage once the next one's MMAs are issued; finish converts the accumulator
-in (Mb, EPI_N) column blocks, stmatrix-stores each into one of EPI_PIPE_DEPTH shared buffers and
-TMA-stores it while the next is written. Persistent CTAs walk tiles in supergroup order, or,
+accumulator, one commit group per stage, releasing a stage once the next one's MMAs are
+issued; finish converts the accumulator in (Mb, EPI_N) column blocks, stmatrix-stores each into
+one of EPI_PIPE_DEPTH shared buffers and TMA-stores it while the next is written. Persistent CTAs walk tiles in supergroup order, or,
 with `Config.STREAM_K` (`GemmSm90StreamK`, `templates/stream_k.py`), take equal shares of the
 (tile x K-step) units on the launch's `ctas` CTAs (a tile split between CTAs is summed through
 fp32 partial slots, one per CTA, `partial_bytes`, before its head's epilogue).

@@ -361,8 +361,8 @@ class GemmNvfp4RsTiledSm90(LCF):
         # the copy's zero rows past M complete the last row of tiles (TMA boxes in bounds)
         xt = row_major(xp, self.rows(M), rs.permuted_width(K, self.config.K_TAIL))
         g = Globals(gl.load(wt, self.w_tile), gl.load(sft, self.sf_tile),
-                    gl.load(xt, self.x_tile, self.CLUSTER_M), gs, out, out_sf, out_gs, flag, partials, flags,
-                    M, N, K)
+                    gl.load(xt, self.x_tile, self.CLUSTER_M), gs, out, out_sf, out_gs, flag,
+                    partials, flags, M, N, K)
         bands = rs.blocks(N, ROWS, self.config.N_TAIL)
         self.launch(g, bands, cute.ceil_div(M, self.Nb), 1, sms, stream, ctas)
 
