@@ -635,6 +635,69 @@ def paths_plot(K: int = 8192, w4a4: bool = False, sms: int | None = None,
     return fig
 
 
+def dense_plan_plot(sms: int | None = None, quads: int | None = None,
+                    ms: list[int] | None = None, ns: list[int] | None = None):
+    """The tile and cluster `tk_cute.gemm` plans at each M x N (`dense_gemm.tile_plan`: rows
+    x columns of the tile, cluster shape; the plan does not depend on K).
+
+    Args:
+        sms: the GPU's SM count (default: sm_90a's, an H100/H200).
+        quads: the 4-CTA clusters the GPU holds at once (`runtime.resident_clusters`; default
+            sms // 4; the H200 holds 30).
+        ms, ns: the output rows and columns drawn (default: log-spaced from 1 and 64, each side
+            of the few-rows edges and of whole 256-wide tiles).
+
+    Returns:
+        The Figure; `fig.drawn` has "plans" ({(M, N): "Mb x Nb, cluster CMxCN"}), "legend"
+        (the image's value i is plan legend[i]), "ms", "ns".
+    """
+    from tk_cute import dense_gemm
+
+    if sms is None:
+        from tk_cute.arch import target
+
+        sms = target("sm_90a").sm_count
+    if sms < 1 or (quads is not None and quads < 1):
+        raise ValueError(f"sms and quads must be positive, got {sms} and {quads}")
+    edges = {64, 128, dense_gemm.FEW_ROWS_MAX_M}
+    ms = sorted(ms or set(np.unique(np.round(np.geomspace(1, 8192, 40))).astype(int).tolist())
+                | edges | {m + 1 for m in edges})
+    ns = sorted(ns or set(np.unique(np.round(np.geomspace(64, 32768, 28) / 8) * 8).astype(
+        int).tolist()))
+    if min(ms) < 1 or min(ns) < 1:
+        raise ValueError(f"M and N must be positive, got M from {min(ms)} and N from {min(ns)}")
+
+    def words(plan):
+        mb, nb, (cm, cn) = plan
+        return f"{mb}x{nb}, cluster {cm}x{cn}"
+
+    raw = {(m, n): dense_gemm.tile_plan(m, n, sms, quads=quads) for m in ms for n in ns}
+    names = [words(p) for p in sorted(set(raw.values()))]
+    plans = {k: words(p) for k, p in raw.items()}
+    index = np.array([[names.index(plans[(m, n)]) for m in ms] for n in ns])
+    fig, (ax,) = _figure(1, 11, 6)
+    fig.drawn = {"plans": plans, "legend": names, "ms": ms, "ns": ns}
+    from matplotlib import colormaps
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    colours = [colormaps["tab20"](i % 20) for i in range(len(names))]
+    ax.imshow(index, cmap=ListedColormap(colours), vmin=-0.5, vmax=len(names) - 0.5,
+              aspect="auto", origin="lower", interpolation="nearest")
+    xs = [i for i, m in enumerate(ms) if i % 5 == 0 or m in edges]
+    ax.set_xticks(xs, [str(ms[i]) for i in xs], fontsize=7, rotation=90)
+    ys = list(range(0, len(ns), 3))
+    ax.set_yticks(ys, [str(ns[i]) for i in ys], fontsize=7)
+    ax.legend(handles=[Patch(color=c, label=n) for c, n in zip(colours, names)], fontsize=7,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    quads_seen = sms // 4 if quads is None else quads
+    ax.set(xlabel="M (rows of A and C)", ylabel="N (rows of B, columns of C)",
+           title=f"tk_cute.gemm's tile plan on Hopper ({sms} SMs, {quads_seen} resident 4-CTA "
+                 f"clusters): rows x columns, cluster")
+    fig.tight_layout()
+    return fig
+
+
 # --------------------------------------------------------------------------- command line
 DRAWINGS = {
     "scales": "NVFP4 scale factors in 128x4 blocked atoms, one element's byte, a K stage in TMEM",
@@ -645,6 +708,7 @@ DRAWINGS = {
     "roofline": "a kernel report on its target's roofline model (compiles the kernel)",
     "speedup": "the NVFP4 bench's speedup over cuBLAS bf16 against M (from --json results)",
     "paths": "which Hopper NVFP4 path the dispatch takes at each M x N for one K",
+    "dense-plan": "which tile and cluster tk_cute.gemm plans at each M x N",
 }
 DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn")
 
@@ -701,6 +765,11 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--k", type=int, default=8192, help="K (a multiple of 16)")
             s.add_argument("--w4a4", action="store_true", help="NVFP4 activations")
             s.add_argument("--sms", type=int, default=None, help="SMs (default: sm_90a's)")
+        elif name == "dense-plan":
+            s.add_argument("--sms", type=int, default=None, help="SMs (default: sm_90a's)")
+            s.add_argument("--quads", type=int, default=None,
+                           help="4-CTA clusters the GPU holds at once (default: SMs / 4; the "
+                                "H200: 30)")
         elif name == "speedup":
             s.add_argument("--results", required=True, help="JSON of `tk_cute.bench nvfp4 "
                                                             "--json`")
@@ -754,6 +823,11 @@ def draw(args, parser):
             parser.error(f"--sms must be positive, got {args.sms}")
         try:
             return paths_plot(args.k, args.w4a4, args.sms)
+        except ValueError as e:
+            parser.error(str(e))
+    if args.what == "dense-plan":
+        try:
+            return dense_plan_plot(args.sms, args.quads)
         except ValueError as e:
             parser.error(str(e))
     try:

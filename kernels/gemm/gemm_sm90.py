@@ -7,10 +7,11 @@ Pipeline (TK's H100 GEMM on the `lcf` template): a producer warp issues TMA load
 warpgroups (two, or one for 64-row tiles) each run SS wgmma on 64 rows of the (Mb, Nb) fp32
 accumulator, one commit group per stage, releasing a stage once the next one's MMAs are
 issued; finish converts the accumulator in (Mb, EPI_N) column blocks, stmatrix-stores each into
-one of EPI_PIPE_DEPTH shared buffers and TMA-stores it while the next is written. Persistent CTAs walk tiles in supergroup order, or,
-with `Config.STREAM_K` (`GemmSm90StreamK`, `templates/stream_k.py`), take equal shares of the
-(tile x K-step) units on the launch's `ctas` CTAs (a tile split between CTAs is summed through
-fp32 partial slots, one per CTA, `partial_bytes`, before its head's epilogue).
+one of EPI_PIPE_DEPTH shared buffers and TMA-stores it while the next is written. Persistent
+CTAs walk tiles in supergroup order, or, with `Config.STREAM_K` (`GemmSm90StreamK`,
+`templates/stream_k.py`), take equal shares of the (tile x K-step) units on the launch's `ctas`
+CTAs (a tile split between CTAs is summed through fp32 partial slots, one per CTA,
+`partial_bytes`, before its head's epilogue).
 Constraints: A (M, K) and B (N, K) K-major with 16-byte aligned rows; any M, N, K: the TMA
 loads of edge tiles fill zeros past the tensors (they add nothing to the sums; a stage still
 carries its whole box of bytes) and the TMA stores clip the edge tiles of C.

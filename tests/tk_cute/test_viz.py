@@ -209,6 +209,25 @@ def test_paths_plot_maps_the_dispatch():
         viz.paths_plot(100)
 
 
+def test_dense_plan_plot_maps_the_tile_plan():
+    """`tk_cute.gemm`'s plans (docs/design.md, the dense GEMM): 64-row tiles for few rows in
+    1 x 4 clusters where 30 fit, 1 x 2 where 32 would not, 128-row tiles beyond 256 rows; the
+    image's colours are the same plans."""
+    fig = viz.dense_plan_plot(quads=30, ms=[16, 128, 257, 8192], ns=[4096, 8192, 16384])
+    d = fig.drawn
+    want = {(16, 8192): "64x128, cluster 1x4", (16, 16384): "64x128, cluster 1x2",
+            (128, 4096): "64x128, cluster 1x4", (8192, 8192): "128x256, cluster 2x1",
+            (257, 8192): "128x192, cluster 1x2"}
+    assert {k: d["plans"][k] for k in want} == want
+    image = np.asarray(fig.axes[0].images[0].get_array())
+    assert image.shape == (3, 4)
+    assert [[d["legend"][int(v)] for v in row] for row in image] == [
+        [d["plans"][(m, n)] for m in d["ms"]] for n in d["ns"]]
+    assert "30 resident 4-CTA clusters" in fig.axes[0].get_title()
+    with pytest.raises(ValueError, match="sms and quads must be positive"):
+        viz.dense_plan_plot(quads=0)
+
+
 def _report(arch, m, n, k):
     from tk_cute import report
 
@@ -259,7 +278,8 @@ def test_draw_command_writes_files(tmp_path, capsys):
     for argv in (["schedule", "--mnk", "1024,2048,64"], ["swizzle", "--dtype", "float8_e4m3fn",
                                                          "--shape", "64,128"],
                  ["scales", "--mk", "128,128", "--element", "5,17"], ["tmem"],
-                 ["speedup", "--results", str(results)], ["paths", "--k", "2880", "--w4a4"]):
+                 ["speedup", "--results", str(results)], ["paths", "--k", "2880", "--w4a4"],
+                 ["dense-plan", "--quads", "30"]):
         out = tmp_path / f"{argv[0]}.svg"
         assert main(["draw", *argv, "--out", str(out)]) == 0
         assert out.read_text().lstrip().startswith("<?xml")
@@ -278,6 +298,7 @@ def test_draw_command_writes_files(tmp_path, capsys):
     (["draw", "speedup", "--results", "/nonexistent.json", "--out", "x.png"], "cannot read"),
     (["draw", "paths", "--k", "100", "--out", "x.png"], "multiple of 16"),
     (["draw", "paths", "--sms", "0", "--out", "x.png"], "--sms must be positive"),
+    (["draw", "dense-plan", "--quads", "0", "--out", "x.png"], "quads must be positive"),
 ])
 def test_draw_usage_errors(usage_error, argv, message):
     usage_error(argv, message)
