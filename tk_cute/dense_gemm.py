@@ -225,8 +225,9 @@ def scaled(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out: torch.Ten
 
 
 def _config_for(a: torch.Tensor, b: torch.Tensor, out_dtype):
-    """`default_config` for this call's operands (their shape, device and row alignment)."""
-    return default_config(a.dtype, out_dtype, a.shape[0], b.shape[0], sm_count(a.device),
+    """`default_config` for this call's operands (their shape, device and row alignment; a
+    non-Hopper GPU raises before its clusters are queried)."""
+    return default_config(a.dtype, out_dtype, a.shape[0], b.shape[0], _check_device(a.device),
                           lines=line_aligned(a, b), quads=resident_clusters(a.device, 4))
 
 
