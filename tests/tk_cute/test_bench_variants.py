@@ -69,14 +69,21 @@ def test_model_bench_variants_build_and_run_on_the_host(seed):
     assert {bench_model._kind(n) for n in v} == set(bench_model.WEIGHT_BYTES)
     # The two tk_cute models share their weight buffers (one quantization).
     assert models["tk_cute w4a4"].gate.weight_data is models["tk_cute w4a16"].gate.weight_data
-    s = {"x": torch.randn(3, 64, dtype=torch.bfloat16)}  # M = 3: the fp8 rows are padded
+    # The whole output's error against the bf16 model concentrates from 64 rows on: over 150
+    # seeds W4A16 0.167 +- 0.004, W4A4 0.234 +- 0.006 (each layer's activations quantized too),
+    # fp8 0.066 +- 0.002 (NVFP4's one mantissa bit: ~10% RMS per quantized operand); the bounds
+    # sit > 10 standard deviations above. At 3 rows it spreads (W4A4 0.22, up to 0.39): there
+    # only shapes and dtypes are checked (M = 3: the fp8 rows are padded).
+    small = {"x": torch.randn(3, 64, dtype=torch.bfloat16)}
+    s = {"x": torch.randn(64, 64, dtype=torch.bfloat16)}
     with torch.inference_mode():
-        ref = v[bench_model.BASELINE](s)
+        ref, ref_small = v[bench_model.BASELINE](s), v[bench_model.BASELINE](small)
         for name, fn in v.items():
             if name.endswith("eager"):
-                y = fn(s)
+                y, y_small = fn(s), fn(small)
+                assert y_small.shape == ref_small.shape and y_small.dtype == torch.bfloat16
                 assert y.shape == ref.shape and y.dtype == torch.bfloat16
-                assert bench_model._rel_err(y, ref) < (0.1 if "fp8" in name else 0.35), name
+                assert bench_model._rel_err(y, ref) < (0.1 if "fp8" in name else 0.3), name
     text = bench_model._parser().format_help()
     assert "--hidden" in text and "--intermediate" in text and "--no-compile" in text
     assert bench_model._parser().parse_args([]).m == [1, 16, 256, 2048]
