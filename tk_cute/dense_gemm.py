@@ -116,9 +116,9 @@ def few_rows_plan(M: int, N: int, sms: int, quads: int | None = None,
     bands, widths = -(-M // 64), (nb,) if nb else FEW_ROWS_WIDTHS
     resident = {4: sms // 4 if quads is None else quads, 2: sms // 2}
     for cm, cn in ONE_BAND_CLUSTERS if bands == 1 else BANDS_CLUSTERS:
+        ctas = resident[cm * cn] * cm * cn  # the CTAs of the clusters that run at once
         for w in widths:
-            cols = -(-N // w)
-            if cols >= cn and -(-bands // cm) * -(-cols // cn) <= resident[cm * cn]:
+            if -(-N // w) >= cn and schedule.tile_rounds(bands, N, w, ctas, (cm, cn)) == 1:
                 return w, (cm, cn)
     if bands > 1:
         return None
@@ -210,7 +210,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None
         ValueError: shapes, strides, alignment, devices, `out`, a non-Hopper GPU.
     """
     _check(a, b, out_dtype)
-    config = config or _config_for(a, b, out_dtype)
+    config = config or config_for(a, b, out_dtype)
     if config.dtype != _name(a.dtype) or config.out_dtype != _name(out_dtype):
         raise TypeError(f"config is for {config.dtype} -> {config.out_dtype}; the call is "
                         f"{_name(a.dtype)} -> {_name(out_dtype)}")
@@ -221,12 +221,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None
 def scaled(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out: torch.Tensor):
     """out = alpha * (a @ b^T) for bf16 a (M, K), b (N, K) and a 1-element fp32 device tensor
     alpha (read on the device: no host sync). For callers that validated already."""
-    return _run(_config_for(a, b, out.dtype), a, b, out, alpha.reshape(1))
+    return _run(config_for(a, b, out.dtype), a, b, out, alpha.reshape(1))
 
 
-def _config_for(a: torch.Tensor, b: torch.Tensor, out_dtype):
-    """`default_config` for this call's operands (their shape, device and row alignment; a
-    non-Hopper GPU raises before its clusters are queried)."""
+def config_for(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16):
+    """The config `gemm(a, b, out_dtype)` runs: `default_config` for these operands (their
+    shape, device, row alignment and the clusters the GPU holds; a non-Hopper GPU raises
+    before its clusters are queried)."""
     return default_config(a.dtype, out_dtype, a.shape[0], b.shape[0], _check_device(a.device),
                           lines=line_aligned(a, b), quads=resident_clusters(a.device, 4))
 

@@ -284,7 +284,7 @@ def test_few_rows_match_fp64_every_element(seed, dtype, M, N, K, out_dtype):
         pytest.skip("fp8 rows need K % 16 == 0 (16-byte TMA rows)")
     a = torch.randn(M, K, device="cuda").to(dtype)
     b = torch.randn(N, K, device="cuda").to(dtype)
-    assert dense_gemm._config_for(a, b, out_dtype).Mb == 64
+    assert dense_gemm.config_for(a, b, out_dtype).Mb == 64
     out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
     assert_gemm_close(tk_cute.gemm(a, b, out_dtype, out=out), a, b)
 

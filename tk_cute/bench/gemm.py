@@ -129,8 +129,9 @@ def main(argv=None):
                     s[0], s[1].t(), one, one, out_dtype=torch.bfloat16)
             variants = {base: cublas, "tk_cute": lambda s: tk_cute.gemm(s[0], s[1])}
             quads = resident_clusters(torch.device("cuda"), 4)
-            mb, nb, (cm, cn) = gemm_mod.tile_plan(M, N, sms, quads=quads)
-            notes = {"tk_cute": f"{mb}x{nb} tiles, cluster {cm}x{cn} (aligned rows)"}
+            plan = gemm_mod.config_for(*sets[0][:2])  # what `tk_cute.gemm` runs here
+            notes = {"tk_cute": f"{plan.Mb}x{plan.Nb} tiles, cluster "
+                                f"{plan.CLUSTER_M}x{plan.CLUSTER_N}"}
             for nb in args.nb:
                 cfg = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb,
                                               quads=quads)
@@ -153,7 +154,7 @@ def main(argv=None):
                     s[0], s[1], config=c)
             for cl in args.clusters:
                 cm, cn = map(int, cl.split("x"))
-                for nb in args.nb or [gemm_mod.tile_plan(M, N, sms, quads=quads)[1]]:
+                for nb in args.nb or [plan.Nb]:
                     cfg = dataclasses.replace(gemm_mod.default_config(
                         dtype, torch.bfloat16, M, N, sms, nb=nb, quads=quads),
                         CLUSTER_M=cm, CLUSTER_N=cn)
