@@ -10,7 +10,10 @@ element size multiples of 16 bytes, tensors 16-byte aligned): the kernel's edge 
 partial (zero-filled loads, clipped stores), never padded on the host. The tile (128 rows, or
 64 for few rows, M <= 256: `few_rows_plan`; 64 to 256 columns in steps of 32)
 and the cluster shape come from the output's shape and the SM count (`tile_plan`: a model of
-the persistent grid's rounds, with costs fitted on the H200). Clusters multicast the tile their
+the persistent grid's rounds, with costs fitted on the H200). Up to 400 rows whose last 128-row
+band would lie mostly past M, the kernel computes C^T = B @ A^T instead (`swap_plan`: M in
+tile widths, B's rows in bands; C stored transposed, so `out` is the same row-major tensor).
+Clusters multicast the tile their
 CTAs share (2 x 1: B, 1 x 2 and 1 x 4: A), which cuts the L2 reads per MMA; the persistent
 grid holds as many clusters as the GPU runs at once (`runtime.resident_clusters`: 30 of 4
 CTAs on the H200's 132 SMs, not 33).
@@ -154,6 +157,73 @@ def tile_plan(M: int, N: int, sms: int, lines: bool = True, nb: int | None = Non
                                         CLUSTER_MIN_WIDTH))
 
 
+# Few rows as wgmma's N: C^T = B @ A^T (`gemm_sm90.Config.TRANSPOSE_C`, A and B swapped on the
+# launch) cuts M into tiles of a width (steps of 32) instead of 128-row bands, and B's rows
+# make the bands. It pays where the direct plan's last 128-row band is mostly past M: a TMA
+# load box's rows past the tensor cost about EDGE_ROW_COST valid rows each (zero fill; H200,
+# twenty-fifth session: the same 128 tiles of 64 x 160 at M = 320 / 300 / 288 / 257 take 18.0 /
+# 18.7 / 22.3 / 26.9 us at N = K = 4096; stores past C cost nothing), and a band of one row
+# takes a whole band's time (129x8192x8192: 83.5 us direct, 50.5 transposed, cuBLAS 41.6).
+# Swapped widths are picked by `transposed_time`, a model fitted on 20 shapes x 8-21 variants
+# (M 65-400, N 2056-28672; within 12% of the best variant timed at each, 1.6% on average).
+SWAP_MAX_M = 400  # timed up to 400; 1000x5000x4096: the best transposed 79.8 us, direct 60.1
+EDGE_ROW_COST = 2.3
+TRANSPOSED_CLUSTER_COST = {(1, 1): 1.0, (2, 1): 0.95, (1, 2): 0.85}  # 1 x 2: B's bands shared
+TRANSPOSED_MB64_COST = 1.8  # a 64-row band's time per row against a 128-row band's
+# Against the direct plan in the same model (its M rows as the bands): at 0.25-0.92 the
+# transposed plan timed 0.45-0.87 of the direct one (400x2056: 0.92 -> 0.59), at 0.89
+# (200x8192) 1.00; at 0.97 (230x6144) the direct plan is 1.1x cuBLAS already
+SWAP_GAIN = 0.95
+
+
+def _edge_cost(n: int, tile: int, cluster: int) -> float:
+    """The slowest load box along a dimension of n elements in tiles of `tile` (rounded up to
+    whole clusters of `cluster` tiles), against a whole one: its rows past n cost
+    EDGE_ROW_COST each (a box wholly past n, where clusters pad, all of them)."""
+    tiles = -(-n // tile)
+    if -(-tiles // cluster) * cluster > tiles:
+        return EDGE_ROW_COST
+    valid = n - (tiles - 1) * tile
+    return (valid + EDGE_ROW_COST * (tile - valid)) / tile
+
+
+def transposed_time(M: int, N: int, plan: tuple[int, int, tuple[int, int]], sms: int,
+                    quads: int | None = None) -> float:
+    """The model's time of an (Mb, Nb, cluster) plan of the transposed output (N x M: bands of
+    Mb of B's N rows, tiles of Nb of A's M rows): the rounds before the last at a whole tile's
+    time (Mb / 128 * Nb * TILE_COST[Nb], TRANSPOSED_MB64_COST for 64-row bands,
+    TRANSPOSED_CLUSTER_COST), the last at its slowest tile's (both `_edge_cost`s). `quads`:
+    as in `few_rows_plan`."""
+    mb, nb, cluster = plan
+    size = cluster[0] * cluster[1]
+    held = {1: sms, 2: sms // 2, 4: sms // 4 if quads is None else quads}[size]
+    rounds = schedule.tile_rounds(-(-N // mb), M, nb, held * size, cluster)
+    tile = (mb / 128 * nb * TILE_COST[nb] * TRANSPOSED_CLUSTER_COST[cluster]
+            * (TRANSPOSED_MB64_COST if mb == 64 else 1.0))
+    return tile * (rounds - 1 + _edge_cost(N, mb, cluster[0]) * _edge_cost(M, nb, cluster[1]))
+
+
+def swap_plan(M: int, N: int, sms: int, quads: int | None = None
+              ) -> tuple[int, int, tuple[int, int]] | None:
+    """The (Mb, Nb, cluster) of the transposed output (N x M) where swapping A and B pays,
+    else None: M <= SWAP_MAX_M rows whose direct plan takes 128-row bands, the last one partly
+    past M, and a transposed plan whose `transposed_time` is below SWAP_GAIN of the direct
+    plan's (the same model with the roles of M and N exchanged). Candidates: both band
+    heights, t = 1-4 tiles of the narrowest width that holds M / t rows, each cluster shape;
+    the least `transposed_time` (ties: the taller band, the wider tile, no cluster)."""
+    direct = tile_plan(M, N, sms, quads=quads)
+    if M > SWAP_MAX_M or M % 128 == 0 or direct[0] != 128:
+        return None
+    plans = {(mb, nb, cluster)
+             for mb in (128, 64) for t in (1, 2, 3, 4)
+             for nb in [next((w for w in sorted(TILE_COST) if w >= -(-M // t)), None)] if nb
+             for cluster in TRANSPOSED_CLUSTER_COST}
+    best = min(plans, key=lambda p: (round(transposed_time(M, N, p, sms, quads), 6), -p[0],
+                                     -p[1], p[2][0] * p[2][1]))
+    gain = transposed_time(M, N, best, sms, quads) / transposed_time(N, M, direct, sms, quads)
+    return best if gain < SWAP_GAIN else None
+
+
 def line_aligned(*operands: torch.Tensor) -> bool:
     """Whether every operand's rows start on an L2 line (`L2_LINE`): its address and row
     stride in bytes multiples of 128."""
@@ -164,7 +234,7 @@ def line_aligned(*operands: torch.Tensor) -> bool:
 @functools.lru_cache(maxsize=4096)  # host time: a plan and a Config cost ~10-30 us per call
 def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N: int = 8192,
                    sms: int = 132, nb: int | None = None, lines: bool = True,
-                   stream_k: bool = False, quads: int | None = None):
+                   stream_k: bool = False, quads: int | None = None, swap_ab: bool = True):
     """The kernel config `gemm` uses for an M x N output on `sms` SMs: `tile_plan`'s tile (or
     width `nb`) and cluster shape; 32-column epilogue blocks, or 16 where a width is an odd
     multiple of 32 (160: ten blocks, not five); two epilogue buffers for fp32 C (each 128 x 32
@@ -180,15 +250,19 @@ def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N:
     (`gemm_sm90.Config.STREAM_K`, 128-row tiles, no clusters; on the grid
     `schedule.stream_k_grid` picks); `gemm` does not pick it: slower than whole tiles at every
     shape timed on the H200, also after whole waves (`Config.STREAM_K_DP`; docs/results.md,
-    nineteenth and twenty-second sessions)."""
+    nineteenth and twenty-second sessions). `swap_ab`: take `swap_plan`'s transposed tiles
+    where it gives them (`Config.TRANSPOSE_C`; rows on L2 lines, no forced width, no
+    stream-K); False: always the direct plan."""
     from tk_cute.kernels.gemm.gemm_sm90 import Config
 
-    mb, nb, (cluster_m, cluster_n) = tile_plan(M, N, sms, lines, nb, not stream_k, quads)
+    swap = (swap_plan(M, N, sms, quads) if lines and nb is None and not stream_k and swap_ab
+            else None)
+    mb, nb, (cluster_m, cluster_n) = swap or tile_plan(M, N, sms, lines, nb, not stream_k, quads)
     depth = 2 if out_dtype == torch.float32 or nb % 128 else 4
     epi_n = 16 if nb // 32 % 2 else 32
     return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), Mb=mb, Nb=nb, EPI_N=epi_n,
                   EPI_PIPE_DEPTH=depth, CLUSTER_M=cluster_m, CLUSTER_N=cluster_n,
-                  STREAM_K=stream_k)
+                  STREAM_K=stream_k, TRANSPOSE_C=swap is not None)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None,
@@ -244,6 +318,8 @@ def _run(config, a, b, c, alpha=None):
                         lambda: gemm_sm90.compile_launcher(config, grid, alpha is not None))
     extra = {} if alpha is None else {"alpha": alpha.data_ptr()}
     (M, K), N = a.shape, b.shape[0]
+    if config.TRANSPOSE_C:  # C^T = B @ A^T: the kernel's A is b, its C^T the row-major c
+        a, b, M, N = b, a, N, M
     ctas, partials, flags = sms, c, c  # (stream-K's buffers stay referenced until the launch)
     if config.STREAM_K:
         ctas, partials, flags = stream_k_buffers(

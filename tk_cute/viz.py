@@ -638,7 +638,8 @@ def paths_plot(K: int = 8192, w4a4: bool = False, sms: int | None = None,
 def dense_plan_plot(sms: int | None = None, quads: int | None = None,
                     ms: list[int] | None = None, ns: list[int] | None = None):
     """The tile and cluster `tk_cute.gemm` plans at each M x N (`dense_gemm.tile_plan`: rows
-    x columns of the tile, cluster shape; the plan does not depend on K).
+    x columns of the tile, cluster shape; "C^T" where `dense_gemm.swap_plan` swaps A and B,
+    its tile then N x M; the plan does not depend on K; operand rows on L2 lines).
 
     Args:
         sms: the GPU's SM count (default: sm_90a's, an H100/H200).
@@ -659,7 +660,7 @@ def dense_plan_plot(sms: int | None = None, quads: int | None = None,
         sms = target("sm_90a").sm_count
     if sms < 1 or (quads is not None and quads < 1):
         raise ValueError(f"sms and quads must be positive, got {sms} and {quads}")
-    edges = {64, 128, dense_gemm.FEW_ROWS_MAX_M}
+    edges = {64, 128, dense_gemm.FEW_ROWS_MAX_M, dense_gemm.SWAP_MAX_M}
     ms = sorted(ms or set(np.unique(np.round(np.geomspace(1, 8192, 40))).astype(int).tolist())
                 | edges | {m + 1 for m in edges})
     ns = sorted(ns or set(np.unique(np.round(np.geomspace(64, 32768, 28) / 8) * 8).astype(
@@ -668,10 +669,14 @@ def dense_plan_plot(sms: int | None = None, quads: int | None = None,
         raise ValueError(f"M and N must be positive, got M from {min(ms)} and N from {min(ns)}")
 
     def words(plan):
-        mb, nb, (cm, cn) = plan
-        return f"{mb}x{nb}, cluster {cm}x{cn}"
+        transposed, (mb, nb, (cm, cn)) = plan
+        return f"{'C^T: ' if transposed else ''}{mb}x{nb}, cluster {cm}x{cn}"
 
-    raw = {(m, n): dense_gemm.tile_plan(m, n, sms, quads=quads) for m in ms for n in ns}
+    def plan(m, n):
+        swap = dense_gemm.swap_plan(m, n, sms, quads)
+        return (True, swap) if swap else (False, dense_gemm.tile_plan(m, n, sms, quads=quads))
+
+    raw = {(m, n): plan(m, n) for m in ms for n in ns}
     names = [words(p) for p in sorted(set(raw.values()))]
     plans = {k: words(p) for k, p in raw.items()}
     index = np.array([[names.index(plans[(m, n)]) for m in ms] for n in ns])
@@ -693,7 +698,7 @@ def dense_plan_plot(sms: int | None = None, quads: int | None = None,
     quads_seen = sms // 4 if quads is None else quads
     ax.set(xlabel="M (rows of A and C)", ylabel="N (rows of B, columns of C)",
            title=f"tk_cute.gemm's tile plan on Hopper ({sms} SMs, {quads_seen} resident 4-CTA "
-                 f"clusters): rows x columns, cluster")
+                 f"clusters): rows x columns, cluster (C^T: A and B swapped)")
     fig.tight_layout()
     return fig
 

@@ -15,6 +15,10 @@ CTAs (a tile split between CTAs is summed through fp32 partial slots, one per CT
 Constraints: A (M, K) and B (N, K) K-major with 16-byte aligned rows; any M, N, K: the TMA
 loads of edge tiles fill zeros past the tensors (they add nothing to the sums; a stage still
 carries its whole box of bytes) and the TMA stores clip the edge tiles of C.
+`Config.TRANSPOSE_C`: C is stored with M contiguous, i.e. the memory of an (N, M) row-major
+C^T (the host's swap of A and B: out = a @ b^T computed as out^T = b @ a^T, so that a few
+activation rows are wgmma's N, in steps of 32 rather than 64-row bands); each epilogue block
+is stmatrix-transposed into an (EPI_N, Mb) row-major buffer and TMA-stored into C^T.
 Replaces CUTLASS's `examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py`.
 """
 
@@ -67,6 +71,7 @@ class Config:
     CLUSTER_N: int = 1
     STREAM_K: bool = False
     STREAM_K_DP: bool = False  # stream-K after whole waves (`StreamK.STREAM_K_DP`)
+    TRANSPOSE_C: bool = False  # C stored M-contiguous (as C^T, row-major): see the module
     arch: str = "sm_90a"
 
     def __post_init__(self):
@@ -114,7 +119,9 @@ class GemmSm90(LCF):
         stream_k.configure(self, c.STREAM_K, STREAM_K_DP=c.STREAM_K_DP)
         self.a_tile = st(c.in_type, c.Mb, self.Kb)
         self.b_tile = st(c.in_type, c.Nb, self.Kb)
-        self.c_tile = st(OUTPUT_TYPES[c.out_dtype], c.Mb, c.EPI_N)
+        out_type = OUTPUT_TYPES[c.out_dtype]
+        self.c_tile = (st(out_type, c.EPI_N, c.Mb) if c.TRANSPOSE_C else
+                       st(out_type, c.Mb, c.EPI_N))
         self.fit_ring(c.LOAD_PIPE_DEPTH, target(c.arch).smem_bytes)
 
     # --- globals ----------------------------------------------------------------------------
@@ -152,14 +159,17 @@ class GemmSm90(LCF):
 
     @cute.jit
     def finish(self, g, acc, at, smem, thread):
-        c, depth = smem["c"], self.config.EPI_PIPE_DEPTH
+        c, depth, transposed = smem["c"], self.config.EPI_PIPE_DEPTH, self.config.TRANSPOSE_C
         blocks = self.Nb // self.config.EPI_N
         consumers = warpgroup.sync(NamedBarrier.EPILOGUE, self.NUM_CONSUMERS)
         for i in cutlass.range_constexpr(blocks):
-            warpgroup.store(c[None, None, i % depth], acc, thread, subtile=i)
+            warpgroup.store(c[None, None, i % depth], acc, thread, subtile=i,
+                            transposed=transposed)
             consumers()
             if thread < 32:
-                tma.store_async(g.C, c[None, None, i % depth], coord(at.r, at.c * blocks + i, at.b))
+                block = (coord(at.c * blocks + i, at.r, at.b) if cutlass.const_expr(transposed)
+                         else coord(at.r, at.c * blocks + i, at.b))
+                tma.store_async(g.C, c[None, None, i % depth], block)
                 tma.store_commit_group()
                 tma.store_async_read_wait(depth - 1)
             consumers()
@@ -169,8 +179,8 @@ class GemmSm90(LCF):
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, max_ctas: cutlass.Constexpr,
                  stream):
-        """a (M, K, L), b (N, K, L), c (M, N, L), each with its second mode contiguous (whole
-        tiles; stream-K runs through `call_ptrs`)."""
+        """a (M, K, L), b (N, K, L), c (M, N, L) (`TRANSPOSE_C`: C^T, (N, M, L)), each with
+        its second mode contiguous (whole tiles; stream-K runs through `call_ptrs`)."""
         self._launch(self._globals(a, b, c), c, max_ctas, None, stream)
 
     @cute.jit
@@ -178,9 +188,9 @@ class GemmSm90(LCF):
                   c: cute.Pointer, partials: cute.Pointer, flags: cute.Pointer, M: cutlass.Int32,
                   N: cutlass.Int32, K: cutlass.Int32, lda: cutlass.Int64, ldb: cutlass.Int64,
                   ldc: cutlass.Int64, ctas: cutlass.Int32, stream):
-        """`__call__` on raw pointers (`signature`): a (M, K), b (N, K), c (M, N) with row
-        strides lda, ldb, ldc elements; stream-K's partial slots, flags and grid."""
-        at, bt, ct = _matrices(a, b, c, M, N, K, lda, ldb, ldc)
+        """`__call__` on raw pointers (`signature`): a (M, K), b (N, K), c (M, N) (or C^T, (N,
+        M)) with row strides lda, ldb, ldc elements; stream-K's partial slots, flags and grid."""
+        at, bt, ct = _matrices(a, b, c, M, N, K, lda, ldb, ldc, self.config.TRANSPOSE_C)
         self._launch(self._globals(at, bt, ct, partials=partials, flags=flags), ct, sms, ctas,
                      stream)
 
@@ -196,14 +206,17 @@ class GemmSm90(LCF):
     def _launch(self, g, c, max_ctas, ctas, stream):
         if isinstance(self, StreamK) and ctas is None:
             raise ValueError("stream-K launches through call_ptrs (partial slots, flags, grid)")
-        self.launch(g, cute.ceil_div(c.shape[0], self.Mb), cute.ceil_div(c.shape[1], self.Nb),
-                    c.shape[2], max_ctas, stream, ctas)
+        M, N = (c.shape[1], c.shape[0]) if self.config.TRANSPOSE_C else c.shape[:2]
+        self.launch(g, cute.ceil_div(M, self.Mb), cute.ceil_div(N, self.Nb), c.shape[2],
+                    max_ctas, stream, ctas)
 
 
-def _matrices(a, b, c, M, N, K, lda, ldb, ldc):
-    """The (rows, cols, 1) global tensors at a, b, c with the given row strides."""
+def _matrices(a, b, c, M, N, K, lda, ldb, ldc, transpose_c=False):
+    """The (rows, cols, 1) global tensors at a, b, c with the given row strides (C as C^T, (N,
+    M), where `transpose_c`)."""
+    c_shape = (N, M) if transpose_c else (M, N)
     return [cute.make_tensor(p, cute.make_layout((rows, cols, 1), stride=(ld, 1, rows * ld)))
-            for p, rows, cols, ld in ((a, M, K, lda), (b, N, K, ldb), (c, M, N, ldc))]
+            for p, (rows, cols), ld in ((a, (M, K), lda), (b, (N, K), ldb), (c, c_shape, ldc))]
 
 
 def signature(config: Config, scaled: bool = False) -> Signature:
@@ -274,7 +287,7 @@ class GemmScaledSm90(GemmSm90):
                   lda: cutlass.Int64, ldb: cutlass.Int64, ldc: cutlass.Int64,
                   ctas: cutlass.Int32, stream):
         """As `GemmSm90.call_ptrs`, with alpha one fp32 in global memory."""
-        at, bt, ct = _matrices(a, b, c, M, N, K, lda, ldb, ldc)
+        at, bt, ct = _matrices(a, b, c, M, N, K, lda, ldb, ldc, self.config.TRANSPOSE_C)
         g = self._globals(at, bt, ct, alpha=cute.make_tensor(alpha, cute.make_layout(1)),
                           partials=partials, flags=flags)
         self._launch(g, ct, sms, ctas, stream)

@@ -367,6 +367,121 @@ def test_narrow_tiles_compile_to_their_wgmma_without_spills(nb):
     assert b.kernel.local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0
 
 
+# --- C stored transposed (the host's swap of A and B) ---------------------------------------
+
+@pytest.mark.parametrize("out_dtype, pieces", [("bfloat16", 2), ("float32", 4)])
+def test_transposed_c_compiles_to_transposing_stmatrix_and_tma_stores(out_dtype, pieces):
+    """`Config.TRANSPOSE_C`: the same 4 wgmma per stage; each 32-column block of a 16-bit C
+    goes through stmatrix's transposing form (one per 16 columns, as the row-major epilogue),
+    and a block's 128 rows, now the contiguous mode, leave in `pieces` TMA stores of one
+    128-byte swizzle row each (2 x 64 bf16, 4 x 32 fp32) instead of one; no spills."""
+    cfg = Config(TRANSPOSE_C=True, out_dtype=out_dtype, EPI_PIPE_DEPTH=2)
+    b = build(GemmSm90(cfg).call_ptrs, *gemm_sm90.signature(cfg).compile_args(SMS),
+              arch="sm_90a")
+    row = build(GemmSm90(dataclasses.replace(cfg, TRANSPOSE_C=False)).call_ptrs,
+                *gemm_sm90.signature(cfg).compile_args(SMS), arch="sm_90a")
+    assert b.sass_count("HGMMA") == 4
+    tma_store = r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta"
+    assert b.ptx_count(tma_store) == pieces * row.ptx_count(tma_store) == pieces * 256 // 32
+    if out_dtype == "bfloat16":
+        assert b.ptx_count(r"stmatrix\.sync\.aligned\.m8n8\.x4\.trans") == 256 // 16
+        assert row.ptx_count(r"stmatrix\S*\.trans") == 0
+    assert b.kernel.local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, out_dtype", [(torch.bfloat16, torch.bfloat16),
+                                              (torch.float8_e4m3fn, torch.float16),
+                                              (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("mb, nb, cluster", [(128, 256, (1, 1)), (128, 160, (2, 1)),
+                                             (64, 96, (4, 1)), (128, 128, (2, 2)),
+                                             (64, 224, (1, 2))])
+def test_transposed_c_matches_fp64_every_element(seed, dtype, out_dtype, mb, nb, cluster):
+    """`TRANSPOSE_C` configs through `gemm` (out^T = b @ a^T on the kernel): partial tiles on
+    both sides, clusters whose last CTAs lie past the output, a partial K step, every element
+    of a poisoned output against float64."""
+    import tk_cute
+    from tk_cute.testing import assert_gemm_close
+
+    for M, N, K in ((257, 1000, 208), (65, 4000, 1040), (3, 136, 48)):
+        a = torch.randn(M, K, device="cuda").to(dtype)
+        b = torch.randn(N, K, device="cuda").to(dtype)
+        cfg = Config(dtype=str(dtype)[6:], out_dtype=str(out_dtype)[6:], Mb=mb, Nb=nb,
+                     EPI_N=16 if nb // 32 % 2 else 32, EPI_PIPE_DEPTH=2, CLUSTER_M=cluster[0],
+                     CLUSTER_N=cluster[1], TRANSPOSE_C=True)
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
+        assert_gemm_close(tk_cute.gemm(a, b, out_dtype, config=cfg, out=out), a, b)
+
+
+@pytest.mark.parametrize("M, N, plan", [
+    (257, 8192, (128, 160, (1, 2))),  # two 160-row tiles of A sharing each band of B
+    (257, 4096, (128, 96, (2, 1))),  # three 96-row tiles: 31 rows past M, not 63
+    (257, 2056, (64, 96, (1, 1))),
+    (300, 4096, (64, 160, (1, 2))),
+    (129, 8192, (64, 160, (2, 1))),  # the direct plan: a 128-row band of one row
+    (400, 2056, (64, 224, (1, 2))),
+    (65, 8192, None), (200, 4096, None), (128, 4096, None),  # 64-row bands: direct
+    (384, 8192, None), (256, 8192, None),  # whole 128-row bands
+    (450, 8192, None), (1000, 5000, None),  # beyond SWAP_MAX_M
+])
+def test_swap_plan_transposes_where_the_last_band_lies_mostly_past_m(M, N, plan):
+    """`swap_plan` on the H200 (132 SMs, 30 resident 4-CTA clusters): the transposed tiles
+    (Mb of N, Nb of M) where the direct plan's last 128-row band is mostly past M, each the
+    fastest or within 5% of it among the 8-21 variants timed (docs/results.md, twenty-fifth
+    session)."""
+    from tk_cute import dense_gemm
+
+    assert dense_gemm.swap_plan(M, N, SMS, quads=30) == plan
+    cfg = dense_gemm.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS, quads=30)
+    assert cfg.TRANSPOSE_C == (plan is not None)
+    if plan:
+        assert (cfg.Mb, cfg.Nb, (cfg.CLUSTER_M, cfg.CLUSTER_N)) == plan
+        for off in (dict(lines=False), dict(nb=128), dict(stream_k=True), dict(swap_ab=False)):
+            assert not dense_gemm.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS,
+                                                 quads=30, **off).TRANSPOSE_C
+
+
+def test_transposed_time_charges_rows_past_the_tensor():
+    """The model: a box's rows past the tensor cost EDGE_ROW_COST valid rows (64 x 160 tiles at
+    M = 320 / 288 / 257: 1 / 1.46 / 2.13 the time of a whole box; timed 1 / 1.24 / 1.49), a
+    box wholly past it (a cluster's padding) all of them."""
+    from tk_cute.dense_gemm import EDGE_ROW_COST, _edge_cost, transposed_time
+
+    assert _edge_cost(320, 160, 1) == 1.0
+    assert _edge_cost(257, 160, 1) == pytest.approx((97 + EDGE_ROW_COST * 63) / 160)
+    assert _edge_cost(257, 96, 2) == EDGE_ROW_COST  # three tiles in pairs: a fourth, empty
+    t = {m: transposed_time(m, 4096, (64, 160, (1, 2)), SMS, 30) for m in (257, 288, 320)}
+    assert t[320] < t[288] < t[257]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, out_dtype", [(torch.bfloat16, torch.bfloat16),
+                                              (torch.float8_e4m3fn, torch.bfloat16),
+                                              (torch.float16, torch.float32)])
+@pytest.mark.parametrize("M, N, K", [(257, 8192, 1152), (129, 8192, 4224), (300, 2056, 384),
+                                     (400, 4096, 128), (257, 2056, 4096)])
+def test_transposed_plan_matches_fp64_every_element(seed, dtype, out_dtype, M, N, K):
+    """The shapes `gemm` runs transposed by default (`swap_plan`: rows on L2 lines, so K a
+    multiple of 128 bytes, whole K steps; partial ones: the `TRANSPOSE_C` configs above),
+    against float64, every element of a poisoned output; and through `scaled` (alpha on the
+    transposed accumulator)."""
+    import tk_cute
+    from tk_cute import dense_gemm
+    from tk_cute.testing import assert_gemm_close
+
+    a = torch.randn(M, K, device="cuda").to(dtype)
+    b = torch.randn(N, K, device="cuda").to(dtype)
+    assert dense_gemm.config_for(a, b, out_dtype).TRANSPOSE_C
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
+    c = tk_cute.gemm(a, b, out_dtype, out=out)
+    assert_gemm_close(c, a, b)
+    if dtype == torch.bfloat16:  # fp32 out: alpha * acc is then the kernel's last rounding
+        alpha = torch.tensor([0.375], device="cuda")
+        poison = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float32)
+        scaled = dense_gemm.scaled(a, b, alpha, poison)
+        assert torch.equal(scaled, 0.375 * tk_cute.gemm(a, b, torch.float32))
+
+
 @pytest.mark.parametrize("M, K, cluster", [
     (3000, 5000, (2, 1)),   # rows 10000 bytes apart: 24 row tiles in 2 x 1 clusters sharing B
     (3000, 5120, None),     # rows on L2 lines: `tile_plan`'s cluster
@@ -444,7 +559,8 @@ def test_launches_pass_exactly_the_signature_by_name(monkeypatch, scaled, stream
     b = torch.randn(136, 64).bfloat16()
     c = torch.empty(300, 136, dtype=torch.float32)
     alpha = torch.tensor([0.5])
-    config = dense_gemm.default_config(a.dtype, c.dtype, 300, 136, SMS, stream_k=stream_k)
+    config = dense_gemm.default_config(a.dtype, c.dtype, 300, 136, SMS, stream_k=stream_k,
+                                       swap_ab=False)
     held = []  # the stream-K buffers handed out, kept alive to compare addresses
     real_buffers = dense_gemm.stream_k_buffers
 
@@ -468,6 +584,13 @@ def test_launches_pass_exactly_the_signature_by_name(monkeypatch, scaled, stream
         assert (call["partials"], call["flags"]) == (partials.data_ptr(), flags.data_ptr())
     else:
         assert call["ctas"] == SMS and not held
+        calls.clear()  # transposed: the kernel's A is b, its (N, M) output the same c
+        dense_gemm._run(dataclasses.replace(config, TRANSPOSE_C=True), a, b, c,
+                        alpha if scaled else None)
+        (call,) = calls
+        assert (call["a"], call["b"], call["c"]) == (b.data_ptr(), a.data_ptr(), c.data_ptr())
+        assert (call["M"], call["N"], call["K"]) == (136, 300, 64)
+        assert (call["lda"], call["ldb"], call["ldc"]) == (64, 72, 136)
 
 
 @pytest.mark.parametrize("scaled", [False, True])

@@ -211,13 +211,14 @@ def test_paths_plot_maps_the_dispatch():
 
 def test_dense_plan_plot_maps_the_tile_plan():
     """`tk_cute.gemm`'s plans (docs/design.md, the dense GEMM): 64-row tiles for few rows in
-    1 x 4 clusters where 30 fit, 1 x 2 where 32 would not, 128-row tiles beyond 256 rows; the
+    1 x 4 clusters where 30 fit, 1 x 2 where 32 would not, 128-row tiles beyond 256 rows,
+    transposed ones (C^T = B A^T) where the last 128-row band would lie mostly past M; the
     image's colours are the same plans."""
     fig = viz.dense_plan_plot(quads=30, ms=[16, 128, 257, 8192], ns=[4096, 8192, 16384])
     d = fig.drawn
     want = {(16, 8192): "64x128, cluster 1x4", (16, 16384): "64x128, cluster 1x2",
             (128, 4096): "64x128, cluster 1x4", (8192, 8192): "128x256, cluster 2x1",
-            (257, 8192): "128x192, cluster 1x2"}
+            (257, 8192): "C^T: 128x160, cluster 1x2", (8192, 4096): "128x256, cluster 2x1"}
     assert {k: d["plans"][k] for k in want} == want
     image = np.asarray(fig.axes[0].images[0].get_array())
     assert image.shape == (3, 4)

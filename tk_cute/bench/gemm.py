@@ -25,11 +25,12 @@ from tk_cute.bench.harness import HEADER, bench, environment, host_overhead, inp
 from tk_cute.runtime import resident_clusters
 
 # The square and LLM shapes, then ragged ones whose tiles do not fill the rounds evenly (odd,
-# prime and few-rows M; N off the tile widths; the 4000x5000x4096)
+# prime and few-rows M, some on the transposed plan; N off the tile widths; the issue's
+# 4000x5000x4096)
 DEFAULT_SHAPES = ["8192,8192,8192", "4096,4096,4096", "4096,14336,4096", "4096,4096,14336",
                   "4000,5000,4096", "1000,5000,4096", "997,5000,4096", "2056,2056,4096",
-                  "3000,384,4096", "257,8192,4096", "128,4096,4096", "64,8192,4096",
-                  "16,8192,8208"]
+                  "3000,384,4096", "257,8192,4096", "300,4096,4096", "129,8192,8192",
+                  "128,4096,4096", "64,8192,4096", "16,8192,8208"]
 
 
 PEER_CLASS = "HopperWgmmaGemmPersistentKernel"
@@ -132,6 +133,15 @@ def main(argv=None):
             plan = gemm_mod.config_for(*sets[0][:2])  # what `tk_cute.gemm` runs here
             notes = {"tk_cute": f"{plan.Mb}x{plan.Nb} tiles, cluster "
                                 f"{plan.CLUSTER_M}x{plan.CLUSTER_N}"}
+            if plan.TRANSPOSE_C:  # the transposed plan, and the direct one beside it
+                notes["tk_cute"] = (f"transposed: C^T = B A^T in {plan.Mb}x{plan.Nb} tiles "
+                                    f"(N x M), cluster {plan.CLUSTER_M}x{plan.CLUSTER_N}")
+                direct = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms,
+                                                 quads=quads, swap_ab=False)
+                variants["tk_cute direct"] = lambda s, c=direct: tk_cute.gemm(
+                    s[0], s[1], config=c)
+                notes["tk_cute direct"] = (f"{direct.Mb}x{direct.Nb} tiles, cluster "
+                                           f"{direct.CLUSTER_M}x{direct.CLUSTER_N}")
             for nb in args.nb:
                 cfg = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb,
                                               quads=quads)

@@ -186,15 +186,20 @@ def store_global(dst, src: rt):
     cute.autovec_copy(out, src.thr_mma.partition_C(dst))
 
 
-def store(dst, src: rt, thread_idx, subtile: int = 0):
+def store(dst, src: rt, thread_idx, subtile: int = 0, transposed: bool = False):
     """Store column block `subtile` of the register tile `src` into the shared tile `dst`
     (rows x dst-cols, converted to dst's type): stmatrix for 16-bit tiles, per-thread stores
     for 32-bit ones (no stmatrix exists for them); then fence so that TMA may read `dst` once
     the group has passed a barrier. With dst as wide as `src`, subtile 0 is all of it.
+    `transposed`: `dst` is the block's transpose, a row-major (cols, rows) tile (for a C stored
+    with its rows contiguous: the register tile's rows become the shared tile's columns),
+    written by stmatrix's transposing form.
 
     The epilogue walks a wide accumulator in narrow blocks so that a few small shared buffers
     (not a whole output tile) stage the output: shared memory stays with the load ring."""
-    tiled = _smem_store_copy(dst.element_type, src)
+    if transposed:
+        dst = cute.make_tensor(dst.iterator, cute.select(dst.layout, mode=[1, 0]))
+    tiled = _smem_store_copy(dst.element_type, src, transposed)
     thr = tiled.get_slice(thread_idx)
     acc = tiled.retile(src.frag)
     block = cute.make_rmem_tensor(cute.shape(thr.partition_S(dst))[:3], src.frag.element_type)
@@ -207,12 +212,13 @@ def store(dst, src: rt, thread_idx, subtile: int = 0):
     cute.arch.fence_proxy("async.shared", space="cta")
 
 
-def _smem_store_copy(dtype, src: rt):
-    """The register->shared tiled copy for `src`'s MMA layout: stmatrix for 16-bit outputs,
-    the universal (per-thread) copy for 32-bit ones, both over the stmatrix thread layout."""
+def _smem_store_copy(dtype, src: rt, transposed: bool = False):
+    """The register->shared tiled copy for `src`'s MMA layout: stmatrix (transposing where
+    `transposed`) for 16-bit outputs, the universal (per-thread) copy for 32-bit ones, both over
+    the stmatrix thread layout."""
     if dtype.width not in (16, 32):
         raise TypeError(f"warpgroup.store writes 16- or 32-bit shared tiles; got {dtype}")
-    c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4),
+    c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transposed, 4),
                                  dtype if dtype.width == 16 else cutlass.BFloat16)
     atom = c_atom if dtype.width == 16 else cute.make_copy_atom(
         cute.nvgpu.CopyUniversalOp(), dtype)
