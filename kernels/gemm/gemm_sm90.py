@@ -19,6 +19,11 @@ carries its whole box of bytes) and the TMA stores clip the edge tiles of C.
 C^T (the host's swap of A and B: out = a @ b^T computed as out^T = b @ a^T, so that a few
 activation rows are wgmma's N, in steps of 32 rather than 64-row bands); each epilogue block
 is stmatrix-transposed into an (EPI_N, Mb) row-major buffer and TMA-stored into C^T.
+`Config.SHIFT_EDGES`: the last band and the last column of tiles, where they would reach past M
+(N), start at M - Mb (N - Nb) instead, inside the tensor (where it has a whole tile): their load
+boxes hold no rows past the operands (each such row costs about 2.3 rows in it, docs/design.md),
+and the rows they share with the tile before are computed and stored twice, identically. Not
+yet the default: compile-tested only.
 Replaces CUTLASS's `examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py`.
 """
 
@@ -72,6 +77,7 @@ class Config:
     STREAM_K: bool = False
     STREAM_K_DP: bool = False  # stream-K after whole waves (`StreamK.STREAM_K_DP`)
     TRANSPOSE_C: bool = False  # C stored M-contiguous (as C^T, row-major): see the module
+    SHIFT_EDGES: bool = False  # edge tiles moved inside the tensors: see the module
     arch: str = "sm_90a"
 
     def __post_init__(self):
@@ -145,8 +151,21 @@ class GemmSm90(LCF):
 
     # --- producer ---------------------------------------------------------------------------
     def load(self, g, inputs, at, k, barrier, mcast):
-        tma.load_async(inputs["a"], g.A, coord(at.r, k, at.b), barrier, mcast["a"])
-        tma.load_async(inputs["b"], g.B, coord(at.c, k, at.b), barrier, mcast["b"])
+        if cutlass.const_expr(self.config.SHIFT_EDGES):
+            rows, cols = self.origin(g, at)
+            tma.load_async(inputs["a"], g.A, coord(0, k, at.b), barrier, mcast["a"], (rows, 0))
+            tma.load_async(inputs["b"], g.B, coord(0, k, at.b), barrier, mcast["b"], (cols, 0))
+        else:
+            tma.load_async(inputs["a"], g.A, coord(at.r, k, at.b), barrier, mcast["a"])
+            tma.load_async(inputs["b"], g.B, coord(at.c, k, at.b), barrier, mcast["b"])
+
+    def origin(self, g, at):
+        """`SHIFT_EDGES`: the first element row of tile `at`'s A band and of its B columns,
+        moved back to end at M (N) where the tile grid's would pass it (and the tensor holds a
+        whole tile)."""
+        M, N = g.A.tensor.shape[0], g.B.tensor.shape[0]
+        return (cutlass.min(at.r * self.Mb, cutlass.max(M - self.Mb, 0)),
+                cutlass.min(at.c * self.Nb, cutlass.max(N - self.Nb, 0)))
 
     # --- consumers --------------------------------------------------------------------------
     def setup(self, g, thread, smem):
@@ -160,16 +179,23 @@ class GemmSm90(LCF):
     @cute.jit
     def finish(self, g, acc, at, smem, thread):
         c, depth, transposed = smem["c"], self.config.EPI_PIPE_DEPTH, self.config.TRANSPOSE_C
-        blocks = self.Nb // self.config.EPI_N
+        blocks, epi_n = self.Nb // self.config.EPI_N, self.config.EPI_N
         consumers = warpgroup.sync(NamedBarrier.EPILOGUE, self.NUM_CONSUMERS)
         for i in cutlass.range_constexpr(blocks):
             warpgroup.store(c[None, None, i % depth], acc, thread, subtile=i,
                             transposed=transposed)
             consumers()
             if thread < 32:
-                block = (coord(at.c * blocks + i, at.r, at.b) if cutlass.const_expr(transposed)
-                         else coord(at.r, at.c * blocks + i, at.b))
-                tma.store_async(g.C, c[None, None, i % depth], block)
+                if cutlass.const_expr(self.config.SHIFT_EDGES):
+                    rows, cols = self.origin(g, at)
+                    origin = ((cols + i * epi_n, rows) if cutlass.const_expr(transposed) else
+                              (rows, cols + i * epi_n))
+                    tma.store_async(g.C, c[None, None, i % depth], coord(0, 0, at.b), origin)
+                else:
+                    block = (coord(at.c * blocks + i, at.r, at.b)
+                             if cutlass.const_expr(transposed) else
+                             coord(at.r, at.c * blocks + i, at.b))
+                    tma.store_async(g.C, c[None, None, i % depth], block)
                 tma.store_commit_group()
                 tma.store_async_read_wait(depth - 1)
             consumers()

@@ -482,6 +482,56 @@ def test_transposed_plan_matches_fp64_every_element(seed, dtype, out_dtype, M, N
         assert torch.equal(scaled, 0.375 * tk_cute.gemm(a, b, torch.float32))
 
 
+# --- edge tiles moved inside the tensors (`Config.SHIFT_EDGES`) -------------------------------
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_shifted_edges_compile_to_the_same_pipeline(transposed):
+    """`SHIFT_EDGES` changes only where the loads and stores point (element origins off the
+    tile grid): the same wgmma, TMA loads and stores, no spills, and the default PTX is not
+    this one."""
+    cfg = Config(TRANSPOSE_C=transposed, EPI_PIPE_DEPTH=2)
+    shifted = dataclasses.replace(cfg, SHIFT_EDGES=True)
+    b, base = (build(gemm_sm90.kernel_for(c).call_ptrs, *gemm_sm90.signature(c).compile_args(SMS),
+                     arch="sm_90a") for c in (shifted, cfg))
+    for pattern in ("HGMMA", r"\bSTSM\b"):
+        assert b.sass_count(pattern) == base.sass_count(pattern) > 0
+    for pattern in (r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global",
+                    r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta"):
+        assert b.ptx_count(pattern) == base.ptx_count(pattern) > 0
+    assert b.ptx != base.ptx
+    assert b.kernel.local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, out_dtype", [(torch.bfloat16, torch.bfloat16),
+                                              (torch.float8_e4m3fn, torch.float32)])
+@pytest.mark.parametrize("mb, nb, cluster, transposed, stream_k", [
+    (128, 160, (2, 1), False, False), (128, 256, (1, 2), False, False),
+    (64, 128, (1, 4), False, False), (128, 160, (1, 2), True, False),
+    (64, 96, (2, 1), True, False), (128, 192, (1, 1), False, True)])
+def test_shifted_edges_match_fp64_every_element(seed, dtype, out_dtype, mb, nb, cluster,
+                                                transposed, stream_k):
+    """`SHIFT_EDGES` against float64, every element of a poisoned output: edge bands and
+    columns moved back inside the tensors (rows and columns computed and stored twice), a
+    cluster's padding CTAs, outputs smaller than one tile (nothing to move), a partial K step,
+    both orientations, stream-K; twice bit for bit (the rows stored twice hold one value)."""
+    import tk_cute
+    from tk_cute.testing import assert_gemm_close
+
+    for M, N, K in ((2056, 2056, 208), (257, 1000, 1040), (300, 136, 4096), (3, 40, 48)):
+        a = torch.randn(M, K, device="cuda").to(dtype)
+        b = torch.randn(N, K, device="cuda").to(dtype)
+        cfg = Config(dtype=str(dtype)[6:], out_dtype=str(out_dtype)[6:], Mb=mb, Nb=nb,
+                     EPI_N=16 if nb // 32 % 2 else 32, EPI_PIPE_DEPTH=2, CLUSTER_M=cluster[0],
+                     CLUSTER_N=cluster[1], TRANSPOSE_C=transposed, STREAM_K=stream_k,
+                     SHIFT_EDGES=True)
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
+        c = tk_cute.gemm(a, b, out_dtype, config=cfg, out=out)
+        assert_gemm_close(c, a, b)
+        again = tk_cute.gemm(a, b, out_dtype, config=cfg, out=torch.full_like(out, float("nan")))
+        assert torch.equal(c, again)
+
+
 @pytest.mark.parametrize("M, K, cluster", [
     (3000, 5000, (2, 1)),   # rows 10000 bytes apart: 24 row tiles in 2 x 1 clusters sharing B
     (3000, 5120, None),     # rows on L2 lines: `tile_plan`'s cluster

@@ -2,6 +2,7 @@
 not on the H200."""
 
 import pytest
+import torch
 
 from tk_cute.bench import nvfp4 as bench_nvfp4
 
@@ -42,6 +43,17 @@ def test_nvfp4_shapes_and_help():
     assert bench_nvfp4.extra_shapes(parse(["--nk", "2880,2880"])) == []
     assert bench_nvfp4.extra_shapes(parse(["--shapes"])) == []
     assert bench_nvfp4.extra_shapes(parse(["--m", "16", "--shapes", "3,8,16"])) == ["3,8,16"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit without a GPU")
+@pytest.mark.parametrize("bench", ["gemm", "nvfp4", "quantize", "model"])
+def test_benches_exit_clearly_without_a_gpu(bench):
+    """A bench on a machine without a CUDA GPU exits with a message saying so (not a torch
+    assertion from deep inside the first CUDA call)."""
+    from tk_cute.bench.__main__ import main
+
+    with pytest.raises(SystemExit, match="times kernels on a CUDA GPU; torch .* sees none"):
+        main([bench])
 
 
 def test_bench_help_lists_every_bench(capsys):

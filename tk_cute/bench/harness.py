@@ -113,11 +113,21 @@ def host_overhead(fn, inputs, calls: int = 200) -> float:
     return elapsed / calls * 1e6
 
 
+def require_gpu() -> None:
+    """Exit with a clear message where torch sees no CUDA GPU (the benches time kernels)."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"python -m tk_cute.bench times kernels on a CUDA GPU; torch "
+                         f"{torch.__version__} sees none (CUDA build: {torch.version.cuda})")
+
+
 def environment() -> str:
-    """GPU, clocks, driver and library versions, for the results file."""
+    """GPU, clocks, driver and library versions, for the results file (`require_gpu`
+    first)."""
     import subprocess
 
     import cutlass
+
+    require_gpu()
 
     p = torch.cuda.get_device_properties(0)
     try:

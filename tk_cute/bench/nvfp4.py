@@ -218,8 +218,8 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     from tk_cute import nvfp4
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     env = environment()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(env)
     print(f"device-to-device copy: {copy_bandwidth():.0f} GB/s (read + write, 1 GiB)")
     print("timing: CUDA graph replay, cold L2 (rotating input sets); GB/s = 0.5625 B x N x K")

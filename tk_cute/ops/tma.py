@@ -106,11 +106,13 @@ def _partition(g: gl, smem_tile, multicast: Multicast | None, tiles=None):
     return s, t
 
 
-def load_async(dst, src: gl | Source, at: coord, sem, multicast: Multicast | None = None):
+def load_async(dst, src: gl | Source, at: coord, sem, multicast: Multicast | None = None,
+               origin=None):
     """Load tile `at` of `src` (a `gl`, or a pair's `Source` with its own multicast) into the
     shared tile `dst` (one stage), completing on mbarrier `sem` (for a CTA pair: the leader's,
-    `stage_ring.arrived`)."""
-    tiles = None
+    `stage_ring.arrived`). `origin`: the element (row, col) where tile (0, 0) starts
+    (`gl.tiles_from`), for tiles off the tile grid."""
+    tiles = None if origin is None else src.tiles_from(*origin)
     if isinstance(src, Source):
         src, tiles, multicast = src
     s, g = _partition(src, dst, multicast, tiles)
@@ -118,9 +120,10 @@ def load_async(dst, src: gl | Source, at: coord, sem, multicast: Multicast | Non
     cute.copy(src.atom, g[(None, at.r, at.c, at.b)], s, tma_bar_ptr=sem, mcast_mask=mask)
 
 
-def store_async(dst: gl, src, at: coord):
-    """Store the shared tile `src` to tile `at` of `dst` (fence the writes to `src` first)."""
-    s, g = _partition(dst, src, None)
+def store_async(dst: gl, src, at: coord, origin=None):
+    """Store the shared tile `src` to tile `at` of `dst` (fence the writes to `src` first);
+    `origin` as in `load_async`."""
+    s, g = _partition(dst, src, None, None if origin is None else dst.tiles_from(*origin))
     cute.copy(dst.atom, s, g[(None, at.r, at.c, at.b)])
 
 

@@ -78,6 +78,14 @@ class gl(DeviceStruct):
         thr = t.tma_mma.get_slice(bidx % 2)  # this CTA's half of the pair (block x parity)
         return thr.partition_A(tiles) if t.operand == "A" else thr.partition_B(tiles)
 
+    def tiles_from(self, rows: object, cols: object):
+        """`tiles()` of a plain tile type with tile (0, 0) at element (rows, cols): tiles moved
+        off the tile grid (an edge tile moved back inside the tensor, so that no TMA box row
+        lies past it)."""
+        t = self.tile
+        return cute.local_tile(cute.domain_offset((rows, cols, 0), self.tensor), t.shape,
+                               (None, None, None))
+
     def num_tiles(self, axis: int):
         """Tiles along `axis` of `tiles()`: 0 rows, 1 columns (K for an MMA operand), 2 batch."""
         first = 3 if isinstance(self.tile, st_mma) else 2
