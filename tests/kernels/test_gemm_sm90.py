@@ -502,6 +502,34 @@ def test_shifted_edges_compile_to_the_same_pipeline(transposed):
     assert b.kernel.local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0
 
 
+@pytest.mark.parametrize("M, N, mb, nb", [(2056, 2056, 128, 160), (257, 1000, 64, 96),
+                                         (300, 136, 128, 256), (3, 40, 128, 64),
+                                         (4096, 4096, 128, 256)])
+def test_shifted_edges_cover_the_output_with_boxes_inside_the_tensors(M, N, mb, nb):
+    """`GemmSm90.origin` (host proof, Python ints): over the tile grid and a cluster's padding
+    past it, every tile's rows and columns start on the grid but for the last, which ends at M
+    (N); where the tensor holds a whole tile no box reaches past it, and the tiles still cover
+    every output row and column."""
+    from types import SimpleNamespace
+
+    from tk_cute.types.gl import coord
+
+    k = GemmSm90(Config(Mb=mb, Nb=nb, EPI_N=16 if nb // 32 % 2 else 32, EPI_PIPE_DEPTH=2,
+                        SHIFT_EDGES=True))
+    g = SimpleNamespace(A=SimpleNamespace(tensor=SimpleNamespace(shape=(M, 64, 1))),
+                        B=SimpleNamespace(tensor=SimpleNamespace(shape=(N, 64, 1))))
+    for extent, tile, axis in ((M, mb, 0), (N, nb, 1)):
+        tiles = -(-extent // tile)
+        starts = [k.origin(g, coord(t, t))[axis] for t in range(tiles + 1)]  # + a padding tile
+        assert starts[:tiles - 1] == [t * tile for t in range(tiles - 1)]
+        if extent >= tile:
+            assert starts[tiles - 1:] == [extent - tile] * 2  # the edge and padding end at M
+        else:
+            assert starts == [0] * (tiles + 1)  # less than a tile: nothing to move
+        covered = set().union(*(range(s, s + tile) for s in starts))
+        assert covered >= set(range(extent))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, out_dtype", [(torch.bfloat16, torch.bfloat16),
                                               (torch.float8_e4m3fn, torch.float32)])
