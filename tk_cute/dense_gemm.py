@@ -159,48 +159,50 @@ def tile_plan(M: int, N: int, sms: int, lines: bool = True, nb: int | None = Non
 
 # Few rows as wgmma's N: C^T = B @ A^T (`gemm_sm90.Config.TRANSPOSE_C`, A and B swapped on the
 # launch) cuts M into tiles of a width (steps of 32) instead of 128-row bands, and B's rows
-# make the bands. It pays where the direct plan's last 128-row band is mostly past M: a TMA
-# load box's rows past the tensor cost about EDGE_ROW_COST valid rows each (zero fill; H200,
-# twenty-fifth session: the same 128 tiles of 64 x 160 at M = 320 / 300 / 288 / 257 take 18.0 /
-# 18.7 / 22.3 / 26.9 us at N = K = 4096; stores past C cost nothing), and a band of one row
-# takes a whole band's time (129x8192x8192: 83.5 us direct, 50.5 transposed, cuBLAS 41.6).
-# Swapped widths are picked by `transposed_time`, a model fitted on 20 shapes x 8-21 variants
-# (M 65-400, N 2056-28672; within 12% of the best variant timed at each, 1.6% on average).
+# make the bands: a band of one row no longer takes a whole band's time, and the rows of M
+# are padded to a width, not to 128. Both plans run with their edge tiles shifted inside the
+# tensors (`Config.SHIFT_EDGES`, `default_config`), so only a tile wider than its whole
+# dimension (M < Nb) still has a box past the tensor: its rows there cost about EDGE_ROW_COST
+# valid rows each (zero fill; H200, twenty-fifth session: the same 128 tiles of 64 x 160 at M =
+# 320 / 300 / 288 / 257, unshifted, take 18.0 / 18.7 / 22.3 / 26.9 us at N = K = 4096).
+# Swapped widths are picked by `transposed_time`; its constants fitted to 20 shapes x 13-24
+# shifted variants (M 129-400, N 2056-28672; twenty-sixth session, docs/results.md): the
+# pick, transposed or direct, is the fastest variant timed or within 2.3% of it at 18 of them,
+# 1.2% on average (333x5120x4096: 10%, 200x8192x8192: 5%).
 SWAP_MAX_M = 400  # timed up to 400; 1000x5000x4096: the best transposed 79.8 us, direct 60.1
 EDGE_ROW_COST = 2.3
-TRANSPOSED_CLUSTER_COST = {(1, 1): 1.0, (2, 1): 0.95, (1, 2): 0.85}  # 1 x 2: B's bands shared
-TRANSPOSED_MB64_COST = 1.8  # a 64-row band's time per row against a 128-row band's
-# Against the direct plan in the same model (its M rows as the bands): at 0.25-0.92 the
-# transposed plan timed 0.45-0.87 of the direct one (400x2056: 0.92 -> 0.59), at 0.89
-# (200x8192) 1.00; at 0.97 (230x6144) the direct plan is 1.1x cuBLAS already
+TRANSPOSED_CLUSTER_COST = {(1, 1): 1.0, (2, 1): 1.0, (1, 2): 0.9}  # 1 x 2: B's bands shared
+# A 64-row band's time per row against a 128-row band's: 1.1-1.4 fit equally; from 1.5 the
+# 64 x 160 tiles at 288-320 rows x 4096 (18.0-18.7 us, against 20.4-25.4 for 128 x 96) lose
+TRANSPOSED_MB64_COST = 1.3
+# Against the direct plan in the same model (its M rows as the bands), both shifted: at
+# 0.68-0.90 the transposed plan timed 0.71-0.93 of the direct one (200x8192 at K = 4096 / 8192,
+# 0.90: 1.01 / 1.05); at 0.98-1.11 the direct plan ties or wins (230x6144: 21.7 us against 25.0,
+# 380x8192x8192 even) but for 333x5120 (1.11: the transposed 0.91 of it)
 SWAP_GAIN = 0.95
 
 
-def _edge_cost(n: int, tile: int, cluster: int) -> float:
-    """The slowest load box along a dimension of n elements in tiles of `tile` (rounded up to
-    whole clusters of `cluster` tiles), against a whole one: its rows past n cost
-    EDGE_ROW_COST each (a box wholly past n, where clusters pad, all of them)."""
-    tiles = -(-n // tile)
-    if -(-tiles // cluster) * cluster > tiles:
-        return EDGE_ROW_COST
-    valid = n - (tiles - 1) * tile
-    return (valid + EDGE_ROW_COST * (tile - valid)) / tile
+def _edge_cost(n: int, tile: int) -> float:
+    """The load box along a dimension of n elements in tiles of `tile` (edge tiles shifted
+    inside it, `Config.SHIFT_EDGES`), against a whole one: 1 where n holds a tile, else its
+    rows past n cost EDGE_ROW_COST each."""
+    return 1.0 if n >= tile else (n + EDGE_ROW_COST * (tile - n)) / tile
 
 
 def transposed_time(M: int, N: int, plan: tuple[int, int, tuple[int, int]], sms: int,
                     quads: int | None = None) -> float:
     """The model's time of an (Mb, Nb, cluster) plan of the transposed output (N x M: bands of
-    Mb of B's N rows, tiles of Nb of A's M rows): the rounds before the last at a whole tile's
-    time (Mb / 128 * Nb * TILE_COST[Nb], TRANSPOSED_MB64_COST for 64-row bands,
-    TRANSPOSED_CLUSTER_COST), the last at its slowest tile's (both `_edge_cost`s). `quads`:
-    as in `few_rows_plan`."""
+    Mb of B's N rows, tiles of Nb of A's M rows), edge tiles shifted: the rounds before the
+    last at a whole tile's time (Mb / 128 * Nb * TILE_COST[Nb], TRANSPOSED_MB64_COST for
+    64-row bands, TRANSPOSED_CLUSTER_COST), the last at its slowest tile's (both
+    `_edge_cost`s). `quads`: as in `few_rows_plan`."""
     mb, nb, cluster = plan
     size = cluster[0] * cluster[1]
     held = {1: sms, 2: sms // 2, 4: sms // 4 if quads is None else quads}[size]
     rounds = schedule.tile_rounds(-(-N // mb), M, nb, held * size, cluster)
     tile = (mb / 128 * nb * TILE_COST[nb] * TRANSPOSED_CLUSTER_COST[cluster]
             * (TRANSPOSED_MB64_COST if mb == 64 else 1.0))
-    return tile * (rounds - 1 + _edge_cost(N, mb, cluster[0]) * _edge_cost(M, nb, cluster[1]))
+    return tile * (rounds - 1 + _edge_cost(N, mb) * _edge_cost(M, nb))
 
 
 def swap_plan(M: int, N: int, sms: int, quads: int | None = None
@@ -245,7 +247,13 @@ def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N:
     3000x7000x5000 0.67 -> 0.94x cuBLAS, 8192x8192x8200 0.76 -> 1.01x, 2056^3 0.55 -> 0.69x).
     An odd count of row tiles leaves the last cluster half outside the output: the scheduler
     rounds clusters up, and that CTA loads zeros, shares its B half and stores nothing
-    (GPU-tested). `quads`: the 4-CTA clusters the GPU holds at once (`few_rows_plan`).
+    (GPU-tested), or, with shifted edges, repeats the last band. Where a partial edge tile
+    follows a whole one, the edge band and column of tiles are shifted back inside the output
+    (`Config.SHIFT_EDGES`; not with stream-K): H200, twenty-sixth session, the same tiles
+    unshifted / shifted, 333x5120x4096 32.0 / 26.8 us, 257x2056x4096 14.9 / 13.5,
+    129x4096x8192 33.9 / 31.0, 200x8192x4096 29.2 / 27.5; 2056^2, 1000-4000 x 5000, 3000x384
+    and the transposed plans within 2%. `quads`: the 4-CTA clusters the GPU holds at once
+    (`few_rows_plan`).
     `stream_k`: equal shares of the (tile x K-step) units instead of whole tiles
     (`gemm_sm90.Config.STREAM_K`, 128-row tiles, no clusters; on the grid
     `schedule.stream_k_grid` picks); `gemm` does not pick it: slower than whole tiles at every
@@ -260,9 +268,12 @@ def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N:
     mb, nb, (cluster_m, cluster_n) = swap or tile_plan(M, N, sms, lines, nb, not stream_k, quads)
     depth = 2 if out_dtype == torch.float32 or nb % 128 else 4
     epi_n = 16 if nb // 32 % 2 else 32
+    rows, cols = (N, M) if swap else (M, N)  # the kernel's M and N
     return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), Mb=mb, Nb=nb, EPI_N=epi_n,
                   EPI_PIPE_DEPTH=depth, CLUSTER_M=cluster_m, CLUSTER_N=cluster_n,
-                  STREAM_K=stream_k, TRANSPOSE_C=swap is not None)
+                  STREAM_K=stream_k, TRANSPOSE_C=swap is not None,
+                  SHIFT_EDGES=not stream_k and any(n > tile and n % tile for n, tile in
+                                                   ((rows, mb), (cols, nb))))
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None,

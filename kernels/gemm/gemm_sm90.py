@@ -22,8 +22,8 @@ is stmatrix-transposed into an (EPI_N, Mb) row-major buffer and TMA-stored into 
 `Config.SHIFT_EDGES`: the last band and the last column of tiles, where they would reach past M
 (N), start at M - Mb (N - Nb) instead, inside the tensor (where it has a whole tile): their load
 boxes hold no rows past the operands (each such row costs about 2.3 rows in it, docs/design.md),
-and the rows they share with the tile before are computed and stored twice, identically. Not
-yet the default: compile-tested only.
+and the rows they share with the tile before are computed and stored twice, identically (the
+same MMAs in the same K order; not with stream-K, whose tiles split K at different points).
 Replaces CUTLASS's `examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py`.
 """
 
@@ -100,6 +100,9 @@ class Config:
             raise ValueError(f"cluster {self.CLUSTER_M}x{self.CLUSTER_N} exceeds 4 CTAs")
         if self.STREAM_K_DP and not self.STREAM_K:
             raise ValueError("STREAM_K_DP (data-parallel waves before the shares) needs STREAM_K")
+        if self.SHIFT_EDGES and self.STREAM_K:
+            raise ValueError("SHIFT_EDGES needs whole tiles: with STREAM_K the rows two tiles "
+                             "share would be summed in two K orders, and either stored")
         if self.STREAM_K and self.CLUSTER_M * self.CLUSTER_N != 1:
             raise ValueError(f"stream-K runs without clusters, got {self.CLUSTER_M}x"
                              f"{self.CLUSTER_N}")
@@ -126,6 +129,7 @@ class GemmSm90(LCF):
         self.a_tile = st(c.in_type, c.Mb, self.Kb)
         self.b_tile = st(c.in_type, c.Nb, self.Kb)
         out_type = OUTPUT_TYPES[c.out_dtype]
+        self.C_ALIGN = 16 * 8 // out_type.width  # C elements in 16 bytes (`origin`)
         self.c_tile = (st(out_type, c.EPI_N, c.Mb) if c.TRANSPOSE_C else
                        st(out_type, c.Mb, c.EPI_N))
         self.fit_ring(c.LOAD_PIPE_DEPTH, target(c.arch).smem_bytes)
@@ -162,10 +166,20 @@ class GemmSm90(LCF):
     def origin(self, g, at):
         """`SHIFT_EDGES`: the first element row of tile `at`'s A band and of its B columns,
         moved back to end at M (N) where the tile grid's would pass it (and the tensor holds a
-        whole tile)."""
+        whole tile). The one along C's contiguous dimension (N, or M for `TRANSPOSE_C`) is
+        rounded up to C_ALIGN elements, so that an edge box reaches up to C_ALIGN - 1
+        elements past the tensor: a TMA store's box starts on 16 bytes of C (an fp16 C of
+        N = 100 in rows of 104, stored from column 36, faulted with an illegal instruction;
+        from column 40 it ran, H200, twenty-sixth session)."""
         M, N = g.A.tensor.shape[0], g.B.tensor.shape[0]
-        return (cutlass.min(at.r * self.Mb, cutlass.max(M - self.Mb, 0)),
-                cutlass.min(at.c * self.Nb, cutlass.max(N - self.Nb, 0)))
+        rows = cutlass.min(at.r * self.Mb, cutlass.max(M - self.Mb, 0))
+        cols = cutlass.min(at.c * self.Nb, cutlass.max(N - self.Nb, 0))
+        align = self.C_ALIGN
+        if cutlass.const_expr(self.config.TRANSPOSE_C):
+            rows = (rows + (align - 1)) // align * align
+        else:
+            cols = (cols + (align - 1)) // align * align
+        return rows, cols
 
     # --- consumers --------------------------------------------------------------------------
     def setup(self, g, thread, smem):

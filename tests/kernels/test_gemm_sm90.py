@@ -415,20 +415,20 @@ def test_transposed_c_matches_fp64_every_element(seed, dtype, out_dtype, mb, nb,
 
 @pytest.mark.parametrize("M, N, plan", [
     (257, 8192, (128, 160, (1, 2))),  # two 160-row tiles of A sharing each band of B
-    (257, 4096, (128, 96, (2, 1))),  # three 96-row tiles: 31 rows past M, not 63
-    (257, 2056, (64, 96, (1, 1))),
+    (257, 4096, (64, 160, (1, 2))),  # the second tile shifted to rows 97-256
+    (257, 2056, (64, 96, (1, 2))),
     (300, 4096, (64, 160, (1, 2))),
-    (129, 8192, (64, 160, (2, 1))),  # the direct plan: a 128-row band of one row
-    (400, 2056, (64, 224, (1, 2))),
+    (129, 8192, (128, 96, (1, 2))),  # the direct plan: a 128-row band of one row
+    (400, 2056, (64, 128, (1, 2))),
     (65, 8192, None), (200, 4096, None), (128, 4096, None),  # 64-row bands: direct
     (384, 8192, None), (256, 8192, None),  # whole 128-row bands
     (450, 8192, None), (1000, 5000, None),  # beyond SWAP_MAX_M
 ])
 def test_swap_plan_transposes_where_the_last_band_lies_mostly_past_m(M, N, plan):
     """`swap_plan` on the H200 (132 SMs, 30 resident 4-CTA clusters): the transposed tiles
-    (Mb of N, Nb of M) where the direct plan's last 128-row band is mostly past M, each the
-    fastest or within 5% of it among the 8-21 variants timed (docs/results.md, twenty-fifth
-    session)."""
+    (Mb of N, Nb of M) where the direct plan's last 128-row band is mostly past M, edge tiles
+    shifted either way; where timed the fastest or within 2.3% of it among 13-24 variants
+    (docs/results.md, twenty-sixth session)."""
     from tk_cute import dense_gemm
 
     assert dense_gemm.swap_plan(M, N, SMS, quads=30) == plan
@@ -442,16 +442,40 @@ def test_swap_plan_transposes_where_the_last_band_lies_mostly_past_m(M, N, plan)
 
 
 def test_transposed_time_charges_rows_past_the_tensor():
-    """The model: a box's rows past the tensor cost EDGE_ROW_COST valid rows (64 x 160 tiles at
-    M = 320 / 288 / 257: 1 / 1.46 / 2.13 the time of a whole box; timed 1 / 1.24 / 1.49), a
-    box wholly past it (a cluster's padding) all of them."""
+    """The model, edge tiles shifted inside the tensors: only a tile wider than its whole
+    dimension has a box past it, whose rows there cost EDGE_ROW_COST valid rows; at 129 rows,
+    two shifted 96-row tiles model faster than one of 160 (timed 41.0 against 51.7 us at
+    8192^2)."""
     from tk_cute.dense_gemm import EDGE_ROW_COST, _edge_cost, transposed_time
 
-    assert _edge_cost(320, 160, 1) == 1.0
-    assert _edge_cost(257, 160, 1) == pytest.approx((97 + EDGE_ROW_COST * 63) / 160)
-    assert _edge_cost(257, 96, 2) == EDGE_ROW_COST  # three tiles in pairs: a fourth, empty
-    t = {m: transposed_time(m, 4096, (64, 160, (1, 2)), SMS, 30) for m in (257, 288, 320)}
-    assert t[320] < t[288] < t[257]
+    assert _edge_cost(320, 160) == _edge_cost(257, 160) == _edge_cost(160, 160) == 1.0
+    assert _edge_cost(129, 160) == pytest.approx((129 + EDGE_ROW_COST * 31) / 160)
+    t = {p: transposed_time(129, 8192, p, SMS, 30)
+         for p in ((128, 96, (1, 2)), (64, 160, (2, 1)))}
+    assert t[(128, 96, (1, 2))] < t[(64, 160, (2, 1))]
+
+
+@pytest.mark.parametrize("M, N, shifted", [
+    (2056, 2056, True), (333, 5120, True), (4000, 5000, True), (3000, 384, True),
+    (384, 8192, True),  # whole bands, 8192 columns in 192-wide tiles
+    (8192, 8192, False), (4096, 14336, False), (256, 8192, False),  # whole tiles
+    (257, 8192, True), (129, 8192, True),  # transposed: M in two 160 / 96-wide tiles
+    (16, 8192, False),  # one 64-row band of 16 rows: nothing to move
+    (100, 8192, True)])  # two 64-row bands, the second shifted to rows 36-99
+def test_default_config_shifts_the_edges_where_the_tiles_do_not_divide_the_output(M, N, shifted):
+    """`default_config` sets `SHIFT_EDGES` where an edge tile of the (transposed, for
+    `swap_plan`'s shapes) grid can move back inside the kernel's M x N (a partial tile after a
+    whole one), never with stream-K (which raises with it); elsewhere the unshifted kernel."""
+    from tk_cute import dense_gemm
+
+    cfg = dense_gemm.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS, quads=30)
+    rows, cols = (N, M) if cfg.TRANSPOSE_C else (M, N)
+    assert cfg.SHIFT_EDGES == shifted == any(n > t and n % t for n, t in ((rows, cfg.Mb),
+                                                                         (cols, cfg.Nb)))
+    assert not dense_gemm.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS,
+                                         stream_k=True).SHIFT_EDGES
+    with pytest.raises(ValueError, match="SHIFT_EDGES needs whole tiles"):
+        Config(STREAM_K=True, SHIFT_EDGES=True)
 
 
 @pytest.mark.gpu
@@ -504,28 +528,39 @@ def test_shifted_edges_compile_to_the_same_pipeline(transposed):
 
 @pytest.mark.parametrize("M, N, mb, nb", [(2056, 2056, 128, 160), (257, 1000, 64, 96),
                                          (300, 136, 128, 256), (3, 40, 128, 64),
-                                         (4096, 4096, 128, 256)])
-def test_shifted_edges_cover_the_output_with_boxes_inside_the_tensors(M, N, mb, nb):
+                                         (4096, 4096, 128, 256), (100, 100, 64, 64)])
+@pytest.mark.parametrize("out_dtype, transposed", [("bfloat16", False), ("float32", False),
+                                                   ("float16", True)])
+def test_shifted_edges_cover_the_output_with_boxes_inside_the_tensors(M, N, mb, nb, out_dtype,
+                                                                      transposed):
     """`GemmSm90.origin` (host proof, Python ints): over the tile grid and a cluster's padding
     past it, every tile's rows and columns start on the grid but for the last, which ends at M
-    (N); where the tensor holds a whole tile no box reaches past it, and the tiles still cover
-    every output row and column."""
+    (N); along C's contiguous dimension (N, or M transposed) that start is rounded up to 16
+    bytes of C, so its box reaches fewer than 16 bytes past the tensor; where the tensor holds
+    a whole tile no other box reaches past it, and the tiles still cover every row and
+    column."""
     from types import SimpleNamespace
 
     from tk_cute.types.gl import coord
 
     k = GemmSm90(Config(Mb=mb, Nb=nb, EPI_N=16 if nb // 32 % 2 else 32, EPI_PIPE_DEPTH=2,
-                        SHIFT_EDGES=True))
+                        out_dtype=out_dtype, TRANSPOSE_C=transposed, SHIFT_EDGES=True))
+    align = 16 // torch.empty((), dtype=getattr(torch, out_dtype)).element_size()
     g = SimpleNamespace(A=SimpleNamespace(tensor=SimpleNamespace(shape=(M, 64, 1))),
                         B=SimpleNamespace(tensor=SimpleNamespace(shape=(N, 64, 1))))
     for extent, tile, axis in ((M, mb, 0), (N, nb, 1)):
         tiles = -(-extent // tile)
         starts = [k.origin(g, coord(t, t))[axis] for t in range(tiles + 1)]  # + a padding tile
         assert starts[:tiles - 1] == [t * tile for t in range(tiles - 1)]
+        contiguous = axis == (0 if transposed else 1)
         if extent >= tile:
-            assert starts[tiles - 1:] == [extent - tile] * 2  # the edge and padding end at M
+            edge = -(-(extent - tile) // align) * align if contiguous else extent - tile
+            assert starts[tiles - 1:] == [edge] * 2  # the edge and padding end at M (N)
+            assert edge + tile - extent < (align if contiguous else 1)
         else:
             assert starts == [0] * (tiles + 1)  # less than a tile: nothing to move
+        if contiguous:
+            assert all(s % align == 0 for s in starts)
         covered = set().union(*(range(s, s + tile) for s in starts))
         assert covered >= set(range(extent))
 
@@ -533,16 +568,15 @@ def test_shifted_edges_cover_the_output_with_boxes_inside_the_tensors(M, N, mb, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, out_dtype", [(torch.bfloat16, torch.bfloat16),
                                               (torch.float8_e4m3fn, torch.float32)])
-@pytest.mark.parametrize("mb, nb, cluster, transposed, stream_k", [
-    (128, 160, (2, 1), False, False), (128, 256, (1, 2), False, False),
-    (64, 128, (1, 4), False, False), (128, 160, (1, 2), True, False),
-    (64, 96, (2, 1), True, False), (128, 192, (1, 1), False, True)])
+@pytest.mark.parametrize("mb, nb, cluster, transposed", [
+    (128, 160, (2, 1), False), (128, 256, (1, 2), False), (64, 128, (1, 4), False),
+    (128, 160, (1, 2), True), (64, 96, (2, 1), True), (128, 192, (1, 1), False)])
 def test_shifted_edges_match_fp64_every_element(seed, dtype, out_dtype, mb, nb, cluster,
-                                                transposed, stream_k):
+                                                transposed):
     """`SHIFT_EDGES` against float64, every element of a poisoned output: edge bands and
     columns moved back inside the tensors (rows and columns computed and stored twice), a
     cluster's padding CTAs, outputs smaller than one tile (nothing to move), a partial K step,
-    both orientations, stream-K; twice bit for bit (the rows stored twice hold one value)."""
+    both orientations; twice bit for bit (the rows stored twice hold one value)."""
     import tk_cute
     from tk_cute.testing import assert_gemm_close
 
@@ -551,13 +585,33 @@ def test_shifted_edges_match_fp64_every_element(seed, dtype, out_dtype, mb, nb, 
         b = torch.randn(N, K, device="cuda").to(dtype)
         cfg = Config(dtype=str(dtype)[6:], out_dtype=str(out_dtype)[6:], Mb=mb, Nb=nb,
                      EPI_N=16 if nb // 32 % 2 else 32, EPI_PIPE_DEPTH=2, CLUSTER_M=cluster[0],
-                     CLUSTER_N=cluster[1], TRANSPOSE_C=transposed, STREAM_K=stream_k,
-                     SHIFT_EDGES=True)
+                     CLUSTER_N=cluster[1], TRANSPOSE_C=transposed, SHIFT_EDGES=True)
         out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
         c = tk_cute.gemm(a, b, out_dtype, config=cfg, out=out)
         assert_gemm_close(c, a, b)
         again = tk_cute.gemm(a, b, out_dtype, config=cfg, out=torch.full_like(out, float("nan")))
         assert torch.equal(c, again)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_shifted_edges_into_a_padded_c_every_element(seed, out_dtype):
+    """The NVFP4 "dequantize" path's N-padded D (`dense_gemm.scaled` into an (M, N rounded up
+    to 8) buffer): C's last column tile, shifted back from an N off 16 bytes, starts rounded
+    up to 16 bytes (an fp16 store from column 36 faulted), every element against float64, in
+    the default plan of each shape (direct, transposed, clusters). The pad columns past N are
+    not C (the NVFP4 path copies D[:, :N] out): with 16-bit C they were written (H200,
+    twenty-sixth session; fp32 C's were not), so they are not checked."""
+    from tk_cute import dense_gemm
+    from tk_cute.testing import assert_gemm_close
+
+    for M, N, K in ((100, 100, 64), (300, 1004, 192), (257, 12, 4096), (2056, 2052, 128)):
+        a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+        b = torch.randn(N, K, device="cuda").to(torch.bfloat16)
+        assert dense_gemm.config_for(a, b, out_dtype).SHIFT_EDGES
+        wide = torch.full((M, -(-N // 8) * 8), float("nan"), device="cuda", dtype=out_dtype)
+        dense_gemm.scaled(a, b, torch.ones(1, device="cuda"), wide)
+        assert_gemm_close(wide[:, :N], a, b)
 
 
 @pytest.mark.parametrize("M, K, cluster", [

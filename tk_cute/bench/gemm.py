@@ -91,9 +91,10 @@ def main(argv=None):
                         "(`Config.STREAM_K_DP`)")
     p.add_argument("--clusters", nargs="*", default=[],
                    help="also time these cluster shapes, e.g. 2x1 1x2 (TMA multicast)")
-    p.add_argument("--shift-edges", action="store_true",
-                   help="also time the plan with its edge tiles moved inside the tensors "
-                        "(`Config.SHIFT_EDGES`), and the direct plan so")
+    p.add_argument("--unshifted", action="store_true",
+                   help="also time the plan (and a transposed plan's direct one) with its edge "
+                        "tiles left on the tile grid, past the tensors (`Config.SHIFT_EDGES` "
+                        "off)")
     p.add_argument("--eager", action="store_true",
                    help="time eager calls (host overhead included) instead of CUDA-graph replay")
     args = p.parse_args(argv)
@@ -145,12 +146,14 @@ def main(argv=None):
                     s[0], s[1], config=c)
                 notes["tk_cute direct"] = (f"{direct.Mb}x{direct.Nb} tiles, cluster "
                                            f"{direct.CLUSTER_M}x{direct.CLUSTER_N}")
-            for name in ("tk_cute", "tk_cute direct") if args.shift_edges else ():
-                base = plan if name == "tk_cute" else gemm_mod.default_config(
+            if plan.SHIFT_EDGES:
+                notes["tk_cute"] += "; edge tiles shifted inside"
+            for name in ("tk_cute", "tk_cute direct") if args.unshifted else ():
+                shifted = plan if name == "tk_cute" else gemm_mod.default_config(
                     dtype, torch.bfloat16, M, N, sms, quads=quads, swap_ab=False)
-                if name == "tk_cute" or base != plan:
-                    shifted = dataclasses.replace(base, SHIFT_EDGES=True)
-                    variants[f"{name} shifted edges"] = lambda s, c=shifted: tk_cute.gemm(
+                if shifted.SHIFT_EDGES and (name == "tk_cute" or shifted != plan):
+                    unshifted = dataclasses.replace(shifted, SHIFT_EDGES=False)
+                    variants[f"{name} unshifted"] = lambda s, c=unshifted: tk_cute.gemm(
                         s[0], s[1], config=c)
             for nb in args.nb:
                 cfg = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb,
