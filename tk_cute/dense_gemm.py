@@ -205,23 +205,28 @@ def transposed_time(M: int, N: int, plan: tuple[int, int, tuple[int, int]], sms:
     return tile * (rounds - 1 + _edge_cost(N, mb) * _edge_cost(M, nb))
 
 
+def swap_candidates(M: int) -> list[tuple[int, int, tuple[int, int]]]:
+    """The transposed (Mb, Nb, cluster) plans `swap_plan` weighs for M rows (the data
+    `transposed_time` is fitted to: `python -m tk_cute.bench gemm --candidates`): both band
+    heights, t = 1-4 tiles of the narrowest width that holds M / t rows, each cluster shape."""
+    return sorted({(mb, nb, cluster)
+                   for mb in (128, 64) for t in (1, 2, 3, 4)
+                   for nb in [next((w for w in sorted(TILE_COST) if w >= -(-M // t)), None)]
+                   if nb for cluster in TRANSPOSED_CLUSTER_COST})
+
+
 def swap_plan(M: int, N: int, sms: int, quads: int | None = None
               ) -> tuple[int, int, tuple[int, int]] | None:
     """The (Mb, Nb, cluster) of the transposed output (N x M) where swapping A and B pays,
     else None: M <= SWAP_MAX_M rows whose direct plan takes 128-row bands, the last one partly
     past M, and a transposed plan whose `transposed_time` is below SWAP_GAIN of the direct
-    plan's (the same model with the roles of M and N exchanged). Candidates: both band
-    heights, t = 1-4 tiles of the narrowest width that holds M / t rows, each cluster shape;
-    the least `transposed_time` (ties: the taller band, the wider tile, no cluster)."""
+    plan's (the same model with the roles of M and N exchanged). Of `swap_candidates(M)`, the
+    least `transposed_time` (ties: the taller band, the wider tile, no cluster)."""
     direct = tile_plan(M, N, sms, quads=quads)
     if M > SWAP_MAX_M or M % 128 == 0 or direct[0] != 128:
         return None
-    plans = {(mb, nb, cluster)
-             for mb in (128, 64) for t in (1, 2, 3, 4)
-             for nb in [next((w for w in sorted(TILE_COST) if w >= -(-M // t)), None)] if nb
-             for cluster in TRANSPOSED_CLUSTER_COST}
-    best = min(plans, key=lambda p: (round(transposed_time(M, N, p, sms, quads), 6), -p[0],
-                                     -p[1], p[2][0] * p[2][1]))
+    best = min(swap_candidates(M), key=lambda p: (round(transposed_time(M, N, p, sms, quads), 6),
+                                                  -p[0], -p[1], p[2][0] * p[2][1]))
     gain = transposed_time(M, N, best, sms, quads) / transposed_time(N, M, direct, sms, quads)
     return best if gain < SWAP_GAIN else None
 
@@ -261,17 +266,28 @@ def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N:
     nineteenth and twenty-second sessions). `swap_ab`: take `swap_plan`'s transposed tiles
     where it gives them (`Config.TRANSPOSE_C`; rows on L2 lines, no forced width, no
     stream-K); False: always the direct plan."""
-    from tk_cute.kernels.gemm.gemm_sm90 import Config
-
     swap = (swap_plan(M, N, sms, quads) if lines and nb is None and not stream_k and swap_ab
             else None)
-    mb, nb, (cluster_m, cluster_n) = swap or tile_plan(M, N, sms, lines, nb, not stream_k, quads)
+    return plan_config(dtype, out_dtype, M, N,
+                       swap or tile_plan(M, N, sms, lines, nb, not stream_k, quads),
+                       transposed=swap is not None, stream_k=stream_k)
+
+
+def plan_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int, N: int,
+                plan: tuple[int, int, tuple[int, int]], transposed: bool = False,
+                stream_k: bool = False):
+    """The kernel config of an (Mb, Nb, cluster) `plan` of an M x N output (`transposed`: of
+    C^T, N x M, `Config.TRANSPOSE_C`): the epilogue blocks and buffers and the edge shift
+    `default_config` describes."""
+    from tk_cute.kernels.gemm.gemm_sm90 import Config
+
+    mb, nb, (cluster_m, cluster_n) = plan
     depth = 2 if out_dtype == torch.float32 or nb % 128 else 4
     epi_n = 16 if nb // 32 % 2 else 32
-    rows, cols = (N, M) if swap else (M, N)  # the kernel's M and N
+    rows, cols = (N, M) if transposed else (M, N)  # the kernel's M and N
     return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), Mb=mb, Nb=nb, EPI_N=epi_n,
                   EPI_PIPE_DEPTH=depth, CLUSTER_M=cluster_m, CLUSTER_N=cluster_n,
-                  STREAM_K=stream_k, TRANSPOSE_C=swap is not None,
+                  STREAM_K=stream_k, TRANSPOSE_C=transposed,
                   SHIFT_EDGES=not stream_k and any(n > tile and n % tile for n, tile in
                                                    ((rows, mb), (cols, nb))))
 

@@ -441,6 +441,27 @@ def test_swap_plan_transposes_where_the_last_band_lies_mostly_past_m(M, N, plan)
                                                  quads=30, **off).TRANSPOSE_C
 
 
+def test_swap_candidates_and_plan_config_are_what_default_config_builds():
+    """`swap_candidates` (what `bench gemm --candidates` times, each a valid config) holds
+    every pick of `swap_plan`, each candidate holding M's rows in at most 4 tiles, and
+    `plan_config` of a plan is `default_config`'s config for it, transposed or direct."""
+    from tk_cute import dense_gemm
+
+    for M in (129, 150, 257, 300, 333, 390, 400):
+        cands = dense_gemm.swap_candidates(M)
+        assert all(4 * nb >= M and mb in (64, 128) for mb, nb, _ in cands)
+        for dtype in (torch.bfloat16, torch.float8_e4m3fn):  # the bench's configs build
+            assert all(dense_gemm.plan_config(dtype, torch.bfloat16, M, 4096, c,
+                                              transposed=True).TRANSPOSE_C for c in cands)
+        for N in (2056, 4096, 8192, 28672):
+            cfg = dense_gemm.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS, quads=30)
+            plan = (cfg.Mb, cfg.Nb, (cfg.CLUSTER_M, cfg.CLUSTER_N))
+            swap = dense_gemm.swap_plan(M, N, SMS, quads=30)
+            assert swap is None or swap in cands
+            assert dense_gemm.plan_config(torch.bfloat16, torch.bfloat16, M, N, plan,
+                                          transposed=swap is not None) == cfg
+
+
 def test_transposed_time_charges_rows_past_the_tensor():
     """The model, edge tiles shifted inside the tensors: only a tile wider than its whole
     dimension has a box past it, whose rows there cost EDGE_ROW_COST valid rows; at 129 rows,

@@ -9,7 +9,9 @@ CUTLASS repository, tag v4.7.0 or main at 7107b05; not vendored: copy it into th
 `.peers/`). The peer runs with its own defaults (tile 128x256, cluster 1x1). `--nb`,
 `--stream-k`, `--supergroups` and `--clusters` add forced tk_cute configs beside the default
 (stream-K: equal shares of the tile x K-step units on `schedule.stream_k_grid`'s grid;
-`--stream-k-dp`: also each after whole waves of whole tiles).
+`--stream-k-dp`: also each after whole waves of whole tiles; `--candidates`: every transposed
+plan `dense_gemm.swap_plan` weighs, up to 400 rows; `--unshifted`: the plan with its edge tiles
+left on the grid).
 """
 
 from __future__ import annotations
@@ -95,6 +97,9 @@ def main(argv=None):
                    help="also time the plan (and a transposed plan's direct one) with its edge "
                         "tiles left on the tile grid, past the tensors (`Config.SHIFT_EDGES` "
                         "off)")
+    p.add_argument("--candidates", action="store_true",
+                   help="also time every transposed plan `dense_gemm.swap_candidates` gives "
+                        "shapes of up to SWAP_MAX_M rows (what `transposed_time` is fitted to)")
     p.add_argument("--eager", action="store_true",
                    help="time eager calls (host overhead included) instead of CUDA-graph replay")
     args = p.parse_args(argv)
@@ -155,6 +160,12 @@ def main(argv=None):
                     unshifted = dataclasses.replace(shifted, SHIFT_EDGES=False)
                     variants[f"{name} unshifted"] = lambda s, c=unshifted: tk_cute.gemm(
                         s[0], s[1], config=c)
+            for cand in gemm_mod.swap_candidates(M) if (args.candidates
+                                                        and M <= gemm_mod.SWAP_MAX_M) else ():
+                cfg = gemm_mod.plan_config(dtype, torch.bfloat16, M, N, cand, transposed=True)
+                name = f"tk_cute C^T {cand[0]}x{cand[1]}, {cand[2][0]}x{cand[2][1]}"
+                if cfg != plan:
+                    variants[name] = lambda s, c=cfg: tk_cute.gemm(s[0], s[1], config=c)
             for nb in args.nb:
                 cfg = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb,
                                               quads=quads)
