@@ -38,7 +38,7 @@ from cutlass.cute.nvgpu.warpgroup import OperandMajorMode
 
 from tk_cute.arch import target
 from tk_cute.ops import register, tma, warpgroup
-from tk_cute.runtime import Signature, i32, i64, ptr
+from tk_cute.runtime import OUT_ALIGN, Signature, i32, i64, ptr
 from tk_cute.templates import stream_k
 from tk_cute.templates.lcf import LCF
 from tk_cute.templates.stream_k import StreamK
@@ -129,7 +129,7 @@ class GemmSm90(LCF):
         self.a_tile = st(c.in_type, c.Mb, self.Kb)
         self.b_tile = st(c.in_type, c.Nb, self.Kb)
         out_type = OUTPUT_TYPES[c.out_dtype]
-        self.C_ALIGN = 16 * 8 // out_type.width  # C elements in 16 bytes (`origin`)
+        self.C_ALIGN = OUT_ALIGN * 8 // out_type.width  # C elements in 16 bytes (`origin`)
         self.c_tile = (st(out_type, c.EPI_N, c.Mb) if c.TRANSPOSE_C else
                        st(out_type, c.Mb, c.EPI_N))
         self.fit_ring(c.LOAD_PIPE_DEPTH, target(c.arch).smem_bytes)
@@ -172,14 +172,13 @@ class GemmSm90(LCF):
         N = 100 in rows of 104, stored from column 36, faulted with an illegal instruction;
         from column 40 it ran, H200, twenty-sixth session)."""
         M, N = g.A.tensor.shape[0], g.B.tensor.shape[0]
-        rows = cutlass.min(at.r * self.Mb, cutlass.max(M - self.Mb, 0))
-        cols = cutlass.min(at.c * self.Nb, cutlass.max(N - self.Nb, 0))
-        align = self.C_ALIGN
+        last_row, last_col = cutlass.max(M - self.Mb, 0), cutlass.max(N - self.Nb, 0)
+        align = self.C_ALIGN  # (grid origins, multiples of Mb and Nb, are aligned already)
         if cutlass.const_expr(self.config.TRANSPOSE_C):
-            rows = (rows + (align - 1)) // align * align
+            last_row = (last_row + (align - 1)) // align * align
         else:
-            cols = (cols + (align - 1)) // align * align
-        return rows, cols
+            last_col = (last_col + (align - 1)) // align * align
+        return (cutlass.min(at.r * self.Mb, last_row), cutlass.min(at.c * self.Nb, last_col))
 
     # --- consumers --------------------------------------------------------------------------
     def setup(self, g, thread, smem):

@@ -122,7 +122,9 @@ def load_async(dst, src: gl | Source, at: coord, sem, multicast: Multicast | Non
 
 def store_async(dst: gl, src, at: coord, origin=None):
     """Store the shared tile `src` to tile `at` of `dst` (fence the writes to `src` first);
-    `origin` as in `load_async`."""
+    `origin` as in `load_async`, its coordinate along the contiguous dimension on 16 bytes
+    of `dst` (a store box from 72 bytes into an fp16 row faulted on the H200: illegal
+    instruction)."""
     s, g = _partition(dst, src, None, None if origin is None else dst.tiles_from(*origin))
     cute.copy(dst.atom, s, g[(None, at.r, at.c, at.b)])
 
