@@ -441,25 +441,28 @@ def test_swap_plan_transposes_where_the_last_band_lies_mostly_past_m(M, N, plan)
                                                  quads=30, **off).TRANSPOSE_C
 
 
-def test_swap_candidates_and_plan_config_are_what_default_config_builds():
-    """`swap_candidates` (what `bench gemm --candidates` times, each a valid config) holds
-    every pick of `swap_plan`, each candidate holding M's rows in at most 4 tiles, and
-    `plan_config` of a plan is `default_config`'s config for it, transposed or direct."""
+def test_swap_candidates_hold_the_swap_plan_and_build_transposed_configs():
+    """`swap_candidates` (what `bench gemm --candidates` times) holds every pick of
+    `swap_plan`, each candidate holding M's rows in at most 4 tiles; `plan_config` builds each
+    as a transposed config of that tile and cluster, 16-column epilogue blocks for odd
+    multiples of 32, and edges shifted where the kernel's M (N here) or N (M here) has a
+    partial tile after a whole one."""
     from tk_cute import dense_gemm
 
     for M in (129, 150, 257, 300, 333, 390, 400):
         cands = dense_gemm.swap_candidates(M)
         assert all(4 * nb >= M and mb in (64, 128) for mb, nb, _ in cands)
-        for dtype in (torch.bfloat16, torch.float8_e4m3fn):  # the bench's configs build
-            assert all(dense_gemm.plan_config(dtype, torch.bfloat16, M, 4096, c,
-                                              transposed=True).TRANSPOSE_C for c in cands)
         for N in (2056, 4096, 8192, 28672):
-            cfg = dense_gemm.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS, quads=30)
-            plan = (cfg.Mb, cfg.Nb, (cfg.CLUSTER_M, cfg.CLUSTER_N))
             swap = dense_gemm.swap_plan(M, N, SMS, quads=30)
             assert swap is None or swap in cands
-            assert dense_gemm.plan_config(torch.bfloat16, torch.bfloat16, M, N, plan,
-                                          transposed=swap is not None) == cfg
+        for dtype in (torch.bfloat16, torch.float8_e4m3fn):
+            for mb, nb, cluster in cands:
+                cfg = dense_gemm.plan_config(dtype, torch.bfloat16, M, 4100, (mb, nb, cluster),
+                                             transposed=True)
+                assert cfg.TRANSPOSE_C and not cfg.STREAM_K
+                assert (cfg.Mb, cfg.Nb, (cfg.CLUSTER_M, cfg.CLUSTER_N)) == (mb, nb, cluster)
+                assert cfg.EPI_N == (16 if nb in (96, 160, 224) else 32)
+                assert cfg.SHIFT_EDGES == (4100 % mb != 0 or (M > nb and M % nb != 0))
 
 
 def test_transposed_time_charges_rows_past_the_tensor():
