@@ -77,15 +77,31 @@ def _check(a: torch.Tensor, b: torch.Tensor, out_dtype):
 
 # Time per output column of a 128 x Nb tile relative to Nb = 256 (narrower wgmmas issue more
 # instructions per column and read more operand bytes per MMA), and of a cluster shape's tiles
-# relative to none (multicast: fewer L2 reads per MMA): a least-squares fit of log time over the
-# H200 sweeps of 36 shapes x 7 widths x 3 cluster shapes in docs/results.md (twenty-third
-# session).
-TILE_COST = {256: 1.0, 224: 1.05, 192: 1.057, 160: 1.11, 128: 1.15, 96: 1.415, 64: 1.82}
+# relative to none (multicast: fewer L2 reads per MMA): the multiples of 32 a least-squares fit
+# of log time over the H200 sweeps of 36 shapes x 7 widths x 3 cluster shapes in
+# docs/results.md (twenty-third session); 112, 144 and 208 each timed against a neighbour in
+# one round of the same tile count (twenty-seventh session: 333x5120 transposed against 128,
+# 257x8192 against 160, 400x8192 against 224), 176 interpolated in 1 / Nb (and timed in
+# 192-row tiles, TALL_COST). The other 16-column steps (80, 240) compile and run
+# (`gemm_sm90.NBS`) but are not planned: untimed, the interpolation put 240 in place of 256 and
+# 192 at 3000x5000, where it ran 2% slower.
+TILE_COST = {256: 1.0, 224: 1.05, 208: 1.17, 192: 1.057, 176: 1.081, 160: 1.11, 144: 1.14,
+             128: 1.15, 112: 1.30, 96: 1.415, 64: 1.82}
 CLUSTER_COST = {(1, 1): 1.0, (2, 1): 0.972, (1, 2): 0.982}
 # Aligned rows in clusters from this tile width on: a 64-wide tile's B is 8 KiB a stage, so
 # multicast saves little and the cluster costs more (257x2056x4096 +8%, 2056x384x4096 +14% in
 # 2 x 1 clusters, twenty-third session)
 CLUSTER_MIN_WIDTH = 96
+# 192-row tiles (three consumer warpgroups, `Config.Mb = 192`; at most 192 wide,
+# `gemm_sm90.max_width`): where 128-row bands leave a round part-empty, a third fewer bands
+# may fill one (2056 x 2056: 11 x 12 = 132 tiles of 192 x 176 against 17 x 13 of 128 x 160).
+# Their time against 1.5 128-row tiles of the width: 1.01-1.05 (H200, twenty-seventh session,
+# 2056^2 at K = 8192 / 4096: 94.7 / 50.4 us against 113.8 / 58.3 for 128 x 160 in 2 x 1,
+# cuBLAS 94.3 / 48.2). 1 x 2 clusters (A multicast) even at K = 4096 (51.1 us); 2 x 1 (B
+# multicast) ran twice as long (99.0 us at 192 x 176, 90.5 at 192 x 160), so none.
+TALL_MB = 192
+TALL_COST = 1.03
+TALL_CLUSTER_COST = {(1, 1): 1.0, (1, 2): 1.0}
 
 
 # The few-rows regime: outputs of a few 64-row bands stream B, and 128-row tiles there keep
@@ -153,8 +169,26 @@ def tile_plan(M: int, N: int, sms: int, lines: bool = True, nb: int | None = Non
     if clusters and not lines and M > 128:
         return (128, *schedule.cluster_plan(-(-M // 128), N, sms, widths, {(2, 1): 1.0}))
     shapes = CLUSTER_COST if clusters else {(1, 1): 1.0}
-    return (128, *schedule.cluster_plan(-(-M // 128), N, sms, widths, shapes,
-                                        CLUSTER_MIN_WIDTH))
+    plans = [(128, *schedule.cluster_plan(-(-M // 128), N, sms, widths, shapes,
+                                          CLUSTER_MIN_WIDTH))]
+    from tk_cute.kernels.gemm.gemm_sm90 import max_width
+
+    tall = {w: c for w, c in widths.items() if w <= max_width(TALL_MB)}
+    if clusters and M > FEW_ROWS_MAX_M and tall:
+        plans.append((TALL_MB, *schedule.cluster_plan(-(-M // TALL_MB), N, sms, tall,
+                                                      TALL_CLUSTER_COST, CLUSTER_MIN_WIDTH)))
+    return min(plans, key=lambda p: direct_time(M, N, p, sms))
+
+
+def direct_time(M: int, N: int, plan: tuple[int, int, tuple[int, int]], sms: int) -> float:
+    """`tile_plan`'s model of an (Mb, Nb, cluster) plan of 128- or 192-row tiles: the rounds
+    of its tiles (padded to whole clusters) times Mb / 128 * Nb * TILE_COST[Nb] * the cluster's
+    cost (TALL_COST, TALL_CLUSTER_COST for 192 rows)."""
+    mb, nb, cluster = plan
+    costs = TALL_CLUSTER_COST if mb == TALL_MB else CLUSTER_COST
+    rounds = schedule.tile_rounds(-(-M // mb), N, nb, sms, cluster)
+    return (rounds * mb / 128 * nb * TILE_COST[nb] * costs.get(cluster, 1.0)
+            * (TALL_COST if mb == TALL_MB else 1.0))
 
 
 # Few rows as wgmma's N: C^T = B @ A^T (`gemm_sm90.Config.TRANSPOSE_C`, A and B swapped on the
@@ -283,7 +317,7 @@ def plan_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int, N: int,
 
     mb, nb, (cluster_m, cluster_n) = plan
     depth = 2 if out_dtype == torch.float32 or nb % 128 else 4
-    epi_n = 16 if nb // 32 % 2 else 32
+    epi_n = 32 if nb % 64 == 0 else 16
     rows, cols = (N, M) if transposed else (M, N)  # the kernel's M and N
     return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), Mb=mb, Nb=nb, EPI_N=epi_n,
                   EPI_PIPE_DEPTH=depth, CLUSTER_M=cluster_m, CLUSTER_N=cluster_n,

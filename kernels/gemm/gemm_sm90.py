@@ -50,18 +50,37 @@ INPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
                "float8_e4m3fn": cutlass.Float8E4M3FN, "float8_e5m2": cutlass.Float8E5M2}
 OUTPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
                 "float32": cutlass.Float32}
-# Tile widths: multiples of 32 up to wgmma's N = 256, so that a tile's epilogue blocks (32
-# columns, or 16 for odd multiples of 32) fill whole rounds of two buffers
-NBS = tuple(range(64, 257, 32))
+# Tile widths: multiples of 16 up to wgmma's N = 256 (a tile's epilogue blocks are 16 or 32
+# columns); tile heights: one consumer warpgroup per 64 rows
+NBS = tuple(range(64, 257, 16))
+MBS = (64, 128, 192, 256)
+# Registers a consumer thread needs beside its Nb / 2 fp32 accumulators to issue a wgmma: ptxas
+# fits each instruction in the launch's per-thread registers (`entry_registers`), which
+# setmaxnreg does not raise (192 x 208 asks for 136 of 128; 192 x 192 and 256 x 128 compile)
+WGMMA_SPARE_REGISTERS = 32
+
+
+def entry_registers(mb: int) -> int:
+    """The per-thread registers an Mb-row tile's block launches with (one producer and Mb / 64
+    consumer warpgroups, one block per SM)."""
+    return warpgroup.entry_registers((1 + mb // 64) * warpgroup.WARPGROUP_THREADS)
+
+
+def max_width(mb: int) -> int:
+    """The widest tile (of `NBS`) an Mb-row tile compiles at (`WGMMA_SPARE_REGISTERS`):
+    256 for 64 and 128 rows, 192 for 192, 128 for 256."""
+    return max(nb for nb in NBS if nb // 2 + WGMMA_SPARE_REGISTERS <= entry_registers(mb))
 
 
 @dataclass(frozen=True)
 class Config:
     """Tile and pipeline shape (TK config names). Kb = 0 picks 4 MMA K-steps (64 for 16-bit
-    inputs, 128 for fp8); LOAD_PIPE_DEPTH = 0 fills the target's shared memory. The epilogue
-    stages C in EPI_N-column blocks (16 or 32) through EPI_PIPE_DEPTH shared buffers, a whole
-    number of rounds of them per tile (every tile starts on buffer 0, free once the last
-    tile's stores have read the buffers after it)."""
+    inputs, 128 for fp8); LOAD_PIPE_DEPTH = 0 fills the target's shared memory. Mb / 64
+    consumer warpgroups (`MBS`). The epilogue stages C in EPI_N-column blocks (16 or 32)
+    through EPI_PIPE_DEPTH shared buffers; every tile starts on buffer 0, free once the last
+    tile's stores have read the buffers after it: where a tile's blocks are not whole rounds
+    of the buffers, `finish` first waits for all of the last tile's stores to have read
+    theirs (issued a whole main loop before, long done)."""
 
     dtype: str = "bfloat16"
     out_dtype: str = "bfloat16"
@@ -88,14 +107,19 @@ class Config:
                             f"{self.out_dtype!r}")
         if not target(self.arch).wgmma:
             raise ValueError(f"GemmSm90 needs wgmma (sm_90a); target is {self.arch}")
-        if self.Mb not in (64, 128) or self.Nb not in NBS:
-            raise ValueError(f"tile must be 64 or 128 rows (one 64-row consumer warpgroup per "
-                             f"64) x one of {NBS}; got {self.Mb} x {self.Nb}")
-        if self.EPI_N not in (16, 32):
-            raise ValueError(f"EPI_N must be 16 or 32 columns, got {self.EPI_N}")
-        if self.Nb % (self.EPI_N * self.EPI_PIPE_DEPTH):
-            raise ValueError(f"Nb={self.Nb} must be a multiple of EPI_N*EPI_PIPE_DEPTH = "
-                             f"{self.EPI_N}*{self.EPI_PIPE_DEPTH}")
+        if self.Mb not in MBS or self.Nb not in NBS:
+            raise ValueError(f"tile must be one of {MBS} rows (one 64-row consumer warpgroup "
+                             f"per 64) x one of {NBS}; got {self.Mb} x {self.Nb}")
+        if self.Nb > max_width(self.Mb):
+            raise ValueError(f"a {self.Mb}-row tile is at most {max_width(self.Mb)} wide (its "
+                             f"threads' Nb / 2 accumulators and the wgmma's operands fit the "
+                             f"launch's {entry_registers(self.Mb)} registers); got Nb={self.Nb}")
+        if self.EPI_N not in (16, 32) or self.Nb % self.EPI_N:
+            raise ValueError(f"EPI_N must be 16 or 32 columns dividing Nb={self.Nb}, got "
+                             f"{self.EPI_N}")
+        if not 1 <= self.EPI_PIPE_DEPTH <= self.Nb // self.EPI_N:
+            raise ValueError(f"EPI_PIPE_DEPTH must be 1 to Nb / EPI_N = {self.Nb // self.EPI_N} "
+                             f"buffers, got {self.EPI_PIPE_DEPTH}")
         if self.CLUSTER_M * self.CLUSTER_N > 4:
             raise ValueError(f"cluster {self.CLUSTER_M}x{self.CLUSTER_N} exceeds 4 CTAs")
         if self.STREAM_K_DP and not self.STREAM_K:
@@ -123,6 +147,10 @@ class GemmSm90(LCF):
         self.config = c = config
         self.Mb, self.Nb, self.Kb = c.Mb, c.Nb, c.k_block
         self.NUM_CONSUMERS = c.Mb // 64
+        # what the producer's drop leaves each consumer warpgroup (232 for two; 152 for three,
+        # 104 for four: a 256-row tile's accumulator is Nb / 2 registers per thread)
+        self.CONSUMER_REGISTERS = warpgroup.consumer_registers(
+            self.threads, self.PRODUCER_REGISTERS, self.NUM_CONSUMERS, LCF.CONSUMER_REGISTERS)
         self.SUPERGROUP_SIZE, self.CLUSTER_M, self.CLUSTER_N = (
             c.SUPERGROUP_SIZE, c.CLUSTER_M, c.CLUSTER_N)
         stream_k.configure(self, c.STREAM_K, STREAM_K_DP=c.STREAM_K_DP)
@@ -194,6 +222,10 @@ class GemmSm90(LCF):
         c, depth, transposed = smem["c"], self.config.EPI_PIPE_DEPTH, self.config.TRANSPOSE_C
         blocks, epi_n = self.Nb // self.config.EPI_N, self.config.EPI_N
         consumers = warpgroup.sync(NamedBarrier.EPILOGUE, self.NUM_CONSUMERS)
+        if cutlass.const_expr(blocks % depth):  # the last tile's stores may still read buffer 0
+            if thread < 32:
+                tma.store_async_read_wait(0)
+            consumers()
         for i in cutlass.range_constexpr(blocks):
             warpgroup.store(c[None, None, i % depth], acc, thread, subtile=i,
                             transposed=transposed)

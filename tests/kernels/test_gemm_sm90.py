@@ -59,9 +59,13 @@ def test_shared_memory_fits_the_target(built):
     [
         (dict(dtype="float32"), "input dtype"),
         (dict(out_dtype="float64"), "out_dtype"),
-        (dict(Nb=80), "tile must be"),
+        (dict(Nb=72), "tile must be"),
+        (dict(Mb=96), "tile must be one of \\(64, 128, 192, 256\\) rows"),
+        (dict(Mb=192, Nb=208), "192-row tile is at most 192 wide"),
+        (dict(Mb=256, Nb=144), "256-row tile is at most 128 wide"),
         (dict(EPI_N=64), "EPI_N must be 16 or 32"),
-        (dict(Nb=160), "multiple of EPI_N\\*EPI_PIPE_DEPTH = 32\\*4"),
+        (dict(Nb=80), "EPI_N must be 16 or 32 columns dividing Nb=80, got 32"),
+        (dict(Nb=96, EPI_N=32, EPI_PIPE_DEPTH=4), "EPI_PIPE_DEPTH must be 1 to Nb / EPI_N = 3"),
         (dict(arch="sm_100a"), "needs wgmma"),
         (dict(CLUSTER_M=4, CLUSTER_N=2), "exceeds 4"),
         (dict(LOAD_PIPE_DEPTH=6), "shared memory"),
@@ -249,8 +253,6 @@ def test_64_row_tiles_compile_to_one_consumer_warpgroup(dtype, inst):
     assert b.ptx_count(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global\.\S*multicast") >= 1
     assert b.ptx_count(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232") == 1
     assert b.kernel.local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0
-    with pytest.raises(ValueError, match="64 or 128 rows"):
-        GemmSm90(Config(Mb=96))
 
 
 @pytest.mark.gpu
@@ -313,10 +315,10 @@ def test_tile_plan_takes_forced_widths_and_rows_off_lines():
     assert tile_plan(8192, 8192, SMS, nb=160) == (128, 160, (2, 1))
     assert tile_plan(16, 8192, SMS, nb=64, quads=30) == (64, 64, (1, 2))  # forced width
     assert tile_plan(16, 8192, SMS, nb=64, clusters=False) == (128, 64, (1, 1))  # stream-K
-    assert tile_plan(2056, 5000, SMS, lines=False) == (128, 256, (2, 1))  # rows off lines
+    assert tile_plan(2056, 5000, SMS, lines=False) == (128, 176, (2, 1))  # rows off lines
     assert tile_plan(2056, 5000, SMS, clusters=False) == (128, 224, (1, 1))  # stream-K: none
     with pytest.raises(ValueError, match="tile width must be one of .* got 80"):
-        tile_plan(1000, 1000, SMS, nb=80)
+        tile_plan(1000, 1000, SMS, nb=80)  # runs (gemm_sm90.NBS), not planned: untimed
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
@@ -367,6 +369,83 @@ def test_narrow_tiles_compile_to_their_wgmma_without_spills(nb):
     assert b.kernel.local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0
 
 
+@pytest.mark.parametrize("mb, nb, regs", [(192, 176, 152), (192, 192, 152), (256, 128, 104)])
+def test_tall_tiles_compile_to_one_warpgroup_per_64_rows(mb, nb, regs):
+    """192- and 256-row tiles: Mb / 64 consumer warpgroups (512 / 640 threads), each raised to
+    what the producer's drop leaves them (`warpgroup.consumer_registers`), 4 wgmma per stage
+    and warpgroup, no spills; 16 columns an epilogue block where Nb is not a multiple of 64
+    (176: eleven blocks in two buffers, not whole rounds of them)."""
+    from tk_cute.dense_gemm import plan_config
+
+    cfg = plan_config(torch.bfloat16, torch.bfloat16, 2056, 2056, (mb, nb, (1, 1)))
+    assert cfg.EPI_N == (32 if nb % 64 == 0 else 16) and cfg.SHIFT_EDGES
+    k = GemmSm90(cfg)
+    assert k.NUM_CONSUMERS == mb // 64 and k.threads == 128 * (1 + mb // 64)
+    b = build(k.call_ptrs, *gemm_sm90.signature(cfg).compile_args(SMS), arch="sm_90a")
+    assert b.ptx_count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{nb}k16\.f32\.bf16\.bf16") == 4
+    assert b.ptx_count(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{regs}") == 1
+    assert b.kernel.local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0
+    assert k.dynamic_shared_memory() <= target("sm_90a").smem_bytes
+
+
+@pytest.mark.parametrize("M, N, plan", [
+    (2056, 2056, (192, 176, (1, 1))),  # 11 x 12 = 132 tiles: one round (128 x 160: 17 x 13)
+    (2048, 2056, (192, 176, (1, 1))),
+    (1500, 3000, (192, 192, (1, 1))),
+    (3000, 1000, (192, 128, (1, 1))),
+    (1000, 2056, (128, 144, (2, 1))),  # 8 x 15 = 120 tiles of 144 in one round
+    (4096, 2056, (128, 176, (2, 1))),
+    (4000, 5000, (128, 256, (2, 1))),  # unchanged: 256 wide fills its rounds
+    (3000, 384, (128, 96, (2, 1))),    # 96 against 112 at the same tile count
+])
+def test_tile_plan_weighs_192_row_tiles_and_16_column_steps(M, N, plan):
+    """`tile_plan` on the H200 (132 SMs): 192-row tiles (no 2 x 1 clusters) where a third
+    fewer bands fill a round, 144 / 176 wide tiles between the multiples of 32; each pick here
+    timed against the twenty-sixth session's plan (docs/results.md, twenty-seventh session:
+    2056^2 59.2 -> 50.1 us, 1000x2056 32.4 -> 29.7)."""
+    from tk_cute import dense_gemm
+
+    assert dense_gemm.tile_plan(M, N, SMS, quads=30) == plan
+    assert dense_gemm.direct_time(M, N, plan, SMS) == min(
+        dense_gemm.direct_time(M, N, p, SMS) for p in
+        [(128, nb, c) for nb in dense_gemm.TILE_COST for c in dense_gemm.CLUSTER_COST
+         if nb >= dense_gemm.CLUSTER_MIN_WIDTH or c == (1, 1)]
+        + [(192, nb, c) for nb in dense_gemm.TILE_COST if nb <= 192
+           for c in dense_gemm.TALL_CLUSTER_COST if nb >= dense_gemm.CLUSTER_MIN_WIDTH
+           or c == (1, 1)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, out_dtype", [(torch.bfloat16, torch.bfloat16),
+                                              (torch.float8_e4m3fn, torch.float16),
+                                              (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("M, N, K, plan, transposed", [
+    (2056, 2056, 512, (192, 176, (1, 1)), False),
+    (1000, 1000, 256, (192, 192, (1, 2)), False),
+    (700, 1000, 512, (256, 128, (1, 1)), False),
+    (700, 1000, 512, (256, 112, (2, 1)), False),
+    (1000, 2056, 320, (128, 144, (2, 1)), False),
+    (333, 5120, 256, (128, 112, (1, 1)), True),
+    (257, 8192, 256, (128, 144, (1, 2)), True),
+    (400, 4104, 256, (128, 208, (1, 1)), True),
+    (129, 3000, 272, (64, 144, (1, 1)), True),
+])
+def test_tall_tiles_and_16_column_steps_match_fp64_every_element(seed, dtype, out_dtype, M, N,
+                                                                  K, plan, transposed):
+    """192 / 256-row tiles and 16-column widths through `gemm(config=)`, edges shifted, on a
+    NaN-poisoned out: every element within `assert_gemm_close`'s bound of float64."""
+    import tk_cute
+    from tk_cute import dense_gemm
+    from tk_cute.testing import assert_gemm_close
+
+    cfg = dense_gemm.plan_config(dtype, out_dtype, M, N, plan, transposed=transposed)
+    a = torch.randn(M, K, device="cuda").to(dtype)
+    b = torch.randn(N, K, device="cuda").to(dtype)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
+    assert tk_cute.gemm(a, b, out_dtype, config=cfg, out=out) is out
+    assert_gemm_close(out, a, b)
+
+
 # --- C stored transposed (the host's swap of A and B) ---------------------------------------
 
 @pytest.mark.parametrize("out_dtype, pieces", [("bfloat16", 2), ("float32", 4)])
@@ -414,12 +493,12 @@ def test_transposed_c_matches_fp64_every_element(seed, dtype, out_dtype, mb, nb,
 
 
 @pytest.mark.parametrize("M, N, plan", [
-    (257, 8192, (128, 160, (1, 2))),  # two 160-row tiles of A sharing each band of B
-    (257, 4096, (64, 160, (1, 2))),  # the second tile shifted to rows 97-256
+    (257, 8192, (128, 144, (1, 2))),  # two 144-row tiles of A sharing each band of B
+    (257, 4096, (64, 144, (1, 2))),  # the second tile shifted to rows 113-256
     (257, 2056, (64, 96, (1, 2))),
     (300, 4096, (64, 160, (1, 2))),
-    (129, 8192, (128, 96, (1, 2))),  # the direct plan: a 128-row band of one row
-    (400, 2056, (64, 128, (1, 2))),
+    (129, 8192, (64, 144, (1, 1))),  # the direct plan: a 128-row band of one row
+    (400, 2056, (64, 112, (1, 2))),
     (65, 8192, None), (200, 4096, None), (128, 4096, None),  # 64-row bands: direct
     (384, 8192, None), (256, 8192, None),  # whole 128-row bands
     (450, 8192, None), (1000, 5000, None),  # beyond SWAP_MAX_M
@@ -428,7 +507,9 @@ def test_swap_plan_transposes_where_the_last_band_lies_mostly_past_m(M, N, plan)
     """`swap_plan` on the H200 (132 SMs, 30 resident 4-CTA clusters): the transposed tiles
     (Mb of N, Nb of M) where the direct plan's last 128-row band is mostly past M, edge tiles
     shifted either way; where timed the fastest or within 2.3% of it among 13-24 variants
-    (docs/results.md, twenty-sixth session)."""
+    (docs/results.md, twenty-sixth session); with the 16-column widths (twenty-seventh
+    session) 257x8192 / 257x4096 ran 0.92 / 0.93 of the 160-wide picks, 400x2056 1.00 and
+    129x8192 1.04 (the 128 x 96 pick's time) at K = 4096."""
     from tk_cute import dense_gemm
 
     assert dense_gemm.swap_plan(M, N, SMS, quads=30) == plan
@@ -461,7 +542,7 @@ def test_swap_candidates_hold_the_swap_plan_and_build_transposed_configs():
                                              transposed=True)
                 assert cfg.TRANSPOSE_C and not cfg.STREAM_K
                 assert (cfg.Mb, cfg.Nb, (cfg.CLUSTER_M, cfg.CLUSTER_N)) == (mb, nb, cluster)
-                assert cfg.EPI_N == (16 if nb in (96, 160, 224) else 32)
+                assert cfg.EPI_N == (32 if nb % 64 == 0 else 16)
                 assert cfg.SHIFT_EDGES == (4100 % mb != 0 or (M > nb and M % nb != 0))
 
 
@@ -483,7 +564,8 @@ def test_transposed_time_charges_rows_past_the_tensor():
     (2056, 2056, True), (333, 5120, True), (4000, 5000, True), (3000, 384, True),
     (384, 8192, True),  # whole bands, 8192 columns in 192-wide tiles
     (8192, 8192, False), (4096, 14336, False), (256, 8192, False),  # whole tiles
-    (257, 8192, True), (129, 8192, True),  # transposed: M in two 160 / 96-wide tiles
+    (257, 8192, True),  # transposed: M in two 144-wide tiles
+    (129, 8192, False),  # transposed: M in one 144-wide tile, N in whole 64-row bands
     (16, 8192, False),  # one 64-row band of 16 rows: nothing to move
     (100, 8192, True)])  # two 64-row bands, the second shifted to rows 36-99
 def test_default_config_shifts_the_edges_where_the_tiles_do_not_divide_the_output(M, N, shifted):

@@ -218,7 +218,7 @@ def test_dense_plan_plot_maps_the_tile_plan():
     d = fig.drawn
     want = {(16, 8192): "64x128, cluster 1x4", (16, 16384): "64x128, cluster 1x2",
             (128, 4096): "64x128, cluster 1x4", (8192, 8192): "128x256, cluster 2x1",
-            (257, 8192): "C^T: 128x160, cluster 1x2", (8192, 4096): "128x256, cluster 2x1"}
+            (257, 8192): "C^T: 128x144, cluster 1x2", (8192, 4096): "128x256, cluster 2x1"}
     assert {k: d["plans"][k] for k in want} == want
     image = np.asarray(fig.axes[0].images[0].get_array())
     assert image.shape == (3, 4)

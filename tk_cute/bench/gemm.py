@@ -68,6 +68,16 @@ def _peer(path, dtype, sms, kernel=None):
     return run, _class_lines(path, PEER_CLASS)
 
 
+def _parse_plan(text: str):
+    """'MbxNb:CMxCN' (or with ':t', transposed) -> (plan, transposed) for
+    `dense_gemm.plan_config`."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "t"):
+        raise ValueError(f"a plan is MbxNb:CMxCN or MbxNb:CMxCN:t, got {text!r}")
+    (mb, nb), cluster = (tuple(map(int, p.split("x"))) for p in parts[:2])
+    return (mb, nb, cluster), len(parts) == 3
+
+
 def _class_lines(path, name) -> int:
     tree = ast.parse(open(path).read())
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
@@ -100,6 +110,9 @@ def main(argv=None):
     p.add_argument("--candidates", action="store_true",
                    help="also time every transposed plan `dense_gemm.swap_candidates` gives "
                         "shapes of up to SWAP_MAX_M rows (what `transposed_time` is fitted to)")
+    p.add_argument("--plans", nargs="*", default=[],
+                   help="also time these plans, each MbxNb:CMxCN (a C^T plan: MbxNb:CMxCN:t, "
+                        "Mb of N's rows by Nb of M's), e.g. 192x176:1x1 128x112:2x1:t")
     p.add_argument("--eager", action="store_true",
                    help="time eager calls (host overhead included) instead of CUDA-graph replay")
     args = p.parse_args(argv)
@@ -166,6 +179,9 @@ def main(argv=None):
                 name = f"tk_cute C^T {cand[0]}x{cand[1]}, {cand[2][0]}x{cand[2][1]}"
                 if cfg != plan:
                     variants[name] = lambda s, c=cfg: tk_cute.gemm(s[0], s[1], config=c)
+            for text in args.plans:
+                cfg = gemm_mod.plan_config(dtype, torch.bfloat16, M, N, *_parse_plan(text))
+                variants[f"tk_cute {text}"] = lambda s, c=cfg: tk_cute.gemm(s[0], s[1], config=c)
             for nb in args.nb:
                 cfg = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb,
                                               quads=quads)
