@@ -7,8 +7,9 @@ accumulator (`GemmScaledSm90`), which the NVFP4 "dequantize" path runs on exact 
 
 Shapes: any M, N, K whose rows meet TMA's 16-byte alignment (K * element size and N * output
 element size multiples of 16 bytes, tensors 16-byte aligned): the kernel's edge tiles are
-partial (zero-filled loads, clipped stores), never padded on the host. The tile (128 rows, or
-64 for few rows, M <= 256: `few_rows_plan`; 64 to 256 columns in steps of 32)
+partial (zero-filled loads, clipped stores), never padded on the host. The tile (128 rows, 192
+where a third fewer bands fill a round, or 64 for few rows, M <= 256: `few_rows_plan`; 64 to
+256 columns, the planned widths `TILE_COST`: multiples of 32 and 112 / 144 / 176 / 208)
 and the cluster shape come from the output's shape and the SM count (`tile_plan`: a model of
 the persistent grid's rounds, with costs fitted on the H200). Up to 400 rows whose last 128-row
 band would lie mostly past M, the kernel computes C^T = B @ A^T instead (`swap_plan`: M in
@@ -192,7 +193,7 @@ def direct_time(M: int, N: int, plan: tuple[int, int, tuple[int, int]], sms: int
 
 
 # Few rows as wgmma's N: C^T = B @ A^T (`gemm_sm90.Config.TRANSPOSE_C`, A and B swapped on the
-# launch) cuts M into tiles of a width (steps of 32) instead of 128-row bands, and B's rows
+# launch) cuts M into tiles of a width (steps of 16) instead of 128-row bands, and B's rows
 # make the bands: a band of one row no longer takes a whole band's time, and the rows of M
 # are padded to a width, not to 128. Both plans run with their edge tiles shifted inside the
 # tensors (`Config.SHIFT_EDGES`, `default_config`), so only a tile wider than its whole

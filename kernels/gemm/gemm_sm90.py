@@ -17,7 +17,7 @@ loads of edge tiles fill zeros past the tensors (they add nothing to the sums; a
 carries its whole box of bytes) and the TMA stores clip the edge tiles of C.
 `Config.TRANSPOSE_C`: C is stored with M contiguous, i.e. the memory of an (N, M) row-major
 C^T (the host's swap of A and B: out = a @ b^T computed as out^T = b @ a^T, so that a few
-activation rows are wgmma's N, in steps of 32 rather than 64-row bands); each epilogue block
+activation rows are wgmma's N, in steps of 16 rather than 64-row bands); each epilogue block
 is stmatrix-transposed into an (EPI_N, Mb) row-major buffer and TMA-stored into C^T.
 `Config.SHIFT_EDGES`: the last band and the last column of tiles, where they would reach past M
 (N), start at M - Mb (N - Nb) instead, inside the tensor (where it has a whole tile): their load
