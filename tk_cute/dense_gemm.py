@@ -80,9 +80,11 @@ def _check(a: torch.Tensor, b: torch.Tensor, out_dtype):
 # instructions per column and read more operand bytes per MMA), and of a cluster shape's tiles
 # relative to none (multicast: fewer L2 reads per MMA): the multiples of 32 a least-squares fit
 # of log time over the H200 sweeps of 36 shapes x 7 widths x 3 cluster shapes in
-# docs/results.md (twenty-third session); 112, 144 and 208 each timed against a neighbour in
-# one round of the same tile count (twenty-seventh session: 333x5120 transposed against 128,
-# 257x8192 against 160, 400x8192 against 224), 176 interpolated in 1 / Nb (and timed in
+# docs/results.md (twenty-third session); 112, 144 and 208 timed (twenty-seventh session):
+# 208 against 224 in one round of the same tile count (400x8192 transposed), 112 and 144 set
+# where the A/B of 95 changed plans put them (112 ran 2-13% slower than 96 at the same tile
+# count, 3000x384, so 1.30, still below 128 per tile at 333x5120; 144 1.155, so that 129x8192
+# keeps 128 x 96, 4-8% faster than 64 x 144), 176 interpolated in 1 / Nb (and timed in
 # 192-row tiles, TALL_COST). The other 16-column steps (80, 240) compile and run
 # (`gemm_sm90.NBS`) but are not planned: untimed, the interpolation put 240 in place of 256 and
 # 192 at 3000x5000, where it ran 2% slower.
