@@ -188,10 +188,10 @@ def direct_time(M: int, N: int, plan: tuple[int, int, tuple[int, int]], sms: int
     of its tiles (padded to whole clusters) times Mb / 128 * Nb * TILE_COST[Nb] * the cluster's
     cost (TALL_COST, TALL_CLUSTER_COST for 192 rows)."""
     mb, nb, cluster = plan
-    costs = TALL_CLUSTER_COST if mb == TALL_MB else CLUSTER_COST
-    rounds = schedule.tile_rounds(-(-M // mb), N, nb, sms, cluster)
-    return (rounds * mb / 128 * nb * TILE_COST[nb] * costs.get(cluster, 1.0)
-            * (TALL_COST if mb == TALL_MB else 1.0))
+    tall = mb == TALL_MB
+    return (schedule.cluster_time(-(-M // mb), N, sms, nb, cluster, TILE_COST,
+                                  TALL_CLUSTER_COST if tall else CLUSTER_COST)
+            * mb / 128 * (TALL_COST if tall else 1.0))
 
 
 # Few rows as wgmma's N: C^T = B @ A^T (`gemm_sm90.Config.TRANSPOSE_C`, A and B swapped on the

@@ -346,6 +346,13 @@ def tile_plan(bands: int, cols: int, sms: int, cost: dict,
     return min(((nb, sk) for nb in cost for sk in kinds), key=time)
 
 
+def cluster_time(bands: int, cols: int, sms: int, nb: int, cluster, cost: dict,
+                 clusters: dict) -> float:
+    """`cluster_plan`'s model of Nb-wide tiles in `cluster`s: `tile_rounds` (tiles padded to
+    whole clusters) times Nb * cost[Nb] * clusters[cluster]."""
+    return tile_rounds(bands, cols, nb, sms, cluster) * nb * cost[nb] * clusters[cluster]
+
+
 def cluster_plan(bands: int, cols: int, sms: int, cost: dict, clusters: dict,
                  min_cluster_width: int = 0) -> tuple[int, tuple[int, int]]:
     """(Nb, (cluster_m, cluster_n)) of the least modelled time of whole tiles in clusters:
@@ -355,7 +362,7 @@ def cluster_plan(bands: int, cols: int, sms: int, cost: dict, clusters: dict,
     to the smaller cluster, then to the wider tile."""
     def time(plan):
         nb, c = plan
-        return tile_rounds(bands, cols, nb, sms, c) * nb * cost[nb] * clusters[c], c[0] * c[1], -nb
+        return cluster_time(bands, cols, sms, nb, c, cost, clusters), c[0] * c[1], -nb
 
     plans = [(nb, c) for nb in cost for c in clusters if c == (1, 1) or (
         nb >= min_cluster_width and c[0] <= bands and c[1] <= -(-cols // nb))]
