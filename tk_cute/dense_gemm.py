@@ -315,14 +315,17 @@ def plan_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int, N: int,
                 stream_k: bool = False):
     """The kernel config of an (Mb, Nb, cluster) `plan` of an M x N output (`transposed`: of
     C^T, N x M, `Config.TRANSPOSE_C`): the epilogue blocks and buffers and the edge shift
-    `default_config` describes."""
+    `default_config` describes. A 256-row plan (which `tile_plan` does not make; `bench gemm
+    --plans`) runs in two warpgroups of two 64-row slices (`Config.TILES` = 2, up to 192 wide),
+    not four of one."""
     from tk_cute.kernels.gemm.gemm_sm90 import Config
 
     mb, nb, (cluster_m, cluster_n) = plan
     depth = 2 if out_dtype == torch.float32 or nb % 128 else 4
     epi_n = 32 if nb % 64 == 0 else 16
     rows, cols = (N, M) if transposed else (M, N)  # the kernel's M and N
-    return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), Mb=mb, Nb=nb, EPI_N=epi_n,
+    return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), Mb=mb, Nb=nb,
+                  TILES=2 if mb == 256 else 1, EPI_N=epi_n,
                   EPI_PIPE_DEPTH=depth, CLUSTER_M=cluster_m, CLUSTER_N=cluster_n,
                   STREAM_K=stream_k, TRANSPOSE_C=transposed,
                   SHIFT_EDGES=not stream_k and any(n > tile and n % tile for n, tile in

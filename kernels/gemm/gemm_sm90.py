@@ -3,11 +3,13 @@
 / fp32 out.
 
 Pipeline (TK's H100 GEMM on the `lcf` template): a producer warp issues TMA loads of an
-(Mb, Kb) A tile and an (Nb, Kb) B tile per stage into a LOAD_PIPE_DEPTH ring; Mb / 64 consumer
-warpgroups (two, or one for 64-row tiles) each run SS wgmma on 64 rows of the (Mb, Nb) fp32
-accumulator, one commit group per stage, releasing a stage once the next one's MMAs are
-issued; finish converts the accumulator in (Mb, EPI_N) column blocks, stmatrix-stores each into
-one of EPI_PIPE_DEPTH shared buffers and TMA-stores it while the next is written. Persistent
+(Mb, Kb) A tile and an (Nb, Kb) B tile per stage into a LOAD_PIPE_DEPTH ring; Mb / (64 TILES)
+consumer warpgroups (two, one for 64-row tiles, three for 192) each run SS wgmma on TILES
+64-row slices of the (Mb, Nb) fp32 accumulator (TILES = 2: a 256-row tile of two warpgroups,
+each issuing two wgmma per K step on one B), one commit group per stage, releasing a stage
+once the next one's MMAs are issued; finish converts the accumulator in (Mb, EPI_N) column
+blocks, stmatrix-stores each into one of EPI_PIPE_DEPTH shared buffers and TMA-stores it while
+the next is written. Persistent
 CTAs walk tiles in supergroup order, or, with `Config.STREAM_K` (`GemmSm90StreamK`,
 `templates/stream_k.py`), take equal shares of the (tile x K-step) units on the launch's `ctas`
 CTAs (a tile split between CTAs is summed through fp32 partial slots, one per CTA,
@@ -51,41 +53,60 @@ INPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
 OUTPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
                 "float32": cutlass.Float32}
 # Tile widths: multiples of 16 up to wgmma's N = 256 (a tile's epilogue blocks are 16 or 32
-# columns); tile heights: one consumer warpgroup per 64 rows
+# columns); tile heights: one consumer warpgroup per 64 rows (per 128 with TILES = 2)
 NBS = tuple(range(64, 257, 16))
 MBS = (64, 128, 192, 256)
-# Registers a consumer thread needs beside its Nb / 2 fp32 accumulators to issue a wgmma: ptxas
-# fits each instruction in the launch's per-thread registers (`entry_registers`), which
-# setmaxnreg does not raise (192 x 208 asks for 136 of 128; 192 x 192 and 256 x 128 compile)
+# Registers a consumer thread needs beside its fp32 accumulators: ptxas fits each wgmma and its
+# Nb / 2 accumulators in the launch's per-thread registers (`entry_registers`), which
+# setmaxnreg does not raise (192 x 208 asks for 136 of 128; 192 x 192 and 256 x 128 in four
+# warpgroups compile), and all TILES * Nb / 2 of them in what setmaxnreg gives the consumers
+# (two 64 x 192 accumulators compile in 232 registers, two 64 x 208 spill)
 WGMMA_SPARE_REGISTERS = 32
 
 
-def entry_registers(mb: int) -> int:
-    """The per-thread registers an Mb-row tile's block launches with (one producer and Mb / 64
-    consumer warpgroups, one block per SM)."""
-    return warpgroup.entry_registers((1 + mb // 64) * warpgroup.WARPGROUP_THREADS)
+def consumers(mb: int, tiles: int = 1) -> int:
+    """Consumer warpgroups of an Mb-row tile whose warpgroups hold `tiles` 64-row slices."""
+    return mb // (64 * tiles)
 
 
-def max_width(mb: int) -> int:
-    """The widest tile (of `NBS`) an Mb-row tile compiles at (`WGMMA_SPARE_REGISTERS`):
-    256 for 64 and 128 rows, 192 for 192, 128 for 256."""
-    return max(nb for nb in NBS if nb // 2 + WGMMA_SPARE_REGISTERS <= entry_registers(mb))
+def entry_registers(mb: int, tiles: int = 1) -> int:
+    """The per-thread registers an Mb-row tile's block launches with (one producer and
+    `consumers(mb, tiles)` consumer warpgroups, one block per SM)."""
+    return warpgroup.entry_registers((1 + consumers(mb, tiles)) * warpgroup.WARPGROUP_THREADS)
+
+
+def consumer_registers(mb: int, tiles: int = 1) -> int:
+    """What the producer warpgroup's drop leaves each consumer thread (232 for two consumer
+    warpgroups, 152 for three, 104 for four)."""
+    groups = consumers(mb, tiles)
+    return warpgroup.consumer_registers((1 + groups) * warpgroup.WARPGROUP_THREADS,
+                                        LCF.PRODUCER_REGISTERS, groups, LCF.CONSUMER_REGISTERS)
+
+
+def max_width(mb: int, tiles: int = 1) -> int:
+    """The widest tile (of `NBS`) an Mb-row tile compiles at without spills
+    (`WGMMA_SPARE_REGISTERS`): 256 for 64 and 128 rows, 192 for 192, 128 for 256 in four
+    warpgroups, 192 for 256 in two (TILES = 2)."""
+    return max(nb for nb in NBS if nb // 2 + WGMMA_SPARE_REGISTERS <= entry_registers(mb, tiles)
+               and tiles * nb // 2 + WGMMA_SPARE_REGISTERS <= consumer_registers(mb, tiles))
 
 
 @dataclass(frozen=True)
 class Config:
     """Tile and pipeline shape (TK config names). Kb = 0 picks 4 MMA K-steps (64 for 16-bit
-    inputs, 128 for fp8); LOAD_PIPE_DEPTH = 0 fills the target's shared memory. Mb / 64
-    consumer warpgroups (`MBS`). The epilogue stages C in EPI_N-column blocks (16 or 32)
-    through EPI_PIPE_DEPTH shared buffers; every tile starts on buffer 0, free once the last
-    tile's stores have read the buffers after it: where a tile's blocks are not whole rounds
-    of the buffers, `finish` first waits for all of the last tile's stores to have read
-    theirs (issued a whole main loop before, long done)."""
+    inputs, 128 for fp8); LOAD_PIPE_DEPTH = 0 fills the target's shared memory. Mb / (64 TILES)
+    consumer warpgroups (`MBS`), each holding TILES 64-row accumulator slices (2: a 256-row
+    tile in two warpgroups, as wide as `max_width(256, 2)`). The epilogue stages C in
+    EPI_N-column blocks (16 or 32) through EPI_PIPE_DEPTH shared buffers; every tile starts
+    on buffer 0, free once the last tile's stores have read the buffers after it: where a
+    tile's blocks are not whole rounds of the buffers, `finish` first waits for all of the
+    last tile's stores to have read theirs (issued a whole main loop before, long done)."""
 
     dtype: str = "bfloat16"
     out_dtype: str = "bfloat16"
     Mb: int = 128
     Nb: int = 256
+    TILES: int = 1
     Kb: int = 0
     LOAD_PIPE_DEPTH: int = 0
     EPI_N: int = 32
@@ -109,11 +130,17 @@ class Config:
             raise ValueError(f"GemmSm90 needs wgmma (sm_90a); target is {self.arch}")
         if self.Mb not in MBS or self.Nb not in NBS:
             raise ValueError(f"tile must be one of {MBS} rows (one 64-row consumer warpgroup "
-                             f"per 64) x one of {NBS}; got {self.Mb} x {self.Nb}")
-        if self.Nb > max_width(self.Mb):
-            raise ValueError(f"a {self.Mb}-row tile is at most {max_width(self.Mb)} wide (its "
-                             f"threads' Nb / 2 accumulators and the wgmma's operands fit the "
-                             f"launch's {entry_registers(self.Mb)} registers); got Nb={self.Nb}")
+                             f"per 64 x TILES) x one of {NBS}; got {self.Mb} x {self.Nb}")
+        if self.TILES not in (1, 2) or self.Mb % (64 * self.TILES):
+            raise ValueError(f"TILES (64-row slices per consumer warpgroup) must be 1, or 2 "
+                             f"with Mb a multiple of 128; got TILES={self.TILES}, Mb={self.Mb}")
+        widest = max_width(self.Mb, self.TILES)
+        if self.Nb > widest:
+            raise ValueError(f"a {self.Mb}-row tile of {self.TILES} slice(s) per warpgroup is at "
+                             f"most {widest} wide (each wgmma's Nb / 2 accumulators fit the "
+                             f"launch's {entry_registers(self.Mb, self.TILES)} registers, all "
+                             f"TILES * Nb / 2 the consumers' "
+                             f"{consumer_registers(self.Mb, self.TILES)}); got Nb={self.Nb}")
         if self.EPI_N not in (16, 32) or self.Nb % self.EPI_N:
             raise ValueError(f"EPI_N must be 16 or 32 columns dividing Nb={self.Nb}, got "
                              f"{self.EPI_N}")
@@ -146,11 +173,8 @@ class GemmSm90(LCF):
     def __init__(self, config: Config = Config()):
         self.config = c = config
         self.Mb, self.Nb, self.Kb = c.Mb, c.Nb, c.k_block
-        self.NUM_CONSUMERS = c.Mb // 64
-        # what the producer's drop leaves each consumer warpgroup (232 for two; 152 for three,
-        # 104 for four: a 256-row tile's accumulator is Nb / 2 registers per thread)
-        self.CONSUMER_REGISTERS = warpgroup.consumer_registers(
-            self.threads, self.PRODUCER_REGISTERS, self.NUM_CONSUMERS, LCF.CONSUMER_REGISTERS)
+        self.NUM_CONSUMERS = consumers(c.Mb, c.TILES)
+        self.CONSUMER_REGISTERS = consumer_registers(c.Mb, c.TILES)
         self.SUPERGROUP_SIZE, self.CLUSTER_M, self.CLUSTER_N = (
             c.SUPERGROUP_SIZE, c.CLUSTER_M, c.CLUSTER_N)
         stream_k.configure(self, c.STREAM_K, STREAM_K_DP=c.STREAM_K_DP)

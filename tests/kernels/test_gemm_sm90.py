@@ -61,8 +61,11 @@ def test_shared_memory_fits_the_target(built):
         (dict(out_dtype="float64"), "out_dtype"),
         (dict(Nb=72), "tile must be"),
         (dict(Mb=96), "tile must be one of \\(64, 128, 192, 256\\) rows"),
-        (dict(Mb=192, Nb=208), "192-row tile is at most 192 wide"),
-        (dict(Mb=256, Nb=144), "256-row tile is at most 128 wide"),
+        (dict(Mb=192, Nb=208), "192-row tile of 1 slice\\(s\\) per warpgroup is at most 192 wide"),
+        (dict(Mb=256, Nb=144), "256-row tile of 1 slice\\(s\\) per warpgroup is at most 128"),
+        (dict(Mb=256, Nb=208, TILES=2), "256-row tile of 2 slice\\(s\\) per warpgroup is at most"),
+        (dict(Mb=192, TILES=2), "TILES .* must be 1, or 2 with Mb a multiple of 128"),
+        (dict(TILES=3), "TILES .* must be 1, or 2"),
         (dict(EPI_N=64), "EPI_N must be 16 or 32"),
         (dict(Nb=80), "EPI_N must be 16 or 32 columns dividing Nb=80, got 32"),
         (dict(Nb=96, EPI_N=32, EPI_PIPE_DEPTH=4), "EPI_PIPE_DEPTH must be 1 to Nb / EPI_N = 3"),
@@ -369,20 +372,30 @@ def test_narrow_tiles_compile_to_their_wgmma_without_spills(nb):
     assert b.kernel.local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0
 
 
-@pytest.mark.parametrize("mb, nb, regs", [(192, 176, 152), (192, 192, 152), (256, 128, 104)])
-def test_tall_tiles_compile_to_one_warpgroup_per_64_rows(mb, nb, regs):
-    """192- and 256-row tiles: Mb / 64 consumer warpgroups (512 / 640 threads), each raised to
-    what the producer's drop leaves them (`warpgroup.consumer_registers`), 4 wgmma per stage
-    and warpgroup, no spills; 16 columns an epilogue block where Nb is not a multiple of 64
-    (176: eleven blocks in two buffers, not whole rounds of them)."""
+@pytest.mark.parametrize("mb, nb, tiles, regs", [(192, 176, 1, 152), (192, 192, 1, 152),
+                                                (256, 128, 1, 104), (256, 160, 2, 232),
+                                                (256, 192, 2, 232)])
+def test_tall_tiles_compile_to_one_warpgroup_per_64_rows(mb, nb, tiles, regs):
+    """192- and 256-row tiles: Mb / (64 TILES) consumer warpgroups (512 / 640 threads for one
+    slice each, 384 for a 256-row tile of two), each raised to what the producer's drop leaves
+    them (`warpgroup.consumer_registers`), 4 wgmma per stage and 64-row slice, no spills (two
+    64 x 192 accumulators fit the 232 registers); 16 columns an epilogue block where Nb is not a
+    multiple of 64 (176: eleven blocks in two buffers, not whole rounds of them), each block
+    one stmatrix.x4 per slice."""
     from tk_cute.dense_gemm import plan_config
 
     cfg = plan_config(torch.bfloat16, torch.bfloat16, 2056, 2056, (mb, nb, (1, 1)))
+    if tiles != cfg.TILES:  # (the plan's 256-row tile is the two-slice one)
+        cfg = dataclasses.replace(cfg, TILES=tiles)
     assert cfg.EPI_N == (32 if nb % 64 == 0 else 16) and cfg.SHIFT_EDGES
     k = GemmSm90(cfg)
-    assert k.NUM_CONSUMERS == mb // 64 and k.threads == 128 * (1 + mb // 64)
+    groups = mb // (64 * tiles)
+    assert k.NUM_CONSUMERS == groups and k.threads == 128 * (1 + groups)
     b = build(k.call_ptrs, *gemm_sm90.signature(cfg).compile_args(SMS), arch="sm_90a")
-    assert b.ptx_count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{nb}k16\.f32\.bf16\.bf16") == 4
+    # (the DSL unrolls the two-slice main loop three times: 3 x 4 x 2 wgmma)
+    assert b.ptx_count(rf"wgmma\.mma_async\.sync\.aligned\.m64n{nb}k16\.f32\.bf16\.bf16") == (
+        4 if tiles == 1 else 24)
+    assert b.sass_count(r"\bSTSM\b") == tiles * nb // 16
     assert b.ptx_count(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{regs}") == 1
     assert b.kernel.local_bytes == 0 and b.sass_count(r"\bSTL\b") == 0
     assert k.dynamic_shared_memory() <= target("sm_90a").smem_bytes
@@ -424,6 +437,9 @@ def test_tile_plan_weighs_192_row_tiles_and_16_column_steps(M, N, plan):
     (1000, 1000, 256, (192, 192, (1, 2)), False),
     (700, 1000, 512, (256, 128, (1, 1)), False),
     (700, 1000, 512, (256, 112, (2, 1)), False),
+    (1000, 5000, 320, (256, 160, (1, 1)), False),  # two 64-row slices per warpgroup
+    (997, 5000, 336, (256, 192, (1, 2)), False),
+    (300, 2056, 256, (256, 144, (2, 1)), True),
     (1000, 2056, 320, (128, 144, (2, 1)), False),
     (333, 5120, 256, (128, 112, (1, 1)), True),
     (257, 8192, 256, (128, 144, (1, 2)), True),
@@ -929,6 +945,27 @@ def test_stream_k_matches_fp64_every_element(seed, dtype, M, N, K, nb):
         out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float32)
         dense_gemm._run(cfg, a, b, out, alpha)
         assert torch.equal(out, 0.375 * tk_cute.gemm(a, b, torch.float32, config=cfg))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K, nb", [(1000, 5000, 4096, 160), (257, 2056, 1040, 192)])
+def test_stream_k_on_two_slice_tiles_matches_fp64_every_element(seed, M, N, K, nb):
+    """Stream-K shares of 256-row tiles in two warpgroups of two slices (`Config.TILES` = 2:
+    each thread's partial slot holds both slices): every element of poisoned bf16 / fp32
+    outputs against float64, twice bit for bit."""
+    import tk_cute
+    from tk_cute.testing import assert_gemm_close
+
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    b = torch.randn(N, K, device="cuda").bfloat16()
+    for out_dtype in (torch.bfloat16, torch.float32):
+        cfg = Config(out_dtype=str(out_dtype).removeprefix("torch."), Mb=256, Nb=nb, TILES=2,
+                     EPI_N=32, EPI_PIPE_DEPTH=2, STREAM_K=True)
+        runs = [tk_cute.gemm(a, b, out_dtype, config=cfg,
+                             out=torch.full((M, N), float("nan"), device="cuda",
+                                            dtype=out_dtype)) for _ in range(2)]
+        assert_gemm_close(runs[0], a, b)
+        assert torch.equal(runs[0], runs[1])
 
 
 @pytest.mark.gpu

@@ -203,13 +203,23 @@ def store(dst, src: rt, thread_idx, subtile: int = 0, transposed: bool = False):
     thr = tiled.get_slice(thread_idx)
     acc = tiled.retile(src.frag)
     block = cute.make_rmem_tensor(cute.shape(thr.partition_S(dst))[:3], src.frag.element_type)
-    n = cute.size(block)
-    for v in range(n):
-        block[v] = acc[subtile * n + v]
+    for b, a in block_elements(block.shape, cute.size(acc, mode=[0]), subtile):
+        block[b] = acc[a]
     out = cute.make_rmem_tensor(block.shape, dst.element_type)
     out.store(block.load().to(dst.element_type))
     cute.copy(tiled, out, thr.partition_D(dst))
     cute.arch.fence_proxy("async.shared", space="cta")
+
+
+def block_elements(block_shape, span: int, subtile: int) -> list[tuple[int, int]]:
+    """(block index, register-tile index) pairs that `store` copies for column block
+    `subtile`. `block_shape` is one thread's (values, row slices, column pieces) of the shared
+    block; the retiled register tile holds, for each 64-row slice its warpgroup owns (two in a
+    dense tile of `Config.TILES` = 2), `span` values running over the whole width piece after
+    piece. So block slot (v, m, j) takes value v of piece `subtile * pieces + j` of slice m."""
+    per, slices, pieces = (cute.size(block_shape, mode=[i]) for i in range(3))
+    return [(v + per * (m + slices * j), v + per * (pieces * subtile + j) + span * m)
+            for j in range(pieces) for m in range(slices) for v in range(per)]
 
 
 def _smem_store_copy(dtype, src: rt, transposed: bool = False):

@@ -549,6 +549,57 @@ def _mn_major_layouts(dtype: cutlass.Constexpr, k: cutlass.Constexpr, n: cutlass
                      str(ref.inner), str(ref.outer)))
 
 
+@pytest.mark.parametrize("rows, groups, cols, epi, transposed", [
+    (128, 2, 160, 16, False), (64, 1, 128, 32, True), (192, 3, 176, 16, False),
+    (256, 2, 160, 16, False),  # two 64-row slices per warpgroup (dense Config.TILES = 2)
+    (256, 2, 192, 32, False), (256, 2, 128, 32, True)])
+def test_store_blocks_take_every_accumulator_element_to_its_place(rows, groups, cols, epi,
+                                                                  transposed):
+    """`warpgroup.block_elements`, evaluated on identity tensors while tracing: for every
+    column block of a (rows, cols) accumulator of `groups` warpgroups (rows / 64 / groups
+    slices each), the register element each block slot takes is the one the copy puts at that
+    slot's place of the (rows, epi) shared block (or its transpose), shifted by the block's
+    columns; every accumulator element of the thread is taken once."""
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import OperandMajorMode
+
+    from tk_cute.compile import COMPILE_LOCK
+
+    found = []
+
+    @cute.jit
+    def trace():
+        mma = sm90_utils.make_trivial_tiled_mma(BF16, BF16, OperandMajorMode.K,
+                                                OperandMajorMode.K, F32, (groups, 1, 1),
+                                                tiler_mn=(64, cols))
+        for thread in cutlass.range_constexpr(0, groups * 128, 19):
+            acc = rt.accumulator(mma, thread, rows, cols)
+            copy = warpgroup._smem_store_copy(BF16, acc, transposed)
+            thr = copy.get_slice(thread)
+            have = copy.retile(acc.thr_mma.partition_C(cute.make_identity_tensor((rows, cols))))
+            block = cute.make_identity_tensor((epi, rows) if transposed else (rows, epi))
+            if cutlass.const_expr(transposed):
+                block = cute.make_tensor(block.iterator, cute.select(block.layout, mode=[1, 0]))
+            want = thr.partition_S(block)
+            taken = []
+            for sub in cutlass.range_constexpr(cols // epi):
+                for b, a in warpgroup.block_elements(cute.shape(want)[:3],
+                                                     cute.size(have, mode=[0]), sub):
+                    r, c = (want[b][1], want[b][0]) if transposed else tuple(want[b])
+                    found.append((tuple(have[a]), (r, c + sub * epi)))
+                    taken.append(a)
+            found.append(("taken", sorted(taken) == list(range(cute.size(have)))))
+
+    with COMPILE_LOCK:  # host-only: the layouts are evaluated while tracing
+        try:
+            cute.compile(trace, options=f"--gpu-arch {ARCH}")
+        except Exception:  # (a trace with no kernel leaves no cubin to load)
+            pass
+    pairs = [f for f in found if f[0] != "taken"]
+    assert len(pairs) > 0 and all(f[1] for f in found if f[0] == "taken")
+    assert all(have == want for have, want in pairs)
+
+
 @pytest.mark.parametrize("dtype, k, n", [(BF16, 64, 128), (F16, 64, 32), (BF16, 32, 256)])
 def test_st_k_by_n_is_cutlass_mn_major_b_transposed(dtype, k, n):
     """mma_AB reads a plain st(dtype, K, N) as an MN-major B: pin that its layout, modes
