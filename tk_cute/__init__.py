@@ -9,9 +9,12 @@ __version__ = "0.1.0"
 
 
 def gemm(a, b, out_dtype=None, config=None, out=None):
-    """C = A @ B^T on the GPU; see `tk_cute.dense_gemm.gemm`."""
+    """C = A @ B^T on the GPU; see `tk_cute.dense_gemm.gemm`. out_dtype defaults to `out`'s
+    dtype where `out` is given, else bfloat16 (as `tk_cute.nvfp4.gemm`)."""
     import torch
 
     from tk_cute.dense_gemm import gemm as _gemm
 
-    return _gemm(a, b, out_dtype or torch.bfloat16, config, out)
+    if out_dtype is None:
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
+    return _gemm(a, b, out_dtype, config, out)

@@ -38,8 +38,8 @@ DEFAULT_M = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096]
 DEFAULT_NK = ["8192,8192", "28672,8192", "8192,28672"]
 # The odd rows a user meets first (issue 19's table): just above the register-A kernel's 128
 # rows, ragged M, a partial weight band (gpt-oss's N = K = 2880), K % 32 != 0
-DEFAULT_SHAPES = ["129,8192,8192", "200,8192,8192", "1000,8192,8192", "100,8192,8192",
-                  "16,8192,8208", "200,4000,8192", "128,2880,2880"]
+DEFAULT_SHAPES = ["129,8192,8192", "200,8192,8192", "1000,8192,8192", "4000,8192,8192",
+                  "100,8192,8192", "16,8192,8208", "200,4000,8192", "128,2880,2880"]
 BASELINE = "cuBLAS bf16 (deq W)"
 SPEED_OF_LIGHT = "speed of light: read W"
 
@@ -73,13 +73,15 @@ def _make(M, N, K):
     return dict(a=a, aq=quantize(a), b=b, w=w, w8=w8, a8=a8, sa=sa.float(), sw=sw.float())
 
 
-def _variants(M, N, K, paths: bool, tune: bool, sms: int):
+def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16):
+    """The timed variants of one shape and, for the tk_cute ones, (operand key, forced path) to
+    name the path taken; `out`: tk_cute's output dtype (the peers write bfloat16)."""
     from tk_cute import nvfp4
     from tk_cute.nvfp4 import heuristics
 
     v = {
-        "tk_cute w4a16": lambda s: nvfp4.gemm(s["a"], s["b"]),
-        "tk_cute w4a4": lambda s: nvfp4.gemm(s["aq"], s["b"]),
+        "tk_cute w4a16": lambda s: nvfp4.gemm(s["a"], s["b"], out),
+        "tk_cute w4a4": lambda s: nvfp4.gemm(s["aq"], s["b"], out),
         BASELINE: lambda s: s["a"] @ s["w"].t(),
         "cuBLAS fp8 _scaled_mm": lambda s: torch._scaled_mm(
             s["a8"], s["w8"].t(), scale_a=s["sa"], scale_b=s["sw"], out_dtype=torch.bfloat16),
@@ -89,13 +91,14 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int):
     if M <= 128:  # the memory-bound regime
         from tk_cute.bench.stream_read import stream_read
 
-        v["tk_cute w4a16 pdl"] = lambda s: nvfp4.gemm(s["a"], s["b"], pdl=True)
+        v["tk_cute w4a16 pdl"] = lambda s: nvfp4.gemm(s["a"], s["b"], out, pdl=True)
+        notes["tk_cute w4a16 pdl"] = ("a", None)
         v[SPEED_OF_LIGHT] = lambda s: stream_read(s["b"].data_padded, s["b"].scales)
     if paths:
         for path in heuristics.PATHS:
             for kind, key in (("w4a16", "a"), ("w4a4", "aq")):
                 name = f"tk_cute {kind} path={path}"
-                v[name] = lambda s, p=path, k=key: nvfp4.gemm(s[k], s["b"], path=p)
+                v[name] = lambda s, p=path, k=key: nvfp4.gemm(s[k], s["b"], out, path=p)
                 notes[name] = (key, path)
         if N % 8 == 0:  # W4A4 "dequantize" in two launches (not `launch.DEQUANTIZE_PAIRED`)
             from tk_cute.nvfp4 import launch
@@ -209,6 +212,8 @@ def _parser():
     p.add_argument("--paths", action="store_true", help="every Hopper path that takes a shape")
     p.add_argument("--tune", action="store_true", help="small-M tiling / split-K variants")
     p.add_argument("--torch-deq", action="store_true", help="add the (slow) torch LUT path")
+    p.add_argument("--out-dtype", choices=("bfloat16", "float16", "float32"),
+                   default="bfloat16", help="tk_cute's output dtype (the peers write bf16)")
     p.add_argument("--plot", help="write speedup-vs-M panels to this PNG/SVG file")
     p.add_argument("--json", help="write every result to this JSON file")
     return p
@@ -224,10 +229,10 @@ def main(argv=None):
     print(f"device-to-device copy: {copy_bandwidth():.0f} GB/s (read + write, 1 GiB)")
     print("timing: CUDA graph replay, cold L2 (rotating input sets); GB/s = 0.5625 B x N x K")
     print(HEADER)
-    results = []
+    results, out = [], getattr(torch, args.out_dtype)
     for M, N, K in shapes(args.m, args.nk, extra_shapes(args)):
         sets = input_sets(lambda: _make(M, N, K), N * K * 9 // 16 + M * K * 2)
-        variants, notes = _variants(M, N, K, args.paths, args.tune, sms)
+        variants, notes = _variants(M, N, K, args.paths, args.tune, sms, out)
         if not args.torch_deq:
             variants.pop("torch deq + matmul")
         path_of = {}
@@ -236,7 +241,8 @@ def main(argv=None):
                 variants[name](sets[0])
                 if name in notes:
                     key, forced = notes[name]
-                    path_of[name] = str(nvfp4.plan(sets[0][key], sets[0]["b"], path=forced))
+                    path_of[name] = str(nvfp4.plan(sets[0][key], sets[0]["b"], out,
+                                                   path=forced))
             except Exception as e:  # noqa: BLE001 - report and keep the others
                 if not name.startswith("tk_cute w4") or "path=" not in name:
                     print(f"| {name:<28} | {M}x{N}x{K} | failed: {type(e).__name__}: {e}")

@@ -112,6 +112,9 @@ def _plan(op: validate.Operands, device: torch.device, out_dtype, pdl: bool,
     """`nvfp4_out`: D quantized to NVFP4 (`gemm_nvfp4`): the Hopper paths compute it in
     `out_dtype` (fp32) first, the sm100 kernel in its epilogue."""
     if device.type != "cuda":
+        if path is not None:
+            raise ValueError(f"path={path!r} forces a GPU kernel; tensors on {device} run the "
+                             f"exact reference (leave path=None)")
         return Plan("reference")
     from tk_cute import arch
 

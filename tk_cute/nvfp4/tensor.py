@@ -323,7 +323,8 @@ def padded_codes(data: torch.Tensor, K: int) -> torch.Tensor:
 def normalize_parts(data, scales, global_scale, shape, scale_format: str = "ue4m3"):
     """The parts in their stored forms (module docstring: the accepted alternatives are viewed
     or reshaped, never converted; codes without the row pitch are copied into padded rows,
-    `padded_codes`), checked for dtype, shape and device; values are not read.
+    `padded_codes`, and non-contiguous scales into contiguous ones, once, so that no kernel
+    launch copies them), checked for dtype, shape and device; values are not read.
     float8_e4m3fn scales are accepted for the "ue4m3" format only.
 
     Returns:
@@ -372,7 +373,7 @@ def normalize_parts(data, scales, global_scale, shape, scale_format: str = "ue4m
         raise ValueError(
             f"NVFP4Tensor parts must share one device, got {sorted(map(str, devices))}"
         )
-    return padded_codes(data, K), scales, gs, shape
+    return padded_codes(data, K), scales.contiguous(), gs, shape
 
 
 def dequantize(q: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -179,6 +179,23 @@ def test_rejects_bad_arguments(seed):
                        b.shape)
     with pytest.raises(ValueError, match="one device: a is on cpu, b on meta"):
         gemm(a, meta)
+    with pytest.raises(ValueError, match="path='register_a' forces a GPU kernel; tensors on "
+                                         "cpu run the exact reference"):
+        gemm(a, b, path="register_a")
+
+
+def test_strided_weight_scales_are_made_contiguous_once(seed):
+    """Strided scales are copied once when an NVFP4Tensor is made, so no launch copies them on
+    every call (the launches' `aligned` then finds them contiguous)."""
+    q = quantize(torch.randn(300, 48))  # 3 bands of scales
+    wide = torch.zeros(*q.scales.shape[:-1], 1024, dtype=torch.uint8)
+    wide[..., :512] = q.scales
+    strided = wide[..., :512]
+    assert not strided.is_contiguous()
+    t = NVFP4Tensor(q.data, strided, q.global_scale, q.shape)
+    assert t.scales.is_contiguous() and torch.equal(t.scales, q.scales)
+    a = torch.randn(3, 48).bfloat16()
+    assert torch.equal(gemm(a, t), gemm(a, q))
 
 
 def test_out_and_leading_dims(seed):
@@ -244,6 +261,27 @@ def test_grid_16_and_32_bit_outputs(seed, no_reference, w4a4, out_dtype):
     _run(100, 100, 64, w4a4, out_dtype)  # N-padded D (200-byte bf16 rows)
 
 
+# Issue 19's table, as a user calls it: (M, N, K, W4A4, out dtype)
+TABLE_ROWS = [(129, 8192, 8192, False, torch.bfloat16), (200, 8192, 8192, False, torch.bfloat16),
+              (1000, 8192, 8192, False, torch.bfloat16), (4000, 8192, 8192, False, torch.bfloat16),
+              (100, 8192, 8192, True, torch.bfloat16), (16, 8192, 8208, False, torch.bfloat16),
+              (16, 8192, 8192, False, torch.float32), (256, 8192, 8192, False, torch.bfloat16),
+              (512, 8192, 8192, False, torch.bfloat16), (1024, 8192, 8192, False, torch.bfloat16),
+              (1024, 8192, 8192, True, torch.bfloat16), (64, 8192, 28672, True, torch.bfloat16),
+              (128, 8192, 28672, True, torch.bfloat16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K, w4a4, out_dtype", TABLE_ROWS,
+                         ids=[f"{m}x{n}x{k}-{'W4A4' if q else 'W4A16'}-{str(o)[6:]}"
+                              for m, n, k, q, o in TABLE_ROWS])
+def test_issue_table_rows_every_element(seed, no_reference, M, N, K, w4a4, out_dtype):
+    """Every row of the table that opened issue 19 (each then ran the float64 reference or a
+    dequantize-first path) through `gemm` on a NaN-poisoned out: a kernel path, every element
+    within `assert_gemm_close`'s bound."""
+    _run(M, N, K, w4a4, out_dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("M, N, K", [(240, 17024, 8192), (208, 1040, 2880), (129, 136, 8192),
                                      (113, 4000, 8208)])
@@ -288,6 +326,19 @@ def test_batched(seed, no_reference, case):
             a.data[l], a.scales[l], a.global_scale, a.shape[1:])
         bl = NVFP4Tensor.trusted(b.data[l], b.scales[l], b.global_scale, b.shape[1:])
         assert_gemm_close(d[l], al, bl, f"batch {l}")
+
+
+@pytest.mark.gpu
+def test_strided_activations_are_copied_once_and_run_a_kernel(seed, no_reference):
+    """A non-contiguous bf16 activation (a column slice; the docstring: copied once, a small M x
+    K tensor) runs a kernel and matches the contiguous call bit for bit."""
+    b = _weights(256, 512)
+    wide = torch.randn(40, 640, device="cuda").bfloat16()
+    a = wide[:, 64:576]
+    assert not a.is_contiguous()
+    out = torch.full((40, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert gemm(a, b, out=out) is out
+    assert torch.equal(out, gemm(a.contiguous(), b))
 
 
 @pytest.mark.gpu
