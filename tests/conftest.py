@@ -36,3 +36,22 @@ def usage_error(capsys):
         assert "usage:" in err and message in err and "Traceback" not in err, err
 
     return check
+
+
+def _sync_lint(build):
+    """Every kernel a test compiles (`tk_cute.compile.build`: the tcgen05 kernels, and the
+    Hopper ones, whose TMA / mbarrier / proxy rules are the same) passes the static
+    synchronization lint; a test that builds a broken variant on purpose empties
+    `compile.BUILD_CHECKS` with monkeypatch."""
+    if build.sync_findings:
+        lines = "\n".join(f"  {f}" for f in build.sync_findings)
+        raise AssertionError(f"synchronization lint on {build.arch}:\n{lines}")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def sync_lint():
+    from tk_cute import compile as compile_
+
+    compile_.BUILD_CHECKS.append(_sync_lint)
+    yield
+    compile_.BUILD_CHECKS.remove(_sync_lint)

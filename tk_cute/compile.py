@@ -34,6 +34,10 @@ from tk_cute.arch import target as _target
 
 COMPILE_LOCK = threading.RLock()
 
+# Called with every `Build` that `build` returns (the test suite registers the synchronization
+# lint here, so every kernel any test compiles is checked; see tests/conftest.py).
+BUILD_CHECKS: list = []
+
 
 @dataclass(frozen=True)
 class KernelResources:
@@ -105,6 +109,14 @@ class Build:
         """Resources of the program's one kernel (raises if there are several)."""
         (only,) = self.resources
         return only
+
+    @functools.cached_property
+    def sync_findings(self) -> list:
+        """The static synchronization lint's findings on this program's PTX
+        (`tk_cute.emulator.lint`: TMEM hand-off, proxy fences, barrier init, bulk groups)."""
+        from tk_cute.emulator.lint import lint
+
+        return lint(self.ptx)
 
     def ptx_count(self, pattern: str) -> int:
         """Number of PTX instruction lines matching the regular expression `pattern`."""
@@ -233,4 +245,7 @@ def build(fn, *args, arch: str, options: str = "", **kwargs) -> Build:
             cubin = compiled.__cubin__
         if isinstance(cubin, str):  # some DSL paths hand back the file name
             cubin = Path(cubin).read_bytes()
-    return Build(arch, compiled, ptx, cubin, seconds)
+    out = Build(arch, compiled, ptx, cubin, seconds)
+    for check in BUILD_CHECKS:
+        check(out)
+    return out

@@ -9,8 +9,9 @@ blocked; gA, gB are read from device memory (no host sync). Pipeline contract, p
   mma (leader): `acc_ring` finished; per stage both rings arrived -> `load_scales_async` ->
             `mma2_ABt` per K block, M half (Rubin: B collector FILL, LASTUSE) -> finish the
             stages (Rubin: A once read) -> per tile `acc_ring` arrive.
-  epilogue: `acc_ring` arrived -> `load_async` EPI_N columns -> finish it after the last (its
-            stores overlap the next tile's MMAs) -> * gA gB -> smem -> `tma.store_async`;
+  epilogue: `acc_ring` arrived -> `load_async` EPI_N columns, `tensor_load_wait` -> finish it
+            after the last (its stores overlap the next tile's MMAs) -> * gA gB -> smem ->
+            `tma.store_async`;
             NVFP4 D (`out="nvfp4"`): per 16 columns of its row a thread's block amax (reducing
             TMEM load on sm_103a / sm_107a), the recipe's scale and codes, direct stores.
   tiles: static persistent supergroup order, or CLC (`schedule`); PDL. Constraints: K % Kb,
@@ -363,9 +364,9 @@ class GemmNvfp4Sm100:
 
     @cute.jit
     def consumer_finish(self, g, smem, acc_ring, alloc, walk):
-        """Epilogue warps: wait `acc_ring` arrived; tcgen05.ld -> * gA gB -> out dtype -> smem
-        -> TMA store; finish the accumulator once read (its stores overlap the next tile's
-        MMAs)."""
+        """Epilogue warps: wait `acc_ring` arrived; tcgen05.ld, `tensor_load_wait` -> * gA gB ->
+        out dtype -> smem -> TMA store; finish the accumulator once read (its stores overlap the
+        next tile's MMAs)."""
         cfg = self.cfg
         alloc.allocate()
         tm = alloc.wait()
@@ -384,9 +385,9 @@ class GemmNvfp4Sm100:
             for mh in cutlass.range_constexpr(cfg.m_mmas):
                 for j in cutlass.range(steps, unroll=1):
                     epilogue.load_async(d, full.index, mh, j)
+                    tc.tensor_load_wait()  # the loads done and fenced: columns may go back
                     if cutlass.const_expr(mh == cfg.m_mmas - 1):
                         if j == steps - 1:  # accumulator read: the next tile's MMAs may start
-                            tc.fence_before_thread_sync()
                             acc_ring.finish(full)
                     at = coord(d_row_tile(work.tile_idx[0], mh, cfg.m_mmas), n + j, l)
                     epilogue.store_block(d, alpha, buf, g.D, at, epi, self.EPI_WARPS[0],
@@ -428,9 +429,9 @@ class GemmNvfp4Sm100:
                 where = functools.partial(nvfp4_out_store, l, row, m=g.m, n=g.n)
                 for j in cutlass.range(steps, unroll=1):
                     epilogue.load_amax_async(e, full.index, mh, j)
+                    tc.tensor_load_wait()  # the loads done and fenced: columns may go back
                     if cutlass.const_expr(mh == cfg.m_mmas - 1):
                         if j == steps - 1:  # accumulator read: the next tile's MMAs may start
-                            tc.fence_before_thread_sync()
                             acc_ring.finish(full)
                     saturated = saturated | epilogue.store_nvfp4(
                         e, n0 + j * cfg.EPI_N, where, g.D.toint(), g.d_sf.toint(), alpha, s_dec,

@@ -6,8 +6,11 @@
 16384x16384x256, plus fp16 out, the STATIC scheduler where the heuristic picks CLC, Rubin's
 double-buffered accumulator and Rubin without early A release) and writes what `measure`
 reads to `data/nvfp4_sm100_sass_baseline.json`. The baseline was taken from the kernel as it
-was before the vocabulary rewrite (issue 23); `test_nvfp4_sm100_equivalence.py` rebuilds the
-same configs and compares.
+was before the vocabulary rewrite (issue 23), and taken again after the epilogue's TMEM hand-off
+fix (`tensor_load_wait`, issue 44), whose whole difference was: one tcgen05.wait::ld (and on
+sm_107a one more fence::before_thread_sync) per epilogue load site, ptxas no longer unrolling
+the four-step epilogue loop at 512x1024x8192 (LDTM and UTMASTG 4 -> 1, BAR.SYNC 12 -> 6), and
+registers -18 .. +1. `test_nvfp4_sm100_equivalence.py` rebuilds the same configs and compares.
 
 What is counted (static counts of the program text, per full mnemonic with its modifiers):
   sass: MMA (UTC*MMA, and the lines with .B_KEEP / .B_REUSE), TMA (UTMA*), barriers (SYNCS.*,

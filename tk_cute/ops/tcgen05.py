@@ -10,7 +10,9 @@ with A/B collector control). `block_scaled_mma` bundles the atoms a GEMM issues 
 collector FILL on the first M half, LASTUSE on the second), the UMMA descriptors of its shared
 operand tiles and its accumulator layout. Scale tiles move shared -> tensor memory with
 `tcgen05.cp` (`scale_copy`, then `load_scales_async` per stage: TK's `load_mxnv_scale_async2`),
-accumulators come back to registers with `tcgen05.ld` (`tmem_load_atom`). A stage of a
+accumulators come back to registers with `tcgen05.ld` (`tmem_load_atom`), complete after
+`tensor_load_wait` (wait::ld and the fence before a thread sync: then the columns may be
+released). A stage of a
 `stage_ring.tma_to_mma` is freed by `release_stage` (a `tensor_commit`; Rubin: as soon as A is
 read).
 """
@@ -192,6 +194,17 @@ def release_stage(ring, at, a_only: cutlass.Constexpr = False):
             tensor_commit(sem, mask, pair=True, a_only=True)
     else:
         ring.finish(at)
+
+
+@dsl_user_op
+def tensor_load_wait(*, loc=None, ip=None):
+    """TK `tensor_load_wait`: `tcgen05.wait::ld` (every `tcgen05.ld` this thread issued is
+    complete, its registers written), then `tcgen05.fence::before_thread_sync` (ordered before
+    this thread's next arrive or barrier): the columns read may be handed to another thread by
+    any later arrive. The ISA's TMEM hand-off is ld -> wait::ld -> fence -> arrive (PTX ISA
+    9.7.16.6.4.4); `tk_cute.emulator.lint` checks it on every path."""
+    nvvm.tcgen05_wait(nvvm.Tcgen05WaitKind.LOAD, loc=loc, ip=ip)
+    nvvm.tcgen05_fence(nvvm.Tcgen05FenceKind.BEFORE_THREAD_SYNC, loc=loc, ip=ip)
 
 
 @dsl_user_op
