@@ -6,7 +6,7 @@
 #   `lcf` template's load / compute / finish;
 # - what it compiles to (wgmma, TMA, setmaxnreg; no spills) without a GPU;
 # - how to call it from torch (`tk_cute.gemm`) when there is one.
-# Measured on an H200 (docs/results.md): bf16 8192^3 670-744 TFLOP/s, at parity with cuBLAS
+# Measured on an H200 (docs/performance.md): bf16 8192^3 670-744 TFLOP/s, at parity with cuBLAS
 # and with CUTLASS's CuTe DSL persistent GEMM.
 
 # %%
@@ -83,7 +83,7 @@ viz.schedule_plot(4096 // kernel.Mb, 4096 // kernel.Nb, ctas=SMS,
 # Stream-K (`Config(STREAM_K=True)`) gives every CTA an equal run of (tile x 64-K step) units
 # instead; a tile split between CTAs is summed by its head (outlined), which adds the later
 # parts' fp32 sums in CTA order before its epilogue. On the H200 the dense GEMM's stream-K was
-# slower than whole tiles at every shape timed (docs/results.md), so `tk_cute.gemm` does not
+# slower than whole tiles everywhere (docs/facts.md#dense-stream-k), so `tk_cute.gemm` does not
 # pick it; the NVFP4 tiled kernel runs the same code by default from 113 to 208 rows (one
 # activation tile as wide as M, its K split between CTAs: 129 x 8192^2 at 1.18x cuBLAS bf16).
 

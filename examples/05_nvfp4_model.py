@@ -179,7 +179,7 @@ def test_gpu_graph_replay_and_compiled_forward(tokens):
 # On a GPU: tokens per second of the block, eager (a Python forward per call), compiled, and
 # as a CUDA graph replay (no host work per call), timed by `tk_cute.bench.harness.bench`
 # (variants interleaved, medians over rounds; `graph=True` captures the eager forward).
-# Measured numbers belong in docs/results.md with the GPU, date and command
+# Measured numbers belong in docs/performance.md with the GPU, date, command and commit
 # (`python -m tk_cute.bench model` times the same block against cuBLAS bf16 and fp8).
 
 # %%

@@ -9,8 +9,8 @@ The matrices are walked as flat arrays of 4-byte code words: each thread decodes
 WORDS_PER_THREAD words THREADS apart (so every warp instruction reads 128 and writes 512
 contiguous bytes, and 4 loads per thread are in flight), each with its scale byte at the
 blocked-layout offset (`tk_cute.layouts.nvfp4_scales.band_offset`) and the register decode
-of `tk_cute.ops.nvfp4` (docs/nvfp4_hopper.md has the access patterns measured before this
-one). Memory-bound: 0.5625 B read + 2 B written per element. Any K % 16 == 0: the walk is
+of `tk_cute.ops.nvfp4` (docs/facts.md#dequantize-pass has the access patterns measured before
+this one). Memory-bound: 0.5625 B read + 2 B written per element. Any K % 16 == 0: the walk is
 over the output's flat array of 8-element pieces, each read from its row of codes
 (`nvfp4_codes.row_pitch` bytes apart: 16-byte padded rows where K % 32 != 0). Scale format
 `sf_format` (compile time): "ue4m3" (default) or "ue5m3", decoded exactly to bf16 by

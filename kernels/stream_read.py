@@ -7,7 +7,7 @@ their times in one run.
 
 The access is the one that read fastest on the H200 among those measured (16-byte loads, 1D
 bulk copies (TMA), 2D TMA boxes of weight-row pieces, per CTA contiguous shares or grid-stride;
-the table is in docs/results.md): grid-stride 16-byte loads (``ld.global.nc``, no L1
+the numbers are in docs/facts.md#read-floor): grid-stride 16-byte loads (``ld.global.nc``, no L1
 allocation), LOADS of them in flight per thread, CTAS_PER_SM x THREADS threads per SM (a full
 SM), so at any moment the whole grid reads one contiguous window of the buffer. The loaded
 words are XOR-folded (one instruction per word, so the loads are not dead code and the ALU

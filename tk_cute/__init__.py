@@ -3,7 +3,14 @@ them for Hopper (sm_90a), Blackwell (sm_100a, sm_103a) and Rubin (sm_107a).
 
 Public entry points: `tk_cute.gemm` (bf16/fp16/fp8 GEMM), `tk_cute.nvfp4` (the NVFP4 format:
 quantize, dequantize, blocked scales, `nvfp4.gemm`). See docs/design.md for the layers.
+
+Importing tk_cute points the CuTe DSL's disk cache of compiled code at a private directory
+before anything imports the DSL (`tk_cute.dsl_cache`: the DSL runs what it loads from there).
 """
+
+from tk_cute import dsl_cache as _dsl_cache
+
+_dsl_cache.configure()
 
 __version__ = "0.1.0"
 

@@ -88,8 +88,9 @@ def current() -> Target | None:
 
 
 def device_target(device) -> Target:
-    """The target of a CUDA `device`; raises with the device's capability when unsupported.
-    Looked up once per device (dispatch asks on every call)."""
+    """The target of a CUDA `device`; ValueError naming the device's capability, the supported
+    targets and the CPU reference when it has none (sm_80, sm_89, sm_120, ...). Looked up once
+    per device (dispatch asks on every call)."""
     import torch
 
     index = torch.device(device).index if not isinstance(device, int) else device
@@ -105,8 +106,10 @@ def _device_target(index: int) -> Target:
         if t.compute_capability == (major, minor):
             return t
     raise ValueError(
-        f"unsupported GPU: {torch.cuda.get_device_name(index)} is sm_{major}{minor}; "
-        f"tk_cute kernels exist for {', '.join(TARGETS)}"
+        f"unsupported GPU: {torch.cuda.get_device_name(index)} is sm_{major}{minor}; tk_cute "
+        f"has kernels for {', '.join(TARGETS)} only. The exact reference runs on the CPU: "
+        f"pass CPU tensors (x.cpu(); tk_cute.nvfp4.quantize and gemm run it there), or run "
+        f"`python -m tk_cute` with CUDA_VISIBLE_DEVICES= (no GPU)"
     )
 
 

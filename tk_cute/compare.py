@@ -8,6 +8,7 @@ are also timed (`tk_cute.bench.harness`, cold L2). The result prints as a table 
 bar chart (`Comparison.figure`).
 
 The peers are not vendored: `--peer PATH` names a copy of the public CUTLASS repository's
+file, which is imported, i.e. RUN as Python in this process (pass only a file you trust):
 - sm_90a: `examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py`
   (`HopperWgmmaGemmPersistentKernel`, bf16, tile 128x256, cluster 1x1: the tk_cute default);
 - sm_100a / sm_103a / sm_107a: `examples/python/CuTeDSL/cute/blackwell/kernel/blockscaled_gemm/
@@ -347,7 +348,10 @@ def main(argv=None) -> int:
                                             "(or a second tk_cute config), side by side.")
     p.add_argument("--arch", choices=ARCHS, default="sm_90a")
     p.add_argument("--mnk", type=_mnk, default=(8192, 8192, 8192), help="M,N,K")
-    p.add_argument("--peer", help="path of the CUTLASS CuTe DSL example (see --help's epilog)")
+    p.add_argument("--peer", metavar="PATH",
+                   help="path of the CUTLASS CuTe DSL example (see the epilog). The file is "
+                        "imported, i.e. RUN as Python code in this process: pass only a file "
+                        "you trust")
     p.add_argument("--alt", type=_overrides, default=None,
                    help="without --peer: Config overrides of the second tk_cute side, e.g. "
                         "Nb=128 (default: Nb=128 on sm_90a, Mb=256,Nb=128,ACC_PIPE_DEPTH=2 else)")
@@ -360,13 +364,19 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.peer and not os.path.isfile(a.peer):
         p.error(f"--peer {a.peer!r}: no such file")
-    if a.plot and not a.plot.lower().endswith((".png", ".svg")):
-        p.error(f"--plot must end in .png or .svg, got {a.plot!r}")
-    if _family(a.arch) == "tcgen05":
-        from tk_cute.nvfp4 import dispatch_sm100
+    if a.plot:
+        from tk_cute.viz import out_file_error
 
-        if not dispatch_sm100.supports(*a.mnk):
-            p.error(f"the NVFP4 GEMM needs K % 256 == 0 and N % 8 == 0; got {a.mnk}")
+        error = out_file_error(a.plot, "--plot")
+        if error:
+            p.error(error)
+    if _family(a.arch) == "tcgen05":
+        from tk_cute.report import check_shape
+
+        try:
+            check_shape(*a.mnk)
+        except ValueError as e:
+            p.error(str(e))
     try:
         result = compare(a.arch, a.mnk, a.peer, a.alt, False if a.no_time else None)
     except (TypeError, ValueError) as e:  # Config rejections, a peer of the wrong kind

@@ -21,7 +21,7 @@ CTAs on the H200's 132 SMs, not 33).
 Operand rows that do not start on a 128-byte L2 line (K * element size % 128 != 0, or an offset
 view) make every TMA row piece of a stage touch two lines; from two rows of tiles on, such calls
 always run in 2 x 1 clusters (`line_aligned`, `default_config`), which halves B's reads
-(docs/results.md: 3000x7000x5000 0.67x -> 0.92-0.95x cuBLAS).
+(docs/facts.md#l2-line-rows: 3000x7000x5000 0.67x -> 0.92-0.95x cuBLAS).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _check(a: torch.Tensor, b: torch.Tensor, out_dtype):
 # instructions per column and read more operand bytes per MMA), and of a cluster shape's tiles
 # relative to none (multicast: fewer L2 reads per MMA): the multiples of 32 a least-squares fit
 # of log time over the H200 sweeps of 36 shapes x 7 widths x 3 cluster shapes in
-# docs/results.md (twenty-third session); 112, 144 and 208 timed (twenty-seventh session):
+# docs/facts.md#dense-tile-cost; 112, 144 and 208 timed afterwards:
 # 208 against 224 in one round of the same tile count (400x8192 transposed), 112 and 144 set
 # where the A/B of 95 changed plans put them (112 ran 2-13% slower than 96 at the same tile
 # count, 3000x384, so 1.30, still below 128 per tile at 333x5120; 144 1.155, so that 129x8192
@@ -93,15 +93,16 @@ TILE_COST = {256: 1.0, 224: 1.05, 208: 1.17, 192: 1.057, 176: 1.081, 160: 1.11, 
 CLUSTER_COST = {(1, 1): 1.0, (2, 1): 0.972, (1, 2): 0.982}
 # Aligned rows in clusters from this tile width on: a 64-wide tile's B is 8 KiB a stage, so
 # multicast saves little and the cluster costs more (257x2056x4096 +8%, 2056x384x4096 +14% in
-# 2 x 1 clusters, twenty-third session)
+# 2 x 1 clusters, docs/facts.md#dense-tile-cost)
 CLUSTER_MIN_WIDTH = 96
 # 192-row tiles (three consumer warpgroups, `Config.Mb = 192`; at most 192 wide,
 # `gemm_sm90.max_width`): where 128-row bands leave a round part-empty, a third fewer bands
 # may fill one (2056 x 2056: 11 x 12 = 132 tiles of 192 x 176 against 17 x 13 of 128 x 160).
-# Their time against 1.5 128-row tiles of the width: 1.01-1.05 (H200, twenty-seventh session,
-# 2056^2 at K = 8192 / 4096: 94.7 / 50.4 us against 113.8 / 58.3 for 128 x 160 in 2 x 1,
-# cuBLAS 94.3 / 48.2). 1 x 2 clusters (A multicast) even at K = 4096 (51.1 us); 2 x 1 (B
-# multicast) ran twice as long (99.0 us at 192 x 176, 90.5 at 192 x 160), so none.
+# Their time against 1.5 128-row tiles of the width: 1.01-1.05 (H200,
+# docs/facts.md#dense-tall-tiles, 2056^2 at K = 8192 / 4096: 94.7 / 50.4 us against 113.8 /
+# 58.3 for 128 x 160 in 2 x 1, cuBLAS 94.3 / 48.2). 1 x 2 clusters (A multicast) even at K =
+# 4096 (51.1 us); 2 x 1 (B multicast) ran twice as long (99.0 us at 192 x 176, 90.5 at 192 x
+# 160), so none.
 TALL_MB = 192
 TALL_COST = 1.03
 TALL_CLUSTER_COST = {(1, 1): 1.0, (1, 2): 1.0}
@@ -115,7 +116,7 @@ TALL_CLUSTER_COST = {(1, 1): 1.0, (1, 2): 1.0}
 # multicast B between two bands (several bands; 1 x 4 first, as 2 x 1 is slow where a band is
 # mostly past M: 80x4096x4096 18.8 us in 2 x 1 against 16.2 in 1 x 4, 160x2048x8192 35.2
 # against 24.0). H200,
-# twenty-fourth session, against 128-row tiles: 64x8192x4096 28.7 -> 20.2 us (cuBLAS 20.5),
+# docs/facts.md#dense-few-rows, against 128-row tiles: 64x8192x4096 28.7 -> 20.2 us (cuBLAS 20.5),
 # 16x8192x8208 59.7 -> 36.2, 1x8192x8192 62.7 -> 34.8, 128x8192x8192 48.0 -> 38.5 (cuBLAS
 # 38.3), 100x8192x8192 46.9 -> 40.1, 128x2048x8192 41.0 -> 21.8, 192x4096x4096 30.2 -> 18.8,
 # 256x4096x4096 19.2 -> 17.4. Where no width fits one round, several bands take 128-row tiles
@@ -200,10 +201,11 @@ def direct_time(M: int, N: int, plan: tuple[int, int, tuple[int, int]], sms: int
 # are padded to a width, not to 128. Both plans run with their edge tiles shifted inside the
 # tensors (`Config.SHIFT_EDGES`, `default_config`), so only a tile wider than its whole
 # dimension (M < Nb) still has a box past the tensor: its rows there cost about EDGE_ROW_COST
-# valid rows each (zero fill; H200, twenty-fifth session: the same 128 tiles of 64 x 160 at M =
-# 320 / 300 / 288 / 257, unshifted, take 18.0 / 18.7 / 22.3 / 26.9 us at N = K = 4096).
+# valid rows each (zero fill; H200, docs/facts.md#tma-box-past-tensor: the same 128 tiles of
+# 64 x 160 at M = 320 / 300 / 288 / 257, unshifted, take 18.0 / 18.7 / 22.3 / 26.9 us at N =
+# K = 4096).
 # Swapped widths are picked by `transposed_time`; its constants fitted to 20 shapes x 13-24
-# shifted variants (M 129-400, N 2056-28672; twenty-sixth session, docs/results.md): the
+# shifted variants (M 129-400, N 2056-28672; docs/facts.md#dense-transposed): the
 # pick, transposed or direct, is the fastest variant timed or within 2.3% of it at 18 of them,
 # 1.2% on average (333x5120x4096: 10%, 200x8192x8192: 5%).
 SWAP_MAX_M = 400  # timed up to 400; 1000x5000x4096: the best transposed 79.8 us, direct 60.1
@@ -285,22 +287,23 @@ def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N:
     fp32 block is 16 KiB; four would cost a load stage) and for tile widths that are not a
     multiple of 4 x 32.
     `lines`: the operands' rows start on L2 lines (`line_aligned`); where they do not and the
-    output has two or more 128-row tiles, 2 x 1 clusters multicast B (H200, docs/results.md:
-    3000x7000x5000 0.67 -> 0.94x cuBLAS, 8192x8192x8200 0.76 -> 1.01x, 2056^3 0.55 -> 0.69x).
+    output has two or more 128-row tiles, 2 x 1 clusters multicast B (H200,
+    docs/facts.md#l2-line-rows: 3000x7000x5000 0.67 -> 0.94x cuBLAS, 8192x8192x8200 0.76 ->
+    1.01x, 2056^3 0.55 -> 0.69x).
     An odd count of row tiles leaves the last cluster half outside the output: the scheduler
     rounds clusters up, and that CTA loads zeros, shares its B half and stores nothing
     (GPU-tested), or, with shifted edges, repeats the last band. Where a partial edge tile
     follows a whole one, the edge band and column of tiles are shifted back inside the output
-    (`Config.SHIFT_EDGES`; not with stream-K): H200, twenty-sixth session, the same tiles
-    unshifted / shifted, 333x5120x4096 32.0 / 26.8 us, 257x2056x4096 14.9 / 13.5,
+    (`Config.SHIFT_EDGES`; not with stream-K): H200, docs/facts.md#dense-shift-edges, the same
+    tiles unshifted / shifted, 333x5120x4096 32.0 / 26.8 us, 257x2056x4096 14.9 / 13.5,
     129x4096x8192 33.9 / 31.0, 200x8192x4096 29.2 / 27.5; 2056^2, 1000-4000 x 5000, 3000x384
     and the transposed plans within 2%. `quads`: the 4-CTA clusters the GPU holds at once
     (`few_rows_plan`).
     `stream_k`: equal shares of the (tile x K-step) units instead of whole tiles
     (`gemm_sm90.Config.STREAM_K`, 128-row tiles, no clusters; on the grid
     `schedule.stream_k_grid` picks); `gemm` does not pick it: slower than whole tiles at every
-    shape timed on the H200, also after whole waves (`Config.STREAM_K_DP`; docs/results.md,
-    nineteenth and twenty-second sessions). `swap_ab`: take `swap_plan`'s transposed tiles
+    shape timed on the H200, also after whole waves (`Config.STREAM_K_DP`;
+    docs/facts.md#dense-stream-k). `swap_ab`: take `swap_plan`'s transposed tiles
     where it gives them (`Config.TRANSPOSE_C`; rows on L2 lines, no forced width, no
     stream-K); False: always the direct plan."""
     swap = (swap_plan(M, N, sms, quads) if lines and nb is None and not stream_k and swap_ab

@@ -60,11 +60,26 @@ def roofline(arch: str, m: int, n: int, k: int, out: str = "bfloat16") -> dict:
             "pflops_at_model_time": flops / t / 1e15}
 
 
+def check_shape(m: int, n: int, k: int, out: str = "bfloat16") -> None:
+    """Raise ValueError unless the NVFP4 GEMM runs an (m, n, k) problem with D of type `out`
+    (`dispatch_sm100.supports`: what `tk_cute.nvfp4.gemm` takes on these targets)."""
+    from tk_cute.nvfp4 import dispatch_sm100
+
+    if not dispatch_sm100.supports(m, n, k, out):
+        raise ValueError(f"the NVFP4 GEMM needs K % 256 == 0 and N % 8 == 0 (N % 16 == 0 for "
+                         f"out nvfp4); got M={m}, N={n}, K={k}, out {out}")
+
+
 def report(cfg, m: int, n: int, k: int, build=None) -> dict:
-    """Compile `cfg` (a `kernels.gemm.nvfp4_sm100.Config`) and describe it for an (m, n, k) GEMM."""
+    """Compile `cfg` (a `kernels.gemm.nvfp4_sm100.Config`) and describe it for an (m, n, k) GEMM.
+
+    Raises:
+        ValueError: a shape the NVFP4 GEMM does not run (`check_shape`), before compiling.
+    """
     from tk_cute.arch import target
     from tk_cute.kernels.gemm import nvfp4_sm100 as K
 
+    check_shape(m, n, k, cfg.out)
     b, kern = build or K.compile(cfg, m, n, k)
     mma = r"tcgen05\.mma\.cta_group::2\.kind::mxf4nvf4"
     k_tiles = -(-k // cfg.Kb)
@@ -183,12 +198,12 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     m, n, k = a.mnk
     from tk_cute.kernels.gemm.nvfp4_sm100 import ConfigError
-    from tk_cute.nvfp4 import dispatch_sm100
     from tk_cute.nvfp4.heuristics import sm100_config
 
-    if not dispatch_sm100.supports(m, n, k, a.out):
-        p.error(f"the NVFP4 GEMM needs K % 256 == 0 and N % 8 == 0 (N % 16 == 0 for --out "
-                f"nvfp4); got M={m}, N={n}, K={k}")
+    try:
+        check_shape(m, n, k, a.out)
+    except ValueError as e:
+        p.error(str(e))
     try:
         cfg = sm100_config(a.arch, m, n, k, out=a.out)
         over = {f: getattr(a, f) for f in OVERRIDES if getattr(a, f) is not None}

@@ -67,9 +67,13 @@ OUT_ALIGN = 16  # bytes: kernels write outputs with 16-byte vector stores or TMA
 
 def check_out(out, shape: tuple, dtype, device, who: str) -> None:
     """Raise unless `out` is a contiguous, 16-byte aligned tensor of `shape` and `dtype` on
-    `device` (TypeError for a non-tensor, else ValueError listing every violation)."""
+    `device` (TypeError for a non-tensor or a sparse or nested one, else ValueError listing
+    every violation)."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{who}: out must be a torch.Tensor, got {type(out).__name__}")
+    if out.is_nested or out.layout != torch.strided:  # (it has no address to check)
+        raise TypeError(f"{who}: out must be a dense (strided) tensor, got layout {out.layout}"
+                        f"{' (nested)' if out.is_nested else ''}")
     problems = []
     if tuple(out.shape) != tuple(shape):
         problems.append(f"shape {tuple(out.shape)} (needs {tuple(shape)})")
@@ -417,7 +421,7 @@ def resident_clusters(device: torch.device, size: int) -> int:
     share one GPC, so GPCs whose SM count is not a multiple of `size` leave SMs idle (H200,
     132 SMs: 66 clusters of 2, 30 of 4). A persistent grid of more clusters than this runs the
     rest after the first finish (64x16384x4096 in 1 x 4 clusters: 32 clusters, 41.8 us against
-    30 clusters' 34.9 at 64x15360; docs/results.md, twenty-fourth session). Read once per
+    30 clusters' 34.9 at 64x15360; docs/facts.md#resident-clusters). Read once per
     device and size (`cuOccupancyMaxActiveClusters` on an empty kernel that takes a whole SM's
     shared memory)."""
     return _resident_clusters(device_index(device), size)

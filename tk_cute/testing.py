@@ -19,8 +19,8 @@ element must satisfy ``|D - d| <= u * |d| + (1 + u) * g * mag + tiny``. A single
 FP8 operands on Hopper are the exception to "summed in fp32": the tensor cores add an fp8
 wgmma's products into the accumulator keeping about 14 bits (DeepSeek-V3 technical report,
 arXiv 2412.19437, section 3.3.2; measured here too: errors up to ~2^-13.6 * mag at K = 64 on
-the H200, docs/results.md). For fp8 inputs the sum's bound is therefore taken per wgmma K step
-(32 elements) at 2^-13: ``g = (K / 32 + EXTRA_ROUNDINGS) * 2^-13``.
+the H200, docs/facts.md#fp8-accumulation). For fp8 inputs the sum's bound is therefore taken
+per wgmma K step (32 elements) at 2^-13: ``g = (K / 32 + EXTRA_ROUNDINGS) * 2^-13``.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections import defaultdict
 
 import numpy as np
@@ -64,7 +65,7 @@ def scale_tiling_plot(M: int = 256, K: int = 1024, element: tuple[int, int] = (1
 
     Args:
         M: rows of the operand.
-        K: K extent in elements (K / 16 scale columns).
+        K: K extent in elements, a multiple of 16 (K / 16 scale columns).
         element: (m, k) of the element whose scale byte is marked (k in elements).
         stage: which K stage (Kb elements) of the kernel is outlined and mapped to TMEM.
         arch: target whose MMA K decides which atoms one MMA reads (sm_107a: 2 per MMA).
@@ -80,6 +81,7 @@ def scale_tiling_plot(M: int = 256, K: int = 1024, element: tuple[int, int] = (1
     from tk_cute.layouts import nvfp4_scales as S
     from tk_cute.layouts import scales_sm100
 
+    _check_k(K)
     rm, rk = S.blocked_dims(M, K)
     rows, cols = np.arange(rm * S.ATOM_ROWS)[:, None], np.arange(rk * S.ATOM_SF_COLS)[None, :]
     offset = S.blocked_offset(rows, cols, M, K)
@@ -140,6 +142,11 @@ def scale_tiling_plot(M: int = 256, K: int = 1024, element: tuple[int, int] = (1
     return fig
 
 
+def _check_k(K: int) -> None:
+    if K < 16 or K % 16:
+        raise ValueError(f"NVFP4 K must be a positive multiple of 16 (the scale block), got {K}")
+
+
 def _rect(x, y, w, h, gid, **kw):
     from matplotlib.patches import Rectangle
 
@@ -149,8 +156,11 @@ def _rect(x, y, w, h, gid, **kw):
 # --------------------------------------------------------------------------- swizzle
 def swizzle_bytes(tile) -> np.ndarray:
     """Byte offset of every 16-byte chunk (row, chunk) of an `st` tile: its layout
-    (`st.layout()`) and its swizzle, both evaluated by CuTe on the host."""
+    (`st.layout()`) and its swizzle, both evaluated by CuTe on the host (traced under
+    `COMPILE_LOCK`: any thread may call it)."""
     import cutlass.cute as cute
+
+    from tk_cute.compile import COMPILE_LOCK
 
     per = CHUNK_BYTES * 8 // tile.dtype.width  # elements per chunk
     coords = [(r, c * per, 0) for r in range(tile.rows) for c in range(tile.cols // per)]
@@ -160,7 +170,8 @@ def swizzle_bytes(tile) -> np.ndarray:
     def trace():
         _evaluate_swizzle(tile, coords, found)
 
-    trace()
+    with COMPILE_LOCK:
+        trace()
     return np.array(found["bytes"]).reshape(tile.rows, tile.cols // per)
 
 
@@ -371,7 +382,8 @@ def schedule_plot(m_tiles: int, n_tiles: int, ctas: int | None = None, supergrou
     fig.drawn = {"owner": owner, "wave": wave, "path": path}
     image = ax.imshow(wave, cmap="viridis", interpolation="nearest", aspect="auto")
     fig.colorbar(image, ax=ax, label="turn (wave) of the tile's CTA")
-    if m_tiles * n_tiles <= 1024:
+    numbered = _numbers_fit(fig, m_tiles, n_tiles, str(owner.max()))
+    if numbered:
         for m in range(m_tiles):
             for n in range(n_tiles):
                 ax.text(n, m, str(owner[m, n]), ha="center", va="center", fontsize=6,
@@ -381,12 +393,20 @@ def schedule_plot(m_tiles: int, n_tiles: int, ctas: int | None = None, supergrou
     ax.plot([n for _, n in path], [m for m, _ in path], "k-o", markersize=4, linewidth=1.5,
             gid="path")
     who = "cluster" if cluster != (1, 1) else "CTA"
+    key = (f"number: the {who} that takes the tile" if numbered else
+           f"too many tiles to number: fig.drawn['owner'] has each tile's {who}")
     ax.set(title=f"{m_tiles} x {n_tiles} tiles on {owner.max() + 1} persistent {who}s in "
-                 f"supergroups of {supergroup} tile rows\n(number: the {who} that takes the "
-                 f"tile; line: {who} {follow}'s walk)", xlabel="tile column (N)",
-           ylabel="tile row (M)")
+                 f"supergroups of {supergroup} tile rows\n({key}; line: {who} {follow}'s "
+                 f"walk)", xlabel="tile column (N)", ylabel="tile row (M)")
     fig.tight_layout()
     return fig
+
+
+def _numbers_fit(fig, rows: int, cols: int, widest: str, points: float = 6) -> bool:
+    """Whether labels of `points` size, `widest` the longest, fit the cells of a rows x cols
+    image that fills about 3/4 of the figure (what the layout leaves the axes)."""
+    width, height = fig.get_size_inches() * 72 * 0.75
+    return height / rows >= points + 1 and width / cols >= 0.6 * points * len(widest)
 
 
 # --------------------------------------------------------------------------- stream-K shares
@@ -443,16 +463,19 @@ def stream_k_plot(tiles: int, k_steps: int, ctas: int | None = None, dp: bool = 
         if len(held) > 1:
             k1 = int(np.count_nonzero(owner[t] == held[0]))
             ax.add_patch(_rect(-0.5, t - 0.5, k1, 1, f"head {t}", fill=False, linewidth=1.5))
-    if tiles * k_steps <= 4096:
+    numbered = _numbers_fit(fig, tiles, 1, str(ctas - 1))  # (a number per share: rows decide)
+    if numbered:
         for t in range(tiles):
             for k in range(k_steps):
                 if k == 0 or owner[t, k] != owner[t, k - 1]:
                     ax.text(k, t, str(owner[t, k]), ha="left", va="center", fontsize=6)
     split = [p for p in parts if len(p) > 1]
     kind = "stream-K after whole waves" if dp else "stream-K"
+    key = ("colour and number: the CTA" if numbered else
+           "colour: the CTA, 20 colours round; too many tiles to number")
     ax.set(title=f"{tiles} tiles x {k_steps} K steps on {ctas} CTAs ({kind}): {len(split)} "
-                 f"tiles split, up to {max(map(len, parts))} parts\n(colour and number: the "
-                 f"CTA; outlined: a split tile's head, which adds the later parts)",
+                 f"tiles split, up to {max(map(len, parts))} parts\n({key}; outlined: a split "
+                 f"tile's head, which adds the later parts)",
            xlabel="K step", ylabel="tile (supergroup order)")
     fig.tight_layout()
     return fig
@@ -515,7 +538,11 @@ def speedup_plot(results: list[dict], baseline: str = "cuBLAS bf16 (deq W)",
     Returns:
         The Figure; `fig.drawn` has "baseline" and "speedups" ({(N, K): {variant: [(M,
         speedup)]}}, the panels' lines).
+
+    Raises:
+        ValueError: `results` is not a list of such rows (the first bad row named).
     """
+    _check_rows(results)
     times = {(r["variant"], r["M"], r["N"], r["K"]): r["us"] for r in results}
     panels = defaultdict(set)
     for r in results:
@@ -545,6 +572,20 @@ def speedup_plot(results: list[dict], baseline: str = "cuBLAS bf16 (deq W)",
     axes[-1].legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+BENCH_KEYS = ("variant", "M", "N", "K", "us")  # what a bench result row must hold
+
+
+def _check_rows(results) -> None:
+    if not isinstance(results, list) or not results:
+        raise ValueError(f"bench results must be a non-empty list of rows, got "
+                         f"{str(results)[:80]}")
+    for i, r in enumerate(results):
+        missing = [k for k in BENCH_KEYS if not isinstance(r, dict) or k not in r]
+        if missing:
+            raise ValueError(f"bench result row {i} must be a dict with {', '.join(BENCH_KEYS)}; "
+                             f"it lacks {', '.join(missing)}: {str(r)[:80]}")
 
 
 # The Hopper NVFP4 paths' colours (`paths_plot`), in `heuristics.PATHS` order.
@@ -594,8 +635,7 @@ def paths_plot(K: int = 8192, w4a4: bool = False, sms: int | None = None,
     from tk_cute.nvfp4 import heuristics
     from tk_cute.nvfp4.gemm import tiled_schedule
 
-    if K < 16 or K % 16:
-        raise ValueError(f"NVFP4 K must be a positive multiple of 16 (the scale block), got {K}")
+    _check_k(K)
     if sms is None:
         from tk_cute.arch import target
 
@@ -680,13 +720,13 @@ def dense_plan_plot(sms: int | None = None, quads: int | None = None,
     names = [words(p) for p in sorted(set(raw.values()))]
     plans = {k: words(p) for k, p in raw.items()}
     index = np.array([[names.index(plans[(m, n)]) for m in ms] for n in ns])
-    fig, (ax,) = _figure(1, 11, 6)
-    fig.drawn = {"plans": plans, "legend": names, "ms": ms, "ns": ns}
-    from matplotlib import colormaps
+    columns = -(-len(names) // LEGEND_ROWS)  # legend columns: the figure widens for each
+    fig, (ax,) = _figure(1, 8 + 2.2 * columns, 6)
+    colours = distinct_colours(len(names))
+    fig.drawn = {"plans": plans, "legend": names, "colours": colours, "ms": ms, "ns": ns}
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    colours = [colormaps["tab20"](i % 20) for i in range(len(names))]
     ax.imshow(index, cmap=ListedColormap(colours), vmin=-0.5, vmax=len(names) - 0.5,
               aspect="auto", origin="lower", interpolation="nearest")
     xs = [i for i, m in enumerate(ms) if i % 5 == 0 or m in edges]
@@ -694,13 +734,27 @@ def dense_plan_plot(sms: int | None = None, quads: int | None = None,
     ys = list(range(0, len(ns), 3))
     ax.set_yticks(ys, [str(ns[i]) for i in ys], fontsize=7)
     ax.legend(handles=[Patch(color=c, label=n) for c, n in zip(colours, names)], fontsize=7,
-              loc="upper left", bbox_to_anchor=(1.01, 1.0))
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=columns)
     quads_seen = sms // 4 if quads is None else quads
     ax.set(xlabel="M (rows of A and C)", ylabel="N (rows of B, columns of C)",
            title=f"tk_cute.gemm's tile plan on Hopper ({sms} SMs, {quads_seen} resident 4-CTA "
-                 f"clusters): rows x columns, cluster (C^T: A and B swapped)")
+                 f"clusters):\nrows x columns, cluster (C^T: A and B swapped)")
     fig.tight_layout()
     return fig
+
+
+LEGEND_ROWS = 22  # legend entries per column that fit a 6-inch figure at 7 points
+
+
+def distinct_colours(n: int) -> list:
+    """`n` different RGBA colours: matplotlib's qualitative tab20, tab20b and tab20c (60), and
+    beyond 60 evenly spaced samples of the turbo map."""
+    from matplotlib import colormaps
+
+    if n > 60:
+        return [tuple(c) for c in colormaps["turbo"](np.linspace(0, 1, n))]
+    pool = [colormaps[name](i) for name in ("tab20", "tab20b", "tab20c") for i in range(20)]
+    return pool[:n]
 
 
 # --------------------------------------------------------------------------- command line
@@ -815,11 +869,12 @@ def draw(args, parser):
             parser.error(str(e))
     if args.what in ("tmem", "roofline"):
         from tk_cute import report
-        from tk_cute.nvfp4 import dispatch_sm100
         from tk_cute.nvfp4.heuristics import sm100_config
 
-        if not dispatch_sm100.supports(*args.mnk):
-            parser.error(f"the NVFP4 GEMM needs K % 256 == 0 and N % 8 == 0; got {args.mnk}")
+        try:
+            report.check_shape(*args.mnk)
+        except ValueError as e:
+            parser.error(str(e))
         cfg = sm100_config(args.arch, *args.mnk)
         return tmem_plot(cfg) if args.what == "tmem" else roofline_plot(
             report.report(cfg, *args.mnk))
@@ -838,16 +893,31 @@ def draw(args, parser):
     try:
         with open(args.results) as f:
             data = json.load(f)
+        if isinstance(data, dict) and "results" not in data:
+            raise ValueError("a dict without 'results' (`tk_cute.bench nvfp4 --json` writes "
+                             "{'environment': ..., 'results': [rows]})")
+        return speedup_plot(data["results"] if isinstance(data, dict) else data)
     except (OSError, ValueError) as e:
         parser.error(f"cannot read bench results {args.results!r}: {e}")
-    return speedup_plot(data["results"] if isinstance(data, dict) else data)
+
+
+def out_file_error(path: str, flag: str = "--out") -> str | None:
+    """Why a picture cannot be written to `path` (given as `flag`), or None: it must end in
+    .png or .svg, in a folder that exists."""
+    if not path.lower().endswith((".png", ".svg")):
+        return f"{flag} must end in .png or .svg, got {path!r}"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"{flag} {path!r}: the folder {folder!r} does not exist (create it first)"
+    return None
 
 
 def main(argv=None) -> int:
     p = _parser()
     args = p.parse_args(argv)
-    if not args.out.lower().endswith((".png", ".svg")):
-        p.error(f"--out must end in .png or .svg, got {args.out!r}")
+    error = out_file_error(args.out)
+    if error:
+        p.error(error)
     fig = draw(args, p)
     fig.savefig(args.out, dpi=110)
     print(f"{args.what}: {args.out}")

@@ -23,9 +23,10 @@ activation rows are wgmma's N, in steps of 16 rather than 64-row bands); each ep
 is stmatrix-transposed into an (EPI_N, Mb) row-major buffer and TMA-stored into C^T.
 `Config.SHIFT_EDGES`: the last band and the last column of tiles, where they would reach past M
 (N), start at M - Mb (N - Nb) instead, inside the tensor (where it has a whole tile): their load
-boxes hold no rows past the operands (each such row costs about 2.3 rows in it, docs/design.md),
-and the rows they share with the tile before are computed and stored twice, identically (the
-same MMAs in the same K order; not with stream-K, whose tiles split K at different points).
+boxes hold no rows past the operands (each such row costs about 2.3 rows in it,
+docs/facts.md#tma-box-past-tensor), and the rows they share with the tile before are computed
+and stored twice, identically (the same MMAs in the same K order; not with stream-K, whose
+tiles split K at different points).
 Replaces CUTLASS's `examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py`.
 """
 
@@ -222,7 +223,7 @@ class GemmSm90(LCF):
         rounded up to C_ALIGN elements, so that an edge box reaches up to C_ALIGN - 1
         elements past the tensor: a TMA store's box starts on 16 bytes of C (an fp16 C of
         N = 100 in rows of 104, stored from column 36, faulted with an illegal instruction;
-        from column 40 it ran, H200, twenty-sixth session)."""
+        from column 40 it ran, H200, docs/facts.md#tma-store-origin)."""
         M, N = g.A.tensor.shape[0], g.B.tensor.shape[0]
         last_row, last_col = cutlass.max(M - self.Mb, 0), cutlass.max(N - self.Nb, 0)
         align = self.C_ALIGN  # (grid origins, multiples of Mb and Nb, are aligned already)

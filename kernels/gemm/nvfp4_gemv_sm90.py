@@ -32,8 +32,8 @@ Constraints (checked): M <= 64, K % 128 == 0, N % 32 == 0.
 Scale format (`Config.sf`): UE4M3 (w = e2m1 * sf * 2^-8), or UE5M3 for both operands (w = e2m1 *
 sf * 2^-16, `ops.nvfp4.decode_shift`; GPU-tested).
 
-Measurements, where the time goes and what was tried: docs/nvfp4_hopper.md (small-M kernel)
-and docs/results.md.
+Limits and where the time goes: docs/nvfp4_hopper.md (small-M kernel); measured constants:
+docs/facts.md#small-m-config; what was tried: docs/history.md#small-m-kernel.
 """
 
 from __future__ import annotations

@@ -62,8 +62,8 @@ stores them): the TMA's global strides must be multiples of 16 bytes.
 Scale format (`Config.sf`): UE4M3, or UE5M3 (w = e2m1 * sf * 2^-16, the reduction undoing 2^16:
 `ops.nvfp4.decode_shift`; GPU-tested).
 
-Measurements, where the time goes and what was tried: docs/nvfp4_hopper.md (register-A
-kernel) and docs/results.md.
+Limits and where the time goes: docs/nvfp4_hopper.md (register-A kernel); measured constants:
+docs/facts.md#rs-wide-rows; what was tried: docs/history.md#register-a-kernel.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ K_ALIGN = nvfp4_scales.SF_VEC  # K % 16: whole scale blocks (padded rows of code
 SMEM_BUDGET = target("sm_90a").smem_bytes
 OUT_TYPES = ("bfloat16", "float16", "float32")
 # From this N_ACT on the activations are permuted once per call (`Config.permute`): on the H200
-# (docs/results.md) even at 32, 7-13% faster at 48-96 and 1.6x at 128; 5% slower at 16.
+# (docs/facts.md#rs-wide-rows) even at 32, 7-13% faster at 48-96 and 1.6x at 128; 5% slower
+# at 16.
 CALL_PERMUTE_MIN_N_ACT = 32
 A_FORMATS = ("bf16", "nvfp4")  # activations as they come: bfloat16 (W4A16) or NVFP4 (W4A4)
 N_ALIGN = 8  # D's rows (N elements) 16 bytes apart in bf16 (`Config.N_TAIL` below ROWS)
@@ -479,7 +480,7 @@ def _load(cfg: cutlass.Constexpr, gw, gsf, gx, wq, sf, xs, loaded, empty, start,
     asked for before waiting for the kernel before this one (PDL: `_permute_kernel`, or with
     Config.PDL and EARLY_WEIGHTS the previous call's reduction; a no-op without PDL), after it
     with PDL alone (`waits_before_weights`). Asking for more units'
-    weights before the wait was slower on the H200 (docs/nvfp4_hopper.md)."""
+    weights before the wait was slower on the H200 (docs/facts.md#pdl)."""
     phases = ring(cfg.stages)
     for i in cutlass.range(steps, unroll=1):
         s = phases.stage(i)

@@ -18,7 +18,7 @@ While one warpgroup decodes, the other's MMAs keep the tensor cores busy (narrow
 A register sets, so a warpgroup's decode also overlaps its own previous MMAs).
 Schedule: whole tiles per persistent CTA (in 2 x 1 clusters with `Config.CLUSTER_M`: two weight
 bands share each activation stage by multicast; measured, not the dispatch's default:
-docs/results.md, twenty-fourth session), or stream-K (`Config.STREAM_K`, `templates/stream_k.py`):
+docs/facts.md#tiled-clusters), or stream-K (`Config.STREAM_K`, `templates/stream_k.py`):
 equal runs of (tile x stage) units per CTA, a tile split between CTAs handed from each later
 part (`store_partial`: fp32 accumulators to that CTA's slot of `partials`, then its flag) to
 its head (`add_partial`, in CTA order), which finishes it; where the tiles are fewer than the

@@ -414,7 +414,7 @@ def test_tall_tiles_compile_to_one_warpgroup_per_64_rows(mb, nb, tiles, regs):
 def test_tile_plan_weighs_192_row_tiles_and_16_column_steps(M, N, plan):
     """`tile_plan` on the H200 (132 SMs): 192-row tiles (no 2 x 1 clusters) where a third
     fewer bands fill a round, 144 / 176 wide tiles between the multiples of 32; each pick here
-    timed against the twenty-sixth session's plan (docs/results.md, twenty-seventh session:
+    timed against the plan before them (docs/facts.md#dense-tile-cost, commit 0d40bcb:
     2056^2 59.2 -> 50.1 us, 1000x2056 32.4 -> 29.7)."""
     from tk_cute import dense_gemm
 
@@ -523,8 +523,8 @@ def test_swap_plan_transposes_where_the_last_band_lies_mostly_past_m(M, N, plan)
     """`swap_plan` on the H200 (132 SMs, 30 resident 4-CTA clusters): the transposed tiles
     (Mb of N, Nb of M) where the direct plan's last 128-row band is mostly past M, edge tiles
     shifted either way; where timed the fastest or within 2.3% of it among 13-24 variants
-    (docs/results.md, twenty-sixth session); with the 16-column widths (twenty-seventh
-    session) 257x8192 / 257x4096 ran 0.92 / 0.93 of the 160-wide picks, 400x2056 1.00 and
+    (docs/facts.md#dense-transposed); with the 16-column widths (commits 0d40bcb, 2251fd2)
+    257x8192 / 257x4096 ran 0.92 / 0.93 of the 160-wide picks, 400x2056 1.00 and
     129x8192 kept 128 x 96 (64 x 144, within 1% in the model, ran 4-8% slower)."""
     from tk_cute import dense_gemm
 
@@ -723,7 +723,7 @@ def test_shifted_edges_into_a_padded_c_every_element(seed, out_dtype):
     up to 16 bytes (an fp16 store from column 36 faulted), every element against float64, in
     the default plan of each shape (direct, transposed, clusters). The pad columns past N are
     not C (the NVFP4 path copies D[:, :N] out): with 16-bit C they were written (H200,
-    twenty-sixth session; fp32 C's were not), so they are not checked."""
+    commit c82bbc2; fp32 C's were not), so they are not checked."""
     from tk_cute import dense_gemm
     from tk_cute.testing import assert_gemm_close
 
@@ -746,7 +746,7 @@ def test_shifted_edges_into_a_padded_c_every_element(seed, out_dtype):
 def test_operand_rows_off_l2_lines_run_in_clusters(M, K, cluster):
     """Rows that do not start on a 128-byte line (`dense_gemm.line_aligned`) put each TMA row
     piece of a stage across two lines; where the row tiles pair up, 2 x 1 clusters halve B's
-    reads (docs/results.md)."""
+    reads (docs/facts.md#l2-line-rows)."""
     from tk_cute import dense_gemm
 
     def on_line(rows, cols, dtype=torch.bfloat16):  # a (rows, cols) tensor at a 128-byte address

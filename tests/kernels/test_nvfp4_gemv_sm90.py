@@ -300,7 +300,7 @@ def test_pdl_reads_nothing_before_the_wait_but_early_weights(built):
                                            (2, 8192, False), (1, 4096, True)])
 def test_activations_staged_in_shared_memory_at_m1_where_they_fit(M, K, staged, w4a4):
     """bf16 rows where they fit; NVFP4 rows (decoded once per CTA) up to K = 8192, past which
-    the decode before the first trip cost more than it saved (docs/results.md)."""
+    the decode before the first trip cost more than it saved (docs/facts.md#w4a4-stage-max-k)."""
     cfg = heuristics.small_m_config(M, 8192, K, w4a4=w4a4)
     staged = staged and (not w4a4 or K <= heuristics.W4A4_STAGE_MAX_K)
     assert bool(cfg.XSMEM) == staged

@@ -134,8 +134,8 @@ def test_config_and_shape_rules():
     (512, 28672, 256, True), (768, 28672, 256, True), (1024, 28672, 256, True),
     (1152, 28672, 192, True), (2048, 28672, 256, True)])
 def test_tile_width_is_the_faster_measured_one(M, N, nb, stream_k):
-    """The schedule the H200 A/Bs measured fastest (docs/results.md; 3072 rows: 256 and 192
-    within 0.3%; 170, 208 and 400 rows: not measured, the rule's width): up to 208 rows one
+    """The schedule the H200 A/Bs measured fastest (docs/facts.md#tiled-widths; 3072 rows: 256
+    and 192 within 0.3%; 170, 208 and 400 rows: not measured, the rule's width): up to 208 rows one
     split tile as wide as M (`heuristics.SPLIT_TILE_MAX_M`, stream-K along K); with few weight
     tiles (N = 8192, up to 512 rows) two activation tiles per weight tile, each the narrowest
     of `rst.NBS` covering half the rows; else the rounds model over whole tiles and stream-K
@@ -150,8 +150,8 @@ def test_tile_width_is_the_faster_measured_one(M, N, nb, stream_k):
 
 def test_narrow_tiles_take_two_register_sets_only_at_long_k():
     """Two A register sets up to Nb = 96 from K = 8192 (heuristics.TILED_TWO_SETS_*: slower at
-    K = 2880 and from Nb = 112 on, docs/results.md): 240 rows on 40 weight bands are three
-    80-row tiles per band (`few_tiles_width`)."""
+    K = 2880 and from Nb = 112 on, docs/facts.md#tiled-two-sets): 240 rows on 40 weight bands
+    are three 80-row tiles per band (`few_tiles_width`)."""
     from tk_cute.nvfp4 import heuristics
 
     cfg = lambda M, K: heuristics.register_a_tiled_config(M, 5120, K, "bfloat16", 132)  # noqa: E731

@@ -6,9 +6,9 @@ The small-M (`nvfp4_gemv_sm90`), register-A (`nvfp4_rs_sm90`), tiled register-A
 to restore sf from its bits << 4, 2^110 to prescale it) and undoes the decode's 2^-16 (not
 2^-8) per operand, with no spill; the UE4M3 builds are unchanged (their PTX was hashed before
 and after the change, and the kernel symbols keep no trace of the default format). GPU tier
-(marker gpu; not yet run: no H200 this session): `tk_cute.nvfp4.gemm` on UE5M3 operands against
+(marker gpu; run on the H200, 2026-12-01): `tk_cute.nvfp4.gemm` on UE5M3 operands against
 the exact reference, every path that takes them, and the block dequantize against
-`dequantize`. Run next session: ``python -m pytest -m gpu tests/kernels/test_nvfp4_ue5m3_sm90.py``.
+`dequantize`: ``python -m pytest -m gpu tests/kernels/test_nvfp4_ue5m3_sm90.py``.
 """
 
 import dataclasses
@@ -113,7 +113,7 @@ def test_configs_reject_unknown_formats():
             make()
 
 
-# --- GPU tier (next H200 session) -----------------------------------------------------------
+# --- GPU tier (an H200) ---------------------------------------------------------------------
 
 
 def _ue5m3(shape, scale=1.0):

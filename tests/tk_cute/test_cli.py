@@ -49,3 +49,45 @@ def test_main_job_can_fail(monkeypatch, capsys):
     monkeypatch.setattr(nvfp4, "gemm", off_by_one_element)
     assert main(["run", "--m", "16", "--n", "16", "--k", "32", "--seed", "1"]) == 1
     assert "check: FAIL" in capsys.readouterr().out
+
+
+@pytest.fixture
+def unsupported_gpu(monkeypatch):
+    """The process sees one CUDA GPU that tk_cute has no kernels for: an sm_120 card."""
+    from tk_cute import arch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (12, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "RTX 5090")
+    arch._device_target.cache_clear()
+    yield
+    arch._device_target.cache_clear()
+
+
+SUPPORTED = "tk_cute has kernels for sm_90a, sm_100a, sm_103a, sm_107a only"
+
+
+def test_an_unsupported_gpu_is_named_with_the_way_to_the_cpu_reference(unsupported_gpu):
+    """The dispatch and the quantizer's launch (a meta tensor stands in for the CUDA one: the
+    device check comes first) say which GPU, what is supported and how to run on the CPU."""
+    from tk_cute import arch
+    from tk_cute.nvfp4 import launch
+
+    message = rf"RTX 5090 is sm_120; {SUPPORTED}\. The exact reference runs on the CPU"
+    with pytest.raises(ValueError, match=message):
+        arch.device_target(torch.device("cuda"))
+    with pytest.raises(ValueError, match=message):
+        launch.quantize(torch.empty(16, 64, device="meta"))
+
+
+def test_main_job_on_an_unsupported_gpu_runs_the_cpu_checks(unsupported_gpu, monkeypatch,
+                                                               capsys):
+    import tk_cute.__main__ as cli
+
+    monkeypatch.setattr(cli, "_rubin_compile", lambda M, N, K: "compiled (stubbed here)")
+    monkeypatch.setattr(cli, "_hopper_compile", lambda: "compiled (stubbed here)")
+    assert main(["run", "--m", "16", "--n", "16", "--k", "32", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "sm_120" in out and SUPPORTED in out and "running the CPU checks instead" in out
+    assert "tk_cute NVFP4 on cpu" in out and "check: PASS" in out

@@ -162,3 +162,15 @@ def test_compare_blockscaled_peer_on_rubin():
     ours, peer = r.sides
     assert peer.tmem_columns == 512 and ours.tmem_columns == 576  # the peer keeps sm_100 limits
     assert peer.build.instruction_mix()["MMA"][0] > 0 and peer.build.kernel.local_bytes == 0
+
+
+def test_compare_help_says_the_peer_file_runs(capsys):
+    """`--peer PATH` imports the file: its code runs in this process, and --help says so."""
+    from tk_cute.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--peer PATH" in text and "RUN as Python code in this process" in text
+    assert "pass only a file you trust" in text

@@ -179,7 +179,8 @@ def worker(rank: int, p: int) -> dict:
     bad["scale formats disagree"] = _raises(lambda: column_parallel_gemm(
         x, shard(w5, 0, rank, p) if rank == 0 else w_n))
     bad["module ue5m3"] = _raises(lambda: ColumnParallelLinear.from_nvfp4(w5))
-    mod = RowParallelLinear.from_shard(quantize(d["w"][:, rank * kl:(rank + 1) * kl]))
+    mod = RowParallelLinear.from_shard(quantize(d["w"][:, rank * kl:(rank + 1) * kl]),
+                                       in_features=K)
     bad["module shards"] = _raises(lambda: mod(xk))
     out["bad"] = bad
     out["time"]["bad input"] = time.perf_counter() - t0
@@ -359,6 +360,28 @@ def test_bad_input_raises_on_every_rank(run):
 
 
 # ---------------------------------------------------------------- numerics, in one process
+
+
+def test_from_shard_rejects_a_shard_cut_for_another_group_size(monkeypatch, seed):
+    """A shard does not know the group size it was cut for: `from_shard` takes the full
+    layer's size and checks it (here on one process, in a group of 2 as the modules see it)."""
+    from tk_cute.distributed import modules
+
+    monkeypatch.setattr(modules, "group_info", lambda group=None: (0, 2))
+    wq = quantize(torch.randn(N, K))
+    col = ColumnParallelLinear.from_shard(shard(wq, 0, 0, 2), out_features=N)
+    assert (col.out_features, col.full_shape) == (N // 2, (N, K))
+    assert torch.equal(col.weight_data, shard(wq, 0, 0, 2).data)
+    row = RowParallelLinear.from_shard(shard(wq, 1, 1, 2), in_features=K)
+    assert (row.in_features, row.full_shape) == (K // 2, (N, K))
+    with pytest.raises(ValueError, match=r"the shards make 24, not out_features=48.*count = 4"):
+        ColumnParallelLinear.from_shard(shard(wq, 0, 0, 4), out_features=N)
+    with pytest.raises(ValueError, match=r"the shards make 64, not in_features=128.*count = 4"):
+        RowParallelLinear.from_shard(shard(wq, 1, 0, 4), in_features=K)
+    with pytest.raises(TypeError, match="needs out_features=, the full layer's size"):
+        ColumnParallelLinear.from_shard(shard(wq, 0, 0, 2), out_features=None)
+    with pytest.raises(TypeError, match=r"2-D NVFP4Tensor, got a Tensor of shape \(48, 128\)"):
+        RowParallelLinear.from_shard(torch.randn(N, K), in_features=K)
 
 
 def test_bounds_explain_every_difference_of_simulated_reductions():

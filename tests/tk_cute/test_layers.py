@@ -114,3 +114,52 @@ def test_concurrent_compiles_build_each_key_once(round_):
     assert errors == []
     assert len(results) == 8 and all(r is results[0] for r in results)
     assert len(cache) == 1 and len(cache.compile_seconds) == 1
+
+
+def _in_threads(fns, timeout: float = 300) -> list:
+    """Run each of `fns` in its own thread, all released at once; the exceptions raised."""
+    errors, start = [], threading.Barrier(len(fns))
+
+    def guarded(fn):
+        try:
+            start.wait()
+            fn()
+        except BaseException as e:  # noqa: BLE001 - collected and asserted by the caller
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(fn,)) for fn in fns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), "a trace hung"
+    return errors
+
+
+def test_host_layout_traces_from_many_threads():
+    """`eval_cute_layout` and `viz.swizzle_bytes` trace a `@cute.jit` function on the host; 8
+    threads of each at once (they raised in every round before they took `COMPILE_LOCK`) give
+    the closed forms: a random strided layout's offsets, the 128-byte swizzle's XOR."""
+    import random
+
+    import cutlass
+    import cutlass.cute as cute
+    import numpy as np
+
+    from tk_cute.layouts.nvfp4_scales import eval_cute_layout
+    from tk_cute.types import st
+    from tk_cute.viz import swizzle_bytes
+
+    def layout_job():
+        shape = (random.randint(1, 9), random.randint(1, 9))
+        stride = (random.randint(0, 50), random.randint(0, 50))
+        coords = [(i, j) for i in range(shape[0]) for j in range(shape[1])]
+        _, got = eval_cute_layout(lambda: cute.make_layout(shape, stride=stride), coords)
+        assert got == [i * stride[0] + j * stride[1] for i, j in coords], (shape, stride)
+
+    def swizzle_job():
+        got = swizzle_bytes(st(cutlass.BFloat16, 16, 64))  # 128-byte rows: Swizzle<3, 4, 3>
+        x = 128 * np.arange(16)[:, None] + 16 * np.arange(8)[None, :]
+        assert (got == x ^ ((x & (7 << 7)) >> 3)).all()
+
+    assert _in_threads([layout_job] * 8 + [swizzle_job] * 8) == []

@@ -3,6 +3,7 @@ figure drew (`fig.drawn`) and its artists are checked against those functions an
 closed forms derived independently here."""
 
 import io
+import itertools
 import json
 
 import numpy as np
@@ -51,9 +52,11 @@ def test_scale_tiling_marks_the_byte_blocked_offset_names(M, K, element):
     assert "MMA 1" in _artist(stage, "group 0,2").get_text()  # K = 128: two atoms per MMA
 
 
-def test_scale_tiling_rejects_an_element_outside():
+def test_scale_tiling_rejects_an_element_outside_and_a_k_off_the_scale_blocks():
     with pytest.raises(ValueError, match="outside"):
         viz.scale_tiling_plot(128, 64, (128, 0))
+    with pytest.raises(ValueError, match="multiple of 16 .*got 1000"):
+        viz.scale_tiling_plot(256, 1000, (0, 0))
 
 
 def _swizzled(x, bits):
@@ -229,6 +232,60 @@ def test_dense_plan_plot_maps_the_tile_plan():
         viz.dense_plan_plot(quads=0)
 
 
+def _inside(fig, artists):
+    """Each artist's drawn extent lies within the figure (what savefig writes: nothing
+    clipped), after the figure's own layout."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    box = fig.bbox
+    for a in artists:
+        e = a.get_window_extent(canvas.get_renderer())
+        assert box.x0 <= e.x0 and e.x1 <= box.x1 and box.y0 <= e.y0 and e.y1 <= box.y1, (a, e)
+
+
+def test_dense_plan_default_gives_each_plan_its_colour_and_fits_the_figure():
+    """The default grid's 44 plans: 44 legend entries of 44 different colours (they shared 20),
+    each the colour the image gives that plan; the title and legend drawn whole."""
+    from matplotlib.colors import to_rgba
+
+    fig = viz.dense_plan_plot()
+    d, ax = fig.drawn, fig.axes[0]
+    legend = ax.get_legend()
+    labels = [t.get_text() for t in legend.get_texts()]
+    colours = [to_rgba(h.get_facecolor()) for h in legend.legend_handles]
+    assert labels == d["legend"] and len(labels) >= 40
+    assert len(set(colours)) == len(labels)
+    image = ax.images[0]
+    rgba = image.cmap(image.norm(np.asarray(image.get_array())))
+    for (i, n), (j, m) in itertools.product(enumerate(d["ns"]), enumerate(d["ms"])):
+        assert tuple(rgba[i, j]) == colours[labels.index(d["plans"][(m, n)])]
+    _inside(fig, [ax.title, legend])
+
+
+@pytest.mark.parametrize("what", ["schedule", "stream-k"])
+def test_draw_defaults_number_the_ctas_as_the_title_says(what):
+    """`draw schedule` and `draw stream-k` with their defaults: the title promises CTA numbers,
+    and every tile (schedule) or every CTA's share of a tile (stream-K) carries its CTA's
+    number; where they cannot fit the title says so instead."""
+    p = viz._parser()
+    fig = viz.draw(p.parse_args([what, "--out", "x.png"]), p)
+    ax, owner = fig.axes[0], fig.drawn["owner"]
+    assert "number: the CTA" in ax.get_title()
+    texts = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text()
+             for t in ax.texts}
+    if what == "schedule":
+        want = {(m, n): str(owner[m, n]) for m, n in np.ndindex(owner.shape)}
+    else:
+        want = {(t, k): str(owner[t, k]) for t, k in np.ndindex(owner.shape)
+                if k == 0 or owner[t, k] != owner[t, k - 1]}
+    assert texts == want and len(want) > 100
+    crowded = viz.schedule_plot(256, 256) if what == "schedule" else viz.stream_k_plot(600, 64)
+    assert not crowded.axes[0].texts and "too many tiles to number" in (
+        crowded.axes[0].get_title())
+
+
 def _report(arch, m, n, k):
     from tk_cute import report
 
@@ -293,6 +350,8 @@ def test_draw_command_writes_files(tmp_path, capsys):
     (["draw", "nope", "--out", "x.png"], "invalid choice: 'nope'"),
     (["draw", "tmem", "--out", "x.jpg"], "--out must end in .png or .svg"),
     (["draw", "scales", "--element", "999,0", "--out", "x.png"], "outside the (256, 1024)"),
+    (["draw", "scales", "--mk", "256,1000", "--out", "x.png"], "multiple of 16 (the scale "
+                                                               "block), got 1000"),
     (["draw", "swizzle", "--shape", "12,64", "--out", "x.png"], "multiple of 8"),
     (["draw", "roofline", "--mnk", "256,256,100", "--out", "x.png"], "K % 256 == 0"),
     (["draw", "schedule", "--tile", "a,b", "--out", "x.png"], "comma-separated"),
@@ -303,6 +362,30 @@ def test_draw_command_writes_files(tmp_path, capsys):
 ])
 def test_draw_usage_errors(usage_error, argv, message):
     usage_error(argv, message)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"x": 1}', "a dict without 'results'"),
+    ('[{"variant": "a", "M": 1}]', "row 0 must be a dict with variant, M, N, K, us; it lacks N, K"),
+    ('{"results": [1, 2]}', "row 0 must be a dict"),
+    ('{"results": []}', "non-empty list of rows"),
+    ("not json", "Expecting value"),
+])
+def test_draw_speedup_names_what_is_wrong_with_the_results(usage_error, tmp_path, text, message):
+    bad = tmp_path / "bench.json"
+    bad.write_text(text)
+    usage_error(["draw", "speedup", "--results", str(bad), "--out", str(tmp_path / "x.png")],
+                f"cannot read bench results {str(bad)!r}: ")
+    usage_error(["draw", "speedup", "--results", str(bad), "--out", str(tmp_path / "x.png")],
+                message)
+
+
+def test_draw_and_compare_name_a_missing_output_folder(usage_error, tmp_path):
+    missing = tmp_path / "no" / "such"
+    usage_error(["draw", "schedule", "--out", str(missing / "x.png")],
+                f"the folder {str(missing)!r} does not exist")
+    usage_error(["compare", "--plot", str(missing / "x.svg")],
+                f"--plot {str(missing / 'x.svg')!r}: the folder {str(missing)!r} does not exist")
 
 
 def test_tmem_map_draws_on_a_hopper_machine():

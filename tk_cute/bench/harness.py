@@ -9,8 +9,8 @@
   alone, without the host's per-call cost (Python validation, DLPack views, launch), which
   `host_overhead` measures separately. The graph passes over the input sets until it holds
   GRAPH_CALLS calls: launching a graph costs a few microseconds, which over the 5 calls of one
-  pass had added ~0.8 us to each call of a 10 us kernel (H200, docs/results.md, eleventh
-  session), a constant that shrank every speedup over a slower peer.
+  pass had added ~0.8 us to each call of a 10 us kernel (H200, docs/facts.md#graph-calls), a
+  constant that shrank every speedup over a slower peer.
 - Every result line records the GPU; `environment()` gives clocks and versions for the results
   file.
 """

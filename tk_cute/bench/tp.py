@@ -31,9 +31,9 @@ all-reduce MAX); variants interleave round by round; medians over rounds. Cold L
 rotates through enough copies of its weight shards to exceed 3x the L2 (the p = 8 NVFP4 shards
 of the default block, 50 MB, fit in an H200's 60 MB L2).
 
-Not run yet (no multi-GPU machine in the sessions so far): docs/distributed.md lists what to
-run. This module imports on a CPU; `build` and `variants` build and run the variants on any
-process group, gloo on a CPU included (tests/tk_cute/test_bench_variants.py).
+Not run yet (no multi-GPU machine so far): docs/distributed.md lists what to run. This module
+imports on a CPU; `build` and `variants` build and run the variants on any process group,
+gloo on a CPU included (tests/tk_cute/test_bench_variants.py).
 """
 
 from __future__ import annotations

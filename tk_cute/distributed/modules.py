@@ -8,7 +8,8 @@ its shard, plain tensors, loadable with ``weights_only=True`` into a module buil
 group size (another size has other buffer shapes: torch's load_state_dict raises). Build them
 from a full layer on every rank (`from_linear` quantizes the full weight, identically on every
 rank, then keeps this rank's `tk_cute.nvfp4.shard`; `from_nvfp4` shards an NVFP4Tensor) or from
-a shard (`from_shard`). Every rank must build the same layers in the same order.
+a shard (`from_shard`, given the full layer's out_features / in_features: a shard cut for
+another group size raises). Every rank must build the same layers in the same order.
 
 Modes (construction choices, not in the state dict):
 
@@ -51,6 +52,7 @@ from .checks import agree, group_info, local
 from .gemm import (
     HINTS,
     REDUCES,
+    _full_size,
     _reduce_dtype,
     _rows,
     all_gather_gemm,
@@ -124,6 +126,25 @@ class _Parallel(nvfp4.Linear):
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)
         self._checked = False  # new shards: check them on the next forward
+
+    @classmethod
+    def _full_shape(cls, w_shard: nvfp4.NVFP4Tensor, given, size: int) -> tuple:
+        """The full layer's (N, K) of `from_shard`: the shard's, with `given` (the full size
+        along the cut, `SHARD_DIM`) in place of the shard's own once `size` shards of this one
+        make it (nothing in a shard tells the group size it was cut for)."""
+        dim = cls.SHARD_DIM
+        name = ("out_features", "in_features")[dim]
+        if not isinstance(w_shard, nvfp4.NVFP4Tensor) or w_shard.ndim != 2:
+            raise TypeError(f"{cls.__name__}.from_shard takes a 2-D NVFP4Tensor, got a "
+                            f"{type(w_shard).__name__} of shape "
+                            f"{tuple(getattr(w_shard, 'shape', ()))}")
+        if isinstance(given, bool) or not isinstance(given, int):
+            raise TypeError(f"{cls.__name__}.from_shard needs {name}=, the full layer's size "
+                            f"(an int), got {given!r}")
+        _full_size(name, given, w_shard.shape[dim], size, ("rows (N)", "K elements")[dim])
+        full = list(w_shard.shape)
+        full[dim] = given
+        return tuple(full)
 
     @classmethod
     def _wrap(cls, w_shard: nvfp4.NVFP4Tensor, bias: torch.Tensor | None, full: tuple,
@@ -219,10 +240,12 @@ class ColumnParallelLinear(_Parallel):
 
     @classmethod
     def from_shard(cls, w_shard: nvfp4.NVFP4Tensor, bias_shard: torch.Tensor | None = None,
-                   group=None, **opts) -> ColumnParallelLinear:
-        """A layer holding an already cut (N / p, K) shard (and its (N / p,) bias slice)."""
+                   group=None, *, out_features: int, **opts) -> ColumnParallelLinear:
+        """A layer holding an already cut (N / p, K) shard (and its (N / p,) bias slice) of a
+        layer of `out_features` = N rows: a shard cut for another group size raises."""
         _, size = group_info(group)
-        return cls._wrap(w_shard, bias_shard, (w_shard.M * size, w_shard.K), group=group, **opts)
+        return cls._wrap(w_shard, bias_shard, cls._full_shape(w_shard, out_features, size),
+                         group=group, **opts)
 
     def operand(self, x: torch.Tensor):
         """What `forward` multiplies (and, sequence-parallel, gathers): x itself (W4A16), or x
@@ -320,10 +343,12 @@ class RowParallelLinear(_Parallel):
 
     @classmethod
     def from_shard(cls, w_shard: nvfp4.NVFP4Tensor, bias: torch.Tensor | None = None,
-                   group=None, **opts) -> RowParallelLinear:
-        """A layer holding an already cut (N, K / p) shard and the full (N,) bias."""
+                   group=None, *, in_features: int, **opts) -> RowParallelLinear:
+        """A layer holding an already cut (N, K / p) shard of a layer of `in_features` = K
+        columns, and the full (N,) bias: a shard cut for another group size raises."""
         _, size = group_info(group)
-        return cls._wrap(w_shard, bias, (w_shard.M, w_shard.K * size), group=group, **opts)
+        return cls._wrap(w_shard, bias, cls._full_shape(w_shard, in_features, size),
+                         group=group, **opts)
 
     def operand(self, x: torch.Tensor):
         """x (W4A16), or x quantized (W4A4) with the whole tensor's or this rank's scale."""

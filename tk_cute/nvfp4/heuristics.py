@@ -1,7 +1,8 @@
 """Every heuristic of the NVFP4 GEMMs, in one place: which kernel takes a shape, and each
 kernel's default Config. Kernels keep their `Config` (what can run) and `supports` (what some
 Config can run); this module decides what should run, from the shape and the device. The
-numbers behind each rule are in docs/results.md and docs/nvfp4_hopper.md; the rules cite them.
+numbers behind each rule are in docs/facts.md (one anchor per constant, cited below); the
+kernels' designs and limits in docs/nvfp4_hopper.md.
 
 Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "small_m" (`kernels/gemm/nvfp4_gemv_sm90.py`, mma.sync streaming the weights): M < RS_MIN_M
@@ -24,7 +25,7 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "fused" (`kernels/gemm/nvfp4_sm90.py`, decode in shared memory): forced only (`path=`): every
   shape it takes (M % 128, N % 256, K % 64) the register-A kernels take too, faster. Where it was
   the default (one near-full wave of 128 x 256 tiles, K % 256 != 0: 128x28672x8192 fused 148 us
-  against 298 dequantized, docs/results.md 2026-11-30), the register-A kernels now run.
+  against 298 dequantized, docs/history.md), the register-A kernels now run.
 - "dequantize" (`kernels/nvfp4_dequantize.py` + `kernels/gemm/gemm_sm90.py`): everything else
   (any M, any K % 16, any N, any output dtype): N % 8 != 0, and `dequantize_wins`.
 The register-A kernels take any K % 16 == 0 (rows of codes padded to 16 bytes for the TMA where
@@ -54,11 +55,11 @@ from tk_cute.kernels.gemm import nvfp4_sm90 as sm90
 from tk_cute.ops import schedule
 
 # Below this M the small-M kernel beats the register-A one: its M = 1 path (one n8 MMA tile,
-# staged activations) on the H200 (1x8192^2: 14.2 vs 18.2 us, docs/results.md).
+# staged activations) on the H200 (1x8192^2: 14.2 vs 18.2 us, docs/facts.md#rs-min-m).
 RS_MIN_M = 9
 # Largest N_ACT given 256 rows per CTA. There the consumers have 104 registers (640 threads, one
-# A register set from N_ACT = 32 on), the ring 2-5 stages. On the H200 (docs/results.md, ninth
-# session, activations permuted once per call) 256 rows were 2% faster than 128 at N_ACT = 48,
+# A register set from N_ACT = 32 on), the ring 2-5 stages. On the H200 (docs/facts.md#rs-wide-rows,
+# activations permuted once per call) 256 rows were 2% faster than 128 at N_ACT = 48,
 # even at 64, and 128 rows 18% faster at 80 (two A sets, 3 stages).
 WIDE_MAX_N_ACT = 64
 # W4A4 up to this M runs the small-M kernel, which decodes NVFP4 activations in registers; above
@@ -66,29 +67,30 @@ WIDE_MAX_N_ACT = 64
 # in-register decode costs less than a pass).
 W4A4_NATIVE_MAX_M = 8
 # W4A4 at M = 1 decodes its activation row once per CTA into shared memory up to this K. H200
-# A/B (docs/results.md, sixteenth session; W4A16 time / W4A4 time, staged vs decoded in every
+# A/B (docs/facts.md#w4a4-stage-max-k; W4A16 time / W4A4 time, staged vs decoded in every
 # trip): 1x8192^2 0.945 vs 0.922, 1x28672x8192 0.988 vs 0.884; at 1x8192x28672 each CTA decodes
 # 28672 elements before its first trip: 0.927 vs 0.955.
 W4A4_STAGE_MAX_K = 8192
 # Where N % 128 != 0 (the register-A kernel's partial last row block, `rs.Config.N_TAIL`) the
-# small-M kernel keeps up to this M. H200 A/B (docs/results.md, nineteenth session; vs cuBLAS
+# small-M kernel keeps up to this M. H200 A/B (docs/facts.md#small-m-tail; vs cuBLAS
 # bf16, small-M / register-A): 16x4000x8192 W4A16 1.99 / 1.63x, W4A4 2.04 / 1.58x; 64x4000x8192
 # W4A16 0.81 / 1.44x.
 SMALL_M_TAIL_MAX_M = 16
 # "rows" (forced only): the register-A kernel on slices of this many activation rows. H200 A/B
-# (docs/results.md, nineteenth session; vs cuBLAS bf16, rows / the split tile): 129x8192^2
+# (docs/facts.md#rows-path; vs cuBLAS bf16, rows / the split tile): 129x8192^2
 # 0.83 / 1.18x, 160x8192^2 0.64 / 0.98x, 129x28672x8192 0.78 / 1.09x, 160x8192x28672 0.80 /
 # 1.12x, 129x4000x8192 0.69 / 0.92x, 129x2880^2 0.30 / 0.43x.
 ROWS_MIN_M = rs.MAX_M
 # Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
 # W4A4. The dequantize pass costs N x K whatever M is, so it pays from enough rows, and sooner at
-# a short K (the tiled kernel's per-tile costs weigh more there). H200 A/B (docs/results.md,
-# twenty-first session; tiled / dequantize us, W4A16 | W4A4, W4A4 "dequantize" in one launch):
+# a short K (the tiled kernel's per-tile costs weigh more there). H200 A/B
+# (docs/facts.md#dequantize-rule; tiled / dequantize us, W4A16 | W4A4, W4A4 "dequantize" in
+# one launch):
 # K = 2880, N = 2880: 384 rows 18.4 / 24.7 | 18.2 / 25.3, 512 21.8 / 25.0 | 21.4 / 25.8, 1024
 # 33.5 / 33.5 | 32.7 / 34.8, 2048 61.0 / 57.9 | 59.1 / 61.3, 4096 124.7 / 108.5 | 123.9 /
 # 115.6; N = 5760: 512 37.3 / 38.3 | 37.0 / 39.4, 1024 62.0 / 63.1 | 61.2 / 64.8, 2048 118.7 /
-# 112.3 | 118.3 / 114.0. K = 4096 (fifteenth session, vs cuBLAS bf16), W4A16 1024x4096 0.84 /
-# 0.75x, 2048x4096 0.83 / 0.86x, W4A4 2048x4096 0.85 / 0.78x (twenty-first: 2048x4096^2 W4A4
+# 112.3 | 118.3 / 114.0. K = 4096 (vs cuBLAS bf16), W4A16 1024x4096 0.84 /
+# 0.75x, 2048x4096 0.83 / 0.86x, W4A4 2048x4096 0.85 / 0.78x (a second A/B: 2048x4096^2 W4A4
 # 100-108 / 108 us, even); K = 8192: tiled at every M (W4A16 0.90 / 0.77x at 1024 rows, 0.90 /
 # 0.88x at 2048, within 3% either way from 4096 rows).
 DEQUANTIZE_FROM = {False: ((8192, 2048),), True: ((4096, 2048),)}
@@ -96,8 +98,8 @@ DEQUANTIZE_FROM = {False: ((8192, 2048),), True: ((4096, 2048),)}
 # the 128-row activation tiles are fewer than this fraction of the SMs (the tiled kernel's few
 # tiles then take longer than the dequantize pass + cuBLAS). W4A4 too since its operands decode
 # in one launch (`launch.DEQUANTIZE_PAIRED`; 256x2880^2 tiled 21.9 us, one-launch dequantize
-# 18.7, W4A16's 18.3: docs/results.md, twenty-first session). H200 A/B (docs/results.md,
-# nineteenth session; vs cuBLAS bf16, tiled / dequantize), 240 and 256 rows: 1024x8192
+# 18.7, W4A16's 18.3: docs/facts.md#dequantize-paired). H200 A/B (docs/facts.md#dequantize-rule;
+# vs cuBLAS bf16, tiled / dequantize), 240 and 256 rows: 1024x8192
 # 0.31-0.36 / 0.49-0.50x, 2048x4096 0.40-0.42 / 0.49-0.55x, 2880x2880 0.42 / 0.49-0.51x (46
 # tiles); 4000x8192 (64 tiles) 0.82-0.90 / 0.48-0.56x. Up to 208 rows the split tile won
 # there: 129x2880x2880 0.42 / 0.27x, 200x2880x2880 0.40 / 0.38x.
@@ -184,7 +186,7 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
         raise ValueError(f"the small-M kernel needs N to be a multiple of 32, got N={N}")
     NT = max(1, -(-M // 8))
     NT = 1 << (NT - 1).bit_length()
-    # H200 sweeps 2026-11-30 (docs/results.md): warps of 2 MMA row tiles; 2 steps per trip, the
+    # H200 sweeps (docs/facts.md#small-m-config): warps of 2 MMA row tiles; 2 steps per trip, the
     # next trip's weights in flight at M <= 8 (registers capped for 16 warps per SM), 4 steps
     # with two activation tiles (M 9..16); about 8 warps per CTA, at least one CTA per SM.
     unroll = 4 if NT == 2 else 2
@@ -195,7 +197,7 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # M = 4, 8 and 16 it was 1% slower or mixed, 256 bytes slower everywhere.
     # Launched as a programmatic dependent, nothing read before the kernel before it has ended
     # (safe whatever that kernel writes): back-to-back calls overlap one's tail with the next
-    # one's launch, 1-8% at M = 1 and 2-3% at M = 8-16 (H200 A/B, twenty-second session).
+    # one's launch, 1-8% at M = 1 and 2-3% at M = 8-16 (H200 A/B, docs/facts.md#pdl).
     cfg = gv.Config(MT=2, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
                     AHEAD=NT == 1, L2_FETCH=128 if M == 1 else 0, PDL=True)
     cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms))
@@ -247,13 +249,13 @@ def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs
 
 # A tiled register-A tile's time per activation row (column of D^T) relative to Nb = 256: the
 # narrower the tile, the fewer activations each decoded weight serves. Fitted to H200 A/Bs of
-# the widths (docs/results.md, twelfth and fifteenth sessions: 8 shapes at 128, 7 at 192; per
+# the widths (docs/facts.md#tiled-widths: 8 shapes at 128, 7 at 192; per
 # row 1.05-1.18 at 128, 0.97-1.06 at 192).
 TILED_TILE_COST = {256: 1.0, 192: 1.02, 128: 1.08}
 # Narrow tiled tiles decode more weights per MMA than a warpgroup's other warpgroup hides (at
 # Nb = 80 the tensor pipe is busy 60% of the active cycles, at 256 92%): up to this width, and
 # from this K on, each warpgroup decodes a stage into a second A register set while its previous
-# stage's MMAs run (`rst.Config.A_SETS`). H200 A/B (docs/results.md, seventeenth session; vs
+# stage's MMAs run (`rst.Config.A_SETS`). H200 A/B (docs/facts.md#tiled-two-sets; vs
 # cuBLAS bf16, one set / two): 129x8192^2 Nb = 80 0.97 / 1.02x, 170x8192^2 96 0.81 / 0.87x,
 # 200x4096x8192 64 0.78 / 0.80x, 129x8192x28672 80 0.80 / 0.84x; but 150x8192x2880 80 0.96 /
 # 0.92x, and from Nb = 112 on two sets were slower (200x8192^2 0.84 / 0.80x, 1024x8192^2 Nb = 256
@@ -261,8 +263,8 @@ TILED_TILE_COST = {256: 1.0, 192: 1.02, 128: 1.08}
 # Stream-K on the tiled kernel (`rst.Config.STREAM_K`, `schedule.tile_plan`): a CTA's equal
 # share of the (tile x stage) units costs its tiles' time plus about this fraction of one tile
 # at K = 8192 (the fp32 hand-over of the tiles split between two CTAs, a fixed cost: a smaller
-# fraction of a longer tile). Fitted to an H200 A/B (docs/
-# results.md, seventeenth session; vs cuBLAS bf16, whole tiles / stream-K): 1024x8192^2 (1.94
+# fraction of a longer tile). Fitted to an H200 A/B
+# (docs/facts.md#tiled-stream-k; vs cuBLAS bf16, whole tiles / stream-K): 1024x8192^2 (1.94
 # tiles per SM) 0.901 / 0.872x at Nb = 256, 4096x8192^2 (7.76) 0.964 / 0.979x, 256x28672x8192
 # (1.70) 0.938 / 1.015x, 768x28672x8192 1.016 / 1.094x (192 / 256), 384x28672x8192 0.78 /
 # 0.91x (192), 1024x8192x28672 1.000 / 1.044x.
@@ -272,21 +274,21 @@ TILED_STREAM_K_OVERHEAD = 0.12
 # band, its K split into stream-K shares (`schedule.stream_k_grid`: equal parts of each tile
 # where the bands are fewer than the SMs, else shares that straddle the tiles). Every weight
 # is then decoded once, for all M rows, and no padded tile is spent on a nearly empty second
-# row of tiles. H200 A/B (docs/results.md, nineteenth session; vs cuBLAS bf16, split tile / the
+# row of tiles. H200 A/B (docs/facts.md#split-tile; vs cuBLAS bf16, split tile / the
 # previous pick): 129x8192^2 1.17 / 1.02x (two 80-row tiles), 129x8192x28672 1.25 / 0.94x,
 # 129x5120^2 1.00 / 0.87x, 150x28672x8192 1.07 / 0.75x ("rows"), 200x8192x28672 1.02 / 0.92x,
 # 200x8192^2 and 200x5120^2 even (0.81, 0.79x); at 240 and 256 rows it lost at N = 8192
 # (240x8192^2 0.83 / 0.89x, 256x8192^2 0.79-0.84 / 0.90-0.95x for two 128-row tiles).
 SPLIT_TILE_MAX_M = 208
 # From this M the split tile (one tile of `split_tile_width`, 128 here) beats the register-A
-# kernel's 128-row blocks. H200 A/B (docs/results.md, twentieth session; vs cuBLAS bf16, split
+# kernel's 128-row blocks. H200 A/B (docs/facts.md#split-tile; vs cuBLAS bf16, split
 # tile / register-A) at N x K = 8192^2, 28672x8192, 8192x28672: 128 rows 1.13 / 1.03x, 1.26 /
 # 1.20x, 1.22 / 1.23x; 120 rows 1.11 / 1.01x, 1.20 / 1.14x, 1.23 / 1.24x; 112 rows 1.22 /
 # 1.26x, 1.27 / 1.24x, 1.30 / 1.33x; 96 rows register-A ahead at all three (1.31 / 1.22x ...).
 # Also at 113 and 128 rows: 2880^2 0.44 / 0.42x, 5120^2 0.80 / 0.64x, 4000x8192 0.93 / 0.87x
 # (113) and 0.89 / 0.83x (128). On 8 weight bands the split tile lost with one head adding
-# the parts (1024x8192 0.43 / 0.52x), won as teams of 8 (`TILED_TEAMS_MIN`; twenty-first
-# session, 113 and 128 rows: 19.8 and 19.9 us / 22.0 and 21.7): from SPLIT_TILE_MIN_BANDS
+# the parts (1024x8192 0.43 / 0.52x), won as teams of 8 (`TILED_TEAMS_MIN`;
+# 113 and 128 rows: 19.8 and 19.9 us / 22.0 and 21.7): from SPLIT_TILE_MIN_BANDS
 # 128-row bands the split tile.
 SPLIT_TILE_MIN_M = 113
 SPLIT_TILE_MIN_BANDS = 8
@@ -294,8 +296,8 @@ TILED_TWO_SETS_MAX_NB = 96
 TILED_TWO_SETS_MIN_K = 8192
 # Stream-K teams with 16-byte partials (`rst.Config.TEAMS`, `PARTIAL_V4`) where each tile
 # splits into this many equal parts or more (`stream_k_team`): the parts finish their warps'
-# rows side by side instead of one head adding every other part. H200 A/B (docs/results.md,
-# twenty-first session; vs cuBLAS bf16, head-takes-all / teams / teams + v4): five parts
+# rows side by side instead of one head adding every other part. H200 A/B
+# (docs/facts.md#tiled-teams; vs cuBLAS bf16, head-takes-all / teams / teams + v4): five parts
 # (23 bands) 113x2880^2 0.44 / 0.50 / 0.52x, 200x2880^2 0.40 / 0.47 / 0.49x; eight (8 bands)
 # 200x1024x8192 0.37 / 0.47 / 0.50x; but two parts (64 bands) 113x8192^2 1.22 / 1.17 / 1.18x,
 # 200x8192^2 0.87 / 0.86 / 0.87x.
@@ -308,12 +310,13 @@ def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) ->
     applies, else the rounds model of `schedule.tile_plan` over the (N / 128) x ceil(M / Nb)
     tiles (`TILED_TILE_COST`): 256 where its tiles fill their rounds, 192 or 128 where 256-row
     tiles would leave a round nearly empty or their last row of tiles half empty. H200 A/Bs
-    (docs/results.md), vs cuBLAS bf16, Nb = 256 / 192 / 128: 384x8192^2 0.72 / 0.91 / 0.66x,
-    768x28672x8192 0.87 / 1.02 / 0.92x, 512x8192^2 0.90 / - / 0.84x, 3072x8192^2 0.93 / 0.93 /
-    0.87x. With at least one tile per SM the same model weighs stream-K shares
+    (docs/facts.md#tiled-widths), vs cuBLAS bf16, Nb = 256 / 192 / 128: 384x8192^2 0.72 /
+    0.91 / 0.66x, 768x28672x8192 0.87 / 1.02 / 0.92x, 512x8192^2 0.90 / - / 0.84x,
+    3072x8192^2 0.93 / 0.93 / 0.87x. With at least one tile per SM the same model weighs
+    stream-K shares
     (`TILED_STREAM_K_OVERHEAD`); its stream-K pick with one tile as wide as M is narrowed to
-    `split_tile_width` (240x28672x8192 at Nb = 240 1.006x against 0.962x at 256, nineteenth
-    session). A_SETS: two register sets for narrow tiles at long K (`TILED_TWO_SETS_MAX_NB`).
+    `split_tile_width` (240x28672x8192 at Nb = 240 1.006x against 0.962x at 256). A_SETS: two
+    register sets for narrow tiles at long K (`TILED_TWO_SETS_MAX_NB`).
     Stream-K teams with 16-byte partials where a tile splits into TILED_TEAMS_MIN parts or
     more."""
     if M <= SPLIT_TILE_MAX_M:
@@ -350,9 +353,9 @@ def few_tiles_width(M: int, N: int, sms: int) -> int | None:
     widths (`rst.NBS`, each GPU-tested) that covers them: the fewest padded rows in one full
     round. None where no width covers them, or their tiles fill less than 3/4 of the SMs (the
     rounds model then).
-    H200 A/B (docs/results.md, sixteenth session), N = K = 8192, vs cuBLAS bf16, this width /
+    H200 A/B (docs/facts.md#tiled-widths), N = K = 8192, vs cuBLAS bf16, this width /
     before: 129 rows Nb = 80 0.95x / "rows" 0.83x, 160: 80 0.82 / "rows" 0.63x, 200: 112 0.80 /
-    128 0.74x, 257: 144 0.86 / 192 0.67x; seventeenth session: 300: 160 0.90 / 192 0.75x."""
+    128 0.74x, 257: 144 0.86 / 192 0.67x, 300: 160 0.90 / 192 0.75x."""
     bands = -(-N // rst.ROWS)
     per = sms // bands  # activation tiles per weight tile in one round
     fits = [nb for nb in rst.NBS if nb * per >= M]

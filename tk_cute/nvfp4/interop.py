@@ -47,7 +47,7 @@ import torch
 
 from tk_cute.layouts.nvfp4_scales import blocked_dims, blocked_shape, to_blocked
 
-from .tensor import SF_VEC, NVFP4Tensor
+from .tensor import SF_VEC, NVFP4Tensor, describe, is_torchao
 
 __all__ = ["FlashInferNVFP4", "from_flashinfer", "from_torchao", "to_flashinfer", "to_torchao"]
 
@@ -73,8 +73,8 @@ def from_torchao(t) -> NVFP4Tensor:
             per-expert (3-D) per_tensor_scale, or a 3-D swizzled tensor with M % 128 != 0
             (torchao's ``to_nvfp4`` cannot make one; its layout would be ambiguous).
     """
-    if not all(hasattr(t, a) for a in ("qdata", "scale", "per_tensor_scale", "block_size")):
-        raise TypeError(f"from_torchao takes a torchao NVFP4Tensor, got {type(t).__name__}")
+    if not is_torchao(t):
+        raise TypeError(f"from_torchao takes a torchao NVFP4Tensor, got {describe(t)}")
     if t.block_size != SF_VEC:
         raise ValueError(f"NVFP4 uses 16-element blocks, got block_size={t.block_size}")
     data = _u8(t.qdata)

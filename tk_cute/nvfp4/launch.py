@@ -219,8 +219,8 @@ def _fused_kernel(config: sm90.Config):
 
 
 # W4A4 "dequantize" with one launch for both operands and D's scale (`dequantize_pair`) rather
-# than two dequantize launches and torch's gA * gB. H200 A/B (docs/results.md, twenty-first
-# session; two launches / one, us): 256x2880^2 23.4 / 18.7, 1024x2880^2 38.9 / 37.0,
+# than two dequantize launches and torch's gA * gB. H200 A/B (docs/facts.md#dequantize-paired;
+# two launches / one, us): 256x2880^2 23.4 / 18.7, 1024x2880^2 38.9 / 37.0,
 # 2048x2880^2 66.3 / 60.5, 256x4096^2 36.5 / 32.2, 2048x4096^2 113.5 / 107.8.
 DEQUANTIZE_PAIRED = True
 
@@ -298,6 +298,9 @@ def dequantize_pair(a: NVFP4Tensor, b: NVFP4Tensor, out_a: torch.Tensor | None =
 
 
 _QUANTIZE = KernelCache()
+# Quantize plans kept, one per (dtype, shape, device, mode, config) (~1.3 KB each); past this
+# the oldest is dropped (code that quantizes ever new shapes must not grow the dict).
+QUANTIZE_PLAN_ENTRIES = 1024
 _PLANS: dict = {}
 _PLANS_LOCK = threading.Lock()
 
@@ -338,6 +341,8 @@ def _quantize_plan(x, given: bool, check: bool, config) -> _QuantizePlan:
         with _PLANS_LOCK:
             plan = _PLANS.get(key)
             if plan is None:
+                while len(_PLANS) >= QUANTIZE_PLAN_ENTRIES:
+                    del _PLANS[next(iter(_PLANS))]
                 plan = _PLANS[key] = _QuantizePlan(x, given, check, config)
     return plan
 

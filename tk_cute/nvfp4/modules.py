@@ -50,7 +50,7 @@ from torch import nn
 from tk_cute.layouts.nvfp4_scales import blocked_shape
 
 from .quantize import quantize
-from .tensor import NVFP4Tensor, TransposedNVFP4, codes_storage, padded_codes
+from .tensor import NVFP4Tensor, TransposedNVFP4, codes_storage, describe, padded_codes
 
 ACTIVATIONS = ("bf16", "nvfp4")
 _MATMULS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.Tensor.mm)
@@ -114,8 +114,8 @@ class Linear(nn.Module):
         """A module holding `weight` (a 2-D (N, K) NVFP4Tensor; its parts are used, not
         copied) and an optional bias (N,)."""
         if not isinstance(weight, NVFP4Tensor) or weight.ndim != 2:
-            raise TypeError(f"Linear.from_nvfp4 takes a 2-D NVFP4Tensor, got "
-                            f"{getattr(weight, 'shape', type(weight).__name__)}")
+            raise TypeError(f"Linear.from_nvfp4 takes a 2-D NVFP4Tensor, got {describe(weight)} "
+                            f"of shape {tuple(getattr(weight, 'shape', ()))}")
         _ue4m3_parts(weight, "Linear.from_nvfp4")
         N, K = weight.shape
         dtype = bias.dtype if bias is not None else torch.bfloat16
@@ -244,7 +244,7 @@ def _ue4m3_parts(q: NVFP4Tensor, who: str) -> None:
 # Each call goes through the custom ops while torch.compile traces (what makes the trace
 # graph-break free) and straight to the functions the ops wrap in eager code: the dispatcher's
 # custom-op path costs ~30 us of host time per call on the H200, more than a decode GEMM takes
-# on the GPU (docs/results.md, thirteenth session). Same kernels, same bytes either way.
+# on the GPU (docs/facts.md#host-time). Same kernels, same bytes either way.
 # Operands travel as parts (data, scales, global scale): torch 2.11's dynamo traces attribute
 # reads of an NVFP4Tensor but not building one, so the compiled path never builds one.
 

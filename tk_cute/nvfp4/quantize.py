@@ -87,7 +87,7 @@ import torch
 from tk_cute.layouts.nvfp4_scales import to_blocked
 
 from .format import F32_MIN_NORMAL, ScaleFormat, e2m1_encode_rne, pack_fp4, scale_format
-from .tensor import SF_VEC, NVFP4Tensor
+from .tensor import SF_VEC, NVFP4Tensor, check_dense, describe
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GLOBAL_DENOM = 2688.0  # 448 (E4M3 max) * 6 (E2M1 max)
@@ -107,14 +107,16 @@ def _check_quantize_input(x, global_scale, *, finite: bool = True) -> torch.Tens
         None, or the global scale as a float32 0-dim tensor on x's device.
 
     Raises:
-        TypeError: x is not a tensor, x.dtype is not float32/bfloat16/float16, or global_scale
-            has an unsupported type.
-        ValueError: x is not 2-D/3-D, has an empty dimension, K is not a multiple of 16, x holds
-            NaN/Inf, or global_scale is not positive, finite and at least 2**-126 after
-            conversion to float32 (so that 1/global_scale is finite).
+        TypeError: x is not a dense tensor (sparse, nested), x.dtype is not
+            float32/bfloat16/float16, or global_scale has an unsupported type.
+        ValueError: x is a meta tensor (no values), is not 2-D/3-D, has an empty dimension, K
+            is not a multiple of 16, x holds NaN/Inf, or global_scale is not positive, finite
+            and at least 2**-126 after conversion to float32 (so that 1/global_scale is
+            finite).
     """
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"quantize expects a torch.Tensor, got {type(x).__name__}")
+        raise TypeError(f"quantize expects a torch.Tensor, got {describe(x)}")
+    check_dense(x, "quantize input", values=True)
     if x.dtype not in SUPPORTED_DTYPES:
         raise TypeError(
             f"quantize input dtype must be float32, bfloat16 or float16, got {x.dtype}"
@@ -144,11 +146,12 @@ def check_global_scale(global_scale, device) -> torch.Tensor:
     read once on the host: a sync; a Python number is checked on the host and filled in).
 
     Raises:
-        TypeError: not a real number or a one-element floating tensor.
-        ValueError: not positive, finite and at least 2**-126 after conversion to float32 (so
-            that 1/global_scale is finite).
+        TypeError: not a real number or a one-element dense floating tensor.
+        ValueError: a meta tensor; not positive, finite and at least 2**-126 after conversion
+            to float32 (so that 1/global_scale is finite).
     """
     if isinstance(global_scale, torch.Tensor):
+        check_dense(global_scale, "global_scale", values=True)
         if global_scale.numel() != 1 or not global_scale.dtype.is_floating_point:
             raise TypeError(
                 f"global_scale tensor must be a one-element floating tensor, got "
@@ -170,6 +173,42 @@ def check_global_scale(global_scale, device) -> torch.Tensor:
             f"float32, got {value!r}"
         )
     return gs
+
+
+def saturated(x: torch.Tensor, s_dec_g: torch.Tensor | None,
+              fmt: ScaleFormat | None = None) -> torch.Tensor:
+    """Whether quantizing `x` with the given decode scale `s_dec_g` clips it: 1 where some
+    block's scale t (step 4, ``fl(fl(blk_amax / 6) * fl(1 / s_dec_g))``) exceeds the format's
+    largest scale (UE4M3 448), which then saturates there and the block's elements beyond
+    ``6 * 448 * s_dec_g`` are clipped to it; else 0. t grows with the block amax, so x's amax
+    decides: one pass over x (torch.aminmax), no host sync. A computed global scale (None)
+    puts the largest block at the top of the format (up to rounding): 0.
+
+    Returns:
+        A 0-dim int32 tensor on x's device (for a computed scale one zero kept per device and
+        shared, as a per-call allocation costs a quantize call's host time; read it only).
+    """
+    dev = x.device
+    if s_dec_g is None:
+        return _zero_flag(dev)
+    fmt = fmt or scale_format("ue4m3")
+    lo, hi = torch.aminmax(x)
+    amax = torch.maximum(hi, -lo).to(torch.float32)
+    one, six = (torch.full((), v, dtype=torch.float32, device=dev) for v in (1.0, 6.0))
+    t = torch.mul(torch.div(amax, six), torch.div(one, s_dec_g.to(dev, torch.float32)))
+    return (t > fmt.max).to(torch.int32)
+
+
+_ZERO_FLAGS: dict = {}  # device -> the shared 0 `saturated` flag of computed-scale results
+
+
+def _zero_flag(device: torch.device) -> torch.Tensor:
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros((), dtype=torch.int32, device=device)  # (a graph keeps its memory)
+    flag = _ZERO_FLAGS.get(device)
+    if flag is None:
+        flag = _ZERO_FLAGS[device] = torch.zeros((), dtype=torch.int32, device=device)
+    return flag
 
 
 def _quantize_reference(x: torch.Tensor, s_dec_g: torch.Tensor | None,
@@ -254,7 +293,17 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True,
             5-exponent-bit scales; the tensor's `scale_format`). CPU tensors only for now.
 
     Returns:
-        An NVFP4Tensor on x's device.
+        An NVFP4Tensor on x's device, with attribute `saturated` (`saturated`): a 0-dim int32
+        tensor, 1 where a given global scale is too small for x, so that some block scale
+        saturates at the format's largest value and the elements beyond it are clipped (e.g.
+        ``global_scale=1e-9`` for values around 1: every block); else 0, as always with the
+        computed global scale. Computing it costs one pass over x with a given scale, and no
+        host sync; reading it is the caller's choice.
+
+        Tiny tensors: with the computed global scale, x whose amax is at most ``6 * 2^-126``
+        (~7.05e-38; bfloat16 and float32 subnormals such as 1e-40) gets zero block scales
+        everywhere and decodes to zeros (its codes keep only the signs; the module docstring
+        derives the floor). Scale such a tensor up by a power of two before quantizing.
 
     Raises:
         TypeError, ValueError: see `_check_quantize_input`; an unknown scale_dtype.
@@ -272,6 +321,9 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True,
         from .launch import quantize as quantize_cuda
 
         gs = _check_quantize_input(x, global_scale, finite=False)
-        return quantize_cuda(x, gs, check_finite=check_finite)
-    gs = _check_quantize_input(x, global_scale)
-    return _quantize_reference(x, gs, fmt)
+        q = quantize_cuda(x, gs, check_finite=check_finite)
+    else:
+        gs = _check_quantize_input(x, global_scale)
+        q = _quantize_reference(x, gs, fmt)
+    q.saturated = saturated(x, gs, fmt)
+    return q

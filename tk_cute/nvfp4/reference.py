@@ -6,8 +6,10 @@
 scale a multiple of 2^-9, so ``a_int = 2*e2m1 * 2^9*sf`` is an integer below 2^22 and the sum is
 ``2^-20 * sum_k a_int * b_int``, an integer dot product. It is split into 11-bit halves so each
 float64 matmul only adds integers below 2^53 (exact for K < 2^30) and recombined in int64 (exact
-for K < 2^19). The exact integer sum is then converted to float64 (exact while it is below 2^53
-in magnitude, e.g. always for K <= 1024), multiplied by ``2^-20 * gA * gB`` (that scale is exact
+for K < 2^19: ``|sum| < K * 2^44``; from K = 2^19 on, `WIDE_K`, the sum takes the UE5M3 path's
+Python-integer recombination below, which is exact for K < 2^31, `MAX_K`; larger K raises). The
+exact integer sum is then converted to float64 (exact while it is below 2^53 in magnitude, e.g.
+always for K <= 1024), multiplied by ``2^-20 * gA * gB`` (that scale is exact
 in float64; the product rounds once, relative error <= 2^-53) and rounded ONCE to the output
 dtype by `format.round_float64` (torch's float64 -> bfloat16/float16 cast rounds twice, through
 float32). So D is the correctly rounded exact result unless that lies within 2^-53 (relative;
@@ -42,9 +44,11 @@ import torch
 
 from . import validate
 from .format import e2m1_decode, round_float64, scale_format, unpack_fp4
-from .tensor import SF_VEC, NVFP4Tensor
+from .tensor import SF_VEC, NVFP4Tensor, describe
 
 _SPLIT = 11  # bits per half of an operand integer (|a_int| < 2^22)
+WIDE_K = 2**19  # from this K on, the int64 recombination could overflow: the wide path sums
+MAX_K = 2**31  # the wide path's float64 limb matmuls are exact below this K
 _WIDE_LIMBS = 4  # 11-bit limbs of a UE5M3 operand integer (|a_int| < 2^38 <= 2^44)
 _WIDE_QUANTUM = -17  # the unit of the wide path's scales (UE5M3's quantum)
 
@@ -117,13 +121,16 @@ def gemm_reference(
         D, (M, N) or (L, M, N), of out_dtype on the operands' device.
 
     Raises:
-        TypeError, ValueError: see `validate.gemm_operands`.
+        TypeError, ValueError: see `validate.gemm_operands`; ValueError for K >= 2^31 (`MAX_K`).
     """
     if not isinstance(a, NVFP4Tensor):
         raise TypeError(f"gemm_reference operand a must be an NVFP4Tensor, got "
-                        f"{type(a).__name__} (W4A16: w4a16_reference)")
+                        f"{describe(a)} (W4A16: w4a16_reference)")
     validate.gemm_operands(a, b, out_dtype)
-    if "ue5m3" in (a.scale_format, b.scale_format):
+    if a.K >= MAX_K:
+        raise ValueError(f"the exact reference takes K < 2^31 (its float64 partial sums stay "
+                         f"exact below that), got K={a.K}")
+    if "ue5m3" in (a.scale_format, b.scale_format) or a.K >= WIDE_K:
         return _wide_reference(a, b, out_dtype)
     acc = _exact_int_matmul_nt(_operand_integers(a), _operand_integers(b))
     scale = a.global_scale.double() * b.global_scale.double() * 2.0**-20  # exact in float64

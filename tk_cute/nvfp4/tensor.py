@@ -283,7 +283,41 @@ class TransposedNVFP4:
 def _bytes(t, name: str, alt: torch.dtype) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"NVFP4Tensor.{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_dense(t, f"NVFP4Tensor.{name}")
     return t.view(torch.uint8) if t.dtype == alt else t  # the same bytes, element size 1
+
+
+def check_dense(t: torch.Tensor, what: str, *, values: bool = False) -> None:
+    """Raise unless the tensor `t` is dense (strided, not nested), as every part, input and
+    output of the NVFP4 format is: TypeError naming its layout. `values`: `t`'s values are
+    read, so a meta tensor (a shape without values) raises ValueError too."""
+    if t.is_nested:
+        raise TypeError(f"{what} must be a dense (strided) tensor, got a nested tensor (pass "
+                        f"its tensors one at a time)")
+    if t.layout != torch.strided:
+        raise TypeError(f"{what} must be a dense (strided) tensor, got layout {t.layout} "
+                        f"(convert it with .to_dense())")
+    if values and t.device.type == "meta":
+        raise ValueError(f"{what} is a meta tensor: it has a shape but no values to read (make "
+                         f"it on a real device, e.g. load the weights of a model built on meta)")
+
+
+def is_torchao(x) -> bool:
+    """Whether `x` is a torchao NVFP4Tensor (its parts by name: torchao is not imported)."""
+    return all(hasattr(x, a) for a in ("qdata", "scale", "per_tensor_scale", "block_size"))
+
+
+def describe(x) -> str:
+    """`x`'s class for a "got ..." message: its plain name for Python's, torch's and numpy's
+    types, else with its module (another library's NVFP4Tensor is not ours); a torchao
+    NVFP4Tensor is pointed to `from_torchao`."""
+    cls = type(x)
+    if is_torchao(x):
+        return (f"{cls.__module__}.{cls.__qualname__} (torchao's: convert it with "
+                f"tk_cute.nvfp4.from_torchao, the same bytes)")
+    if cls.__module__.split(".")[0] in ("builtins", "torch", "numpy"):
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def codes_storage(shape, device, zero_padding: bool = True) -> torch.Tensor:
@@ -350,6 +384,7 @@ def normalize_parts(data, scales, global_scale, shape, scale_format: str = "ue4m
     if not isinstance(global_scale, torch.Tensor):
         raise TypeError(f"NVFP4Tensor.global_scale must be a torch.Tensor, got "
                         f"{type(global_scale).__name__}")
+    check_dense(global_scale, "NVFP4Tensor.global_scale")
     sf_shape = torch.Size(blocked_shape(M, K, *lead))
     if scales.dim() == 1 and scales.numel() == math.prod(sf_shape):
         scales = scales.reshape(sf_shape)  # a flat blocked buffer (FlashInfer's form)
@@ -404,9 +439,10 @@ def dequantize(q: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tens
         A (..., M, K) tensor of `dtype` on q's device.
     """
     if not isinstance(q, NVFP4Tensor):
-        raise TypeError(f"dequantize expects an NVFP4Tensor, got {type(q).__name__}")
-    if not dtype.is_floating_point:
-        raise TypeError(f"dequantize dtype must be a floating dtype, got {dtype}")
+        raise TypeError(f"dequantize expects an NVFP4Tensor, got {describe(q)}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dequantize dtype must be a floating torch.dtype (e.g. torch.float32), "
+                        f"got {dtype!r}")
     vals = e2m1_decode(unpack_fp4(q.data)).to(torch.float64)
     sf = scale_format(q.scale_format).decode(q.scales_logical()).to(torch.float64)
     block_scale = sf.repeat_interleave(SF_VEC, dim=-1) * q.global_scale.to(torch.float64)

@@ -15,7 +15,7 @@ import torch
 
 from tk_cute.runtime import OUT_ALIGN, check_out
 
-from .tensor import NVFP4Tensor, codes_storage, has_row_pitch
+from .tensor import NVFP4Tensor, check_dense, codes_storage, describe, has_row_pitch, is_torchao
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 __all__ = ["OUT_ALIGN", "OUT_DTYPES", "Operands", "check_out", "flag", "gemm_operands",
@@ -47,8 +47,8 @@ def flag(name: str, value) -> bool:
 
 def out_dtype(dtype) -> torch.dtype:
     if dtype not in OUT_DTYPES:
-        raise TypeError(f"gemm out_dtype must be torch.bfloat16, torch.float16 or torch.float32, "
-                        f"got {dtype}")
+        raise TypeError(f"gemm out_dtype must be torch.bfloat16, torch.float16 or torch.float32 "
+                        f"(a torch.dtype; or 'nvfp4'), got {dtype!r}")
     return dtype
 
 
@@ -56,8 +56,8 @@ def gemm_operands(a, b, dtype, *, out=None, pdl: bool = False, cuda: bool = Fals
     """Validate a `gemm` call (`cuda`: the operands must be on a CUDA device).
 
     Raises:
-        TypeError: b is not an NVFP4Tensor; a is neither an NVFP4Tensor nor a bfloat16 tensor;
-            out_dtype is not bfloat16/float16/float32; pdl is not a bool.
+        TypeError: b is not an NVFP4Tensor; a is neither an NVFP4Tensor nor a dense bfloat16
+            tensor; out_dtype is not bfloat16/float16/float32; pdl is not a bool.
         ValueError: ranks, K or L differ; the operands (or out) live on different devices, or
             not on CUDA where required; out is not a contiguous, 16-byte aligned tensor of D's
             shape and dtype.
@@ -66,7 +66,7 @@ def gemm_operands(a, b, dtype, *, out=None, pdl: bool = False, cuda: bool = Fals
     flag("pdl", pdl)
     if not isinstance(b, NVFP4Tensor):
         raise TypeError(f"gemm operand b must be an NVFP4Tensor (the weights, N x K), got "
-                        f"{type(b).__name__}")
+                        f"{describe(b)}")
     if isinstance(a, NVFP4Tensor):
         w4a4 = True
         if a.ndim != b.ndim:
@@ -76,8 +76,9 @@ def gemm_operands(a, b, dtype, *, out=None, pdl: bool = False, cuda: bool = Fals
         M, L = a.M, a.L
         out_shape = (M, b.M) if L is None else (L, M, b.M)
         K = a.K
-    elif isinstance(a, torch.Tensor):
+    elif isinstance(a, torch.Tensor) and not is_torchao(a):
         w4a4 = False
+        check_dense(a, "W4A16 activations")
         if a.dtype != torch.bfloat16:
             raise TypeError(f"W4A16 activations must be a torch.bfloat16 tensor, got {a.dtype}")
         if a.dim() < 1 or a.numel() == 0:
@@ -95,7 +96,7 @@ def gemm_operands(a, b, dtype, *, out=None, pdl: bool = False, cuda: bool = Fals
             out_shape = (*a.shape[:-1], b.M)
     else:
         raise TypeError(f"gemm operand a must be an NVFP4Tensor (W4A4) or a bfloat16 tensor "
-                        f"(W4A16), got {type(a).__name__}")
+                        f"(W4A16), got {describe(a)}")
     if K != b.K:
         raise ValueError(f"gemm K mismatch: a has K={K}, b has K={b.K} (D = a @ b^T)")
     if w4a4 and L is not None and L != b.L:

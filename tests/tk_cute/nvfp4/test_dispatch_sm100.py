@@ -81,7 +81,7 @@ def test_supports_matches_the_checks():
     assert D.supports(300, 136, 512) and D.supports(1, 8, 256, torch.float16)
     assert not D.supports(256, 256, 320) and not D.supports(256, 100, 256)
     assert not D.supports(256, 256, 256, torch.float32)
-    # every config select_config returns has the Kb `supports` assumes
+    # every config heuristics.sm100_config returns has the Kb `supports` assumes
     for arch_name in D.TARGETS:
         for m, n in ((128, 128), (16384, 16384)):
             assert heuristics.sm100_config(arch_name, m, n, 1024).Kb == 256
@@ -272,7 +272,7 @@ def test_gemm_sm100_nvfp4_is_the_quantized_exact_product(seed, m, n, g):
     """On operands whose fp32 accumulation is exact, the fused epilogue's bytes equal
     `quantize(exact D, global_scale=g)` bit for bit, padding included (outputs poisoned with
     0xFF first: every byte must be written), and `saturated` says whether a scale hit 448.
-    (Not yet run: no sm_100+ GPU in the sessions so far.)"""
+    (Not yet run: no sm_100+ GPU so far.)"""
     from tk_cute.nvfp4 import quantize
 
     k = 512

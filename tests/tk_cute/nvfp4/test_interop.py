@@ -94,6 +94,23 @@ def test_from_torchao_single_level_and_bad_input(torchao_nvfp4, seed):
         from_torchao(t.t())
 
 
+def test_a_torchao_tensor_where_ours_is_needed_is_named_and_pointed_to_from_torchao(
+        torchao_nvfp4, seed):
+    """Both classes are called NVFP4Tensor: the messages name torchao's with its module and
+    say how to convert it (gemm took it as bf16 activations and failed inside torchao)."""
+    from tk_cute.nvfp4 import Linear, dequantize, gemm
+
+    w = quantize(torch.randn(48, 64))
+    t = to_torchao(w)
+    hint = (r"got torchao\.prototype\.mx_formats\.nvfp4_tensor\.NVFP4Tensor \(torchao's: "
+            r"convert it with tk_cute\.nvfp4\.from_torchao")
+    for call in (lambda: gemm(w, t), lambda: gemm(t, w), lambda: dequantize(t),
+                 lambda: Linear.from_nvfp4(t)):
+        with pytest.raises(TypeError, match=hint):
+            call()
+    assert same(from_torchao(t), w)  # (what the message says works)
+
+
 # ---------------------------------------------------------------- FlashInfer
 
 

@@ -78,3 +78,32 @@ def test_launch_arguments_match_the_signatures(recorded, seed):
         gs.data_ptr()) and (
         tiled_nvfp4["flag"] == q.saturated.data_ptr())
     assert all(c["M"] in (16, 32, 64, M) and c["N"] == N and c["K"] == K for c in calls)
+
+
+def test_quantize_plans_are_bounded(monkeypatch):
+    """One quantize plan per distinct shape is kept, at most QUANTIZE_PLAN_ENTRIES of them
+    (the oldest dropped); a kept shape is a hit. The plans are recorded here (no GPU)."""
+    import gc
+    import weakref
+
+    live = weakref.WeakSet()
+
+    class Plan:
+        def __init__(self, x, given, check, config):
+            self.shape = x.shape
+            live.add(self)
+
+    monkeypatch.setattr(launch, "_QuantizePlan", Plan)
+    monkeypatch.setattr(launch, "_PLANS", {})
+    bound = launch.QUANTIZE_PLAN_ENTRIES
+    shapes = [(1 + i % 7, 16 * (1 + i)) for i in range(bound + 100)]
+    for shape in shapes:
+        plan = launch._quantize_plan(torch.empty(shape, device="meta"), False, True, None)
+        assert plan.shape == shape
+    gc.collect()
+    assert len(live) == bound
+    last = torch.empty(shapes[-1], device="meta")
+    assert launch._quantize_plan(last, False, True, None) is plan
+    launch._quantize_plan(torch.empty(shapes[0], device="meta"), False, True, None)  # dropped
+    gc.collect()
+    assert len(live) == bound and plan in live

@@ -110,6 +110,23 @@ def test_exact_int_matmul_with_large_k(seed):
     assert got[0, 0].item() == 4096 * lim * lim > 2**53
 
 
+def test_gemm_reference_is_exact_past_the_int64_sum(seed, monkeypatch):
+    """K = 1.22 M of values near one magnitude: the operand integers' dot product passes 2^63
+    (it wrapped to a negative D before K >= 2^19 took the wide sum); D is the float64 product
+    of the exact decodes, within fp32 rounding and that sum's own error."""
+    from tk_cute.nvfp4 import reference
+
+    K = 1_220_000
+    a, b = quantize(1 + 0.1 * torch.rand(1, K)), quantize(1 + 0.1 * torch.rand(2, K))
+    d = gemm(a, b, out_dtype=torch.float32).double()
+    d64 = dequantize(a, torch.float64) @ dequantize(b, torch.float64).t()
+    assert d64.min() > 1e6
+    assert ((d - d64).abs() <= (2.0**-24 + K * 2.0**-52) * d64).all(), (d, d64)
+    monkeypatch.setattr(reference, "MAX_K", 64)
+    with pytest.raises(ValueError, match="K < 2\\^31 .*got K=64"):
+        gemm_reference(*operands((2, 64), (3, 64)))
+
+
 def test_gemm_zero_operand_gives_zero(seed):
     a = quantize(torch.zeros(8, 32))
     b = quantize(torch.randn(4, 32))
@@ -133,6 +150,16 @@ def test_gemm_rejects_bad_operands(seed):
         gemm_reference(a, b, out_dtype=torch.int8)
     with pytest.raises(TypeError, match=r"operand b must be an NVFP4Tensor .*got Tensor"):
         gemm(a, torch.randn(4, 32))
+    with pytest.raises(TypeError, match=r"out_dtype must be .*\(a torch.dtype; or 'nvfp4'\), "
+                                        r"got 'float32'"):
+        gemm(a, b, "float32")
+    x = torch.randn(8, 32).bfloat16()
+    with pytest.raises(TypeError, match=r"W4A16 activations must be a dense \(strided\) "
+                                        r"tensor, got layout torch.sparse_coo"):
+        gemm(x.to_sparse(), b)  # (the kernels read it by address: it has none)
+    with pytest.raises(TypeError, match=r"gemm: out must be a dense \(strided\) tensor, got "
+                                        r"layout torch.sparse_coo"):
+        gemm(a, b, out=torch.zeros(8, 4, dtype=torch.bfloat16).to_sparse())
     b_meta = NVFP4Tensor(b.data.to("meta"), b.scales.to("meta"), b.global_scale.to("meta"), b.shape)
     with pytest.raises(ValueError, match=r"one device: a is on cpu, b on meta"):
         gemm(a, b_meta)

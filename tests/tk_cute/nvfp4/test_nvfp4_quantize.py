@@ -133,6 +133,30 @@ def test_quantize_overflowing_block_scale_saturates(seed):
     assert (q.scales_logical() == 0x7E).all()
 
 
+def test_quantize_flags_a_global_scale_that_clips(seed):
+    """`saturated` is 1 exactly where a given global scale cannot reach x's largest magnitude
+    (every decoded value is at most 2688 * gs): 1e-9 for values around 1 clips every block."""
+    x = torch.randn(8, 64) * 3
+    fits = float(x.abs().max()) / 2688
+    for gs in (1e-9, fits / 2, fits * 1.01, 1.0, None):
+        q = quantize(x, global_scale=gs)
+        assert q.saturated.dtype == torch.int32 and q.saturated.shape == ()
+        clipped = gs is not None and bool((x.abs() > 2688 * gs).any())
+        assert int(q.saturated) == clipped, gs
+        if clipped:
+            assert (q.dequantize(torch.float64).abs().max() <= 2688 * F(gs) * (1 + 2**-20))
+    q = quantize(x.bfloat16(), global_scale=1e-9)
+    assert int(q.saturated) == 1 and (q.scales_logical() == 0x7E).all()
+
+
+def test_quantize_documents_that_tiny_tensors_decode_to_zeros(seed):
+    x = torch.randn(16, 64) * 1e-40  # float32 subnormals: amax below 6 * 2^-126
+    q = quantize(x)
+    assert (q.scales == 0).all() and (q.dequantize() == 0).all() and int(q.saturated) == 0
+    doc = " ".join(quantize.__doc__.split())
+    assert "6 * 2^-126`` (~7.05e-38" in doc and "decodes to zeros" in doc
+
+
 # Block maxima a (found by search) where fl(a / 6) and fl(a * fl(1/6)) round to different E4M3
 # scales: a kernel computing blk_amax * (1/6) gets these scales wrong.
 DIVISION_SENSITIVE_AMAX = [0.1113281175494194, 0.8906249403953552, 7.124999523162842,
@@ -427,6 +451,13 @@ def test_nvfp4tensor_rejects_nan_and_signed_scale_bytes(byte, seed):
         (torch.randn(2, 2, 4, 32), ValueError, r"2-D \(M, K\) or 3-D \(L, M, K\), got 4-D"),
         (torch.randn(0, 32), ValueError, r"must not be empty"),
         ([[1.0] * 16], TypeError, r"expects a torch.Tensor, got list"),
+        (torch.randn(4, 32, device="meta"), ValueError, r"input is a meta tensor: it has a "
+                                                        r"shape but no values"),
+        (torch.randn(4, 32).to_sparse(), TypeError, r"dense \(strided\) tensor, got layout "
+                                                    r"torch.sparse_coo \(.*\.to_dense\(\)"),
+        (torch.randn(4, 32).to_sparse_csr(), TypeError, r"got layout torch.sparse_csr"),
+        (torch.nested.nested_tensor([torch.randn(4, 32), torch.randn(2, 32)]), TypeError,
+         r"dense \(strided\) tensor, got a nested tensor"),
     ],
 )
 def test_quantize_rejects_bad_input(x, exc, match):
@@ -457,11 +488,40 @@ def test_quantize_rejects_non_finite_input(bad, seed):
         (torch.tensor(3), TypeError, r"one-element floating tensor"),
         ("1.0", TypeError, r"global_scale must be None, a real number or a tensor, got str"),
         (True, TypeError, r"got bool"),
+        (torch.tensor(1.0, device="meta"), ValueError, r"global_scale is a meta tensor"),
+        (torch.tensor([1.0]).to_sparse(), TypeError, r"global_scale must be a dense"),
     ],
 )
 def test_quantize_rejects_bad_global_scale(gs, exc, match, seed):
     with pytest.raises(exc, match=match):
         quantize(torch.randn(4, 32), global_scale=gs)
+
+
+def test_meta_models_and_sparse_parts_are_named(seed):
+    """A model built on the meta device and NVFP4 parts in a sparse layout: errors that say
+    so (they were `Tensor.item() cannot be called on meta tensors` and a failed copy)."""
+    from tk_cute.nvfp4 import Linear, quantize_
+
+    with pytest.raises(ValueError, match="quantize input is a meta tensor"):
+        Linear.from_linear(torch.nn.Linear(64, 32, device="meta"))
+    with pytest.raises(ValueError, match="quantize input is a meta tensor"):
+        quantize_(torch.nn.Sequential(torch.nn.Linear(64, 32, device="meta")))
+    q = quantize(torch.randn(32, 64))
+    for part in ("data", "scales", "global_scale"):
+        parts = {"data": q.data, "scales": q.scales, "global_scale": q.global_scale}
+        parts[part] = parts[part].to_sparse()
+        with pytest.raises(TypeError, match=f"NVFP4Tensor.{part} must be a dense"):
+            NVFP4Tensor(**parts, shape=q.shape)
+
+
+@pytest.mark.parametrize("dtype", ["float32", None, float])
+def test_dequantize_names_a_dtype_that_is_not_a_torch_dtype(dtype, seed):
+    q = quantize(torch.randn(8, 32))
+    with pytest.raises(TypeError, match=r"floating torch\.dtype \(e\.g\. torch\.float32\), "
+                                        rf"got {re.escape(repr(dtype))}"):
+        dequantize(q, dtype)
+    with pytest.raises(TypeError, match="floating torch.dtype"):
+        q.dequantize(dtype)
 
 
 @pytest.mark.gpu

@@ -283,9 +283,9 @@ def test_encode_matches_host_rne():
 
 
 # --- UE5M3 scales (Rubin's format) decoded to bf16 for the Hopper kernels --------------------
-# The GPU run waits for the next H200 session (`python -m pytest -m gpu
-# tests/tk_cute/ops/test_nvfp4_ops.py -k ue5m3`); the host model below mirrors the ops' integer
-# and bf16 operations bit for bit, and the compile test pins their PTX constants.
+# On a GPU: `python -m pytest -m gpu tests/tk_cute/ops/test_nvfp4_ops.py -k ue5m3` (run on the
+# H200, 2026-12-01); the host model below mirrors the ops' integer and bf16 operations bit for
+# bit, and the compile test pins their PTX constants.
 
 
 @cute.kernel
@@ -393,7 +393,7 @@ def test_ue5m3_nan_byte_is_rejected_before_any_kernel():
 
 @pytest.mark.gpu
 def test_ue5m3_decode_every_code_every_scale():
-    """On the GPU (next H200 session): the UE5M3 decode ops against the exact products."""
+    """On the GPU: the UE5M3 decode ops against the exact products."""
     from tk_cute.nvfp4 import E2M1_VALUES
     from tk_cute.nvfp4.format import ue5m3_decode
 
