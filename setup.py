@@ -8,4 +8,5 @@ packages = []
 for name, folder in ROOTS.items():
     packages += [name] + [f"{name}.{sub}" for sub in find_packages(folder)]
 
-setup(packages=packages, package_dir=ROOTS)
+# The emulator's C stand-in for the CUDA runtime is compiled at first use (tk_cute.emulator.launch).
+setup(packages=packages, package_dir=ROOTS, package_data={"tk_cute.emulator": ["standin.c"]})

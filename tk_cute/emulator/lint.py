@@ -7,7 +7,11 @@ may-analysis over the instruction-level control-flow graph (`ptx.Function.succes
 instruction *opens* a fact (say "a tcgen05.ld is in flight"), another *closes* it, and a third
 *checks* that no open fact reaches it along any path. The analysis reads the kernel as one
 thread walking the whole CFG, so a write in one warp role followed, through a barrier, by a read
-in another is a path too; a fact is closed only by an unpredicated instruction.
+in another is a path too; a fact is closed only by an unpredicated instruction. The price of
+that reading: two branches on one test (`warp == 0` around a TMA store's commit, and again
+around the final wait) are independent paths to it, so such a kernel shows a path that skips
+the wait; the tcgen05 kernels keep each role's opening and closing instructions in one branch
+(the test suite holds every tcgen05 kernel it builds to the lint, tests/conftest.py).
 
 Rules (name: what opens -> what closes, checked at; the ISA section):
 - `tmem-ld-wait`: `tcgen05.ld` -> `tcgen05.wait::ld`; at a release of tensor memory to another

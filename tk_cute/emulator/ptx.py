@@ -68,7 +68,7 @@ class Function:
     kind: str  # ".entry" or ".func"
     params: list[Param]
     directives: dict[str, tuple[int, ...]]  # ".reqntid" -> (224, 1, 1), ...
-    regs: dict[str, tuple[str, int]]  # "%r" -> (".b32", count); scoped names as declared
+    regs: dict[str, tuple[str, int]]  # "%r" -> (".b32", 14) for %r<14>; a plain name: count 0
     body: list[Instr]
     labels: dict[str, int]  # label -> index in body of the next instruction
     # function-scope .shared: name -> (type, align, bytes)
@@ -258,7 +258,8 @@ def _body(fn: Function, text: str, first_line: int):
             for piece in split_args(words[2]):
                 m = re.match(r"([%\w$]+)(?:<(\d+)>)?$", piece.strip())
                 if m:
-                    fn.regs[scopes.name(m.group(1))] = (words[1], int(m.group(2) or 1))
+                    # %r<14> -> ("%r", 14): %r0 .. %r13; a plain name -> (name, 0)
+                    fn.regs[scopes.name(m.group(1))] = (words[1], int(m.group(2) or 0))
         elif s.startswith(".shared"):
             name, decl = _shared_decl(s)
             fn.shared[name] = decl
@@ -329,7 +330,7 @@ def operand(text: str):
             return ("vec", [operand(p) for p in split_args(inner)])
         m = re.fullmatch(r"([%\w$#]+)?\s*(?:\+\s*(-?\w+))?", inner)
         if m and m.group(1) and not re.fullmatch(r"-?(0[xX][0-9a-fA-F]+|\d+)", m.group(1)):
-            return ("addr", m.group(1), int(m.group(2) or 0, 0))
+            return ("addr", m.group(1), int(m.group(2), 0) if m.group(2) else 0)
         return ("addr", None, int(inner, 0))
     if t.startswith("{") and t.endswith("}"):
         return ("vec", [operand(p) for p in split_args(t[1:-1])])

@@ -107,14 +107,19 @@ def scale_format(fmt: str, target: str) -> str:
 
 
 def prepare(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=None,
-            out: torch.Tensor | NVFP4Tensor | None = None, out_global_scale=None) -> Launch:
+            out: torch.Tensor | NVFP4Tensor | None = None, out_global_scale=None,
+            target: str | None = None) -> Launch:
     """Validate, pick the config, allocate D and build the kernel arguments (no compile).
     `out_dtype` "nvfp4": D is an NVFP4Tensor with decode scale `out_global_scale` (a float32
-    0-dim tensor on the operands' device, already checked) or `out`'s."""
+    0-dim tensor on the operands' device, already checked) or `out`'s. `target`: the arguments
+    for that GPU whatever the operands' device (`tk_cute.emulator` runs them on the CPU)."""
     from tk_cute.kernels.gemm import nvfp4_sm100 as K
 
     _check(a, b, out_dtype)
-    target = device_target(a.device)
+    if target is not None and target not in TARGETS:
+        raise ValueError(f"gemm_sm100 runs on {', '.join(TARGETS)}; target={target!r}")
+    sms = (arch.target(target).sm_count or 148) if target else None
+    target = target or device_target(a.device)
     M, N, Kdim, L = a.M, b.M, a.K, a.L or 1
     name = NVFP4 if out_dtype == NVFP4 else OUT_DTYPES[out_dtype]
     sf = scale_format(a.scale_format, target)
@@ -137,7 +142,7 @@ def prepare(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=Non
         addr = {"d": d}
     addr.update(a=a.data, b=b.data, sfa=a.scales, sfb=b.scales, ga=a.global_scale,
                 gb=b.global_scale)
-    clusters = sm_count(a.device) // (cfg.CLUSTER_M * cfg.CLUSTER_N)
+    clusters = (sms or sm_count(a.device)) // (cfg.CLUSTER_M * cfg.CLUSTER_N)
     args = K.launch_args(cfg, {k: t.data_ptr() for k, t in addr.items()}, M, N, Kdim, L,
                          clusters)
     return Launch(cfg, args, d)

@@ -92,11 +92,15 @@ def tiled_schedule(cfg) -> str:
 
 
 def plan(a, b: NVFP4Tensor, out_dtype: torch.dtype = torch.bfloat16, *, pdl: bool = False,
-         path: str | None = None) -> Plan:
+         path: str | None = None, target: str | None = None) -> Plan:
     """The `Plan` `gemm(a, b, out_dtype, pdl=pdl, path=path)` would run (validates like
-    `gemm`)."""
+    `gemm`; out_dtype "nvfp4": `gemm_nvfp4`'s plan); `target` (e.g. "sm_107a"): the plan on
+    that GPU, whatever device the operands are on (what `tk_cute.emulator` runs)."""
+    nvfp4_out = out_dtype == "nvfp4"  # D quantized in the kernel (`gemm_nvfp4`)
+    out_dtype = torch.float32 if nvfp4_out else out_dtype
     op = validate.gemm_operands(a, b, out_dtype, pdl=pdl)
-    return _plan(op, b.device, out_dtype, pdl, path, _scale_format(a, b))
+    sf = validate.one_scale_format(a, b, "gemm on a GPU") if target else _scale_format(a, b)
+    return _plan(op, b.device, out_dtype, pdl, path, sf, nvfp4_out, target=target)
 
 
 def _scale_format(a, b: NVFP4Tensor) -> str:
@@ -108,22 +112,25 @@ def _scale_format(a, b: NVFP4Tensor) -> str:
 
 
 def _plan(op: validate.Operands, device: torch.device, out_dtype, pdl: bool,
-          path: str | None = None, sf: str = "ue4m3", nvfp4_out: bool = False) -> Plan:
+          path: str | None = None, sf: str = "ue4m3", nvfp4_out: bool = False,
+          target: str | None = None) -> Plan:
     """`nvfp4_out`: D quantized to NVFP4 (`gemm_nvfp4`): the Hopper paths compute it in
-    `out_dtype` (fp32) first, the sm100 kernel in its epilogue."""
-    if device.type != "cuda":
+    `out_dtype` (fp32) first, the sm100 kernel in its epilogue. `target`: plan for that GPU
+    (its SM count from `tk_cute.arch`) instead of the operands' device."""
+    from tk_cute import arch
+
+    if target is None and device.type != "cuda":
         if path is not None:
             raise ValueError(f"path={path!r} forces a GPU kernel; tensors on {device} run the "
                              f"exact reference (leave path=None)")
         return Plan("reference")
-    from tk_cute import arch
-
-    target = arch.device_target(device)
+    target = arch.device_target(device) if target is None else arch.target(target)
     name = _DTYPE_NAMES[out_dtype]
     if target.wgmma:
         from .launch import sm_count
 
-        one = _plan_hopper(op.w4a4, op.M, op.N, op.K, name, sm_count(device), pdl, path, sf)
+        sms = sm_count(device) if device.type == "cuda" else target.sm_count
+        one = _plan_hopper(op.w4a4, op.M, op.N, op.K, name, sms, pdl, path, sf)
         if op.batched:  # one plan, run for each batch
             return Plan("batches", parts=((0, op.L, one),))
         return one
@@ -201,7 +208,7 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
             path supports it (the Hopper kernels below `heuristics.SPLIT_TILE_MIN_M` rows:
             register-A and small-M); others ignore it. It reads a and writes D only after
             that kernel has ended, so pass it only for weights that the kernels just before
-            do not write, e.g. static weights in a chain of decode GEMMs (docs/results.md:
+            do not write, e.g. static weights in a chain of decode GEMMs (docs/facts.md#pdl:
             0.4-1.7 us per call). Without it the small-M kernel still launches as a
             programmatic dependent, reading nothing before the kernel before it has ended.
         path: force one kernel path (`heuristics.PATHS`, for comparisons and tests); ValueError
@@ -270,7 +277,7 @@ def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None 
         scale blocks along D's rows); neither or both of global_scale and out; an out of
         another shape or device; a global scale that is not positive-finite.
     """
-    from .quantize import check_global_scale, quantize
+    from .quantize import check_global_scale, quantize, saturated
 
     op = validate.gemm_operands(a, b, torch.float32, pdl=pdl)
     if op.batched:
@@ -302,11 +309,7 @@ def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None 
 
         d32 = run(p, a2, b, torch.empty((op.M, op.N), dtype=torch.float32, device=b.device))
         launch.quantize(d32, gs, check_finite=False, out=d)  # gs checked above: no 2nd read
-    # Some block saturates iff the largest t = fl(fl(amax / 6) / global scale) exceeds 448
-    # (t grows with the block amax).
-    lo, hi = torch.aminmax(d32)
-    t = torch.div(torch.div(torch.maximum(hi, -lo), 6.0), gs)
-    d.saturated = (t > 448.0).to(torch.int32)
+    d.saturated = saturated(d32, gs)
     return d
 
 

@@ -1,0 +1,221 @@
+# SPDX-License-Identifier: MIT
+"""`tk_cute.nvfp4.gemm` on a GPU you do not have: the kernel the public dispatch picks for a
+target, run in the emulator on CPU tensors, checked against the exact reference.
+
+`gemm(a, b, out_dtype, arch=...)` plans the call for `arch` (`nvfp4.plan(..., target=arch)`:
+the same validation, heuristics and `NotImplementedError` for a call the target has no kernel
+for), builds the kernel's arguments through the dispatch (`dispatch_sm100.prepare(...,
+target=arch)`), captures the launch (`launch.HostProgram`, cached per kernel: later calls of
+the same Config only rerun the host code), places every tensor of the call in the emulator's
+global memory at its own address, poisons D (NaN, or 0xFF bytes for NVFP4 codes and scales),
+runs the machine and returns a `Run`. `random_operands` makes operands whose products and sums
+are exact in float32 (small E2M1 codes, power-of-two block and global scales), so `check`
+compares every element of D with the exact reference bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tk_cute.emulator import launch as capture
+from tk_cute.emulator import machine
+from tk_cute.emulator.memory import GlobalMemory
+
+ARCHS = ("sm_100a", "sm_103a", "sm_107a")
+OUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+              "nvfp4": "nvfp4"}
+
+
+@dataclass
+class Run:
+    """One emulated call: D, the plan's kernel, the machine (hazards, instruction counts)."""
+
+    out: object  # torch.Tensor or NVFP4Tensor
+    kernel: str  # the plan's path
+    config: object
+    machine: machine.Machine
+    launch: object  # tk_cute.emulator.launch.Launch
+    seconds: float
+
+    @property
+    def hazards(self) -> list:
+        return self.machine.hazards
+
+    def instructions_by_warp(self) -> dict[int, int]:
+        """Warp-instructions executed per warp index (summed over CTAs): per warp role."""
+        out: dict[int, int] = {}
+        for w in self.machine.finished_warps:
+            out[w.index] = out.get(w.index, 0) + w.executed
+        return out
+
+
+class NoKernel(NotImplementedError):
+    """The target has no kernel for this call (the dispatch would raise on that GPU)."""
+
+
+def _tensors(*items) -> list[torch.Tensor]:
+    from tk_cute.nvfp4 import NVFP4Tensor
+
+    out = []
+    for x in items:
+        if isinstance(x, NVFP4Tensor):
+            out += [x.data, x.scales, x.global_scale]
+            if getattr(x, "saturated", None) is not None:
+                out.append(x.saturated)
+        elif isinstance(x, torch.Tensor):
+            out.append(x)
+    return out
+
+
+def place(mem: GlobalMemory, *items):
+    """Place every tensor of `items` (tensors, NVFP4Tensors: their codes, scales, global scale
+    and flag) in `mem` at its own address (CPU tensors: their host memory is the device's)."""
+    seen = set()
+    for t in _tensors(*items):
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        if not t.is_contiguous():
+            raise ValueError(f"emulated tensors must be contiguous, got stride {t.stride()}")
+        raw = t.reshape(-1).view(torch.uint8).numpy()
+        mem.place(raw, f"{tuple(t.shape)} {t.dtype}", address=t.data_ptr())
+
+
+def _poison(out):
+    from tk_cute.nvfp4 import NVFP4Tensor
+
+    if isinstance(out, NVFP4Tensor):
+        out.data.fill_(0xFF)
+        out.scales.fill_(0xFF)
+    else:
+        out.fill_(float("nan"))
+
+
+def gemm(a, b, out_dtype="bfloat16", *, arch: str, out_global_scale=None, config=None,
+         clusters: int | None = None, adversarial: bool = False, seed: int = 0,
+         resident: int = 2) -> Run:
+    """Run `nvfp4.gemm(a, b, out_dtype)` as the `arch` GPU would, in the emulator.
+
+    Args:
+        a, b: CPU NVFP4Tensors (W4A4), or a bf16 tensor and an NVFP4Tensor (W4A16).
+        out_dtype: "bfloat16", "float16", "float32" or "nvfp4" (then `out_global_scale`, a
+            float32 0-dim tensor: D's decode scale).
+        arch: "sm_100a", "sm_103a" or "sm_107a".
+        config: the kernel's Config instead of the plan's (`dispatch_sm100.prepare` checks it
+            against the call).
+        clusters: the persistent grid's cluster budget instead of the target's SMs / cluster
+            size (fewer: several tiles per CTA, as on a busy GPU).
+        adversarial, seed: the machine's adversarial schedule (`machine.Machine`).
+        resident: clusters running at once.
+
+    Raises:
+        NoKernel: the target has no kernel for this call.
+    """
+    from tk_cute import nvfp4
+    from tk_cute.nvfp4 import dispatch_sm100
+
+    from tk_cute.kernels.gemm.nvfp4_sm100 import CLUSTERS
+
+    dtype = OUT_DTYPES[out_dtype] if isinstance(out_dtype, str) else out_dtype
+    try:
+        p = nvfp4.plan(a, b, dtype, target=arch)
+    except NotImplementedError as e:
+        raise NoKernel(f"no kernel for this call on {arch}: {e}") from None
+    if p.path != "sm100":
+        raise NoKernel(f"the emulator runs the tcgen05 kernel; {arch} plans {p.path!r}")
+    launch = dispatch_sm100.prepare(a, b, dtype, config or p.config,
+                                    out_global_scale=out_global_scale, target=arch)
+    args = launch.args
+    if clusters is not None:
+        args = args[:CLUSTERS] + (clusters,) + args[CLUSTERS + 1:]
+    ln = _host(launch.config, arch, args).run(*args)[0]
+    return _execute(ln, a, b, launch.out, p.path, launch.config, adversarial=adversarial,
+                    seed=seed, resident=resident)
+
+
+def replay(run: Run, a, b, ptx: str | None = None, **options) -> Run:
+    """`run`'s launch again on a poisoned D, its PTX replaced by `ptx` if given (what a kernel
+    edited by hand, or a deliberately broken one, does); options as `gemm`'s."""
+    import dataclasses
+
+    ln = run.launch if ptx is None else dataclasses.replace(run.launch, ptx=ptx)
+    return _execute(ln, a, b, run.out, run.kernel, run.config, **options)
+
+
+def _execute(ln, a, b, out, kernel, config, **options) -> Run:
+    _poison(out)
+    mem = GlobalMemory()
+    place(mem, a, b, out)
+    start = time.perf_counter()
+    m = machine.run(ln, mem, **options)
+    return Run(out, kernel, config, m, ln, time.perf_counter() - start)
+
+
+_HOSTS: dict = {}
+
+
+def _host(config, arch: str, args) -> capture.HostProgram:
+    """The captured host program of `config` (compiled once; reruns take new addresses)."""
+    from tk_cute.kernels.gemm.nvfp4_sm100 import CLUSTERS, GemmNvfp4Sm100
+
+    key = (config, arch, args[CLUSTERS])
+    prog = _HOSTS.get(key)
+    if prog is None:
+        if len(_HOSTS) >= 32:
+            _HOSTS.pop(next(iter(_HOSTS))).close()
+        prog = _HOSTS[key] = capture.HostProgram(GemmNvfp4Sm100(config), *args, arch=arch)
+    return prog
+
+
+def random_operands(m: int, n: int, k: int, *, activations: str = "nvfp4", batch: int | None
+                    = None, scale_format: str = "ue4m3", seed: int = 0):
+    """(a, b) whose products and float32 sums are exact: E2M1 codes of magnitude <= 2, block
+    scales in {0.5, 1, 2}, global scales 2 and 0.5; `activations` "bf16": a is bf16 (W4A16)
+    holding the same exactly representable values."""
+    from tk_cute.nvfp4 import NVFP4Tensor
+    from tk_cute.nvfp4.format import e4m3_encode_rne, pack_fp4, ue5m3_encode_rne
+    from tk_cute.layouts.nvfp4_scales import blocked_shape
+
+    g = torch.Generator().manual_seed(seed)
+    enc = ue5m3_encode_rne if scale_format == "ue5m3" else e4m3_encode_rne
+    lead = () if batch is None else (batch,)
+
+    def operand(rows, gs):
+        codes = torch.tensor([0, 1, 2, 3, 4, 8, 9, 10, 11, 12], dtype=torch.uint8)[
+            torch.randint(0, 10, (*lead, rows, k), generator=g)]
+        pick = torch.tensor([0.5, 1.0, 2.0])[torch.randint(0, 3, (*lead, *blocked_shape(rows, k)),
+                                                           generator=g)]
+        return NVFP4Tensor(pack_fp4(codes), enc(pick), torch.tensor(gs), (*lead, rows, k),
+                           scale_format)
+
+    a, b = operand(m, 2.0), operand(n, 0.5)
+    if activations in ("bf16", "bfloat16"):
+        a = a.dequantize(torch.bfloat16)
+    return a, b
+
+
+def check(run: Run, a, b, out_dtype="bfloat16", out_global_scale=None) -> tuple[bool, str]:
+    """(every element of D equals the exact reference, a one-line description)."""
+    from tk_cute import nvfp4
+
+    out = run.out
+    if out_dtype == "nvfp4":
+        exact = nvfp4.gemm(a, b, torch.float32)
+        ref = nvfp4.quantize(exact, global_scale=out_global_scale)
+        same = torch.equal(out.data, ref.data) and torch.equal(out.scales, ref.scales)
+        bad = int((out.data != ref.data).sum()) + int((out.scales != ref.scales).sum())
+        return same, ("NVFP4 codes and scales bit-exact" if same else
+                      f"{bad} NVFP4 code / scale bytes differ from the quantizer's recipe")
+    dtype = OUT_DTYPES[out_dtype] if isinstance(out_dtype, str) else out_dtype
+    ref = nvfp4.gemm(a, b, torch.float32).double().to(dtype)
+    nan = torch.isnan(out)
+    same = bool(torch.equal(out, ref))
+    if same:
+        return True, f"all {out.numel()} elements equal the exact product"
+    diff = (out.double() - ref.double()).abs()
+    return False, (f"{int((out != ref).sum())} of {out.numel()} elements differ ({int(nan.sum())}"
+                   f" never written), worst {float(np.nan_to_num(diff.max().item()))}")
