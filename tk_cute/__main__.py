@@ -5,6 +5,7 @@
     python -m tk_cute draw {scales,swizzle,tmem,schedule,stream-k,roofline,speedup,paths} \
         --out FILE.png
     python -m tk_cute compare --arch sm_90a [--peer PATH] [--plot FILE.png]
+    python -m tk_cute emulate --arch sm_107a --mnk 256,256,512 [--out-dtype nvfp4] ...
     python -m tk_cute --help
 """
 
@@ -15,12 +16,14 @@ import sys
 
 COMMANDS = {
     "run": "the main job: NVFP4 GEMMs checked element by element (kernels on a GPU; on a CPU "
-           "the Rubin kernel compiled and checked, and the exact reference)",
+           "the exact reference, the Rubin kernel compiled, checked and run in the emulator)",
     "report": "compile-only kernel report for any target: resources, MMAs, roofline model",
     "draw": "pictures (PNG/SVG): NVFP4 scale tiling, st swizzle, TMEM map, tile schedule, "
             "stream-K shares, roofline, bench speedups, the NVFP4 dispatch's paths",
     "compare": "the same GEMM in tk_cute and a CuTe DSL peer side by side: source lines, "
                "instruction mix, resources, time",
+    "emulate": "run what nvfp4.gemm runs on a Blackwell / Rubin GPU on this CPU (the PTX "
+               "emulator), checked element by element, with its hazards",
 }
 
 
@@ -95,9 +98,12 @@ def _main_job(argv) -> int:
             ok &= _check(f"{kind} -> {str(out_dtype).removeprefix('torch.')}", gemm_check)
     if device == "cpu":
         print("  no GPU: gemm ran the exact integer reference (checked above against the "
-              "independent float64 product); the kernels are checked by compiling them:")
+              "independent float64 product); the kernels are checked by compiling them, and "
+              "the Rubin one by running it in the emulator:")
         ok &= _check("Rubin (sm_107a) NVFP4 GEMM compiled", lambda: _rubin_compile(M, N, K))
         ok &= _check("Hopper (sm_90a) register-A kernel compiled", _hopper_compile)
+        ok &= _check("Rubin (sm_107a) NVFP4 GEMM run in the PTX emulator, 256x256x512",
+                     _rubin_emulated)
     print("  check:", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 
@@ -135,6 +141,20 @@ def _rubin_compile(M: int, N: int, K: int) -> str:
     return (f"{r['tile_per_pair']} tiles, {r['mma_instructions_per_stage']} MMAs per stage, "
             f"{r['registers']} registers, 0 spills, {r['smem_bytes']} B shared, "
             f"{r['tmem_columns']} TMEM columns")
+
+
+def _rubin_emulated() -> str:
+    """The kernel the dispatch picks for an sm_107a GPU, run on this CPU (`tk_cute.emulator`)
+    on exactly representable operands: every element equal to the exact product, no hazard."""
+    from tk_cute.emulator import gemm as emulated
+
+    a, b = emulated.random_operands(256, 256, 512)
+    run = emulated.gemm(a, b, "bfloat16", arch="sm_107a")
+    ok, what = emulated.check(run, a, b, "bfloat16")
+    assert ok, what
+    assert not run.hazards, "; ".join(str(h) for h in run.hazards)
+    return (f"{what}, no hazard, {run.machine.executed:,} warp-instructions in "
+            f"{run.seconds:.1f} s")
 
 
 def _hopper_compile() -> str:
@@ -176,6 +196,10 @@ def main(argv=None) -> int:
         from tk_cute import compare
 
         return compare.main(argv[1:])
+    if argv and argv[0] == "emulate":
+        from tk_cute.emulator import cli
+
+        return cli.main(argv[1:])
     if argv and argv[0] == "run":
         argv = argv[1:]
     elif argv and not argv[0].startswith("-"):

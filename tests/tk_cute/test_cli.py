@@ -21,6 +21,9 @@ def test_help_lists_every_command(capsys):
     (["report", "--arch", "sm_999"], "invalid choice: 'sm_999'"),
     (["report", "--mnk", "256,256,100"], "K % 256 == 0"),
     (["report", "--Mb", "384"], "no kernel config"),
+    (["emulate", "--arch", "sm_100a", "--mnk", "64,64,40"], "K a multiple of 16"),
+    (["emulate", "--arch", "sm_80", "--mnk", "64,64,64"], "invalid choice: 'sm_80'"),
+    (["emulate", "--mnk", "64,64,64"], "--arch"),
 ])
 def test_bad_arguments_give_usage_errors(usage_error, argv, message):
     usage_error(argv, message)
@@ -33,6 +36,7 @@ def test_main_job_passes_and_says_what_ran(capsys):
     assert f"on {device}" in out and "check: PASS" in out
     if device == "cpu":
         assert "ran reference" in out and "Rubin (sm_107a) NVFP4 GEMM compiled" in out
+        assert "run in the PTX emulator" in out and "equal the exact product, no hazard" in out
 
 
 def test_main_job_can_fail(monkeypatch, capsys):
@@ -91,3 +95,30 @@ def test_main_job_on_an_unsupported_gpu_runs_the_cpu_checks(unsupported_gpu, mon
     out = capsys.readouterr().out
     assert "sm_120" in out and SUPPORTED in out and "running the CPU checks instead" in out
     assert "tk_cute NVFP4 on cpu" in out and "check: PASS" in out
+
+
+def test_emulate_runs_the_targets_kernel_and_checks_it(capsys):
+    """`emulate` runs the plan's kernel for a GPU we do not have: exit 0 only when D matches
+    the exact reference with no hazard; it says what ran and what it cost."""
+    assert main(["emulate", "--arch", "sm_103a", "--mnk", "256,128,256", "--out-dtype",
+                 "nvfp4", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "check: PASS: NVFP4 codes and scales bit-exact" in out and "hazards: none" in out
+    assert "kernel: sm100 Config(arch='sm_103a'" in out and "out='nvfp4'" in out
+    assert "epilogue" in out and "mma" in out and "producer" in out and "per second" in out
+
+
+def test_emulate_says_when_the_target_has_no_kernel(capsys):
+    assert main(["emulate", "--arch", "sm_100a", "--mnk", "64,64,48"]) == 2
+    assert "no kernel for this call on sm_100a" in capsys.readouterr().out
+
+
+def test_emulate_fails_on_a_wrong_result(monkeypatch, capsys):
+    """A kernel whose D differs from the reference makes `emulate` exit 1 (the check is
+    real): the emulated MMA is made to read A as zeros."""
+    from tk_cute.emulator import tcgen05
+
+    real = tcgen05._fp4_values
+    monkeypatch.setattr(tcgen05, "_fp4_values", lambda raw: real(raw) * (raw.shape[0] != 128))
+    assert main(["emulate", "--arch", "sm_100a", "--mnk", "256,256,256"]) == 1
+    assert "check: FAIL" in capsys.readouterr().out
