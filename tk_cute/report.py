@@ -66,7 +66,7 @@ def check_shape(m: int, n: int, k: int, out: str = "bfloat16") -> None:
     from tk_cute.nvfp4 import dispatch_sm100
 
     if not dispatch_sm100.supports(m, n, k, out):
-        raise ValueError(f"the NVFP4 GEMM needs K % 256 == 0 and N % 8 == 0 (N % 16 == 0 for "
+        raise ValueError(f"the NVFP4 GEMM needs M, N >= 1 and K % 16 == 0 (N % 16 == 0 for "
                          f"out nvfp4); got M={m}, N={n}, K={k}, out {out}")
 
 

@@ -10,14 +10,17 @@
 #   have read it) instead of consumer arrivals, and the tile's end by one more commit;
 # - the tiles, TMA loads and semaphores are level 06's unchanged (the UMMA operand layout is the
 #   same swizzled `st`).
-# Compiled on a CPU for sm_100a and sm_107a; no H200 can run it (the GPU check needs sm_100+).
+# Compiled on a CPU for sm_100a and sm_107a; no H200 can run it (the GPU check needs sm_100+),
+# but the emulator runs it on a CPU (`test_runs_in_the_emulator`).
 
 # %%
 import functools
+import time
 
 import cutlass
 import cutlass.cute as cute
 import pytest
+import torch
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 
 import ladder_common as common
@@ -232,6 +235,47 @@ if __name__ == "__main__":  # SASS of sm_100a / sm_107a needs nvdisasm 13.5 (the
     print(what_changed())
 
 # %% [markdown]
+# Without a tcgen05 GPU the level runs in the emulator (`tk_cute.emulator`, notebook
+# `examples/07_emulator`): the host code's launch captured with CPU tensors, its PTX executed
+# warp by warp on the CPU (TMA, mbarriers, tensor memory, the kind::f16 MMAs). Small integers
+# make every fp32 sum exact, so C must equal the exact product rounded once to bf16; K = 384 is
+# 6 K steps, so the 4-stage ring wraps. No hazard may be reported.
+
+# %%
+def run_in_the_emulator(M: int = 256, N: int = 256, K: int = 384, arch: str = "sm_100a",
+                        **options):
+    """(a, b, c, machine): the sm_100a launch on CPU tensors, run by `tk_cute.emulator`."""
+    from cuda.bindings import driver as cuda
+    from cutlass.cute.runtime import from_dlpack
+
+    from tk_cute.emulator import launch, machine
+    from tk_cute.emulator.gemm import place
+    from tk_cute.emulator.memory import GlobalMemory
+
+    common.check_shape(M, N, K, TILE)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-4, 5, (M, K, 1), generator=g).to(torch.bfloat16)
+    b = torch.randint(-4, 5, (N, K, 1), generator=g).to(torch.bfloat16)
+    c = torch.full((M, N, 1), float("nan"), dtype=torch.bfloat16)
+    args = [from_dlpack(t, assumed_align=16) for t in (a, b, c)]
+    ln = launch.capture(gemm_for(arch), *args, cuda.CUstream(0), arch=arch)
+    mem = GlobalMemory()
+    place(mem, a, b, c)  # the tensors at their own addresses, as the launch's tensor maps say
+    return a, b, c, machine.run(ln, mem, **options)
+
+
+def exact(a, b):
+    """A @ B^T in float64, rounded once to bf16."""
+    return (a[:, :, 0].double() @ b[:, :, 0].double().T).to(torch.bfloat16)
+
+
+def test_runs_in_the_emulator():
+    a, b, c, m = run_in_the_emulator()
+    assert m.hazards == [], [str(h) for h in m.hazards]
+    assert torch.equal(c[:, :, 0], exact(a, b))
+
+
+# %% [markdown]
 # On Blackwell or Rubin: every element within the fp32-sum bound. An H200 skips it.
 
 # %%
@@ -265,4 +309,10 @@ if __name__ == "__main__":  # a script or a notebook (pytest runs the tests itse
         test_matches_the_exact_product()
         bench()
     else:
-        print("GPU cells skipped: no tcgen05 GPU (sm_100a, sm_103a, sm_107a); compiled only")
+        print("GPU cells skipped: no tcgen05 GPU (sm_100a, sm_103a, sm_107a); run in the "
+              "emulator instead:")
+        t0 = time.perf_counter()
+        a, b, c, m = run_in_the_emulator()
+        print(f"  {tuple(c.shape[:2])} x K = {a.shape[1]} on the CPU in "
+              f"{time.perf_counter() - t0:.1f} s ({m.executed} warp-instructions): C == exact "
+              f"product: {torch.equal(c[:, :, 0], exact(a, b))}, hazards: {m.hazards}")

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: MIT
 """NVFP4 GEMM for Blackwell (sm_100a, sm_103a) and Rubin (sm_107a) from one source, TK style.
 
-D (M, N, L) bf16|fp16|NVFP4 = gA gB A (M, K, L) B (N, K, L)^T, NVFP4 operands, scales 128x4
-blocked; gA, gB are read from device memory (no host sync). Pipeline contract, per CTA of a pair
+D (M, N, L) bf16|fp16|fp32|NVFP4 = gA gB A (M, K, L) B (N, K, L)^T, NVFP4 operands (rows of
+codes `nvfp4_codes.row_pitch(K)` bytes apart), scales 128x4 blocked; gA, gB are read from device
+memory (no host sync). Pipeline contract, per CTA of a pair
 (warps 0-3 epilogue, 4 MMA, 5 producer, 6 CLC scheduler; rings are `stage_ring`s):
   producer: per K stage `a_ring` finished -> `tma.load_async` A (multicast along N); `bs_ring`
             finished -> B, SFA, SFB; all `arrived` on the LEADER CTA's barrier.
@@ -14,8 +15,9 @@ blocked; gA, gB are read from device memory (no host sync). Pipeline contract, p
             `tma.store_async`;
             NVFP4 D (`out="nvfp4"`): per 16 columns of its row a thread's block amax (reducing
             TMEM load on sm_103a / sm_107a), the recipe's scale and codes, direct stores.
-  tiles: static persistent supergroup order, or CLC (`schedule`); PDL. Constraints: K % Kb,
-  N % 8, N % 16 for NVFP4 D (`tk_cute.nvfp4.dispatch_sm100` checks them and picks the Config);
+  tiles: static persistent supergroup order, or CLC (`schedule`); PDL. Any M, N, and K % 16
+  (the last K stage partly out of bounds: TMA fills codes and scales with zeros); dense D rows
+  `d_pitch(N)` apart; N % 16 for NVFP4 D (`tk_cute.nvfp4.dispatch_sm100` checks and picks);
   UE5M3 scales (sf) on sm_107a only; MMA K = 64 (sm_100a,
   sm_103a) or 128 (sm_107a). Peer: CUTLASS CuTeDSL blackwell/kernel/blockscaled_gemm/
 dense_blockscaled_gemm_persistent.py (one arch, 3,382 lines with its host harness).
@@ -45,7 +47,16 @@ from tk_cute.types.struct import DeviceStruct
 
 
 OUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
+             "float32": cutlass.Float32,
              "nvfp4": cutlass.Uint8}  # nvfp4: D's packed E2M1 codes (scales: a second pointer)
+
+
+def d_pitch(n, out: str):
+    """Elements from one row of a dense D to the next: N rounded up to 16 bytes (the TMA
+    store's stride granularity); the dispatch gives D rows that far apart. Plain integer
+    arithmetic (device values in the kernel, ints on the host)."""
+    per = 16 * 8 // OUT_TYPES[out].width
+    return (n + per - 1) // per * per
 
 
 class ConfigError(ValueError):
@@ -159,7 +170,7 @@ class Config:
         per = self.stage_bytes
         bufs = [v * self.LOAD_PIPE_DEPTH for v in per.values()]
         if not self.nvfp4_out:
-            bufs.append(128 * self.EPI_N * 2 * self.EPI_PIPE_DEPTH)
+            bufs.append(128 * self.EPI_N * OUT_TYPES[self.out].width // 8 * self.EPI_PIPE_DEPTH)
         return 1024 + sum(-(-b // 1024) * 1024 for b in bufs)
 
 
@@ -250,16 +261,18 @@ class GemmNvfp4Sm100:
         flag_ptr an Int32 that saturated block scales OR with 1 (dense D ignores the three)."""
         cfg, cs = self.cfg, (self.cfg.CLUSTER_M, self.cfg.CLUSTER_N)
         self._globals()
-        ka, nd = cute.assume(k, cfg.Kb), cute.assume(n, 8)
-        mA, mB = row_major(a_ptr, m, ka, l), row_major(b_ptr, n, ka, l)
+        ka = cute.assume(k, 16)
+        pitch = cute.assume(nvfp4_codes.row_pitch(k) * 2, 32)  # FP4 elements: 16-byte rows
+        mA, mB = row_major(a_ptr, m, ka, l, pitch), row_major(b_ptr, n, ka, l, pitch)
         mem = {"A": mA, "B": mB, "SFA": scales.global_tensor(sfa_ptr, mA.shape),
                "SFB": scales.global_tensor(sfb_ptr, mB.shape)}
         loads = [tma.pair_gl(mem[k], t, cs) for k, t in self.inputs.items()]
         if cutlass.const_expr(cfg.nvfp4_out):
             g = GlobalsNvfp4(*loads, d_ptr, ga_ptr, gb_ptr, d_sf_ptr, d_gs_ptr, flag_ptr, m, n)
         else:
-            g = Globals(*loads, gl.store(row_major(d_ptr, m, nd, l), self.d_tile), ga_ptr,
-                        gb_ptr)
+            per = 128 // self.out_dtype.width
+            mD = row_major(d_ptr, m, n, l, cute.assume(d_pitch(n, cfg.out), per))
+            g = Globals(*loads, gl.store(mD, self.d_tile), ga_ptr, gb_ptr)
         tiles = (cute.ceil_div(m, cfg.Mb // 2), cute.ceil_div(n, cfg.Nb), l)  # CTA tiles
         sched = schedule.params(cfg.scheduler, tiles, (*cs, 1), cfg.SUPERGROUP_SIZE)
         self.kernel(g, sched).launch(

@@ -196,7 +196,7 @@ def test_select_config_scheduler_by_waves():
         (dict(arch="sm_100a", Mb=256, sf="ue5m3"), K.ConfigError),  # UE5M3 is Rubin-only
         (dict(arch="sm_90a"), K.ConfigError),
         (dict(arch="sm_107a", CLUSTER_M=3), K.ConfigError),
-        (dict(arch="sm_107a", out="float32"), K.ConfigError),
+        (dict(arch="sm_107a", out="int8"), K.ConfigError),
         (dict(arch="sm_107a", scheduler="dynamic"), K.ConfigError),
     ],
 )

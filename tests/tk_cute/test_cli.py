@@ -19,7 +19,7 @@ def test_help_lists_every_command(capsys):
     (["report", "--mnk", "0,0,0"], "three positive integers, got '0,0,0'"),
     (["report", "--mnk", "abc"], "three integers"),
     (["report", "--arch", "sm_999"], "invalid choice: 'sm_999'"),
-    (["report", "--mnk", "256,256,100"], "K % 256 == 0"),
+    (["report", "--mnk", "256,256,100"], "K % 16 == 0"),
     (["report", "--Mb", "384"], "no kernel config"),
     (["emulate", "--arch", "sm_100a", "--mnk", "64,64,40"], "K a multiple of 16"),
     (["emulate", "--arch", "sm_80", "--mnk", "64,64,64"], "invalid choice: 'sm_80'"),
@@ -109,8 +109,9 @@ def test_emulate_runs_the_targets_kernel_and_checks_it(capsys):
 
 
 def test_emulate_says_when_the_target_has_no_kernel(capsys):
-    assert main(["emulate", "--arch", "sm_100a", "--mnk", "64,64,48"]) == 2
-    assert "no kernel for this call on sm_100a" in capsys.readouterr().out
+    assert main(["emulate", "--arch", "sm_100a", "--mnk", "64,64,48", "--activations",
+                 "bf16"]) == 2
+    assert "no kernel for this call on sm_100a: W4A16" in capsys.readouterr().out
 
 
 def test_emulate_fails_on_a_wrong_result(monkeypatch, capsys):

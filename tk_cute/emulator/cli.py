@@ -100,6 +100,10 @@ def main(argv=None) -> int:
     print(f"  launch: grid {run.launch.grid}, block {run.launch.block}, cluster "
           f"{run.launch.cluster}, {run.launch.smem_bytes} B dynamic shared memory")
     print(f"  check: {'PASS' if ok else 'FAIL'}: {what}")
+    if args.arch == "sm_107a":
+        print("  sm_107a: unconfirmed by hardware (K = 128 scale reads, UE5M3, the B collector, "
+              "tcgen05.ld.red and the exclusive allocation are emulated as the DSL encodes "
+              "them: docs/emulator.md)")
     print(f"  hazards: {len(m_.hazards) or 'none'}")
     for h in m_.hazards[:20]:
         print(f"    {h}")

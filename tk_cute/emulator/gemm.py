@@ -40,6 +40,7 @@ class Run:
     machine: machine.Machine
     launch: object  # tk_cute.emulator.launch.Launch
     seconds: float
+    call: object = None  # the dispatch's launch (dispatch_sm100.Launch: out, row-padded D)
 
     @property
     def hazards(self) -> list:
@@ -76,13 +77,15 @@ def place(mem: GlobalMemory, *items):
     and flag) in `mem` at its own address (CPU tensors: their host memory is the device's)."""
     seen = set()
     for t in _tensors(*items):
-        if t.data_ptr() in seen:
+        storage = t.untyped_storage()
+        if storage.data_ptr() in seen:
             continue
-        seen.add(t.data_ptr())
-        if not t.is_contiguous():
-            raise ValueError(f"emulated tensors must be contiguous, got stride {t.stride()}")
-        raw = t.reshape(-1).view(torch.uint8).numpy()
-        mem.place(raw, f"{tuple(t.shape)} {t.dtype}", address=t.data_ptr())
+        seen.add(storage.data_ptr())
+        if t.device.type != "cpu":
+            raise ValueError(f"emulated tensors live on the CPU, got one on {t.device}")
+        # the whole storage: a view (padded rows of codes, a slice) reads around its elements
+        raw = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+        mem.place(raw, f"{tuple(t.shape)} {t.dtype}", address=storage.data_ptr())
 
 
 def _poison(out):
@@ -116,9 +119,8 @@ def gemm(a, b, out_dtype="bfloat16", *, arch: str, out_global_scale=None, config
         NoKernel: the target has no kernel for this call.
     """
     from tk_cute import nvfp4
-    from tk_cute.nvfp4 import dispatch_sm100
-
     from tk_cute.kernels.gemm.nvfp4_sm100 import CLUSTERS
+    from tk_cute.nvfp4 import dispatch_sm100
 
     dtype = OUT_DTYPES[out_dtype] if isinstance(out_dtype, str) else out_dtype
     try:
@@ -133,8 +135,8 @@ def gemm(a, b, out_dtype="bfloat16", *, arch: str, out_global_scale=None, config
     if clusters is not None:
         args = args[:CLUSTERS] + (clusters,) + args[CLUSTERS + 1:]
     ln = _host(launch.config, arch, args).run(*args)[0]
-    return _execute(ln, a, b, launch.out, p.path, launch.config, adversarial=adversarial,
-                    seed=seed, resident=resident)
+    return _execute(ln, a, b, launch, p.path, adversarial=adversarial, seed=seed,
+                    resident=resident)
 
 
 def replay(run: Run, a, b, ptx: str | None = None, **options) -> Run:
@@ -143,16 +145,21 @@ def replay(run: Run, a, b, ptx: str | None = None, **options) -> Run:
     import dataclasses
 
     ln = run.launch if ptx is None else dataclasses.replace(run.launch, ptx=ptx)
-    return _execute(ln, a, b, run.out, run.kernel, run.config, **options)
+    return _execute(ln, a, b, run.call, run.kernel, **options)
 
 
-def _execute(ln, a, b, out, kernel, config, **options) -> Run:
-    _poison(out)
+def _execute(ln, a, b, call, kernel, **options) -> Run:
+    """Run captured launch `ln` of the dispatch's `call` (its D poisoned first)."""
+    for d in (call.out, call.wide):
+        if d is not None:
+            _poison(d)
     mem = GlobalMemory()
-    place(mem, a, b, out)
+    place(mem, a, b, call.out, *([] if call.wide is None else [call.wide]))
     start = time.perf_counter()
     m = machine.run(ln, mem, **options)
-    return Run(out, kernel, config, m, ln, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    call.finish()
+    return Run(call.out, kernel, call.config, m, ln, seconds, call)
 
 
 _HOSTS: dict = {}

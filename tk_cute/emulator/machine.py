@@ -3,14 +3,14 @@
 
 A `Machine` runs one kernel launch (`tk_cute.emulator.launch.Launch`: grid, block, cluster,
 dynamic shared memory, each parameter's bytes) of a PTX function over `GlobalMemory`. Each
-instruction is decoded once into a handler (`tk_cute.emulator.isa.decode`); a warp executes the lanes whose program counter
-is the lowest among its live lanes (min-PC reconvergence: right for the structured, reducible
-control flow the DSL emits). A handler that cannot proceed (a parity wait on a phase not yet
-complete, a barrier not yet full, an allocation not yet possible) raises `Block`; the warp
-stays at that instruction until the block's condition holds, then executes it again. The
-scheduler runs warps until they block; when none can run it completes a pending asynchronous
-operation (`Machine.pending`), and when there is none either it raises `Deadlock` listing
-every blocked warp: its CTA, warp, PTX line and what it waits for.
+instruction is decoded once into a handler (`tk_cute.emulator.isa.decode`); a warp executes the
+lanes whose program counter is the lowest among its live lanes (min-PC reconvergence: right for
+the structured, reducible control flow the DSL emits). A handler that cannot proceed (a parity
+wait on a phase not yet complete, a barrier not yet full, an allocation not yet possible) raises
+`Block`; the warp stays at that instruction until the block's condition holds, then executes it
+again. The scheduler runs warps until they block; when none can run it completes a pending
+asynchronous operation (`Machine.pending`), and when there is none either it raises `Deadlock`
+listing every blocked warp: its CTA, warp, PTX line and what it waits for.
 
 Clusters are resident `resident` at a time (the rest wait to launch, as on a GPU whose SMs are
 full; cluster launch control cancels them from that queue). `adversarial=True` (seeded) picks

@@ -29,14 +29,32 @@ Conventions (each says where it comes from):
 - The selector bits of the instruction descriptor (A: 29-30, B: 4-5) pick the scale byte of a
   column where a K block has fewer than 4 scales; block16 uses all 4 (must be 0 here).
 - Shared-memory matrix descriptor (Table 40): start (bits 0-13) << 4, LBO (16-29) << 4, SBO
-  (32-45) << 4, base offset (49-51), swizzle (61-63: 0 none, 1 128B with 32B atom, 2 128B,
-  4 64B, 6 32B). K-major swizzled operand: row r of the slice at start + (r // 8) SBO +
-  (r % 8) * span, XOR-swizzled on absolute shared addresses; the start may sit inside the
-  atom (the kernels advance it 32 B per K = 64 block with base offset 0: CUTLASS's model).
+  (32-45) << 4, base offset (49-51), swizzle (61-63: 0 none, 1 128B with 32B atom, 2 128B, 4
+  64B, 6 32B); on sm_107a start and LBO take bits 14 and 30 too (the DSL's `Tcgen05SmemDesc`:
+  Rubin's shared memory passes 256 KiB; unconfirmed by hardware). K-major swizzled operand: row
+  r of the slice at start + (r // 8) SBO + (r % 8) * span, XOR-swizzled on absolute shared
+  addresses; the start may sit inside the atom (the kernels advance it 32 B per K = 64 block
+  with base offset 0: CUTLASS's model). K-major, no swizzle: core matrices of 8 rows x 16 B
+  (rows 16 B apart), SBO along M / N, LBO along K. MN-major operand (kind::f16 with the
+  transpose bit; CUTLASS's `make_umma_desc<Major::MN>`, cute/atom/mma_traits_sm100.hpp, the
+  canonical layouts of wgmma's): swizzled, span bytes of M / N contiguous, the next span bytes
+  LBO on, K rows span apart, the next 8 K SBO on; no swizzle, 16 B of M / N per core-matrix row,
+  K rows 16 B apart, the next 16 B of M / N SBO on, the next 8 K LBO on.
 - Scale copy source (`tcgen05.cp 32x128b`): row i at start + (i // 8) SBO + (i % 8) 16.
+- kind::f16 instruction descriptor (Table 42 of 9.7.16.4.2; the same positions in CUTLASS's
+  `UMMA::InstrDescriptor`, cute/arch/mma_sm100_desc.hpp, and in what the DSL encodes, e.g.
+  0x08400490 for bf16 M = 128, N = 256, both K-major): D type bits 4-5 (F32 = 1, the one
+  emulated), A / B type 7-9 / 10-12 (F16 = 0, BF16 = 1), negate A / B 13 / 14, transpose
+  (MN-major) A / B 15 / 16, N >> 3 at 17-22, M >> 4 at 24-28 (block-scaled kinds: M >> 7 at
+  27-28, Table 44), maximum shift 30-31 (.ws only: 0). K = 16 per instruction, M = 128 per CTA
+  (256 on a pair). The disable-output-lane vector before enable-input-d (4 registers, 8 on a
+  pair) must be zero (what the DSL passes); the optional scale-input-d s scales D by 2^-s
+  before the add; `collector::a::fill` keeps A, `::use` / `::lastuse` read the kept copy
+  (lastuse drops it). A from TMEM, .ws, .sp and M = 64 are errors.
 - Arithmetic (the order is not specified, 9.7.16.10): each MMA instruction sums its K products
-  exactly (float64), then adds to D in float32: one rounding per instruction. Tests use data
-  for which every order gives the same float32 result.
+  in float64 (products exact; the sum too for NVFP4, and for f16 / bf16 data whose exponents
+  span less than float64's precision), then adds to D in float32: one rounding per
+  instruction. Tests use data for which every order gives the same float32 result.
 - Ordering: the MMAs and copies a thread issues run in issue order; `tcgen05.commit` arrives
   (multicast: on the barrier at that offset in each CTA of the mask) once they are done.
 - Rubin's B collector (sm_107a, unconfirmed by hardware): `fill` keeps the B operand it read,
@@ -52,7 +70,7 @@ from tk_cute.emulator import machine as machine_mod
 from tk_cute.emulator.machine import AsyncOp, Block
 from tk_cute.emulator.memory import OFFSET_MASK, RANK_SHIFT, EmulatorError
 from tk_cute.emulator.tma import check_async_read
-from tk_cute.emulator.values import E2M1, E4M3, UE5M3
+from tk_cute.emulator.values import E2M1, E4M3, UE5M3, bf16_to_f32
 
 LANES = 128
 # Instruction-descriptor bits 23-24 (scale type) of UE5M3 scales: 2 in what the DSL encodes for
@@ -257,41 +275,93 @@ def _wait(ins, m):
 _SPAN = {0: 0, 1: 128, 2: 128, 4: 64, 6: 32}
 
 
-def smem_desc(d: int) -> dict:
-    """Fields of a tcgen05 shared-memory matrix descriptor (Table 40)."""
-    return {"start": (d & 0x3FFF) << 4, "lbo": (d >> 16 & 0x3FFF) << 4,
+def smem_desc(d: int, arch: str = "sm_100a") -> dict:
+    """Fields of a tcgen05 shared-memory matrix descriptor (Table 40). On sm_107a the start
+    address and the leading byte offset take one more bit each (14 and 30, reserved on sm_100:
+    the DSL's `Tcgen05SmemDesc`), reaching Rubin's shared memory past 256 KiB."""
+    wide = 0x7FFF if arch == "sm_107a" else 0x3FFF
+    return {"start": (d & wide) << 4, "lbo": (d >> 16 & wide) << 4,
             "sbo": (d >> 32 & 0x3FFF) << 4, "fixed": d >> 46 & 7, "base": d >> 49 & 7,
             "lbo_mode": d >> 52 & 1, "swizzle": d >> 61 & 7}
 
 
-def _rows(smem, desc: dict, rows: int, row_bytes: int, line: int, what: str) -> np.ndarray:
-    """(rows, row_bytes) of a K-major operand slice at `desc` in `smem` (swizzled)."""
+def _rows(smem, desc: dict, rows: int, row_bytes: int, line: int, what: str,
+          mn_major: bool = False, esize: int = 1) -> np.ndarray:
+    """Shared offsets (rows, row_bytes) of an operand slice at `desc` in `smem` (swizzled): row
+    r (M / N) holds the instruction's K elements of `esize` bytes, in K order. K-major unless
+    `mn_major` (then K = row_bytes / esize; the module docstring gives both layouts)."""
     span = _SPAN.get(desc["swizzle"])
     if span is None:
         raise EmulatorError(f"{what}: swizzle mode {desc['swizzle']} is not emulated")
-    start = desc["start"]
-    r = np.arange(rows)[:, None]
-    b = np.arange(row_bytes)[None, :]
-    if span:
-        if desc["swizzle"] == 1:
-            raise EmulatorError(f"{what}: 128B swizzle with 32B atoms is not emulated")
-        logical = start + (r // 8) * desc["sbo"] + (r % 8) * span + b
-        phys = logical ^ (((logical >> 7) & (span // 16 - 1)) << 4)
-    else:  # interleaved core matrices: 8 rows x 16 B, LBO along K, SBO along M / N
-        logical = start + (r // 8) * desc["sbo"] + (r % 8) * 16 + (b // 16) * desc["lbo"] + b % 16
-        phys = logical
+    if desc["swizzle"] == 1:
+        raise EmulatorError(f"{what}: 128B swizzle with 32B atoms is not emulated")
+    start, lbo, sbo = desc["start"], desc["lbo"], desc["sbo"]
+    if mn_major:
+        k = row_bytes // esize
+        r = np.arange(rows)[:, None, None]
+        kk = np.arange(k)[None, :, None]
+        mb = r * esize + np.arange(esize)[None, None, :]  # byte along M / N
+        if span:  # span bytes of M / N contiguous, the next span LBO on; K rows span apart,
+            logical = (start + mb % span + (mb // span) * lbo  # the next 8 K SBO on
+                       + (kk % 8) * span + (kk // 8) * sbo)
+        else:  # core matrices of 8 K rows x 16 B of M / N: the next 16 B SBO on, next 8 K LBO
+            logical = start + mb % 16 + (mb // 16) * sbo + (kk % 8) * 16 + (kk // 8) * lbo
+        logical = logical.reshape(rows, row_bytes)
+    else:
+        r = np.arange(rows)[:, None]
+        b = np.arange(row_bytes)[None, :]
+        if span:
+            logical = start + (r // 8) * sbo + (r % 8) * span + b
+        else:  # interleaved core matrices: 8 rows x 16 B, LBO along K, SBO along M / N
+            logical = start + (r // 8) * sbo + (r % 8) * 16 + (b // 16) * lbo + b % 16
+    phys = logical ^ (((logical >> 7) & (span // 16 - 1)) << 4) if span else logical
     phys = phys & OFFSET_MASK
     smem.span(int(phys.min()), int(phys.max() - phys.min()) + 1, what)
     return phys
 
 
-def idesc_fields(i: int) -> dict:
-    """Fields of the kind::mxf4nvf4 / f16 instruction descriptor (Table 44)."""
-    return {"sparse": i >> 2 & 1, "b_sf_id": i >> 4 & 3, "atype": i >> 7 & 7,
-            "btype": i >> 10 & 3, "neg_a": i >> 13 & 1, "neg_b": i >> 14 & 1,
-            "trans_a": i >> 15 & 1, "trans_b": i >> 16 & 1, "n": (i >> 17 & 0x3F) << 3,
-            "sf_type": i >> 23 & 3, "m": (i >> 27 & 3) << 7, "a_sf_id": i >> 29 & 3,
-            "k_bit": i >> 31 & 1, "dtype": i >> 4 & 3, "f16_atype": i >> 7 & 7}
+def idesc_fields(i: int, kind: str = "mxf4nvf4") -> dict:
+    """Fields of the instruction descriptor: kind::mxf4nvf4 (Table 44) or kind::f16 (Table 42:
+    M has 5 bits from bit 24 there, D's type bits 4-5, B's type 3 bits)."""
+    common = {"sparse": i >> 2 & 1, "atype": i >> 7 & 7, "neg_a": i >> 13 & 1,
+              "neg_b": i >> 14 & 1, "trans_a": i >> 15 & 1, "trans_b": i >> 16 & 1,
+              "n": (i >> 17 & 0x3F) << 3}
+    if kind == "f16":
+        return {**common, "sparse_id": i & 3, "saturate": i >> 3 & 1, "dtype": i >> 4 & 3,
+                "btype": i >> 10 & 7, "m": (i >> 24 & 0x1F) << 4, "max_shift": i >> 30 & 3}
+    return {**common, "b_sf_id": i >> 4 & 3, "btype": i >> 10 & 3, "sf_type": i >> 23 & 3,
+            "m": (i >> 27 & 3) << 7, "a_sf_id": i >> 29 & 3, "k_bit": i >> 31 & 1}
+
+
+F16_TYPES = {0: "f16", 1: "bf16"}  # Table 42, kind::f16 atype / btype
+
+
+def _f16_values(raw: np.ndarray, t: str) -> np.ndarray:
+    """(rows, 2 k) bytes of f16 / bf16 elements -> (rows, k) float64 values."""
+    bits = np.ascontiguousarray(raw).view(np.uint16)
+    if t == "bf16":
+        return bf16_to_f32(bits).astype(np.float64)
+    return bits.view(np.float16).astype(np.float64)
+
+
+def _check_f16(f: dict, ctas: list, ins) -> None:
+    """kind::f16 descriptors the emulator runs (an EmulatorError names any other)."""
+    bad = []
+    if f["sparse"]:
+        bad.append("sparse")
+    if f["dtype"] != 1:
+        bad.append(f"D type {f['dtype']} (F32 = 1 is emulated)")
+    if f["atype"] not in F16_TYPES or f["btype"] not in F16_TYPES:
+        bad.append(f"A / B types {f['atype']} / {f['btype']} (F16 = 0, BF16 = 1)")
+    if f["m"] != 128 * len(ctas):
+        bad.append(f"M = {f['m']} with cta_group::{len(ctas)} (128 per CTA is emulated)")
+    if not 16 <= f["n"] <= 256 or f["n"] % 16:  # M = 128 and M = 256: N % 16 == 0
+        bad.append(f"N = {f['n']}")
+    if f["max_shift"]:
+        bad.append("a maximum shift (bits 30-31)")
+    if bad:
+        raise EmulatorError(f"`{ins.op}`: instruction descriptor with " + ", ".join(bad)
+                            + " is not emulated")
 
 
 def _fp4_values(raw: np.ndarray) -> np.ndarray:
@@ -306,8 +376,23 @@ def _mma(ins, m):
     kind = next(p for p in parts if p.startswith("kind::"))[6:]
     scaled = "block_scale" in parts
     fill, last = "collector::b::fill" in parts, "collector::b::lastuse" in parts
+    a_use = next((p.split("::")[-1] for p in parts if p.startswith("collector::a::")),
+                 "discard")
     if kind not in ("mxf4nvf4", "f16"):
         raise EmulatorError(f"tcgen05.mma kind::{kind} is not emulated")
+    if "ws" in parts or "sp" in parts:
+        raise EmulatorError(f"`{ins.op}`: .ws and .sp MMAs are not emulated")
+    if ins.args[1].startswith("["):
+        raise EmulatorError(f"`{ins.op}`: A from tensor memory is not emulated")
+    rest = ins.args[4:]
+    if not scaled:  # kind::f16: [{disable-output-lane},] enable-input-d [, scale-input-d]
+        lanes_off = isa.vec(rest[0]) if rest[0].startswith("{") else []
+        rest = rest[1:] if lanes_off else rest
+        if lanes_off and len(lanes_off) != (8 if pair else 4):
+            raise EmulatorError(f"`{ins.op}`: {len(lanes_off)} disable-output-lane registers")
+        scale_d = int(rest[1], 0) if len(rest) > 1 else 0
+        if not 0 <= scale_d <= 15:
+            raise EmulatorError(f"`{ins.op}`: scale-input-d {scale_d} outside 0..15")
 
     def run(w, mask):
         if not mask.any():
@@ -324,20 +409,27 @@ def _mma(ins, m):
             sfa = int(isa.read(w, ins.args[4][1:-1], "u32")[lane])
             sfb = int(isa.read(w, ins.args[5][1:-1], "u32")[lane])
             acc = bool(isa.read(w, ins.args[6], "pred")[lane])
+            acc_scale = 1.0
         else:
             sfa = sfb = None
-            acc = bool(isa.read(w, ins.args[4], "pred")[lane])
+            if any(int(isa.read(w, r, "u32")[lane]) for r in lanes_off):
+                raise EmulatorError(f"`{ins.op}`: a non-zero disable-output-lane mask is not "
+                                    f"emulated")
+            acc = bool(isa.read(w, rest[0], "pred")[lane])
+            acc_scale = 2.0 ** -scale_d
         ctas = _pair(w.cta) if pair else [w.cta]
         if pair and w.cta.rank & 1:
             raise EmulatorError("a cta_group::2 tcgen05.mma must be issued by the even CTA")
-        f = idesc_fields(idesc)
+        f = idesc_fields(idesc, kind)
+        if kind == "f16":
+            _check_f16(f, ctas, ins)
         k = 128 if m.arch == "sm_107a" and kind == "mxf4nvf4" else (
             64 if kind == "mxf4nvf4" else 16)
         op_state = w.state.setdefault("collector", {})
 
         def complete():
             _mma_complete(m, ins, ctas, f, k, d_addr, a_desc, b_desc, sfa, sfb, acc, kind,
-                          fill, last, op_state)
+                          fill, last, op_state, a_use, acc_scale)
 
         lane0, col = _split(d_addr)
         for c in ctas:  # the MMA may run from now on: a load of its D columns still in flight
@@ -368,12 +460,14 @@ def _issue_ordered(w, m, op: AsyncOp):
 
 
 def _mma_complete(m, ins, ctas, f, k, d_addr, a_desc, b_desc, sfa, sfb, acc, kind, fill,
-                  last, state):
+                  last, state, a_use="discard", acc_scale=1.0):
     n = f["n"]
     rows_a = 128
     nb = n // len(ctas)
-    bytes_per = k // 2 if kind == "mxf4nvf4" else k * 2
-    da, db = smem_desc(a_desc), smem_desc(b_desc)
+    f16 = kind == "f16"
+    bytes_per = k * 2 if f16 else k // 2
+    esize = 2 if f16 else 1
+    da, db = smem_desc(a_desc, m.arch), smem_desc(b_desc, m.arch)
     if last:
         if "B" not in state:
             raise EmulatorError("collector::b::lastuse without a collector::b::fill before it")
@@ -381,36 +475,51 @@ def _mma_complete(m, ins, ctas, f, k, d_addr, a_desc, b_desc, sfa, sfb, acc, kin
     else:
         parts = []
         for c in ctas:
-            pos = _rows(c.smem, db, nb, bytes_per, ins.line, "MMA B")
+            pos = _rows(c.smem, db, nb, bytes_per, ins.line, "MMA B", f16 and f["trans_b"], esize)
             check_async_read(m, c, pos.reshape(-1), ins.line, "tcgen05.mma B")
             parts.append(c.smem.data[pos])
         B = np.concatenate(parts, 0)
         if fill:
             state["B"] = B
+    if a_use in ("use", "lastuse") and "A" not in state:
+        raise EmulatorError(f"collector::a::{a_use} without a collector::a::fill before it")
+    kept = state.pop("A") if a_use == "lastuse" else state.get("A")
+    if a_use == "fill":
+        state["A"] = []
     for v, c in enumerate(ctas):
-        pos = _rows(c.smem, da, rows_a, bytes_per, ins.line, "MMA A")
-        check_async_read(m, c, pos.reshape(-1), ins.line, "tcgen05.mma A")
-        A = c.smem.data[pos]
+        if a_use in ("use", "lastuse"):
+            A = kept[v]
+        else:
+            pos = _rows(c.smem, da, rows_a, bytes_per, ins.line, "MMA A", f16 and f["trans_a"],
+                        esize)
+            check_async_read(m, c, pos.reshape(-1), ins.line, "tcgen05.mma A")
+            A = c.smem.data[pos]
+            if a_use == "fill":
+                state["A"].append(A)
         t = tmem_of(c)
-        if kind == "mxf4nvf4":
+        if f16:
+            av = _f16_values(A, F16_TYPES[f["atype"]]) * (-1.0 if f["neg_a"] else 1.0)
+            bv = _f16_values(B, F16_TYPES[f["btype"]]) * (-1.0 if f["neg_b"] else 1.0)
+        else:
             av, bv = _fp4_values(A), _fp4_values(B)
             sf = "ue5m3" if f["sf_type"] == UE5M3_SF_TYPE and m.arch == "sm_107a" else "ue4m3"
             sa = _scales(t, sfa, np.arange(rows_a), k, m, ins, "A", sf)
             sb = _scales(t, sfb, np.arange(n), k, m, ins, "B", sf)
             av = av * np.repeat(sa, 16, axis=1)
             bv = bv * np.repeat(sb, 16, axis=1)
-        else:
-            raise EmulatorError("kind::f16 MMAs are not emulated yet")
-        prod = av @ bv.T  # exact: float64 holds every product and partial sum here
+        prod = av @ bv.T  # float64: exact products (module docstring)
         lane0, col = _split(d_addr)
         if lane0:
             raise EmulatorError(f"tcgen05.mma D at lane {lane0} (M = 128 per CTA starts at 0)")
+        if col + n > t.cells.shape[1] or (t.owner[col:col + n] < 0).any():
+            raise EmulatorError(f"tcgen05.mma D columns {col}..{col + n - 1} of CTA {c.ctaid} "
+                                f"are not allocated")
         dst = t.cells[:rows_a, col:col + n]
         if acc:
             if not t.written[:rows_a, col:col + n].all():
                 m.hazard("uninitialized-tmem", ins.line, "tcgen05.mma accumulates into TMEM "
                          "columns nothing wrote")
-            prod = dst.view(np.float32).astype(np.float64) + prod
+            prod = dst.view(np.float32).astype(np.float64) * acc_scale + prod
         prod = prod.astype(np.float32)  # one rounding per instruction
         for op, cols in t.loads:
             if not op.done and cols & set(range(col, col + n)):
@@ -452,7 +561,7 @@ def _cp(ins, m):
             return
         lane = lanes[0]
         taddr = int(isa.read(w, ins.args[0][1:-1], "u32")[lane])
-        desc = smem_desc(int(isa.read(w, ins.args[1], "u64")[lane]))
+        desc = smem_desc(int(isa.read(w, ins.args[1], "u64")[lane]), m.arch)
         ctas = _pair(w.cta) if pair else [w.cta]
 
         def complete():

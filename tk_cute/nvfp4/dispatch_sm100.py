@@ -17,18 +17,20 @@ conversion here and the kernel's compiled signature are checked together.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from tk_cute import arch
+from tk_cute.layouts import nvfp4_codes
 from tk_cute.runtime import KernelCache, compile_locked, output, sm_count
 
 from . import heuristics, validate
 from .tensor import NVFP4Tensor
 
 TARGETS = tuple(t.name for t in arch.TARGETS.values() if t.fp4_tensor_cores)  # tcgen05 FP4
-OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 NVFP4 = "nvfp4"  # out_dtype of an NVFP4 D
 _CACHE = KernelCache()
 
@@ -40,6 +42,14 @@ class Launch:
     config: object  # kernels.gemm.nvfp4_sm100.Config
     args: tuple  # compile-time arguments (with the Constexpr cluster budget)
     out: torch.Tensor | NVFP4Tensor
+    wide: torch.Tensor | None = None  # D with rows `d_pitch` apart where N is off 16 bytes
+
+    def finish(self):
+        """After the kernel: D from the row-padded buffer into `out` (one copy; none where
+        D's rows are 16-byte aligned)."""
+        if self.wide is not None:
+            self.out.copy_(self.wide[..., :self.out.shape[-1]])
+        return self.out
 
     @property
     def key(self):
@@ -66,12 +76,14 @@ def device_target(device: torch.device) -> str:
 
 def supports(m: int, n: int, k: int, out_dtype="bfloat16") -> bool:
     """Whether `gemm_sm100` takes an (m, n, k) NVFP4 x NVFP4 GEMM (on an sm_100a/103a/107a GPU):
-    K a multiple of the configs' Kb (256), N of 8, bf16/fp16 output (a torch dtype or its
-    name); or "nvfp4" output (`gemm_sm100_nvfp4`) with N a multiple of 16."""
+    any M, N >= 1, K a multiple of 16, bf16 / fp16 / fp32 output (a torch dtype or its name);
+    or "nvfp4" output (`gemm_sm100_nvfp4`) with N a multiple of 16 (D's scale blocks)."""
+    if min(m, n, k) < 1 or k % 16:
+        return False
     if out_dtype == NVFP4:
-        return k % 256 == 0 and n % 16 == 0 and min(m, n, k) > 0
+        return n % 16 == 0
     name = out_dtype if isinstance(out_dtype, str) else OUT_DTYPES.get(out_dtype)
-    return k % 256 == 0 and n % 8 == 0 and name in OUT_DTYPES.values() and min(m, n, k) > 0
+    return name in OUT_DTYPES.values()
 
 
 def _check(a, b, out_dtype) -> None:
@@ -80,8 +92,8 @@ def _check(a, b, out_dtype) -> None:
             raise TypeError(f"gemm_sm100 operand {name} must be an NVFP4Tensor, got "
                             f"{type(t).__name__}")
     if out_dtype != NVFP4 and out_dtype not in OUT_DTYPES:
-        raise TypeError(f"gemm_sm100 out_dtype must be torch.bfloat16 or torch.float16, got "
-                        f"{out_dtype}")
+        raise TypeError(f"gemm_sm100 out_dtype must be torch.bfloat16, torch.float16 or "
+                        f"torch.float32, got {out_dtype}")
     validate.one_scale_format(a, b, "gemm_sm100")
     if a.ndim != b.ndim or a.K != b.K or (a.ndim == 3 and a.L != b.L):
         raise ValueError(f"gemm_sm100 needs (M, K) x (N, K) or (L, M, K) x (L, N, K) with one K "
@@ -89,11 +101,15 @@ def _check(a, b, out_dtype) -> None:
     if a.device != b.device:
         raise ValueError(f"gemm_sm100 operands on different devices: {a.device}, {b.device}")
     for name, t in (("a", a), ("b", b)):
-        for part, x, align in (("data", t.data, 32), ("scales", t.scales, 16)):
-            if not x.is_contiguous() or x.data_ptr() % align:
-                raise ValueError(f"gemm_sm100: {name}.{part} must be contiguous and {align}-byte "
-                                 f"aligned (TMA), got stride {x.stride()}, address "
-                                 f"{x.data_ptr():#x}")
+        rows = nvfp4_codes.strides(t.shape[-2], t.K, t.ndim == 3)
+        for part, x, align, ok in (
+                ("data", t.data, 32, tuple(t.data.stride()) == rows),
+                ("scales", t.scales, 16, t.scales.is_contiguous())):
+            if not ok or x.data_ptr() % align:
+                raise ValueError(f"gemm_sm100: {name}.{part} must be laid out as NVFP4Tensor "
+                                 f"makes it (codes: rows nvfp4_codes.row_pitch(K) bytes apart) "
+                                 f"and {align}-byte aligned (TMA), got stride {x.stride()}, "
+                                 f"address {x.data_ptr():#x}")
 
 
 def scale_format(fmt: str, target: str) -> str:
@@ -127,25 +143,26 @@ def prepare(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=Non
     if cfg.arch != target or cfg.out != name or cfg.sf != sf:
         raise ValueError(f"config is for {cfg.arch} / {cfg.out} / {cfg.sf} scales; the call "
                          f"needs {target} / {name} / {sf}")
-    if Kdim % cfg.Kb:
-        raise ValueError(f"gemm_sm100 needs K % {cfg.Kb} == 0 (one pipeline stage holds "
-                         f"Kb={cfg.Kb} elements of K); got K={Kdim}")
-    if N % 8:
-        raise ValueError(f"gemm_sm100 needs N % 8 == 0 (16-byte rows of D for the TMA store); "
-                         f"got N={N}")
     shape = (M, N) if a.L is None else (L, M, N)
+    wide = None
     if name == NVFP4:
+        if N % 16:
+            raise ValueError(f"NVFP4 D needs N % 16 == 0 (16-element scale blocks along its "
+                             f"rows); got N={N}")
         d = validate.nvfp4_out(shape, a.device, out, out_global_scale)
         addr = {"d": d.data, "d_sf": d.scales, "d_gs": d.global_scale, "flag": d.saturated}
     else:
         d = output(out, shape, out_dtype, a.device, "gemm_sm100")
-        addr = {"d": d}
+        pitch = K.d_pitch(N, name)
+        if pitch != N:  # rows off 16 bytes: the kernel writes padded rows, `finish` copies
+            wide = torch.empty((*shape[:-1], pitch), dtype=out_dtype, device=a.device)
+        addr = {"d": d if wide is None else wide}
     addr.update(a=a.data, b=b.data, sfa=a.scales, sfb=b.scales, ga=a.global_scale,
                 gb=b.global_scale)
     clusters = (sms or sm_count(a.device)) // (cfg.CLUSTER_M * cfg.CLUSTER_N)
     args = K.launch_args(cfg, {k: t.data_ptr() for k, t in addr.items()}, M, N, Kdim, L,
                          clusters)
-    return Launch(cfg, args, d)
+    return Launch(cfg, args, d, wide)
 
 
 def compile_launch(launch: Launch, keep: bool = False):
@@ -159,6 +176,27 @@ def compile_launch(launch: Launch, keep: bool = False):
     if keep:
         return build(kern, *launch.args, arch=launch.config.arch), kern
     return compile_locked(kern, *launch.args, options=f"--gpu-arch {launch.config.arch}")
+
+
+class UnverifiedKernelWarning(UserWarning):
+    """A Blackwell / Rubin kernel is about to run on a GPU for the first time in this process:
+    tk_cute has verified it by compiling it and by running it in its PTX emulator
+    (`tk_cute.emulator`), never on such a GPU. Silence it with
+    ``warnings.filterwarnings("ignore", category=UnverifiedKernelWarning)``."""
+
+
+def _compile_first(launch: Launch):
+    """Compile `launch`'s kernel for its first call in this process, saying once how it was
+    verified (`UnverifiedKernelWarning`)."""
+    cfg = launch.config
+    warnings.warn(UnverifiedKernelWarning(
+        f"tk_cute's {cfg.arch} NVFP4 GEMM (kernels/gemm/nvfp4_sm100.py, Mb={cfg.Mb} "
+        f"Nb={cfg.Nb} Kb={cfg.Kb}, out {cfg.out}, {cfg.scheduler} scheduler) runs on this GPU "
+        f"for the first time: it was verified by compiling and in tk_cute's PTX emulator "
+        f"(python -m tk_cute emulate), never on {cfg.arch} hardware. To silence: "
+        f"warnings.filterwarnings('ignore', category=tk_cute.nvfp4.dispatch_sm100."
+        f"UnverifiedKernelWarning)"), stacklevel=4)
+    return compile_launch(launch)
 
 
 def gemm_sm100_nvfp4(a: NVFP4Tensor, b: NVFP4Tensor, global_scale: torch.Tensor, config=None,
@@ -186,7 +224,7 @@ def gemm_sm100_nvfp4(a: NVFP4Tensor, b: NVFP4Tensor, global_scale: torch.Tensor,
 
     gs = out.global_scale if global_scale is None else global_scale
     launch = prepare(a, b, NVFP4, config, out, gs)
-    fn = _CACHE.get(launch.key, lambda: compile_launch(launch))
+    fn = _CACHE.get(launch.key, lambda: _compile_first(launch))
     fn(*launch.runtime_args(stream()))
     return launch.out
 
@@ -198,25 +236,26 @@ def gemm_sm100(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=
     Args:
         a: NVFP4Tensor (M, K) or (L, M, K) on a CUDA device.
         b: NVFP4Tensor (N, K) or (L, N, K) on the same device.
-        out_dtype: torch.bfloat16 (default) or torch.float16.
+        out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
         config: a `kernels.gemm.nvfp4_sm100.Config` overriding `heuristics.sm100_config`.
         out: optional contiguous (M, N) / (L, M, N) tensor of `out_dtype` to write D into.
 
     Returns:
-        D of `out_dtype`. M may be any size (TMA zero-fills / clips the tails); K must be a
-        multiple of the config's Kb (256) and N of 8.
+        D of `out_dtype`. Any M and N (TMA zero-fills / clips the tails; where D's rows are not
+        a multiple of 16 bytes the kernel writes rows padded to `d_pitch` and one copy puts
+        them in place); K a multiple of 16 (the last K stage partly zero-filled).
 
     Raises:
         TypeError: operand or out_dtype types.
-        ValueError: shapes, devices, alignment, K % Kb, N % 8, or a GPU that is not sm_100a,
-            sm_103a or sm_107a.
+        ValueError: shapes, devices, layout, K % 16, or a GPU that is not sm_100a, sm_103a or
+            sm_107a.
     """
     from tk_cute.runtime import stream
 
     launch = prepare(a, b, out_dtype, config, out)
-    fn = _CACHE.get(launch.key, lambda: compile_launch(launch))
+    fn = _CACHE.get(launch.key, lambda: _compile_first(launch))
     fn(*launch.runtime_args(stream()))
-    return launch.out
+    return launch.finish()
 
 
 def compile_seconds() -> dict:

@@ -21,10 +21,10 @@ What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
   for its parts.
   D's rows must be 16-byte aligned for the kernels' stores: where N * element size is not, D
   is computed N-padded and copied into place (`Plan.pad_n`).
-- Blackwell / Rubin (sm_100a, sm_103a, sm_107a): W4A4 with K % 256 == 0 and N % 8 == 0, bf16 /
-  fp16 out, or NVFP4 out (N % 16 == 0, quantized in the kernel's epilogue)
-  (`kernels/gemm/nvfp4_sm100.py`, path "sm100"). Other combinations have no kernel there yet
-  and raise NotImplementedError naming the constraint.
+- Blackwell / Rubin (sm_100a, sm_103a, sm_107a): W4A4, any M and N, K % 16 == 0, 2-D or
+  batched, bf16 / fp16 / fp32 out, or NVFP4 out (N % 16 == 0, quantized in the kernel's
+  epilogue) (`kernels/gemm/nvfp4_sm100.py`, path "sm100"; run in the emulator on a CPU:
+  `tk_cute.emulator`). W4A16 has no kernel there yet and raises NotImplementedError.
 Scale formats: UE4M3 (NVFP4) everywhere; UE5M3 operands (`NVFP4Tensor.scale_format`) on the
 Hopper paths of `heuristics.UE5M3_PATHS` (GPU-tested on the H200) and on sm_107a (compiled only)
 (sm_100a / sm_103a raise ValueError); on CUDA both W4A4 operands must share one format (the
@@ -181,9 +181,8 @@ def _plan_sm100(op: validate.Operands, target: str, out: str, sf: str = "ue4m3")
     dispatch_sm100.scale_format(sf, target)
     if not dispatch_sm100.supports(op.M, op.N, op.K, out):
         raise NotImplementedError(
-            f"the {target} NVFP4 GEMM needs K % 256 == 0, N % 8 == 0 and bf16/fp16 output (or "
-            f"NVFP4 output with N % 16 == 0); got M={op.M}, N={op.N}, K={op.K}, "
-            f"out_dtype={out}")
+            f"the {target} NVFP4 GEMM needs K % 16 == 0 and bf16 / fp16 / fp32 output (or NVFP4 "
+            f"output with N % 16 == 0); got M={op.M}, N={op.N}, K={op.K}, out_dtype={out}")
     return Plan("sm100", heuristics.sm100_config(target, op.M, op.N, op.K, out, sf))
 
 
@@ -221,7 +220,7 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
     Raises:
         TypeError, ValueError: see `validate.gemm_operands`.
         NotImplementedError: a combination no kernel of this GPU takes (Blackwell / Rubin:
-            W4A16, K % 256, N % 8, fp32 output).
+            W4A16).
     """
     if out_dtype == "nvfp4" or isinstance(out, NVFP4Tensor):
         if out_dtype not in (None, "nvfp4"):
@@ -257,8 +256,7 @@ def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None 
     Blackwell / Rubin kernel (path "sm100", `dispatch_sm100.gemm_sm100_nvfp4`: D32 =
     fl(acc * gA gB) of its fp32 accumulators, never stored) quantize in their epilogues (D never
     exists in fp32: 0.5625 instead of 4 bytes per element written); every other Hopper path
-    writes fp32 D = `gemm(a, b, torch.float32)`, then the quantizer runs. Blackwell / Rubin has
-    no fp32 GEMM: shapes its kernel cannot take (K % 256) raise NotImplementedError there.
+    writes fp32 D = `gemm(a, b, torch.float32)`, then the quantizer runs.
 
     Args:
         a, b: as `gemm` (2-D).

@@ -383,8 +383,9 @@ def sm100_config(arch: str, m: int, n: int, k: int, out: str = "bfloat16", sf: s
     576 exclusive columns), pairs multicasting A along N; otherwise Mb = 256 with a
     double-buffered 256x128 accumulator. Blackwell: Mb = 256, Nb = 256 single accumulator when
     the grid is full, Nb = 128 double-buffered otherwise. Stages: as many as shared memory holds
-    (at most 8); K must be a multiple of Kb = 256. Scheduler: cluster launch control (work
-    stealing) when the tiles take more than one wave of clusters, static persistent otherwise.
+    (at most 8); Kb = 256 (a last stage past K is zero-filled). Scheduler: cluster launch
+    control (work stealing) when the tiles take more than one wave of clusters, static
+    persistent otherwise.
     """
     from tk_cute.kernels.gemm.nvfp4_sm100 import Config, SmemBudgetError
 

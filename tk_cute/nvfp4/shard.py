@@ -28,7 +28,7 @@ blocked scales are written as zero, as `quantize` writes them; an original with 
 padding still shards to the bytes `quantize` gives for the slice.
 
 Kernel constraints are not format constraints: a shard the format allows may still be a shape
-a GEMM kernel of some GPU does not take (e.g. the Blackwell W4A4 kernel's K % 256,
+a GEMM kernel of some GPU does not take (e.g. W4A16 on Blackwell / Rubin,
 docs/distributed.md); `tk_cute.nvfp4.gemm` says so when called.
 """
 

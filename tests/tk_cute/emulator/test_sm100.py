@@ -89,6 +89,13 @@ CASES = [
     # two M halves: Rubin's B collector fill / lastuse
     ("sm_107a", 512, 256, 512, "nvfp4", {"Mb": 512, "acc": 1, "depth": 4}),
     ("sm_107a", 200, 264, 512, "bfloat16", {"clusters": 1}),
+    # any K % 16 (a last K stage partly zero-filled), any N (D rows padded then copied), fp32
+    ("sm_100a", 100, 100, 48, "bfloat16", {}),
+    ("sm_103a", 64, 200, 272, "float16", {}),
+    ("sm_100a", 3, 1, 16, "float32", {}),
+    ("sm_107a", 129, 36, 2880, "float32", {}),  # gpt-oss's K; > 256 KiB of shared memory
+    ("sm_100a", 77, 40, 4112, "bfloat16", {"batch": 2}),
+    ("sm_107a", 130, 48, 1040, "nvfp4", {}),
 ]
 
 
@@ -129,8 +136,8 @@ def test_adversarial_schedule(seed):
 
 
 def test_a_call_the_target_has_no_kernel_for():
-    a, b = G.random_operands(64, 64, 48)  # K = 48: K % 256 != 0
-    with pytest.raises(G.NoKernel, match="no kernel for this call on sm_100a.*K % 256"):
+    a, b = G.random_operands(64, 64, 48, activations="bf16")  # W4A16: no tcgen05 kernel yet
+    with pytest.raises(G.NoKernel, match="no kernel for this call on sm_100a.*W4A16"):
         G.gemm(a, b, "bfloat16", arch="sm_100a")
 
 
