@@ -3,11 +3,12 @@
 
 Handlers act on the lanes of `mask` (the lanes at this instruction, narrowed by its guard
 predicate) with numpy arrays of 32 lanes. This module holds the SIMT core: integer, float and
-predicate arithmetic, conversions, moves, loads and stores in every state space, atomics,
-shuffles, votes, `elect`, special registers, branches, named and cluster barriers, mbarriers
-and the no-op fences; the asynchronous engines (TMA, tcgen05, wgmma, cluster launch control)
-register their decoders in `ENGINES` (`tk_cute.emulator.engines`). An opcode nobody decodes is
-an `EmulatorError` naming it, when the kernel is loaded.
+predicate arithmetic, conversions, moves, loads and stores in every state space (and the
+non-bulk `cp.async`), atomics, shuffles, votes, `redux`, `elect`, special registers, branches,
+named and cluster barriers, mbarriers and the no-op fences; the asynchronous engines (TMA,
+tcgen05, wgmma, cluster launch control) register their decoders in `ENGINES`
+(`tk_cute.emulator.engines`). An opcode nobody decodes is an `EmulatorError` naming it, when
+the kernel is loaded.
 """
 
 from __future__ import annotations
@@ -364,6 +365,10 @@ def _binary(ins, m):
     parts = ins.op.split(".")
     if t == "f32x2":
         return _packed_f32(ins, op)
+    if op in ("min", "max") and ("u16x2" in parts or "s16x2" in parts):
+        return _packed_16(ins, op, np.uint16 if "u16x2" in parts else np.int16)
+    if t in ("bf16x2", "f16x2", "bf16") and op in ("mul", "add", "sub", "fma", "min", "max"):
+        return _half_float(ins, op, t)
     dt = V.DTYPES[t]
     wide, hi = "wide" in parts, "hi" in parts
     ftz = "ftz" in parts
@@ -403,11 +408,14 @@ def _binary(ins, m):
                 a // safe
             if V.signed(t):
                 q = np.where((a < 0) ^ (b < 0), -q, q)
-            return np.where(b == 0, np.full_like(a, -1 if not V.signed(t) else 0), q).astype(dt)
+            return np.where(b == 0, np.full_like(a, 0 if V.signed(t) else np.iinfo(dt).max),
+                            q).astype(dt)
         if op == "rem":
             safe = np.where(b == 0, 1, b)
             r = np.fmod(a, safe) if V.signed(t) else a % safe
             return r.astype(dt)
+        if op in ("min", "max") and V.is_float(t) and "NaN" in parts:  # NaN if either is
+            return (np.minimum if op == "min" else np.maximum)(a, b)
         if op == "min":
             return np.fmin(a, b) if V.is_float(t) else np.minimum(a, b)
         if op == "max":
@@ -434,6 +442,98 @@ def _binary(ins, m):
         c = read(w, ins.args[3], out_t) if nsrc == 3 else None
         with np.errstate(all="ignore"):
             write(w, ins.args[0], f(a, b, c), mask)
+    return run
+
+
+def _packed_16(ins, op, dt):
+    """min / max .u16x2 / .s16x2: each 16-bit half on its own."""
+    f = np.minimum if op == "min" else np.maximum
+
+    def run(w, mask):
+        a, b = (read(w, x, "b32").view(dt).reshape(32, 2) for x in ins.args[1:3])
+        write(w, ins.args[0], f(a, b).astype(dt).reshape(-1).view(np.uint32), mask)
+    return run
+
+
+def _half_float(ins, op, t):
+    """mul / min / max of .bf16 and of .bf16x2 / .f16x2 pairs (one per 16-bit half, low
+    first): a product of two 16-bit floats is exact in float32, then rounded once to nearest
+    even (the ISA's .rn, the default). add / sub / fma, .ftz and .sat raise when executed (a
+    float64 sum rounded to 16 bits through float32 could round twice)."""
+    if op not in ("mul", "min", "max") or "ftz" in ins.op.split(".") or "sat" in ins.op:
+        def unsupported(w, mask):
+            if mask.any():
+                raise EmulatorError(f"PTX line {ins.line}: `{ins.op}` is not emulated")
+        return unsupported
+    bf = t.startswith("bf")
+    pair = t.endswith("x2")
+    nan = "NaN" in ins.op.split(".")
+
+    def to_f32(r):  # (32,) raw -> (32, halves) float32
+        h = (r.view(np.uint32).reshape(32, 1) >> np.array([0, 16], np.uint32)) & 0xFFFF if pair \
+            else r.astype(np.uint32).reshape(32, 1)
+        h = h.astype(np.uint16)
+        return V.bf16_to_f32(h) if bf else h.view(np.float16).astype(np.float32)
+
+    def run(w, mask):
+        a, b = (to_f32(read(w, x, "b32" if pair else "b16")) for x in ins.args[1:3])
+        if op == "mul":
+            r = a * b  # exact in float32 (8 + 8 or 11 + 11 significant bits)
+        elif nan:
+            r = (np.minimum if op == "min" else np.maximum)(a, b)
+        else:
+            r = (np.fmin if op == "min" else np.fmax)(a, b)
+        h = V.f32_to_bf16(r) if bf else r.astype(np.float16).view(np.uint16)
+        h = h.astype(np.uint32)
+        v = (h[:, 0] | (h[:, 1] << np.uint32(16))) if pair else h[:, 0]
+        write(w, ins.args[0], v.astype(np.uint32 if pair else np.uint16), mask)
+    return run
+
+
+def _lop3(ins, m):
+    """lop3.b32 d, a, b, c, immLut: bit i of d is bit (a_i << 2 | b_i << 1 | c_i) of immLut
+    (the table of F(0xF0, 0xCC, 0xAA))."""
+    if "|" in ins.args[0] or len(ins.args) != 5:
+        raise EmulatorError(f"PTX line {ins.line}: `{ins.op}` with a predicate is not emulated")
+
+    def run(w, mask):
+        a, b, c = (read(w, x, "b32").astype(np.uint64) for x in ins.args[1:4])
+        lut = int(read(w, ins.args[4], "b32")[0]) & 0xFF
+        r = np.zeros(32, np.uint64)
+        for i in range(8):
+            if lut >> i & 1:
+                r |= ((a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c))
+        write(w, ins.args[0], (r & np.uint64(0xFFFFFFFF)).astype(np.uint32), mask)
+    return run
+
+
+CP_ASYNC = ("cp.async.ca.", "cp.async.cg.", "cp.async.commit_group", "cp.async.wait_group",
+            "cp.async.wait_all")
+
+
+def _cp_async(ins, m):
+    """The non-bulk `cp.async.{ca,cg}.shared{::cta}.global [dst], [src], cp-size{, src-size}
+    {, cache-policy}` (bytes past src-size are zeros) and its commit / wait groups. The copy
+    lands when the instruction runs (the order a correct kernel waits for); a read before its
+    wait_group is not detected. The ignore-src predicate and `.mbarrier` completion are not
+    emulated (an error when the kernel is loaded)."""
+    if not ins.op.startswith(("cp.async.ca.", "cp.async.cg.")):
+        return lambda w, mask: None  # commit_group / wait_group / wait_all
+    extra = list(ins.args[3:])
+    if "cache_hint" in ins.op and extra:
+        extra.pop()  # the cache policy
+    if len(extra) > 1 or any(m.reg_types.get(x) == "pred" for x in extra):
+        raise EmulatorError(f"PTX line {ins.line}: `{ins.op}` with ignore-src is not emulated")
+    size = int(ins.args[2], 0)
+
+    def run(w, mask):
+        if not mask.any():
+            return
+        src_size = (read(w, extra[0], "u32").astype(np.int64) if extra
+                    else np.full(32, size, np.int64))
+        data = load(w, "global", address(w, ins.args[1]), size, mask & (src_size > 0))
+        data[np.arange(size)[None, :] >= src_size[:, None]] = 0
+        store(w, "shared", address(w, ins.args[0]), data, mask)
     return run
 
 
@@ -831,6 +931,28 @@ def _vote(ins, m):
     return run
 
 
+def _redux(ins, m):
+    """redux.sync.{add,min,max}.{u32,s32} / .{and,or,xor}.b32 d, a, membermask: every lane of
+    the mask (those executing it) gets the reduction over them (sum mod 2^32)."""
+    op = ins.op.split(".")[2]
+    t = type_of(ins)
+
+    def run(w, mask):
+        members = mask & ((read(w, ins.args[2], "u32")[0] >> w.lane) & 1).astype(bool)
+        if not members.any():
+            return
+        a = read(w, ins.args[1], t)[members]
+        if op == "add":
+            v = int(a.astype(np.int64).sum()) & 0xFFFFFFFF
+        elif op in ("min", "max"):
+            v = int(a.min() if op == "min" else a.max()) & 0xFFFFFFFF
+        else:
+            v = int({"and": np.bitwise_and, "or": np.bitwise_or,
+                     "xor": np.bitwise_xor}[op].reduce(a.astype(np.uint32)))
+        write(w, ins.args[0], np.full(32, v, np.uint32), members)
+    return run
+
+
 def _elect(ins, m):
     dsts = ins.args[0].split("|")
 
@@ -873,7 +995,11 @@ def _trap(ins, m):
 
 
 def _bar(ins, m):
-    """bar.sync / barrier.sync / bar.arrive id[, count]: warps count 32 threads each."""
+    """bar.sync / barrier.sync / bar.arrive id[, count]: warps count 32 threads each.
+    bar.warp.sync membermask: the warp's lanes of the mask converge (a warp runs in lockstep
+    here: a mask lane that is live but elsewhere is a `diverged-aligned` hazard)."""
+    if ins.op.startswith("bar.warp.sync"):
+        return _warp_sync(ins)
     arrive_only = ".arrive" in ins.op
 
     def run(w, mask):
@@ -902,6 +1028,20 @@ def _bar(ins, m):
             raise Block(lambda: b["gen"] != gen,
                         f"named barrier {bid} ({b['arrived']} of {b['count']} threads arrived)")
         del w.state[key]
+    return run
+
+
+def _warp_sync(ins):
+    def run(w, mask):
+        if not mask.any():
+            return
+        members = ((read(w, ins.args[0], "u32")[mask][0] >> w.lane.astype(np.uint32)) & 1
+                   ).astype(bool)
+        stray = members & ~w.exited & ~mask
+        if stray.any():
+            w.cta.machine.hazard("diverged-aligned", ins.line, f"{w.where} executes "
+                                 f"`{ins.op}` with lanes {np.nonzero(stray)[0].tolist()} of its "
+                                 f"mask elsewhere")
     return run
 
 
@@ -1026,6 +1166,10 @@ def _mbarrier(ins, m):
                 raise Block(lambda: all(d() for _, d in waits),
                             f"mbarrier (initialized at line {b.line}) wait: phase {b.phase}, "
                             f"{b.pending} of {b.expected} arrivals and tx-count {b.tx} pending")
+            if "parity" in parts:
+                for b, d in waits:
+                    if d():
+                        _check_lap(w, b, ins)
             write(w, ins.args[0], ok, mask)
             return
         if kind == "inval":
@@ -1034,6 +1178,20 @@ def _mbarrier(ins, m):
             return
         raise EmulatorError(f"{ins.op} is not emulated")
     return run
+
+
+def _check_lap(w, b: MBarrier, ins):
+    """A parity wait tells phases apart only from the one before (PTX ISA 9.7.13.15.16): a warp
+    whose successful waits on one barrier see it two or more phases on has lapped it, and its
+    wait may have been answered by an older phase than it meant (`parity-lap`)."""
+    key = ("phase", id(b))
+    last = w.state.get(key)
+    if last is not None and b.phase - last >= 2:
+        w.cta.machine.hazard("parity-lap", ins.line, f"{w.where} waits on the mbarrier "
+                             f"initialized at line {b.line} at phase {b.phase}; its previous "
+                             f"wait there saw phase {last}: a parity wait more than one phase "
+                             f"old")
+    w.state[key] = b.phase
 
 
 TX_LIMIT = (1 << 20) - 1
@@ -1065,7 +1223,8 @@ DECODERS = {
     "sqrt": _unary, "rsqrt": _unary, "ex2": _unary, "lg2": _unary, "sin": _unary,
     "cos": _unary, "tanh": _unary, "setp": _setp, "selp": _selp, "mov": _mov, "cvt": _cvt,
     "cvta": _cvta, "mapa": _mapa, "bfe": _bfe, "bfi": _bfi, "prmt": _prmt, "shfl": _shfl,
-    "vote": _vote, "elect": _elect, "activemask": _activemask, "bra": _bra, "ret": _ret,
+    "vote": _vote, "redux": _redux, "elect": _elect, "activemask": _activemask, "bra": _bra,
+    "ret": _ret, "lop3": _lop3,
     "exit": _ret, "trap": _trap, "bar": _bar, "barrier": _bar, "mbarrier": _mbarrier,
 }
 
@@ -1080,6 +1239,8 @@ def decode(ins, m):
         inner = _cluster_barrier(ins, m)
     elif ins.op.startswith(NOOP):
         inner = _noop(ins, m)
+    elif ins.op.startswith(CP_ASYNC):
+        inner = _cp_async(ins, m)
     else:
         eng = next((d for p, d in ENGINES.items() if ins.op.startswith(p)), None)
         dec = eng or DECODERS.get(ins.base)

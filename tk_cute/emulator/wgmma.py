@@ -515,6 +515,53 @@ def _ldmatrix(ins, m):
     return run
 
 
+# --- mma.sync (warp-level MMA) ---------------------------------------------------------------
+def _mma_sync(ins, m):
+    """`mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 d, a, b, c` (PTX ISA
+    9.7.14.5.8, "Matrix Fragments for mma.m16n8k16 with floating point type"): for lane l,
+    group g = l / 4, t = l % 4: A element i < 8 (two per register, low half first) at row
+    g + 8 ((i / 2) % 2), column 2t + i % 2 + 8 (i / 4); B element i < 4 at row (K)
+    2t + i % 2 + 8 (i / 2), column (N) g; C / D element i < 4 at row g + 8 (i / 2), column
+    2t + i % 2. Arithmetic as wgmma's: exact products summed with the accumulator in
+    float64, rounded once to float32."""
+    parts = ins.op.split(".")
+    shape = next((p for p in parts if p.startswith("m") and p[1:2].isdigit()), "")
+    types = [p for p in parts if p in ("f32", "bf16", "f16")]
+    if (shape != "m16n8k16" or "row" not in parts or "col" not in parts or len(types) != 4
+            or types[0] != "f32" or types[3] != "f32" or types[1] != types[2]):
+        raise EmulatorError(f"PTX line {ins.line}: `{ins.op}` is not emulated (only "
+                            f"m16n8k16.row.col f32 += bf16 / f16 x bf16 / f16)")
+    t = types[1]
+    d, a, b, c = (isa.vec(x) for x in ins.args)
+    lane = np.arange(32)
+    g, q = lane // 4, lane % 4
+    i8, i4 = np.arange(8)[:, None], np.arange(4)[:, None]
+    a_row, a_col = g + 8 * ((i8 // 2) % 2), 2 * q + i8 % 2 + 8 * (i8 // 4)  # (8, 32)
+    b_k, b_n = 2 * q + i4 % 2 + 8 * (i4 // 2), np.broadcast_to(g, (4, 32))
+    c_row, c_col = g + 8 * (i4 // 2), 2 * q + i4 % 2
+
+    def halves(w, regs):  # (2 len(regs), 32) 16-bit elements, low half first
+        r = np.stack([isa.read(w, x, "b32") for x in regs])
+        return np.stack([r & np.uint32(0xFFFF), r >> np.uint32(16)], axis=1).reshape(
+            -1, 32).astype(np.uint16)
+
+    def run(w, mask):
+        if not mask.any():
+            return
+        isa._aligned_check(w, mask, ins)
+        ea, eb = halves(w, a), halves(w, b)
+        A, B = np.zeros((16, 16)), np.zeros((16, 8))
+        A[a_row, a_col] = _decode(ea[..., None].view(np.uint8), t)
+        B[b_k, b_n] = _decode(eb[..., None].view(np.uint8), t)
+        C = np.zeros((16, 8))
+        C[c_row, c_col] = np.stack([isa.read(w, x, "f32") for x in c]).astype(np.float64)
+        D = (A @ B + C).astype(np.float32)
+        for i, x in enumerate(d):
+            isa.write(w, x, D[c_row[i], c_col[i]].view(np.uint32), mask)
+    return run
+
+
 isa.ENGINES["wgmma."] = _wgmma
+isa.ENGINES["mma.sync."] = _mma_sync
 isa.ENGINES["stmatrix."] = _stmatrix
 isa.ENGINES["ldmatrix."] = _ldmatrix
