@@ -11,7 +11,8 @@ import this package.
 
 In torch models (docs/torch.md): `Linear` and `quantize_` (`modules`), the custom ops
 ``torch.ops.tk_cute.{nvfp4_quantize, nvfp4_gemm, gemm}`` that `torch.compile` traces (`ops`,
-registered on import), and conversions to and from torchao and FlashInfer (`interop`).
+registered on import), conversions to and from torchao and FlashInfer (`interop`), and NVFP4
+checkpoints in ModelOpt's and compressed-tensors' formats (`checkpoint`).
 """
 
 from tk_cute.layouts.nvfp4_scales import (
@@ -22,6 +23,16 @@ from tk_cute.layouts.nvfp4_scales import (
 )
 
 from . import ops  # noqa: F401 - registers torch.ops.tk_cute.* (the custom ops)
+from .checkpoint import (
+    LoadReport,
+    checkpoint_state_dict,
+    from_compressed_tensors,
+    from_modelopt,
+    load_checkpoint,
+    save_checkpoint,
+    to_compressed_tensors,
+    to_modelopt,
+)
 from .format import (
     E2M1_MAX,
     E2M1_VALUES,
@@ -41,7 +52,7 @@ from .format import (
 )
 from .gemm import Plan, gemm, plan
 from .interop import FlashInferNVFP4, from_flashinfer, from_torchao, to_flashinfer, to_torchao
-from .modules import Linear, linear, quantize_
+from .modules import Linear, QuantizePlan, linear, quantize_, quantize_plan
 from .quantize import quantize, quantize_reference
 from .reference import gemm_reference, w4a16_reference
 from .shard import shard, unshard
@@ -54,33 +65,43 @@ __all__ = [
     "E4M3_VALUES",
     "FlashInferNVFP4",
     "Linear",
+    "LoadReport",
     "NVFP4Tensor",
     "Plan",
+    "QuantizePlan",
     "SCALE_FORMATS",
     "TransposedNVFP4",
     "UE5M3_MAX",
     "UE5M3_VALUES",
     "blocked_offset",
     "blocked_shape",
+    "checkpoint_state_dict",
     "dequantize",
     "e2m1_decode",
     "e2m1_encode_rne",
     "e4m3_decode",
     "e4m3_encode_rne",
     "from_blocked",
+    "from_compressed_tensors",
     "from_flashinfer",
+    "from_modelopt",
     "from_torchao",
     "gemm",
     "gemm_reference",
     "linear",
+    "load_checkpoint",
     "pack_fp4",
     "plan",
     "quantize",
     "quantize_",
+    "quantize_plan",
     "quantize_reference",
+    "save_checkpoint",
     "shard",
     "to_blocked",
+    "to_compressed_tensors",
     "to_flashinfer",
+    "to_modelopt",
     "to_torchao",
     "ue5m3_decode",
     "ue5m3_encode_rne",

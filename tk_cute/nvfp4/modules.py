@@ -12,7 +12,8 @@
   the functions the ops wrap directly (`_gemm`: the dispatcher costs more host time than a decode
   GEMM). A CUDA forward has no host sync either way (CUDA-graph capturable).
 - `quantize_(model, filter_fn=None, activations=...)`: swaps matching ``nn.Linear`` children in
-  place (torchao's ``quantize_`` convention: ``filter_fn(module, fqn) -> bool``).
+  place (torchao's ``quantize_`` convention: ``filter_fn(module, fqn) -> bool``); by default
+  it skips what it cannot serve (`quantize_plan` says what it swaps and skips, and why).
 - `linear(x, w, bias)`: the functional form, also what ``F.linear(x, w)`` runs for an
   NVFP4Tensor ``w`` (`torch_function`).
 
@@ -32,6 +33,27 @@ from amax is non-finite); set ``Linear.check_finite = True`` to raise instead (o
 call, not capturable in a CUDA graph). CPU forwards always raise ValueError. W4A16 forwards pass
 NaN/Inf through the products as any GEMM does.
 
+Validation: every NVFP4 weight is checked once where it is made or loaded: `quantize` and the
+`NVFP4Tensor` constructor check their values, and ``Linear.load_state_dict`` checks the tensors
+it is given BEFORE copying them in (scale bytes that decode to NaN or have the sign bit set; a
+decode scale that is NaN, Inf, zero, negative or below 2^-126; dtypes and shapes), so a bad state
+dict raises and leaves the module as it was. ``trusted=True`` (constructor, `Linear.from_nvfp4`,
+`tk_cute.nvfp4.checkpoint`) skips the value checks (one host read per layer: a CUDA sync at load
+time). In-place writes to the buffers (``layer.weight_scales[...] = ...``,
+``layer.weight_global_scale.fill_(...)``, or through the parts of ``layer.weight``) are NOT
+checked: they are the caller's responsibility; `Linear.validate` checks the current buffers.
+
+dtypes: the module's floating tensors are the bias (the model's dtype) and the decode scale
+(always float32). ``model.to(dtype)`` / ``.half()`` / ``.bfloat16()`` cast the bias only (the
+uint8 codes and scale bytes are not floating; `Linear._apply` keeps the decode scale float32), so
+an fp32 or fp16 model keeps working after `quantize_`: W4A16 forwards cast non-bfloat16
+activations to bfloat16 for the kernel and cast D back to the input's dtype (float32: exact;
+float16: values beyond 65504 become inf), then add the bias; W4A4 forwards quantize float32 /
+bfloat16 / float16 activations as they are and return that dtype. ``parameters()`` is empty
+(nothing is trainable: an optimizer built on a quantized model gets no parameter of these
+layers); the parts are buffers (``named_buffers()``, ``state_dict()``). An empty batch ((0, K),
+(B, 0, K)) returns an empty output of the output's dtype without a kernel launch.
+
 Autograd: inference only. A forward whose input requires grad while grad mode is on raises
 RuntimeError (a graph silently cut at the layer would train the rest of a model wrongly); run
 under ``torch.no_grad()`` / ``torch.inference_mode()`` or detach the input. The weights are
@@ -41,7 +63,9 @@ global scale.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -49,8 +73,18 @@ from torch import nn
 
 from tk_cute.layouts.nvfp4_scales import blocked_shape
 
-from .quantize import quantize
-from .tensor import NVFP4Tensor, TransposedNVFP4, codes_storage, describe, padded_codes
+from .format import F32_MIN_NORMAL
+from .quantize import SUPPORTED_DTYPES, quantize
+from .tensor import (
+    NVFP4Tensor,
+    TransposedNVFP4,
+    codes_storage,
+    describe,
+    normalize_parts,
+    padded_codes,
+)
+
+_log = logging.getLogger("tk_cute.nvfp4")
 
 ACTIVATIONS = ("bf16", "nvfp4")
 _MATMULS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.Tensor.mm)
@@ -73,24 +107,34 @@ class Linear(nn.Module):
     """``y = x @ W^T (+ bias)`` with NVFP4 weights W (N, K) (module docstring).
 
     Build one with `Linear.from_linear` (quantizes an ``nn.Linear``) or `Linear.from_nvfp4`; the
-    constructor makes a zero-weight module of the right shapes to load a state dict into.
+    constructor makes a zero-weight module of the right shapes to load a state dict into
+    (`load_state_dict` checks what it loads, module docstring "Validation").
 
     Args:
         in_features: K, a multiple of 16.
         out_features: N.
         bias: whether the module has a bias.
-        activations: "bf16" (W4A16: x must be bfloat16; output bfloat16) or "nvfp4" (W4A4: x
+        activations: "bf16" (W4A16: bfloat16 activations into the kernel; float32 / float16
+            ones are cast to bfloat16 and D cast back to their dtype) or "nvfp4" (W4A4: x
             float32 / bfloat16 / float16, quantized per call; output in x's dtype).
         device: where the buffers live.
         dtype: the bias dtype (the model's dtype; default bfloat16).
+        input_scale: whether the module carries a static activation decode scale
+            (``input_global_scale``, float32 0-dim), as NVFP4 checkpoints calibrated for W4A4
+            ship one (ModelOpt's ``input_scale``, compressed-tensors' ``input_global_scale``).
+            It is kept so that a loaded checkpoint saves back whole; forwards do not use it
+            (W4A4 computes the activations' global scale from their amax on every call).
+        trusted: skip the value checks when loading a state dict (module docstring).
 
     Attributes:
         check_finite: W4A4 only: quantize the activations with a NaN/Inf check (one host sync
             per call on CUDA). Default False.
+        trusted: as the argument; may be set at any time.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, *,
-                 activations: str = "bf16", device=None, dtype: torch.dtype = torch.bfloat16):
+                 activations: str = "bf16", device=None, dtype: torch.dtype = torch.bfloat16,
+                 input_scale: bool = False, trusted: bool = False):
         super().__init__()
         if in_features < 16 or in_features % 16 or out_features < 1:
             raise ValueError(f"NVFP4 Linear needs in_features a positive multiple of 16 and "
@@ -98,6 +142,7 @@ class Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.activations = _check_activations(activations)
         self.check_finite = False
+        self.trusted = bool(trusted)
         u8 = {"dtype": torch.uint8, "device": device}
         self.register_buffer("weight_data",
                              codes_storage((out_features, in_features), device).zero_())
@@ -107,19 +152,26 @@ class Linear(nn.Module):
                              torch.ones((), dtype=torch.float32, device=device))
         bias_t = torch.zeros(out_features, dtype=dtype, device=device) if bias else None
         self.register_buffer("bias", bias_t)
+        gs_in = torch.ones((), dtype=torch.float32, device=device) if input_scale else None
+        self.register_buffer("input_global_scale", gs_in)
 
     @classmethod
     def from_nvfp4(cls, weight: NVFP4Tensor, bias: torch.Tensor | None = None, *,
-                   activations: str = "bf16") -> Linear:
+                   activations: str = "bf16", input_global_scale: torch.Tensor | None = None,
+                   trusted: bool = False) -> Linear:
         """A module holding `weight` (a 2-D (N, K) NVFP4Tensor; its parts are used, not
-        copied) and an optional bias (N,)."""
+        copied), an optional bias (N,) and an optional static activation decode scale
+        (`input_global_scale`, see the class docstring). `weight` was checked when it was made
+        (unless it came from `NVFP4Tensor.trusted`); the input scale is checked here unless
+        `trusted`."""
         if not isinstance(weight, NVFP4Tensor) or weight.ndim != 2:
             raise TypeError(f"Linear.from_nvfp4 takes a 2-D NVFP4Tensor, got {describe(weight)} "
                             f"of shape {tuple(getattr(weight, 'shape', ()))}")
         _ue4m3_parts(weight, "Linear.from_nvfp4")
         N, K = weight.shape
         dtype = bias.dtype if bias is not None else torch.bfloat16
-        mod = cls(K, N, bias is not None, activations=activations, device="meta", dtype=dtype)
+        mod = cls(K, N, bias is not None, activations=activations, device="meta", dtype=dtype,
+                  input_scale=input_global_scale is not None, trusted=trusted)
         mod.weight_data, mod.weight_scales = weight.data, weight.scales
         mod.weight_global_scale = weight.global_scale
         if bias is not None:
@@ -127,6 +179,11 @@ class Linear(nn.Module):
                 raise ValueError(f"bias must be ({N},) on {weight.device}, got "
                                  f"{tuple(bias.shape)} on {bias.device}")
             mod.bias = bias.detach()
+        if input_global_scale is not None:
+            gs = _scale_part(input_global_scale, "input_global_scale", weight.device)
+            if not trusted:
+                _check_decode_scale(gs, "input_global_scale")
+            mod.input_global_scale = gs
         return mod
 
     @classmethod
@@ -147,9 +204,66 @@ class Linear(nn.Module):
     @property
     def weight(self) -> NVFP4Tensor:
         """The weights as an NVFP4Tensor viewing the buffers (``F.linear(x, m.weight,
-        m.bias)`` equals ``m(x)`` for W4A16)."""
+        m.bias)`` equals ``m(x)`` for W4A16). Writing into its parts writes the buffers,
+        unchecked (module docstring)."""
         return NVFP4Tensor.trusted(self.weight_data, self.weight_scales,
                                    self.weight_global_scale, (self.out_features, self.in_features))
+
+    def validate(self) -> None:
+        """Check the current buffers as loading does (values, dtypes, shapes): ValueError
+        naming the first bad value. Reads them on the host (a CUDA sync); meta buffers pass."""
+        self._check_parts(self.weight_data, self.weight_scales, self.weight_global_scale,
+                          getattr(self, "input_global_scale", None), "")
+
+    def _check_parts(self, data, scales, gs, gs_in, where: str) -> None:
+        shape = (self.out_features, self.in_features)
+        try:
+            if gs.device.type == "meta":  # shapes only (the constructor skips values too)
+                normalize_parts(data, scales, gs, shape)
+            else:
+                NVFP4Tensor(data, scales, gs, shape)  # the checking constructor
+            if gs_in is not None:
+                _check_decode_scale(gs_in, "input_global_scale")
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"NVFP4 Linear{where} ({self.out_features} x {self.in_features}): "
+                             f"{e}") from None
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # Checked BEFORE anything is copied in: a bad state dict raises (load_state_dict turns
+        # error_msgs into a RuntimeError) and leaves the module as it was. copy_ would cast
+        # silently (float8 scale VALUES into uint8 bytes), so the dtypes must match exactly.
+        want = {"weight_data": torch.uint8, "weight_scales": torch.uint8,
+                "weight_global_scale": torch.float32, "input_global_scale": torch.float32}
+        got = {}
+        for name, dtype in want.items():
+            t = state_dict.get(prefix + name)
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor) or t.dtype != dtype:
+                error_msgs.append(f"{prefix}{name}: NVFP4 Linear needs a {dtype} tensor, got "
+                                  f"{getattr(t, 'dtype', type(t).__name__)} (convert checkpoints "
+                                  f"of other formats with tk_cute.nvfp4.checkpoint)")
+                return
+            got[name] = t
+        if "input_global_scale" in got and getattr(self, "input_global_scale", None) is None:
+            # a checkpoint with a static activation scale: carry it (class docstring)
+            self.input_global_scale = torch.ones((), dtype=torch.float32,
+                                                 device=self.weight_global_scale.device)
+        if got and not getattr(self, "trusted", False):
+            try:
+                self._check_parts(got.get("weight_data", self.weight_data),
+                                  got.get("weight_scales", self.weight_scales),
+                                  got.get("weight_global_scale", self.weight_global_scale),
+                                  got.get("input_global_scale"),
+                                  f" {prefix[:-1]!r}" if prefix else "")
+            except ValueError as e:
+                error_msgs.append(str(e))
+                return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        # assign=True puts the state dict's own tensors in: give the codes their row pitch
+        self.weight_data = padded_codes(self.weight_data, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _no_grad_input(x, "tk_cute.nvfp4.Linear")
@@ -157,32 +271,142 @@ class Linear(nn.Module):
             raise ValueError(f"input's last dim is {x.shape[-1]}, this Linear takes "
                              f"in_features={self.in_features}")
         w = (self.weight_data, self.weight_scales, self.weight_global_scale)
+        out_shape = (*x.shape[:-1], self.out_features)
         if self.activations == "nvfp4":
-            a = _quantize(x.reshape(-1, self.in_features), self.check_finite)
-            y = _gemm(a, w, x.dtype).reshape(*x.shape[:-1], self.out_features)
+            if x.dtype not in SUPPORTED_DTYPES:
+                raise TypeError(f"W4A4 Linear takes float32, bfloat16 or float16 activations, "
+                                f"got {x.dtype}")
+            if x.numel() == 0:
+                y = x.new_zeros(out_shape)
+            else:
+                a = _quantize(x.reshape(-1, self.in_features), self.check_finite)
+                y = _gemm(a, w, x.dtype).reshape(out_shape)
         else:
-            if x.dtype != torch.bfloat16:
-                raise TypeError(f"W4A16 Linear takes bfloat16 activations, got {x.dtype} (cast "
-                                f"the model with .to(torch.bfloat16), or use activations='nvfp4')")
-            y = _gemm(x, w, torch.bfloat16)
+            if x.dtype not in SUPPORTED_DTYPES:
+                raise TypeError(f"W4A16 Linear takes bfloat16 activations (float32 and float16 "
+                                f"are cast to bfloat16 and back), got {x.dtype}")
+            if x.numel() == 0:
+                y = x.new_zeros(out_shape)
+            elif x.dtype == torch.bfloat16:
+                y = _gemm(x, w, torch.bfloat16)
+            else:  # the kernels take bfloat16 activations: cast in, and D back out
+                y = _gemm(x.to(torch.bfloat16), w, torch.bfloat16).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
     def _apply(self, fn, recurse=True):
-        # Module.to(dtype) / .half() cast every floating buffer: the decode scale must stay
-        # float32 (the kernels read it so), so it only follows the device.
+        # Module.to(dtype) / .half() cast every floating buffer: the decode scales must stay
+        # float32 (the kernels read them so), so they only follow the device.
         # A move copies the codes contiguous, dropping the 16-byte row padding of K % 32 != 0
         # (`tensor.padded_codes`): pad them again here, once, not in every forward.
-        gs = self.weight_global_scale
+        scales = {n: getattr(self, n, None)
+                  for n in ("weight_global_scale", "input_global_scale")}
         out = super()._apply(fn, recurse)
-        moved = self.weight_global_scale
-        if moved.dtype != torch.float32:
-            self.weight_global_scale = gs.to(moved.device)
+        for name, before in scales.items():
+            moved = getattr(self, name, None)
+            if moved is not None and moved.dtype != torch.float32:
+                setattr(self, name, before.to(moved.device))
         self.weight_data = padded_codes(self.weight_data, self.in_features)
         return out
 
     def extra_repr(self) -> str:
+        carried = getattr(self, "input_global_scale", None) is not None
+        static = ", input_scale=True" if carried else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, activations={self.activations!r}")
+                f"bias={self.bias is not None}, activations={self.activations!r}{static}")
+
+
+def _scale_part(t, what: str, device) -> torch.Tensor:
+    """A one-element float32 tensor (or Python number) as a float32 0-dim tensor on `device`."""
+    t = torch.as_tensor(t)
+    if t.numel() != 1 or not t.dtype.is_floating_point:
+        raise ValueError(f"{what} must be one floating value, got {t.dtype} "
+                         f"{tuple(t.shape)}")
+    return t.detach().reshape(()).to(device=device, dtype=torch.float32)
+
+
+def _check_decode_scale(gs: torch.Tensor, what: str) -> None:
+    """A decode scale must be positive, finite and at least 2^-126 (as `quantize` requires of a
+    given one): one host read (meta tensors pass)."""
+    if gs.device.type == "meta":
+        return
+    value = float(gs)
+    if not (value >= F32_MIN_NORMAL and value != float("inf")):  # also catches NaN
+        raise ValueError(f"{what} (a decode scale) must be positive, finite and at least "
+                         f"2**-126, got {value!r}")
+
+
+# ---------------------------------------------------------------- quantize_
+
+
+@dataclass
+class QuantizePlan:
+    """What `quantize_` swaps (`swap`, fully qualified names) and what it skips (`skip`:
+    name -> reason), parents before children. A module shared by several parents is listed
+    under each name it has."""
+
+    swap: list[str] = field(default_factory=list)
+    skip: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"NVFP4 quantize_: {len(self.swap)} nn.Linear swapped, {len(self.skip)} skipped"]
+        lines += [f"  skipped {name}: {why}" for name, why in self.skip.items()]
+        return "\n".join(lines)
+
+
+def _unservable(child: nn.Module, parent: nn.Module) -> str | None:
+    """Why `quantize_` cannot serve this nn.Linear, or None."""
+    if isinstance(parent, nn.MultiheadAttention) or isinstance(
+            child, nn.modules.linear.NonDynamicallyQuantizableLinear):
+        return ("its parent reads .weight as a dense tensor (nn.MultiheadAttention's out_proj, "
+                "multiplied by F.multi_head_attention_forward itself)")
+    if child.in_features % 16:
+        return (f"in_features={child.in_features} is not a multiple of 16 (one NVFP4 scale per "
+                f"16 K elements)")
+    return None
+
+
+def quantize_plan(model: nn.Module,
+                  filter_fn: Callable[[nn.Module, str], bool] | None = None) -> QuantizePlan:
+    """What `quantize_(model, filter_fn)` would swap and skip, without changing anything.
+
+    Raises:
+        as `quantize_` does for a `filter_fn` that selects what cannot be swapped.
+    """
+    return _plan(model, filter_fn)[0]
+
+
+def _plan(model, filter_fn):
+    if not isinstance(model, nn.Module) or isinstance(model, nn.Linear):
+        raise TypeError(f"quantize_ swaps the nn.Linear children of a model; got "
+                        f"{type(model).__name__} (for one layer use Linear.from_linear)")
+    plan, slots = QuantizePlan(), []
+    for name, parent in list(model.named_modules()):
+        # _modules, not named_children: that skips a second slot holding a module already seen
+        for child_name, child in list(parent._modules.items()):
+            if child is None:
+                continue
+            fqn = f"{name}.{child_name}" if name else child_name
+            if filter_fn is None:
+                if not isinstance(child, nn.Linear):
+                    continue
+                why = _unservable(child, parent)
+                if why is not None:
+                    plan.skip[fqn] = why
+                    continue
+            else:
+                if not filter_fn(child, fqn):
+                    continue
+                if not isinstance(child, nn.Linear):
+                    raise TypeError(f"quantize_: filter_fn selected {fqn!r}, a "
+                                    f"{type(child).__name__}; only nn.Linear modules are swapped")
+                why = _unservable(child, parent)
+                if why is not None:
+                    raise ValueError(f"quantize_: filter_fn selected {fqn!r}, which NVFP4 cannot "
+                                     f"serve: {why}; exclude it with filter_fn (or pass "
+                                     f"filter_fn=None, which skips such layers)")
+            plan.swap.append(fqn)
+            slots.append((parent, child_name, child))
+    return plan, slots
 
 
 def quantize_(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] | None = None, *,
@@ -190,45 +414,38 @@ def quantize_(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] | No
     """Swap every matching ``nn.Linear`` of `model` for an NVFP4 `Linear`, in place.
 
     Args:
-        model: the model (not itself an ``nn.Linear``: use `Linear.from_linear`).
-        filter_fn: ``filter_fn(module, fqn) -> bool`` selects modules to swap (default: every
-            ``nn.Linear``); it must select only ``nn.Linear`` modules. A module shared by
-            several parents is quantized once and stays shared. Exclude layers whose parent
-            reads ``.weight`` as a dense tensor (``nn.MultiheadAttention.out_proj``).
+        model: the model (not itself an ``nn.Linear``: use `Linear.from_linear`), in any
+            floating dtype: bfloat16, float16 and float32 models all run after the swap (the
+            module docstring's "dtypes": W4A16 casts non-bfloat16 activations to bfloat16 for
+            the kernel and the result back).
+        filter_fn: ``filter_fn(module, fqn) -> bool`` selects modules to swap. Default (None):
+            every ``nn.Linear`` that NVFP4 can serve, skipping (as torchao's default filter
+            does) ``nn.MultiheadAttention``'s ``out_proj``, whose parent reads ``.weight`` as a
+            dense tensor, and layers whose in_features is not a multiple of 16. A given
+            filter_fn must select only ``nn.Linear`` modules NVFP4 can serve (anything else
+            raises, naming the module). A module shared by several parents is quantized once
+            and stays shared.
         activations: "bf16" (W4A16) or "nvfp4" (W4A4), see `Linear`.
 
     Returns:
-        `model`.
+        `model`. What was swapped and what was skipped (with the reason) is logged at INFO
+        level on the ``tk_cute.nvfp4`` logger; `quantize_plan` returns it as a `QuantizePlan`
+        without changing the model.
 
     Raises:
         TypeError: `model` is an ``nn.Linear`` or not a module, or `filter_fn` selected a
             module that is not an ``nn.Linear``.
-        ValueError: a selected Linear's in_features is not a multiple of 16 (its name is in the
-            message: exclude it with `filter_fn`), or `activations` is unknown.
+        ValueError: `filter_fn` selected a Linear NVFP4 cannot serve (its name and the reason
+            are in the message), or `activations` is unknown.
     """
-    if not isinstance(model, nn.Module) or isinstance(model, nn.Linear):
-        raise TypeError(f"quantize_ swaps the nn.Linear children of a model; got "
-                        f"{type(model).__name__} (for one layer use Linear.from_linear)")
     _check_activations(activations)
+    plan, slots = _plan(model, filter_fn)
     done: dict[int, Linear] = {}
-    for name, parent in list(model.named_modules()):
-        # _modules, not named_children: that skips a second slot holding a module already seen
-        for child_name, child in list(parent._modules.items()):
-            if child is None:
-                continue
-            fqn = f"{name}.{child_name}" if name else child_name
-            chosen = isinstance(child, nn.Linear) if filter_fn is None else filter_fn(child, fqn)
-            if not chosen:
-                continue
-            if id(child) not in done:
-                if not isinstance(child, nn.Linear):
-                    raise TypeError(f"quantize_: filter_fn selected {fqn!r}, a "
-                                    f"{type(child).__name__}; only nn.Linear modules are swapped")
-                if child.in_features % 16:
-                    raise ValueError(f"quantize_: {fqn!r} has in_features={child.in_features}, "
-                                     f"not a multiple of 16; exclude it with filter_fn")
-                done[id(child)] = Linear.from_linear(child, activations)
-            setattr(parent, child_name, done[id(child)])
+    for parent, child_name, child in slots:
+        if id(child) not in done:
+            done[id(child)] = Linear.from_linear(child, activations)
+        setattr(parent, child_name, done[id(child)])
+    _log.info("%s", plan)
     return model
 
 
@@ -285,6 +502,9 @@ def linear(x, w: NVFP4Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if not isinstance(x, (NVFP4Tensor, torch.Tensor)):
         raise TypeError(f"nvfp4 linear: x must be a bfloat16 tensor (W4A16) or an NVFP4Tensor "
                         f"(W4A4), got {type(x).__name__}")
+    if isinstance(x, torch.Tensor) and x.numel() == 0 and x.shape[-1:] == (w.K,):
+        y = x.new_zeros((*x.shape[:-1], w.M), dtype=torch.bfloat16)  # an empty batch
+        return y if bias is None else y + bias
     a = (x.data, x.scales, x.global_scale) if isinstance(x, NVFP4Tensor) else x
     y = _gemm(a, (w.data, w.scales, w.global_scale), torch.bfloat16)
     return y if bias is None else y + bias

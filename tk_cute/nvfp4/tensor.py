@@ -21,7 +21,8 @@ normal, the bound `quantize` puts on a given scale), and scale bytes above the f
 finite byte (UE4M3: above 0x7E: 0x7F is NaN, 0x80 and up have the sign bit of an unsigned format
 set; UE5M3: 0xFF, its only NaN), padding included (a tensor core multiplies padding scales into
 zero data, and NaN * 0 is NaN). Reading the values syncs a CUDA device once; kernels and views,
-whose parts are valid by construction, use `NVFP4Tensor.trusted`.
+whose parts are valid by construction, use `NVFP4Tensor.trusted`. The check runs once, when the
+tensor is made: writing into its parts afterwards (``q.scales[...] = ...``) is not checked.
 
 Other forms of the parts the constructor accepts (normalized once, `normalize_parts`; the stored
 parts are always the forms above): ``torch.float4_e2m1fn_x2`` data and ``torch.float8_e4m3fn``

@@ -163,7 +163,7 @@ def test_linear_rejects_bad_input(seed):
     with pytest.raises(ValueError, match="in_features=32"):
         layer(torch.randn(2, 48, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="W4A16 Linear takes bfloat16"):
-        layer(torch.randn(2, 32))
+        layer(torch.randn(2, 32).double())
     w4a4 = Linear.from_linear(nn.Linear(32, 16), activations="nvfp4")
     x = torch.randn(2, 32)
     x[1, 3] = float("inf")
@@ -209,10 +209,107 @@ def test_quantize_filter_shared_modules_and_errors(seed):
         quantize_(nn.Sequential(nn.Linear(16, 16), nn.ReLU()), lambda m, fqn: True)
     with pytest.raises(TypeError, match="for one layer use Linear.from_linear"):
         quantize_(nn.Linear(32, 16))
-    with pytest.raises(ValueError, match="'1' has in_features=24"):
-        quantize_(nn.Sequential(nn.Linear(16, 24), nn.Linear(24, 16)))
+    with pytest.raises(ValueError, match="'1', which NVFP4 cannot serve: in_features=24"):
+        quantize_(nn.Sequential(nn.Linear(16, 24), nn.Linear(24, 16)), lambda m, fqn: True)
     with pytest.raises(ValueError, match="activations must be"):
         quantize_(bf16_mlp(), activations="int4")
+
+
+def test_quantize_skips_what_it_cannot_serve_and_says_so(seed, caplog):
+    # nn.TransformerEncoderLayer: MultiheadAttention's out_proj is multiplied by
+    # F.multi_head_attention_forward itself (it reads .weight): skipped, as torchao skips it
+    layer = nn.TransformerEncoderLayer(64, 4, dim_feedforward=96, batch_first=True,
+                                       dropout=0.0).to(torch.bfloat16).eval()
+    ref = copy.deepcopy(layer)
+    model = nn.Sequential(layer, nn.Linear(64, 24), nn.Linear(24, 8)).to(torch.bfloat16)
+    plan = nvfp4.quantize_plan(model)
+    assert sorted(plan.swap) == ["0.linear1", "0.linear2", "1"]
+    assert set(plan.skip) == {"0.self_attn.out_proj", "2"}
+    assert "dense tensor" in plan.skip["0.self_attn.out_proj"] and "24" in plan.skip["2"]
+    with caplog.at_level("INFO", logger="tk_cute.nvfp4"):
+        assert quantize_(model) is model
+    assert "3 nn.Linear swapped, 2 skipped" in caplog.text and "0.self_attn.out_proj" in caplog.text
+    assert isinstance(layer.linear1, Linear) and isinstance(layer.linear2, Linear)
+    assert type(layer.self_attn.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
+    assert isinstance(model[1], Linear) and type(model[2]) is nn.Linear
+    x = torch.randn(2, 5, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        y, want = layer(x), ref(x)
+    assert y.shape == want.shape and y.dtype == torch.bfloat16
+    err = float((y.float() - want.float()).norm() / want.float().norm())
+    assert err < 0.1, err  # two NVFP4 layers inside a residual block (LayerNorm'd)
+    with torch.no_grad():
+        assert model(x).shape == (2, 5, 8)
+    with pytest.raises(ValueError, match="out_proj', which NVFP4 cannot serve"):
+        quantize_(nn.TransformerEncoderLayer(64, 4, 96), lambda m, fqn: isinstance(m, nn.Linear))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+def test_fp32_and_fp16_models_run(dtype, activations, seed):
+    ref = MLP(bias=True).to(dtype).requires_grad_(False)
+    model = quantize_(copy.deepcopy(ref), activations=activations)
+    x = torch.randn(3, 64, dtype=dtype)
+    with torch.no_grad():
+        y = model(x)
+    assert y.dtype == dtype
+    layer = model.gate
+    with torch.no_grad():
+        got = layer(x)
+    if activations == "bf16":  # cast in, W4A16 in bfloat16, cast back, then the bias
+        want = w4a16_reference(x.to(torch.bfloat16), layer.weight).to(dtype) + layer.bias
+    else:
+        want = gemm_reference(quantize(x), layer.weight, dtype) + layer.bias
+    assert torch.equal(got, want)
+    err = float((y.float() - ref(x).float()).norm() / ref(x).float().norm())
+    assert err < (0.25 if activations == "bf16" else 0.35), err
+
+
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+def test_empty_batches_return_empty_outputs(activations, seed):
+    layer = Linear.from_linear(nn.Linear(32, 16).to(torch.bfloat16), activations)
+    for shape in [(0, 32), (3, 0, 32), (0, 0, 32)]:
+        for dtype in (torch.bfloat16, torch.float32):
+            y = layer(torch.empty(shape, dtype=dtype))
+            assert y.shape == (*shape[:-1], 16) and y.dtype == dtype
+    y = F.linear(torch.empty(0, 32, dtype=torch.bfloat16), layer.weight, layer.bias)
+    assert y.shape == (0, 16) and y.dtype == torch.bfloat16
+
+
+def test_to_half_and_parameters_behave_as_documented(seed):
+    model = quantize_(bf16_mlp(bias=True))
+    assert list(model.parameters()) == []  # every part is a buffer: nothing to train
+    assert {n.rsplit(".", 1)[1] for n, _ in model.named_buffers()} == {
+        "weight_data", "weight_scales", "weight_global_scale", "bias"}
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = model(x)
+        model.half()
+        assert model.gate.weight_global_scale.dtype == torch.float32
+        assert model.gate.bias.dtype == torch.float16
+        assert model.gate.weight_data.dtype == torch.uint8
+        y16 = model(x.half())
+        model.float()
+        y32 = model(x.float())
+    assert y16.dtype == torch.float16 and y32.dtype == torch.float32
+    assert float((y16.float() - y.float()).norm() / y.float().norm()) < 2.0**-6
+    assert float((y32 - y.float()).norm() / y.float().norm()) < 2.0**-6
+
+
+def test_static_input_scale_is_carried_and_checked(seed):
+    w = quantize(torch.randn(16, 32))
+    layer = Linear.from_nvfp4(w, activations="nvfp4", input_global_scale=torch.tensor([0.01]))
+    assert layer.input_global_scale.shape == () and "input_scale=True" in repr(layer)
+    layer.half()
+    assert layer.input_global_scale.dtype == torch.float32
+    with pytest.raises(ValueError, match="input_global_scale"):
+        Linear.from_nvfp4(w, input_global_scale=torch.tensor(float("nan")))
+    sd = layer.state_dict()
+    with pytest.raises(RuntimeError, match="input_global_scale"):
+        Linear(32, 16).load_state_dict(dict(sd, input_global_scale=torch.tensor(-1.0)))
+    fresh = Linear(32, 16)  # no input scale yet: loading one adds the buffer
+    fresh.load_state_dict(sd)
+    assert torch.equal(fresh.input_global_scale, layer.input_global_scale)
 
 
 # ---------------------------------------------------------------- state dict and devices
