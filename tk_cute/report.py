@@ -41,17 +41,18 @@ def ridge(arch: str) -> float:
 
 # Bytes written per element of D: 16-bit outputs, or NVFP4 (half a byte of code plus one UE4M3
 # scale byte per 16 elements)
-D_BYTES = {"bfloat16": 2.0, "float16": 2.0, "nvfp4": 0.5 + 1 / 16}
+D_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0, "nvfp4": 0.5 + 1 / 16}
 
 
 def roofline(arch: str, m: int, n: int, k: int, out: str = "bfloat16") -> dict:
     """MODEL: time = max(2MNK / peak FLOP/s, bytes / peak bandwidth), each operand read once,
-    D written once as `out` (`D_BYTES`: 2 B per element for bf16 / fp16, 0.5625 for NVFP4)."""
+    D written once as `out` (`D_BYTES`: 2 B per element for bf16 / fp16, 4 for fp32, 0.5625
+    for NVFP4)."""
     if out not in D_BYTES:
         raise ValueError(f"out must be one of {list(D_BYTES)}, got {out!r}")
     flops_peak, bw, label = PEAKS[arch]
     flops = 2 * m * n * k
-    d_bytes = m * n * 2 if out != "nvfp4" else m * n // 2 + m * n // 16
+    d_bytes = m * n * D_BYTES[out]
     nbytes = (m + n) * k // 2 + (m + n) * k // 16 + d_bytes  # FP4 data, UE4M3 scales, D
     t = max(flops / flops_peak, nbytes / bw)
     return {"model": "roofline (not measured)", "peaks": label, "flops": flops, "bytes": nbytes,

@@ -77,8 +77,9 @@ def test_roofline_counts_nvfp4_output_bytes():
     assert fused["bytes"] == (m + n) * k * 0.5625 + m * n * 0.5625 == (m + n) * k // 2 + (
         m + n) * k // 16 + m * n // 2 + m * n // 16
     assert R.D_BYTES["nvfp4"] == 0.5625
+    assert R.roofline("sm_107a", m, n, k, "float32")["bytes"] - dense["bytes"] == m * n * 2
     with pytest.raises(ValueError, match="out must be one of"):
-        R.roofline("sm_107a", m, n, k, "float32")
+        R.roofline("sm_107a", m, n, k, "int8")
 
 
 def test_report_nvfp4_out(capsys):
