@@ -109,9 +109,9 @@ def test_emulate_runs_the_targets_kernel_and_checks_it(capsys):
 
 
 def test_emulate_says_when_the_target_has_no_kernel(capsys):
-    assert main(["emulate", "--arch", "sm_100a", "--mnk", "64,64,48", "--activations",
-                 "bf16"]) == 2
-    assert "no kernel for this call on sm_100a: W4A16" in capsys.readouterr().out
+    assert main(["emulate", "--arch", "sm_100a", "--mnk", "64,72,48", "--out-dtype",
+                 "nvfp4"]) == 2  # NVFP4 D needs N % 16 (its scale blocks)
+    assert "no kernel for this call on sm_100a: " in capsys.readouterr().out
 
 
 def test_emulate_fails_on_a_wrong_result(monkeypatch, capsys):

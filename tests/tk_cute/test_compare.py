@@ -126,7 +126,7 @@ def test_report_repr_and_html():
     (["compare", "--alt", "Nb"], "expected KEY=VALUE"),
     (["compare", "--alt", "Nb=72", "--no-time"], "tile must be one of (64, 128, 192, 256) rows"),
     (["compare", "--alt", "Nope=1", "--no-time"], "Nope"),
-    (["compare", "--arch", "sm_107a", "--mnk", "256,256,100"], "K % 256 == 0"),
+    (["compare", "--arch", "sm_107a", "--mnk", "256,256,100"], "K % 16 == 0"),
     (["compare", "--plot", "x.jpg"], "--plot must end in .png or .svg"),
     (["compare", "--arch", "sm_107a", "--peer", __file__], "defines no Sm100BlockScaled"),
 ])

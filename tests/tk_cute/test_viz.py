@@ -353,7 +353,7 @@ def test_draw_command_writes_files(tmp_path, capsys):
     (["draw", "scales", "--mk", "256,1000", "--out", "x.png"], "multiple of 16 (the scale "
                                                                "block), got 1000"),
     (["draw", "swizzle", "--shape", "12,64", "--out", "x.png"], "multiple of 8"),
-    (["draw", "roofline", "--mnk", "256,256,100", "--out", "x.png"], "K % 256 == 0"),
+    (["draw", "roofline", "--mnk", "256,256,100", "--out", "x.png"], "K % 16 == 0"),
     (["draw", "schedule", "--tile", "a,b", "--out", "x.png"], "comma-separated"),
     (["draw", "speedup", "--results", "/nonexistent.json", "--out", "x.png"], "cannot read"),
     (["draw", "paths", "--k", "100", "--out", "x.png"], "multiple of 16"),

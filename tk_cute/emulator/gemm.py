@@ -127,14 +127,23 @@ def gemm(a, b, out_dtype="bfloat16", *, arch: str, out_global_scale=None, config
         p = nvfp4.plan(a, b, dtype, target=arch)
     except NotImplementedError as e:
         raise NoKernel(f"no kernel for this call on {arch}: {e}") from None
+    if p.path == "sm100_w4a16":  # NVFP4 D: fp32 D, then the quantizer (as `gemm_nvfp4`)
+        dense = torch.float32 if dtype == "nvfp4" else dtype
+        launch = dispatch_sm100.prepare_w4a16(a, b, dense, config or p.config, target=arch)
+        ln = _host(launch, arch, launch.args).run(*launch.args)[0]
+        run = _execute(ln, a, b, launch, p.path, adversarial=adversarial, seed=seed,
+                       resident=resident)
+        if dtype == "nvfp4":
+            run.out = nvfp4.quantize(run.out, global_scale=out_global_scale)
+        return run
     if p.path != "sm100":
-        raise NoKernel(f"the emulator runs the tcgen05 kernel; {arch} plans {p.path!r}")
+        raise NoKernel(f"the emulator runs the tcgen05 kernels; {arch} plans {p.path!r}")
     launch = dispatch_sm100.prepare(a, b, dtype, config or p.config,
                                     out_global_scale=out_global_scale, target=arch)
     args = launch.args
     if clusters is not None:
         args = args[:CLUSTERS] + (clusters,) + args[CLUSTERS + 1:]
-    ln = _host(launch.config, arch, args).run(*args)[0]
+    ln = _host(launch, arch, args).run(*args)[0]
     return _execute(ln, a, b, launch, p.path, adversarial=adversarial, seed=seed,
                     resident=resident)
 
@@ -165,16 +174,17 @@ def _execute(ln, a, b, call, kernel, **options) -> Run:
 _HOSTS: dict = {}
 
 
-def _host(config, arch: str, args) -> capture.HostProgram:
-    """The captured host program of `config` (compiled once; reruns take new addresses)."""
-    from tk_cute.kernels.gemm.nvfp4_sm100 import CLUSTERS, GemmNvfp4Sm100
+def _host(launch, arch: str, args) -> capture.HostProgram:
+    """The captured host program of `launch`'s kernel (compiled once per config and cluster
+    budget; reruns take new addresses)."""
+    from tk_cute.kernels.gemm.nvfp4_sm100 import CLUSTERS
 
-    key = (config, arch, args[CLUSTERS])
+    key = (launch.config, arch, None if launch.w4a16 else args[CLUSTERS])
     prog = _HOSTS.get(key)
     if prog is None:
         if len(_HOSTS) >= 32:
             _HOSTS.pop(next(iter(_HOSTS))).close()
-        prog = _HOSTS[key] = capture.HostProgram(GemmNvfp4Sm100(config), *args, arch=arch)
+        prog = _HOSTS[key] = capture.HostProgram(launch.kernel(), *args, arch=arch)
     return prog
 
 

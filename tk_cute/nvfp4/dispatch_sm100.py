@@ -52,16 +52,29 @@ class Launch:
         return self.out
 
     @property
+    def w4a16(self) -> bool:
+        from tk_cute.kernels.gemm.nvfp4_w4a16_sm100 import Config
+
+        return isinstance(self.config, Config)
+
+    @property
     def key(self):
         from tk_cute.kernels.gemm.nvfp4_sm100 import CLUSTERS
 
-        return self.config, self.args[CLUSTERS]
+        return self.config, (None if self.w4a16 else self.args[CLUSTERS])
 
     def runtime_args(self, stream) -> tuple:
         """What the compiled function takes: no Constexpr, the launch stream last."""
         from tk_cute.kernels.gemm.nvfp4_sm100 import CLUSTERS
 
-        return (*self.args[:CLUSTERS], stream)
+        return (*self.args[:-1 if self.w4a16 else CLUSTERS], stream)
+
+    def kernel(self):
+        """The kernel object of this launch's config."""
+        from tk_cute.kernels.gemm.nvfp4_sm100 import GemmNvfp4Sm100
+        from tk_cute.kernels.gemm.nvfp4_w4a16_sm100 import GemmW4A16Sm100
+
+        return (GemmW4A16Sm100 if self.w4a16 else GemmNvfp4Sm100)(self.config)
 
 
 def device_target(device: torch.device) -> str:
@@ -170,9 +183,8 @@ def compile_launch(launch: Launch, keep: bool = False):
     (`tk_cute.compile.Build` with PTX, SASS and resources, the kernel object) instead of the
     bare compiled function."""
     from tk_cute.compile import build
-    from tk_cute.kernels.gemm.nvfp4_sm100 import GemmNvfp4Sm100
 
-    kern = GemmNvfp4Sm100(launch.config)
+    kern = launch.kernel()
     if keep:
         return build(kern, *launch.args, arch=launch.config.arch), kern
     return compile_locked(kern, *launch.args, options=f"--gpu-arch {launch.config.arch}")
@@ -189,10 +201,12 @@ def _compile_first(launch: Launch):
     """Compile `launch`'s kernel for its first call in this process, saying once how it was
     verified (`UnverifiedKernelWarning`)."""
     cfg = launch.config
+    what = ("W4A16 GEMM (kernels/gemm/nvfp4_w4a16_sm100.py, 128x128x64 tiles" if launch.w4a16
+            else f"NVFP4 GEMM (kernels/gemm/nvfp4_sm100.py, Mb={cfg.Mb} Nb={cfg.Nb} Kb={cfg.Kb}, "
+            f"{cfg.scheduler} scheduler")
     warnings.warn(UnverifiedKernelWarning(
-        f"tk_cute's {cfg.arch} NVFP4 GEMM (kernels/gemm/nvfp4_sm100.py, Mb={cfg.Mb} "
-        f"Nb={cfg.Nb} Kb={cfg.Kb}, out {cfg.out}, {cfg.scheduler} scheduler) runs on this GPU "
-        f"for the first time: it was verified by compiling and in tk_cute's PTX emulator "
+        f"tk_cute's {cfg.arch} {what}, out {cfg.out}) runs on this GPU for the first time: "
+        f"it was verified by compiling and in tk_cute's PTX emulator "
         f"(python -m tk_cute emulate), never on {cfg.arch} hardware. To silence: "
         f"warnings.filterwarnings('ignore', category=tk_cute.nvfp4.dispatch_sm100."
         f"UnverifiedKernelWarning)"), stacklevel=4)
@@ -253,6 +267,65 @@ def gemm_sm100(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=
     from tk_cute.runtime import stream
 
     launch = prepare(a, b, out_dtype, config, out)
+    fn = _CACHE.get(launch.key, lambda: _compile_first(launch))
+    fn(*launch.runtime_args(stream()))
+    return launch.finish()
+
+
+def prepare_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=None,
+                  out: torch.Tensor | None = None, target: str | None = None) -> Launch:
+    """As `prepare`, for W4A16: bf16 activations x (M, K) or (L, M, K), contiguous and
+    16-byte aligned, times NVFP4 weights b (N, K) or (L, N, K) (`nvfp4_w4a16_sm100`)."""
+    from tk_cute.kernels.gemm import nvfp4_w4a16_sm100 as W
+
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16:
+        raise TypeError(f"W4A16 activations must be a bfloat16 tensor, got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}")
+    if not isinstance(b, NVFP4Tensor):
+        raise TypeError(f"W4A16 weights must be an NVFP4Tensor, got {type(b).__name__}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"W4A16 out_dtype must be torch.bfloat16, torch.float16 or "
+                        f"torch.float32, got {out_dtype}")
+    if x.dim() != b.ndim or x.shape[-1] != b.K or (b.ndim == 3 and x.shape[0] != b.L):
+        raise ValueError(f"W4A16 needs (M, K) x (N, K) or (L, M, K) x (L, N, K) with one K and "
+                         f"L; got x {tuple(x.shape)}, b {tuple(b.shape)}")
+    if x.device != b.device or not x.is_contiguous() or x.data_ptr() % 16:
+        raise ValueError(f"W4A16 activations must be contiguous, 16-byte aligned and on the "
+                         f"weights' device; got stride {x.stride()}, address "
+                         f"{x.data_ptr():#x}, device {x.device}")
+    _check(b, b, out_dtype)  # the weights' layout and alignment
+    if target is not None and target not in TARGETS:
+        raise ValueError(f"gemm_sm100 runs on {', '.join(TARGETS)}; target={target!r}")
+    target = target or device_target(x.device)
+    M, N, K, L = x.shape[-2], b.M, b.K, b.L or 1
+    name = OUT_DTYPES[out_dtype]
+    cfg = config or heuristics.sm100_w4a16_config(target, M, N, K, name, b.scale_format)
+    if cfg.arch != target or cfg.out != name or cfg.sf != scale_format(b.scale_format, target):
+        raise ValueError(f"config is for {cfg.arch} / {cfg.out} / {cfg.sf} scales; the call "
+                         f"needs {target} / {name} / {b.scale_format}")
+    shape = (M, N) if b.L is None else (L, M, N)
+    d = output(out, shape, out_dtype, x.device, "gemm_sm100_w4a16")
+    pitch = W.d_pitch(N, name)
+    wide = None if pitch == N else torch.empty((*shape[:-1], pitch), dtype=out_dtype,
+                                               device=x.device)
+    addr = {"x": x, "w": b.data, "wsf": b.scales, "gb": b.global_scale,
+            "d": d if wide is None else wide}
+    args = W.launch_args(cfg, {k: t.data_ptr() for k, t in addr.items()}, M, N, K, L)
+    return Launch(cfg, args, d, wide)
+
+
+def gemm_sm100_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """``D = gB (X @ W^T)`` for bf16 activations and NVFP4 weights on sm_100a / sm_103a /
+    sm_107a: the weights decoded in the kernel, exactly (`nvfp4_w4a16_sm100`). Any M, N, L and
+    K % 16; bf16 / fp16 / fp32 D.
+
+    Raises:
+        TypeError, ValueError: as `prepare_w4a16`.
+    """
+    from tk_cute.runtime import stream
+
+    launch = prepare_w4a16(x, b, out_dtype, config, out)
     fn = _CACHE.get(launch.key, lambda: _compile_first(launch))
     fn(*launch.runtime_args(stream()))
     return launch.finish()

@@ -21,10 +21,11 @@ What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
   for its parts.
   D's rows must be 16-byte aligned for the kernels' stores: where N * element size is not, D
   is computed N-padded and copied into place (`Plan.pad_n`).
-- Blackwell / Rubin (sm_100a, sm_103a, sm_107a): W4A4, any M and N, K % 16 == 0, 2-D or
-  batched, bf16 / fp16 / fp32 out, or NVFP4 out (N % 16 == 0, quantized in the kernel's
-  epilogue) (`kernels/gemm/nvfp4_sm100.py`, path "sm100"; run in the emulator on a CPU:
-  `tk_cute.emulator`). W4A16 has no kernel there yet and raises NotImplementedError.
+- Blackwell / Rubin (sm_100a, sm_103a, sm_107a): any M and N, K % 16 == 0, 2-D or batched,
+  bf16 / fp16 / fp32 out. W4A4 on block-scaled MMAs (`kernels/gemm/nvfp4_sm100.py`, path
+  "sm100"; NVFP4 out with N % 16 == 0 quantized in its epilogue); W4A16 with the weights
+  decoded to bf16 in shared memory for kind::f16 MMAs (`kernels/gemm/nvfp4_w4a16_sm100.py`,
+  path "sm100_w4a16"). Both run in the emulator on a CPU (`tk_cute.emulator`).
 Scale formats: UE4M3 (NVFP4) everywhere; UE5M3 operands (`NVFP4Tensor.scale_format`) on the
 Hopper paths of `heuristics.UE5M3_PATHS` (GPU-tested on the H200) and on sm_107a (compiled only)
 (sm_100a / sm_103a raise ValueError); on CUDA both W4A4 operands must share one format (the
@@ -52,7 +53,8 @@ class Plan:
     """What `gemm` runs for one call.
 
     Attributes:
-        path: "small_m", "register_a", "fused", "dequantize", "sm100" (one kernel), "rows"
+        path: "small_m", "register_a", "fused", "dequantize", "sm100", "sm100_w4a16" (one
+            kernel), "rows"
             (`parts` over slices of the activation rows), "batches" (`parts[0]` for each batch)
             or "reference" (CPU tensors only).
         config: the kernel's Config (one-kernel paths).
@@ -134,8 +136,9 @@ def _plan(op: validate.Operands, device: torch.device, out_dtype, pdl: bool,
         if op.batched:  # one plan, run for each batch
             return Plan("batches", parts=((0, op.L, one),))
         return one
-    if path not in (None, "sm100"):
-        raise ValueError(f"path {path!r} is a Hopper path; {target.name} runs 'sm100'")
+    if path not in (None, "sm100", "sm100_w4a16"):
+        raise ValueError(f"path {path!r} is a Hopper path; {target.name} runs 'sm100' (W4A4) "
+                         f"and 'sm100_w4a16'")
     return _plan_sm100(op, target.name, "nvfp4" if nvfp4_out else name, sf)
 
 
@@ -175,10 +178,11 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
 def _plan_sm100(op: validate.Operands, target: str, out: str, sf: str = "ue4m3") -> Plan:
     from . import dispatch_sm100
 
-    if not op.w4a4:
-        raise NotImplementedError(f"W4A16 has no kernel on {target} yet (W4A4 runs the "
-                                  f"block-scaled tcgen05 GEMM): quantize the activations")
     dispatch_sm100.scale_format(sf, target)
+    if not op.w4a4:  # the weights decoded in the kernel (NVFP4 D: fp32, then the quantizer)
+        dense = "float32" if out == "nvfp4" else out
+        return Plan("sm100_w4a16", heuristics.sm100_w4a16_config(target, op.M, op.N, op.K,
+                                                                 dense, sf))
     if not dispatch_sm100.supports(op.M, op.N, op.K, out):
         raise NotImplementedError(
             f"the {target} NVFP4 GEMM needs K % 16 == 0 and bf16 / fp16 / fp32 output (or NVFP4 "
@@ -219,8 +223,7 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
 
     Raises:
         TypeError, ValueError: see `validate.gemm_operands`.
-        NotImplementedError: a combination no kernel of this GPU takes (Blackwell / Rubin:
-            W4A16).
+        NotImplementedError: a combination no kernel of this GPU takes.
     """
     if out_dtype == "nvfp4" or isinstance(out, NVFP4Tensor):
         if out_dtype not in (None, "nvfp4"):
@@ -341,6 +344,10 @@ def run(p: Plan, a, b: NVFP4Tensor, out: torch.Tensor, gsb=None) -> torch.Tensor
         from . import dispatch_sm100
 
         dispatch_sm100.gemm_sm100(a, b, out.dtype, config=p.config, out=out)
+    elif p.path == "sm100_w4a16":
+        from . import dispatch_sm100
+
+        dispatch_sm100.gemm_sm100_w4a16(a, b, out.dtype, config=p.config, out=out)
     else:
         raise AssertionError(f"no runner for path {p.path!r}")
     return out

@@ -410,3 +410,18 @@ def sm100_config(arch: str, m: int, n: int, k: int, out: str = "bfloat16", sf: s
     raise SmemBudgetError(f"no stage count fits {arch}")
 
 
+
+
+def sm100_w4a16_config(arch: str, m: int, n: int, k: int, out: str = "bfloat16",
+                       sf: str = "ue4m3"):
+    """The `kernels.gemm.nvfp4_w4a16_sm100.Config` for a W4A16 call: as many stages as shared
+    memory holds (at most 6; one 64-K stage of X and of decoded W each). One tile shape, 128 x
+    128 (unmeasured: no sm_100+ GPU here)."""
+    from tk_cute.kernels.gemm.nvfp4_w4a16_sm100 import Config, ConfigError
+
+    for stages in range(6, 1, -1):
+        try:
+            return Config(arch=arch, STAGES=stages, out=out, sf=sf)
+        except ConfigError:
+            continue
+    raise ConfigError(f"no stage count fits {arch}")

@@ -116,7 +116,11 @@ class Linear(nn.Module):
         bias: whether the module has a bias.
         activations: "bf16" (W4A16: bfloat16 activations into the kernel; float32 / float16
             ones are cast to bfloat16 and D cast back to their dtype) or "nvfp4" (W4A4: x
-            float32 / bfloat16 / float16, quantized per call; output in x's dtype).
+            float32 / bfloat16 / float16, quantized per call; output in x's dtype). Which to
+            pick: on Hopper both run at about the same speed (the weights are decoded in the
+            kernel either way; W4A4 also rounds the activations); on Blackwell / Rubin W4A4
+            runs the block-scaled FP4 tensor cores and is the fast path, W4A16 the bf16 ones
+            on weights decoded in shared memory (exact bf16 activations).
         device: where the buffers live.
         dtype: the bias dtype (the model's dtype; default bfloat16).
         input_scale: whether the module carries a static activation decode scale

@@ -96,12 +96,20 @@ CASES = [
     ("sm_107a", 129, 36, 2880, "float32", {}),  # gpt-oss's K; > 256 KiB of shared memory
     ("sm_100a", 77, 40, 4112, "bfloat16", {"batch": 2}),
     ("sm_107a", 130, 48, 1040, "nvfp4", {}),
+    # W4A16: bf16 activations, the weights decoded in the kernel (nvfp4_w4a16_sm100)
+    ("sm_100a", 128, 128, 64, "bfloat16", {"act": "bf16"}),
+    ("sm_100a", 300, 136, 1040, "bfloat16", {"act": "bf16"}),  # stages wrap, tails
+    ("sm_103a", 1, 100, 48, "float32", {"act": "bf16"}),
+    ("sm_107a", 129, 257, 272, "float16", {"act": "bf16", "sf": "ue5m3"}),
+    ("sm_107a", 64, 128, 2880, "bfloat16", {"act": "bf16"}),
+    ("sm_100a", 100, 72, 320, "bfloat16", {"act": "bf16", "batch": 2}),
+    ("sm_103a", 256, 256, 512, "nvfp4", {"act": "bf16"}),  # fp32 D, then the quantizer
 ]
 
 
 def _run(arch, M, N, Kd, out, extra, **options):
-    a, b = G.random_operands(M, N, Kd, batch=extra.get("batch"),
-                             scale_format=extra.get("sf", "ue4m3"), seed=M + N + Kd)
+    a, b = G.random_operands(M, N, Kd, batch=extra.get("batch"), activations=extra.get(
+        "act", "nvfp4"), scale_format=extra.get("sf", "ue4m3"), seed=M + N + Kd)
     gs = torch.tensor(4.0) if out == "nvfp4" else None
     cfg = None
     if {"acc", "sched", "Mb", "depth"} & set(extra):
@@ -122,7 +130,7 @@ def _run(arch, M, N, Kd, out, extra, **options):
                               enumerate(CASES)])
 def test_sm100_kernel_matches_the_exact_product(arch, M, N, Kd, out, extra):
     run, a, b, gs = _run(arch, M, N, Kd, out, extra)
-    assert run.kernel == "sm100"
+    assert run.kernel == ("sm100_w4a16" if extra.get("act") == "bf16" else "sm100")
     clean(run, a, b, out, gs)
 
 
@@ -136,9 +144,9 @@ def test_adversarial_schedule(seed):
 
 
 def test_a_call_the_target_has_no_kernel_for():
-    a, b = G.random_operands(64, 64, 48, activations="bf16")  # W4A16: no tcgen05 kernel yet
-    with pytest.raises(G.NoKernel, match="no kernel for this call on sm_100a.*W4A16"):
-        G.gemm(a, b, "bfloat16", arch="sm_100a")
+    a, b = G.random_operands(64, 72, 48)  # NVFP4 D of N = 72: its 16-column scale blocks
+    with pytest.raises(G.NoKernel, match="no kernel for this call on sm_100a.*N % 16"):
+        G.gemm(a, b, "nvfp4", arch="sm_100a", out_global_scale=torch.tensor(1.0))
 
 
 # --- d. broken variants: each one reported ------------------------------------------------

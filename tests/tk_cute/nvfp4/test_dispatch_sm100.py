@@ -367,3 +367,29 @@ def test_first_call_of_a_kernel_on_the_gpu_warns_once(on_gpu, monkeypatch):
         warnings.simplefilter("error")
         D.gemm_sm100(a, b)  # the same kernel: no second warning
     assert len(launched) == 2
+
+
+@pytest.mark.parametrize("name", D.TARGETS)
+def test_w4a16_plans_the_decoding_kernel(monkeypatch, name):
+    """bf16 activations on these GPUs: the weights decoded in the kernel (path
+    "sm100_w4a16"); NVFP4 D: its fp32 D, then the quantizer."""
+    _pretend(monkeypatch, name)
+    x = torch.zeros(16, 256, dtype=torch.bfloat16)
+    p = _plan(x, operand(100, 256))
+    assert p.path == "sm100_w4a16" and p.config.arch == name and p.config.out == "bfloat16"
+    assert p.config == heuristics.sm100_w4a16_config(name, 16, 100, 256)
+    assert _plan(x, operand(128, 256), torch.float32, nvfp4_out=True).config.out == "float32"
+
+
+def test_prepare_w4a16(on_gpu):
+    x, b = torch.zeros(3, 16, 48, dtype=torch.bfloat16), operand(20, 48, (3,))
+    launch = D.prepare_w4a16(x, b)  # bf16 rows of 20: written 24 apart, then copied
+    assert launch.w4a16 and launch.out.shape == (3, 16, 20) and launch.wide.shape == (3, 16, 24)
+    assert D.prepare_w4a16(x, b, torch.float32).wide is None  # 80-byte rows
+    assert launch.key == (launch.config, None) and len(launch.runtime_args(None)) == 10
+    with pytest.raises(TypeError, match="bfloat16 tensor, got torch.float32"):
+        D.prepare_w4a16(x.float(), b)
+    with pytest.raises(ValueError, match="one K and L"):
+        D.prepare_w4a16(x[..., :32], b)
+    with pytest.raises(ValueError, match="contiguous, 16-byte aligned"):
+        D.prepare_w4a16(x.transpose(1, 2).contiguous().transpose(1, 2)[:, :, :48], b)
