@@ -62,13 +62,20 @@ def roles(kernel_cls) -> dict[int, str]:
     return out
 
 
+def _kernel_class(path: str):
+    """The kernel class a plan path runs (its *_WARP attributes name the warp roles)."""
+    from tk_cute.kernels.gemm import nvfp4_sm100, nvfp4_w4a16_sm100
+
+    return {"sm100": nvfp4_sm100.GemmNvfp4Sm100,
+            "sm100_w4a16": nvfp4_w4a16_sm100.GemmW4A16Sm100}.get(path, object)
+
+
 def main(argv=None) -> int:
     import torch
 
     from tk_cute.emulator import gemm as G
     from tk_cute.emulator.machine import Deadlock
     from tk_cute.emulator.memory import EmulatorError
-    from tk_cute.kernels.gemm.nvfp4_sm100 import GemmNvfp4Sm100
 
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     m, n, k = args.mnk
@@ -95,7 +102,6 @@ def main(argv=None) -> int:
         print(f"  the emulator stopped: {e}")
         return 1
     ok, what = G.check(run, a, b, args.out_dtype, gs)
-    m_ = run.machine
     print(f"  kernel: {run.kernel} {run.config}")
     print(f"  launch: grid {run.launch.grid}, block {run.launch.block}, cluster "
           f"{run.launch.cluster}, {run.launch.smem_bytes} B dynamic shared memory")
@@ -104,19 +110,19 @@ def main(argv=None) -> int:
         print("  sm_107a: unconfirmed by hardware (K = 128 scale reads, UE5M3, the B collector, "
               "tcgen05.ld.red and the exclusive allocation are emulated as the DSL encodes "
               "them: docs/emulator.md)")
-    print(f"  hazards: {len(m_.hazards) or 'none'}")
-    for h in m_.hazards[:20]:
+    print(f"  hazards: {len(run.hazards) or 'none'}")
+    for h in run.hazards[:20]:
         print(f"    {h}")
-    names = roles(GemmNvfp4Sm100)
+    names = roles(_kernel_class(run.kernel))
     per = run.instructions_by_warp()
     by_role: dict[str, int] = {}
     for w, count in sorted(per.items()):
         by_role[names.get(w, f"warp {w}")] = by_role.get(names.get(w, f"warp {w}"), 0) + count
     print("  warp-instructions by role: " + ", ".join(f"{r} {c:,}" for r, c in
                                                       by_role.items()))
-    print(f"  time: {run.seconds:.2f} s, {m_.executed:,} warp-instructions "
-          f"({m_.executed / max(run.seconds, 1e-9):,.0f} per second)")
-    return 0 if ok and not m_.hazards else 1
+    print(f"  time: {run.seconds:.2f} s, {run.executed:,} warp-instructions "
+          f"({run.executed / max(run.seconds, 1e-9):,.0f} per second)")
+    return 0 if ok and not run.hazards else 1
 
 
 if __name__ == "__main__":

@@ -38,19 +38,29 @@ class Run:
     kernel: str  # the plan's path
     config: object
     machine: machine.Machine
-    launch: object  # tk_cute.emulator.launch.Launch
+    launch: object  # tk_cute.emulator.launch.Launch (the last, for a path of several)
     seconds: float
     call: object = None  # the dispatch's launch (dispatch_sm100.Launch: out, row-padded D)
+    machines: list | None = None  # every launch's machine, for a path of several launches
+
+    @property
+    def all_machines(self) -> list:
+        return self.machines or [self.machine]
 
     @property
     def hazards(self) -> list:
-        return self.machine.hazards
+        return [h for m in self.all_machines for h in m.hazards]
+
+    @property
+    def executed(self) -> int:
+        return sum(m.executed for m in self.all_machines)
 
     def instructions_by_warp(self) -> dict[int, int]:
-        """Warp-instructions executed per warp index (summed over CTAs): per warp role."""
+        """Warp-instructions executed per warp index (summed over CTAs and launches)."""
         out: dict[int, int] = {}
-        for w in self.machine.finished_warps:
-            out[w.index] = out.get(w.index, 0) + w.executed
+        for m in self.all_machines:
+            for w in m.finished_warps:
+                out[w.index] = out.get(w.index, 0) + w.executed
         return out
 
 
@@ -107,7 +117,8 @@ def gemm(a, b, out_dtype="bfloat16", *, arch: str, out_global_scale=None, config
         a, b: CPU NVFP4Tensors (W4A4), or a bf16 tensor and an NVFP4Tensor (W4A16).
         out_dtype: "bfloat16", "float16", "float32" or "nvfp4" (then `out_global_scale`, a
             float32 0-dim tensor: D's decode scale).
-        arch: "sm_100a", "sm_103a" or "sm_107a".
+        arch: "sm_100a", "sm_103a", "sm_107a", or "sm_90a" (the small-M and register-A
+            paths).
         config: the kernel's Config instead of the plan's (`dispatch_sm100.prepare` checks it
             against the call).
         clusters: the persistent grid's cluster budget instead of the target's SMs / cluster
@@ -127,6 +138,9 @@ def gemm(a, b, out_dtype="bfloat16", *, arch: str, out_global_scale=None, config
         p = nvfp4.plan(a, b, dtype, target=arch)
     except NotImplementedError as e:
         raise NoKernel(f"no kernel for this call on {arch}: {e}") from None
+    if arch == "sm_90a":
+        return _hopper(p, a, b, dtype, out_global_scale, adversarial=adversarial, seed=seed,
+                       resident=resident)
     if p.path == "sm100_w4a16":  # NVFP4 D: fp32 D, then the quantizer (as `gemm_nvfp4`)
         dense = torch.float32 if dtype == "nvfp4" else dtype
         launch = dispatch_sm100.prepare_w4a16(a, b, dense, config or p.config, target=arch)
@@ -146,6 +160,35 @@ def gemm(a, b, out_dtype="bfloat16", *, arch: str, out_global_scale=None, config
     ln = _host(launch, arch, args).run(*args)[0]
     return _execute(ln, a, b, launch, p.path, adversarial=adversarial, seed=seed,
                     resident=resident)
+
+
+def _hopper(p, a, b, dtype, out_global_scale, **options) -> Run:
+    """The Hopper plan's kernel on the CPU (`emulator.hopper`: the small-M and register-A
+    paths, 2-D, bf16 D or NVFP4 D through the quantizer as `gemm_nvfp4` does on them)."""
+    from tk_cute import nvfp4
+    from tk_cute.emulator import hopper
+    from tk_cute.nvfp4 import heuristics
+
+    if p.path not in ("small_m", "register_a") or b.ndim != 2:
+        raise NoKernel(f"the emulator runs the Hopper paths small_m and register_a (2-D); "
+                       f"sm_90a plans {p.path!r} for this call")
+    dense = torch.float32 if dtype == "nvfp4" else dtype
+    if dense != torch.bfloat16 and p.path == "small_m":
+        raise NoKernel(f"the emulated small-M path writes bf16 D, not {dense}")
+    M = a.shape[-2]
+    out = torch.full((M, b.M), float("nan"), dtype=dense)
+    start = time.perf_counter()
+    if p.path == "small_m":
+        machines = hopper.small_m(a, b, p.config, out, **options)
+    else:
+        sms = 132  # the H200's
+        machines = hopper.register_a(a, b, p.config, out, heuristics.register_a_ctas(
+            p.config, b.M, b.K, sms), **options)
+    seconds = time.perf_counter() - start
+    if dtype == "nvfp4":
+        out = nvfp4.quantize(out, global_scale=out_global_scale)
+    return Run(out, p.path, p.config, machines[-1], machines[-1].launch, seconds,
+               machines=machines)
 
 
 def replay(run: Run, a, b, ptx: str | None = None, **options) -> Run:

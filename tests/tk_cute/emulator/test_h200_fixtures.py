@@ -22,9 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from tk_cute.emulator import machine
+from tk_cute.emulator import hopper
 from tk_cute.emulator.launch import capture_all
-from tk_cute.emulator.memory import GlobalMemory
 
 DATA = Path(__file__).resolve().parent / "data"
 _spec = importlib.util.spec_from_file_location("_make_h200_fixtures",
@@ -48,26 +47,9 @@ def _fixture():
 # ---------------------------------------------------------------- running a case
 
 
-def _storage(t: torch.Tensor) -> torch.Tensor:
-    """The whole storage under `t` as a flat uint8 tensor (a strided view's padding too)."""
-    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
-
-
 def _run(launches, *items) -> list:
-    """Run `launches` in order over one global memory holding every tensor of `items`
-    (tensors, NVFP4Tensors) at its own address; the hazards of all of them."""
-    mem = GlobalMemory()
-    seen = set()
-    for item in items:
-        for t in F.tensors(item).values():
-            s = _storage(t)
-            if s.data_ptr() not in seen:
-                seen.add(s.data_ptr())
-                mem.place(s.numpy(), f"{tuple(t.shape)} {t.dtype}", address=s.data_ptr())
-    hazards = []
-    for ln in launches:
-        hazards += machine.run(ln, mem).hazards
-    return hazards
+    """The hazards of `launches` run in order over one memory (`emulator.hopper.run`)."""
+    return [h for m in hopper.run(launches, *items) for h in m.hazards]
 
 
 def _capture(fn, *lead, signature, values):
@@ -94,47 +76,19 @@ def _dense(case, entry, inp):
 
 def _register_a(case, entry, inp):
     from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-    from tk_cute.ops import schedule
 
-    cfg = rs.Config(**entry["config"])
-    a, b = inp["a"], inp["b"]
-    M, N, K, ctas = case["M"], case["N"], case["K"], entry["ctas"]
-    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
-    ws = torch.zeros(schedule.stream_k_spans(ctas, rs.row_blocks(cfg, N)) * M * N)
-    values = dict(w=b.data.data_ptr(), wsf=b.scales.data_ptr(),
-                  gsb=b.global_scale.data_ptr(), out=out.data_ptr(), ws=ws.data_ptr(), M=M,
-                  N=N, K=K, ctas=ctas)
-    held = [a, b, out, ws]
-    if cfg.a_format == "nvfp4":  # launch._decoded_activations: + D's scale (16 bytes)
-        xp = torch.zeros(cfg.N_ACT * rs.permuted_width(K) + 8, dtype=torch.bfloat16)
-        values.update(x=a.data.data_ptr(), xsf=a.scales.data_ptr(),
-                      gsa=a.global_scale.data_ptr(), xp=xp.data_ptr())
-        held.append(xp)
-    else:
-        xp = (torch.zeros(cfg.N_ACT * rs.permuted_width(K), dtype=torch.bfloat16)
-              if cfg.permute == "call" else a)
-        values.update(x=a.data_ptr(), xp=xp.data_ptr())
-        held.append(xp)
-    launches = _capture(rs.launch_fn(cfg), cfg, signature=rs.signature(cfg), values=values)
-    return out, _run(launches, *held)
+    out = torch.full((case["M"], case["N"]), float("nan"), dtype=torch.bfloat16)
+    machines = hopper.register_a(inp["a"], inp["b"], rs.Config(**entry["config"]), out,
+                                 entry["ctas"])
+    return out, [h for m in machines for h in m.hazards]
 
 
 def _small_m(case, entry, inp):
     from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 
-    cfg = gv.Config(**entry["config"])
-    a, b = inp["a"], inp["b"]
-    M, N, K = case["M"], case["N"], case["K"]
-    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
-    values = dict(w=b.data.data_ptr(), wsf=b.scales.data_ptr(), gsb=b.global_scale.data_ptr(),
-                  out=out.data_ptr(), M=M, N=N, K=K, trips=K // cfg.k_chunk // cfg.S)
-    if cfg.w4a4:
-        values.update(x=a.data.data_ptr(), xsf=a.scales.data_ptr(),
-                      gsa=a.global_scale.data_ptr())
-    else:  # (xsf, gsa unused: launch.small_m passes the weights' scales and gB)
-        values.update(x=a.data_ptr(), xsf=b.scales.data_ptr(), gsa=b.global_scale.data_ptr())
-    launches = _capture(gv._launch, cfg, signature=gv.signature(cfg), values=values)
-    return out, _run(launches, a, b, out)
+    out = torch.full((case["M"], case["N"]), float("nan"), dtype=torch.bfloat16)
+    machines = hopper.small_m(inp["a"], inp["b"], gv.Config(**entry["config"]), out)
+    return out, [h for m in machines for h in m.hazards]
 
 
 def _quantize(case, entry, inp):
@@ -149,7 +103,8 @@ def _quantize(case, entry, inp):
     x, grid = inp["x"], entry["grid"]
     M, K = x.shape
     data = codes_storage(x.shape, "cpu", zero_padding=False)
-    _storage(data).fill_(0xFF)  # poison: every byte the GPU's bytes cover must be written
+    torch.empty(0, dtype=torch.uint8).set_(data.untyped_storage()).fill_(0xFF)  # poison: every
+    # byte the GPU's bytes cover must be written
     scales = torch.full(blocked_shape(M, K), 0xFF, dtype=torch.uint8)
     ws = torch.full((grid + 1,), float("nan"))
     wp = ws.data_ptr()

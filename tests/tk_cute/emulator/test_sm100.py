@@ -234,3 +234,37 @@ def test_speed_256x256x512():
     run, a, b, _ = _run("sm_100a", 256, 256, 512, "bfloat16", {})
     assert run.seconds < 10, run.seconds
     assert run.machine.executed / run.seconds > 2000
+
+
+# --- the whole grid of issue 49 (slow: TK_CUTE_EMULATOR_GRID=1 runs it) --------------------
+GRID_M = (1, 3, 16, 64, 100, 128, 129, 256, 300, 512)
+GRID_N = (8, 136, 256, 1000)
+GRID_K = (16, 48, 272, 1024)
+GRID_OUT = ("bfloat16", "float16", "float32", "nvfp4")
+
+
+def _grid():
+    import itertools
+
+    for i, (arch, act, out, m, n, k) in enumerate(itertools.product(
+            ("sm_100a", "sm_103a", "sm_107a"), ("nvfp4", "bf16"), GRID_OUT, GRID_M, GRID_N,
+            GRID_K)):
+        batch = 2 if i % 7 == 0 and out != "nvfp4" else None  # a batched call now and then
+        yield arch, act, out, m, n, k, batch
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("TK_CUTE_EMULATOR_GRID"),
+                    reason="the full M x N x K x mode x out x target grid takes about an hour "
+                    "on one core: TK_CUTE_EMULATOR_GRID=1 runs it (docs/emulator.md)")
+@pytest.mark.parametrize("arch, act, out, m, n, k, batch", list(_grid()))
+def test_grid(arch, act, out, m, n, k, batch):
+    """Every call the format allows on every target: D equals the exact reference (NVFP4 D
+    bit for bit), poisoned first; no hazard, no deadlock; N % 16 != 0 with NVFP4 D: no
+    kernel (the format's 16-column scale blocks)."""
+    a, b = G.random_operands(m, n, k, activations=act, batch=batch, seed=m * 7 + n + k)
+    gs = torch.tensor(4.0) if out == "nvfp4" else None
+    if out == "nvfp4" and n % 16:
+        with pytest.raises(G.NoKernel, match="N % 16"):
+            G.gemm(a, b, out, arch=arch, out_global_scale=gs)
+        return
+    clean(G.gemm(a, b, out, arch=arch, out_global_scale=gs), a, b, out, gs)

@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: MIT
+"""tk_cute's Hopper NVFP4 kernels on the CPU: the launches `tk_cute.nvfp4.launch` makes on an
+H200 for the small-M (`nvfp4_gemv_sm90`) and register-A (`nvfp4_rs_sm90`) paths, captured for
+sm_90a from CPU tensors and run in the emulator over one global memory, in launch order.
+
+`small_m(a, b, cfg, out)` and `register_a(a, b, cfg, out, ctas)` take the same operands as the
+launch functions (a: bf16 (M, K) or NVFP4Tensor for W4A4; b: NVFP4Tensor weights), write D into
+`out` and return the machines that ran their launches (`Machine.hazards`). The workspaces the
+GPU path takes from `runtime.workspace` are CPU tensors here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tk_cute.emulator import machine
+from tk_cute.emulator.launch import capture_all
+from tk_cute.emulator.memory import GlobalMemory
+
+
+def run(launches, *items, **options) -> list:
+    """Run `launches` in order over one global memory holding every tensor of `items`
+    (tensors, NVFP4Tensors) at its own address; the machines, in launch order."""
+    from tk_cute.emulator.gemm import place
+
+    mem = GlobalMemory()
+    place(mem, *items)
+    return [machine.run(ln, mem, **options) for ln in launches]
+
+
+def _capture(fn, *lead, signature, values):
+    return capture_all(fn, *lead, *signature.dsl_values({**values, "stream": 0}),
+                       arch="sm_90a")
+
+
+def small_m(a, b, cfg, out: torch.Tensor, **options) -> list:
+    """The small-M kernel (`launch.small_m`) on CPU tensors; its machines."""
+    from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
+
+    M, K = a.shape[-2], a.shape[-1]
+    values = dict(w=b.data.data_ptr(), wsf=b.scales.data_ptr(), gsb=b.global_scale.data_ptr(),
+                  out=out.data_ptr(), M=M, N=b.M, K=K, trips=K // cfg.k_chunk // cfg.S)
+    if cfg.w4a4:
+        values.update(x=a.data.data_ptr(), xsf=a.scales.data_ptr(),
+                      gsa=a.global_scale.data_ptr())
+    else:  # (xsf, gsa unused: launch.small_m passes the weights' scales and gB)
+        values.update(x=a.data_ptr(), xsf=b.scales.data_ptr(), gsa=b.global_scale.data_ptr())
+    launches = _capture(gv._launch, cfg, signature=gv.signature(cfg), values=values)
+    return run(launches, a, b, out, **options)
+
+
+def register_a(a, b, cfg, out: torch.Tensor, ctas: int, **options) -> list:
+    """The register-A kernel (`launch.register_a`, permute pass included) on CPU tensors, on
+    `ctas` CTAs; its machines."""
+    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+    from tk_cute.ops import schedule
+
+    (M, K), N = a.shape, b.M
+    ctas = min(ctas, rs.stream_units(cfg, N, K))
+    ws = torch.zeros(schedule.stream_k_spans(ctas, rs.row_blocks(cfg, N)) * M * N)
+    values = dict(w=b.data.data_ptr(), wsf=b.scales.data_ptr(),
+                  gsb=b.global_scale.data_ptr(), out=out.data_ptr(), ws=ws.data_ptr(), M=M,
+                  N=N, K=K, ctas=ctas)
+    held = [a, b, out, ws]
+    if cfg.a_format == "nvfp4":  # launch._decoded_activations: + D's scale (16 bytes)
+        xp = torch.zeros(cfg.N_ACT * rs.permuted_width(K) + 8, dtype=torch.bfloat16)
+        values.update(x=a.data.data_ptr(), xsf=a.scales.data_ptr(),
+                      gsa=a.global_scale.data_ptr(), xp=xp.data_ptr())
+    else:
+        xp = (torch.zeros(cfg.N_ACT * rs.permuted_width(K), dtype=torch.bfloat16)
+              if cfg.permute == "call" else a)
+        values.update(x=a.data_ptr(), xp=xp.data_ptr())
+    held.append(xp)
+    launches = _capture(rs.launch_fn(cfg), cfg, signature=rs.signature(cfg), values=values)
+    return run(launches, *held, **options)
