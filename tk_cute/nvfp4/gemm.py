@@ -180,6 +180,9 @@ def _plan_sm100(op: validate.Operands, target: str, out: str, sf: str = "ue4m3")
 
     dispatch_sm100.scale_format(sf, target)
     if not op.w4a4:  # the weights decoded in the kernel (NVFP4 D: fp32, then the quantizer)
+        if out == "nvfp4" and op.N % 16:
+            raise NotImplementedError(f"NVFP4 output needs N % 16 == 0 (16-element scale blocks "
+                                      f"along D's rows); got N={op.N}")
         dense = "float32" if out == "nvfp4" else out
         return Plan("sm100_w4a16", heuristics.sm100_w4a16_config(target, op.M, op.N, op.K,
                                                                  dense, sf))
