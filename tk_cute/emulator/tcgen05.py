@@ -129,7 +129,7 @@ def _alloc(ins, m):
     def run(w, mask):
         if not mask.any():
             return
-        isa._aligned_check(w, mask, ins)
+        isa.aligned_check(w, mask, ins)
         n = int(isa.read(w, ins.args[1], "u32")[mask][0])
         t = tmem_of(w.cta)
         if t.relinquished:
@@ -155,7 +155,7 @@ def _dealloc(ins, m):
     def run(w, mask):
         if not mask.any():
             return
-        isa._aligned_check(w, mask, ins)
+        isa.aligned_check(w, mask, ins)
         addr = int(isa.read(w, ins.args[0], "u32")[mask][0])
         n = int(isa.read(w, ins.args[1], "u32")[mask][0])
         t = tmem_of(w.cta)
@@ -205,7 +205,7 @@ def _ld(ins, m):
     def run(w, mask):
         if not mask.any():
             return
-        isa._aligned_check(w, mask, ins)
+        isa.aligned_check(w, mask, ins)
         addr = int(isa.read(w, taddr.strip("[] "), "u32")[mask][0])
         lane0, col = _split(addr)
         _quarter_lanes(w, lane0, ins)
@@ -245,7 +245,7 @@ def _st(ins, m):
     def run(w, mask):
         if not mask.any():
             return
-        isa._aligned_check(w, mask, ins)
+        isa.aligned_check(w, mask, ins)
         lane0, col = _split(int(isa.read(w, ins.args[0].strip("[] "), "u32")[mask][0]))
         _quarter_lanes(w, lane0, ins)
         t = tmem_of(w.cta)

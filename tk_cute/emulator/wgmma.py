@@ -290,7 +290,7 @@ def _mma(ins, m):
     def run(w, mask):
         if not mask.any():
             return
-        isa._aligned_check(w, mask, ins)
+        isa.aligned_check(w, mask, ins)
         g = _group(w)
         if not w.state.get("wgmma_fenced"):
             m.hazard("wgmma-fence", ins.line, f"{w.where}: wgmma.mma_async with no wgmma.fence "
@@ -397,7 +397,7 @@ def _write_acc(arrivals, dtype, vals: np.ndarray):
 def _fence(ins, m):
     def run(w, mask):
         if mask.any():
-            isa._aligned_check(w, mask, ins)
+            isa.aligned_check(w, mask, ins)
             w.state["wgmma_fenced"] = True
     return run
 
@@ -405,7 +405,7 @@ def _fence(ins, m):
 def _commit(ins, m):
     def run(w, mask):
         if mask.any():
-            isa._aligned_check(w, mask, ins)
+            isa.aligned_check(w, mask, ins)
             w.state.setdefault("wgmma_groups", []).append(w.state.pop("wgmma_open", []))
     return run
 
@@ -416,7 +416,7 @@ def _wait(ins, m):
     def run(w, mask):
         if not mask.any():
             return
-        isa._aligned_check(w, mask, ins)
+        isa.aligned_check(w, mask, ins)
         groups = w.state.setdefault("wgmma_groups", [])
         due = [x for grp in groups[:max(len(groups) - keep, 0)] for x in grp]
         missing = [(g, n) for g, n in due if n >= g.issued]
@@ -436,7 +436,7 @@ def _wait(ins, m):
             if isinstance(op, _Guard) and (id(op.g), op.number) in waited:
                 del w.scoreboard[r]
                 op.waited = True
-                m.complete(op)  # moves deferred on the registers (isa._deferred) happen now
+                m.complete(op)  # moves deferred on the registers (alu.deferred) happen now
     return run
 
 
@@ -482,7 +482,7 @@ def _stmatrix(ins, m):
     def run(w, mask):
         if not mask.any():
             return
-        isa._aligned_check(w, mask, ins)
+        isa.aligned_check(w, mask, ins)
         data = np.zeros((32, 8), np.uint16)  # lane 8i + j: row j of matrix i
         for i, r in enumerate(regs):
             v = isa.read(w, r, "b32")
@@ -505,7 +505,7 @@ def _ldmatrix(ins, m):
     def run(w, mask):
         if not mask.any():
             return
-        isa._aligned_check(w, mask, ins)
+        isa.aligned_check(w, mask, ins)
         use = np.zeros(32, bool)
         use[:8 * count] = True
         data = isa.load(w, space, isa.address(w, ins.args[1]), 16, use).view(np.uint16)
@@ -548,7 +548,7 @@ def _mma_sync(ins, m):
     def run(w, mask):
         if not mask.any():
             return
-        isa._aligned_check(w, mask, ins)
+        isa.aligned_check(w, mask, ins)
         ea, eb = halves(w, a), halves(w, b)
         A, B = np.zeros((16, 16)), np.zeros((16, 8))
         A[a_row, a_col] = _decode(ea[..., None].view(np.uint8), t)
