@@ -220,15 +220,19 @@ def static_shared_bytes(ptx: str) -> int:
 
 # ---- the stand-in: build once per source hash ---------------------------------------------
 def cache_dir() -> Path:
-    """Where built stand-ins are kept (see the module docstring); created private (0700)."""
+    """Where built stand-ins are kept (see the module docstring): a private directory, made
+    with mode 0700 and refused (PermissionError) unless it is this user's and no one else can
+    write it, as the DSL's own cache (`tk_cute.dsl_cache.private_dir`): the object found there
+    is linked into this process."""
+    from tk_cute.dsl_cache import private_dir
+
     base = os.environ.get("TK_CUTE_EMULATOR_CACHE")
     if base:
         path = Path(base)
     else:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         path = Path(xdg) / "tk_cute" / "emulator"
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
+    return private_dir(path)
 
 
 def c_compiler() -> str:

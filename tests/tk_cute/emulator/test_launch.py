@@ -157,3 +157,21 @@ def test_missing_c_compiler_is_named(monkeypatch):
 def test_unknown_target_is_rejected():
     with pytest.raises(ValueError, match="unsupported target"):
         L.HostProgram(lambda: None, arch="sm_80")
+
+
+def test_stand_in_cache_must_be_private(tmp_path, monkeypatch):
+    """The stand-in object found in the cache is linked into this process: a cache directory
+    others can write is refused, as the DSL's own (tk_cute.dsl_cache)."""
+    import os
+
+    from tk_cute.emulator import launch
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    monkeypatch.setenv("TK_CUTE_EMULATOR_CACHE", str(shared))
+    with pytest.raises(PermissionError, match="group or others may write"):
+        launch.cache_dir()
+    private = tmp_path / "private"
+    monkeypatch.setenv("TK_CUTE_EMULATOR_CACHE", str(private))
+    assert launch.cache_dir() == private and (os.stat(private).st_mode & 0o777) == 0o700
