@@ -31,9 +31,11 @@ def _shift(a, s, t, left):
     fill = np.where(a < 0, -1, 0).astype(a.dtype) if V.signed(t) else np.zeros_like(a)
     return np.where(big, fill, r)
 
+
 def _ftz(x):
     tiny = np.finfo(np.float32).tiny
     return np.where(np.abs(x) < tiny, np.copysign(np.float32(0), x), x).astype(x.dtype)
+
 
 def binary(ins, m):
     op, t = ins.base, type_of(ins)
@@ -119,6 +121,7 @@ def binary(ins, m):
             write(w, ins.args[0], f(a, b, c), mask)
     return run
 
+
 def _packed_16(ins, op, dt):
     """min / max .u16x2 / .s16x2: each 16-bit half on its own."""
     f = np.minimum if op == "min" else np.maximum
@@ -127,6 +130,7 @@ def _packed_16(ins, op, dt):
         a, b = (read(w, x, "b32").view(dt).reshape(32, 2) for x in ins.args[1:3])
         write(w, ins.args[0], f(a, b).astype(dt).reshape(-1).view(np.uint32), mask)
     return run
+
 
 def _half_float(ins, op, t):
     """mul / min / max of .bf16 and of .bf16x2 / .f16x2 pairs (one per 16-bit half, low
@@ -162,6 +166,7 @@ def _half_float(ins, op, t):
         write(w, ins.args[0], v.astype(np.uint32 if pair else np.uint16), mask)
     return run
 
+
 def lop3(ins, m):
     """lop3.b32 d, a, b, c, immLut: bit i of d is bit (a_i << 2 | b_i << 1 | c_i) of immLut
     (the table of F(0xF0, 0xCC, 0xAA))."""
@@ -177,6 +182,7 @@ def lop3(ins, m):
                 r |= ((a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c))
         write(w, ins.args[0], (r & np.uint64(0xFFFFFFFF)).astype(np.uint32), mask)
     return run
+
 
 def _packed_f32(ins, op):
     def run(w, mask):
@@ -194,6 +200,7 @@ def _packed_f32(ins, op):
             raise EmulatorError(f"{ins.op} is not emulated")
         write(w, ins.args[0], r.astype(np.float32).reshape(-1).view(np.uint64), mask)
     return run
+
 
 def unary(ins, m):
     op, t = ins.base, type_of(ins)
@@ -241,11 +248,13 @@ def unary(ins, m):
             write(w, ins.args[0], cast(f(read(w, ins.args[1], t)), V.DTYPES[out_t]), mask)
     return run
 
+
 _CMP = {
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
     "gt": np.greater, "ge": np.greater_equal, "lo": np.less, "ls": np.less_equal,
     "hi": np.greater, "hs": np.greater_equal,
 }
+
 
 def _compare(cmp: str, a, b):
     if cmp in _CMP:
@@ -259,6 +268,7 @@ def _compare(cmp: str, a, b):
     if cmp == "nan":
         return np.isnan(a) | np.isnan(b)
     raise EmulatorError(f"comparison {cmp} is not emulated")
+
 
 def setp(ins, m):
     parts = ins.op.split(".")
@@ -286,6 +296,7 @@ def setp(ins, m):
             write(w, dsts[1].strip(), q, mask)
     return run
 
+
 def selp(ins, m):
     t = type_of(ins)
 
@@ -294,6 +305,7 @@ def selp(ins, m):
         write(w, ins.args[0], np.where(c, read(w, ins.args[1], t), read(w, ins.args[2], t)),
               mask)
     return run
+
 
 def logic_pred(ins, m):
     op = ins.base
@@ -307,6 +319,7 @@ def logic_pred(ins, m):
              "xor": lambda: srcs[0] ^ srcs[1], "not": lambda: ~srcs[0]}[op]()
         write(w, ins.args[0], r, mask)
     return run
+
 
 def deferred(w, srcs, dsts, run, mask) -> bool:
     """A move whose source an asynchronous load has not written yet (a tcgen05.ld in flight)
@@ -324,6 +337,7 @@ def deferred(w, srcs, dsts, run, mask) -> bool:
             w.scoreboard[d] = op
     return True
 
+
 def mov(ins, m):
     plain = _mov_now(ins, m)
     srcs = vec(ins.args[1])
@@ -334,6 +348,7 @@ def mov(ins, m):
             return
         plain(w, mask)
     return run
+
 
 def _mov_now(ins, m):
     t = type_of(ins)
@@ -362,6 +377,7 @@ def _mov_now(ins, m):
     def run(w, mask):
         write(w, dst, read(w, src, t), mask)
     return run
+
 
 def cvt(ins, m):
     ts = types_of(ins)
@@ -421,6 +437,7 @@ def cvt(ins, m):
         write(w, ins.args[0], np.asarray(a).astype(V.DTYPES[dt_]), mask)
     return run
 
+
 def cvta(ins, m):
     to = ".to." in ins.op or ins.op.startswith("cvta.to")
     space = "param" if ".param" in ins.op else ("shared" if ".shared" in ins.op else "global")
@@ -437,6 +454,7 @@ def cvta(ins, m):
         write(w, ins.args[0], r.astype(V.DTYPES[t]), mask)
     return run
 
+
 def mapa(ins, m):
     generic = "shared" not in ins.op
 
@@ -450,6 +468,7 @@ def mapa(ins, m):
             r = r + np.uint64(SHARED_WINDOW)
         write(w, ins.args[0], r, mask)
     return run
+
 
 def bfe(ins, m):
     t = type_of(ins)
@@ -471,6 +490,7 @@ def bfe(ins, m):
         write(w, ins.args[0], np.array(out, np.uint64).astype(V.DTYPES[t]), mask)
     return run
 
+
 def bfi(ins, m):
     t = type_of(ins)
 
@@ -482,6 +502,7 @@ def bfi(ins, m):
         r = (b & ~msk) | ((f << pos) & msk)
         write(w, ins.args[0], r.astype(V.DTYPES[t]), mask)
     return run
+
 
 def prmt(ins, m):
     if len(ins.op.split(".")) > 2 and ins.op.split(".")[2] not in ("b32",):

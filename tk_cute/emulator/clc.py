@@ -24,10 +24,9 @@ def _try_cancel(ins, m):
     everyone = "multicast::cluster::all" in ins.op
 
     def run(w, mask):
-        lanes = np.nonzero(mask)[0]
-        if not lanes.size:
+        lane = isa.first_lane(mask)
+        if lane is None:
             return
-        lane = lanes[0]
         resp = int(isa.address(w, ins.args[0])[lane]) & OFFSET_MASK
         bar = int(isa.address(w, ins.args[1])[lane]) & OFFSET_MASK
         targets = w.cta.cluster.ctas if everyone else [w.cta]
@@ -75,12 +74,5 @@ def _query(ins, m):
     return run
 
 
-def _clc(ins, m):
-    if ins.op.startswith("clusterlaunchcontrol.try_cancel"):
-        return _try_cancel(ins, m)
-    if ins.op.startswith("clusterlaunchcontrol.query_cancel"):
-        return _query(ins, m)
-    raise EmulatorError(f"opcode `{ins.op}` is not emulated")
-
-
-isa.ENGINES["clusterlaunchcontrol."] = _clc
+isa.ENGINES.update({"clusterlaunchcontrol.try_cancel": _try_cancel,
+                    "clusterlaunchcontrol.query_cancel": _query})

@@ -35,15 +35,19 @@ def type_of(ins, default="b32") -> str:
             return part
     return default
 
+
 def types_of(ins) -> list[str]:
     return [p for p in ins.op.split(".") if p in V.TYPES]
 
 
 # --- operands ---------------------------------------------------------------------------
 
+
 _IMM_F = re.compile(r"0[fF]([0-9a-fA-F]{8})$")
 
+
 _IMM_D = re.compile(r"0[dD]([0-9a-fA-F]{16})$")
+
 
 def special(w, name: str):
     """A special register (%tid.x, %ctaid.y, %laneid, %cluster_ctarank, ...) per lane."""
@@ -96,6 +100,7 @@ def special(w, name: str):
         return bitsv[rel].astype(np.uint32)
     raise EmulatorError(f"special register {name} is not emulated")
 
+
 def cast(v: np.ndarray, dt) -> np.ndarray:
     dt = np.dtype(dt)
     if v.dtype == dt:
@@ -104,6 +109,7 @@ def cast(v: np.ndarray, dt) -> np.ndarray:
         return v.view(dt)
     return v.astype(dt)
 
+
 def symbol(w, name: str) -> int:
     m = w.cta.machine
     if name in m.symbols:
@@ -111,6 +117,7 @@ def symbol(w, name: str) -> int:
     if name in m.param_offsets:
         return m.param_offsets[name]
     raise EmulatorError(f"unknown symbol {name!r}")
+
 
 def read(w, text: str, t: str) -> np.ndarray:
     """Operand `text` as 32 lanes of PTX type `t`."""
@@ -141,6 +148,7 @@ def read(w, text: str, t: str) -> np.ndarray:
     except ValueError:
         return np.full(32, symbol(w, text), np.int64).astype(dt)
 
+
 def write(w, name: str, v: np.ndarray, mask: np.ndarray):
     if name == "_":
         return
@@ -152,10 +160,12 @@ def write(w, name: str, v: np.ndarray, mask: np.ndarray):
     if w.scoreboard:
         w.scoreboard.pop(name, None)
 
+
 def split_map(inner: str) -> tuple[str, list[str]]:
     """`map, {c0, c1}` (inside a TMA operand's brackets) -> ("map", ["c0", "c1"])."""
     mp, _, rest = inner.partition(",")
     return mp.strip(), vec(rest)
+
 
 def vec(text: str) -> list[str]:
     """`{a, b}` -> ["a", "b"]; a single operand -> [it]."""
@@ -165,6 +175,7 @@ def vec(text: str) -> list[str]:
 
 # --- memory -----------------------------------------------------------------------------
 
+
 def space_of(ins) -> str:
     parts = ins.op.split(".")
     for p in parts[1:]:
@@ -173,6 +184,7 @@ def space_of(ins) -> str:
         if p.startswith("shared"):
             return "shared::cluster" if p == "shared::cluster" else "shared"
     return "generic"
+
 
 def address(w, text: str) -> np.ndarray:
     """The 64-bit address of `[base+off]` per lane."""
@@ -191,10 +203,30 @@ def address(w, text: str) -> np.ndarray:
         v = np.full(32, symbol(w, base), np.uint64)
     return v + np.uint64(off % (1 << 64))
 
+
 def _split_generic(addrs: np.ndarray):
     sh = (addrs >= np.uint64(SHARED_WINDOW)) & (addrs < np.uint64(SHARED_WINDOW + (1 << 32)))
     pa = (addrs >= np.uint64(PARAM_WINDOW)) & (addrs < np.uint64(PARAM_WINDOW + (1 << 32)))
     return sh, pa
+
+
+def _shared_parts(w, space: str, a: np.ndarray, mask: np.ndarray, size: int, what: str):
+    """(CTA, lanes, offsets) of the shared addresses `a` of the lanes of `mask`, by the CTA
+    whose window each names (shared::cta: this CTA's), bounds-checked."""
+    ctas = w.cta.cluster.ctas
+    ranks = (a >> np.uint64(RANK_SHIFT)).astype(np.int64)
+    if space == "shared":
+        ranks[:] = w.cta.rank
+    rows = np.nonzero(mask)[0]
+    for r in np.unique(ranks):
+        if r >= len(ctas):
+            raise MemoryFault(f"shared::cluster address {int(a[ranks == r][0]):#x} names CTA "
+                              f"rank {int(r)}; the cluster has {len(ctas)}")
+        cta, sel = ctas[int(r)], ranks == r
+        offs = (a[sel] & np.uint64(OFFSET_MASK)).astype(np.int64)
+        cta.smem.offsets(offs | (cta.rank << RANK_SHIFT), size, what)
+        yield cta, rows[sel], offs
+
 
 def load(w, space: str, addrs: np.ndarray, size: int, mask: np.ndarray) -> np.ndarray:
     """Bytes (32, size) read by the lanes of `mask` (others zero)."""
@@ -220,26 +252,16 @@ def load(w, space: str, addrs: np.ndarray, size: int, mask: np.ndarray) -> np.nd
                               f"{m.params.size} B of parameters")
         out[mask] = m.params[off[:, None] + np.arange(size)]
     elif space in ("shared", "shared::cluster"):
-        ranks = (a >> np.uint64(RANK_SHIFT)).astype(np.int64)
-        if space == "shared":
-            ranks[:] = w.cta.rank
-        rows = np.nonzero(mask)[0]
-        for r in np.unique(ranks):
-            cta = w.cta.cluster.ctas[int(r)] if r < len(w.cta.cluster.ctas) else None
-            if cta is None:
-                raise MemoryFault(f"shared::cluster address {int(a[ranks == r][0]):#x} names "
-                                  f"CTA rank {int(r)}")
-            sel = ranks == r
-            offs = (a[sel] & np.uint64(OFFSET_MASK)).astype(np.int64)
-            cta.smem.offsets(offs | (cta.rank << RANK_SHIFT), size, "ld")
+        for cta, rows, offs in _shared_parts(w, space, a, mask, size, "ld"):
             data, ok = cta.smem.read(offs, size)
             if not ok:
                 m.hazard("uninitialized-shared", 0, f"{w.where} reads shared bytes at offset "
-                         f"{int(offs[0]):#x} (CTA rank {int(r)}) that nothing wrote")
-            out[rows[sel]] = data
+                         f"{int(offs[0]):#x} (CTA rank {cta.rank}) that nothing wrote")
+            out[rows] = data
     else:
         raise EmulatorError(f"loads from .{space} are not emulated")
     return out
+
 
 def store(w, space: str, addrs: np.ndarray, data: np.ndarray, mask: np.ndarray):
     if not mask.any():
@@ -258,21 +280,22 @@ def store(w, space: str, addrs: np.ndarray, data: np.ndarray, mask: np.ndarray):
     if space == "global":
         m.memory.write(a, data[mask])
     elif space in ("shared", "shared::cluster"):
-        ranks = (a >> np.uint64(RANK_SHIFT)).astype(np.int64)
-        if space == "shared":
-            ranks[:] = w.cta.rank
-        rows = np.nonzero(mask)[0]
-        for r in np.unique(ranks):
-            cta = w.cta.cluster.ctas[int(r)]
-            sel = ranks == r
-            offs = (a[sel] & np.uint64(OFFSET_MASK)).astype(np.int64)
-            cta.smem.offsets(offs | (cta.rank << RANK_SHIFT), size, "st")
-            cta.smem.write(offs, data[rows[sel]], writer=(w.cta.rank, w.index))
+        for cta, rows, offs in _shared_parts(w, space, a, mask, size, "st"):
+            cta.smem.write(offs, data[rows], writer=(w.cta.rank, w.index))
     else:
         raise EmulatorError(f"stores to .{space} are not emulated")
 
+
 def as_bytes(v: np.ndarray, size: int) -> np.ndarray:
     return np.ascontiguousarray(v).view(np.uint8).reshape(32, -1)[:, :size]
+
+
+def first_lane(mask: np.ndarray):
+    """The lowest active lane of `mask` (the issuing thread of a one-thread instruction), or
+    None when no lane is active."""
+    lanes = np.nonzero(mask)[0]
+    return int(lanes[0]) if lanes.size else None
+
 
 def aligned_check(w, mask, ins):
     live = ~w.exited
@@ -281,7 +304,9 @@ def aligned_check(w, mask, ins):
             w.cta.machine.hazard("diverged-aligned", ins.line, f"{w.where} executes `{ins.op}` "
                                  f"with lanes {np.nonzero(live & ~mask)[0].tolist()} elsewhere")
 
+
 TX_LIMIT = (1 << 20) - 1
+
 
 def check_tx(m, b: MBarrier, line: int):
     if abs(b.tx) > TX_LIMIT:

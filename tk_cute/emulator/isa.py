@@ -22,6 +22,7 @@ from tk_cute.emulator.core import (  # noqa: F401  (re-exported: the engines' he
     as_bytes,
     cast,
     check_tx,
+    first_lane,
     load,
     read,
     space_of,
@@ -36,7 +37,10 @@ from tk_cute.emulator.core import (  # noqa: F401  (re-exported: the engines' he
 from tk_cute.emulator.memory import EmulatorError
 from tk_cute.emulator.sync import mbarrier_at  # noqa: F401
 
-ENGINES: dict = {}  # opcode prefix -> decoder(ins, machine) -> handler (the async engines)
+# opcode prefix -> decoder(ins, machine) -> handler, registered by the async engines; the
+# longest prefix an opcode starts with decodes it
+ENGINES: dict = {}
+
 
 NOOP = ("fence.", "membar.", "prefetch.", "prefetchu.", "griddepcontrol.", "nanosleep",
         "setmaxnreg.", "pmevent", ".pragma", "discard.")
@@ -55,6 +59,7 @@ def _ld(ins, m):
                 write(w, d, raw[:, i * el:(i + 1) * el].copy().view(V.DTYPES[t])[:, 0], mask)
     return run
 
+
 def _st(ins, m):
     t, space = type_of(ins), space_of(ins)
     srcs = vec(ins.args[1])
@@ -64,6 +69,7 @@ def _st(ins, m):
         data = np.concatenate([as_bytes(read(w, s, t), el) for s in srcs], axis=1)
         store(w, space, address(w, ins.args[0]), data, mask)
     return run
+
 
 def _atom(ins, m):
     t, space = type_of(ins), space_of(ins)
@@ -96,10 +102,10 @@ def _atom(ins, m):
     return run
 
 
-# --- arithmetic ---------------------------------------------------------------------------
-
+# --- non-bulk cp.async --------------------------------------------------------------------
 CP_ASYNC = ("cp.async.ca.", "cp.async.cg.", "cp.async.commit_group", "cp.async.wait_group",
             "cp.async.wait_all")
+
 
 def _cp_async(ins, m):
     """The non-bulk `cp.async.{ca,cg}.shared{::cta}.global [dst], [src], cp-size{, src-size}
@@ -126,6 +132,7 @@ def _cp_async(ins, m):
         store(w, "shared", address(w, ins.args[0]), data, mask)
     return run
 
+
 DECODERS = {
     "ld": _ld, "ldu": _ld, "st": _st, "atom": _atom, "red": _atom, "add": alu.binary,
     "sub": alu.binary, "mul": alu.binary, "mad": alu.binary, "fma": alu.binary, "div": alu.binary,
@@ -141,6 +148,7 @@ DECODERS = {
     "barrier": sync.bar, "mbarrier": sync.mbarrier,
 }
 
+
 def decode(ins, m):
     """The handler of `ins`: its guard applied, then its semantics (raises on an unknown op)."""
     if ins.base in ("and", "or", "xor") and type_of(ins) == "pred":
@@ -154,7 +162,8 @@ def decode(ins, m):
     elif ins.op.startswith(CP_ASYNC):
         inner = _cp_async(ins, m)
     else:
-        eng = next((d for p, d in ENGINES.items() if ins.op.startswith(p)), None)
+        prefix = max((p for p in ENGINES if ins.op.startswith(p)), key=len, default=None)
+        eng = ENGINES.get(prefix)
         dec = eng or DECODERS.get(ins.base)
         if dec is None:
             raise EmulatorError(f"PTX line {ins.line}: opcode `{ins.op}` is not emulated")

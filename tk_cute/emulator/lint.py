@@ -128,7 +128,7 @@ class Rule:
     closes: Callable[[Instr], bool]
     checks: Callable[[Instr], bool]
     at_end: bool  # also checked where the kernel ends (ret / exit / falling off the body)
-    message: str  # format fields: what, origin, check, line
+    message: str  # format fields: what, origin, check
 
 
 RULES = (
@@ -207,8 +207,6 @@ def check_paths(fn: Function, rule: Rule) -> list[Finding]:
         if i == n and not rule.at_end:
             continue
         live = frozenset().union(*(out[p] for p in preds[i])) if preds[i] else frozenset()
-        if i < n and rule.closes(fn.body[i]) and rule.checks(fn.body[i]):
-            pass  # a check that also closes looks at what reached it
         for o in sorted(live):
             check = "the end of the kernel" if i == n else _short(fn.body[i])
             line = fn.body[i].line if i < n else fn.body[-1].line
@@ -216,7 +214,7 @@ def check_paths(fn: Function, rule: Rule) -> list[Finding]:
             found.setdefault(key, Finding(rule.name, fn.name, line, fn.body[o].line,
                                           rule.message.format(what=_short(fn.body[o]),
                                                               origin=fn.body[o].line,
-                                                              check=check, line=line)))
+                                                              check=check)))
     return list(found.values())
 
 

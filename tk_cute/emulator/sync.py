@@ -37,6 +37,7 @@ def shfl(ins, m):
             write(w, dsts[1].strip(), ok, mask)
     return run
 
+
 def vote(ins, m):
     mode = ins.op.split(".")[2] if ins.op.split(".")[1] == "sync" else ins.op.split(".")[1]
 
@@ -56,6 +57,7 @@ def vote(ins, m):
             r = np.full(32, v, bool)
         write(w, ins.args[0], r, mask)
     return run
+
 
 def redux(ins, m):
     """redux.sync.{add,min,max}.{u32,s32} / .{and,or,xor}.b32 d, a, membermask: every lane of
@@ -78,6 +80,7 @@ def redux(ins, m):
         write(w, ins.args[0], np.full(32, v, np.uint32), members)
     return run
 
+
 def elect(ins, m):
     dsts = ins.args[0].split("|")
 
@@ -89,6 +92,7 @@ def elect(ins, m):
             write(w, dsts[1].strip(), w.lane == leader, mask)
     return run
 
+
 def activemask(ins, m):
     def run(w, mask):
         v = int(np.sum(mask.astype(np.uint64) << w.lane.astype(np.uint64)))
@@ -98,6 +102,7 @@ def activemask(ins, m):
 
 # --- control and barriers ---------------------------------------------------------------
 
+
 def bra(ins, m):
     target = m.fn.labels[ins.args[0]]
 
@@ -105,16 +110,19 @@ def bra(ins, m):
         w.pc[mask] = target
     return run
 
+
 def ret(ins, m):
     def run(w, mask):
         w.exited |= mask
     return run
+
 
 def trap(ins, m):
     def run(w, mask):
         if mask.any():
             raise EmulatorError("trap executed")
     return run
+
 
 def bar(ins, m):
     """bar.sync / barrier.sync / bar.arrive id[, count]: warps count 32 threads each.
@@ -152,6 +160,7 @@ def bar(ins, m):
         del w.state[key]
     return run
 
+
 def _warp_sync(ins):
     def run(w, mask):
         if not mask.any():
@@ -164,6 +173,7 @@ def _warp_sync(ins):
                                  f"`{ins.op}` with lanes {np.nonzero(stray)[0].tolist()} of its "
                                  f"mask elsewhere")
     return run
+
 
 def cluster_barrier(ins, m):
     wait = ".wait" in ins.op
@@ -189,6 +199,7 @@ def cluster_barrier(ins, m):
         del w.state["cluster"]
     return run
 
+
 def mbarrier_at(w, addr: int, line: int, remote: bool):
     """The mbarrier at a shared (::cta or ::cluster) address."""
     if remote:
@@ -200,6 +211,7 @@ def mbarrier_at(w, addr: int, line: int, remote: bool):
         raise EmulatorError(f"mbarrier at shared offset {off:#x} of CTA rank {cta.rank} was "
                             f"never initialized")
     return b
+
 
 def mbarrier(ins, m):
     """mbarrier.init / arrive[.expect_tx] / arrive_drop / expect_tx / try_wait / test_wait
@@ -297,6 +309,7 @@ def mbarrier(ins, m):
         raise EmulatorError(f"{ins.op} is not emulated")
     return run
 
+
 def _check_lap(w, b: MBarrier, ins):
     """A parity wait tells phases apart only from the one before (PTX ISA 9.7.13.15.16): a warp
     whose successful waits on one barrier see it two or more phases on has lapped it, and its
@@ -309,6 +322,7 @@ def _check_lap(w, b: MBarrier, ins):
                              f"wait there saw phase {last}: a parity wait more than one phase "
                              f"old")
     w.state[key] = b.phase
+
 
 def noop(ins, m):
     proxy = ins.op.startswith("fence.proxy.async")

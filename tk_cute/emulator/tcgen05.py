@@ -556,10 +556,9 @@ def _cp(ins, m):
     pair = "cta_group::2" in parts
 
     def run(w, mask):
-        lanes = np.nonzero(mask)[0]
-        if not lanes.size:
+        lane = isa.first_lane(mask)
+        if lane is None:
             return
-        lane = lanes[0]
         taddr = int(isa.read(w, ins.args[0][1:-1], "u32")[lane])
         desc = smem_desc(int(isa.read(w, ins.args[1], "u64")[lane]), m.arch)
         ctas = _pair(w.cta) if pair else [w.cta]
@@ -587,10 +586,9 @@ def _commit(ins, m):
     multicast = "multicast::cluster" in parts
 
     def run(w, mask):
-        lanes = np.nonzero(mask)[0]
-        if not lanes.size:
+        lane = isa.first_lane(mask)
+        if lane is None:
             return
-        lane = lanes[0]
         bar = int(isa.address(w, ins.args[0])[lane])
         cl = w.cta.cluster
         rank, off = (bar >> RANK_SHIFT, bar & OFFSET_MASK) if "shared::cluster" in parts else (
@@ -621,18 +619,6 @@ def _noop(ins, m):
     return lambda w, mask: None
 
 
-def _tcgen05(ins, m):
-    op = ins.op
-    for prefix, dec in (("tcgen05.alloc", _alloc), ("tcgen05.dealloc", _dealloc),
-                        ("tcgen05.relinquish_alloc_permit", _relinquish),
-                        ("tcgen05.ld", _ld), ("tcgen05.st", _st), ("tcgen05.wait", _wait),
-                        ("tcgen05.mma", _mma), ("tcgen05.cp", _cp),
-                        ("tcgen05.commit", _commit), ("tcgen05.fence", _noop)):
-        if op.startswith(prefix):
-            return dec(ins, m)
-    raise EmulatorError(f"opcode `{op}` is not emulated")
-
-
 def _loads_in_flight(m, w, ins):
     """An mbarrier arrive while this thread's tcgen05.ld is in flight (neither waited by
     tcgen05.wait::ld nor its value used): the columns it reads are handed to another thread
@@ -645,5 +631,9 @@ def _loads_in_flight(m, w, ins):
             return
 
 
-isa.ENGINES["tcgen05."] = _tcgen05
+isa.ENGINES.update({
+    "tcgen05.alloc": _alloc, "tcgen05.dealloc": _dealloc,
+    "tcgen05.relinquish_alloc_permit": _relinquish, "tcgen05.ld": _ld, "tcgen05.st": _st,
+    "tcgen05.wait": _wait, "tcgen05.mma": _mma, "tcgen05.cp": _cp, "tcgen05.commit": _commit,
+    "tcgen05.fence": _noop})
 machine_mod.RELEASE_CHECKS.append(_loads_in_flight)

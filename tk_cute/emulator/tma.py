@@ -225,23 +225,17 @@ def _prefetch(ins, m):
     return lambda w, mask: None
 
 
-def _bulk(ins, m):
-    if ins.op.startswith("cp.async.bulk.commit_group"):
-        return _commit(ins, m)
-    if ins.op.startswith("cp.async.bulk.wait_group"):
-        return _wait_group(ins, m)
-    if ins.op.startswith("cp.async.bulk.prefetch"):
-        return _prefetch(ins, m)
-    if ins.op.startswith("cp.async.bulk.tensor"):
-        parts = ins.op.split(".")
-        if "tile" not in parts:
-            raise EmulatorError(f"`{ins.op}`: only tile-mode TMA is emulated")
-        dst = parts[5]
-        if dst.startswith("shared"):
-            return _tma_load(ins, m)
-        if dst == "global":
-            return _tma_store(ins, m)
+def _tensor(ins, m):
+    parts = ins.op.split(".")
+    if "tile" not in parts:
+        raise EmulatorError(f"`{ins.op}`: only tile-mode TMA is emulated")
+    if parts[5].startswith("shared"):
+        return _tma_load(ins, m)
+    if parts[5] == "global":
+        return _tma_store(ins, m)
     raise EmulatorError(f"opcode `{ins.op}` is not emulated")
 
 
-isa.ENGINES["cp.async.bulk"] = _bulk
+isa.ENGINES.update({
+    "cp.async.bulk.commit_group": _commit, "cp.async.bulk.wait_group": _wait_group,
+    "cp.async.bulk.prefetch": _prefetch, "cp.async.bulk.tensor": _tensor})

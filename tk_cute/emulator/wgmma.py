@@ -440,27 +440,22 @@ def _wait(ins, m):
     return run
 
 
-def _wgmma(ins, m):
-    if ins.op.startswith("wgmma.fence"):
-        return _fence(ins, m)
-    if ins.op.startswith("wgmma.commit_group"):
-        return _commit(ins, m)
-    if ins.op.startswith("wgmma.wait_group"):
-        return _wait(ins, m)
-    if ins.op.startswith("wgmma.mma_async"):
-        return _mma(ins, m)
-    raise EmulatorError(f"opcode `{ins.op}` is not emulated")
-
-
 # --- ldmatrix / stmatrix -------------------------------------------------------------------
-def _matrix_shape(ins):
+def _matrix_shape(ins, regs_arg: int):
+    """(registers, (row, column) of each lane's halves, lanes that name a matrix row) of an
+    ldmatrix / stmatrix whose register vector is argument `regs_arg`."""
     parts = ins.op.split(".")
     if "m8n8" not in parts or "b16" not in parts:
         raise EmulatorError(f"`{ins.op}`: only .m8n8 .b16 matrices are emulated")
     count = next((int(p[1:]) for p in parts if p in ("x1", "x2", "x4")), None)
     if count is None:
         raise EmulatorError(f"`{ins.op}`: no .x1 / .x2 / .x4")
-    return count, "trans" in parts
+    regs = isa.vec(ins.args[regs_arg])
+    if len(regs) != count:
+        raise EmulatorError(f"`{ins.op}`: {len(regs)} registers for .x{count}")
+    use = np.zeros(32, bool)
+    use[:8 * count] = True
+    return regs, fragment_positions("trans" in parts), use
 
 
 def fragment_positions(trans: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -472,11 +467,7 @@ def fragment_positions(trans: bool) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _stmatrix(ins, m):
-    count, trans = _matrix_shape(ins)
-    regs = isa.vec(ins.args[1])
-    if len(regs) != count:
-        raise EmulatorError(f"`{ins.op}`: {len(regs)} registers for .x{count}")
-    rows, cols = fragment_positions(trans)
+    regs, (rows, cols), use = _matrix_shape(ins, 1)
     space = isa.space_of(ins)  # .shared{::cta}, or generic addresses
 
     def run(w, mask):
@@ -488,26 +479,18 @@ def _stmatrix(ins, m):
             v = isa.read(w, r, "b32")
             halves = np.stack([v & np.uint32(0xFFFF), v >> np.uint32(16)], axis=1)
             data[8 * i + rows, cols] = halves.astype(np.uint16)
-        use = np.zeros(32, bool)
-        use[:8 * count] = True
         isa.store(w, space, isa.address(w, ins.args[0]), data.view(np.uint8), use)
     return run
 
 
 def _ldmatrix(ins, m):
-    count, trans = _matrix_shape(ins)
-    regs = isa.vec(ins.args[0])
-    if len(regs) != count:
-        raise EmulatorError(f"`{ins.op}`: {len(regs)} registers for .x{count}")
-    rows, cols = fragment_positions(trans)
+    regs, (rows, cols), use = _matrix_shape(ins, 0)
     space = isa.space_of(ins)
 
     def run(w, mask):
         if not mask.any():
             return
         isa.aligned_check(w, mask, ins)
-        use = np.zeros(32, bool)
-        use[:8 * count] = True
         data = isa.load(w, space, isa.address(w, ins.args[1]), 16, use).view(np.uint16)
         for i, r in enumerate(regs):
             h = data[8 * i + rows, cols].astype(np.uint32)  # (32 lanes, 2)
@@ -561,7 +544,8 @@ def _mma_sync(ins, m):
     return run
 
 
-isa.ENGINES["wgmma."] = _wgmma
+isa.ENGINES.update({"wgmma.fence": _fence, "wgmma.commit_group": _commit,
+                    "wgmma.wait_group": _wait, "wgmma.mma_async": _mma})
 isa.ENGINES["mma.sync."] = _mma_sync
 isa.ENGINES["stmatrix."] = _stmatrix
 isa.ENGINES["ldmatrix."] = _ldmatrix

@@ -114,15 +114,21 @@ def _check(a, b, out_dtype) -> None:
     if a.device != b.device:
         raise ValueError(f"gemm_sm100 operands on different devices: {a.device}, {b.device}")
     for name, t in (("a", a), ("b", b)):
-        rows = nvfp4_codes.strides(t.shape[-2], t.K, t.ndim == 3)
-        for part, x, align, ok in (
-                ("data", t.data, 32, tuple(t.data.stride()) == rows),
-                ("scales", t.scales, 16, t.scales.is_contiguous())):
-            if not ok or x.data_ptr() % align:
-                raise ValueError(f"gemm_sm100: {name}.{part} must be laid out as NVFP4Tensor "
-                                 f"makes it (codes: rows nvfp4_codes.row_pitch(K) bytes apart) "
-                                 f"and {align}-byte aligned (TMA), got stride {x.stride()}, "
-                                 f"address {x.data_ptr():#x}")
+        _check_layout(name, t)
+
+
+def _check_layout(name: str, t: NVFP4Tensor) -> None:
+    """ValueError unless `t`'s codes and scales are laid out as NVFP4Tensor makes them and
+    aligned as the kernels' loads need."""
+    rows = nvfp4_codes.strides(t.shape[-2], t.K, t.ndim == 3)
+    for part, x, align, ok in (
+            ("data", t.data, 32, tuple(t.data.stride()) == rows),
+            ("scales", t.scales, 16, t.scales.is_contiguous())):
+        if not ok or x.data_ptr() % align:
+            raise ValueError(f"gemm_sm100: {name}.{part} must be laid out as NVFP4Tensor makes "
+                             f"it (codes: rows nvfp4_codes.row_pitch(K) bytes apart) and "
+                             f"{align}-byte aligned, got stride {x.stride()}, address "
+                             f"{x.data_ptr():#x}")
 
 
 def scale_format(fmt: str, target: str) -> str:
@@ -293,7 +299,7 @@ def prepare_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, con
         raise ValueError(f"W4A16 activations must be contiguous, 16-byte aligned and on the "
                          f"weights' device; got stride {x.stride()}, address "
                          f"{x.data_ptr():#x}, device {x.device}")
-    _check(b, b, out_dtype)  # the weights' layout and alignment
+    _check_layout("b", b)
     if target is not None and target not in TARGETS:
         raise ValueError(f"gemm_sm100 runs on {', '.join(TARGETS)}; target={target!r}")
     target = target or device_target(x.device)
