@@ -19,6 +19,35 @@ M = 128
 TORCH = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
+def _tmem_to_registers(acc, gC, tid, n: int):
+    """`tcgen05.ld` of the (128, n) accumulator `acc` into fp32 registers (thread t: row t),
+    waited (`wait::ld`); -> (registers, this thread's part of the C tile `gC`)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.nvgpu import tcgen05
+
+    from tk_cute.ops import tcgen05 as tc
+
+    acc, gC = acc[(None, None), 0, 0], gC[(None, None), 0, 0]
+    copy = tcgen05.make_tmem_copy(tc.tmem_load_atom(n), acc)
+    thr = copy.get_slice(tid)
+    src, dst = thr.partition_S(acc), thr.partition_D(gC)
+    regs = cute.make_rmem_tensor(dst.shape, cutlass.Float32)
+    cute.copy(copy, src, regs)
+    tc.tensor_load_wait()
+    return regs, dst
+
+
+def _store(regs, dst):
+    """fp32 registers -> C's type -> global."""
+    import cutlass.cute as cute
+
+    out = cute.make_rmem_tensor(regs.shape, dst.element_type)
+    out.store(regs.load().to(dst.element_type))
+    cute.autovec_copy(out, dst)
+
+
+
 @functools.cache
 def _gemm(dtype: str, a_mn: bool, b_mn: bool, n: int, k: int):
     """Host function C (M, n) = A (M, k) @ B (n, k)^T; an MN-major operand is given transposed
@@ -83,20 +112,12 @@ def _gemm(dtype: str, a_mn: bool, b_mn: bool, n: int, k: int):
                 tc.tensor_commit(done, pair=False)
         semaphore(done).wait(0)
         tc.fence_after_thread_sync()
-        acc, gC = acc[(None, None), 0, 0], gC[(None, None), 0, 0]
-        copy = tcgen05.make_tmem_copy(tc.tmem_load_atom(n), acc)
-        thr = copy.get_slice(tid)
-        src, dst = thr.partition_S(acc), thr.partition_D(gC)
-        regs = cute.make_rmem_tensor(dst.shape, cutlass.Float32)
-        cute.copy(copy, src, regs)
-        tc.tensor_load_wait()
+        regs, dst = _tmem_to_registers(acc, gC, tid, n)
         cute.arch.sync_threads()
         if warp.warpid() == 0:
             alloc.relinquish_alloc_permit()
             alloc.free(base, columns)
-        out = cute.make_rmem_tensor(regs.shape, mC.element_type)
-        out.store(regs.load().to(mC.element_type))
-        cute.autovec_copy(out, dst)
+        _store(regs, dst)
 
     @cute.jit
     def gemm(a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, stream):
@@ -213,17 +234,9 @@ def _pair_gemm(n: int, k: int):
                 accs.arrive(out)
         full = accs.consumer()
         accs.wait_arrived(full)
-        acc, gC = acc[(None, None), 0, 0], gC[(None, None), 0, 0]
-        copy = tcgen05.make_tmem_copy(tc.tmem_load_atom(n), acc)
-        thr = copy.get_slice(tid)
-        src, dst = thr.partition_S(acc), thr.partition_D(gC)
-        regs = cute.make_rmem_tensor(dst.shape, cutlass.Float32)
-        cute.copy(copy, src, regs)
-        tc.tensor_load_wait()
+        regs, dst = _tmem_to_registers(acc, gC, tid, n)
         accs.finish(full)
-        out = cute.make_rmem_tensor(regs.shape, mC.element_type)
-        out.store(regs.load().to(mC.element_type))
-        cute.autovec_copy(out, dst)
+        _store(regs, dst)
         cute.arch.sync_threads()
         if warp.warpid() == 0:
             alloc.relinquish_alloc_permit()
