@@ -11,7 +11,7 @@
 import functools
 
 from tk_cute import report, viz
-from tk_cute.nvfp4.heuristics import sm100_config
+from tk_cute.tuning.sm100 import w4a4_config
 
 # %% [markdown]
 # The report of the Rubin NVFP4 GEMM at 8192^3 (in a notebook: a table; `format_report` gives
@@ -20,7 +20,7 @@ from tk_cute.nvfp4.heuristics import sm100_config
 # %%
 @functools.cache
 def rubin_report(mnk=(8192, 8192, 8192)):
-    return report.report(sm100_config("sm_107a", *mnk), *mnk)
+    return report.report(w4a4_config("sm_107a", *mnk), *mnk)
 
 
 rubin_report()
@@ -37,7 +37,7 @@ viz.roofline_plot(rubin_report())
 # factors of one K stage, 4 columns per 512-byte atom.
 
 # %%
-viz.tmem_plot(sm100_config("sm_107a", 8192, 8192, 8192))
+viz.tmem_plot(w4a4_config("sm_107a", 8192, 8192, 8192))
 
 
 # %%

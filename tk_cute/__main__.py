@@ -129,10 +129,10 @@ def _rubin_compile(M: int, N: int, K: int) -> str:
     """Compile the Rubin kernel (the heuristics' config for the shape, K rounded up to its
     Kb) and assert what the compiler produced."""
     from tk_cute import report
-    from tk_cute.nvfp4.heuristics import sm100_config
+    from tk_cute.tuning.sm100 import w4a4_config
 
     K = -(-K // 256) * 256
-    cfg = sm100_config("sm_107a", M, N, K)
+    cfg = w4a4_config("sm_107a", M, N, K)
     r = report.report(cfg, M, N, K)
     assert r["mma_instructions_per_stage"] > 0, "no tcgen05 block-scaled MMA in the PTX"
     assert r["spill_bytes"] == 0, f"{r['spill_bytes']} bytes of register spills"

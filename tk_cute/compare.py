@@ -172,9 +172,9 @@ def tk_cute_side(arch: str, mnk, overrides: dict | None = None, name: str = "tk_
         return Side(name, _hopper_build(kernel), source_lines(_of(type(kernel))),
                     kernel.dynamic_shared_memory(), run=run)
     from tk_cute.kernels.gemm import nvfp4_sm100 as K
-    from tk_cute.nvfp4.heuristics import sm100_config
+    from tk_cute.tuning.sm100 import w4a4_config
 
-    cfg = dataclasses.replace(sm100_config(arch, *mnk), **overrides)
+    cfg = dataclasses.replace(w4a4_config(arch, *mnk), **overrides)
     b, kern = K.compile(cfg, *mnk)
     return Side(name, b, source_lines(_of(K.GemmNvfp4Sm100)), kern.traced["smem_bytes"],
                 cfg.tmem_columns_used)

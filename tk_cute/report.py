@@ -4,7 +4,9 @@
 `report(cfg, m, n, k)` builds the kernel for `cfg.arch` (no GPU needed) and returns the tile
 config, stages, shared / tensor memory, registers, spills, MMA instructions per tile, and a
 ROOFLINE MODEL of the expected time (an upper bound on speed from vendor peak figures, not a
-measurement). `python -m tk_cute report --arch sm_107a --mnk 16384,16384,16384` prints it;
+measurement). `python -m tk_cute report --arch sm_107a --mnk 16384,16384,16384` prints it, with the config the
+dispatch picks for that shape (`tk_cute.tuning.sm100.w4a4_config`) and the cost MODEL's
+estimate behind the pick (`tuning.sm100.estimate`);
 `--out nvfp4` reports the kernel with its fused NVFP4-output epilogue (D written as 0.5625 bytes
 per element: codes and UE4M3 scales).
 The result is a `Report` (a dict): its repr is one line, its `_repr_html_` a table, and
@@ -16,12 +18,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-# Vendor peak figures (dense NVFP4 FLOP/s, HBM bytes/s); ../shared/reference/rubin.md.
-PEAKS = {
-    "sm_107a": (35e15, 22e12, "Rubin (VR200): 35 PF NVFP4, 22 TB/s"),
-    "sm_100a": (9e15, 8e12, "B200: 9 PF NVFP4, 8 TB/s"),
-    "sm_103a": (9e15, 8e12, "B300 modelled with B200 figures: 9 PF NVFP4, 8 TB/s"),
-}
+from tk_cute.tuning import sm100 as sm100_tuning
+
+# Vendor peak figures (dense NVFP4 FLOP/s, HBM bytes/s, label): `tuning.sm100.PEAKS`' own.
+PEAKS = {arch: (fp4, hbm, label) for arch, (fp4, _, hbm, label) in sm100_tuning.PEAKS.items()}
 
 
 def attainable(arch: str, intensity):
@@ -112,6 +112,8 @@ def report(cfg, m: int, n: int, k: int, build=None) -> dict:
         "compile_seconds": round(b.compile_seconds, 2),
         "epilogue": epilogue,
         "roofline": roofline(cfg.arch, m, n, k, cfg.out),
+        "pick": sm100_tuning.describe(cfg),
+        "estimate": sm100_tuning.estimate(cfg, m, n, k),
     })
 
 
@@ -168,6 +170,14 @@ def format_report(r: dict) -> str:
     rf = r["roofline"]
     lines.append(f"  ROOFLINE MODEL ({rf['model']}; {rf['peaks']}): {rf['time_us']:.1f} us, "
                  f"{rf['bound']}-bound, {rf['intensity_flop_per_byte']:.0f} FLOP/B")
+    est = r.get("estimate")
+    if est:
+        terms = ", ".join(f"{t} {est[t + '_us']:.1f}" for t in ("compute", "dram", "load",
+                                                                "smem", "fixed"))
+        lines.append(f"  config {r['pick']}")
+        lines.append(f"  COST MODEL of this config (not measured): {est['time_us']:.1f} us, "
+                     f"{est['bound']}-bound ({terms} us; {est['waves']} waves of "
+                     f"{est['units']} units, split K {est['splits']})")
     return "\n".join(lines)
 
 
@@ -184,7 +194,8 @@ def _mnk(text: str) -> tuple[int, int, int]:
     return values
 
 
-OVERRIDES = ("Mb", "Nb", "LOAD_PIPE_DEPTH", "ACC_PIPE_DEPTH", "CLUSTER_M", "CLUSTER_N")
+OVERRIDES = ("Mb", "Nb", "LOAD_PIPE_DEPTH", "ACC_PIPE_DEPTH", "CLUSTER_M", "CLUSTER_N",
+             "SPLIT_K")
 
 
 def main(argv=None) -> int:
@@ -199,14 +210,14 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     m, n, k = a.mnk
     from tk_cute.kernels.gemm.nvfp4_sm100 import ConfigError
-    from tk_cute.nvfp4.heuristics import sm100_config
+    from tk_cute.tuning.sm100 import w4a4_config
 
     try:
         check_shape(m, n, k, a.out)
     except ValueError as e:
         p.error(str(e))
     try:
-        cfg = sm100_config(a.arch, m, n, k, out=a.out)
+        cfg = w4a4_config(a.arch, m, n, k, out=a.out)
         over = {f: getattr(a, f) for f in OVERRIDES if getattr(a, f) is not None}
         if over:
             cfg = dataclasses.replace(cfg, **over)

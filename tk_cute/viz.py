@@ -869,13 +869,13 @@ def draw(args, parser):
             parser.error(str(e))
     if args.what in ("tmem", "roofline"):
         from tk_cute import report
-        from tk_cute.nvfp4.heuristics import sm100_config
+        from tk_cute.tuning.sm100 import w4a4_config
 
         try:
             report.check_shape(*args.mnk)
         except ValueError as e:
             parser.error(str(e))
-        cfg = sm100_config(args.arch, *args.mnk)
+        cfg = w4a4_config(args.arch, *args.mnk)
         return tmem_plot(cfg) if args.what == "tmem" else roofline_plot(
             report.report(cfg, *args.mnk))
     if args.what == "paths":

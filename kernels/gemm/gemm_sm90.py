@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu.warpgroup import OperandMajorMode
+from cutlass.cute.nvgpu import OperandMajorMode
 
 from tk_cute.arch import target
 from tk_cute.ops import register, tma, warpgroup

@@ -15,7 +15,10 @@ memory (no host sync). Pipeline contract, per CTA of a pair
             `tma.store_async`;
             NVFP4 D (`out="nvfp4"`): per 16 columns of its row a thread's block amax (reducing
             TMEM load on sm_103a / sm_107a), the recipe's scale and codes, direct stores.
-  tiles: static persistent supergroup order, or CLC (`schedule`); PDL. Any M, N, and K % 16
+  tiles: static persistent supergroup order, or CLC (`schedule`); PDL. Small M (the dispatch's
+  cost model decides): `swap_ab` computes D^T (the weights as the MMA's A, D stored through a
+  column-major tile) and `SPLIT_K` runs equal runs of K as separate work units writing fp32
+  partial D's (batch l * splits + s) that the caller sums. Any M, N, and K % 16
   (the last K stage partly out of bounds: TMA fills codes and scales with zeros); dense D rows
   `d_pitch(N)` apart; N % 16 for NVFP4 D (`tk_cute.nvfp4.dispatch_sm100` checks and picks);
   UE5M3 scales (sf) on sm_107a only; MMA K = 64 (sm_100a,
@@ -41,7 +44,7 @@ from tk_cute.ops import nvfp4 as fp4
 from tk_cute.ops import tcgen05 as tc
 from tk_cute.types import Shared, coord, gl, st, st_mma, stage_ring, sv
 from tk_cute.types import tt as tmem
-from tk_cute.types.gl import row_major
+from tk_cute.types.gl import col_major, row_major
 from tk_cute.types.semaphore import NamedBarrier
 from tk_cute.types.struct import DeviceStruct
 
@@ -89,7 +92,9 @@ class Config:
     sf: str = "ue4m3"
     out: str = "bfloat16"  # D's type (OUT_TYPES; "nvfp4": codes + blocked UE4M3 scales)
     scheduler: str = schedule.STATIC  # or schedule.CLC: cluster launch control (work stealing)
-    early_release_a: bool = True  # where the target has it (`Target.early_a_release`)
+    swap_ab: bool = False  # the call's B (weights) is the MMA's A: D^T computed, D stored
+    # transposed (small M: the weights fill the 256-row MMA; dense D only)
+    SPLIT_K: int = 1  # > 1: K in runs (`k_splits`), partial D's in fp32, summed by the caller
 
     def __post_init__(self):
         t = target(self.arch)
@@ -107,6 +112,12 @@ class Config:
         if self.out not in OUT_TYPES or self.scheduler not in schedule.KINDS:
             raise ConfigError(f"out={self.out!r} not in {list(OUT_TYPES)} or scheduler="
                               f"{self.scheduler!r} not in {schedule.KINDS}")
+        if self.SPLIT_K < 1 or (self.SPLIT_K > 1 and self.nvfp4_out):
+            raise ConfigError(f"SPLIT_K={self.SPLIT_K}: at least 1, and 1 for NVFP4 D (its "
+                              f"blocks are quantized from the whole sum)")
+        if self.nvfp4_out and self.swap_ab:
+            raise ConfigError("NVFP4 D quantizes along D's rows, which a swapped (D^T) "
+                              "accumulator holds across threads: swap_ab needs a dense out")
         if self.nvfp4_out and self.EPI_N % epilogue.NVFP4_BLOCK:
             raise ConfigError(f"NVFP4 D quantizes 16-column blocks: EPI_N={self.EPI_N} must be a "
                               f"multiple of {epilogue.NVFP4_BLOCK}")
@@ -120,6 +131,11 @@ class Config:
                                   f"on {self.arch}; lower LOAD_PIPE_DEPTH")
 
     # --- derived -----------------------------------------------------------------------
+    @property
+    def d_type(self) -> str:
+        """What the kernel writes: `out`, or fp32 partial sums when K is split."""
+        return "float32" if self.SPLIT_K > 1 else self.out
+
     @property
     def nvfp4_out(self) -> bool:
         """D quantized to NVFP4 in the epilogue (codes and scales stored from registers)."""
@@ -140,7 +156,7 @@ class Config:
     @property
     def early_a_release(self) -> bool:
         """The A stage freed once its MMAs have read it (`Target.early_a_release`)."""
-        return target(self.arch).early_a_release and self.early_release_a
+        return target(self.arch).early_a_release
 
     @property
     def b_reuse(self) -> bool:
@@ -170,7 +186,8 @@ class Config:
         per = self.stage_bytes
         bufs = [v * self.LOAD_PIPE_DEPTH for v in per.values()]
         if not self.nvfp4_out:
-            bufs.append(128 * self.EPI_N * OUT_TYPES[self.out].width // 8 * self.EPI_PIPE_DEPTH)
+            bufs.append(128 * self.EPI_N * OUT_TYPES[self.d_type].width // 8
+                        * self.EPI_PIPE_DEPTH)
         return 1024 + sum(-(-b // 1024) * 1024 for b in bufs)
 
 
@@ -204,7 +221,7 @@ class GemmNvfp4Sm100:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.sf_dtype = tc.SCALE_TYPES[cfg.sf]
-        self.out_dtype = OUT_TYPES[cfg.out]
+        self.out_dtype = OUT_TYPES[cfg.d_type]
         self.threads = 32 * (self.WALKERS + (cfg.scheduler == schedule.CLC))
         self.traced = {}  # what tracing computed from the kernel's layouts (tests read it)
 
@@ -220,7 +237,8 @@ class GemmNvfp4Sm100:
                       "B": st_mma.B(fp4, self.mma.op, self.tiler),
                       "SFA": st_mma.SFA(self.sf_dtype, self.tiler),
                       "SFB": st_mma.SFB(self.sf_dtype, self.tiler)}
-        self.d_tile = None if cfg.nvfp4_out else st(self.out_dtype, 128, cfg.EPI_N)
+        self.d_tile = None if cfg.nvfp4_out else st(self.out_dtype, 128, cfg.EPI_N,
+                                                    col_major=cfg.swap_ab)
 
     def _shared(self, vmnk):
         """Shared memory (1 KiB of barriers first, then each 1 KiB-aligned buffer), the rings
@@ -254,11 +272,15 @@ class GemmNvfp4Sm100:
                  sfb_ptr: cute.Pointer, d_ptr: cute.Pointer, ga_ptr: cute.Pointer,
                  gb_ptr: cute.Pointer, d_sf_ptr: cute.Pointer, d_gs_ptr: cute.Pointer,
                  flag_ptr: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32,
-                 l: cutlass.Int32, max_active_clusters: cutlass.Constexpr,
+                 l: cutlass.Int32, splits: cutlass.Int32, max_active_clusters: cutlass.Constexpr,
                  stream: cuda.CUstream):
         """D (m, n, l) = gA gB A (m, k, l) B (n, k, l)^T; gA, gB: pointers to fp32 scalars.
         NVFP4 D: d_ptr its codes, d_sf_ptr its blocked scales, d_gs_ptr its fp32 decode scale,
-        flag_ptr an Int32 that saturated block scales OR with 1 (dense D ignores the three)."""
+        flag_ptr an Int32 that saturated block scales OR with 1 (dense D ignores the three).
+        `splits` > 1 (split K, dense D): K's stages in `splits` equal runs (`schedule.k_split`,
+        none empty: the caller's choice), run s of batch l writes its partial D, already times
+        gA gB, as batch l * splits + s. `swap_ab`: D is stored transposed, (n, m, l) row-major,
+        rows `d_pitch(m)` apart."""
         cfg, cs = self.cfg, (self.cfg.CLUSTER_M, self.cfg.CLUSTER_N)
         self._globals()
         ka = cute.assume(k, 16)
@@ -271,18 +293,23 @@ class GemmNvfp4Sm100:
             g = GlobalsNvfp4(*loads, d_ptr, ga_ptr, gb_ptr, d_sf_ptr, d_gs_ptr, flag_ptr, m, n)
         else:
             per = 128 // self.out_dtype.width
-            mD = row_major(d_ptr, m, n, l, cute.assume(d_pitch(n, cfg.out), per))
+            if cutlass.const_expr(cfg.swap_ab):
+                mD = col_major(d_ptr, m, n, l * splits, cute.assume(d_pitch(m, cfg.d_type),
+                                                                    per))
+            else:
+                mD = row_major(d_ptr, m, n, l * splits, cute.assume(d_pitch(n, cfg.d_type),
+                                                                    per))
             g = Globals(*loads, gl.store(mD, self.d_tile), ga_ptr, gb_ptr)
-        tiles = (cute.ceil_div(m, cfg.Mb // 2), cute.ceil_div(n, cfg.Nb), l)  # CTA tiles
+        tiles = (cute.ceil_div(m, cfg.Mb // 2), cute.ceil_div(n, cfg.Nb), l * splits)
         sched = schedule.params(cfg.scheduler, tiles, (*cs, 1), cfg.SUPERGROUP_SIZE)
-        self.kernel(g, sched).launch(
+        self.kernel(g, sched, splits).launch(
             grid=schedule.grid(cfg.scheduler, sched, max_active_clusters),
             block=[self.threads, 1, 1], cluster=(*cs, 1), stream=stream, min_blocks_per_mp=1,
             use_pdl=True)
 
     # --- the kernel: setup, then one method per warp role ------------------------------
     @cute.kernel
-    def kernel(self, g: Globals, sched: schedule.Params):
+    def kernel(self, g: Globals, sched: schedule.Params, splits: cutlass.Int32):
         cfg, cs = self.cfg, (self.cfg.CLUSTER_M, self.cfg.CLUSTER_N)
         self._globals()  # layouts and MMAs are static: rebuild them inside the kernel region
         vmnk = g.A.cluster_layout()
@@ -296,9 +323,9 @@ class GemmNvfp4Sm100:
         cluster.cluster_wait(cs)
         cluster.pdl_wait()
         if w == self.LOAD_WARP:
-            self.producer_load(g, smem, a_ring, bs_ring, walk)
+            self.producer_load(g, smem, a_ring, bs_ring, walk, splits)
         if w == self.MMA_WARP:
-            self.mma_issue(g, smem, a_ring, bs_ring, acc_ring, alloc, walk)
+            self.mma_issue(g, smem, a_ring, bs_ring, acc_ring, alloc, walk, splits)
         if w < self.MMA_WARP:
             if cutlass.const_expr(cfg.nvfp4_out):
                 self.consumer_finish_nvfp4(g, acc_ring, alloc, walk)
@@ -309,7 +336,7 @@ class GemmNvfp4Sm100:
                 schedule.clc_steal(schedule.Tiles.create(*walk))
 
     @cute.jit
-    def producer_load(self, g, smem, a_ring, bs_ring, walk):
+    def producer_load(self, g, smem, a_ring, bs_ring, walk, splits):
         """Producer warp: wait `a_ring` / `bs_ring` finished; TMA A (multicast along N), then B,
         SFA, SFB onto the stage's `arrived` barrier (the leader's, expecting both CTAs' bytes)."""
         src = {k: tma.source(getattr(g, k)) for k in self.inputs}  # this CTA's partitions
@@ -318,8 +345,9 @@ class GemmNvfp4Sm100:
         tiles = schedule.Tiles.create(*walk)
         work = tiles.first()
         while work.is_valid_tile:
-            m, n, l = work.tile_idx[0] // 2, work.tile_idx[1], work.tile_idx[2]
-            for kt in cutlass.range(k_tiles, unroll=1):
+            m, n = work.tile_idx[0] // 2, work.tile_idx[1]
+            l, k0, k1 = schedule.k_split(work.tile_idx[2], splits, k_tiles)
+            for kt in cutlass.range(k0, k1, unroll=1):
                 a_ring.wait_finished(a)
                 tma.load_async(smem.A[None, None, None, a.index], src["A"], coord(m, kt, l),
                                a_ring.arrived(a))
@@ -335,7 +363,7 @@ class GemmNvfp4Sm100:
         bs_ring.drain(bs)
 
     @cute.jit
-    def mma_issue(self, g, smem, a_ring, bs_ring, acc_ring, alloc, walk):
+    def mma_issue(self, g, smem, a_ring, bs_ring, acc_ring, alloc, walk, splits):
         """MMA warp (the leader CTA issues): wait `acc_ring` finished, per stage `a_ring` and
         `bs_ring` arrived; tcgen05.cp the scales, mma2_ABt per K block and M half; finish both
         stages (Rubin: A once read), arrive `acc_ring` per tile."""
@@ -354,8 +382,9 @@ class GemmNvfp4Sm100:
         work = tiles.first()
         while work.is_valid_tile:
             if cluster.is_leader_cta():
+                _, k0, k1 = schedule.k_split(work.tile_idx[2], splits, k_tiles)
                 acc_ring.wait_finished(out)
-                for kt in cutlass.range(k_tiles, unroll=1):
+                for kt in cutlass.range(k0, k1, unroll=1):
                     a_ring.wait_arrived(a)
                     bs_ring.wait_arrived(bs)
                     tc.load_scales_async(sfa_in, bs.index)
@@ -365,7 +394,7 @@ class GemmNvfp4Sm100:
                             tc.mma2_ABt(atoms[mh], acc[None, mh, 0, out.index],
                                         A[None, mh, kb, a.index], B[None, 0, kb, bs.index],
                                         sfa[None, mh, kb * c], sfb[None, 0, kb * c],
-                                        accumulate=(kt + kb) != 0)
+                                        accumulate=(kt - k0 + kb) != 0)
                     tc.release_stage(a_ring, a, a_only=cfg.early_a_release)
                     bs_ring.finish(bs)
                     a.advance()
@@ -478,27 +507,39 @@ def nvfp4_out_store(l, row, col, m, n):
 
 # --- launch arguments and fake-pointer compile (no GPU needed) ----------------------------
 # `launch_args` positions: the pointers, the sizes, the cluster budget (a Constexpr), the stream
-N_POINTERS, SIZES, CLUSTERS = 10, slice(10, 14), 14
+N_POINTERS, SIZES, CLUSTERS = 10, slice(10, 15), 15
+SWAPPED = {"a": "b", "b": "a", "sfa": "sfb", "sfb": "sfa", "ga": "gb", "gb": "ga"}
+
+
+def k_splits(cfg: Config, k: int) -> int:
+    """The split count a call of K = `k` runs: `cfg.SPLIT_K`, fewer where K has fewer stages
+    (`schedule.k_split_count`: no run empty)."""
+    return schedule.k_split_count(cfg.SPLIT_K, -(-k // cfg.Kb))
 
 
 def launch_args(cfg: Config, addr: dict, m: int, n: int, k: int, l: int = 1,
                 max_active_clusters: int | None = None, stream=None) -> tuple:
     """`GemmNvfp4Sm100.__call__` arguments from device addresses (keys a, b, sfa, sfb, d, ga,
-    gb, and for an NVFP4 D d_sf, d_gs, flag: where missing, d's address, unused) and sizes; the
-    torch entry (`tk_cute.nvfp4.dispatch_sm100`) and `compile` share it."""
+    gb, and for an NVFP4 D d_sf, d_gs, flag: where missing, d's address, unused) and the
+    call's sizes (D is m x n); `cfg.swap_ab`: a and b trade places, as do m and n. Split K
+    (`cfg.SPLIT_K` > 1): d holds l * `k_splits(cfg, k)` fp32 partial D's (m x n, rows
+    `d_pitch(n, "float32")` apart; `schedule.k_split`). The torch entry
+    (`tk_cute.nvfp4.dispatch_sm100`) and `compile` share it."""
     from cutlass.cute.runtime import make_ptr
 
     sf = tc.SCALE_TYPES[cfg.sf]
     addr = {"d_sf": addr["d"], "d_gs": addr["d"], "flag": addr["d"], **addr}
+    if cfg.swap_ab:
+        addr, m, n = {SWAPPED.get(key, key): v for key, v in addr.items()}, n, m
     types = {"a": (cutlass.Float4E2M1FN, 32), "b": (cutlass.Float4E2M1FN, 32), "sfa": (sf, 16),
-             "sfb": (sf, 16), "d": (OUT_TYPES[cfg.out], 16), "ga": (cutlass.Float32, 4),
+             "sfb": (sf, 16), "d": (OUT_TYPES[cfg.d_type], 16), "ga": (cutlass.Float32, 4),
              "gb": (cutlass.Float32, 4), "d_sf": (cutlass.Uint8, 16),
              "d_gs": (cutlass.Float32, 4), "flag": (cutlass.Int32, 4)}
     ptrs = [make_ptr(dt, addr[key], cute.AddressSpace.gmem, assumed_align=align)
             for key, (dt, align) in types.items()]
     clusters = max_active_clusters or (
         (target(cfg.arch).sm_count or 148) // (cfg.CLUSTER_M * cfg.CLUSTER_N))
-    sizes = [cutlass.Int32(x) for x in (m, n, k, l)]
+    sizes = [cutlass.Int32(x) for x in (m, n, k, l, k_splits(cfg, k))]
     return (*ptrs, *sizes, clusters, stream if stream is not None else cuda.CUstream(0))
 
 

@@ -1,16 +1,21 @@
 # SPDX-License-Identifier: MIT
 """The instruction counts and resources of the tcgen05 NVFP4 GEMM, per representative config.
 
-`python tests/kernels/nvfp4_sm100_sass.py` compiles every config of `configs()` (what
-`heuristics.sm100_config` picks on sm_100a, sm_103a and sm_107a for 8192^3, 512x1024x8192 and
-16384x16384x256, plus fp16 out, the STATIC scheduler where the heuristic picks CLC, Rubin's
-double-buffered accumulator and Rubin without early A release) and writes what `measure`
+`python tests/kernels/nvfp4_sm100_sass.py` compiles every config of `configs()` (fixed
+configs per target: the big-GEMM tile under CLC, static and fp16 out, the double-buffered
+256 x 128 tile, the small-M form, Rubin's double-buffered 512 x 128) and writes what `measure`
 reads to `data/nvfp4_sm100_sass_baseline.json`. The baseline was taken from the kernel as it
 was before the vocabulary rewrite (issue 23), and taken again after the epilogue's TMEM hand-off
 fix (`tensor_load_wait`, issue 44), whose whole difference was: one tcgen05.wait::ld (and on
 sm_107a one more fence::before_thread_sync) per epilogue load site, ptxas no longer unrolling
 the four-step epilogue loop at 512x1024x8192 (LDTM and UTMASTG 4 -> 1, BAR.SYNC 12 -> 6), and
-registers -18 .. +1. `test_nvfp4_sm100_equivalence.py` rebuilds the same configs and compares.
+registers -18 .. +1. Taken a third time after split K (a runtime split count: the K loop runs
+[k0, k1) of the tile's run), the operand swap, tk_cute's own static and CLC walkers in place of
+the wheel's deprecated schedulers, and the `early_release_a` switch's removal: SASS counts
+unchanged on every config kept; PTX one more clusterlaunchcontrol.query_cancel.get_first_ctaid
+site per coordinate (2 -> 3) under CLC; registers -2 (Rubin's static walks -16); the
+small-M configs are new. `test_nvfp4_sm100_equivalence.py` rebuilds the same configs and
+compares.
 
 What is counted (static counts of the program text, per full mnemonic with its modifiers):
   sass: MMA (UTC*MMA, and the lines with .B_KEEP / .B_REUSE), TMA (UTMA*), barriers (SYNCS.*,
@@ -57,26 +62,27 @@ _LAUNCH_CONFIG = "struct<(array<3 x i32>, array<3 x i32>, i64, ptr, ptr, i32)>"
 
 
 def configs() -> dict[str, object]:
-    """name -> Config: the heuristic's picks per (target, shape), deduplicated, then variants."""
+    """name -> Config: fixed configs (not the cost model's picks, which may move): per target
+    the big-GEMM tile (Rubin: Mb 512 with the B collector) under CLC, static and with fp16
+    out, the double-buffered 256 x 128 tile, and the small-M form (operands swapped, K split
+    in 4); Rubin's double-buffered 512 x 128 tile."""
     from tk_cute.kernels.gemm import nvfp4_sm100 as K
-    from tk_cute.nvfp4 import heuristics
-    from tk_cute.ops import schedule
 
-    out, seen = {}, {}
+    out = {}
     for arch in ARCHS:
-        for m, n, k in SHAPES:
-            cfg = heuristics.sm100_config(arch, m, n, k)
-            if cfg not in seen:
-                seen[cfg] = f"{arch}_{m}x{n}x{k}"
-                out[seen[cfg]] = cfg
-        big = heuristics.sm100_config(arch, 8192, 8192, 8192)
-        out[f"{arch}_8192x8192x8192_static"] = dataclasses.replace(big, scheduler=schedule.STATIC)
-        out[f"{arch}_8192x8192x8192_fp16"] = heuristics.sm100_config(arch, 8192, 8192, 8192,
-                                                                     out="float16")
+        mb = 512 if arch == "sm_107a" else 256
+        big = K.Config(arch=arch, Mb=mb, Nb=256, ACC_PIPE_DEPTH=1, LOAD_PIPE_DEPTH=5,
+                       CLUSTER_N=2, scheduler="clc")
+        out[f"{arch}_8192x8192x8192"] = big
+        out[f"{arch}_8192x8192x8192_static"] = dataclasses.replace(big, scheduler="static")
+        out[f"{arch}_8192x8192x8192_fp16"] = dataclasses.replace(big, out="float16")
+        mid = K.Config(arch=arch, Mb=256, Nb=128, ACC_PIPE_DEPTH=2,
+                       LOAD_PIPE_DEPTH=8 if arch == "sm_107a" else 7)
+        out[f"{arch}_512x1024x8192"] = mid
+        out[f"{arch}_small_m_swapped_split"] = dataclasses.replace(
+            mid, swap_ab=True, SPLIT_K=4, LOAD_PIPE_DEPTH=6, scheduler="clc")
     out["sm_107a_double_buffered"] = K.Config(arch="sm_107a", Mb=512, Nb=128, ACC_PIPE_DEPTH=2,
                                               LOAD_PIPE_DEPTH=6)
-    out["sm_107a_8192x8192x8192_no_early_a"] = dataclasses.replace(
-        heuristics.sm100_config("sm_107a", 8192, 8192, 8192), early_release_a=False)
     return out
 
 

@@ -18,7 +18,7 @@ from tk_cute.kernels.gemm import nvfp4_sm100 as K
 from tk_cute.layouts.nvfp4_scales import blocked_shape
 from tk_cute.nvfp4 import NVFP4Tensor
 from tk_cute.nvfp4 import dispatch_sm100 as D
-from tk_cute.nvfp4 import heuristics
+from tk_cute.tuning import sm100 as sm100_tuning
 from tk_cute.ops import schedule
 
 ARCHS = ["sm_100a", "sm_103a", "sm_107a"]
@@ -46,7 +46,7 @@ def entry_build(arch, cfg, m=256, n=256, k=512):
 @pytest.fixture(scope="module", params=ARCHS)
 def built(request):
     arch = request.param
-    cfg = heuristics.sm100_config(arch, 8192, 8192, 8192)
+    cfg = sm100_tuning.w4a4_config(arch, 8192, 8192, 8192)
     b, kern = entry_build(arch, cfg)
     return arch, cfg, b, kern
 
@@ -131,7 +131,7 @@ def test_cluster_launch_control(built):
 
 
 def test_static_scheduler_and_fp16_out():
-    cfg = dataclasses.replace(heuristics.sm100_config("sm_100a", 8192, 8192, 8192),
+    cfg = dataclasses.replace(sm100_tuning.w4a4_config("sm_100a", 8192, 8192, 8192),
                               scheduler=schedule.STATIC, out="float16")
     b, _ = K.compile(cfg)
     assert b.ptx_count("clusterlaunchcontrol") == 0 and b.ptx_count(r"\.reqntid 192") == 1
@@ -181,9 +181,31 @@ def test_epilogue_tiles_are_the_mma_c_partition(Mb, Nb):
 
 
 def test_select_config_scheduler_by_waves():
-    assert heuristics.sm100_config("sm_100a", 8192, 8192, 8192).scheduler == schedule.CLC
-    assert heuristics.sm100_config("sm_100a", 512, 1024, 8192).scheduler == schedule.STATIC
-    assert heuristics.sm100_config("sm_107a", 16384, 16384, 256).scheduler == schedule.CLC
+    assert sm100_tuning.w4a4_config("sm_100a", 8192, 8192, 8192).scheduler == schedule.CLC
+    assert sm100_tuning.w4a4_config("sm_100a", 512, 1024, 8192).scheduler == schedule.STATIC
+    assert sm100_tuning.w4a4_config("sm_107a", 16384, 16384, 256).scheduler == schedule.CLC
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_small_m_swapped_and_split_k(arch):
+    """Small M: the weights as the MMA's A, D stored transposed through a column-major staging
+    tile (16-bit scalar shared stores, TMA store), K split into runs (the K loop starts at
+    the run's first stage; fp32 partial D's); the same MMAs and no spills."""
+    cfg = sm100_tuning.w4a4_config(arch, 1, 3584, 18944)
+    assert cfg.SPLIT_K > 1
+    cfg = dataclasses.replace(cfg, swap_ab=True, out="bfloat16", LOAD_PIPE_DEPTH=4)
+    b, kern = K.compile(cfg, 16, 3584, 18944)
+    assert b.ptx_count(r"tcgen05\.mma\.cta_group::2\.kind::mxf4nvf4") >= cfg.k_blocks
+    assert b.ptx_count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared") >= 1  # D: TMA only
+    assert b.ptx_count(r"st\.global") == 0
+    assert b.ptx_count(r"st\.shared\.f32|st\.shared\.b32") >= 1  # fp32 partials, by lane
+    assert b.kernel.local_bytes == 0 and cfg.smem_bytes <= target(arch).smem_bytes
+    plain = dataclasses.replace(cfg, swap_ab=False, SPLIT_K=1)
+    assert plain.d_type == "bfloat16" and cfg.d_type == "float32"
+    with pytest.raises(K.ConfigError, match="dense out"):
+        K.Config(arch=arch, out="nvfp4", swap_ab=True)
+    with pytest.raises(K.ConfigError, match="SPLIT_K"):
+        K.Config(arch=arch, out="nvfp4", SPLIT_K=2)
 
 
 @pytest.mark.parametrize(
@@ -210,7 +232,7 @@ def test_config_rejections(kwargs, error):
 def nvfp4_entry_build(arch, m=8192, n=8192, k=8192):
     """The NVFP4-output kernel compiled through `dispatch_sm100.prepare` (NVFP4Tensor D, its
     decode scale and saturation flag as kernel arguments), as if on an `arch` GPU."""
-    cfg = heuristics.sm100_config(arch, m, n, k, out="nvfp4")
+    cfg = sm100_tuning.w4a4_config(arch, m, n, k, out="nvfp4")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(D, "device_target", lambda device: arch)
         mp.setattr(D, "sm_count", lambda device: target(arch).sm_count or 148)
@@ -293,7 +315,7 @@ def test_nvfp4_scale_addresses_are_the_blocked_layout(arch, m, n):
     each (row, block) is written exactly once."""
     from tk_cute.layouts.nvfp4_scales import blocked_offset
 
-    cfg = heuristics.sm100_config(arch, m, n, 8192, out="nvfp4")
+    cfg = sm100_tuning.w4a4_config(arch, m, n, 8192, out="nvfp4")
     pair_m, pair_n = 1, 2  # the second pair tile along M, third along N
     got = _tile_blocks(cfg, 2 * pair_m, pair_n, m, n) + _tile_blocks(cfg, 2 * pair_m + 1,
                                                                        pair_n, m, n)
@@ -318,7 +340,7 @@ def test_nvfp4_grid_writes_every_byte_once(arch, m, n, l):
     from tk_cute.layouts.nvfp4_codes import row_pitch
     from tk_cute.layouts.nvfp4_scales import blocked_shape
 
-    cfg = heuristics.sm100_config(arch, m, n, 8192, out="nvfp4")
+    cfg = sm100_tuning.w4a4_config(arch, m, n, 8192, out="nvfp4")
     cta_m = -(-m // (cfg.Mb // 2))
     cta_m += cta_m % 2  # whole pairs (the cluster's M is 2)
     codes, scales = [], []
@@ -376,7 +398,7 @@ def test_rubin_ue5m3_scales_compile():
     spills. Every other line of the PTX is the UE4M3 build's."""
     import re
 
-    cfg = heuristics.sm100_config("sm_107a", 8192, 8192, 8192)
+    cfg = sm100_tuning.w4a4_config("sm_107a", 8192, 8192, 8192)
     (b4, _), (b5, k5) = K.compile(cfg), K.compile(dataclasses.replace(cfg, sf="ue5m3"))
     assert b5.kernel.local_bytes == 0 and k5.traced["smem_bytes"] == cfg.smem_bytes
     assert b5.ptx_count(MMA) == b4.ptx_count(MMA) == (cfg.Kb // cfg.mma_k) * cfg.m_mmas
@@ -394,7 +416,7 @@ def test_ue5m3_refused_off_rubin(arch):
     with pytest.raises(K.ConfigError, match=r"UE5M3 .*sm_107a.*" + arch):
         K.Config(arch=arch, Mb=256, Nb=256, sf="ue5m3")
     with pytest.raises(K.ConfigError, match="UE5M3"):
-        heuristics.sm100_config(arch, 8192, 8192, 8192, sf="ue5m3")
+        sm100_tuning.w4a4_config(arch, 8192, 8192, 8192, sf="ue5m3")
 
 
 def test_nvfp4_config_rejections():

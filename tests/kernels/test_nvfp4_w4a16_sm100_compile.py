@@ -6,14 +6,13 @@ import pytest
 
 from tk_cute.arch import target
 from tk_cute.kernels.gemm import nvfp4_w4a16_sm100 as W
-from tk_cute.nvfp4 import heuristics
 
 ARCHS = ["sm_100a", "sm_103a", "sm_107a"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
 def built(request):
-    cfg = heuristics.sm100_w4a16_config(request.param, 256, 256, 512)
+    cfg = W.Config(arch=request.param, STAGES=4)  # X tiles of 128 rows, the operands in order
     b, kern = W.compile(cfg)
     return request.param, cfg, b
 
@@ -39,8 +38,25 @@ def test_resources(built):
     assert b.ptx_count(r"\.reqntid 192, 1, 1") == 1
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("x_rows", W.X_ROWS)
+def test_swapped_small_m_tiles(arch, x_rows):
+    """Swapped: the decoded weights are the MMA's A (128 rows), X's tile of x_rows its B; the
+    MMA is 128 x x_rows, TMEM holds x_rows columns (at least 32), D's store is TMA."""
+    cfg = W.Config(arch=arch, STAGES=4, swap_ab=True, x_rows=x_rows, SPLIT_K=2)
+    b, kern = W.compile(cfg, 16, 256, 1024)
+    assert b.ptx_count(r"tcgen05\.mma\.cta_group::1\.kind::f16") == W.Kb // 16
+    assert b.ptx_count(r"tcgen05\.alloc\.cta_group::1\.sync\.aligned\.shared::cta\.b32") == 1
+    assert b.ptx_count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared") >= 1  # D: TMA only
+    assert b.ptx_count(r"st\.global") == 0
+    assert b.kernel.local_bytes == 0 and cfg.smem_bytes <= target(arch).smem_bytes
+    assert cfg.tile == (128, x_rows) and cfg.d_type == "float32"
+
+
 @pytest.mark.parametrize("kwargs", [dict(arch="sm_90a"), dict(out="nvfp4"),
-                                    dict(arch="sm_100a", sf="ue5m3"), dict(STAGES=64)])
+                                    dict(arch="sm_100a", sf="ue5m3"), dict(STAGES=64),
+                                    dict(x_rows=16), dict(swap_ab=True, x_rows=8),
+                                    dict(SPLIT_K=0)])
 def test_config_rejections(kwargs):
     with pytest.raises(W.ConfigError):
         W.Config(**kwargs)

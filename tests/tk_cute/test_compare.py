@@ -110,9 +110,9 @@ def test_compare_figure_draws_the_table(rubin):
 
 def test_report_repr_and_html():
     from tk_cute import report
-    from tk_cute.nvfp4.heuristics import sm100_config
+    from tk_cute.tuning.sm100 import w4a4_config
 
-    r = report.report(sm100_config("sm_107a", 8192, 8192, 8192), 8192, 8192, 8192)
+    r = report.report(w4a4_config("sm_107a", 8192, 8192, 8192), 8192, 8192, 8192)
     text = repr(r)
     assert text.startswith("<Report NVFP4 GEMM 8192x8192x8192 on sm_107a: tile 512x256x256")
     assert "TMEM 576/576" in text and "MODEL" in text and "\n" not in text

@@ -1,7 +1,7 @@
 """The house rules that keep the layers apart, and thread-safe compiles.
 
 Imports point down: public API (`tk_cute.nvfp4`, `tk_cute.dense_gemm`, `tk_cute.bench`, ...)
--> `kernels/` -> vocabulary (`tk_cute/{types,ops,templates}`) -> `layouts/` -> CuTe DSL. Every
+-> tuning (`tk_cute.tuning`: host cost models) -> `kernels/` -> vocabulary (`tk_cute/{types,ops,templates}`) -> `layouts/` -> CuTe DSL. Every
 import statement of every module is read (module level and inside functions).
 """
 
@@ -52,7 +52,15 @@ def _violations(folder, package, forbidden):
 
 
 def test_kernels_never_import_the_public_layer():
-    assert _violations("kernels", "tk_cute.kernels", PUBLIC) == []
+    assert _violations("kernels", "tk_cute.kernels", PUBLIC + ("tk_cute.tuning",)) == []
+
+
+def test_tuning_sits_between_the_public_layer_and_kernels():
+    """`tk_cute.tuning` (host cost models and picks) imports kernels' Configs, never the public
+    layer; only the public layer imports it."""
+    assert _violations("tk_cute/tuning", "tk_cute.tuning", PUBLIC) == []
+    for folder in ("tk_cute/types", "tk_cute/ops", "tk_cute/templates", "layouts"):
+        assert _violations(folder, folder.replace("/", "."), ("tk_cute.tuning",)) == [], folder
 
 
 def test_vocabulary_never_imports_kernels_or_the_public_layer():

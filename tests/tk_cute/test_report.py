@@ -3,7 +3,7 @@
 import pytest
 
 from tk_cute import report as R
-from tk_cute.nvfp4 import heuristics
+from tk_cute.tuning import sm100 as sm100_tuning
 
 
 def test_roofline_model_numbers():
@@ -20,7 +20,7 @@ def test_report_sm107a(capsys):
     assert R.main(["--arch", "sm_107a", "--mnk", "16384,16384,16384"]) == 0
     out = capsys.readouterr().out
     assert "ROOFLINE MODEL" in out and "576 / 576 columns (exclusive)" in out
-    cfg = heuristics.sm100_config("sm_107a", 16384, 16384, 16384)
+    cfg = sm100_tuning.w4a4_config("sm_107a", 16384, 16384, 16384)
     r = R.report(cfg, 16384, 16384, 16384)
     assert r["spill_bytes"] == 0 and r["smem_bytes"] <= r["smem_capacity"]
     # 64 K stages x (2 MMAs of K = 128 x 2 M halves) per 512x256 tile
@@ -32,7 +32,7 @@ def test_report_sm107a(capsys):
 def test_report_refuses_a_shape_the_dispatch_refuses(m, n, k, out):
     """As `tk_cute.nvfp4.gemm` on these targets and the command line: no report of a GEMM that
     cannot run (the build argument, never compiled, would fail if it were read)."""
-    cfg = heuristics.sm100_config("sm_107a", 256, 256, 256, out=out)
+    cfg = sm100_tuning.w4a4_config("sm_107a", 256, 256, 256, out=out)
     with pytest.raises(ValueError, match=rf"K % 16 == 0 \(N % 16 == 0.*M={m}, N={n}, K={k}"):
         R.report(cfg, m, n, k, build=object())
 
@@ -87,7 +87,7 @@ def test_report_nvfp4_out(capsys):
     assert R.main(["--arch", "sm_107a", "--mnk", "16384,16384,16384", "--out", "nvfp4"]) == 0
     out = capsys.readouterr().out
     assert "out nvfp4" in out and "reducing_tmem_loads 4" in out and "tma_stores 0" in out
-    cfg = heuristics.sm100_config("sm_107a", 16384, 16384, 16384, out="nvfp4")
+    cfg = sm100_tuning.w4a4_config("sm_107a", 16384, 16384, 16384, out="nvfp4")
     r = R.report(cfg, 16384, 16384, 16384)
     assert r["epilogue"]["reducing_tmem_loads"] == 4 and r["epilogue"]["e2m1_cvt"] == 32
     assert r["spill_bytes"] == 0 and r["smem_bytes"] <= r["smem_capacity"]

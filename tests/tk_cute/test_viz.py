@@ -395,8 +395,8 @@ def test_tmem_map_draws_on_a_hopper_machine():
     import subprocess
     import sys
 
-    code = ("from tk_cute import viz; from tk_cute.nvfp4.heuristics import sm100_config; "
-            "print(viz.tmem_plot(sm100_config('sm_107a', 8192, 8192, 8192))"
+    code = ("from tk_cute import viz; from tk_cute.tuning.sm100 import w4a4_config; "
+            "print(viz.tmem_plot(w4a4_config('sm_107a', 8192, 8192, 8192))"
             ".drawn['accumulators'])")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=240, env={**os.environ, "CUTE_DSL_ARCH": "sm_90a"})

@@ -1,8 +1,11 @@
 """`gemm_sm100(a, b)`: NVFP4 ``D = a @ b^T`` on Blackwell (sm_100a, sm_103a) and Rubin (sm_107a).
 
 Validates the operands against what `kernels/gemm/nvfp4_sm100.py` needs, picks its `Config`
-(`heuristics.sm100_config`), compiles once per (config, target, cluster budget) (`KernelCache`) and
-launches on the current stream. The global scales stay on the device: the kernel reads both
+(`tk_cute.tuning.sm100.w4a4_config`, a cost model), compiles once per (config, target, cluster
+budget) (`KernelCache`) and launches on the current stream. The config may swap the operands
+(the weights as the MMA's A, D stored transposed: small M) and split K (`SPLIT_K`: the kernel
+writes fp32 partial D's that `Launch.finish` sums in fp32, then casts into D: two torch
+reductions after the kernel). The global scales stay on the device: the kernel reads both
 0-dim fp32 tensors and multiplies in its epilogue (no `.item()`, no host sync).
 `gemm_sm100_nvfp4(a, b, global_scale)`: the same GEMM with D quantized to NVFP4 in the epilogue
 (D's decode scale given, as a 0-dim tensor the kernel reads), returned as an NVFP4Tensor whose
@@ -25,8 +28,9 @@ import torch
 from tk_cute import arch
 from tk_cute.layouts import nvfp4_codes
 from tk_cute.runtime import KernelCache, compile_locked, output, sm_count
+from tk_cute.tuning import sm100 as sm100_tuning
 
-from . import heuristics, validate
+from . import validate
 from .tensor import NVFP4Tensor
 
 TARGETS = tuple(t.name for t in arch.TARGETS.values() if t.fp4_tensor_cores)  # tcgen05 FP4
@@ -42,13 +46,18 @@ class Launch:
     config: object  # kernels.gemm.nvfp4_sm100.Config
     args: tuple  # compile-time arguments (with the Constexpr cluster budget)
     out: torch.Tensor | NVFP4Tensor
-    wide: torch.Tensor | None = None  # D with rows `d_pitch` apart where N is off 16 bytes
+    wide: torch.Tensor | None = None  # what the kernel writes where it is not `out`: D with
+    # rows `d_pitch` apart (N off 16 bytes), or split K's fp32 partial D's (L * splits, M, pitch)
+    splits: int = 1
 
     def finish(self):
-        """After the kernel: D from the row-padded buffer into `out` (one copy; none where
-        D's rows are 16-byte aligned)."""
+        """After the kernel: D from the kernel's buffer into `out`: none where the kernel wrote
+        `out`; the rows unpadded (one copy); split K's partial D's summed in fp32, then cast."""
         if self.wide is not None:
-            self.out.copy_(self.wide[..., :self.out.shape[-1]])
+            d = self.wide[..., :self.out.shape[-1]]
+            if self.config.SPLIT_K > 1:
+                d = d.unflatten(0, (-1, self.splits)).sum(1).reshape(self.out.shape)
+            self.out.copy_(d)
         return self.out
 
     @property
@@ -158,7 +167,7 @@ def prepare(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=Non
     M, N, Kdim, L = a.M, b.M, a.K, a.L or 1
     name = NVFP4 if out_dtype == NVFP4 else OUT_DTYPES[out_dtype]
     sf = scale_format(a.scale_format, target)
-    cfg = config or heuristics.sm100_config(target, M, N, Kdim, out=name, sf=sf)
+    cfg = config or sm100_tuning.w4a4_config(target, M, N, Kdim, name, sf, L)
     if cfg.arch != target or cfg.out != name or cfg.sf != sf:
         raise ValueError(f"config is for {cfg.arch} / {cfg.out} / {cfg.sf} scales; the call "
                          f"needs {target} / {name} / {sf}")
@@ -172,16 +181,29 @@ def prepare(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=Non
         addr = {"d": d.data, "d_sf": d.scales, "d_gs": d.global_scale, "flag": d.saturated}
     else:
         d = output(out, shape, out_dtype, a.device, "gemm_sm100")
-        pitch = K.d_pitch(N, name)
-        if pitch != N:  # rows off 16 bytes: the kernel writes padded rows, `finish` copies
-            wide = torch.empty((*shape[:-1], pitch), dtype=out_dtype, device=a.device)
+        splits = K.k_splits(cfg, Kdim)
+        wide = kernel_d(d, cfg, splits)
         addr = {"d": d if wide is None else wide}
     addr.update(a=a.data, b=b.data, sfa=a.scales, sfb=b.scales, ga=a.global_scale,
                 gb=b.global_scale)
     clusters = (sms or sm_count(a.device)) // (cfg.CLUSTER_M * cfg.CLUSTER_N)
     args = K.launch_args(cfg, {k: t.data_ptr() for k, t in addr.items()}, M, N, Kdim, L,
                          clusters)
-    return Launch(cfg, args, d, wide)
+    return Launch(cfg, args, d, wide, 1 if name == NVFP4 else splits)
+
+
+def kernel_d(d: torch.Tensor, cfg, splits: int) -> torch.Tensor | None:
+    """The buffer a dense-D kernel (`cfg`: either sm100 Config) writes instead of `d`, or None
+    where it writes `d` itself: split K's fp32 partial D's (L * splits, M, pitch), or D with
+    its rows padded to `d_pitch` (16 bytes) where N is off 16 bytes."""
+    from tk_cute.kernels.gemm.nvfp4_sm100 import d_pitch
+
+    pitch, N = d_pitch(d.shape[-1], cfg.d_type), d.shape[-1]
+    if cfg.SPLIT_K == 1 and pitch == N:
+        return None
+    lead = d.shape[:-2] if cfg.SPLIT_K == 1 else ((d.shape[0] if d.dim() == 3 else 1) * splits,)
+    dtype = torch.float32 if cfg.SPLIT_K > 1 else d.dtype
+    return torch.empty((*lead, d.shape[-2], pitch), dtype=dtype, device=d.device)
 
 
 def compile_launch(launch: Launch, keep: bool = False):
@@ -207,9 +229,8 @@ def _compile_first(launch: Launch):
     """Compile `launch`'s kernel for its first call in this process, saying once how it was
     verified (`UnverifiedKernelWarning`)."""
     cfg = launch.config
-    what = ("W4A16 GEMM (kernels/gemm/nvfp4_w4a16_sm100.py, 128x128x64 tiles" if launch.w4a16
-            else f"NVFP4 GEMM (kernels/gemm/nvfp4_sm100.py, Mb={cfg.Mb} Nb={cfg.Nb} Kb={cfg.Kb}, "
-            f"{cfg.scheduler} scheduler")
+    what = (("W4A16 GEMM (kernels/gemm/nvfp4_w4a16_sm100.py" if launch.w4a16 else
+             "NVFP4 GEMM (kernels/gemm/nvfp4_sm100.py") + f", {sm100_tuning.describe(cfg)}")
     warnings.warn(UnverifiedKernelWarning(
         f"tk_cute's {cfg.arch} {what}, out {cfg.out}) runs on this GPU for the first time: "
         f"it was verified by compiling and in tk_cute's PTX emulator "
@@ -230,7 +251,7 @@ def gemm_sm100_nvfp4(a: NVFP4Tensor, b: NVFP4Tensor, global_scale: torch.Tensor,
         a, b: NVFP4Tensor (M, K) x (N, K) (or batched) on one CUDA device, one scale format.
         global_scale: D's decode scale, a float32 0-dim tensor on that device (validated by
             the caller: positive, finite, at least 2^-126), or None with `out`.
-        config: a `Config` with ``out="nvfp4"`` overriding `heuristics.sm100_config`.
+        config: a `Config` with ``out="nvfp4"`` overriding `sm100_tuning.w4a4_config`.
         out: optional UE4M3 NVFP4Tensor of D's shape whose data and scales are overwritten.
 
     Returns:
@@ -257,7 +278,7 @@ def gemm_sm100(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=
         a: NVFP4Tensor (M, K) or (L, M, K) on a CUDA device.
         b: NVFP4Tensor (N, K) or (L, N, K) on the same device.
         out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
-        config: a `kernels.gemm.nvfp4_sm100.Config` overriding `heuristics.sm100_config`.
+        config: a `kernels.gemm.nvfp4_sm100.Config` overriding `sm100_tuning.w4a4_config`.
         out: optional contiguous (M, N) / (L, M, N) tensor of `out_dtype` to write D into.
 
     Returns:
@@ -305,19 +326,18 @@ def prepare_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, con
     target = target or device_target(x.device)
     M, N, K, L = x.shape[-2], b.M, b.K, b.L or 1
     name = OUT_DTYPES[out_dtype]
-    cfg = config or heuristics.sm100_w4a16_config(target, M, N, K, name, b.scale_format)
+    cfg = config or sm100_tuning.w4a16_config(target, M, N, K, name, b.scale_format, L)
     if cfg.arch != target or cfg.out != name or cfg.sf != scale_format(b.scale_format, target):
         raise ValueError(f"config is for {cfg.arch} / {cfg.out} / {cfg.sf} scales; the call "
                          f"needs {target} / {name} / {b.scale_format}")
     shape = (M, N) if b.L is None else (L, M, N)
     d = output(out, shape, out_dtype, x.device, "gemm_sm100_w4a16")
-    pitch = W.d_pitch(N, name)
-    wide = None if pitch == N else torch.empty((*shape[:-1], pitch), dtype=out_dtype,
-                                               device=x.device)
+    splits = W.k_splits(cfg, K)
+    wide = kernel_d(d, cfg, splits)
     addr = {"x": x, "w": b.data, "wsf": b.scales, "gb": b.global_scale,
             "d": d if wide is None else wide}
     args = W.launch_args(cfg, {k: t.data_ptr() for k, t in addr.items()}, M, N, K, L)
-    return Launch(cfg, args, d, wide)
+    return Launch(cfg, args, d, wide, splits)
 
 
 def gemm_sm100_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=None,

@@ -83,6 +83,10 @@ class Plan:
             return f"{self.path}[{inner}]{tail}"
         if self.path == "register_a_tiled":
             return f"{self.path}({tiled_schedule(self.config)}){tail}"
+        if self.path in ("sm100", "sm100_w4a16"):
+            from tk_cute.tuning import sm100 as sm100_tuning
+
+            return f"{self.path}({sm100_tuning.describe(self.config)})"
         return f"{self.path}{tail}"
 
 
@@ -176,6 +180,8 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
 
 
 def _plan_sm100(op: validate.Operands, target: str, out: str, sf: str = "ue4m3") -> Plan:
+    from tk_cute.tuning import sm100 as sm100_tuning
+
     from . import dispatch_sm100
 
     dispatch_sm100.scale_format(sf, target)
@@ -184,13 +190,13 @@ def _plan_sm100(op: validate.Operands, target: str, out: str, sf: str = "ue4m3")
             raise NotImplementedError(f"NVFP4 output needs N % 16 == 0 (16-element scale blocks "
                                       f"along D's rows); got N={op.N}")
         dense = "float32" if out == "nvfp4" else out
-        return Plan("sm100_w4a16", heuristics.sm100_w4a16_config(target, op.M, op.N, op.K,
-                                                                 dense, sf))
+        return Plan("sm100_w4a16", sm100_tuning.w4a16_config(target, op.M, op.N, op.K,
+                                                             dense, sf, op.L or 1))
     if not dispatch_sm100.supports(op.M, op.N, op.K, out):
         raise NotImplementedError(
             f"the {target} NVFP4 GEMM needs K % 16 == 0 and bf16 / fp16 / fp32 output (or NVFP4 "
             f"output with N % 16 == 0); got M={op.M}, N={op.N}, K={op.K}, out_dtype={out}")
-    return Plan("sm100", heuristics.sm100_config(target, op.M, op.N, op.K, out, sf))
+    return Plan("sm100", sm100_tuning.w4a4_config(target, op.M, op.N, op.K, out, sf, op.L or 1))
 
 
 def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,

@@ -1,5 +1,5 @@
-"""Every heuristic of the NVFP4 GEMMs, in one place: which kernel takes a shape, and each
-kernel's default Config. Kernels keep their `Config` (what can run) and `supports` (what some
+"""The Hopper NVFP4 GEMM heuristics (Blackwell / Rubin: `tk_cute.tuning.sm100`): which kernel
+takes a shape, and each kernel's default Config. Kernels keep their `Config` (what can run) and `supports` (what some
 Config can run); this module decides what should run, from the shape and the device. The
 numbers behind each rule are in docs/facts.md (one anchor per constant, cited below); the
 kernels' designs and limits in docs/nvfp4_hopper.md.
@@ -38,7 +38,7 @@ ROWS_MIN_M = 128). D quantized to NVFP4 (`gemm_nvfp4`) takes the tiled kernel's 
 epilogue on whole weight bands only; with N % 128 != 0 it is quantized after the GEMM.
 UE5M3 operands (`UE5M3_PATHS`): every path but "fused" decodes them (its shared-memory decode is
 UE4M3 only): forcing "fused" on them raises.
-Blackwell / Rubin: UE5M3 runs only on sm_107a (`dispatch_sm100.scale_format` raises elsewhere).
+Blackwell / Rubin configs are chosen by a cost model in `tk_cute.tuning.sm100`.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ import dataclasses
 import functools
 import math
 
-from tk_cute.arch import target
 from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
@@ -371,57 +370,3 @@ def register_a_ctas(cfg: rs.Config, N: int, K: int, sms: int) -> int:
     per unit."""
     units = rs.stream_units(cfg, N, K)
     return min(units, schedule.stream_k_aligned_ctas(units, K // rs.STAGE_K, sms))
-
-
-@functools.lru_cache(maxsize=1024)  # a call plans per shape: keep it off the hot path
-def sm100_config(arch: str, m: int, n: int, k: int, out: str = "bfloat16", sf: str = "ue4m3"):
-    """The `kernels.gemm.nvfp4_sm100.Config` for a GEMM shape (docs/rubin.md has the table);
-    `out` D's type ("nvfp4": quantized in the epilogue), `sf` the operands' scale format
-    (UE5M3: sm_107a only, Config raises elsewhere).
-
-    Rubin with enough pair tiles to fill the GPU: Mb = 512 (two 256x256 accumulators sharing B,
-    576 exclusive columns), pairs multicasting A along N; otherwise Mb = 256 with a
-    double-buffered 256x128 accumulator. Blackwell: Mb = 256, Nb = 256 single accumulator when
-    the grid is full, Nb = 128 double-buffered otherwise. Stages: as many as shared memory holds
-    (at most 8); Kb = 256 (a last stage past K is zero-filled). Scheduler: cluster launch
-    control (work stealing) when the tiles take more than one wave of clusters, static
-    persistent otherwise.
-    """
-    from tk_cute.kernels.gemm.nvfp4_sm100 import Config, SmemBudgetError
-
-    t = target(arch)
-    pairs = (t.sm_count or 148) // 2
-    big = -(-m // 512) * -(-n // 256) >= pairs
-    if t.exclusive_tmem_columns and big:  # two 256x256 accumulators need > 512 columns
-        base = dict(Mb=512, Nb=256, ACC_PIPE_DEPTH=1, CLUSTER_N=2 if n >= 512 else 1)
-    elif big:
-        base = dict(Mb=256, Nb=256, ACC_PIPE_DEPTH=1, CLUSTER_N=2 if n >= 512 else 1)
-    else:
-        base = dict(Mb=256, Nb=128, ACC_PIPE_DEPTH=2)
-    cn = base.setdefault("CLUSTER_N", 1)
-    clusters = -(-m // base["Mb"]) * -(-n // (base["Nb"] * cn))  # CLUSTER_M = 2: one pair
-    waves = clusters > (t.sm_count or 148) // (2 * cn)
-    base.update(out=out, sf=sf, scheduler=schedule.CLC if waves else schedule.STATIC)
-    for depth in range(8, 1, -1):
-        try:
-            return Config(arch=arch, LOAD_PIPE_DEPTH=depth, **base)
-        except SmemBudgetError:
-            continue
-    raise SmemBudgetError(f"no stage count fits {arch}")
-
-
-
-
-def sm100_w4a16_config(arch: str, m: int, n: int, k: int, out: str = "bfloat16",
-                       sf: str = "ue4m3"):
-    """The `kernels.gemm.nvfp4_w4a16_sm100.Config` for a W4A16 call: as many stages as shared
-    memory holds (at most 6; one 64-K stage of X and of decoded W each). One tile shape, 128 x
-    128 (unmeasured: no sm_100+ GPU here)."""
-    from tk_cute.kernels.gemm.nvfp4_w4a16_sm100 import Config, ConfigError
-
-    for stages in range(6, 1, -1):
-        try:
-            return Config(arch=arch, STAGES=stages, out=out, sf=sf)
-        except ConfigError:
-            continue
-    raise ConfigError(f"no stage count fits {arch}")

@@ -79,7 +79,8 @@ def tmem_store(tCtAcc, sD, d_tile: st, tidx) -> TmemStore:
     acc = cute.make_rmem_tensor(block.shape, cutlass.Float32)
     out = cute.make_rmem_tensor(acc.shape, out_dtype)
     r2s = cute.make_tiled_copy_D(sm100_utils.get_smem_store_op(
-        LayoutEnum.ROW_MAJOR, out_dtype, cutlass.Float32, t2r), t2r)
+        LayoutEnum.COL_MAJOR if d_tile.col_major else LayoutEnum.ROW_MAJOR, out_dtype,
+        cutlass.Float32, t2r), t2r)
     return TmemStore(t2r, tmem, acc, out, r2s, r2s.get_slice(tidx).partition_D(sD), sD)
 
 

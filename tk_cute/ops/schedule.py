@@ -2,7 +2,7 @@
 """Persistent tile schedulers in TK terms: static supergroup order, or cluster launch control.
 
 `STATIC` (Hopper and Blackwell/Rubin): a persistent grid of at most `max_clusters` clusters;
-each strides through the linear cluster index (`cutlass.utils.StaticPersistentTileScheduler`).
+each strides through the linear cluster index (`StaticScheduler`: blockIdx.z, + gridDim.z).
 `CLC` (sm_100a, sm_103a, sm_107a): the grid covers every tile; when a cluster finishes a tile
 its scheduler warp (CTA 0 of the cluster) issues `clusterlaunchcontrol.try_cancel.multicast`
 and steals a cluster that has not started (dynamic work stealing, TK's CLC scheduler). The
@@ -11,10 +11,9 @@ and steals a cluster that has not started (dynamic work stealing, TK's CLC sched
 
 Both kinds map the linear cluster index to a tile in TK's supergroup order (`supergroup_coord`):
 groups of `supergroup` cluster rows along M, M fastest inside a group, the last group as many
-rows as are left. CUTLASS's own swizzle (`swizzle_size > 1`) is not used: it rounds the cluster
-count along N up to a multiple of the swizzle and hands out the padding as valid tiles (tiles
-past the problem's N, a kernel without TMA bounds writes out of bounds or into the next batch),
-and under CLC, whose grid is not padded, it never hands out the last real tiles at all.
+rows as are left. Both walkers are tk_cute's (the wheel's persistent schedulers are deprecated
+copies of CUTLASS examples; their swizzle, `swizzle_size > 1`, rounded the cluster count along
+N up and handed out the padding as valid tiles, and under CLC never the last real tiles).
 
 Stream-K (`stream_k_share`, `stream_k_owner`, `stream_k_spans`; in a kernel, `Shares`): a grid
 of `ctas` persistent CTAs splits the flattened (tile x K step) units into equal contiguous
@@ -23,6 +22,9 @@ CTAs gets one partial sum per CTA, to be reduced in CTA order (deterministic).
 `stream_k_aligned_ctas` picks a grid just under one CTA per SM whose shares line up with the
 tiles where one exists; `stream_k_grid` the grid of a kernel whose CTAs each keep at most one
 partial (`StreamK`). Plain integer arithmetic, the same on the host and in a kernel.
+
+Split K (`k_split`): a tile's K steps in equal runs, each run a work unit of its own whose
+partial D the caller sums (a batch coordinate l * splits + s).
 
 Every role writes the same loop for both kinds:
     tiles = Tiles.create(*walk(kind, params, clc_barriers, clc_response, cluster, walkers))
@@ -37,7 +39,6 @@ import math
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 from cutlass.cutlass_dsl import Int32, extract_mlir_values, new_from_mlir_values
 from cutlass.cutlass_dsl import min as cutlass_min
 from cutlass.utils import WorkTileInfo
@@ -51,36 +52,47 @@ CLC_RESPONSE_BYTES = 16  # x, y, z of the stolen cluster's first CTA, and a vali
 
 
 class Params:
-    """Scheduler parameters: CUTLASS's, unswizzled (column-major cluster order, every index a
-    real tile), and the supergroup size (clusters along M) the walk applies on top."""
+    """Scheduler parameters: the problem's clusters along M, N, L (device integers; every
+    cluster index a real tile, nothing padded), the cluster shape (static) and the supergroup
+    size (clusters along M per group) the walk applies."""
 
-    def __init__(self, inner, supergroup: int):
-        self.inner, self.supergroup = inner, supergroup
+    def __init__(self, clusters_mnl, cluster_mn, supergroup: int):
+        self.clusters, self.cluster_mn = tuple(clusters_mnl), tuple(cluster_mn)
+        self.supergroup = supergroup
+
+    def total(self):
+        """Clusters in the problem."""
+        m, n, l = self.clusters
+        return m * n * l
 
     def __extract_mlir_values__(self):
-        return extract_mlir_values(self.inner)
+        return extract_mlir_values(list(self.clusters))
 
     def __new_from_mlir_values__(self, values):
-        return Params(new_from_mlir_values(self.inner, values), self.supergroup)
+        return Params(new_from_mlir_values(list(self.clusters), values), self.cluster_mn,
+                      self.supergroup)
 
 
 def params(kind: str, tiles_mnl, cluster_mnk, supergroup: int) -> Params:
     """Scheduler parameters (host): tiles per (M, N, L) in CTA tiles, `supergroup` clusters
-    along M per group."""
+    along M per group (the same for both kinds)."""
+    if kind not in KINDS:
+        raise ValueError(f"scheduler kind {kind!r} not in {KINDS}")
     if not isinstance(supergroup, int) or supergroup < 1:
         raise ValueError(f"supergroup must be an int >= 1, got {supergroup!r}")
-    if kind == CLC:
-        inner = utils.ClcDynamicPersistentTileSchedulerParams(tiles_mnl, cluster_mnk, 1, True)
-    else:
-        inner = utils.PersistentTileSchedulerParams(tiles_mnl, cluster_mnk, 1, True)
-    return Params(inner, supergroup)
+    cm, cn = cluster_mnk[:2]
+    m, n, l = tiles_mnl
+    return Params(((m + cm - 1) // cm, (n + cn - 1) // cn, l), (cm, cn), supergroup)
 
 
-def grid(kind: str, sched_params: Params, max_clusters: int):
-    """Launch grid: every tile's CTA (CLC steals), else at most `max_clusters` clusters."""
+def grid(kind: str, sched_params: Params, max_clusters):
+    """Launch grid: every cluster of the problem in (M, N, L) (CLC steals the ones that have
+    not started), or (cluster M, cluster N, persistent clusters) with at most `max_clusters`
+    (static: each walks cluster indices blockIdx.z, + gridDim.z, ...)."""
+    (m, n, l), (cm, cn) = sched_params.clusters, sched_params.cluster_mn
     if kind == CLC:
-        return utils.ClcDynamicPersistentTileScheduler.get_grid_shape(sched_params.inner)
-    return utils.StaticPersistentTileScheduler.get_grid_shape(sched_params.inner, max_clusters)
+        return (m * cm, n * cn, l)
+    return (cm, cn, cutlass_min(sched_params.total(), max_clusters))
 
 
 def supergroup_coord(k, clusters_m, clusters_n, supergroup: int, min_=cutlass_min):
@@ -115,23 +127,110 @@ def walk(kind: str, sched_params, clc_barriers, clc_response, cluster_vmnk,
     return kind, sched_params, clc, clc_response
 
 
+def _cta_in_cluster(block_idx, cluster_mn):
+    return (block_idx[0] % cluster_mn[0], block_idx[1] % cluster_mn[1])
+
+
+class StaticScheduler:
+    """One warp's static persistent walk: cluster index blockIdx.z, then + gridDim.z, until
+    past the problem's clusters (`grid`)."""
+
+    def __init__(self, params: Params, index, stride, cta_in_cluster):
+        self.params, self.index, self.stride = params, index, stride
+        self.cta_in_cluster = tuple(cta_in_cluster)
+
+    @staticmethod
+    def create(params: Params):
+        bidx = cute.arch.block_idx()
+        return StaticScheduler(params, Int32(bidx[2]), Int32(cute.arch.grid_dim()[2]),
+                               tuple(Int32(c) for c in _cta_in_cluster(bidx, params.cluster_mn)))
+
+    def _values(self):
+        return [self.params, self.index, self.stride, list(self.cta_in_cluster)]
+
+    def __extract_mlir_values__(self):
+        return [v for x in self._values() for v in extract_mlir_values(x)]
+
+    def __new_from_mlir_values__(self, values):
+        out, i = [], 0
+        for x in self._values():
+            n = len(extract_mlir_values(x))
+            out.append(new_from_mlir_values(x, values[i:i + n]))
+            i += n
+        return StaticScheduler(*out)
+
+    def linear_index(self, work):
+        return self.index
+
+    def current(self):
+        return WorkTileInfo((self.index, 0, 0), self.index < self.params.total())
+
+    def first(self):
+        return self.current()
+
+    def next(self):
+        self.index = self.index + self.stride
+        return self.current()
+
+
+class ClcScheduler:
+    """One warp's view of cluster launch control: its own cluster's first, then each stolen
+    cluster's from the 16-byte response (`cute.arch.clc_response`: the first CTA's x, y, z and
+    a valid bit); `advance_to_next_work` issues the next try_cancel (the scheduler warp)."""
+
+    def __init__(self, params: Params, response, block_idx):
+        self.params, self.response, self.block_idx = params, response, tuple(block_idx)
+        self.cta_in_cluster = _cta_in_cluster(self.block_idx, params.cluster_mn)
+
+    def _values(self):
+        return [self.params, self.response, list(self.block_idx)]
+
+    def __extract_mlir_values__(self):
+        return [v for x in self._values() for v in extract_mlir_values(x)]
+
+    def __new_from_mlir_values__(self, values):
+        out, i = [], 0
+        for x in self._values():
+            n = len(extract_mlir_values(x))
+            out.append(new_from_mlir_values(x, values[i:i + n]))
+            i += n
+        return ClcScheduler(*out)
+
+    def linear_index(self, work):
+        """The linear cluster index of the cluster whose first CTA is at `work.tile_idx`."""
+        (clusters_m, clusters_n, _), (cm, cn) = self.params.clusters, self.params.cluster_mn
+        m, n, l = work.tile_idx
+        return m // cm + clusters_m * (n // cn + clusters_n * l)
+
+    def first(self):
+        x, y = self.cta_in_cluster
+        bx, by, bz = self.block_idx
+        return WorkTileInfo((bx - x, by - y, bz), cutlass.Boolean(True))
+
+    def current(self):
+        m, n, l, valid = cute.arch.clc_response(self.response)
+        # read through the generic proxy; the next try_cancel writes it through the async one
+        cute.arch.fence_proxy("async.shared", space="cta")
+        return WorkTileInfo((m, n, l), valid)
+
+    def advance_to_next_work(self, barrier):
+        with cute.arch.elect_one():
+            cute.arch.issue_clc_query(barrier, self.response)
+
+
 class Tiles:
     """One warp's walk over its output tiles (`first`, then `next` until invalid)."""
 
-    def __init__(self, sched, clc=None, state=None, supergroup: int = 1):
-        self.sched, self.clc, self.state, self.supergroup = sched, clc, state, supergroup
+    def __init__(self, sched, clc=None, state=None):
+        self.sched, self.clc, self.state = sched, clc, state
 
     @staticmethod
     def create(kind: str, sched_params: Params, clc=None, response=None):
-        bidx, grid_dim = cute.arch.block_idx(), cute.arch.grid_dim()
-        inner, sg = sched_params.inner, sched_params.supergroup
         if kind == CLC:
-            sched = utils.ClcDynamicPersistentTileScheduler.create(inner, bidx, grid_dim,
-                                                                   response)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            return Tiles(sched, clc, state, sg)
-        return Tiles(utils.StaticPersistentTileScheduler.create(inner, bidx, grid_dim),
-                     supergroup=sg)
+            return Tiles(ClcScheduler(sched_params, response, cute.arch.block_idx()), clc,
+                         state)
+        return Tiles(StaticScheduler.create(sched_params))
 
     # loop-carried through the DSL's while loops
     def __extract_mlir_values__(self):
@@ -142,34 +241,29 @@ class Tiles:
         n = len(extract_mlir_values(self.sched))
         sched = new_from_mlir_values(self.sched, values[:n])
         state = None if self.state is None else new_from_mlir_values(self.state, values[n:])
-        return Tiles(sched, self.clc, state, self.supergroup)
+        return Tiles(sched, self.clc, state)
 
     def _in_supergroup_order(self, work):
-        """CUTLASS's column-major tile -> the same linear cluster index's supergroup tile."""
+        """The walk's linear cluster index -> that cluster's tile in supergroup order (this
+        CTA's place in it)."""
         p = self.sched.params
-        clusters_m, clusters_n = p.problem_layout_ncluster_mnl.shape[:2]
-        cm, cn = p.cluster_shape_mn
-        if cutlass.const_expr(self.clc is None):
-            k = self.sched._current_work_linear_idx
-        else:  # the (first CTA of the) cluster's block coordinates from the CLC response
-            m, n, l = work.tile_idx
-            k = m // cm + clusters_m * (n // cn + clusters_n * l)
-        m, n, l = supergroup_coord(k, clusters_m, clusters_n, self.supergroup)
-        x, y, _ = self.sched.cta_id_in_cluster
+        (clusters_m, clusters_n, _), (cm, cn) = p.clusters, p.cluster_mn
+        k = self.sched.linear_index(work)
+        m, n, l = supergroup_coord(k, clusters_m, clusters_n, p.supergroup)
+        x, y = self.sched.cta_in_cluster
         tile = (m * cm + x, n * cn + y, l)
         return WorkTileInfo(tuple(cute.arch.make_warp_uniform(Int32(c)) for c in tile),
                             work.is_valid_tile)
 
     def first(self):
-        return self._in_supergroup_order(self.sched.initial_work_tile_info())
+        return self._in_supergroup_order(self.sched.first())
 
     def next(self):
         """The next tile: static stride, or the stolen cluster's tile from the CLC response."""
         if cutlass.const_expr(self.clc is None):
-            self.sched.advance_to_next_work()
-            return self._in_supergroup_order(self.sched.get_current_work())
+            return self._in_supergroup_order(self.sched.next())
         self.clc.consumer_wait(self.state)
-        work = self.sched.get_current_work()
+        work = self.sched.current()
         self.clc.consumer_release(self.state)
         self.state.advance()
         return self._in_supergroup_order(work)
@@ -236,6 +330,24 @@ class Shares(DeviceStruct):
         m, n, l = supergroup_coord(t, clusters_m, clusters_n, self.params.supergroup)
         uniform = cute.arch.make_warp_uniform
         return (coord(uniform(Int32(m)), uniform(Int32(n)), uniform(Int32(l))), k0, k1)
+
+
+def k_split(batch_split, splits, k_steps, min_=cutlass_min):
+    """Split K (D's batch l * `splits` + s holds run s of batch l's sum): the work unit with
+    batch coordinate `batch_split` covers K steps [k0, k1) of batch l, runs of
+    ceil(k_steps / splits) steps (the last shorter). Returns (l, k0, k1). Plain integer
+    arithmetic, the same on the host and in a kernel (`k_split_count` keeps every run
+    non-empty)."""
+    per = (k_steps + splits - 1) // splits
+    s = batch_split % splits
+    return batch_split // splits, s * per, min_(s * per + per, k_steps)
+
+
+def k_split_count(splits: int, k_steps: int) -> int:
+    """The split count to launch for at most `splits` runs of `k_steps` K steps with none empty
+    (`k_split`): ceil(k_steps / ceil(k_steps / splits))."""
+    per = -(-k_steps // max(1, min(splits, k_steps)))
+    return -(-k_steps // per)
 
 
 def stream_k_share(cta, ctas, units):

@@ -110,6 +110,15 @@ def row_major(ptr, rows, cols, batch=1, pitch=None) -> cute.Tensor:
                                                   stride=(pitch, 1, rows * pitch)))
 
 
+def col_major(ptr, rows, cols, batch=1, pitch=None) -> cute.Tensor:
+    """The global tensor (rows, cols, batch) at `ptr`, rows contiguous, columns `pitch`
+    elements apart (default rows), batches packed: the transpose of a `row_major` (cols, rows)
+    tensor, which is how a kernel computing D^T (A and B swapped) stores D."""
+    pitch = rows if pitch is None else pitch
+    return cute.make_tensor(ptr, cute.make_layout((rows, cols, batch),
+                                                  stride=(1, pitch, cols * pitch)))
+
+
 def _check_global(tensor: cute.Tensor, tile: st):
     if tensor.element_type != tile.dtype:
         raise TypeError(

@@ -31,7 +31,7 @@ import cutlass.cute as cute
 import cutlass.utils.blackwell_helpers as sm100_utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.memory import SmemAllocator
-from cutlass.utils import LayoutEnum
+from cutlass.tensor_utils import LayoutEnum
 
 from tk_cute.arch import TARGETS, target
 from tk_cute.layouts import scales_sm100
@@ -55,15 +55,19 @@ class _Matrix:
 
 @dataclass(frozen=True)
 class st(_Matrix):
-    """Shared tile type: `rows` x `cols` of `dtype`, row-major, automatically swizzled."""
+    """Shared tile type: `rows` x `cols` of `dtype`, row-major (`col_major`: the row index
+    contiguous), automatically swizzled."""
 
     dtype: type
     rows: int
     cols: int
     swizzle: bool = True  # False: plain row-major (tiles only threads read, e.g. FP4 bytes)
+    col_major: bool = False  # the row index contiguous (a transposed D: `gl.col_major`)
 
     def __post_init__(self):
-        row_bytes = self.cols * self.dtype.width // 8
+        row_bytes = (self.rows if self.col_major else self.cols) * self.dtype.width // 8
+        if self.col_major and not self.swizzle:
+            raise ValueError("a column-major st is swizzled")
         if not self.swizzle:
             if row_bytes % 16:
                 raise ValueError(f"st row of {row_bytes} bytes: TMA rows are multiples of 16 B")
@@ -81,11 +85,12 @@ class st(_Matrix):
         if not self.swizzle:
             return cute.make_layout((self.rows, self.cols, stages),
                                     stride=(self.cols, 1, self.rows * self.cols))
+        major, contiguous = ((LayoutEnum.COL_MAJOR, self.rows) if self.col_major else
+                             (LayoutEnum.ROW_MAJOR, self.cols))
         atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.cols),
-            self.dtype,
-        )
-        return cute.tile_to_shape(atom, (self.rows, self.cols, stages), order=(0, 1, 2))
+            sm90_utils.get_smem_layout_atom(major, self.dtype, contiguous), self.dtype)
+        return cute.tile_to_shape(atom, (self.rows, self.cols, stages),
+                                  order=(1, 0, 2) if self.col_major else (0, 1, 2))
 
 
 @dataclass(frozen=True, eq=False)

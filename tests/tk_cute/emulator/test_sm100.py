@@ -16,6 +16,7 @@ import torch
 from tk_cute.emulator import gemm as G
 from tk_cute.emulator.machine import Deadlock
 from tk_cute.kernels.gemm import nvfp4_sm100 as K
+from tk_cute.kernels.gemm import nvfp4_w4a16_sm100 as W
 from tk_cute.ops import schedule
 
 PEER = Path(__file__).resolve().parents[4] / "shared" / "peers" / "cutlass" / \
@@ -104,6 +105,17 @@ CASES = [
     ("sm_107a", 64, 128, 2880, "bfloat16", {"act": "bf16"}),
     ("sm_100a", 100, 72, 320, "bfloat16", {"act": "bf16", "batch": 2}),
     ("sm_103a", 256, 256, 512, "nvfp4", {"act": "bf16"}),  # fp32 D, then the quantizer
+    # small M: the weights as the MMA's A (D stored transposed), split K (fp32 partial D's)
+    ("sm_100a", 1, 300, 1040, "bfloat16", {"swap": True, "split": 3, "depth": 4}),
+    ("sm_103a", 64, 520, 512, "float32", {"swap": True, "depth": 4}),
+    ("sm_107a", 16, 256, 2880, "float16", {"swap": True, "split": 4, "depth": 4, "batch": 2}),
+    ("sm_100a", 200, 136, 1040, "bfloat16", {"split": 4, "depth": 4}),
+    ("sm_107a", 3, 100, 1040, "bfloat16", {"act": "bf16", "split": 5}),
+    ("sm_100a", 5, 300, 1040, "bfloat16", {"act": "bf16", "swap": True, "x_rows": 16}),
+    ("sm_103a", 40, 136, 272, "float32", {"act": "bf16", "swap": True, "x_rows": 32, "split": 2}),
+    ("sm_107a", 100, 200, 512, "float16", {"act": "bf16", "swap": True, "x_rows": 64,
+                                            "batch": 2}),
+    ("sm_100a", 1, 3000, 2048, "bfloat16", {}),  # the model's pick for a decode call
 ]
 
 
@@ -112,14 +124,20 @@ def _run(arch, M, N, Kd, out, extra, **options):
         "act", "nvfp4"), scale_format=extra.get("sf", "ue4m3"), seed=M + N + Kd)
     gs = torch.tensor(4.0) if out == "nvfp4" else None
     cfg = None
-    if {"acc", "sched", "Mb", "depth"} & set(extra):
-        from tk_cute.nvfp4.heuristics import sm100_config
+    if extra.get("act") == "bf16" and {"split", "swap"} & set(extra):
+        cfg = W.Config(arch=arch, STAGES=4, out=out, sf=extra.get("sf", "ue4m3"),
+                       SPLIT_K=extra.get("split", 1), swap_ab=extra.get("swap", False),
+                       x_rows=extra.get("x_rows", 128))
+    elif {"acc", "sched", "Mb", "depth", "swap", "split"} & set(extra):
+        from tk_cute.tuning.sm100 import w4a4_config
 
-        base = sm100_config(arch, M, N, Kd, out, extra.get("sf", "ue4m3"))
+        base = w4a4_config(arch, M, N, Kd, out, extra.get("sf", "ue4m3"))
         cfg = K.Config(**{**base.__dict__, "ACC_PIPE_DEPTH": extra.get("acc", 2),
                           "scheduler": extra.get("sched", base.scheduler),
                           "Mb": extra.get("Mb", base.Mb),
-                          "LOAD_PIPE_DEPTH": extra.get("depth", base.LOAD_PIPE_DEPTH)})
+                          "LOAD_PIPE_DEPTH": extra.get("depth", base.LOAD_PIPE_DEPTH),
+                          "swap_ab": extra.get("swap", False),
+                          "SPLIT_K": extra.get("split", 1)})
     run = G.gemm(a, b, out, arch=arch, out_global_scale=gs, config=cfg,
                  clusters=extra.get("clusters"), **options)
     return run, a, b, gs

@@ -2,6 +2,8 @@
 (the device query monkeypatched); the compile through the same path is in
 tests/kernels/test_nvfp4_sm100_compile.py; a GPU run (sm_100a+) against the exact reference."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from tk_cute.kernels.gemm import nvfp4_sm100 as K
 from tk_cute.layouts.nvfp4_scales import blocked_shape
 from tk_cute.nvfp4 import NVFP4Tensor, gemm_reference, quantize
 from tk_cute.nvfp4 import dispatch_sm100 as D
-from tk_cute.nvfp4 import heuristics
+from tk_cute.tuning import sm100 as sm100_tuning
 
 
 def operand(rows, k, lead=(), gs=0.5, fmt="ue4m3"):
@@ -91,21 +93,33 @@ def test_config_for_another_target(on_gpu):
 
     with pytest.raises(ValueError, match="sm_107a"):
         D.prepare(operand(256, 256), operand(256, 256),
-                  config=heuristics.sm100_config("sm_107a", 256, 256, 256))
+                  config=sm100_tuning.w4a4_config("sm_107a", 256, 256, 256))
 
 
-@pytest.mark.parametrize("lead", [(), (3,)])
-def test_arguments_point_at_the_tensors(on_gpu, lead):
+@pytest.mark.parametrize("lead, swap, split", [((), False, 1), ((3,), False, 1),
+                                               ((), True, 1), ((3,), True, 2)])
+def test_arguments_point_at_the_tensors(on_gpu, lead, swap, split):
+    """Swapped: b's tensors (the weights) are the kernel's A, M and N trade places. Split K:
+    the kernel writes fp32 partial D's (L * splits of them) into a buffer of its own."""
     a, b = operand(300, 512, lead), operand(136, 512, lead, gs=2.0)
-    launch = D.prepare(a, b, torch.float16)
+    cfg = dataclasses.replace(sm100_tuning.w4a4_config("sm_100a", 300, 136, 512, "float16"),
+                              swap_ab=swap, SPLIT_K=split, LOAD_PIPE_DEPTH=4)
+    launch = D.prepare(a, b, torch.float16, config=cfg)
     ptrs, sizes = launch.args[:K.N_POINTERS], launch.args[K.SIZES]
+    d = launch.out if split == 1 else launch.wide
     # a dense D leaves the NVFP4-output pointers (d_sf, d_gs, flag) at D's address, unused
-    want = [a.data, b.data, a.scales, b.scales, launch.out, a.global_scale, b.global_scale] + [
-        launch.out] * 3
+    ops = [a.data, b.data, a.scales, b.scales] if not swap else [b.data, a.data, b.scales,
+                                                                  a.scales]
+    gs = [a.global_scale, b.global_scale][::-1 if swap else 1]
+    want = [*ops, d, *gs] + [d] * 3
     assert [p._pointer for p in ptrs] == [t.data_ptr() for t in want]
     assert [p.dtype.__name__ for p in ptrs] == ["Float4E2M1FN"] * 2 + ["Float8E4M3FN"] * 2 + [
-        "Float16"] + ["Float32"] * 2 + ["Uint8", "Float32", "Int32"]
-    assert [int(s) for s in sizes] == [300, 136, 512, lead[0] if lead else 1]
+        "Float16" if split == 1 else "Float32"] + ["Float32"] * 2 + ["Uint8", "Float32", "Int32"]
+    mn = [136, 300] if swap else [300, 136]
+    assert [int(s) for s in sizes] == [*mn, 512, lead[0] if lead else 1, split]
+    if split > 1:
+        assert launch.wide.shape == ((lead[0] if lead else 1) * split, 300, 136)
+        assert launch.wide.dtype == torch.float32
     assert launch.out.shape == (*lead, 300, 136) and launch.out.dtype == torch.float16
     assert launch.config.arch == "sm_100a" and launch.config.out == "float16"
     clusters = launch.args[K.CLUSTERS]
@@ -209,7 +223,7 @@ def test_nvfp4_output_plans_the_fused_sm100_epilogue(monkeypatch, name):
     _pretend(monkeypatch, name)
     p = _plan(operand(4096, 1024), operand(4096, 1024), torch.float32, nvfp4_out=True)
     assert p.path == "sm100" and p.config.out == "nvfp4" and p.config.arch == name
-    assert p.config == heuristics.sm100_config(name, 4096, 4096, 1024, out="nvfp4")
+    assert p.config == sm100_tuning.w4a4_config(name, 4096, 4096, 1024, out="nvfp4")
     with pytest.raises(NotImplementedError, match="N % 16"):  # D's scale blocks
         _plan(operand(256, 320), operand(100, 320), torch.float32, nvfp4_out=True)
 
@@ -377,7 +391,7 @@ def test_w4a16_plans_the_decoding_kernel(monkeypatch, name):
     x = torch.zeros(16, 256, dtype=torch.bfloat16)
     p = _plan(x, operand(100, 256))
     assert p.path == "sm100_w4a16" and p.config.arch == name and p.config.out == "bfloat16"
-    assert p.config == heuristics.sm100_w4a16_config(name, 16, 100, 256)
+    assert p.config == sm100_tuning.w4a16_config(name, 16, 100, 256)
     assert _plan(x, operand(128, 256), torch.float32, nvfp4_out=True).config.out == "float32"
 
 
@@ -386,7 +400,7 @@ def test_prepare_w4a16(on_gpu):
     launch = D.prepare_w4a16(x, b)  # bf16 rows of 20: written 24 apart, then copied
     assert launch.w4a16 and launch.out.shape == (3, 16, 20) and launch.wide.shape == (3, 16, 24)
     assert D.prepare_w4a16(x, b, torch.float32).wide is None  # 80-byte rows
-    assert launch.key == (launch.config, None) and len(launch.runtime_args(None)) == 10
+    assert launch.key == (launch.config, None) and len(launch.runtime_args(None)) == 11
     with pytest.raises(TypeError, match="bfloat16 tensor, got torch.float32"):
         D.prepare_w4a16(x.float(), b)
     with pytest.raises(ValueError, match="one K and L"):

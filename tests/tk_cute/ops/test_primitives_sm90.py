@@ -541,7 +541,7 @@ _LAYOUTS = []
 @cute.jit
 def _mn_major_layouts(dtype: cutlass.Constexpr, k: cutlass.Constexpr, n: cutlass.Constexpr):
     import cutlass.utils.hopper_helpers as sm90_utils
-    from cutlass.utils import LayoutEnum
+    from cutlass.tensor_utils import LayoutEnum
 
     mine = st(dtype, k, n).layout(2)
     ref = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (64, n, k), dtype, 2)
