@@ -200,8 +200,8 @@ def cuda_tool(name: str) -> str:
     found = shutil.which(name)
     if found is None:
         raise RuntimeError(
-            f"{name} not found: install the dev extra (pip install -e '.[dev]'), which brings "
-            f"nvidia-cuda-{name}==13.5.*"
+            f"{name} not found: tk_cute depends on nvidia-cuda-{name}==13.5.* (pip install "
+            f"'nvidia-cuda-{name}==13.5.*', or reinstall tk_cute)"
         )
     return found
 
@@ -216,7 +216,7 @@ def _run_on_cubin(cubin: bytes, cmd: list[str]) -> str:
         raise RuntimeError(
             f"{tool} could not read the cubin (exit {done.returncode}: "
             f"{done.stderr.strip()[:200]!r}); the 13.5 tools read every target: pip install "
-            f"nvidia-cuda-{cmd[0]}==13.5.* (the dev extra)")
+            f"nvidia-cuda-{cmd[0]}==13.5.* (a tk_cute dependency)")
     return done.stdout
 
 

@@ -590,7 +590,7 @@ def _check_rows(results) -> None:
 
 # The Hopper NVFP4 paths' colours (`paths_plot`), in `heuristics.PATHS` order.
 PATH_COLOURS = {"small_m": "#4c72b0", "register_a": "#55a868", "register_a_tiled": "#c44e52",
-                "rows": "#8172b2", "fused": "#937860", "dequantize": "#ccb974"}
+                "dequantize": "#ccb974"}
 
 
 def _path_edges() -> set[int]:

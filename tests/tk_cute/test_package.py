@@ -55,3 +55,36 @@ def test_main_job_runs_and_passes():
     out = subprocess.run([sys.executable, "-m", "tk_cute", "--m", "64", "--n", "128", "--k",
                           "256", "--seed", "3"], capture_output=True, text=True, check=True).stdout
     assert "0.5625 bytes/element" in out and "check: PASS" in out
+
+
+def test_a_plain_install_has_what_the_library_imports():
+    """`pip install .` (no extra) runs the main job and every CLI command (checked by hand in a
+    fresh venv, 2026-12-04): every third-party package the library's code imports, and the
+    CUDA tools `tk_cute.compile` runs, are base dependencies, not the dev extra."""
+    import ast
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    base = {d.split("[")[0].split("=")[0].split("<")[0].split(">")[0].strip().lower()
+            for d in project["dependencies"]}
+    # import name -> distribution
+    dist = {"cutlass": "nvidia-cutlass-dsl", "cuda": "nvidia-cutlass-dsl", "torch": "torch",
+            "nvidia": "nvidia-cuda-nvdisasm",  # nvidia.cu13: the 13.5 tools (`compile.cuda_tool`)
+            "numpy": "numpy", "matplotlib": "matplotlib"}
+    optional = {"transformers", "compressed_tensors", "safetensors", "torchao", "IPython",
+                "humming", "flashinfer", "tvm_ffi", "hypothesis", "pytest"}  # guarded imports
+    seen = set()
+    for folder in ("tk_cute", "kernels", "layouts"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and not node.level
+                         and node.module else [])
+                seen.update(n.split(".")[0] for n in names)
+    third_party = {n for n in seen - set(sys.stdlib_module_names) - optional
+                   if n not in ("tk_cute", "kernels", "layouts")}
+    assert third_party <= set(dist), f"imports with no known distribution: {third_party - set(dist)}"
+    assert {dist[n] for n in third_party} <= base
+    assert {"nvidia-cuda-nvdisasm", "nvidia-cuda-cuobjdump"} <= base

@@ -12,13 +12,11 @@ what a CPU can do.
 What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
 - Hopper (sm_90a): every shape the format allows: any M >= 1, any N >= 1, any K % 16 == 0, 2-D
   or batched, W4A16 and W4A4, bf16 / fp16 / fp32 out. "small_m", "register_a",
-  "register_a_tiled" (M >= `heuristics.SPLIT_TILE_MIN_M`), "rows" (the register-A kernel on
-  128-row slices) and "fused" (both forced only, `path=`), and "dequantize" (any shape: the
+  "register_a_tiled" (M >= `heuristics.SPLIT_TILE_MIN_M`) and "dequantize" (any shape: the
   operands expanded to exact bf16 in global memory, then the dense Hopper GEMM). Batched
   operands run one 2-D plan per batch ("batches"). W4A4 decodes its activations in the kernel
   on "small_m" (M <= `heuristics.W4A4_NATIVE_MAX_M`), "register_a" and "register_a_tiled"
-  (their permute passes), "fused" and "dequantize"; "rows" slices them at 128-row scale bands
-  for its parts.
+  (their permute passes) and "dequantize".
   D's rows must be 16-byte aligned for the kernels' stores: where N * element size is not, D
   is computed N-padded and copied into place (`Plan.pad_n`).
 - Blackwell / Rubin (sm_100a, sm_103a, sm_107a): any M and N, K % 16 == 0, 2-D or batched,
@@ -27,7 +25,7 @@ What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
   decoded to bf16 in shared memory for kind::f16 MMAs (`kernels/gemm/nvfp4_w4a16_sm100.py`,
   path "sm100_w4a16"). Both run in the emulator on a CPU (`tk_cute.emulator`).
 Scale formats: UE4M3 (NVFP4) everywhere; UE5M3 operands (`NVFP4Tensor.scale_format`) on the
-Hopper paths of `heuristics.UE5M3_PATHS` (GPU-tested on the H200) and on sm_107a (compiled only)
+Hopper paths (every one decodes them; GPU-tested on the H200) and on sm_107a (compiled only)
 (sm_100a / sm_103a raise ValueError); on CUDA both W4A4 operands must share one format (the
 references on CPU take any mix).
 """
@@ -40,8 +38,6 @@ from dataclasses import dataclass
 
 import torch
 
-from tk_cute.layouts import nvfp4_scales
-
 from . import heuristics, validate
 from .tensor import NVFP4Tensor
 
@@ -53,13 +49,11 @@ class Plan:
     """What `gemm` runs for one call.
 
     Attributes:
-        path: "small_m", "register_a", "fused", "dequantize", "sm100", "sm100_w4a16" (one
-            kernel), "rows"
-            (`parts` over slices of the activation rows), "batches" (`parts[0]` for each batch)
-            or "reference" (CPU tensors only).
+        path: "small_m", "register_a", "register_a_tiled", "dequantize", "sm100",
+            "sm100_w4a16" (one kernel), "batches" (`parts[0]` for each batch) or "reference"
+            (CPU tensors only).
         config: the kernel's Config (one-kernel paths).
-        parts: ((start, stop, Plan), ...) for "rows"; ((0, L, Plan),) for "batches" (the one
-            plan every batch runs).
+        parts: ((0, L, Plan),) for "batches" (the one plan every batch runs).
         pad_n: D computed with N rounded up to this (0: not padded), then copied into place.
     """
 
@@ -69,16 +63,14 @@ class Plan:
     pad_n: int = 0
 
     def kernels(self) -> list[str]:
-        """The one-kernel paths this plan runs, in order (a "rows" plan lists each slice)."""
+        """The one-kernel paths this plan runs, in order."""
         if self.path == "batches":
             return self.parts[0][2].kernels() * self.parts[0][1]
-        if self.path == "rows":
-            return [k for _, _, p in self.parts for k in p.kernels()]
         return [self.path]
 
     def __str__(self) -> str:
         tail = f" (N padded to {self.pad_n})" if self.pad_n else ""
-        if self.path in ("rows", "batches"):
+        if self.path == "batches":
             inner = ", ".join(f"{m0}:{m1} {p}" for m0, m1, p in self.parts)
             return f"{self.path}[{inner}]{tail}"
         if self.path == "register_a_tiled":
@@ -165,15 +157,6 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
     if path == "register_a_tiled":
         cfg = heuristics.register_a_tiled_config(M, N, K, out, sms)
         return Plan(path, dataclasses.replace(cfg, sf=sf, a_format="nvfp4" if w4a4 else "bf16"))
-    if path == "rows":
-        step = heuristics.ROWS_MIN_M
-        parts = tuple((m0, min(M, m0 + step),
-                       _plan_hopper(w4a4, min(M, m0 + step) - m0, N, K, out, sms, pdl,
-                                    "register_a", sf))
-                      for m0 in range(0, M, step))
-        return Plan(path, parts=parts)
-    if path == "fused":
-        return Plan(path)
     esize = {"bfloat16": 2, "float16": 2, "float32": 4}[out]
     per_row = validate.OUT_ALIGN // esize  # D rows must be 16-byte aligned for TMA stores
     return Plan(path, pad_n=-(-N // per_row) * per_row if N % per_row else 0)
@@ -338,15 +321,10 @@ def run(p: Plan, a, b: NVFP4Tensor, out: torch.Tensor, gsb=None) -> torch.Tensor
         launch.register_a(a, b, out, p.config, gsb=gsb)
     elif p.path == "register_a_tiled":
         launch.register_a_tiled(a, b, out, p.config, gsb)
-    elif p.path == "rows":
-        for m0, m1, sub in p.parts:
-            run(sub, _rows(a, m0, m1), b, out[m0:m1], gsb)
     elif p.path == "batches":
         sub = p.parts[0][2]
         for l in range(out.shape[0]):
             run(sub, _batch(a, l), _batch(b, l), out[l], gsb)
-    elif p.path == "fused":
-        launch.fused(a, b, out)
     elif p.path == "dequantize":
         launch.dequantize(a, b, out)
     elif p.path == "sm100":
@@ -360,17 +338,6 @@ def run(p: Plan, a, b: NVFP4Tensor, out: torch.Tensor, gsb=None) -> torch.Tensor
     else:
         raise AssertionError(f"no runner for path {p.path!r}")
     return out
-
-
-def _rows(a, m0: int, m1: int):
-    """Rows m0:m1 of the activations: a tensor slice, or for NVFP4 a view of their codes and of
-    their blocked scales' 128-row bands (m0 % 128 == 0: "rows" cuts at the bands)."""
-    if isinstance(a, NVFP4Tensor):
-        band = nvfp4_scales.ATOM_ROWS
-        assert m0 % band == 0, m0
-        return NVFP4Tensor.trusted(a.data[m0:m1], a.scales[m0 // band:-(-m1 // band)],
-                                   a.global_scale, (m1 - m0, a.shape[1]), a.scale_format)
-    return a[m0:m1]
 
 
 def _batch(t, l: int):

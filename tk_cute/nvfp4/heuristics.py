@@ -20,12 +20,6 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   bands (`dequantize_wins`). Its schedule (`register_a_tiled_config`): up to
   SPLIT_TILE_MAX_M rows one tile as wide as M split along K (stream-K), then the tile width
   Nb, stream-K shares and A register sets of the few-tiles and rounds models.
-- "rows" (the register-A kernel on 128-row slices of the activations, each pass streaming the
-  weights again): forced only (`path=`); the split tile beat it at every shape measured.
-- "fused" (`kernels/gemm/nvfp4_sm90.py`, decode in shared memory): forced only (`path=`): every
-  shape it takes (M % 128, N % 256, K % 64) the register-A kernels take too, faster. Where it was
-  the default (one near-full wave of 128 x 256 tiles, K % 256 != 0: 128x28672x8192 fused 148 us
-  against 298 dequantized, docs/history.md), the register-A kernels now run.
 - "dequantize" (`kernels/nvfp4_dequantize.py` + `kernels/gemm/gemm_sm90.py`): everything else
   (any M, any K % 16, any N, any output dtype): N % 8 != 0, and `dequantize_wins`.
 The register-A kernels take any K % 16 == 0 (rows of codes padded to 16 bytes for the TMA where
@@ -33,11 +27,10 @@ K % 32 != 0, as NVFP4Tensor stores them), a partial last stage where K % 256 (K 
 != 0 (`Config.K_TAIL`, set here from K).
 W4A4 on "register_a" and "register_a_tiled" decodes its activations in the kernel's permute
 pass (`Config.a_format` "nvfp4": bit for bit the W4A16 kernel on the exactly decoded
-activations); "rows" (forced) runs W4A4 parts on 128-row slices (whole scale bands,
-ROWS_MIN_M = 128). D quantized to NVFP4 (`gemm_nvfp4`) takes the tiled kernel's fused
+activations). D quantized to NVFP4 (`gemm_nvfp4`) takes the tiled kernel's fused
 epilogue on whole weight bands only; with N % 128 != 0 it is quantized after the GEMM.
-UE5M3 operands (`UE5M3_PATHS`): every path but "fused" decodes them (its shared-memory decode is
-UE4M3 only): forcing "fused" on them raises.
+Every path decodes UE4M3 and UE5M3 scales alike. Paths the rules never picked were deleted
+(docs/history.md: "rows", "fused").
 Blackwell / Rubin configs are chosen by a cost model in `tk_cute.tuning.sm100`.
 """
 
@@ -50,7 +43,6 @@ import math
 from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
-from tk_cute.kernels.gemm import nvfp4_sm90 as sm90
 from tk_cute.ops import schedule
 
 # Below this M the small-M kernel beats the register-A one: its M = 1 path (one n8 MMA tile,
@@ -75,11 +67,6 @@ W4A4_STAGE_MAX_K = 8192
 # bf16, small-M / register-A): 16x4000x8192 W4A16 1.99 / 1.63x, W4A4 2.04 / 1.58x; 64x4000x8192
 # W4A16 0.81 / 1.44x.
 SMALL_M_TAIL_MAX_M = 16
-# "rows" (forced only): the register-A kernel on slices of this many activation rows. H200 A/B
-# (docs/facts.md#rows-path; vs cuBLAS bf16, rows / the split tile): 129x8192^2
-# 0.83 / 1.18x, 160x8192^2 0.64 / 0.98x, 129x28672x8192 0.78 / 1.09x, 160x8192x28672 0.80 /
-# 1.12x, 129x4000x8192 0.69 / 0.92x, 129x2880^2 0.30 / 0.43x.
-ROWS_MIN_M = rs.MAX_M
 # Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
 # W4A4. The dequantize pass costs N x K whatever M is, so it pays from enough rows, and sooner at
 # a short K (the tiled kernel's per-tile costs weigh more there). H200 A/B
@@ -103,15 +90,12 @@ DEQUANTIZE_FROM = {False: ((8192, 2048),), True: ((4096, 2048),)}
 # tiles); 4000x8192 (64 tiles) 0.82-0.90 / 0.48-0.56x. Up to 208 rows the split tile won
 # there: 129x2880x2880 0.42 / 0.27x, 200x2880x2880 0.40 / 0.38x.
 DEQUANTIZE_MAX_TILES = 0.4
-PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "fused", "dequantize")
-# Hopper paths whose kernels decode UE5M3 scales (a `sf` Config field, or the block dequantize)
-UE5M3_PATHS = ("small_m", "register_a", "register_a_tiled", "rows", "dequantize")
+PATHS = ("small_m", "register_a", "register_a_tiled", "dequantize")
 
 
 def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     """The path of one 2-D Hopper GEMM on a GPU of `sms` SMs (module docstring); every valid
-    shape has one, and every path it picks decodes UE4M3 and UE5M3 scales alike
-    (`UE5M3_PATHS`)."""
+    shape has one."""
     if M <= W4A4_NATIVE_MAX_M and w4a4 and gv.supports(M, N, K):
         return "small_m"
     if M < RS_MIN_M and not w4a4 and gv.supports(M, N, K):
@@ -124,8 +108,6 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
         return "small_m"
     if rst.supports(M, N, K) and not dequantize_wins(w4a4, M, N, K, sms):
         return "register_a_tiled"
-    # ("fused" takes a subset of what the register-A kernels take, and they were faster: it
-    # runs only when forced, for comparisons.)
     return "dequantize"
 
 
@@ -151,15 +133,10 @@ def dequantize_wins(w4a4: bool, M: int, N: int, K: int, sms: int) -> bool:
 def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: str,
                       sf: str = "ue4m3") -> str:
     """`path` if it can run this Hopper GEMM (a forced path), else ValueError naming why."""
-    if path in PATHS and sf != "ue4m3" and path not in UE5M3_PATHS:
-        raise ValueError(f"path {path!r} decodes UE4M3 scales only; {sf} operands run on "
-                         f"{', '.join(UE5M3_PATHS)}")
     takes = {
         "small_m": gv.supports(M, N, K),
         "register_a": M <= rs.MAX_M and rs.supports(M, N, K),
         "register_a_tiled": rst.supports(M, N, K),
-        "rows": rs.supports(rs.MAX_M, N, K),
-        "fused": out_dtype != "float32" and sm90.supports(M, N, K),
         "dequantize": True,
     }
     if path not in takes:
@@ -167,8 +144,7 @@ def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: 
     if not takes[path]:
         raise ValueError(f"path {path!r} cannot run M={M}, N={N}, K={K}, out {out_dtype} "
                          f"(small_m: M <= 64, N % 32, K % 128; register_a: M <= 128, N % 8, "
-                         f"K % 16; register_a_tiled: N % 8 (NVFP4 out: N % 128), K % 16; rows: "
-                         f"N % 8, K % 16; fused: M % 128, N % 256, K % 64, 16-bit out)")
+                         f"K % 16; register_a_tiled: N % 8 (NVFP4 out: N % 128), K % 16)")
     return path
 
 

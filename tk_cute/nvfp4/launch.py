@@ -2,7 +2,7 @@
 paths under `tk_cute.nvfp4.gemm`, and the format kernels (quantize, block dequantize) that run
 on every target.
 
-Contract: the functions named after a path (`small_m`, `register_a`, `fused`, `dequantize`)
+Contract: the functions named after a path (`small_m`, `register_a`, `dequantize`)
 take operands that `tk_cute.nvfp4.gemm` validated once (`validate`), a Config the heuristics
 picked (`heuristics`) and a preallocated contiguous output; they allocate workspaces, pack raw
 pointers (each kernel's `signature`) and launch on the current stream. Nothing here syncs with
@@ -16,7 +16,6 @@ the stream (`output_scale`), never a host value.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import threading
 
@@ -26,13 +25,10 @@ from tk_cute import dense_gemm
 from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
-from tk_cute.kernels.gemm import nvfp4_sm90 as sm90
-from tk_cute.ops import nvfp4 as fp4_ops
 from tk_cute.ops import schedule
 from tk_cute.layouts import nvfp4_codes
-from tk_cute.runtime import (OUT_ALIGN, KernelCache, aligned, as_cute, batched, compile_locked,
-                             device_index, output, raw_stream, sm_count, stream, stream_k_buffers,
-                             workspace)
+from tk_cute.runtime import (OUT_ALIGN, KernelCache, aligned, device_index, output, raw_stream,
+                             sm_count, stream_k_buffers, workspace)
 
 from . import heuristics, validate
 from .tensor import NVFP4Tensor, codes_storage, has_row_pitch
@@ -40,7 +36,6 @@ from .tensor import NVFP4Tensor, codes_storage, has_row_pitch
 _SMALL_M = KernelCache()  # (config, device index) -> Launcher
 _REGISTER_A = KernelCache()
 _REGISTER_A_TILED = KernelCache()
-_FUSED = KernelCache()
 _DEQUANTIZE = KernelCache()
 
 
@@ -189,33 +184,6 @@ def register_a_tiled_nvfp4(a, b: NVFP4Tensor, cfg: rst.Config, out: NVFP4Tensor,
     _launch_tiled(a, b, cfg, gsb, out.data.data_ptr(), out.scales.data_ptr(),
                   out.global_scale.data_ptr(), out.saturated.data_ptr())
     return out
-
-
-def fused(a, b: NVFP4Tensor, out: torch.Tensor, config: sm90.Config | None = None):
-    """The large-M kernel decoding in shared memory (M % 128, N % 256, K % 64; UE4M3 scales)."""
-    w4a4 = isinstance(a, NVFP4Tensor)
-    if any(isinstance(t, NVFP4Tensor) and t.scale_format != "ue4m3" for t in (a, b)):
-        raise ValueError("the fused Hopper kernel decodes UE4M3 scales only (heuristics."
-                         "UE5M3_PATHS lists the paths that take UE5M3)")
-    config = dataclasses.replace(config or sm90.Config(), a_format="nvfp4" if w4a4 else "bf16",
-                                 out_dtype=str(out.dtype).removeprefix("torch."))
-    kernel = _fused_kernel(config)
-    sm90.check_shapes(a.shape[-2], b.M, b.K, kernel)
-    # The decode leaves each operand scaled by 2^-BF16_DECODE_SHIFT (exact); undo it here.
-    alpha = output_scale(a, b) * 2.0 ** (fp4_ops.BF16_DECODE_SHIFT * (2 if w4a4 else 1))
-    sfa = (a if w4a4 else b).scales.view(-1, 256)  # W4A16 reads no A scales
-    args = [as_cute(batched(t), leading_dim=1)
-            for t in (a.data if w4a4 else a, sfa, b.data, b.scales.view(-1, 256), out)]
-    args.append(as_cute(alpha.reshape(1), leading_dim=0, align=4))
-    sms = sm_count(b.device)
-    fn = _FUSED.get((config, sms), lambda: compile_locked(kernel, *args, sms, stream()))
-    fn(*args, stream())
-    return out
-
-
-@functools.cache
-def _fused_kernel(config: sm90.Config):
-    return sm90.GemmNvfp4Sm90(config)
 
 
 # W4A4 "dequantize" with one launch for both operands and D's scale (`dequantize_pair`) rather

@@ -4,7 +4,6 @@
 - `warp` (32 lanes): lane identity, `elect_leader`, shuffles, the ``mma.sync`` m16n8k16 MMA;
 - `warpgroup` (4 warps): wgmma MMAs (SS / RS, AB / ABt, mm / mma), fences, setmaxnreg,
   register <-> shared stores and loads, named-barrier `sync`;
-- `group` (several warps together): the NVFP4 tile decode;
 - `register` (a register tile, whatever its scope): zero, copy, mul, add, row/col reductions;
 - `nvfp4` (one thread): FP4 / UE4M3 encode and decode in registers;
 - `ptx`: `asm`, the one inline-PTX helper every op above goes through;

@@ -297,7 +297,7 @@ class Shares(DeviceStruct):
 
     def __init__(self, params: Params, k_steps, data_parallel: bool = False):
         self.params, self.k_steps = params, Int32(k_steps)
-        m, n, l = params.inner.problem_layout_ncluster_mnl.shape
+        m, n, l = params.clusters
         self.units = cutlass.Int64(m * n * l) * cutlass.Int64(k_steps)
         self.ctas = cutlass.Int64(cute.arch.grid_dim()[0])
         self.cta = cute.arch.block_idx()[0]
@@ -323,7 +323,7 @@ class Shares(DeviceStruct):
                                     self.units - self.base))
 
     def segment(self, u, end):
-        clusters_m, clusters_n = self.params.inner.problem_layout_ncluster_mnl.shape[:2]
+        clusters_m, clusters_n, _ = self.params.clusters
         t = u // self.k_steps
         k0 = u - t * self.k_steps
         k1 = cutlass.min(self.k_steps, k0 + end - u)

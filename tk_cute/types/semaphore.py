@@ -184,6 +184,5 @@ class NamedBarrier(enum.IntEnum):
     """Named-barrier ids of every kernel (0 is __syncthreads)."""
 
     EPILOGUE = 1  # the consumer (epilogue) warps around each shared output buffer's TMA store
-    CONSUMERS = 2  # ltcf: the consumer warpgroups before a stage's MMAs (after their transform)
     TMEM_ALLOC = 3  # Blackwell/Rubin: the TMEM allocator warp with the epilogue warps
     PARTIALS = 4  # lcf stream-K: the consumer warpgroups around a tile's partial sums

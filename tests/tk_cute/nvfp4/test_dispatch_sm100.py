@@ -259,14 +259,6 @@ def test_ue5m3_hopper_plans_carry_the_format(monkeypatch, w4a4, m, path):
     assert configs and all(c.sf == "ue5m3" for c in configs)
 
 
-def test_ue5m3_hopper_never_takes_the_fused_kernel(monkeypatch):
-    _pretend(monkeypatch, "sm_90a")
-    a = torch.zeros(128, 192, dtype=torch.bfloat16)
-    assert _plan(a, operand(28672, 192), path="fused").path == "fused"  # UE4M3: forced, runs
-    with pytest.raises(ValueError, match="UE4M3 scales only"):
-        _plan(a, operand(28672, 192, fmt="ue5m3"), path="fused")
-
-
 def _exact_operand(rows, k, device="cuda"):
     """Random E2M1 codes, every block scale 1.0 (0x38), global scale 1: every product is a
     multiple of 1/4 below 36 and every partial sum below 36 K = 2^14 * 1.125 (K = 512), so

@@ -523,13 +523,12 @@ def test_consumer_registers_fit_what_the_producer_gives_back():
     """setmaxnreg.inc spins until the block's pool holds the registers (USETMAXREG.TRY_ALLOC in
     a loop), and only the block's own .dec refills it: the templates' splits must fit."""
     from tk_cute.templates.lcf import LCF
-    from tk_cute.templates.ltcf import LTCF
 
     assert [warpgroup.entry_registers(t) for t in (128, 384, 640, 1024)] == [256, 168, 96, 64]
     assert warpgroup.consumer_registers(384, 40, 2) == 232
     assert warpgroup.consumer_registers(640, 40, 4) == 104  # 96 + 56 // 4 = 110, down to 8s
     assert warpgroup.consumer_registers(640, 48, 4, cap=100) == 96
-    for t in (LCF, LTCF):
+    for t in (LCF,):
         threads = (1 + t.NUM_CONSUMERS) * warpgroup.WARPGROUP_THREADS
         assert t.CONSUMER_REGISTERS <= warpgroup.consumer_registers(
             threads, t.PRODUCER_REGISTERS, t.NUM_CONSUMERS), t.__name__

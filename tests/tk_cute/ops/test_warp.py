@@ -1,4 +1,4 @@
-"""Warp-scope ops compile to the intended PTX (their GPU behaviour is exercised by the lcf/ltcf
+"""Warp-scope ops compile to the intended PTX (their GPU behaviour is exercised by the lcf
 kernels and the register reductions in test_primitives_sm90.py)."""
 
 import cutlass
