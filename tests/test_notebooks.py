@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # the slow tier: `python -m pytest --full`
+
 # The dev extra installs these (CI has them); a machine without them (the GPU machine) skips
 # this module instead of failing the whole collection.
 jupytext = pytest.importorskip("jupytext", reason="notebook tests need the dev extra (jupytext)")

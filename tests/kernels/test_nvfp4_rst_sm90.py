@@ -8,6 +8,9 @@ from tk_cute.compile import build
 from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
 from tk_cute.layouts import nvfp4_scales
 
+pytestmark = pytest.mark.slow  # the slow tier: `python -m pytest --full`
+
+
 @pytest.fixture(scope="module", params=[(256, 1), (128, 1), (192, 1), (256, 2), (64, 1),
                                         (80, 1), (112, 1), (144, 1), (208, 1), (64, 2), (80, 2),
                                         (96, 2)],

@@ -5,8 +5,9 @@ was before issue 23 moved it onto `st` / `gl` / `tma.load_async` / `Shared` / ri
 again after the epilogue's tcgen05.wait::ld fix and after split K and tk_cute's own schedulers
 (that script's docstring lists what each changed). Each config there (fixed configs on sm_100a,
 sm_103a, sm_107a: big and mid tiles, fp16 out, both schedulers, the small-M form, Rubin's
-double-buffered accumulator) is rebuilt and compared: the MMA, TMA, barrier and tensor-memory instruction counts (SASS and
-PTX, per full mnemonic) and shared / tensor memory exactly, registers within +-8, no spills.
+double-buffered accumulator) is rebuilt and compared: the MMA, TMA, barrier and tensor-memory
+instruction counts (SASS and PTX, per full mnemonic) and shared / tensor memory exactly,
+registers within +-8, no spills.
 """
 
 import importlib.util
@@ -14,6 +15,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.slow  # the slow tier: `python -m pytest --full`
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("nvfp4_sm100_sass", HERE / "nvfp4_sm100_sass.py")

@@ -25,6 +25,8 @@ import torch
 from tk_cute.emulator import hopper
 from tk_cute.emulator.launch import capture_all
 
+pytestmark = pytest.mark.slow  # the slow tier: `python -m pytest --full`
+
 DATA = Path(__file__).resolve().parent / "data"
 _spec = importlib.util.spec_from_file_location("_make_h200_fixtures",
                                                DATA / "make_h200_fixtures.py")

@@ -24,6 +24,8 @@ from tk_cute.emulator import wgmma as W
 from tk_cute.emulator.launch import Launch, Param, capture
 from tk_cute.emulator.memory import GlobalMemory
 
+pytestmark = pytest.mark.slow  # the slow tier: `python -m pytest --full`
+
 ROOT = Path(__file__).resolve().parents[3]
 LADDER = ROOT / "examples" / "ladder"
 PRIMITIVES = ROOT / "tests" / "tk_cute" / "ops" / "test_primitives_sm90.py"

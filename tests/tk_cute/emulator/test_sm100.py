@@ -19,6 +19,8 @@ from tk_cute.kernels.gemm import nvfp4_sm100 as K
 from tk_cute.kernels.gemm import nvfp4_w4a16_sm100 as W
 from tk_cute.ops import schedule
 
+pytestmark = pytest.mark.slow  # the slow tier: `python -m pytest --full`
+
 PEER = Path(__file__).resolve().parents[4] / "shared" / "peers" / "cutlass" / \
     "dense_blockscaled_gemm_persistent.py"
 
