@@ -302,8 +302,7 @@ def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N:
     `stream_k`: equal shares of the (tile x K-step) units instead of whole tiles
     (`gemm_sm90.Config.STREAM_K`, 128-row tiles, no clusters; on the grid
     `schedule.stream_k_grid` picks); `gemm` does not pick it: slower than whole tiles at every
-    shape timed on the H200, also after whole waves (`Config.STREAM_K_DP`;
-    docs/facts.md#dense-stream-k). `swap_ab`: take `swap_plan`'s transposed tiles
+    shape timed on the H200, also after whole waves (deleted; docs/facts.md#dense-stream-k). `swap_ab`: take `swap_plan`'s transposed tiles
     where it gives them (`Config.TRANSPOSE_C`; rows on L2 lines, no forced width, no
     stream-K); False: always the direct plan."""
     swap = (swap_plan(M, N, sms, quads) if lines and nb is None and not stream_k and swap_ab

@@ -13,7 +13,7 @@ the arrays it was drawn from, computed by the same layout functions the kernels 
   `ops.schedule.supergroup_coord` (the static scheduler's stride: one grid per wave).
 - `stream_k_plot`: which CTA's stream-K share holds each (tile, K step) unit on the grid the
   host picks (`ops.schedule.stream_k_grid`, `stream_k_share`), which tiles are split and where
-  their heads are (also after whole waves: `StreamK.STREAM_K_DP`).
+  their heads are.
 - `roofline_plot`: kernel reports (`tk_cute.report.report`) on their target's roof (a MODEL).
 - `speedup_plot(results)`: the NVFP4 bench's speedup over cuBLAS bf16 against M, one panel per
   (N, K), log-scaled M (`python -m tk_cute.bench nvfp4 --plot FILE`).
@@ -410,27 +410,22 @@ def _numbers_fit(fig, rows: int, cols: int, widest: str, points: float = 6) -> b
 
 
 # --------------------------------------------------------------------------- stream-K shares
-def stream_k_walk(tiles: int, k_steps: int, ctas: int,
-                  dp: bool = False) -> tuple[np.ndarray, list]:
+def stream_k_walk(tiles: int, k_steps: int, ctas: int) -> tuple[np.ndarray, list]:
     """(owner, parts): the CTA whose equal stream-K share (`ops.schedule.stream_k_share`) holds
     each (tile, K step) unit, tiles in the kernels' order, and per tile the CTAs that hold a
-    part of it, its head (the first part, which sums the others and stores the tile) first.
-    dp (`StreamK.STREAM_K_DP`): the whole waves' tiles (`stream_k_dp_tiles`) go whole to CTA
-    tile % ctas, and the shares split only the units after them."""
-    from tk_cute.ops.schedule import stream_k_dp_tiles, stream_k_share
+    part of it, its head (the first part, which sums the others and stores the tile) first."""
+    from tk_cute.ops.schedule import stream_k_share
 
     units = tiles * k_steps
-    base = stream_k_dp_tiles(tiles, ctas) * k_steps if dp else 0
     owner = np.empty(units, dtype=np.int64)
-    owner[:base] = np.arange(base) // k_steps % ctas
     for c in range(ctas):
-        start, end = stream_k_share(c, ctas, units - base)
-        owner[base + start:base + end] = c
+        start, end = stream_k_share(c, ctas, units)
+        owner[start:end] = c
     owner = owner.reshape(tiles, k_steps)
     return owner, [list(dict.fromkeys(row.tolist())) for row in owner]
 
 
-def stream_k_plot(tiles: int, k_steps: int, ctas: int | None = None, dp: bool = False):
+def stream_k_plot(tiles: int, k_steps: int, ctas: int | None = None):
     """Stream-K (`StreamK`): which CTA takes which K steps of which tile.
 
     Args:
@@ -438,7 +433,6 @@ def stream_k_plot(tiles: int, k_steps: int, ctas: int | None = None, dp: bool = 
         k_steps: K steps per tile (K / Kb rounded up).
         ctas: the grid (default: `ops.schedule.stream_k_grid` on sm_90a's SM count, as the
             launches pick it).
-        dp: after whole waves (`StreamK.STREAM_K_DP`, `stream_k_walk`).
 
     Returns:
         The Figure; `fig.drawn` has "owner" (tiles, k_steps), "parts" (per tile the CTAs
@@ -455,7 +449,7 @@ def stream_k_plot(tiles: int, k_steps: int, ctas: int | None = None, dp: bool = 
     if not 1 <= ctas <= tiles * k_steps:
         raise ValueError(f"a stream-K grid needs 1 <= ctas <= tiles x k_steps = "
                          f"{tiles * k_steps}, got {ctas}")
-    owner, parts = stream_k_walk(tiles, k_steps, ctas, dp)
+    owner, parts = stream_k_walk(tiles, k_steps, ctas)
     fig, (ax,) = _figure(1, min(14, 4 + 0.12 * k_steps), min(14, 2.5 + 0.18 * tiles))
     fig.drawn = {"owner": owner, "parts": parts, "ctas": ctas}
     ax.imshow(owner % 20, cmap="tab20", interpolation="nearest", aspect="auto", vmin=0, vmax=19)
@@ -470,7 +464,7 @@ def stream_k_plot(tiles: int, k_steps: int, ctas: int | None = None, dp: bool = 
                 if k == 0 or owner[t, k] != owner[t, k - 1]:
                     ax.text(k, t, str(owner[t, k]), ha="left", va="center", fontsize=6)
     split = [p for p in parts if len(p) > 1]
-    kind = "stream-K after whole waves" if dp else "stream-K"
+    kind = "stream-K"
     key = ("colour and number: the CTA" if numbered else
            "colour: the CTA, 20 colours round; too many tiles to number")
     ax.set(title=f"{tiles} tiles x {k_steps} K steps on {ctas} CTAs ({kind}): {len(split)} "
@@ -814,8 +808,6 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--tile", type=_ints(3), default=(128, 256, 64), help="Mb,Nb,Kb")
             s.add_argument("--ctas", type=int, default=None,
                            help="the grid (default: stream_k_grid on sm_90a's SM count)")
-            s.add_argument("--dp", action="store_true",
-                           help="after whole waves of whole tiles (StreamK.STREAM_K_DP)")
         elif name in ("tmem", "roofline"):
             s.add_argument("--arch", choices=("sm_100a", "sm_103a", "sm_107a"),
                            default="sm_107a")
@@ -864,7 +856,7 @@ def draw(args, parser):
         if min(M, N, K, Mb, Nb, Kb) < 1:
             parser.error("--mnk and --tile must be positive")
         try:
-            return stream_k_plot(-(-M // Mb) * -(-N // Nb), -(-K // Kb), args.ctas, args.dp)
+            return stream_k_plot(-(-M // Mb) * -(-N // Nb), -(-K // Kb), args.ctas)
         except ValueError as e:
             parser.error(str(e))
     if args.what in ("tmem", "roofline"):

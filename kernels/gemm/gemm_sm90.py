@@ -116,7 +116,6 @@ class Config:
     CLUSTER_M: int = 1
     CLUSTER_N: int = 1
     STREAM_K: bool = False
-    STREAM_K_DP: bool = False  # stream-K after whole waves (`StreamK.STREAM_K_DP`)
     TRANSPOSE_C: bool = False  # C stored M-contiguous (as C^T, row-major): see the module
     SHIFT_EDGES: bool = False  # edge tiles moved inside the tensors: see the module
     arch: str = "sm_90a"
@@ -150,8 +149,6 @@ class Config:
                              f"buffers, got {self.EPI_PIPE_DEPTH}")
         if self.CLUSTER_M * self.CLUSTER_N > 4:
             raise ValueError(f"cluster {self.CLUSTER_M}x{self.CLUSTER_N} exceeds 4 CTAs")
-        if self.STREAM_K_DP and not self.STREAM_K:
-            raise ValueError("STREAM_K_DP (data-parallel waves before the shares) needs STREAM_K")
         if self.SHIFT_EDGES and self.STREAM_K:
             raise ValueError("SHIFT_EDGES needs whole tiles: with STREAM_K the rows two tiles "
                              "share would be summed in two K orders, and either stored")
@@ -178,7 +175,7 @@ class GemmSm90(LCF):
         self.CONSUMER_REGISTERS = consumer_registers(c.Mb, c.TILES)
         self.SUPERGROUP_SIZE, self.CLUSTER_M, self.CLUSTER_N = (
             c.SUPERGROUP_SIZE, c.CLUSTER_M, c.CLUSTER_N)
-        stream_k.configure(self, c.STREAM_K, STREAM_K_DP=c.STREAM_K_DP)
+        stream_k.configure(self, c.STREAM_K)
         self.a_tile = st(c.in_type, c.Mb, self.Kb)
         self.b_tile = st(c.in_type, c.Nb, self.Kb)
         out_type = OUTPUT_TYPES[c.out_dtype]

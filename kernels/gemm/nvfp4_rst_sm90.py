@@ -16,9 +16,7 @@ Pipeline (`templates/lcf`):
     activations: 2^8 * gA * gB) and store D^T's elements into D (rows past M skipped).
 While one warpgroup decodes, the other's MMAs keep the tensor cores busy (narrow tiles: two
 A register sets, so a warpgroup's decode also overlaps its own previous MMAs).
-Schedule: whole tiles per persistent CTA (in 2 x 1 clusters with `Config.CLUSTER_M`: two weight
-bands share each activation stage by multicast; measured, not the dispatch's default:
-docs/facts.md#tiled-clusters), or stream-K (`Config.STREAM_K`, `templates/stream_k.py`):
+Schedule: whole tiles per persistent CTA, or stream-K (`Config.STREAM_K`, `templates/stream_k.py`):
 equal runs of (tile x stage) units per CTA, a tile split between CTAs handed from each later
 part (`store_partial`: fp32 accumulators to that CTA's slot of `partials`, then its flag) to
 its head (`add_partial`, in CTA order), which finishes it; where the tiles are fewer than the
@@ -113,12 +111,6 @@ class Config:
     # sums of them, so no head adds every part and writes the whole tile (the dispatch's from
     # three parts per tile: `heuristics.TILED_TEAMS_MIN`)
     TEAMS: bool = field(default=False, metadata={"quiet": True})
-    # Stream-K after whole waves (`StreamK.STREAM_K_DP`): the tiles that fill whole waves run
-    # whole, only the last partial wave is shared
-    STREAM_K_DP: bool = field(default=False, metadata={"quiet": True})
-    # Whole tiles in clusters of CLUSTER_M weight bands that share (multicast) the activation
-    # tile: half the activation bytes each CTA reads from L2 at 2
-    CLUSTER_M: int = field(default=1, metadata={"quiet": True})
     __repr__ = config_repr
 
     def __post_init__(self):
@@ -139,13 +131,6 @@ class Config:
                              f"(N % {ROWS} != 0) takes bf16 / fp16 / fp32 output only")
         if self.TEAMS and not self.STREAM_K:
             raise ValueError("TEAMS splits stream-K tiles between CTAs: it needs STREAM_K=True")
-        if self.STREAM_K_DP and (not self.STREAM_K or self.TEAMS):
-            raise ValueError("STREAM_K_DP (whole waves before the shares) needs STREAM_K and "
-                             "not TEAMS")
-        if self.CLUSTER_M not in (1, 2) or (self.CLUSTER_M > 1 and self.STREAM_K):
-            raise ValueError(f"CLUSTER_M must be 1 or 2, and 1 with STREAM_K (a cluster's CTAs "
-                             f"share whole tiles' stages); got {self.CLUSTER_M}, STREAM_K="
-                             f"{self.STREAM_K}")
         if self.LOAD_PIPE_DEPTH == 1 or self.LOAD_PIPE_DEPTH < 0:
             raise ValueError(f"LOAD_PIPE_DEPTH must be 0 (auto) or >= 2, got "
                              f"{self.LOAD_PIPE_DEPTH}")
@@ -171,10 +156,6 @@ def check_shape(M: int, N: int, K: int, cfg: Config | None = None) -> None:
         raise ValueError(f"K={K} is not a multiple of {STAGE_K}: the Config needs K_TAIL=True")
     if cfg is not None and N % ROWS and not cfg.N_TAIL:
         raise ValueError(f"N={N} is not a multiple of {ROWS}: the Config needs N_TAIL=True")
-    if cfg is not None and rs.blocks(N, ROWS, True) % cfg.CLUSTER_M:
-        raise ValueError(f"CLUSTER_M={cfg.CLUSTER_M} needs whole clusters of {ROWS}-row weight "
-                         f"bands (the stores do not clip a band past N); N={N} has "
-                         f"{rs.blocks(N, ROWS, True)}")
 
 
 class GemmNvfp4RsTiledSm90(LCF):
@@ -186,10 +167,9 @@ class GemmNvfp4RsTiledSm90(LCF):
     def __init__(self, config: Config = Config()):
         self.config = config
         self.Mb, self.Nb, self.SUPERGROUP_SIZE = ROWS, config.Nb, config.SUPERGROUP_SIZE
-        self.CLUSTER_M = config.CLUSTER_M
         self.PDL = config.PDL
         stream_k.configure(self, config.STREAM_K, PARTIAL_V4=config.PARTIAL_V4,
-                           STREAM_K_TEAMS=config.TEAMS, STREAM_K_DP=config.STREAM_K_DP)
+                           STREAM_K_TEAMS=config.TEAMS)
         self.w_tile = st(cutlass.Int8, ROWS, STAGE_K // 2, swizzle=False)
         self.sf_tile = st(cutlass.Int8, 2 * (STAGE_K // nvfp4_scales.ATOM_K), 256, swizzle=False)
         self.x_tile = st(cutlass.BFloat16, config.Nb, STAGE_K)
@@ -361,7 +341,7 @@ class GemmNvfp4RsTiledSm90(LCF):
         # the copy's zero rows past M complete the last row of tiles (TMA boxes in bounds)
         xt = row_major(xp, self.rows(M), rs.permuted_width(K, self.config.K_TAIL))
         g = Globals(gl.load(wt, self.w_tile), gl.load(sft, self.sf_tile),
-                    gl.load(xt, self.x_tile, self.CLUSTER_M), gs, out, out_sf, out_gs, flag,
+                    gl.load(xt, self.x_tile), gs, out, out_sf, out_gs, flag,
                     partials, flags, M, N, K)
         bands = rs.blocks(N, ROWS, self.config.N_TAIL)
         self.launch(g, bands, cute.ceil_div(M, self.Nb), 1, sms, stream, ctas)

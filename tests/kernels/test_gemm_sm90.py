@@ -73,7 +73,6 @@ def test_shared_memory_fits_the_target(built):
         (dict(CLUSTER_M=4, CLUSTER_N=2), "exceeds 4"),
         (dict(LOAD_PIPE_DEPTH=6), "shared memory"),
         (dict(STREAM_K=True, CLUSTER_M=2), "stream-K runs without clusters, got 2x1"),
-        (dict(STREAM_K_DP=True), "needs STREAM_K"),
     ],
 )
 def test_config_rejects_misuse(kwargs, match):
@@ -858,20 +857,17 @@ def test_raw_pointer_launchers_compile_with_the_dsls_packing(scaled):
 
 # --- stream-K --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dp", [False, True])
 @pytest.mark.parametrize("scaled", [False, True])
 @pytest.mark.parametrize("dtype, nb, out", [("bfloat16", 256, "bfloat16"),
                                             ("float8_e4m3fn", 192, "float32")])
-def test_stream_k_builds_its_handover(scaled, dtype, nb, out, dp):
+def test_stream_k_builds_its_handover(scaled, dtype, nb, out):
     """Stream-K (`Config.STREAM_K`): the stage's wgmmas unchanged, the flag handover (an
     acquire loop, one release), Nb / 2 fp32 partial stores per thread (128 x Nb over 256
-    threads), no spills; the raw-pointer launch carries the grid. With data-parallel waves
-    (`STREAM_K_DP`) the whole-tile loop before the shares is a second copy of the stage."""
-    cfg = Config(dtype=dtype, Nb=nb, out_dtype=out, EPI_PIPE_DEPTH=2, STREAM_K=True,
-                 STREAM_K_DP=dp)
+    threads), no spills; the raw-pointer launch carries the grid."""
+    cfg = Config(dtype=dtype, Nb=nb, out_dtype=out, EPI_PIPE_DEPTH=2, STREAM_K=True)
     k = gemm_sm90.kernel_for(cfg, scaled)
     b = build(k.call_ptrs, *gemm_sm90.signature(cfg, scaled).compile_args(SMS), arch="sm_90a")
-    assert b.sass_count("HGMMA" if dtype == "bfloat16" else "QGMMA") == 4 * (1 + dp)
+    assert b.sass_count("HGMMA" if dtype == "bfloat16" else "QGMMA") == 4
     assert b.ptx_count(r"ld\.acquire\.gpu\.global\.b32") >= 1
     assert b.ptx_count(r"st\.release\.gpu\.global\.b32") == 1
     assert b.ptx_count(r"st\.global\.f32") >= nb // 2
@@ -888,9 +884,9 @@ def test_stream_k_is_a_layer_only_its_classes_compose(scaled):
     from tk_cute.templates.stream_k import StreamK
 
     whole = gemm_sm90.kernel_for(Config(), scaled)
-    shared = gemm_sm90.kernel_for(Config(STREAM_K=True, STREAM_K_DP=True), scaled)
+    shared = gemm_sm90.kernel_for(Config(STREAM_K=True), scaled)
     assert not isinstance(whole, StreamK) and isinstance(shared, StreamK)
-    assert type(shared).__mro__[1] is type(whole) and shared.STREAM_K_DP
+    assert type(shared).__mro__[1] is type(whole)
     assert type(shared).finish is type(whole).finish
     assert (type(shared).accumulator is not StreamK.accumulator) == scaled
     assert type(whole).consume is LCF.consume and type(shared).consume is StreamK.consume
@@ -966,31 +962,3 @@ def test_stream_k_on_two_slice_tiles_matches_fp64_every_element(seed, M, N, K, n
                                             dtype=out_dtype)) for _ in range(2)]
         assert_gemm_close(runs[0], a, b)
         assert torch.equal(runs[0], runs[1])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("M, N, K, nb", [
-    (4000, 5000, 4096, 256),  # 640 tiles: 4 whole waves, 112 tiles shared
-    (1000, 5000, 4104, 256),  # 160 tiles: a wave, 28 shared (4-6 parts each), a K tail
-    (3000, 2056, 4096, 192),  # 264 tiles: two whole waves, nothing shared
-])
-def test_stream_k_after_whole_waves_matches_fp64_every_element(seed, M, N, K, nb):
-    """`Config.STREAM_K_DP`: every element of poisoned bf16 / fp32 outputs against float64,
-    twice bit for bit (the flags were left clear)."""
-
-    import tk_cute
-    from tk_cute import dense_gemm
-    from tk_cute.testing import assert_gemm_close
-
-    a = torch.randn(M, K, device="cuda").bfloat16()
-    b = torch.randn(N, K, device="cuda").bfloat16()
-    for out_dtype in (torch.bfloat16, torch.float32):
-        cfg = dataclasses.replace(dense_gemm.default_config(
-            a.dtype, out_dtype, M, N, SMS, nb=nb, stream_k=True), STREAM_K_DP=True)
-        c = tk_cute.gemm(a, b, out_dtype, config=cfg,
-                         out=torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype))
-        assert_gemm_close(c, a, b)
-        again = tk_cute.gemm(a, b, out_dtype, config=cfg,
-                             out=torch.full((M, N), float("nan"), device="cuda",
-                                            dtype=out_dtype))
-        assert torch.equal(c, again)

@@ -323,38 +323,6 @@ def test_narrow_widths_match_the_exact_product(seed, nb, M, N, K):
         assert_gemm_close(d, a, b, f"Nb={nb} {out_dtype}")
 
 
-def test_clusters_of_two_weight_bands_multicast_the_activations():
-    """`Config.CLUSTER_M = 2`: the activation tile's TMA load multicast to the cluster's other
-    band (the weights and scales not), no spills; stream-K and odd band counts refused."""
-    cfg = rst.Config(Nb=256, CLUSTER_M=2)
-    b = build(rst.launch_fn(cfg), *rst.signature(cfg).compile_args(132), arch="sm_90a")
-    one = build(rst.launch_fn(rst.Config(Nb=256)), *rst.signature(rst.Config(Nb=256))
-                .compile_args(132), arch="sm_90a")
-    assert b.ptx_count(r"multicast::cluster") > 0 == one.ptx_count(r"multicast::cluster")
-    assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
-    with pytest.raises(ValueError, match="1 with STREAM_K"):
-        rst.Config(CLUSTER_M=2, STREAM_K=True)
-    with pytest.raises(ValueError, match="N=8320 has 65"):
-        rst.check_shape(256, 8320, 8192, rst.Config(CLUSTER_M=2, N_TAIL=True))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("nb", [128, 256])
-@pytest.mark.parametrize("M, N, K", [(300, 1024, 2048), (1000, 3000, 2880), (129, 256, 128)])
-def test_clusters_of_two_weight_bands_match_the_exact_product(seed, nb, M, N, K):
-    """Whole tiles in 2 x 1 clusters (even band counts, N % 128 != 0 at 3000 = 24 bands, a
-    partial last stage at K = 2880): every element of three output types."""
-    from tk_cute.nvfp4 import launch
-    from tk_cute.testing import assert_gemm_close
-
-    b = _weights(N, K)
-    a = torch.randn(M, K, device="cuda").bfloat16()
-    for out_dtype in (torch.bfloat16, torch.float32, torch.float16):
-        out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)  # poison
-        d = launch.gemm_rs_tiled(a, b, out=out, config=rst.Config(Nb=nb, CLUSTER_M=2))
-        assert_gemm_close(d, a, b, f"Nb={nb} cluster 2x1 {out_dtype}")
-
-
 @pytest.mark.gpu
 def test_deterministic_and_public_dispatch(seed):
     from tk_cute import nvfp4
@@ -557,15 +525,13 @@ def test_unfused_nvfp4_output_paths(seed):
 # --- stream-K ----------------------------------------------------------------------------------
 
 
-def _segments(cta, ctas, tiles, k_steps, dp=False):
+def _segments(cta, ctas, tiles, k_steps):
     """The (tile, k0, k1) segments of CTA `cta`'s share, walked as `LCF._consume_shares` does
-    (`schedule.Shares`; dp: its whole tiles of the data-parallel waves first)."""
+    (`schedule.Shares`)."""
     from tk_cute.ops import schedule
 
-    base = schedule.stream_k_dp_tiles(tiles, ctas) * k_steps if dp else 0
-    out = [(cta + j * ctas, 0, k_steps) for j in range(base // (k_steps * ctas))]
-    u, end = schedule.stream_k_share(cta, ctas, tiles * k_steps - base)
-    u, end = u + base, end + base
+    out = []
+    u, end = schedule.stream_k_share(cta, ctas, tiles * k_steps)
     while u < end:
         t, k0 = divmod(u, k_steps)
         k1 = min(k_steps, k0 + end - u)
@@ -574,54 +540,41 @@ def _segments(cta, ctas, tiles, k_steps, dp=False):
     return out
 
 
-@pytest.mark.parametrize("dp", [False, True])
 @pytest.mark.parametrize("tiles, k_steps", [
     (224, 64), (448, 8), (132, 23), (1120, 4), (133, 1), (7168, 64), (64, 64), (40, 64),
     (96, 64), (16, 23), (16, 3), (1, 64), (1, 300), (100, 1), (131, 7), (3, 5), (264, 64),
     (160, 64), (640, 64)])
-def test_stream_k_shares_hand_each_split_tile_to_its_head(tiles, k_steps, dp):
+def test_stream_k_shares_hand_each_split_tile_to_its_head(tiles, k_steps):
     """On `schedule.stream_k_grid`'s grid (132 SMs) every tile's K steps are covered once and
     every share is at least one unit. A tile's first segment (k0 = 0) is its head and the last
     segment of its CTA c; its other parts are the first (and, inside the tile, only) segments
     of CTAs c + 1 .. `stream_k_owner` of the tile's last unit, so each CTA writes at most one
     partial, no slot is shared, and a head waits only for CTAs after its own. At least as many
     tiles as CTAs: at most two CTAs per tile; fewer, on an aligned grid (`stream_k_grid`'s
-    split): exactly `split` CTAs per tile. With data-parallel waves (dp, `STREAM_K_DP`) the
-    whole waves' tiles come first, each whole on one CTA, the same on every CTA (a wave runs
-    together), and the shares split only the last partial wave's tiles (empty where the
-    waves are whole: 264 tiles)."""
+    split): exactly `split` CTAs per tile."""
     from tk_cute.ops import schedule
 
     ctas = schedule.stream_k_grid(tiles, k_steps, 132)
     units = tiles * k_steps
-    base = schedule.stream_k_dp_tiles(tiles, ctas) * k_steps if dp else 0
     covered = {}
     for c in range(ctas):
-        segs = _segments(c, ctas, tiles, k_steps, dp)
-        assert segs or base, f"CTA {c} has an empty share"
-        waves = base // (k_steps * ctas)
-        assert all(k0 == 0 and k1 == k_steps for _, k0, k1 in segs[:waves])
-        shared = segs[waves:]
+        shared = _segments(c, ctas, tiles, k_steps)
+        assert shared, f"CTA {c} has an empty share"
         for i, (t, k0, k1) in enumerate(shared):
             covered.setdefault(t, []).append((k0, k1, c))
             if k0 > 0:
                 assert i == 0  # a part after the head opens its share (its one partial)
             elif k1 < k_steps:
                 assert i == len(shared) - 1  # a head closes it
-        for t, k0, k1 in segs[:waves]:
-            covered.setdefault(t, []).append((k0, k1, c))
     assert sorted(covered) == list(range(tiles))
     for t, parts in covered.items():
         parts.sort()
         assert parts[0][0] == 0 and parts[-1][1] == k_steps
         assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # contiguous, once
         head = parts[0][2]
-        if t * k_steps < base:
-            assert len(parts) == 1
-            continue
-        last = schedule.stream_k_owner(t * k_steps + k_steps - 1 - base, ctas, units - base)
+        last = schedule.stream_k_owner(t * k_steps + k_steps - 1, ctas, units)
         assert [c for _, _, c in parts] == list(range(head, last + 1))
-        if tiles >= 132 and not dp:
+        if tiles >= 132:
             assert ctas == 132 and len(parts) <= 2
         elif ctas % tiles == 0:
             assert len(parts) == ctas // tiles
@@ -680,17 +633,6 @@ def test_stream_k_builds_its_handover(nb, out, a_format):
     assert rst.partial_bytes(cfg) == 128 * nb * 4
 
 
-@pytest.mark.parametrize("nb", [256, 192])
-def test_stream_k_after_whole_waves_builds(nb):
-    """STREAM_K_DP (`StreamK.STREAM_K_DP`): the whole waves' loop before the shares is a second
-    copy of the stage's 8 wgmma; no spills, and no read above the PDL wait."""
-    cfg = rst.Config(Nb=nb, STREAM_K=True, STREAM_K_DP=True)
-    b = build(rst.launch_fn(cfg), *rst.signature(cfg).compile_args(132), arch="sm_90a")
-    assert b.sass_count(rf"HGMMA\.64x{nb}x16") == 16
-    assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
-    assert all(reads == [] for reads in b.reads_before_pdl_wait().values())
-
-
 @pytest.mark.parametrize("nb", [208, 128])
 def test_stream_k_vector_partials_build(nb):
     """PARTIAL_V4 (`StreamK.PARTIAL_V4`): the partials move as 16-byte vectors, Nb / 8 stores and
@@ -725,8 +667,6 @@ def test_stream_k_teams_build(nb, out):
     assert isinstance(k, rst.GemmNvfp4RsTiledSm90StreamK) and k.STREAM_K_TEAMS
     with pytest.raises(ValueError, match="runs on a StreamK kernel"):
         rst.GemmNvfp4RsTiledSm90(cfg)
-    with pytest.raises(ValueError, match="needs STREAM_K and not TEAMS"):
-        rst.Config(Nb=nb, STREAM_K=True, TEAMS=True, STREAM_K_DP=True)
     assert schedule.stream_k_team_grid(64, 64, 132) == 128  # two parts per tile
     assert schedule.stream_k_team_grid(23, 23, 132) == 115  # five
     assert schedule.stream_k_team_grid(8, 64, 132) == 64  # at most TEAM_MAX (8 warps)
@@ -767,34 +707,6 @@ def test_stream_k_matches_the_exact_product_and_the_whole_tile_kernel(seed, M, N
     w4 = dataclasses.replace(cfg, a_format="nvfp4")
     d4 = launch.register_a_tiled(aq, b, _poisoned(M, N, torch.bfloat16), w4)
     assert_gemm_close(d4, aq, b, "stream-K W4A4")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("M, N, K, nb", [(1000, 8192, 2880, 256),  # 256 tiles: a wave + 124
-                                         (384, 28672, 4096, 192),  # 448: 3 waves + 52
-                                         (2000, 16896, 256, 256)])  # 1056: 8 whole waves
-def test_stream_k_after_whole_waves_matches(seed, M, N, K, nb):
-    """STREAM_K_DP (whole waves of tiles, then the last partial wave's units shared): every
-    element of bf16 and fp32 D within the exact product's bound, twice bit for bit (the flags
-    were left clear), W4A4 too."""
-    import dataclasses
-
-    from tk_cute import nvfp4
-    from tk_cute.nvfp4 import launch
-    from tk_cute.testing import assert_gemm_close
-
-    b = _weights(N, K)
-    a = torch.randn(M, K, device="cuda").bfloat16()
-    cfg = rst.Config(Nb=nb, STREAM_K=True, STREAM_K_DP=True, K_TAIL=K % rst.STAGE_K != 0)
-    for out_dtype in (torch.bfloat16, torch.float32):
-        d = launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, out_dtype), config=cfg)
-        assert_gemm_close(d, a, b, f"stream-K after waves Nb={nb} {out_dtype}")
-        again = launch.gemm_rs_tiled(a, b, out=_poisoned(M, N, out_dtype), config=cfg)
-        assert torch.equal(d, again)
-    aq = nvfp4.quantize(a.float())
-    d4 = launch.register_a_tiled(aq, b, _poisoned(M, N, torch.bfloat16),
-                                 dataclasses.replace(cfg, a_format="nvfp4"))
-    assert_gemm_close(d4, aq, b, "stream-K after waves W4A4")
 
 
 @pytest.mark.gpu

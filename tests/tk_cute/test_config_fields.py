@@ -34,7 +34,7 @@ FIELDS = {
         "dtype": D, "out_dtype": D, "Mb": D, "Nb": D, "EPI_N": D, "EPI_PIPE_DEPTH": D,
         "CLUSTER_M": D, "CLUSTER_N": D, "TRANSPOSE_C": D, "SHIFT_EDGES": D,
         "Kb": F, "LOAD_PIPE_DEPTH": F, "SUPERGROUP_SIZE": F, "arch": F,
-        "TILES": FORCED, "STREAM_K": FORCED, "STREAM_K_DP": FORCED},
+        "TILES": FORCED, "STREAM_K": FORCED},
     nvfp4_gemv_sm90.Config: {
         "NT": D, "WN": D, "UNROLL": D, "w4a4": D, "out_dtype": D, "MIN_CTAS": D, "S": D,
         "AHEAD": D, "EARLY_WEIGHTS": D, "XSMEM": D, "L2_FETCH": D, "sf": D,
@@ -46,8 +46,7 @@ FIELDS = {
     nvfp4_rst_sm90.Config: {
         "Nb": D, "A_SETS": D, "out_dtype": D, "sf": D, "a_format": D, "K_TAIL": D,
         "N_TAIL": D, "STREAM_K": D, "PARTIAL_V4": D, "TEAMS": D,
-        "LOAD_PIPE_DEPTH": F, "SUPERGROUP_SIZE": F, "PDL": F,
-        "STREAM_K_DP": FORCED, "CLUSTER_M": FORCED},
+        "LOAD_PIPE_DEPTH": F, "SUPERGROUP_SIZE": F, "PDL": F},
     nvfp4_sm100.Config: {
         "arch": D, "Mb": D, "Nb": D, "LOAD_PIPE_DEPTH": D, "ACC_PIPE_DEPTH": D,
         "CLUSTER_N": D, "out": D, "scheduler": D, "swap_ab": D, "SPLIT_K": D, "sf": D,
@@ -118,10 +117,9 @@ def test_every_field_is_listed_with_its_varier(config, swept):
 
 def test_forced_fields_are_the_open_deletions():
     """The switches no dispatch picks (issue: delete them unless a measurement makes the
-    dispatch pick them): the dense GEMM's stream-K, stream-K after waves and 256-row tiles, the
-    tiled kernel's stream-K after waves and clusters, the register-A kernel's two-tile CTAs."""
+    dispatch pick them): the dense GEMM's stream-K and 256-row tiles, the register-A kernel's
+    two-tile CTAs."""
     forced = {(c.__module__.split(".")[-1], n) for c, f in FIELDS.items() for n, w in f.items()
               if w == FORCED}
     assert forced == {("gemm_sm90", "TILES"), ("gemm_sm90", "STREAM_K"),
-                      ("gemm_sm90", "STREAM_K_DP"), ("nvfp4_rst_sm90", "STREAM_K_DP"),
-                      ("nvfp4_rst_sm90", "CLUSTER_M"), ("nvfp4_rs_sm90", "TILES")}
+                      ("nvfp4_rs_sm90", "TILES")}

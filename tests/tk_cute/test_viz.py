@@ -166,29 +166,6 @@ def test_stream_k_plot_is_the_kernels_share_walk(tiles, k_steps, ctas):
         viz.stream_k_plot(3, 5, 16)
 
 
-@pytest.mark.parametrize("tiles, k_steps", [(160, 64), (264, 16), (300, 7), (96, 64)])
-def test_stream_k_plot_after_whole_waves(tiles, k_steps):
-    """dp: the whole waves' tiles (`stream_k_dp_tiles`) each on one CTA, tile % ctas (the
-    kernel's `Shares.dp_tile`); the rest as the shares over the units after them
-    (`stream_k_owner` shifted by those units); fewer tiles than CTAs: plain stream-K."""
-    from tk_cute.ops import schedule
-
-    fig = viz.stream_k_plot(tiles, k_steps, dp=True)
-    d = fig.drawn
-    ctas = d["ctas"]
-    base = schedule.stream_k_dp_tiles(tiles, ctas)
-    for t, held in enumerate(d["parts"]):
-        if t < base:
-            assert held == [t % ctas]
-    rest = (tiles - base) * k_steps
-    assert d["owner"][base:].flatten().tolist() == [
-        schedule.stream_k_owner(u, ctas, rest) for u in range(rest)]
-    if tiles < 132:
-        plain = viz.stream_k_plot(tiles, k_steps)
-        assert (plain.drawn["owner"] == d["owner"]).all()
-    assert "after whole waves" in fig.axes[0].get_title()
-
-
 def test_paths_plot_maps_the_dispatch():
     """The Hopper dispatch's regions (docs/design.md's table): small_m, register_a, the split
     tile up to 208 rows (as teams on few bands), dequantize on few bands beyond it, W4A16 and

@@ -98,9 +98,6 @@ def main(argv=None):
     p.add_argument("--stream-k", type=int, nargs="*", default=None,
                    help="also time stream-K shares at these tile widths (none given: the "
                         "default width)")
-    p.add_argument("--stream-k-dp", action="store_true",
-                   help="with --stream-k: each width also after whole waves of whole tiles "
-                        "(`Config.STREAM_K_DP`)")
     p.add_argument("--clusters", nargs="*", default=[],
                    help="also time these cluster shapes, e.g. 2x1 1x2 (TMA multicast)")
     p.add_argument("--unshifted", action="store_true",
@@ -194,10 +191,6 @@ def main(argv=None):
                                               stream_k=True)
                 variants[f"tk_cute stream-K Nb={cfg.Nb}"] = lambda s, c=cfg: tk_cute.gemm(
                     s[0], s[1], config=c)
-                if args.stream_k_dp:
-                    dp = dataclasses.replace(cfg, STREAM_K_DP=True)
-                    variants[f"tk_cute stream-K after waves Nb={cfg.Nb}"] = (
-                        lambda s, c=dp: tk_cute.gemm(s[0], s[1], config=c))
             for sg in args.supergroups:
                 cfg = Config(dtype=dtype_name, SUPERGROUP_SIZE=sg)
                 variants[f"tk_cute supergroup {sg}"] = lambda s, c=cfg: tk_cute.gemm(

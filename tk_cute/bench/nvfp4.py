@@ -119,7 +119,7 @@ def _tiled_tuning_variants(M, N, K, sms):
     as M split into K parts, `heuristics.split_tile_width`), the few-tiles width (as many
     activation tiles per weight band as one round holds, `heuristics.few_tiles_width`), and
     where the dispatch's schedule is stream-K, that schedule with one head adding the parts,
-    with 16-byte partials (`rst.Config.PARTIAL_V4`), after whole waves (`STREAM_K_DP`) and as
+    with 16-byte partials (`rst.Config.PARTIAL_V4`) and as
     teams (`TEAMS`) where two parts per tile or more fit (`heuristics.stream_k_team`), each way
     whatever the dispatch picked."""
     from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
@@ -144,8 +144,6 @@ def _tiled_tuning_variants(M, N, K, sms):
         if plain not in configs.values():
             configs[f"Nb={pick.Nb} stream-K head takes all"] = plain
         configs[f"Nb={pick.Nb} stream-K v4 partials"] = dataclasses.replace(plain, PARTIAL_V4=True)
-        configs[f"Nb={pick.Nb} stream-K after whole waves"] = dataclasses.replace(
-            plain, STREAM_K_DP=True)
         if team:
             configs[f"Nb={pick.Nb} stream-K teams of {team}"] = dataclasses.replace(
                 plain, TEAMS=True)

@@ -287,40 +287,24 @@ class Shares(DeviceStruct):
     """This CTA's stream-K share (`stream_k_share` over the grid's CTAs) of the (tile x K-step)
     units, tiles in supergroup order: `bounds()` its [start, end), `segment(u, end)` the tile
     of unit u and the K steps [k0, k1) of it the share holds, `owner(u)` the CTA holding unit
-    u. With `data_parallel` the first `stream_k_dp_tiles` tiles are not shared: CTA c runs
-    tiles c, c + ctas, ... of them whole first (`dp_waves()` of them, `dp_tile(j)`), and the
-    shares split only the units after them (`base` on). Built in the kernel (64-bit products;
-    the same arithmetic as the host functions). (A DeviceStruct: the DSL's while loops carry
-    it.)"""
+    u. Built in the kernel (64-bit products; the same arithmetic as the host functions). (A
+    DeviceStruct: the DSL's while loops carry it.)"""
 
-    _fields = ("params", "k_steps", "units", "ctas", "cta", "base")
+    _fields = ("params", "k_steps", "units", "ctas", "cta")
 
-    def __init__(self, params: Params, k_steps, data_parallel: bool = False):
+    def __init__(self, params: Params, k_steps):
         self.params, self.k_steps = params, Int32(k_steps)
         m, n, l = params.clusters
         self.units = cutlass.Int64(m * n * l) * cutlass.Int64(k_steps)
         self.ctas = cutlass.Int64(cute.arch.grid_dim()[0])
         self.cta = cute.arch.block_idx()[0]
-        self.base = cutlass.Int64(0)
-        if data_parallel:
-            self.base = stream_k_dp_tiles(cutlass.Int64(m * n * l), self.ctas) * cutlass.Int64(
-                k_steps)
-
-    def dp_waves(self):
-        return Int32(self.base // (cutlass.Int64(self.k_steps) * self.ctas))
-
-    def dp_tile(self, j):
-        """Data-parallel wave j's tile of this CTA (whole: K steps 0 .. k_steps)."""
-        u = (Int32(j) * Int32(self.ctas) + self.cta) * self.k_steps
-        return self.segment(u, u + self.k_steps)
 
     def bounds(self):
-        start, end = stream_k_share(cutlass.Int64(self.cta), self.ctas, self.units - self.base)
-        return Int32(start + self.base), Int32(end + self.base)
+        start, end = stream_k_share(cutlass.Int64(self.cta), self.ctas, self.units)
+        return Int32(start), Int32(end)
 
     def owner(self, u):
-        return Int32(stream_k_owner(cutlass.Int64(u) - self.base, self.ctas,
-                                    self.units - self.base))
+        return Int32(stream_k_owner(cutlass.Int64(u), self.ctas, self.units))
 
     def segment(self, u, end):
         clusters_m, clusters_n, _ = self.params.clusters
@@ -359,15 +343,6 @@ def stream_k_share(cta, ctas, units):
 def stream_k_owner(u, ctas, units):
     """The CTA whose `stream_k_share` holds unit u."""
     return ((u + 1) * ctas - 1) // units
-
-
-def stream_k_dp_tiles(tiles, ctas):
-    """The leading tiles a stream-K grid with data-parallel waves (`StreamK.STREAM_K_DP`) runs
-    whole: as many whole waves of `ctas` as the tiles fill. Whole, the CTAs of a wave walk the
-    same K steps together, so the A and B panels they share stay in L2 (staggered shares read
-    3.8-4.4x the DRAM bytes of whole tiles on the H200); only the last, partial wave's units
-    are shared."""
-    return tiles // ctas * ctas
 
 
 def stream_k_aligned_ctas(units: int, tile_units: int, limit: int, slack: float = 0.05) -> int:

@@ -21,10 +21,7 @@ share, and tails and middle parts wait for nothing, so a head waits only for lat
 started: with one CTA per SM all are resident, and where fewer SMs are free (other work), CTAs
 dispatched in index order still progress (every CTA below the highest resident one finds its
 partners started, finishes and frees an SM for the next). The sum is head + the parts in CTA
-order, the same on every run (not bit for bit whole tiles' single sum). With `STREAM_K_DP` each
-CTA first runs its whole tiles of the waves the tiles fill (`schedule.stream_k_dp_tiles`: tiles
-c, c + ctas, ..., finished directly) and the shares split only the last partial wave's units:
-the same hand-over, with CTAs that each reach their share after the same number of whole tiles.
+order, the same on every run (not bit for bit whole tiles' single sum).
 Stream-K teams (`STREAM_K_TEAMS`, on `schedule.stream_k_team_grid`: every tile in `team` = 2
 to TEAM_MAX equal shares, CTA team * T + p holding part p of tile T; the parts end together):
 rather than one head adding all the other parts and writing all of D's tile, consumer warp w of
@@ -58,9 +55,6 @@ class StreamK(LCF):
     # `schedule.stream_k_team_grid`), each finishing some consumer warps' rows of it. Needs a
     # `finish` whose warps write their own rows without each other.
     STREAM_K_TEAMS = False
-    # Stream-K after data-parallel waves (`schedule.stream_k_dp_tiles`): every CTA first runs
-    # whole tiles, a wave of one per CTA at a time, and only the last partial wave is shared
-    STREAM_K_DP = False
 
     def grid(self, params, max_ctas: int, ctas):
         """The host's `ctas` CTAs (`schedule.stream_k_grid` / `stream_k_team_grid`)."""
@@ -71,15 +65,11 @@ class StreamK(LCF):
 
     @cute.jit
     def produce(self, g, params, ring, inputs, k_steps, mcast):
-        """The producer warp: the K steps of this CTA's whole tiles (STREAM_K_DP), then of its
-        share's segments, in order, into the ring."""
-        shares = schedule.Shares(params, k_steps, self.STREAM_K_DP)
+        """The producer warp: the K steps of this CTA's share's segments, in order, into the
+        ring."""
+        shares = schedule.Shares(params, k_steps)
         state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Producer, self.LOAD_PIPE_DEPTH)
-        if cutlass.const_expr(self.STREAM_K_DP):
-            for j in cutlass.range(shares.dp_waves(), unroll=1):
-                at, k0, k1 = shares.dp_tile(j)
-                state = self._load_stages(g, ring, inputs, state, at, k0, k1, mcast)
         u, end = shares.bounds()
         while u < end:
             at, k0, k1 = shares.segment(u, end)
@@ -102,18 +92,12 @@ class StreamK(LCF):
                         k_steps):
         """Stream-K consumers: each segment of the share as the tile loop's body; a tail or
         middle part hands its sums over, a head takes the later CTAs' (module docstring)."""
-        shares = schedule.Shares(params, k_steps, self.STREAM_K_DP)
+        shares = schedule.Shares(params, k_steps)
         cta, k_steps = shares.cta, shares.k_steps
         consumers = warpgroup.sync(NamedBarrier.PARTIALS, self.NUM_CONSUMERS)
         read = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
         release = read.clone()
-        if cutlass.const_expr(self.STREAM_K_DP):  # whole tiles first
-            for j in cutlass.range(shares.dp_waves(), unroll=1):
-                at, k0, k1 = shares.dp_tile(j)
-                read, release = self._mma_stages(g, ring, inputs, acc_state, read, release, k0,
-                                                 k1)
-                self.finish(g, acc_state, at, consumer_smem, thread)
         u, end = shares.bounds()
         while u < end:
             at, k0, k1 = shares.segment(u, end)
