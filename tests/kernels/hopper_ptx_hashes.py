@@ -21,6 +21,7 @@ import hashlib
 import itertools
 import json
 import re
+from pathlib import Path
 
 SMS = 132
 MS = (1, 3, 64, 100, 113, 128, 129, 200, 256, 300, 1000, 2048, 4000, 8192)
@@ -85,13 +86,12 @@ def main(argv=None) -> int:
     p.add_argument("--dropped", nargs="*", default=[], help="NAME=VALUE fields removed")
     args = p.parse_args(argv)
     if args.compare:
-        before, after = (json.load(open(f)) for f in args.files)
+        before, after = (json.loads(Path(f).read_text()) for f in args.files)
         problems = compare(before, after, args.dropped)
         print("\n".join(problems) or f"{len(before)} kernels: PTX identical")
         return 1 if problems else 0
     out = hashes()
-    with open(args.files[0], "w") as f:
-        json.dump(out, f, indent=0)
+    Path(args.files[0]).write_text(json.dumps(out, indent=0))
     print(f"{len(out)} kernels hashed")
     return 0
 
