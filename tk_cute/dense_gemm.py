@@ -32,8 +32,14 @@ import torch
 
 from tk_cute import arch
 from tk_cute.ops import schedule
-from tk_cute.runtime import (KernelCache, device_index, output, raw_stream,
-                             resident_clusters, sm_count, stream_k_buffers)
+from tk_cute.runtime import (
+    KernelCache,
+    device_index,
+    output,
+    raw_stream,
+    resident_clusters,
+    sm_count,
+)
 
 _CACHE = KernelCache()
 _DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
@@ -280,7 +286,7 @@ def line_aligned(*operands: torch.Tensor) -> bool:
 @functools.lru_cache(maxsize=4096)  # host time: a plan and a Config cost ~10-30 us per call
 def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N: int = 8192,
                    sms: int = 132, nb: int | None = None, lines: bool = True,
-                   stream_k: bool = False, quads: int | None = None, swap_ab: bool = True):
+                   quads: int | None = None, swap_ab: bool = True):
     """The kernel config `gemm` uses for an M x N output on `sms` SMs: `tile_plan`'s tile (or
     width `nb`) and cluster shape; 32-column epilogue blocks, or 16 where a width is an odd
     multiple of 32 (160: ten blocks, not five); two epilogue buffers for fp32 C (each 128 x 32
@@ -299,27 +305,21 @@ def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N:
     129x4096x8192 33.9 / 31.0, 200x8192x4096 29.2 / 27.5; 2056^2, 1000-4000 x 5000, 3000x384
     and the transposed plans within 2%. `quads`: the 4-CTA clusters the GPU holds at once
     (`few_rows_plan`).
-    `stream_k`: equal shares of the (tile x K-step) units instead of whole tiles
-    (`gemm_sm90.Config.STREAM_K`, 128-row tiles, no clusters; on the grid
-    `schedule.stream_k_grid` picks); `gemm` does not pick it: slower than whole tiles at every
-    shape timed on the H200, also after whole waves (deleted; docs/facts.md#dense-stream-k). `swap_ab`: take `swap_plan`'s transposed tiles
+    (Stream-K shares lost to whole tiles at every shape timed on the H200 and were deleted:
+    docs/facts.md#dense-stream-k.) `swap_ab`: take `swap_plan`'s transposed tiles
     where it gives them (`Config.TRANSPOSE_C`; rows on L2 lines, no forced width, no
     stream-K); False: always the direct plan."""
-    swap = (swap_plan(M, N, sms, quads) if lines and nb is None and not stream_k and swap_ab
-            else None)
+    swap = swap_plan(M, N, sms, quads) if lines and nb is None and swap_ab else None
     return plan_config(dtype, out_dtype, M, N,
-                       swap or tile_plan(M, N, sms, lines, nb, not stream_k, quads),
-                       transposed=swap is not None, stream_k=stream_k)
+                       swap or tile_plan(M, N, sms, lines, nb, True, quads),
+                       transposed=swap is not None)
 
 
 def plan_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int, N: int,
-                plan: tuple[int, int, tuple[int, int]], transposed: bool = False,
-                stream_k: bool = False):
+                plan: tuple[int, int, tuple[int, int]], transposed: bool = False):
     """The kernel config of an (Mb, Nb, cluster) `plan` of an M x N output (`transposed`: of
     C^T, N x M, `Config.TRANSPOSE_C`): the epilogue blocks and buffers and the edge shift
-    `default_config` describes. A 256-row plan (which `tile_plan` does not make; `bench gemm
-    --plans`) runs in two warpgroups of two 64-row slices (`Config.TILES` = 2, up to 192 wide),
-    not four of one."""
+    `default_config` describes."""
     from tk_cute.kernels.gemm.gemm_sm90 import Config
 
     mb, nb, (cluster_m, cluster_n) = plan
@@ -327,10 +327,10 @@ def plan_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int, N: int,
     epi_n = 32 if nb % 64 == 0 else 16
     rows, cols = (N, M) if transposed else (M, N)  # the kernel's M and N
     return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), Mb=mb, Nb=nb,
-                  TILES=2 if mb == 256 else 1, EPI_N=epi_n,
+                  EPI_N=epi_n,
                   EPI_PIPE_DEPTH=depth, CLUSTER_M=cluster_m, CLUSTER_N=cluster_n,
-                  STREAM_K=stream_k, TRANSPOSE_C=transposed,
-                  SHIFT_EDGES=not stream_k and any(n > tile and n % tile for n, tile in
+                  TRANSPOSE_C=transposed,
+                  SHIFT_EDGES=any(n > tile and n % tile for n, tile in
                                                    ((rows, mb), (cols, nb))))
 
 
@@ -389,14 +389,8 @@ def _run(config, a, b, c, alpha=None):
     (M, K), N = a.shape, b.shape[0]
     if config.TRANSPOSE_C:  # C^T = B @ A^T: the kernel's A is b, its C^T the row-major c
         a, b, M, N = b, a, N, M
-    ctas, partials, flags = sms, c, c  # (stream-K's buffers stay referenced until the launch)
-    if config.STREAM_K:
-        ctas, partials, flags = stream_k_buffers(
-            "dense_stream_k", -(-M // config.Mb) * -(-N // config.Nb), -(-K // config.k_block),
-            gemm_sm90.partial_bytes(config), sms, a.device, st)
-    launch(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), partials=partials.data_ptr(),
-           flags=flags.data_ptr(), M=M, N=N, K=K, lda=a.stride(0), ldb=b.stride(0),
-           ldc=c.stride(0), ctas=ctas, stream=st, **extra)
+    launch(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), M=M, N=N, K=K, lda=a.stride(0),
+           ldb=b.stride(0), ldc=c.stride(0), stream=st, **extra)
     return c
 
 

@@ -3,17 +3,14 @@
 / fp32 out.
 
 Pipeline (TK's H100 GEMM on the `lcf` template): a producer warp issues TMA loads of an
-(Mb, Kb) A tile and an (Nb, Kb) B tile per stage into a LOAD_PIPE_DEPTH ring; Mb / (64 TILES)
-consumer warpgroups (two, one for 64-row tiles, three for 192) each run SS wgmma on TILES
-64-row slices of the (Mb, Nb) fp32 accumulator (TILES = 2: a 256-row tile of two warpgroups,
-each issuing two wgmma per K step on one B), one commit group per stage, releasing a stage
+(Mb, Kb) A tile and an (Nb, Kb) B tile per stage into a LOAD_PIPE_DEPTH ring; Mb / 64
+consumer warpgroups (two, one for 64-row tiles, three for 192) each run SS wgmma on a 64-row
+slice of the (Mb, Nb) fp32 accumulator, one commit group per stage, releasing a stage
 once the next one's MMAs are issued; finish converts the accumulator in (Mb, EPI_N) column
 blocks, stmatrix-stores each into one of EPI_PIPE_DEPTH shared buffers and TMA-stores it while
 the next is written. Persistent
-CTAs walk tiles in supergroup order, or, with `Config.STREAM_K` (`GemmSm90StreamK`,
-`templates/stream_k.py`), take equal shares of the (tile x K-step) units on the launch's `ctas`
-CTAs (a tile split between CTAs is summed through fp32 partial slots, one per CTA,
-`partial_bytes`, before its head's epilogue).
+CTAs walk tiles in supergroup order (stream-K shares lost to whole tiles at every shape timed
+and were deleted: docs/facts.md#dense-stream-k).
 Constraints: A (M, K) and B (N, K) K-major with 16-byte aligned rows; any M, N, K: the TMA
 loads of edge tiles fill zeros past the tensors (they add nothing to the sums; a stage still
 carries its whole box of bytes) and the TMA stores clip the edge tiles of C.
@@ -25,8 +22,7 @@ is stmatrix-transposed into an (EPI_N, Mb) row-major buffer and TMA-stored into 
 (N), start at M - Mb (N - Nb) instead, inside the tensor (where it has a whole tile): their load
 boxes hold no rows past the operands (each such row costs about 2.3 rows in it,
 docs/facts.md#tma-box-past-tensor), and the rows they share with the tile before are computed
-and stored twice, identically (the same MMAs in the same K order; not with stream-K, whose
-tiles split K at different points).
+and stored twice, identically (the same MMAs in the same K order).
 Replaces CUTLASS's `examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py`.
 """
 
@@ -42,9 +38,7 @@ from cutlass.cute.nvgpu import OperandMajorMode
 from tk_cute.arch import target
 from tk_cute.ops import register, tma, warpgroup
 from tk_cute.runtime import OUT_ALIGN, Signature, i32, i64, ptr
-from tk_cute.templates import stream_k
 from tk_cute.templates.lcf import LCF
-from tk_cute.templates.stream_k import StreamK
 from tk_cute.types import coord, gl, rt, st
 from tk_cute.types.semaphore import NamedBarrier
 from tk_cute.types.struct import DeviceStruct
@@ -54,50 +48,48 @@ INPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
 OUTPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
                 "float32": cutlass.Float32}
 # Tile widths: multiples of 16 up to wgmma's N = 256 (a tile's epilogue blocks are 16 or 32
-# columns); tile heights: one consumer warpgroup per 64 rows (per 128 with TILES = 2)
+# columns); tile heights: one consumer warpgroup per 64 rows (256-row tiles were never picked:
+# deleted, docs/history.md)
 NBS = tuple(range(64, 257, 16))
-MBS = (64, 128, 192, 256)
+MBS = (64, 128, 192)
 # Registers a consumer thread needs beside its fp32 accumulators: ptxas fits each wgmma and its
 # Nb / 2 accumulators in the launch's per-thread registers (`entry_registers`), which
 # setmaxnreg does not raise (192 x 208 asks for 136 of 128; 192 x 192 and 256 x 128 in four
-# warpgroups compile), and all TILES * Nb / 2 of them in what setmaxnreg gives the consumers
-# (two 64 x 192 accumulators compile in 232 registers, two 64 x 208 spill)
+# warpgroups compile), and in what setmaxnreg gives the consumers
 WGMMA_SPARE_REGISTERS = 32
 
 
-def consumers(mb: int, tiles: int = 1) -> int:
-    """Consumer warpgroups of an Mb-row tile whose warpgroups hold `tiles` 64-row slices."""
-    return mb // (64 * tiles)
+def consumers(mb: int) -> int:
+    """Consumer warpgroups of an Mb-row tile: one per 64 rows."""
+    return mb // 64
 
 
-def entry_registers(mb: int, tiles: int = 1) -> int:
+def entry_registers(mb: int) -> int:
     """The per-thread registers an Mb-row tile's block launches with (one producer and
-    `consumers(mb, tiles)` consumer warpgroups, one block per SM)."""
-    return warpgroup.entry_registers((1 + consumers(mb, tiles)) * warpgroup.WARPGROUP_THREADS)
+    `consumers(mb)` consumer warpgroups, one block per SM)."""
+    return warpgroup.entry_registers((1 + consumers(mb)) * warpgroup.WARPGROUP_THREADS)
 
 
-def consumer_registers(mb: int, tiles: int = 1) -> int:
+def consumer_registers(mb: int) -> int:
     """What the producer warpgroup's drop leaves each consumer thread (232 for two consumer
-    warpgroups, 152 for three, 104 for four)."""
-    groups = consumers(mb, tiles)
+    warpgroups, 152 for three)."""
+    groups = consumers(mb)
     return warpgroup.consumer_registers((1 + groups) * warpgroup.WARPGROUP_THREADS,
                                         LCF.PRODUCER_REGISTERS, groups, LCF.CONSUMER_REGISTERS)
 
 
-def max_width(mb: int, tiles: int = 1) -> int:
+def max_width(mb: int) -> int:
     """The widest tile (of `NBS`) an Mb-row tile compiles at without spills
-    (`WGMMA_SPARE_REGISTERS`): 256 for 64 and 128 rows, 192 for 192, 128 for 256 in four
-    warpgroups, 192 for 256 in two (TILES = 2)."""
-    return max(nb for nb in NBS if nb // 2 + WGMMA_SPARE_REGISTERS <= entry_registers(mb, tiles)
-               and tiles * nb // 2 + WGMMA_SPARE_REGISTERS <= consumer_registers(mb, tiles))
+    (`WGMMA_SPARE_REGISTERS`): 256 for 64 and 128 rows, 192 for 192."""
+    return max(nb for nb in NBS if nb // 2 + WGMMA_SPARE_REGISTERS <= entry_registers(mb)
+               and nb // 2 + WGMMA_SPARE_REGISTERS <= consumer_registers(mb))
 
 
 @dataclass(frozen=True)
 class Config:
     """Tile and pipeline shape (TK config names). Kb = 0 picks 4 MMA K-steps (64 for 16-bit
-    inputs, 128 for fp8); LOAD_PIPE_DEPTH = 0 fills the target's shared memory. Mb / (64 TILES)
-    consumer warpgroups (`MBS`), each holding TILES 64-row accumulator slices (2: a 256-row
-    tile in two warpgroups, as wide as `max_width(256, 2)`). The epilogue stages C in
+    inputs, 128 for fp8); LOAD_PIPE_DEPTH = 0 fills the target's shared memory. Mb / 64
+    consumer warpgroups (`MBS`), each holding a 64-row accumulator slice. The epilogue stages C in
     EPI_N-column blocks (16 or 32) through EPI_PIPE_DEPTH shared buffers; every tile starts
     on buffer 0, free once the last tile's stores have read the buffers after it: where a
     tile's blocks are not whole rounds of the buffers, `finish` first waits for all of the
@@ -107,7 +99,6 @@ class Config:
     out_dtype: str = "bfloat16"
     Mb: int = 128
     Nb: int = 256
-    TILES: int = 1
     Kb: int = 0
     LOAD_PIPE_DEPTH: int = 0
     EPI_N: int = 32
@@ -115,7 +106,6 @@ class Config:
     SUPERGROUP_SIZE: int = 8
     CLUSTER_M: int = 1
     CLUSTER_N: int = 1
-    STREAM_K: bool = False
     TRANSPOSE_C: bool = False  # C stored M-contiguous (as C^T, row-major): see the module
     SHIFT_EDGES: bool = False  # edge tiles moved inside the tensors: see the module
     arch: str = "sm_90a"
@@ -130,17 +120,13 @@ class Config:
             raise ValueError(f"GemmSm90 needs wgmma (sm_90a); target is {self.arch}")
         if self.Mb not in MBS or self.Nb not in NBS:
             raise ValueError(f"tile must be one of {MBS} rows (one 64-row consumer warpgroup "
-                             f"per 64 x TILES) x one of {NBS}; got {self.Mb} x {self.Nb}")
-        if self.TILES not in (1, 2) or self.Mb % (64 * self.TILES):
-            raise ValueError(f"TILES (64-row slices per consumer warpgroup) must be 1, or 2 "
-                             f"with Mb a multiple of 128; got TILES={self.TILES}, Mb={self.Mb}")
-        widest = max_width(self.Mb, self.TILES)
+                             f"per 64) x one of {NBS}; got {self.Mb} x {self.Nb}")
+        widest = max_width(self.Mb)
         if self.Nb > widest:
-            raise ValueError(f"a {self.Mb}-row tile of {self.TILES} slice(s) per warpgroup is at "
-                             f"most {widest} wide (each wgmma's Nb / 2 accumulators fit the "
-                             f"launch's {entry_registers(self.Mb, self.TILES)} registers, all "
-                             f"TILES * Nb / 2 the consumers' "
-                             f"{consumer_registers(self.Mb, self.TILES)}); got Nb={self.Nb}")
+            raise ValueError(f"a {self.Mb}-row tile is at most {widest} wide (each wgmma's "
+                             f"Nb / 2 accumulators fit the launch's {entry_registers(self.Mb)} "
+                             f"registers and the consumers' {consumer_registers(self.Mb)}); got "
+                             f"Nb={self.Nb}")
         if self.EPI_N not in (16, 32) or self.Nb % self.EPI_N:
             raise ValueError(f"EPI_N must be 16 or 32 columns dividing Nb={self.Nb}, got "
                              f"{self.EPI_N}")
@@ -149,12 +135,6 @@ class Config:
                              f"buffers, got {self.EPI_PIPE_DEPTH}")
         if self.CLUSTER_M * self.CLUSTER_N > 4:
             raise ValueError(f"cluster {self.CLUSTER_M}x{self.CLUSTER_N} exceeds 4 CTAs")
-        if self.SHIFT_EDGES and self.STREAM_K:
-            raise ValueError("SHIFT_EDGES needs whole tiles: with STREAM_K the rows two tiles "
-                             "share would be summed in two K orders, and either stored")
-        if self.STREAM_K and self.CLUSTER_M * self.CLUSTER_N != 1:
-            raise ValueError(f"stream-K runs without clusters, got {self.CLUSTER_M}x"
-                             f"{self.CLUSTER_N}")
 
     @property
     def in_type(self):
@@ -171,11 +151,10 @@ class GemmSm90(LCF):
     def __init__(self, config: Config = Config()):
         self.config = c = config
         self.Mb, self.Nb, self.Kb = c.Mb, c.Nb, c.k_block
-        self.NUM_CONSUMERS = consumers(c.Mb, c.TILES)
-        self.CONSUMER_REGISTERS = consumer_registers(c.Mb, c.TILES)
+        self.NUM_CONSUMERS = consumers(c.Mb)
+        self.CONSUMER_REGISTERS = consumer_registers(c.Mb)
         self.SUPERGROUP_SIZE, self.CLUSTER_M, self.CLUSTER_N = (
             c.SUPERGROUP_SIZE, c.CLUSTER_M, c.CLUSTER_N)
-        stream_k.configure(self, c.STREAM_K)
         self.a_tile = st(c.in_type, c.Mb, self.Kb)
         self.b_tile = st(c.in_type, c.Nb, self.Kb)
         out_type = OUTPUT_TYPES[c.out_dtype]
@@ -273,35 +252,27 @@ class GemmSm90(LCF):
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, max_ctas: cutlass.Constexpr,
                  stream):
         """a (M, K, L), b (N, K, L), c (M, N, L) (`TRANSPOSE_C`: C^T, (N, M, L)), each with
-        its second mode contiguous (whole tiles; stream-K runs through `call_ptrs`)."""
-        self._launch(self._globals(a, b, c), c, max_ctas, None, stream)
+        its second mode contiguous."""
+        self._launch(self._globals(a, b, c), c, max_ctas, stream)
 
     @cute.jit
     def call_ptrs(self, sms: cutlass.Constexpr, a: cute.Pointer, b: cute.Pointer,
-                  c: cute.Pointer, partials: cute.Pointer, flags: cute.Pointer, M: cutlass.Int32,
-                  N: cutlass.Int32, K: cutlass.Int32, lda: cutlass.Int64, ldb: cutlass.Int64,
-                  ldc: cutlass.Int64, ctas: cutlass.Int32, stream):
+                  c: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32,
+                  lda: cutlass.Int64, ldb: cutlass.Int64, ldc: cutlass.Int64, stream):
         """`__call__` on raw pointers (`signature`): a (M, K), b (N, K), c (M, N) (or C^T, (N,
-        M)) with row strides lda, ldb, ldc elements; stream-K's partial slots, flags and grid."""
+        M)) with row strides lda, ldb, ldc elements."""
         at, bt, ct = _matrices(a, b, c, M, N, K, lda, ldb, ldc, self.config.TRANSPOSE_C)
-        self._launch(self._globals(at, bt, ct, partials=partials, flags=flags), ct, sms, ctas,
-                     stream)
+        self._launch(self._globals(at, bt, ct), ct, sms, stream)
 
-    def _globals(self, a, b, c, alpha=None, partials=None, flags=None):
-        """The kernel's globals: stream-K's pointers only where the config runs it (the
-        whole-tile kernel's arguments stay A, B, C and alpha)."""
-        if not isinstance(self, StreamK):
-            partials = flags = None
+    def _globals(self, a, b, c, alpha=None):
+        """The kernel's globals: A, B, C and (`GemmScaledSm90`) alpha."""
         return Globals(gl.load(a, self.a_tile, self.CLUSTER_N),
-                       gl.load(b, self.b_tile, self.CLUSTER_M), gl.store(c, self.c_tile),
-                       alpha, partials, flags)
+                       gl.load(b, self.b_tile, self.CLUSTER_M), gl.store(c, self.c_tile), alpha)
 
-    def _launch(self, g, c, max_ctas, ctas, stream):
-        if isinstance(self, StreamK) and ctas is None:
-            raise ValueError("stream-K launches through call_ptrs (partial slots, flags, grid)")
+    def _launch(self, g, c, max_ctas, stream):
         M, N = (c.shape[1], c.shape[0]) if self.config.TRANSPOSE_C else c.shape[:2]
         self.launch(g, cute.ceil_div(M, self.Mb), cute.ceil_div(N, self.Nb), c.shape[2],
-                    max_ctas, stream, ctas)
+                    max_ctas, stream)
 
 
 def _matrices(a, b, c, M, N, K, lda, ldb, ldc, transpose_c=False):
@@ -314,21 +285,11 @@ def _matrices(a, b, c, M, N, K, lda, ldb, ldc, transpose_c=False):
 
 def signature(config: Config, scaled: bool = False) -> Signature:
     """The raw-pointer launch's runtime arguments (`call_ptrs`): A, B, C (16-byte aligned, as
-    TMA needs), alpha for `GemmScaledSm90` (one fp32), stream-K's workspace (`partial_bytes`
-    per CTA of fp32 sums, one int32 flag per CTA, zero: the kernel leaves them zero; without
-    `Config.STREAM_K` any address), the shape, the row strides and stream-K's grid (`ctas`,
-    `schedule.stream_k_grid`; ignored without it)."""
+    TMA needs), alpha for `GemmScaledSm90` (one fp32), the shape and the row strides."""
     dtype = INPUT_TYPES[config.dtype]
     alpha = (ptr("alpha", cutlass.Float32, 4),) if scaled else ()
     return Signature(ptr("a", dtype), ptr("b", dtype), ptr("c", OUTPUT_TYPES[config.out_dtype]),
-                     *alpha, ptr("partials", cutlass.Float32), ptr("flags", cutlass.Int32, 4),
-                     i32("M"), i32("N"), i32("K"), i64("lda"), i64("ldb"), i64("ldc"),
-                     i32("ctas"))
-
-
-def partial_bytes(config: Config) -> int:
-    """Bytes of one stream-K partial slot: an Mb x Nb tile of fp32 sums."""
-    return stream_k.partial_bytes(config.Mb, config.Nb)
+                     *alpha, i32("M"), i32("N"), i32("K"), i64("lda"), i64("ldb"), i64("ldc"))
 
 
 def compile_launcher(config: Config, sms: int, scaled: bool = False, options: str = ""):
@@ -339,14 +300,11 @@ def compile_launcher(config: Config, sms: int, scaled: bool = False, options: st
 
 
 class Globals(DeviceStruct):
-    """The kernel's global layouts (TK `globals`), and where given alpha (`GemmScaledSm90`)
-    and stream-K's partial slots and flags (pointers)."""
+    """The kernel's global layouts (TK `globals`), and where given alpha (`GemmScaledSm90`)."""
 
-    def __init__(self, A: gl, B: gl, C: gl, alpha=None, partials=None, flags=None):
-        self.A, self.B, self.C = A, B, C
-        self.alpha, self.partials, self.flags = alpha, partials, flags
-        self._fields = ("A", "B", "C") + tuple(
-            n for n in ("alpha", "partials", "flags") if getattr(self, n) is not None)
+    def __init__(self, A: gl, B: gl, C: gl, alpha=None):
+        self.A, self.B, self.C, self.alpha = A, B, C, alpha
+        self._fields = ("A", "B", "C") + (() if alpha is None else ("alpha",))
 
 
 class GemmScaledSm90(GemmSm90):
@@ -364,41 +322,26 @@ class GemmScaledSm90(GemmSm90):
         register.mul(s.acc, s.acc, s.alpha)
         super().finish(g, s.acc, at, smem, thread)
 
-    def accumulator(self, s):
-        return s.acc
-
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, alpha: cute.Tensor,
                  max_ctas: cutlass.Constexpr, stream):
         """As `GemmSm90.__call__`, with alpha a 1-element fp32 tensor."""
-        self._launch(self._globals(a, b, c, alpha=alpha), c, max_ctas, None, stream)
+        self._launch(self._globals(a, b, c, alpha=alpha), c, max_ctas, stream)
 
     @cute.jit
     def call_ptrs(self, sms: cutlass.Constexpr, a: cute.Pointer, b: cute.Pointer,
-                  c: cute.Pointer, alpha: cute.Pointer, partials: cute.Pointer,
-                  flags: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32,
-                  lda: cutlass.Int64, ldb: cutlass.Int64, ldc: cutlass.Int64,
-                  ctas: cutlass.Int32, stream):
+                  c: cute.Pointer, alpha: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32,
+                  K: cutlass.Int32, lda: cutlass.Int64, ldb: cutlass.Int64, ldc: cutlass.Int64,
+                  stream):
         """As `GemmSm90.call_ptrs`, with alpha one fp32 in global memory."""
         at, bt, ct = _matrices(a, b, c, M, N, K, lda, ldb, ldc, self.config.TRANSPOSE_C)
-        g = self._globals(at, bt, ct, alpha=cute.make_tensor(alpha, cute.make_layout(1)),
-                          partials=partials, flags=flags)
-        self._launch(g, ct, sms, ctas, stream)
-
-
-class GemmSm90StreamK(GemmSm90, StreamK):
-    """`GemmSm90` on stream-K shares (`Config.STREAM_K`)."""
-
-
-class GemmScaledSm90StreamK(GemmScaledSm90, StreamK):
-    """`GemmScaledSm90` on stream-K shares (`Config.STREAM_K`)."""
+        g = self._globals(at, bt, ct, alpha=cute.make_tensor(alpha, cute.make_layout(1)))
+        self._launch(g, ct, sms, stream)
 
 
 def kernel_for(config: Config, scaled: bool = False) -> GemmSm90:
-    """The kernel `config` runs on: `GemmScaledSm90` if `scaled`, else `GemmSm90`, composed
-    with `StreamK` where `config.STREAM_K`."""
-    classes = ((GemmSm90, GemmSm90StreamK), (GemmScaledSm90, GemmScaledSm90StreamK))
-    return classes[scaled][config.STREAM_K](config)
+    """The kernel `config` runs on: `GemmScaledSm90` if `scaled`, else `GemmSm90`."""
+    return (GemmScaledSm90 if scaled else GemmSm90)(config)
 
 
 class Scaled:

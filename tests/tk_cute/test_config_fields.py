@@ -33,8 +33,7 @@ FIELDS = {
     gemm_sm90.Config: {
         "dtype": D, "out_dtype": D, "Mb": D, "Nb": D, "EPI_N": D, "EPI_PIPE_DEPTH": D,
         "CLUSTER_M": D, "CLUSTER_N": D, "TRANSPOSE_C": D, "SHIFT_EDGES": D,
-        "Kb": F, "LOAD_PIPE_DEPTH": F, "SUPERGROUP_SIZE": F, "arch": F,
-        "TILES": FORCED, "STREAM_K": FORCED},
+        "Kb": F, "LOAD_PIPE_DEPTH": F, "SUPERGROUP_SIZE": F, "arch": F},
     nvfp4_gemv_sm90.Config: {
         "NT": D, "WN": D, "UNROLL": D, "w4a4": D, "out_dtype": D, "MIN_CTAS": D, "S": D,
         "AHEAD": D, "EARLY_WEIGHTS": D, "XSMEM": D, "L2_FETCH": D, "sf": D,
@@ -117,9 +116,7 @@ def test_every_field_is_listed_with_its_varier(config, swept):
 
 def test_forced_fields_are_the_open_deletions():
     """The switches no dispatch picks (issue: delete them unless a measurement makes the
-    dispatch pick them): the dense GEMM's stream-K and 256-row tiles, the register-A kernel's
-    two-tile CTAs."""
+    dispatch pick them): the register-A kernel's two-tile warpgroups."""
     forced = {(c.__module__.split(".")[-1], n) for c, f in FIELDS.items() for n, w in f.items()
               if w == FORCED}
-    assert forced == {("gemm_sm90", "TILES"), ("gemm_sm90", "STREAM_K"),
-                      ("nvfp4_rs_sm90", "TILES")}
+    assert forced == {("nvfp4_rs_sm90", "TILES")}

@@ -7,9 +7,8 @@ CUTLASS's CuTe DSL persistent Hopper GEMM, same process, same inputs, cold L2.
 `examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py` (public
 CUTLASS repository, tag v4.7.0 or main at 7107b05; not vendored: copy it into the git-ignored
 `.peers/`). The peer runs with its own defaults (tile 128x256, cluster 1x1). `--nb`,
-`--stream-k`, `--supergroups` and `--clusters` add forced tk_cute configs beside the default
-(stream-K: equal shares of the tile x K-step units on `schedule.stream_k_grid`'s grid;
-`--stream-k-dp`: also each after whole waves of whole tiles; `--candidates`: every transposed
+`--supergroups` and `--clusters` add forced tk_cute configs beside the default
+(`--candidates`: every transposed
 plan `dense_gemm.swap_plan` weighs, up to 400 rows; `--unshifted`: the plan with its edge tiles
 left on the grid).
 """
@@ -95,9 +94,6 @@ def main(argv=None):
     p.add_argument("--nb", type=int, nargs="*", default=[],
                    help="also time these tile widths, each in the cluster shape "
                         "dense_gemm.tile_plan gives it (--clusters 1x1: none)")
-    p.add_argument("--stream-k", type=int, nargs="*", default=None,
-                   help="also time stream-K shares at these tile widths (none given: the "
-                        "default width)")
     p.add_argument("--clusters", nargs="*", default=[],
                    help="also time these cluster shapes, e.g. 2x1 1x2 (TMA multicast)")
     p.add_argument("--unshifted", action="store_true",
@@ -186,11 +182,6 @@ def main(argv=None):
                     s[0], s[1], config=c)
                 notes[f"tk_cute Nb={nb}"] = (f"{cfg.Mb} rows, cluster "
                                              f"{cfg.CLUSTER_M}x{cfg.CLUSTER_N}")
-            for nb in ([] if args.stream_k is None else args.stream_k or [None]):
-                cfg = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb,
-                                              stream_k=True)
-                variants[f"tk_cute stream-K Nb={cfg.Nb}"] = lambda s, c=cfg: tk_cute.gemm(
-                    s[0], s[1], config=c)
             for sg in args.supergroups:
                 cfg = Config(dtype=dtype_name, SUPERGROUP_SIZE=sg)
                 variants[f"tk_cute supergroup {sg}"] = lambda s, c=cfg: tk_cute.gemm(

@@ -431,9 +431,8 @@ def test_dense_gemm_is_exact(shape, config):
     a, b = _ints(DTYPES[cfg.dtype], m_, k_), _ints(DTYPES[cfg.dtype], n_, k_)
     c = torch.full((n_, m_) if cfg.TRANSPOSE_C else (m_, n_), float("nan"),
                    dtype=DTYPES[cfg.out_dtype])
-    values = {"a": a.data_ptr(), "b": b.data_ptr(), "c": c.data_ptr(), "partials": 0x40000000,
-              "flags": 0x50000000, "M": m_, "N": n_, "K": k_, "lda": k_, "ldb": k_,
-              "ldc": m_ if cfg.TRANSPOSE_C else n_, "ctas": 1, "stream": 0}
+    values = {"a": a.data_ptr(), "b": b.data_ptr(), "c": c.data_ptr(), "M": m_, "N": n_,
+              "K": k_, "lda": k_, "ldb": k_, "ldc": m_ if cfg.TRANSPOSE_C else n_, "stream": 0}
     launch = capture(G.kernel_for(cfg).call_ptrs, 2, *G.signature(cfg).dsl_values(values),
                      arch="sm_90a")
     m = _run(launch, [a, b, c])

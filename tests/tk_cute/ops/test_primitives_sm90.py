@@ -550,7 +550,7 @@ def _mn_major_layouts(dtype: cutlass.Constexpr, k: cutlass.Constexpr, n: cutlass
 
 @pytest.mark.parametrize("rows, groups, cols, epi, transposed", [
     (128, 2, 160, 16, False), (64, 1, 128, 32, True), (192, 3, 176, 16, False),
-    (256, 2, 160, 16, False),  # two 64-row slices per warpgroup (dense Config.TILES = 2)
+    (256, 2, 160, 16, False),  # two 64-row slices per warpgroup
     (256, 2, 192, 32, False), (256, 2, 128, 32, True)])
 def test_store_blocks_take_every_accumulator_element_to_its_place(rows, groups, cols, epi,
                                                                   transposed):
