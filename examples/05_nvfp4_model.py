@@ -86,7 +86,7 @@ def test_quantized_model_is_close_to_bf16_and_each_layer_exact():
 # %% [markdown]
 # Which kernel runs a layer on a Hopper GPU depends on the tokens per call (M) and the layer's
 # N and K: the dispatch's map at the gate / up projections' K (`viz.paths_plot`, drawn from
-# `tk_cute.nvfp4.heuristics`' own rules; `nvfp4.plan(a, layer.weight)` names one call's path).
+# `tk_cute.tuning.sm90`' own rules; `nvfp4.plan(a, layer.weight)` names one call's path).
 # Decode batches run the weight-streaming kernels (small_m, register_a), from 129 rows the
 # tiled register-A kernel (up to 208 rows one tile as wide as M, its K split between CTAs).
 

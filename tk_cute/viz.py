@@ -18,7 +18,7 @@ the arrays it was drawn from, computed by the same layout functions the kernels 
 - `speedup_plot(results)`: the NVFP4 bench's speedup over cuBLAS bf16 against M, one panel per
   (N, K), log-scaled M (`python -m tk_cute.bench nvfp4 --plot FILE`).
 - `paths_plot`: which Hopper NVFP4 path `tk_cute.nvfp4.gemm` takes for each M x N at one K
-  (`nvfp4.heuristics.hopper_path`, the dispatch's own rules), and the tiled kernel's schedule.
+  (`tuning.sm90.hopper_path`, the dispatch's own rules), and the tiled kernel's schedule.
 
 `python -m tk_cute draw WHAT --out FILE` draws any of them (`main`).
 """
@@ -582,15 +582,15 @@ def _check_rows(results) -> None:
                              f"it lacks {', '.join(missing)}: {str(r)[:80]}")
 
 
-# The Hopper NVFP4 paths' colours (`paths_plot`), in `heuristics.PATHS` order.
+# The Hopper NVFP4 paths' colours (`paths_plot`), in `sm90_tuning.PATHS` order.
 PATH_COLOURS = {"small_m": "#4c72b0", "register_a": "#55a868", "register_a_tiled": "#c44e52",
                 "dequantize": "#ccb974"}
 
 
 def _path_edges() -> set[int]:
-    """The first M of each Hopper path's rows (`nvfp4.heuristics`' own constants)."""
+    """The first M of each Hopper path's rows (`tuning.sm90`'s own constants)."""
     from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-    from tk_cute.nvfp4 import heuristics as h
+    from tk_cute.tuning import sm90 as h
 
     return {h.RS_MIN_M, h.SMALL_M_TAIL_MAX_M + 1, h.SPLIT_TILE_MIN_M, rs.MAX_M + 1,
             h.SPLIT_TILE_MAX_M + 1}
@@ -622,12 +622,12 @@ def paths_plot(K: int = 8192, w4a4: bool = False, sms: int | None = None,
 
     Returns:
         The Figure; `fig.drawn` has "paths" ({(M, N): path}, from
-        `nvfp4.heuristics.hopper_path`), "schedules" ({(M, N): the tiled kernel's
+        `tuning.sm90.hopper_path`), "schedules" ({(M, N): the tiled kernel's
         `register_a_tiled_config` as `nvfp4.gemm.tiled_schedule` words it, e.g. "Nb=144,
         stream-K teams"} where that path runs), "ms", "ns".
     """
-    from tk_cute.nvfp4 import heuristics
     from tk_cute.nvfp4.gemm import tiled_schedule
+    from tk_cute.tuning import sm90 as sm90_tuning
 
     _check_k(K)
     if sms is None:
@@ -640,9 +640,9 @@ def paths_plot(K: int = 8192, w4a4: bool = False, sms: int | None = None,
     paths, schedules = {}, {}
     for m in ms:
         for n in ns:
-            path = paths[(m, n)] = heuristics.hopper_path(w4a4, m, n, K, sms)
+            path = paths[(m, n)] = sm90_tuning.hopper_path(w4a4, m, n, K, sms)
             if path == "register_a_tiled":
-                cfg = heuristics.register_a_tiled_config(m, n, K, "bfloat16", sms)
+                cfg = sm90_tuning.register_a_tiled_config(m, n, K, "bfloat16", sms)
                 schedules[(m, n)] = tiled_schedule(cfg)
     names = [p for p in PATH_COLOURS if p in set(paths.values())]
     index = np.array([[names.index(paths[(m, n)]) for m in ms] for n in ns])

@@ -181,7 +181,7 @@ def xsmem_bytes(M: int, K: int) -> int:
 
 
 def supports(M: int, N: int, K: int) -> bool:
-    """Whether some Config of this kernel takes this shape (`tk_cute.nvfp4.heuristics` picks
+    """Whether some Config of this kernel takes this shape (`tk_cute.tuning.sm90` picks
     it)."""
     return 1 <= M <= MAX_M and K % STEP_K == 0 and N % 32 == 0
 

@@ -277,7 +277,7 @@ def weight_offset(r, chunk):
 
 
 def supports(M: int, N: int, K: int) -> bool:
-    """Whether some Config of this kernel takes this shape (`tk_cute.nvfp4.heuristics` picks
+    """Whether some Config of this kernel takes this shape (`tk_cute.tuning.sm90` picks
     it): N % N_ALIGN, K % K_ALIGN, `Config.K_TAIL` where K % STAGE_K != 0 and `Config.N_TAIL`
     where N % ROWS != 0."""
     return 1 <= M <= MAX_M and N >= N_ALIGN and N % N_ALIGN == 0 and K % K_ALIGN == 0

@@ -104,12 +104,12 @@ class Config:
     # (`partial_bytes`)
     STREAM_K: bool = False
     # Stream-K partials as 16-byte vectors (`StreamK.PARTIAL_V4`; the dispatch sets it with TEAMS:
-    # `heuristics.TILED_TEAMS_MIN`)
+    # `tuning.sm90.TILED_TEAMS_MIN`)
     PARTIAL_V4: bool = field(default=False, metadata={"quiet": True})
     # Stream-K teams (`StreamK.STREAM_K_TEAMS`, grid `schedule.stream_k_team_grid`): every tile in
     # 2-8 equal shares that end together, each finishing some warps' rows with the others'
     # sums of them, so no head adds every part and writes the whole tile (the dispatch's from
-    # three parts per tile: `heuristics.TILED_TEAMS_MIN`)
+    # three parts per tile: `tuning.sm90.TILED_TEAMS_MIN`)
     TEAMS: bool = field(default=False, metadata={"quiet": True})
     __repr__ = config_repr
 
@@ -138,7 +138,7 @@ class Config:
 
 def supports(M: int, N: int, K: int) -> bool:
     """Whether some Config takes the shape (`Config.K_TAIL` where K % STAGE_K != 0,
-    `Config.N_TAIL` where N % ROWS != 0; `tk_cute.nvfp4.heuristics` picks them)."""
+    `Config.N_TAIL` where N % ROWS != 0; `tk_cute.tuning.sm90` picks them)."""
     return M >= 1 and N >= rs.N_ALIGN and N % rs.N_ALIGN == 0 and K % rs.K_ALIGN == 0
 
 

@@ -11,11 +11,12 @@ import dataclasses
 
 import pytest
 import torch
+from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 
 from tk_cute.compile import build
-from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
-from tk_cute.nvfp4 import heuristics, launch
+from tk_cute.nvfp4 import launch
 from tk_cute.testing import assert_gemm_close
+from tk_cute.tuning import sm90 as sm90_tuning
 
 # --- host model of the index maps (the kernel's own formulas, evaluated on Python ints) -------
 # PTX ISA, mma.m16n8k16 with .bf16 (lane = 4 g + t): A register r (a bf16x2) holds row
@@ -39,8 +40,8 @@ def _tilings():
                 yield cfg
 
 
-INDEX_CONFIGS = sorted({heuristics.small_m_config(M, 8192, 8192) for M in range(1, 65)}
-                       | {heuristics.small_m_config(M, 96, 8192) for M in range(1, 65)}
+INDEX_CONFIGS = sorted({sm90_tuning.small_m_config(M, 8192, 8192) for M in range(1, 65)}
+                       | {sm90_tuning.small_m_config(M, 96, 8192) for M in range(1, 65)}
                        | set(_tilings()), key=repr)
 
 
@@ -139,7 +140,7 @@ def test_host_model_of_the_whole_kernel(M, S):
     g = torch.Generator().manual_seed(M)
     w = torch.randn(N, S * K, generator=g, dtype=torch.float64)
     x = torch.randn(M, S * K, generator=g, dtype=torch.float64)
-    cfg = dataclasses.replace(heuristics.small_m_config(M, N, 1024), WN=2, S=S)
+    cfg = dataclasses.replace(sm90_tuning.small_m_config(M, N, 1024), WN=2, S=S)
     assert M <= cfg.m_pad and N % cfg.rows == 0
     out = torch.full((M, N), float("nan"), dtype=torch.float64)
     for rb in range(N // cfg.rows):
@@ -174,23 +175,23 @@ def test_host_model_of_the_whole_kernel(M, S):
 # --- compile (CPU, sm_90a) ------------------------------------------------------------------
 
 CONFIGS = {
-    "m8": heuristics.small_m_config(8, 8192, 8192),
-    "m16": heuristics.small_m_config(16, 8192, 8192),
-    "m64": heuristics.small_m_config(64, 8192, 8192),
-    "m16_w4a4": heuristics.small_m_config(16, 8192, 8192, w4a4=True),
-    "m1_fp32": heuristics.small_m_config(1, 4096, 4096, out_dtype="float32"),
-    "m1_no_ahead": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192), AHEAD=False,
+    "m8": sm90_tuning.small_m_config(8, 8192, 8192),
+    "m16": sm90_tuning.small_m_config(16, 8192, 8192),
+    "m64": sm90_tuning.small_m_config(64, 8192, 8192),
+    "m16_w4a4": sm90_tuning.small_m_config(16, 8192, 8192, w4a4=True),
+    "m1_fp32": sm90_tuning.small_m_config(1, 4096, 4096, out_dtype="float32"),
+    "m1_no_ahead": dataclasses.replace(sm90_tuning.small_m_config(1, 8192, 8192), AHEAD=False,
                                       MIN_CTAS=0),
-    "m16_wn1": heuristics.small_m_config(16, 8160, 8192),
-    "m1": heuristics.small_m_config(1, 8192, 8192),
-    "m1_pdl_early": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192),
+    "m16_wn1": sm90_tuning.small_m_config(16, 8160, 8192),
+    "m1": sm90_tuning.small_m_config(1, 8192, 8192),
+    "m1_pdl_early": dataclasses.replace(sm90_tuning.small_m_config(1, 8192, 8192),
                                         EARLY_WEIGHTS=True),  # pdl=True
-    "m16_no_pdl": dataclasses.replace(heuristics.small_m_config(16, 8192, 8192), PDL=False),
-    "m16_pdl_early": dataclasses.replace(heuristics.small_m_config(16, 8192, 8192),
+    "m16_no_pdl": dataclasses.replace(sm90_tuning.small_m_config(16, 8192, 8192), PDL=False),
+    "m16_pdl_early": dataclasses.replace(sm90_tuning.small_m_config(16, 8192, 8192),
                                          EARLY_WEIGHTS=True),
-    "m1_global_x": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192), XSMEM=0),
-    "m1_w4a4": heuristics.small_m_config(1, 8192, 8192, w4a4=True),  # staged, decoded once
-    "m1_w4a4_global_x": dataclasses.replace(heuristics.small_m_config(1, 8192, 8192, w4a4=True),
+    "m1_global_x": dataclasses.replace(sm90_tuning.small_m_config(1, 8192, 8192), XSMEM=0),
+    "m1_w4a4": sm90_tuning.small_m_config(1, 8192, 8192, w4a4=True),  # staged, decoded once
+    "m1_w4a4_global_x": dataclasses.replace(sm90_tuning.small_m_config(1, 8192, 8192, w4a4=True),
                                             XSMEM=0),
 }
 
@@ -301,8 +302,8 @@ def test_pdl_reads_nothing_before_the_wait_but_early_weights(built):
 def test_activations_staged_in_shared_memory_at_m1_where_they_fit(M, K, staged, w4a4):
     """bf16 rows where they fit; NVFP4 rows (decoded once per CTA) up to K = 8192, past which
     the decode before the first trip cost more than it saved (docs/facts.md#w4a4-stage-max-k)."""
-    cfg = heuristics.small_m_config(M, 8192, K, w4a4=w4a4)
-    staged = staged and (not w4a4 or K <= heuristics.W4A4_STAGE_MAX_K)
+    cfg = sm90_tuning.small_m_config(M, 8192, K, w4a4=w4a4)
+    staged = staged and (not w4a4 or K <= sm90_tuning.W4A4_STAGE_MAX_K)
     assert bool(cfg.XSMEM) == staged
     if staged:
         assert cfg.XSMEM == gv.xsmem_bytes(M, K) <= gv.MAX_XSMEM
@@ -314,7 +315,7 @@ def test_weight_loads_fetch_whole_l2_lines_at_m1(M, fetch):
     """At M = 1 a trip reads one 128-byte line of each weight row as two 64-byte loads, the
     first asking L2 for the whole line (measured: faster there only); other sizes are rejected
     by name."""
-    cfg = heuristics.small_m_config(M, 8192, 8192)
+    cfg = sm90_tuning.small_m_config(M, 8192, 8192)
     assert cfg.L2_FETCH == fetch
     if fetch:
         assert gv.k_offset(0, cfg.UNROLL) // 2 == fetch  # bytes of each row a trip reads
@@ -325,7 +326,7 @@ def test_weight_loads_fetch_whole_l2_lines_at_m1(M, fetch):
 def test_fast_argument_packing_matches_dsl():
     """gemm_small_m packs raw pointers into ctypes slots itself: they must hold the DSL's bytes
     (checked inside compile_launcher; a mismatch raises)."""
-    gv.compile_launcher(heuristics.small_m_config(16, 8192, 8192, w4a4=True),
+    gv.compile_launcher(sm90_tuning.small_m_config(16, 8192, 8192, w4a4=True),
                         options="--gpu-arch sm_90a")
 
 
@@ -336,16 +337,16 @@ def test_fast_argument_packing_matches_dsl():
 )
 def test_config_rejects_unsupported_shapes(M, N, K, match):
     with pytest.raises(ValueError, match=match):
-        heuristics.small_m_config(M, N, K)
+        sm90_tuning.small_m_config(M, N, K)
 
 
 @pytest.mark.parametrize("M", [1, 7, 16, 33, 64])
 @pytest.mark.parametrize("N, K", [(256, 512), (4096, 4096), (8192, 8192), (28672, 8192),
                                   (8192, 28672), (96, 128), (160, 384)])
 def test_split_k_divides_the_k_chunks(M, N, K):
-    cfg = heuristics.small_m_config(M, N, K)
+    cfg = sm90_tuning.small_m_config(M, N, K)
     assert M <= cfg.m_pad and N % cfg.rows == 0 and K % cfg.k_chunk == 0
-    S = heuristics.small_m_splits(cfg, N, K, 132)
+    S = sm90_tuning.small_m_splits(cfg, N, K, 132)
     assert (K // cfg.k_chunk) % S == 0 and S == cfg.S and cfg.threads <= gv.MAX_THREADS
     assert cfg.part_bytes <= gv.MAX_PART_BYTES
 
@@ -388,7 +389,7 @@ def test_every_tiling_matches_float64(seed, M, tiling):
     N, K = 1024, 4096
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
-    cfg = dataclasses.replace(heuristics.small_m_config(M, N, K), **tiling, S=2)
+    cfg = dataclasses.replace(sm90_tuning.small_m_config(M, N, K), **tiling, S=2)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     d = launch.gemm_small_m(a, b, out=out, config=cfg)
     assert not d.isnan().any(), "unwritten or NaN outputs"
@@ -417,7 +418,7 @@ def test_fp32_output_split_invariance_and_determinism(seed, M):
     N, K = 512, 4096
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
-    cfg = dataclasses.replace(heuristics.small_m_config(M, N, K), WN=1)
+    cfg = dataclasses.replace(sm90_tuning.small_m_config(M, N, K), WN=1)
     chunks = K // cfg.k_chunk
     results = {}
     for S in [s for s in (1, 2, chunks) if chunks % s == 0 and cfg.fits(s)]:
@@ -481,7 +482,7 @@ def test_rejects_bad_input():
     with pytest.raises(TypeError, match="NVFP4Tensor"):
         launch.gemm_small_m(a, a)
     with pytest.raises(ValueError, match="stages 1040 B of activations; M=2, K=512 needs 2080"):
-        launch.gemm_small_m(a[:2], b, config=heuristics.small_m_config(1, 256, 512))
+        launch.gemm_small_m(a[:2], b, config=sm90_tuning.small_m_config(1, 256, 512))
 
 
 def test_validation_before_any_gpu_work():

@@ -11,13 +11,14 @@ import re
 
 import pytest
 import torch
+from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+from tk_cute.layouts import nvfp4_scales
 
 from tk_cute.compile import build
-from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-from tk_cute.nvfp4 import heuristics, launch
-from tk_cute.testing import assert_gemm_close
-from tk_cute.layouts import nvfp4_scales
+from tk_cute.nvfp4 import launch
 from tk_cute.ops import warpgroup
+from tk_cute.testing import assert_gemm_close
+from tk_cute.tuning import sm90 as sm90_tuning
 
 # --- the K permutation (host model) -----------------------------------------------------------
 
@@ -76,7 +77,7 @@ def test_permute_kernel_threads_cover_every_row_block_once(M, K):
     """Permute "call": `_permute_kernel`'s threads (the grid `_launch` gives it: N_ACT rows, M
     copied and the rest zeroed, so the GEMM's activation boxes lie in the copy) take each (row,
     128-K block, p) once, so with the model above every activation lands at `act_column`."""
-    rows = heuristics.register_a_config(M, 256, K).N_ACT
+    rows = sm90_tuning.register_a_config(M, 256, K).N_ACT
     assert M <= rows < M + 16
     blocks = K // rs.SUB_K
     threads = rs._permute_ctas(False, rows, K) * rs.PERMUTE_THREADS
@@ -99,7 +100,7 @@ def test_permute_kernel_with_a_k_tail_covers_the_partial_block(M, K):
 @pytest.mark.parametrize("K, stages, tail", [(8192, 32, False), (2880, 12, True),
                                              (160, 1, True), (8320, 33, True)])
 def test_k_tail_configs_count_the_partial_stage(K, stages, tail):
-    cfg = heuristics.register_a_config(16, 256, K)
+    cfg = sm90_tuning.register_a_config(16, 256, K)
     assert cfg.K_TAIL == tail and rs.k_stages(cfg, K) == stages
     assert rs.stream_units(cfg, 256, K) == 2 * stages if cfg.ROWS == 128 else stages
     if tail:
@@ -245,7 +246,7 @@ def test_scale_reads_follow_the_blocked_layout(K, rows):
     (1, 8192, 8192, 8, 256, 1), (33, 4096, 4096, 48, 256, 1), (128, 4096, 4096, 128, 256, 2),
     (128, 384, 4096, 128, 128, 1)])
 def test_config_for(M, N, K, n_act, rows, tiles):
-    cfg = heuristics.register_a_config(M, N, K)
+    cfg = sm90_tuning.register_a_config(M, N, K)
     assert (cfg.N_ACT, cfg.ROWS, cfg.TILES) == (n_act, rows, tiles) and cfg.stages >= 2
     assert cfg.smem(cfg.stages) <= rs.SMEM_BUDGET
 
@@ -271,24 +272,24 @@ def test_register_split_is_feasible(rows, tiles):
 def test_config_rejects_unsupported_shapes(M, N, K, match):
     assert not rs.supports(M, N, K)
     with pytest.raises(ValueError, match=match):
-        heuristics.register_a_config(M, N, K)
+        sm90_tuning.register_a_config(M, N, K)
 
 
 def test_partial_row_blocks_take_n_tail():
     """N % 128 != 0 (gpt-oss's 2880, the issue's 136 and 4000): `Config.N_TAIL`, a partial last
     row block counted in the stream-K units; without it the Config refuses the shape; the
     dispatch picks it from 17 rows (the small-M kernel up to 16, where it takes K)."""
-    cfg = heuristics.register_a_config(16, 2880, 2880)
+    cfg = sm90_tuning.register_a_config(16, 2880, 2880)
     assert cfg.N_TAIL and cfg.ROWS == 128 and rs.row_blocks(cfg, 2880) == 23
     assert rs.stream_units(cfg, 2880, 2880) == 23 * rs.k_stages(cfg, 2880)
-    assert not heuristics.register_a_config(16, 2944, 2880).N_TAIL
+    assert not sm90_tuning.register_a_config(16, 2944, 2880).N_TAIL
     with pytest.raises(ValueError, match="N=136 is not a multiple of ROWS = 128: the Config "
                                          "needs N_TAIL=True"):
         rs.check_shape(rs.Config(N_ACT=16), 16, 136, 256)
-    assert heuristics.hopper_path(True, 16, 2880, 2880, 132) == "register_a"
-    assert heuristics.hopper_path(False, 16, 4000, 8192, 132) == "small_m"
-    assert heuristics.hopper_path(True, 17, 4000, 8192, 132) == "register_a"
-    assert heuristics.check_hopper_path("register_a", True, 16, 2880, 2880,
+    assert sm90_tuning.hopper_path(True, 16, 2880, 2880, 132) == "register_a"
+    assert sm90_tuning.hopper_path(False, 16, 4000, 8192, 132) == "small_m"
+    assert sm90_tuning.hopper_path(True, 17, 4000, 8192, 132) == "register_a"
+    assert sm90_tuning.check_hopper_path("register_a", True, 16, 2880, 2880,
                                         "bfloat16") == "register_a"
 
 
@@ -492,8 +493,8 @@ def test_fp32_output_share_invariance_and_determinism(seed, M, N):
     CTA) gives the same sum up to fp32 rounding; one CTA count is bitwise reproducible run to
     run (partials summed in CTA order)."""
     K = 2048
-    assert heuristics.register_a_config(M, N, K).ROWS == {384: 128, 512: 256}[N]
-    assert heuristics.register_a_config(M, N, K).TILES == (2 if (M, N) == (128, 512) else 1)
+    assert sm90_tuning.register_a_config(M, N, K).ROWS == {384: 128, 512: 256}[N]
+    assert sm90_tuning.register_a_config(M, N, K).TILES == (2 if (M, N) == (128, 512) else 1)
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     for ctas in (1, 5, 7, 24, None):
@@ -517,7 +518,7 @@ def test_permute_modes_agree_bitwise(seed, M, N):
     K = 2048
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
-    cfg = heuristics.register_a_config(M, N, K)
+    cfg = sm90_tuning.register_a_config(M, N, K)
     outs = []
     for mode in ("stage", "call"):
         out = torch.full((M, N), float("nan"), device="cuda")
@@ -541,7 +542,7 @@ def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K
 
     b = _weights(N, K)
     a = quantize(torch.randn(M, K, device="cuda"))
-    cfg = heuristics.register_a_config(M, N, K, str(out_dtype).removeprefix("torch."))
+    cfg = sm90_tuning.register_a_config(M, N, K, str(out_dtype).removeprefix("torch."))
     w4 = dataclasses.replace(cfg, a_format="nvfp4")
     w16 = dataclasses.replace(cfg, PERMUTE="call")
     d4 = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
@@ -561,7 +562,7 @@ def test_k_tail_matches_float64(seed, M, N, K):
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison
-    cfg = heuristics.register_a_config(M, N, K)
+    cfg = sm90_tuning.register_a_config(M, N, K)
     assert cfg.K_TAIL
     d = launch.gemm_rs(a, b, out=out)
     assert d.data_ptr() == out.data_ptr()
@@ -579,7 +580,7 @@ def test_partial_row_blocks_match_float64(seed, M, N, K):
 
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
-    assert heuristics.register_a_config(M, N, K).N_TAIL
+    assert sm90_tuning.register_a_config(M, N, K).N_TAIL
     for out_dtype in (torch.bfloat16, torch.float32):
         flat = torch.full((M * N + 4096,), float("nan"), device="cuda", dtype=out_dtype)
         d = launch.gemm_rs(a, b, out=flat[:M * N].view(M, N))
@@ -598,7 +599,7 @@ def test_chained_calls_read_the_previous_output(seed):
     M, K = 32, 512
     b1, b2 = _weights(1024, K), _weights(256, 1024)
     a = torch.randn(M, K, device="cuda").bfloat16()
-    assert heuristics.register_a_config(M, 256, 1024).permute == "call"
+    assert sm90_tuning.register_a_config(M, 256, 1024).permute == "call"
     for _ in range(3):
         d1 = launch.gemm_rs(a, b1)
         d2 = launch.gemm_rs(d1, b2)  # back to back on the stream
@@ -633,7 +634,7 @@ def test_pdl_chain_reads_each_activation_after_its_producer(seed, M, ctas, early
     N = K = 2048
     b = _weights(N, K)
     # (the host's pdl: stage only)
-    cfg = dataclasses.replace(heuristics.register_a_config(M, N, K), PDL=True,
+    cfg = dataclasses.replace(sm90_tuning.register_a_config(M, N, K), PDL=True,
                               EARLY_WEIGHTS=early)
     xs = [torch.randn(M, K, device="cuda").bfloat16()]
     outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)

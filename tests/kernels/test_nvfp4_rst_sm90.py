@@ -3,10 +3,10 @@ proofs on the CPU, every output element against the exact product on the GPU."""
 
 import pytest
 import torch
-
-from tk_cute.compile import build
 from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
 from tk_cute.layouts import nvfp4_scales
+
+from tk_cute.compile import build
 
 pytestmark = pytest.mark.slow  # the slow tier: `python -m pytest --full`
 
@@ -110,18 +110,18 @@ def test_config_and_shape_rules():
     assert rst.supports(1, 256, 128) and rst.supports(5, 200, 128) and not rst.supports(5, 4, 128)
     assert rst.tiles(300, 136, rst.Config(Nb=128)) == 2 * 3  # a partial second band
     assert rst.supports(300, 256, 2880) and rst.supports(300, 256, 32)
-    from tk_cute.nvfp4 import heuristics
+    from tk_cute.tuning import sm90 as sm90_tuning
 
-    assert heuristics.register_a_tiled_config(300, 256, 2880, "bfloat16", 132).K_TAIL
-    assert not heuristics.register_a_tiled_config(300, 256, 2944, "bfloat16", 132).K_TAIL
-    assert heuristics.register_a_tiled_config(300, 2880, 2880, "bfloat16", 132).N_TAIL
-    assert not heuristics.register_a_tiled_config(300, 2944, 2880, "bfloat16", 132).N_TAIL
+    assert sm90_tuning.register_a_tiled_config(300, 256, 2880, "bfloat16", 132).K_TAIL
+    assert not sm90_tuning.register_a_tiled_config(300, 256, 2944, "bfloat16", 132).K_TAIL
+    assert sm90_tuning.register_a_tiled_config(300, 2880, 2880, "bfloat16", 132).N_TAIL
+    assert not sm90_tuning.register_a_tiled_config(300, 2944, 2880, "bfloat16", 132).N_TAIL
     # N % 128 != 0: the tiled kernel's partial last band, but "dequantize" on few weight
-    # bands (23 x 2 tiles of 128 rows at 256 rows: heuristics.DEQUANTIZE_MAX_TILES)
+    # bands (23 x 2 tiles of 128 rows at 256 rows: sm90_tuning.DEQUANTIZE_MAX_TILES)
     for w4a4 in (False, True):
-        assert heuristics.hopper_path(w4a4, 300, 2880, 2880, 132) == "register_a_tiled"
-        assert heuristics.hopper_path(w4a4, 256, 2880, 2880, 132) == "dequantize"
-    assert heuristics.check_hopper_path("register_a_tiled", False, 300, 2880, 2880,
+        assert sm90_tuning.hopper_path(w4a4, 300, 2880, 2880, 132) == "register_a_tiled"
+        assert sm90_tuning.hopper_path(w4a4, 256, 2880, 2880, 132) == "dequantize"
+    assert sm90_tuning.check_hopper_path("register_a_tiled", False, 300, 2880, 2880,
                                         "bfloat16") == "register_a_tiled"
 
 
@@ -139,25 +139,25 @@ def test_config_and_shape_rules():
 def test_tile_width_is_the_faster_measured_one(M, N, nb, stream_k):
     """The schedule the H200 A/Bs measured fastest (docs/facts.md#tiled-widths; 3072 rows: 256
     and 192 within 0.3%; 170, 208 and 400 rows: not measured, the rule's width): up to 208 rows one
-    split tile as wide as M (`heuristics.SPLIT_TILE_MAX_M`, stream-K along K); with few weight
+    split tile as wide as M (`sm90_tuning.SPLIT_TILE_MAX_M`, stream-K along K); with few weight
     tiles (N = 8192, up to 512 rows) two activation tiles per weight tile, each the narrowest
     of `rst.NBS` covering half the rows; else the rounds model over whole tiles and stream-K
     shares: stream-K where whole tiles would leave the last round part empty (1024 x 8192^2,
     1.94 tiles per SM: whole tiles), 256 wide unless its tiles pad the rows (384: 192)."""
-    from tk_cute.nvfp4 import heuristics
+    from tk_cute.tuning import sm90 as sm90_tuning
 
-    cfg = heuristics.register_a_tiled_config(M, N, 8192, "bfloat16", 132)
+    cfg = sm90_tuning.register_a_tiled_config(M, N, 8192, "bfloat16", 132)
     assert (cfg.Nb, cfg.STREAM_K) == (nb, stream_k)
     assert cfg.A_SETS == (2 if nb <= 96 else 1)
 
 
 def test_narrow_tiles_take_two_register_sets_only_at_long_k():
-    """Two A register sets up to Nb = 96 from K = 8192 (heuristics.TILED_TWO_SETS_*: slower at
+    """Two A register sets up to Nb = 96 from K = 8192 (sm90_tuning.TILED_TWO_SETS_*: slower at
     K = 2880 and from Nb = 112 on, docs/facts.md#tiled-two-sets): 240 rows on 40 weight bands
     are three 80-row tiles per band (`few_tiles_width`)."""
-    from tk_cute.nvfp4 import heuristics
+    from tk_cute.tuning import sm90 as sm90_tuning
 
-    cfg = lambda M, K: heuristics.register_a_tiled_config(M, 5120, K, "bfloat16", 132)  # noqa: E731
+    cfg = lambda M, K: sm90_tuning.register_a_tiled_config(M, 5120, K, "bfloat16", 132)  # noqa: E731
     assert cfg(240, 8192).Nb == 80 and cfg(240, 8192).A_SETS == 2
     assert cfg(240, 28672).A_SETS == 2
     assert cfg(240, 2880).A_SETS == 1 and cfg(240, 4096).A_SETS == 1
@@ -310,7 +310,7 @@ def test_partial_weight_bands_match_the_exact_product(seed, M, N, K):
 @pytest.mark.parametrize("nb", [nb for nb in rst.NBS if nb not in (128, 192, 256)])
 @pytest.mark.parametrize("M, N, K", [(129, 256, 128), (300, 1024, 2048), (257, 8192, 2880)])
 def test_narrow_widths_match_the_exact_product(seed, nb, M, N, K):
-    """The other widths (`rst.NBS`, picked by `heuristics.few_tiles_width`), every element of
+    """The other widths (`rst.NBS`, picked by `sm90_tuning.few_tiles_width`), every element of
     three output types (K = 2880: a partial last stage)."""
     from tk_cute.nvfp4 import launch
     from tk_cute.testing import assert_gemm_close
@@ -720,8 +720,9 @@ def test_stream_k_teams_match(seed, M, N, K, nb):
     (8 tiles): within the exact product's bound and the same on a second run. Poisoned D."""
     import dataclasses
 
-    from tk_cute import nvfp4
     from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+
+    from tk_cute import nvfp4
     from tk_cute.nvfp4 import launch
     from tk_cute.ops.schedule import stream_k_grid, stream_k_team_grid
     from tk_cute.runtime import sm_count

@@ -16,13 +16,13 @@ import re
 
 import pytest
 import torch
-
-from tk_cute.compile import build
 from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
-from tk_cute.nvfp4 import heuristics
+
+from tk_cute.compile import build
 from tk_cute.ops import nvfp4 as fp4
+from tk_cute.tuning import sm90 as sm90_tuning
 
 UNBIAS, PRESCALE = fp4.UE5M3_BF16_UNBIAS, fp4.UE5M3_BF16_PRESCALE  # 2^112, 2^110 per half
 UE4M3_PAIR = (0x7B807B80, 0x7A807A80)  # 2^120, 2^118
@@ -46,10 +46,10 @@ def _no_spills(b):
 
 @pytest.mark.parametrize("w4a4", [False, True])
 def test_small_m_ue5m3_decode(w4a4):
-    cfg = dataclasses.replace(heuristics.small_m_config(8 if w4a4 else 1, 8192, 8192, w4a4),
+    cfg = dataclasses.replace(sm90_tuning.small_m_config(8 if w4a4 else 1, 8192, 8192, w4a4),
                               sf="ue5m3")
     b = build(gv._launch, *gv.signature(cfg).compile_args(cfg), arch="sm_90a")
-    base = heuristics.small_m_config(8 if w4a4 else 1, 8192, 8192, w4a4)
+    base = sm90_tuning.small_m_config(8 if w4a4 else 1, 8192, 8192, w4a4)
     b4 = build(gv._launch, *gv.signature(base).compile_args(base), arch="sm_90a")
     assert {UNBIAS, PRESCALE} <= _movs(b) and not set(UE4M3_PAIR) & _movs(b)
     assert set(UE4M3_PAIR) <= _movs(b4)
@@ -139,7 +139,7 @@ def test_gemm_ue5m3_matches_the_exact_reference(seed, path, m, w4a4):
     n, k = 1024, 1024
     b = _ue5m3((n, k))
     a = _ue5m3((m, k)) if w4a4 else torch.randn(m, k, device="cuda").bfloat16()
-    if path == "small_m" and w4a4 and m > heuristics.W4A4_NATIVE_MAX_M:
+    if path == "small_m" and w4a4 and m > sm90_tuning.W4A4_NATIVE_MAX_M:
         pytest.skip("W4A4 small_m takes M <= 8")
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)  # poison
     d = nvfp4.gemm(a, b, torch.float32, out=out, path=path)

@@ -16,13 +16,13 @@ def test_nvfp4_variants_with_tuning(M, N, K):
     tuned = [n for n in v if n.startswith("tk_cute w4a16 MT")]
     assert bool(tuned) == (M <= 64)
     tiled = [n for n in v if n.startswith("tk_cute w4a16 tiled")]
-    assert bool(tiled) == (M >= 113)  # from `heuristics.SPLIT_TILE_MIN_M`
+    assert bool(tiled) == (M >= 113)  # from `sm90_tuning.SPLIT_TILE_MIN_M`
     if M == 200:  # the split tile beside the few-tiles width it replaced (two 112-row tiles),
         # and with 16-byte partials
         assert {"tk_cute w4a16 tiled Nb=208 stream-K", "tk_cute w4a16 tiled Nb=112 few tiles",
                 "tk_cute w4a16 tiled Nb=208 stream-K v4 partials",
                 "tk_cute w4a16 tiled Nb=208 stream-K teams of 2"} <= set(tiled)
-    from tk_cute.nvfp4.heuristics import PATHS
+    from tk_cute.tuning.sm90 import PATHS
 
     forced = {notes[n][1] for n in v if "path=" in n and n in notes}
     assert forced == set(PATHS)  # every path beside the dispatch's choice (those that fail drop)

@@ -77,7 +77,7 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16):
     """The timed variants of one shape and, for the tk_cute ones, (operand key, forced path) to
     name the path taken; `out`: tk_cute's output dtype (the peers write bfloat16)."""
     from tk_cute import nvfp4
-    from tk_cute.nvfp4 import heuristics
+    from tk_cute.tuning import sm90 as sm90_tuning
 
     v = {
         "tk_cute w4a16": lambda s: nvfp4.gemm(s["a"], s["b"], out),
@@ -95,7 +95,7 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16):
         notes["tk_cute w4a16 pdl"] = ("a", None)
         v[SPEED_OF_LIGHT] = lambda s: stream_read(s["b"].data_padded, s["b"].scales)
     if paths:
-        for path in heuristics.PATHS:
+        for path in sm90_tuning.PATHS:
             for kind, key in (("w4a16", "a"), ("w4a4", "aq")):
                 name = f"tk_cute {kind} path={path}"
                 v[name] = lambda s, p=path, k=key: nvfp4.gemm(s[k], s["b"], out, path=p)
@@ -108,7 +108,7 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16):
                 paired=False)
     if tune and M <= 64:
         v.update(_tuning_variants(M, N, K, sms))
-    if tune and M >= heuristics.SPLIT_TILE_MIN_M:
+    if tune and M >= sm90_tuning.SPLIT_TILE_MIN_M:
         v.update(_tiled_tuning_variants(M, N, K, sms))
     return v, notes
 
@@ -116,14 +116,15 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16):
 def _tiled_tuning_variants(M, N, K, sms):
     """The tiled register-A kernel beside the dispatch's pick: whole tiles of 128 and 256 rows,
     stream-K shares at 192 and 256, up to 256 rows the split tile (one activation tile as wide
-    as M split into K parts, `heuristics.split_tile_width`), the few-tiles width (as many
-    activation tiles per weight band as one round holds, `heuristics.few_tiles_width`), and
+    as M split into K parts, `sm90_tuning.split_tile_width`), the few-tiles width (as many
+    activation tiles per weight band as one round holds, `sm90_tuning.few_tiles_width`), and
     where the dispatch's schedule is stream-K, that schedule with one head adding the parts,
     with 16-byte partials (`rst.Config.PARTIAL_V4`) and as
-    teams (`TEAMS`) where two parts per tile or more fit (`heuristics.stream_k_team`), each way
+    teams (`TEAMS`) where two parts per tile or more fit (`sm90_tuning.stream_k_team`), each way
     whatever the dispatch picked."""
     from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
-    from tk_cute.nvfp4 import heuristics, launch
+    from tk_cute.nvfp4 import launch
+    from tk_cute.tuning import sm90 as sm90_tuning
 
     tails = dict(K_TAIL=K % rst.STAGE_K != 0, N_TAIL=N % rst.ROWS != 0)
     configs = {"Nb=128": rst.Config(Nb=128, **tails),
@@ -131,15 +132,15 @@ def _tiled_tuning_variants(M, N, K, sms):
                "Nb=192 stream-K": rst.Config(Nb=192, STREAM_K=True, **tails),
                "Nb=256 stream-K": rst.Config(Nb=256, STREAM_K=True, **tails)}
     if M <= rst.NBS[-1]:
-        nb = heuristics.split_tile_width(M)
+        nb = sm90_tuning.split_tile_width(M)
         configs[f"Nb={nb} stream-K"] = rst.Config(Nb=nb, STREAM_K=True, **tails)
-    few = heuristics.few_tiles_width(M, N, sms)
+    few = sm90_tuning.few_tiles_width(M, N, sms)
     if few is not None:
-        two = few <= heuristics.TILED_TWO_SETS_MAX_NB and K >= heuristics.TILED_TWO_SETS_MIN_K
+        two = few <= sm90_tuning.TILED_TWO_SETS_MAX_NB and K >= sm90_tuning.TILED_TWO_SETS_MIN_K
         configs[f"Nb={few} few tiles"] = rst.Config(Nb=few, A_SETS=2 if two else 1, **tails)
-    pick = heuristics.register_a_tiled_config(M, N, K, "bfloat16", sms)
+    pick = sm90_tuning.register_a_tiled_config(M, N, K, "bfloat16", sms)
     if pick.STREAM_K:  # the dispatch's schedule, its partials as 16-byte vectors, and teams
-        team = heuristics.stream_k_team(M, N, K, pick, sms)
+        team = sm90_tuning.stream_k_team(M, N, K, pick, sms)
         plain = dataclasses.replace(pick, TEAMS=False, PARTIAL_V4=False)
         if plain not in configs.values():
             configs[f"Nb={pick.Nb} stream-K head takes all"] = plain
@@ -155,9 +156,10 @@ def _tiled_tuning_variants(M, N, K, sms):
 
 
 def _tuning_variants(M, N, K, sms):
-    from tk_cute.nvfp4 import heuristics, launch
+    from tk_cute.nvfp4 import launch
+    from tk_cute.tuning import sm90 as sm90_tuning
 
-    base = heuristics.small_m_config(M, N, K)
+    base = sm90_tuning.small_m_config(M, N, K)
     plain = dict(AHEAD=False, MIN_CTAS=0)
     tilings = [dict(UNROLL=2, **plain), dict(UNROLL=4, **plain),
                dict(UNROLL=2, AHEAD=True, MIN_CTAS=2), dict(WN=2, UNROLL=4, **plain),
@@ -169,7 +171,7 @@ def _tuning_variants(M, N, K, sms):
             continue
         kind = f"MT{cfg.MT} WN{cfg.WN} U{cfg.UNROLL}" + (" ahead" if cfg.AHEAD else "") + (
             f" c{cfg.MIN_CTAS}" if cfg.MIN_CTAS else "")
-        for S in sorted({heuristics.small_m_splits(cfg, N, K, sms, per_sm)
+        for S in sorted({sm90_tuning.small_m_splits(cfg, N, K, sms, per_sm)
                          for per_sm in (1, 2, 4)}):
             v[f"tk_cute w4a16 {kind} S{S}"] = (
                 lambda s, c=dataclasses.replace(cfg, S=S): launch.gemm_small_m(

@@ -167,7 +167,7 @@ def _hopper(p, a, b, dtype, out_global_scale, **options) -> Run:
     paths, 2-D, bf16 D or NVFP4 D through the quantizer as `gemm_nvfp4` does on them)."""
     from tk_cute import nvfp4
     from tk_cute.emulator import hopper
-    from tk_cute.nvfp4 import heuristics
+    from tk_cute.tuning import sm90 as sm90_tuning
 
     if p.path not in ("small_m", "register_a") or b.ndim != 2:
         raise NoKernel(f"the emulator runs the Hopper paths small_m and register_a (2-D); "
@@ -182,7 +182,7 @@ def _hopper(p, a, b, dtype, out_global_scale, **options) -> Run:
         machines = hopper.small_m(a, b, p.config, out, **options)
     else:
         sms = 132  # the H200's
-        machines = hopper.register_a(a, b, p.config, out, heuristics.register_a_ctas(
+        machines = hopper.register_a(a, b, p.config, out, sm90_tuning.register_a_ctas(
             p.config, b.M, b.K, sms), **options)
     seconds = time.perf_counter() - start
     if dtype == "nvfp4":
@@ -236,9 +236,9 @@ def random_operands(m: int, n: int, k: int, *, activations: str = "nvfp4", batch
     """(a, b) whose products and float32 sums are exact: E2M1 codes of magnitude <= 2, block
     scales in {0.5, 1, 2}, global scales 2 and 0.5; `activations` "bf16": a is bf16 (W4A16)
     holding the same exactly representable values."""
+    from tk_cute.layouts.nvfp4_scales import blocked_shape
     from tk_cute.nvfp4 import NVFP4Tensor
     from tk_cute.nvfp4.format import e4m3_encode_rne, pack_fp4, ue5m3_encode_rne
-    from tk_cute.layouts.nvfp4_scales import blocked_shape
 
     g = torch.Generator().manual_seed(seed)
     enc = ue5m3_encode_rne if scale_format == "ue5m3" else e4m3_encode_rne

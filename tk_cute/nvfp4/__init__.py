@@ -5,7 +5,7 @@ The public layer of tk_cute's NVFP4 GEMMs: the format (`format`), the tensor con
 (`tensor`), the bit-exact quantization recipe every kernel must reproduce (`quantize`, whose
 docstring is the contract), the blocked scale layout (one definition, in
 ``tk_cute.layouts.nvfp4_scales``), the exact references (`reference`) and the one GEMM dispatch
-(`gemm`, `plan`; its rules in `heuristics`, its argument checks in `validate`, the kernels'
+(`gemm`, `plan`; its rules in `tk_cute.tuning`, its argument checks in `validate`, the kernels'
 torch launches in `launch` and `dispatch_sm100`). Kernels live in ``tk_cute.kernels`` and never
 import this package.
 

@@ -4,18 +4,18 @@
 semantics and the exact references are in `tk_cute.nvfp4.reference`.
 
 A call validates once (`validate.gemm_operands`), makes a `Plan` (`plan`: which kernel, which
-Config, from the shape and the device: `heuristics`) and runs it through the kernels' torch
+Config, from the shape and the device: `tk_cute.tuning`) and runs it through the kernels' torch
 launches (`launch`, `dispatch_sm100`). On a CUDA tensor a call runs kernels or raises: it never
 runs a reference. CPU tensors run the exact reference (`Plan.path == "reference"`), which is
 what a CPU can do.
 
-What runs where (`Plan.path`; the Hopper rules are `heuristics.hopper_path`):
+What runs where (`Plan.path`; the Hopper rules are `sm90_tuning.hopper_path`):
 - Hopper (sm_90a): every shape the format allows: any M >= 1, any N >= 1, any K % 16 == 0, 2-D
   or batched, W4A16 and W4A4, bf16 / fp16 / fp32 out. "small_m", "register_a",
-  "register_a_tiled" (M >= `heuristics.SPLIT_TILE_MIN_M`) and "dequantize" (any shape: the
+  "register_a_tiled" (M >= `sm90_tuning.SPLIT_TILE_MIN_M`) and "dequantize" (any shape: the
   operands expanded to exact bf16 in global memory, then the dense Hopper GEMM). Batched
   operands run one 2-D plan per batch ("batches"). W4A4 decodes its activations in the kernel
-  on "small_m" (M <= `heuristics.W4A4_NATIVE_MAX_M`), "register_a" and "register_a_tiled"
+  on "small_m" (M <= `sm90_tuning.W4A4_NATIVE_MAX_M`), "register_a" and "register_a_tiled"
   (their permute passes) and "dequantize".
   D's rows must be 16-byte aligned for the kernels' stores: where N * element size is not, D
   is computed N-padded and copied into place (`Plan.pad_n`).
@@ -38,7 +38,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import heuristics, validate
+from tk_cute.tuning import sm90 as sm90_tuning
+
+from . import validate
 from .tensor import NVFP4Tensor
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -84,7 +86,7 @@ class Plan:
 
 def tiled_schedule(cfg) -> str:
     """The tiled register-A kernel's schedule in words (what plans and pictures print): its tile
-    width, and stream-K shares, as teams where they are (`heuristics.register_a_tiled_config`)."""
+    width, and stream-K shares, as teams where they are (`sm90_tuning.register_a_tiled_config`)."""
     return (f"Nb={cfg.Nb}" + (", stream-K" if cfg.STREAM_K else "")
             + (" teams" if cfg.TEAMS else ""))
 
@@ -142,20 +144,20 @@ def _plan(op: validate.Operands, device: torch.device, out_dtype, pdl: bool,
 def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bool,
                  force: str | None = None, sf: str = "ue4m3") -> Plan:
     if force is None:
-        path = heuristics.hopper_path(w4a4, M, N, K, sms)
+        path = sm90_tuning.hopper_path(w4a4, M, N, K, sms)
     else:
-        path = heuristics.check_hopper_path(force, w4a4, M, N, K, out, sf)
+        path = sm90_tuning.check_hopper_path(force, w4a4, M, N, K, out, sf)
     if path == "small_m":
-        cfg = heuristics.small_m_config(M, N, K, w4a4, out, sms)
+        cfg = sm90_tuning.small_m_config(M, N, K, w4a4, out, sms)
         return Plan(path, dataclasses.replace(cfg, PDL=cfg.PDL or pdl, EARLY_WEIGHTS=pdl, sf=sf))
     if path == "register_a":
-        cfg = dataclasses.replace(heuristics.register_a_config(M, N, K, out), sf=sf,
+        cfg = dataclasses.replace(sm90_tuning.register_a_config(M, N, K, out), sf=sf,
                                   a_format="nvfp4" if w4a4 else "bf16")
         if pdl and cfg.permute == "stage":
             cfg = dataclasses.replace(cfg, PDL=True, EARLY_WEIGHTS=True)
         return Plan(path, cfg)
     if path == "register_a_tiled":
-        cfg = heuristics.register_a_tiled_config(M, N, K, out, sms)
+        cfg = sm90_tuning.register_a_tiled_config(M, N, K, out, sms)
         return Plan(path, dataclasses.replace(cfg, sf=sf, a_format="nvfp4" if w4a4 else "bf16"))
     esize = {"bfloat16": 2, "float16": 2, "float32": 4}[out]
     per_row = validate.OUT_ALIGN // esize  # D rows must be 16-byte aligned for TMA stores
@@ -200,13 +202,13 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
             scale (NVFP4 output).
         pdl: let the call read the weights b while the kernel before it on the stream is
             still running (programmatic dependent launch with early weight loads) where the
-            path supports it (the Hopper kernels below `heuristics.SPLIT_TILE_MIN_M` rows:
+            path supports it (the Hopper kernels below `sm90_tuning.SPLIT_TILE_MIN_M` rows:
             register-A and small-M); others ignore it. It reads a and writes D only after
             that kernel has ended, so pass it only for weights that the kernels just before
             do not write, e.g. static weights in a chain of decode GEMMs (docs/facts.md#pdl:
             0.4-1.7 us per call). Without it the small-M kernel still launches as a
             programmatic dependent, reading nothing before the kernel before it has ended.
-        path: force one kernel path (`heuristics.PATHS`, for comparisons and tests); ValueError
+        path: force one kernel path (`sm90_tuning.PATHS`, for comparisons and tests); ValueError
             when that path cannot take the shape. Default: the heuristics' choice.
 
     Returns:
@@ -247,7 +249,7 @@ def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None 
                pdl: bool = False, path: str | None = None) -> NVFP4Tensor:
     """D = a @ b^T quantized to NVFP4 (UE4M3 scales) with decode scale `global_scale`: bit for
     bit ``quantize(D32, global_scale=global_scale)`` of the fp32 D32 the path computes. The
-    tiled register-A path (Hopper, M >= heuristics.SPLIT_TILE_MIN_M, N % 128 == 0) and the
+    tiled register-A path (Hopper, M >= sm90_tuning.SPLIT_TILE_MIN_M, N % 128 == 0) and the
     Blackwell / Rubin kernel (path "sm100", `dispatch_sm100.gemm_sm100_nvfp4`: D32 =
     fl(acc * gA gB) of its fp32 accumulators, never stored) quantize in their epilogues (D never
     exists in fp32: 0.5625 instead of 4 bytes per element written); every other Hopper path

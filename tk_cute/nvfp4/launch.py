@@ -3,8 +3,8 @@ paths under `tk_cute.nvfp4.gemm`, and the format kernels (quantize, block dequan
 on every target.
 
 Contract: the functions named after a path (`small_m`, `register_a`, `dequantize`)
-take operands that `tk_cute.nvfp4.gemm` validated once (`validate`), a Config the heuristics
-picked (`heuristics`) and a preallocated contiguous output; they allocate workspaces, pack raw
+take operands that `tk_cute.nvfp4.gemm` validated once (`validate`), a Config the Hopper rules
+picked (`tk_cute.tuning.sm90`) and a preallocated contiguous output; they allocate workspaces, pack raw
 pointers (each kernel's `signature`) and launch on the current stream. Nothing here syncs with
 the host. `gemm_small_m` and `gemm_rs` are the tuning entries: they validate, then run one
 kernel with a forced Config. `quantize` and `dequantize_blocks` are the format kernels' entries.
@@ -25,12 +25,22 @@ from tk_cute import dense_gemm
 from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
-from tk_cute.ops import schedule
 from tk_cute.layouts import nvfp4_codes
-from tk_cute.runtime import (OUT_ALIGN, KernelCache, aligned, device_index, output, raw_stream,
-                             sm_count, stream_k_buffers, workspace)
+from tk_cute.ops import schedule
+from tk_cute.runtime import (
+    OUT_ALIGN,
+    KernelCache,
+    aligned,
+    device_index,
+    output,
+    raw_stream,
+    sm_count,
+    stream_k_buffers,
+    workspace,
+)
+from tk_cute.tuning import sm90 as sm90_tuning
 
-from . import heuristics, validate
+from . import validate
 from .tensor import NVFP4Tensor, codes_storage, has_row_pitch
 
 _SMALL_M = KernelCache()  # (config, device index) -> Launcher
@@ -91,7 +101,7 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
     dev = b.device
     rs.check_shape(cfg, M, N, K)  # (a K tail without cfg.K_TAIL would drop it silently)
     if ctas is None:
-        ctas = heuristics.register_a_ctas(cfg, N, K, sm_count(dev))
+        ctas = sm90_tuning.register_a_ctas(cfg, N, K, sm_count(dev))
     ctas = min(ctas, rs.stream_units(cfg, N, K))
     planes = schedule.stream_k_spans(ctas, rs.row_blocks(cfg, N))
     index = device_index(dev)
@@ -372,7 +382,7 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: gv.Config | None = N
         b: NVFP4Tensor (N, K), the weights.
         out_dtype, out: as `tk_cute.nvfp4.gemm`.
         config, splits: tuning overrides (`Config`; its S, the number of K-slices, a divisor
-            of K / config.k_chunk); default `heuristics.small_m_config`.
+            of K / config.k_chunk); default `sm90_tuning.small_m_config`.
         pdl: programmatic dependent launch (`tk_cute.nvfp4.gemm`'s pdl).
 
     Raises:
@@ -386,7 +396,7 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: gv.Config | None = N
         raise ValueError(f"gemm_small_m takes 2-D operands, got a {tuple(a.shape)}")
     name = str(out_dtype).removeprefix("torch.")
     if config is None:
-        cfg = heuristics.small_m_config(op.M, op.N, op.K, op.w4a4, name, sm_count(b.device))
+        cfg = sm90_tuning.small_m_config(op.M, op.N, op.K, op.w4a4, name, sm_count(b.device))
     else:
         cfg = dataclasses.replace(config, w4a4=op.w4a4, out_dtype=name)
     cfg = dataclasses.replace(cfg, sf=validate.one_scale_format(a, b, "gemm_small_m"))
@@ -408,9 +418,9 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
         a: bf16 CUDA tensor (M, K), 1 <= M <= 128.
         b: NVFP4Tensor (N, K), the weights.
         out_dtype, out: as `tk_cute.nvfp4.gemm`.
-        config: tuning override (`Config`; default `heuristics.register_a_config`).
+        config: tuning override (`Config`; default `sm90_tuning.register_a_config`).
         ctas: CTAs sharing the (N / ROWS) x (K / 256) stage units (default
-            `heuristics.register_a_ctas`).
+            `sm90_tuning.register_a_ctas`).
         pdl: programmatic dependent launch where the activations are permuted per stage
             (N_ACT <= 16; elsewhere ignored: with the permute kernel between the calls it was
             1-8% slower on the H200 at M = 32-128).
@@ -428,7 +438,7 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
                         f"{type(a).__name__} {tuple(a.shape)}")
     name = str(out_dtype).removeprefix("torch.")
     if config is None:
-        config = heuristics.register_a_config(op.M, op.N, op.K, name)
+        config = sm90_tuning.register_a_config(op.M, op.N, op.K, name)
     else:
         config = dataclasses.replace(config, out_dtype=name)
     config = dataclasses.replace(config, sf=b.scale_format, K_TAIL=op.K % rs.STAGE_K != 0)
@@ -443,7 +453,7 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
 
 def gemm_rs_tiled(a, b, out_dtype=None, *, out=None, config: rst.Config | None = None):
     """D = a @ deq(b)^T (W4A16) with the tiled register-A kernel and a chosen Config (tuning
-    and tests; default `heuristics.register_a_tiled_config`).
+    and tests; default `sm90_tuning.register_a_tiled_config`).
 
     Raises:
         TypeError, ValueError: the operand rules of `tk_cute.nvfp4.gemm`, NVFP4 activations, a
@@ -458,7 +468,7 @@ def gemm_rs_tiled(a, b, out_dtype=None, *, out=None, config: rst.Config | None =
     name = str(out_dtype).removeprefix("torch.")
     rst.check_shape(op.M, op.N, op.K)
     if config is None:
-        config = heuristics.register_a_tiled_config(op.M, op.N, op.K, name, sm_count(b.device))
+        config = sm90_tuning.register_a_tiled_config(op.M, op.N, op.K, name, sm_count(b.device))
     else:
         config = dataclasses.replace(config, out_dtype=name)
     config = dataclasses.replace(config, sf=b.scale_format, K_TAIL=op.K % rst.STAGE_K != 0,

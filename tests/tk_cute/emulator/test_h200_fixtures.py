@@ -96,6 +96,7 @@ def _small_m(case, entry, inp):
 def _quantize(case, entry, inp):
     from tk_cute.kernels import nvfp4_quantize as nq
     from tk_cute.layouts.nvfp4_scales import blocked_shape
+
     from tk_cute.nvfp4 import NVFP4Tensor
     from tk_cute.nvfp4.tensor import codes_storage
 
@@ -188,10 +189,11 @@ def test_emulator_gives_the_h200_bytes(name):
 def planned_entry(case: dict) -> dict:
     """The launch values the H200 run would record (the sm_90a plan for 132 SMs, rows on L2
     lines, one 4-CTA cluster per 4 SMs), for running the cases without a fixture."""
-    from tk_cute import dense_gemm, nvfp4
     from tk_cute.kernels import nvfp4_quantize as nq
     from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-    from tk_cute.nvfp4 import heuristics
+
+    from tk_cute import dense_gemm, nvfp4
+    from tk_cute.tuning import sm90 as sm90_tuning
 
     sms = 132
     inp = F.make_inputs(case)
@@ -211,7 +213,7 @@ def planned_entry(case: dict) -> dict:
     p = nvfp4.plan(inp["a"], inp["b"], torch.bfloat16, path=case["kernel"], target="sm_90a")
     entry = dict(config=F.config_fields(p.config))
     if case["kernel"] == "register_a":
-        ctas = heuristics.register_a_ctas(p.config, case["N"], case["K"], sms)
+        ctas = sm90_tuning.register_a_ctas(p.config, case["N"], case["K"], sms)
         entry["ctas"] = min(ctas, rs.stream_units(p.config, case["N"], case["K"]))
     return entry
 

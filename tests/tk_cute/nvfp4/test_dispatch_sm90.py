@@ -13,8 +13,9 @@ import itertools
 import pytest
 import torch
 
-from tk_cute.nvfp4 import NVFP4Tensor, gemm, heuristics, plan, quantize
+from tk_cute.nvfp4 import NVFP4Tensor, gemm, plan, quantize
 from tk_cute.nvfp4.gemm import Plan, _plan_hopper
+from tk_cute.tuning import sm90 as sm90_tuning
 
 GRID_M = [1, 3, 17, 100, 129, 200, 255, 257, 1000, 4000]
 GRID_N = [8, 136, 4000, 8192]
@@ -26,7 +27,7 @@ SMS = 132  # H200
 def _covered(p: Plan, M: int, N: int, K: int, w4a4: bool, out: str) -> None:
     """Raise unless every one-kernel part of `p` can run its (sub)shape."""
     assert p.path != "reference"
-    heuristics.check_hopper_path(p.path, w4a4, M, N, K, out)
+    sm90_tuning.check_hopper_path(p.path, w4a4, M, N, K, out)
 
 
 @pytest.mark.parametrize("out", list(OUTS))
@@ -45,14 +46,14 @@ def test_every_grid_shape_has_a_kernel_plan(w4a4, out):
 
 def test_issue_rows_take_the_expected_paths():
     # From 113 rows up to 208: the tiled register-A kernel, one split tile as wide as M
-    # (`heuristics.SPLIT_TILE_MAX_M`); then with few weight tiles (64 at N = 8192) two
-    # activation tiles per weight tile (`heuristics.few_tiles_width`).
+    # (`sm90_tuning.SPLIT_TILE_MAX_M`); then with few weight tiles (64 at N = 8192) two
+    # activation tiles per weight tile (`sm90_tuning.few_tiles_width`).
     for M, nb in ((113, 128), (128, 128), (129, 144), (200, 208), (257, 144), (256, 128),
                   (384, 192)):
         p = _plan_hopper(False, M, 8192, 8192, "bfloat16", SMS, False)
         assert p.path == "register_a_tiled" and p.config.Nb == nb, (M, p)
         assert p.config.STREAM_K == (M <= 208)
-    # From 113 rows (`heuristics.SPLIT_TILE_MIN_M`) the split tile; below, register-A
+    # From 113 rows (`sm90_tuning.SPLIT_TILE_MIN_M`) the split tile; below, register-A
     assert _plan_hopper(False, 112, 8192, 8192, "bfloat16", SMS, False).path == "register_a"
     assert _plan_hopper(True, 113, 8192, 8192, "bfloat16", SMS, False).path == \
         "register_a_tiled"
@@ -72,7 +73,7 @@ def test_issue_rows_take_the_expected_paths():
     # Many weight tiles (224 at N = 28672): the split tile too
     p = _plan_hopper(False, 129, 28672, 8192, "bfloat16", SMS, False)
     assert str(p) == "register_a_tiled(Nb=144, stream-K)"
-    # Few weight bands beyond 208 rows: "dequantize" (heuristics.DEQUANTIZE_MAX_TILES)
+    # Few weight bands beyond 208 rows: "dequantize" (sm90_tuning.DEQUANTIZE_MAX_TILES)
     for w4a4 in (False, True):
         assert _plan_hopper(w4a4, 240, 1024, 8192, "bfloat16", SMS, False).path == "dequantize"
     # Stream-K teams with 16-byte partials where a tile splits into 3 parts or more (5 here,
@@ -97,7 +98,7 @@ def test_issue_rows_take_the_expected_paths():
     for w4a4 in (False, True):
         p = _plan_hopper(w4a4, 4000, 8192, 8208, "bfloat16", SMS, False)
         assert p.path == "register_a_tiled" and p.config.K_TAIL
-    # "dequantize" from enough rows at a short K (heuristics.DEQUANTIZE_FROM)
+    # "dequantize" from enough rows at a short K (sm90_tuning.DEQUANTIZE_FROM)
     for w4a4 in (False, True):
         assert _plan_hopper(w4a4, 1024, 5760, 2880, "bfloat16", SMS, False).path == \
             "register_a_tiled"
@@ -281,7 +282,7 @@ def test_split_tile_edges_every_element(seed, no_reference, M, N, K):
     """The tiled schedules at their edges: 240 rows over 133 weight bands (the rounds model's
     one-tile stream-K narrowed to Nb = 240), the split tile's last M with a partial band and a
     K tail, 129 rows on two bands (64 K parts per tile summed by its head), and its first M
-    (`heuristics.SPLIT_TILE_MIN_M`) with a partial band and a K tail."""
+    (`sm90_tuning.SPLIT_TILE_MIN_M`) with a partial band and a K tail."""
     for w4a4 in (False, True):
         p = plan(quantize(torch.randn(M, K, device="cuda")) if w4a4 else
                  torch.empty(M, K, device="cuda", dtype=torch.bfloat16), _weights(N, K))
@@ -347,7 +348,7 @@ def test_forced_paths_agree(seed, no_reference, M):
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     ran = []
-    for path in heuristics.PATHS:
+    for path in sm90_tuning.PATHS:
         for out_dtype in (torch.float32, torch.bfloat16):
             out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)  # poison
             try:

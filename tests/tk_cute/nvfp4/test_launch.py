@@ -6,11 +6,12 @@ import dataclasses
 
 import pytest
 import torch
-
 from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
-from tk_cute.nvfp4 import heuristics, launch, quantize, validate
+
+from tk_cute.nvfp4 import launch, quantize, validate
+from tk_cute.tuning import sm90 as sm90_tuning
 
 
 class Recorder:
@@ -47,10 +48,10 @@ def test_launch_arguments_match_the_signatures(recorded, seed):
     b = quantize(torch.randn(N, K))
     a = torch.randn(M, K).bfloat16()
     out = torch.empty(M, N, dtype=torch.bfloat16)
-    launch.small_m(a[:16], b, out[:16], heuristics.small_m_config(16, N, K))
-    launch.register_a(a[:64], b, out[:64], heuristics.register_a_config(64, N, K))
+    launch.small_m(a[:16], b, out[:16], sm90_tuning.small_m_config(16, N, K))
+    launch.register_a(a[:64], b, out[:64], sm90_tuning.register_a_config(64, N, K))
     qa = quantize(a[:32].float())
-    w4a4 = dataclasses.replace(heuristics.register_a_config(32, N, K), a_format="nvfp4")
+    w4a4 = dataclasses.replace(sm90_tuning.register_a_config(32, N, K), a_format="nvfp4")
     launch.register_a(qa, b, out[:32], w4a4)
     qm = quantize(a.float())
     launch.register_a_tiled(qm, b, out, rst.Config(Nb=128, a_format="nvfp4"))

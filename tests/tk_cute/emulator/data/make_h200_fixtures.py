@@ -87,6 +87,7 @@ def _exact_nvfp4(g: torch.Generator, rows: int, k: int, gs: float):
     """An NVFP4Tensor whose values are small: E2M1 codes of magnitude <= 2, block scales in
     {0.5, 1, 2}, decode scale `gs` (a power of two)."""
     from tk_cute.layouts.nvfp4_scales import blocked_shape
+
     from tk_cute.nvfp4 import NVFP4Tensor
     from tk_cute.nvfp4.format import e4m3_encode_rne, pack_fp4
 
@@ -165,11 +166,12 @@ def outputs(out) -> dict:
 
 def _run_case(case: dict) -> tuple[dict, dict]:
     """(outputs, header entry) of one case on the current CUDA device."""
-    from tk_cute import dense_gemm, nvfp4
     from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-    from tk_cute.nvfp4 import heuristics
+
+    from tk_cute import dense_gemm, nvfp4
     from tk_cute.nvfp4 import launch as nl
     from tk_cute.runtime import resident_clusters, sm_count
+    from tk_cute.tuning import sm90 as sm90_tuning
 
     inputs = make_inputs(case)
     entry = {k: v for k, v in case.items()}
@@ -195,7 +197,7 @@ def _run_case(case: dict) -> tuple[dict, dict]:
             raise RuntimeError(f"{case['name']}: planned {p}, not one {kind} launch")
         entry["config"] = config_fields(p.config)
         if kind == "register_a":
-            ctas = heuristics.register_a_ctas(p.config, case["N"], case["K"], sms)
+            ctas = sm90_tuning.register_a_ctas(p.config, case["N"], case["K"], sms)
             entry["ctas"] = min(ctas, rs.stream_units(p.config, case["N"], case["K"]))
         out = nvfp4.gemm(a, b, torch.bfloat16, path=kind)
     elif kind == "quantize":
