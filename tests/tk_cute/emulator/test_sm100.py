@@ -256,7 +256,7 @@ def test_speed_256x256x512():
     assert run.machine.executed / run.seconds > 2000
 
 
-# --- the whole grid of issue 49 (slow: TK_CUTE_EMULATOR_GRID=1 runs it) --------------------
+# --- the whole grid of issue 49 (a sample of 120 calls; TK_CUTE_EMULATOR_GRID=1: all) -------
 GRID_M = (1, 3, 16, 64, 100, 128, 129, 256, 300, 512)
 GRID_N = (8, 136, 256, 1000)
 GRID_K = (16, 48, 272, 1024)
@@ -278,10 +278,15 @@ def _grid():
                 yield arch, act, out, m, n, k, batch
 
 
-@pytest.mark.skipif(not __import__("os").environ.get("TK_CUTE_EMULATOR_GRID"),
-                    reason="issue 49's grid (960 calls) takes about 20 minutes on one core: "
-                    "TK_CUTE_EMULATOR_GRID=1 runs it (docs/emulator.md)")
-@pytest.mark.parametrize("arch, act, out, m, n, k, batch", list(_grid()))
+# The slow tier runs a fixed sample of 120 calls (seeded: every target, mode and output
+# dtype, M, N and K value, and the configs the cost model picks across them);
+# TK_CUTE_EMULATOR_GRID=1 runs all 960 (20-40 minutes on one core).
+GRID = list(_grid())
+GRID_CALLS = (GRID if __import__("os").environ.get("TK_CUTE_EMULATOR_GRID") else
+              __import__("random").Random(49).sample(GRID, 120))
+
+
+@pytest.mark.parametrize("arch, act, out, m, n, k, batch", GRID_CALLS)
 def test_grid(arch, act, out, m, n, k, batch):
     """Every call the format allows on every target: D equals the exact reference (NVFP4 D
     bit for bit), poisoned first; no hazard, no deadlock; N % 16 != 0 with NVFP4 D: no
