@@ -118,6 +118,8 @@ class Config:
         if self.nvfp4_out and self.swap_ab:
             raise ConfigError("NVFP4 D quantizes along D's rows, which a swapped (D^T) "
                               "accumulator holds across threads: swap_ab needs a dense out")
+        if self.EPI_N % 16 or self.Nb % self.EPI_N:
+            raise ConfigError(f"EPI_N={self.EPI_N}: a multiple of 16 dividing Nb={self.Nb}")
         if self.nvfp4_out and self.EPI_N % epilogue.NVFP4_BLOCK:
             raise ConfigError(f"NVFP4 D quantizes 16-column blocks: EPI_N={self.EPI_N} must be a "
                               f"multiple of {epilogue.NVFP4_BLOCK}")

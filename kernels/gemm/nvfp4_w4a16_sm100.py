@@ -69,8 +69,9 @@ class Config:
             raise ConfigError(f"SPLIT_K={self.SPLIT_K} must be at least 1")
         if self.x_rows not in (X_ROWS if self.swap_ab else (128,)):
             raise ConfigError(f"x_rows={self.x_rows}: 128, or one of {X_ROWS} with swap_ab")
-        if self.epi_n > self.x_rows if self.swap_ab else self.EPI_N > W_ROWS:
-            raise ConfigError(f"EPI_N={self.EPI_N} wider than the tile")
+        if self.EPI_N % 16 or self.tile[1] % self.epi_n:
+            raise ConfigError(f"EPI_N={self.EPI_N}: a multiple of 16 dividing the tile's "
+                              f"{self.tile[1]} columns (or wider than them)")
         if t.tmem_columns == 0:
             raise ConfigError(f"{self.arch} has no tcgen05 MMA")
         if self.out not in OUT_TYPES:

@@ -55,15 +55,17 @@ def test_the_pick_never_costs_more_than_the_plain_config(arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("m", [1, 4, 16, 64])
-def test_decode_on_few_weight_bands_fills_the_gpu(arch, m):
+def test_decode_on_few_weight_bands_keeps_hbm_busy(arch, m):
     """Small M on a layer whose weights have few 256-row bands (Qwen2.5-7B's down projection,
-    N = 3584): the pick splits K (and may swap the operands) so that most SMs stream weights."""
+    N = 3584): the pick keeps enough SMs streaming weights to draw the whole HBM bandwidth by
+    the model's own assumption (`SM_LOAD_SHARE` times an SM's even share each), splitting K
+    where the plain grid would not (at M <= 16 it does, on every target)."""
     n, k = 3584, 18944
-    cfg = T.w4a4_config(arch, m, n, k)
-    est = T.estimate(cfg, m, n, k)
-    assert cfg.SPLIT_K > 1 and est["busy_sm_share"] >= 0.75, (T.describe(cfg), est)
-    w = T.w4a16_config(arch, m, n, k)
-    assert w.SPLIT_K > 1 and T.estimate(w, m, n, k)["busy_sm_share"] >= 0.75
+    for cfg in (T.w4a4_config(arch, m, n, k), T.w4a16_config(arch, m, n, k)):
+        est = T.estimate(cfg, m, n, k)
+        assert est["busy_sm_share"] * T.SM_LOAD_SHARE >= 1, (T.describe(cfg), est)
+    if m <= 16:
+        assert T.w4a4_config(arch, m, n, k).SPLIT_K > 1
 
 
 def test_rubin_shares_b_between_two_m_halves_on_big_shapes():

@@ -11,12 +11,13 @@ the pick and its estimate.
 
     time = max(compute, dram, load, smem) + fixed
     compute = waves x (2 x tile rows x tile cols x K per unit) / (peak / cluster slots)
-    dram    = unique bytes (operands once, D, split K's partial D's) / (HBM x busy SM share)
+    dram    = unique bytes (operands once; D, or split K's partial D's) / bandwidth, the busy
+              SMs drawing at most SM_LOAD_SHARE times their even share of HBM
     load    = waves x (TMA box rows of a unit, rows past the tensor x EDGE_ROW_COST) x K bytes
               / (SM_LOAD_SHARE x HBM / SMs x SMs of a cluster)
     smem    = waves x operand bytes the MMAs read from shared memory per CTA / its bandwidth
     fixed   = LAUNCH_US, and for split K two more launches (the sum, the cast) and their
-              bytes at HBM speed
+              bytes at HBM speed (the partials read, the fp32 sum written and read, D written)
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ LAUNCH_US = 2.0
 # ASSUMPTION: clusters of 4 CTAs fit on 120 of the H200's 132 SMs (docs/facts.md, measured),
 # and the same share of a Blackwell / Rubin GPU.
 CLUSTER4_SM_SHARE = 120 / 132
-SPLIT_K_MAX = 8  # split K's partial D's are summed by one torch reduction after the kernel
+SPLIT_K_MAX = 8
+GRID_Z_MAX = 65535  # CUDA's limit on gridDim.z (batches x split runs, where they are the z)  # split K's partial D's are summed by one torch reduction after the kernel
 FP4_BYTES = 0.5 + 1 / 16  # an NVFP4 element: half a byte of code, a UE4M3 scale per 16
 D_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0, "nvfp4": FP4_BYTES}
 
@@ -64,7 +66,7 @@ def _ceil(a: int, b: int) -> int:
 def _box(extent: int, tile: int, nbytes: float, boxed: bool) -> float:
     """Bytes per K element that loading one tile of `tile` rows costs: the average tile's valid
     rows, and (TMA boxes) its rows past the tensor at `EDGE_ROW_COST` each."""
-    valid = min(tile, extent / _ceil(extent, tile))
+    valid = min(tile, extent / max(1, _ceil(extent, tile)))
     return (valid + (EDGE_ROW_COST * (tile - valid) if boxed else 0.0)) * nbytes
 
 
@@ -95,8 +97,8 @@ def estimate(cfg, m: int, n: int, k: int, l: int = 1) -> dict:
     units = tiles_r * _ceil(tiles_c, cn) * l * splits  # clusters of work
     usable = sms * (CLUSTER4_SM_SHARE if ctas * cn == 4 else 1.0)
     slots = int(usable) // (ctas * cn)  # clusters resident at once (one CTA per SM)
-    waves = _ceil(units, slots)
-    busy = min(units, slots) * ctas * cn / sms
+    waves = max(1, _ceil(units, slots))
+    busy = max(1, min(units, slots)) * ctas * cn / sms
     flops = 2 * tile_r * tile_c * k_unit * cn  # a unit's MMAs, padded tiles included
     compute = waves * flops / (peak / slots)
     # a unit's loads: A's rows, B's (W4A16's weights by plain loads: valid rows only)
@@ -111,14 +113,16 @@ def estimate(cfg, m: int, n: int, k: int, l: int = 1) -> dict:
         smem_k = (tile_r // 2 + tile_c // 2 * halves) * 0.5
     smem = waves * smem_k * k_unit / (SMEM_BYTES_PER_CLOCK * CLOCK_HZ)
     d_type = getattr(cfg, "d_type", cfg.out)
-    dram_bytes = (l * k * (m * (2.0 if w4a16 else FP4_BYTES) + n * FP4_BYTES)
-                  + l * m * n * D_BYTES[cfg.out])
+    dram_bytes = l * k * (m * (2.0 if w4a16 else FP4_BYTES) + n * FP4_BYTES)
     fixed = LAUNCH_US * 1e-6
-    if cfg.SPLIT_K > 1:  # the kernel writes partial D's; then a sum reads them, a cast writes D
+    if cfg.SPLIT_K > 1:  # the kernel writes partial D's; a sum reads them and writes fp32, a
+        # cast reads that and writes D
         partial = l * splits * m * n * D_BYTES[d_type]
         dram_bytes += partial
-        fixed += 2 * LAUNCH_US * 1e-6 + (partial + l * m * n * D_BYTES[cfg.out]) / hbm
-    dram = dram_bytes / (hbm * busy)
+        fixed += 2 * LAUNCH_US * 1e-6 + (partial + l * m * n * (8 + D_BYTES[cfg.out])) / hbm
+    else:
+        dram_bytes += l * m * n * D_BYTES[cfg.out]
+    dram = dram_bytes / (hbm * min(1.0, busy * SM_LOAD_SHARE))
     terms = {"compute": compute, "dram": dram, "load": load, "smem": smem}
     t = max(terms.values()) + fixed
     return {"model": "cost MODEL (not measured)", "peaks": label, "time_us": t * 1e6,
@@ -151,6 +155,9 @@ def w4a4_candidates(arch: str, m: int, n: int, k: int, out: str = "bfloat16",
     t = target(arch)
     sms = t.sm_count or 148
     k_steps = _ceil(k, 256)
+    if l > GRID_Z_MAX:
+        raise ValueError(f"{l} batches: the sm100 kernels put the batch in the grid's z, at most "
+                         f"{GRID_Z_MAX} (CUDA); split the batch")
     tiles = [(256, 256, 1), (256, 128, 2)] + ([(512, 256, 1)] if t.exclusive_tmem_columns
                                               else [])
     for swap in (False, True) if out != "nvfp4" else (False,):
@@ -163,7 +170,10 @@ def w4a4_candidates(arch: str, m: int, n: int, k: int, out: str = "bfloat16",
                         continue
                     rows = n if swap else m
                     clusters = _ceil(rows, mb) * _ceil(cols, nb * cn) * l * splits
-                    sched = schedule.CLC if clusters > sms // (2 * cn) else schedule.STATIC
+                    usable = int(sms * (CLUSTER4_SM_SHARE if cn == 2 else 1.0))
+                    sched = schedule.CLC if clusters > usable // (2 * cn) else schedule.STATIC
+                    if sched == schedule.CLC and l * splits > GRID_Z_MAX:
+                        continue  # (CLC's grid z is batches x runs)
                     yield _deepest(functools.partial(
                         Config, arch=arch, Mb=mb, Nb=nb, ACC_PIPE_DEPTH=acc, CLUSTER_N=cn,
                         out=out, sf=sf, scheduler=sched, swap_ab=swap, SPLIT_K=splits),
@@ -178,9 +188,14 @@ def w4a16_candidates(arch: str, m: int, n: int, k: int, out: str = "bfloat16",
     from tk_cute.kernels.gemm.nvfp4_w4a16_sm100 import X_ROWS, Config, Kb
 
     k_steps = _ceil(k, Kb)
+    if l > GRID_Z_MAX:
+        raise ValueError(f"{l} batches: the W4A16 kernel puts the batch in the grid's z, at most "
+                         f"{GRID_Z_MAX} (CUDA); split the batch")
     for swap, x_rows in [(False, 128)] + [(True, r) for r in X_ROWS]:
         for splits in sorted({schedule.k_split_count(s, k_steps)
                               for s in range(1, SPLIT_K_MAX + 1)}):
+            if l * splits > GRID_Z_MAX:
+                continue
             yield _deepest(functools.partial(Config, arch=arch, out=out, sf=sf, SPLIT_K=splits,
                                              swap_ab=swap, x_rows=x_rows), "STAGES", 6)
 
