@@ -4,7 +4,8 @@ weights decoded in the kernel, TK's load-transform-compute-finish on tcgen05.
 
 D (M, N, L) bf16|fp16|fp32 = gB X (M, K, L) W (N, K, L)^T: X bf16 (rows K apart), W NVFP4
 codes (rows `nvfp4_codes.row_pitch(K)` bytes apart) and 128x4 blocked scales. One CTA per
-x_rows x 128 tile of D (swapped: 128 weight rows x x_rows of D^T); pipeline contract (warps 0-3 transform, then epilogue; 4 MMA; 5 load):
+x_rows x 128 tile of D (swapped: 128 weight rows x x_rows of D^T); pipeline contract (warps
+0-3 transform, then epilogue; 4 MMA; 5 load):
   load:      per K stage (Kb = 64) `mma_done` finished -> TMA X's 128 x 64 tile -> `loaded`.
   transform: per stage `mma_done` finished (the decoded slot is free) -> thread t reads weight
              row t's 32 code bytes and 4 scale bytes from global memory (rows past N, K past

@@ -53,8 +53,8 @@ LAUNCH_US = 2.0
 # ASSUMPTION: clusters of 4 CTAs fit on 120 of the H200's 132 SMs (docs/facts.md, measured),
 # and the same share of a Blackwell / Rubin GPU.
 CLUSTER4_SM_SHARE = 120 / 132
-SPLIT_K_MAX = 8
-GRID_Z_MAX = 65535  # CUDA's limit on gridDim.z (batches x split runs, where they are the z)  # split K's partial D's are summed by one torch reduction after the kernel
+SPLIT_K_MAX = 8  # split K's partial D's are summed by one torch reduction after the kernel
+GRID_Z_MAX = 65535  # CUDA's limit on gridDim.z (batches x split runs, where they are the z)
 FP4_BYTES = 0.5 + 1 / 16  # an NVFP4 element: half a byte of code, a UE4M3 scale per 16
 D_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0, "nvfp4": FP4_BYTES}
 
