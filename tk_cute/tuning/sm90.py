@@ -1,8 +1,8 @@
 """The Hopper NVFP4 GEMM heuristics (Blackwell / Rubin: `tk_cute.tuning.sm100`): which kernel
 takes a shape, and each kernel's default Config. Kernels keep their `Config` (what can run) and
-`supports` (what some Config can run); this module decides what should run, from the shape and the device. The
-numbers behind each rule are in docs/facts.md (one anchor per constant, cited below); the
-kernels' designs and limits in docs/nvfp4_hopper.md.
+`supports` (what some Config can run); this module decides what should run, from the shape and
+the device. The numbers behind each rule are in docs/facts.md (one anchor per constant, cited
+below); the kernels' designs and limits in docs/nvfp4_hopper.md.
 
 Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "small_m" (`kernels/gemm/nvfp4_gemv_sm90.py`, mma.sync streaming the weights): M < RS_MIN_M
