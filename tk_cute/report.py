@@ -210,14 +210,13 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     m, n, k = a.mnk
     from tk_cute.kernels.gemm.nvfp4_sm100 import ConfigError
-    from tk_cute.tuning.sm100 import w4a4_config
 
     try:
         check_shape(m, n, k, a.out)
     except ValueError as e:
         p.error(str(e))
     try:
-        cfg = w4a4_config(a.arch, m, n, k, out=a.out)
+        cfg = sm100_tuning.w4a4_config(a.arch, m, n, k, out=a.out)
         over = {f: getattr(a, f) for f in OVERRIDES if getattr(a, f) is not None}
         if over:
             cfg = dataclasses.replace(cfg, **over)

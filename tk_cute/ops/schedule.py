@@ -131,7 +131,23 @@ def _cta_in_cluster(block_idx, cluster_mn):
     return (block_idx[0] % cluster_mn[0], block_idx[1] % cluster_mn[1])
 
 
-class StaticScheduler:
+class _Carried:
+    """A walker whose device values the DSL's while loops carry: `_values()` lists its
+    constructor's arguments in order (each a DSL value, or a list or struct of them)."""
+
+    def __extract_mlir_values__(self):
+        return [v for x in self._values() for v in extract_mlir_values(x)]
+
+    def __new_from_mlir_values__(self, values):
+        out, i = [], 0
+        for x in self._values():
+            n = len(extract_mlir_values(x))
+            out.append(new_from_mlir_values(x, values[i:i + n]))
+            i += n
+        return type(self)(*out)
+
+
+class StaticScheduler(_Carried):
     """One warp's static persistent walk: cluster index blockIdx.z, then + gridDim.z, until
     past the problem's clusters (`grid`)."""
 
@@ -148,17 +164,6 @@ class StaticScheduler:
     def _values(self):
         return [self.params, self.index, self.stride, list(self.cta_in_cluster)]
 
-    def __extract_mlir_values__(self):
-        return [v for x in self._values() for v in extract_mlir_values(x)]
-
-    def __new_from_mlir_values__(self, values):
-        out, i = [], 0
-        for x in self._values():
-            n = len(extract_mlir_values(x))
-            out.append(new_from_mlir_values(x, values[i:i + n]))
-            i += n
-        return StaticScheduler(*out)
-
     def linear_index(self, work):
         return self.index
 
@@ -173,7 +178,7 @@ class StaticScheduler:
         return self.current()
 
 
-class ClcScheduler:
+class ClcScheduler(_Carried):
     """One warp's view of cluster launch control: its own cluster's first, then each stolen
     cluster's from the 16-byte response (`cute.arch.clc_response`: the first CTA's x, y, z and
     a valid bit); `advance_to_next_work` issues the next try_cancel (the scheduler warp)."""
@@ -184,17 +189,6 @@ class ClcScheduler:
 
     def _values(self):
         return [self.params, self.response, list(self.block_idx)]
-
-    def __extract_mlir_values__(self):
-        return [v for x in self._values() for v in extract_mlir_values(x)]
-
-    def __new_from_mlir_values__(self, values):
-        out, i = [], 0
-        for x in self._values():
-            n = len(extract_mlir_values(x))
-            out.append(new_from_mlir_values(x, values[i:i + n]))
-            i += n
-        return ClcScheduler(*out)
 
     def linear_index(self, work):
         """The linear cluster index of the cluster whose first CTA is at `work.tile_idx`."""

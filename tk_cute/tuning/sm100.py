@@ -112,12 +112,11 @@ def estimate(cfg, m: int, n: int, k: int, l: int = 1) -> dict:
         halves = 1 if cfg.b_reuse else cfg.m_mmas
         smem_k = (tile_r // 2 + tile_c // 2 * halves) * 0.5
     smem = waves * smem_k * k_unit / (SMEM_BYTES_PER_CLOCK * CLOCK_HZ)
-    d_type = getattr(cfg, "d_type", cfg.out)
     dram_bytes = l * k * (m * (2.0 if w4a16 else FP4_BYTES) + n * FP4_BYTES)
     fixed = LAUNCH_US * 1e-6
     if cfg.SPLIT_K > 1:  # the kernel writes partial D's; a sum reads them and writes fp32, a
         # cast reads that and writes D
-        partial = l * splits * m * n * D_BYTES[d_type]
+        partial = l * splits * m * n * D_BYTES[cfg.d_type]
         dram_bytes += partial
         fixed += 2 * LAUNCH_US * 1e-6 + (partial + l * m * n * (8 + D_BYTES[cfg.out])) / hbm
     else:
