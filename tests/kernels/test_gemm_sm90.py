@@ -422,11 +422,11 @@ def test_tile_plan_weighs_192_row_tiles_and_16_column_steps(M, N, plan):
 @pytest.mark.parametrize("M, N, K, plan, transposed", [
     (2056, 2056, 512, (192, 176, (1, 1)), False),
     (1000, 1000, 256, (192, 192, (1, 2)), False),
-    (700, 1000, 512, (256, 128, (1, 1)), False),
-    (700, 1000, 512, (256, 112, (2, 1)), False),
-    (1000, 5000, 320, (256, 160, (1, 1)), False),  # two 64-row slices per warpgroup
-    (997, 5000, 336, (256, 192, (1, 2)), False),
-    (300, 2056, 256, (256, 144, (2, 1)), True),
+    (700, 1000, 512, (192, 128, (1, 1)), False),
+    (700, 1000, 512, (192, 112, (2, 1)), False),
+    (1000, 5000, 320, (192, 160, (1, 1)), False),
+    (997, 5000, 336, (192, 176, (1, 2)), False),
+    (300, 2056, 256, (192, 144, (2, 1)), True),
     (1000, 2056, 320, (128, 144, (2, 1)), False),
     (333, 5120, 256, (128, 112, (1, 1)), True),
     (257, 8192, 256, (128, 144, (1, 2)), True),
@@ -435,7 +435,7 @@ def test_tile_plan_weighs_192_row_tiles_and_16_column_steps(M, N, plan):
 ])
 def test_tall_tiles_and_16_column_steps_match_fp64_every_element(seed, dtype, out_dtype, M, N,
                                                                   K, plan, transposed):
-    """192 / 256-row tiles and 16-column widths through `gemm(config=)`, edges shifted, on a
+    """192-row tiles and 16-column widths through `gemm(config=)`, edges shifted, on a
     NaN-poisoned out: every element within `assert_gemm_close`'s bound of float64."""
     import tk_cute
     from tk_cute import dense_gemm

@@ -68,9 +68,8 @@ def _dense(case, entry, inp):
     c = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
     if cfg.TRANSPOSE_C:  # as dense_gemm._run: C^T = B @ A^T
         a, b, M, N = b, a, N, M
-    values = dict(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), partials=c.data_ptr(),
-                  flags=c.data_ptr(), M=M, N=N, K=K, lda=a.stride(0), ldb=b.stride(0),
-                  ldc=c.stride(0), ctas=entry["ctas"])
+    values = dict(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), M=M, N=N, K=K,
+                  lda=a.stride(0), ldb=b.stride(0), ldc=c.stride(0))
     launches = _capture(G.kernel_for(cfg).call_ptrs, entry["grid"],
                         signature=G.signature(cfg), values=values)
     return c, _run(launches, a, b, c)
@@ -202,8 +201,7 @@ def planned_entry(case: dict) -> dict:
                                         sms, lines=dense_gemm.line_aligned(inp["a"], inp["b"]),
                                         quads=sms // 4)
         size = cfg.CLUSTER_M * cfg.CLUSTER_N
-        return dict(config=F.config_fields(cfg), grid=sms if size == 1 else sms // size * size,
-                    ctas=sms)
+        return dict(config=F.config_fields(cfg), grid=sms if size == 1 else sms // size * size)
     if case["kernel"] == "quantize":
         x = inp["x"]
         cfg = nq.Config(check_finite=True)
