@@ -143,9 +143,14 @@ def test_driver_maps_decode_to_their_inputs():
 
 @pytest.mark.gpu
 def test_driver_encoder_live():
-    """On a GPU: the driver's encoder now agrees with the table (refreshes the recording)."""
-    maps = T.driver_sweep()
-    assert _check_driver_maps(maps) >= 62
+    """On a GPU: the driver's encoder gives the recorded bytes and refusals, case for case, and
+    agrees with the table (the recording's 3 DSL-encoded maps are not part of the sweep)."""
+    live = T.driver_sweep()
+    recorded = {m["name"]: m for m in json.loads(DRIVER_MAPS.read_text())["maps"]}
+    for m in live:
+        r = recorded[m["name"]]
+        assert (m.get("raw"), "error" in m) == (r.get("raw"), "error" in r), m["name"]
+    assert _check_driver_maps(live) == 59
 
 
 def test_nvfp4_sm100_maps(nvfp4):
