@@ -5,23 +5,22 @@ once per configuration (cached; `compile_seconds()` reports what compiling cost)
 the current stream. `scaled` is the same launch with a device-side fp32 scale applied to the
 accumulator (`GemmScaledSm90`), which the NVFP4 "dequantize" path runs on exact bf16 operands.
 
-Shapes: any M, N, K whose rows meet TMA's 16-byte alignment (K * element size and N * output
-element size multiples of 16 bytes, tensors 16-byte aligned): the kernel's edge tiles are
-partial (zero-filled loads, clipped stores), never padded on the host. The tile (128 rows, 192
-where a third fewer bands fill a round, or 64 for few rows, M <= 256: `few_rows_plan`; 64 to
-256 columns, the planned widths `TILE_COST`: multiples of 32 and 112 / 144 / 176 / 208)
-and the cluster shape come from the output's shape and the SM count (`tile_plan`: a model of
-the persistent grid's rounds, with costs fitted on the H200). Up to 400 rows whose last 128-row
-band would lie mostly past M, the kernel computes C^T = B @ A^T instead (`swap_plan`: M in
-tile widths, B's rows in bands; C stored transposed, so `out` is the same row-major tensor).
-Clusters multicast the tile their
-CTAs share (2 x 1: B, 1 x 2 and 1 x 4: A), which cuts the L2 reads per MMA; the persistent
-grid holds as many clusters as the GPU runs at once (`runtime.resident_clusters`: 30 of 4
-CTAs on the H200's 132 SMs, not 33).
+Shapes: any M, N, K whose rows meet TMA's 16-byte alignment (K * element size and N * output element
+size multiples of 16 bytes, tensors 16-byte aligned): the kernel's edge tiles are partial
+(zero-filled loads, clipped stores), never padded on the host. The tile (128 rows, 192 where a third
+fewer bands fill a round, or 64 for few rows, M <= 256: `few_rows_plan`; 64 to 256 columns, the
+planned widths `TILE_COST`: multiples of 32 and 112 / 144 / 176 / 208) and the cluster shape come
+from the output's shape and the SM count (`tile_plan`: a model of the persistent grid's rounds, with
+costs fitted on the H200). Up to 400 rows whose last 128-row band would lie mostly past M, the
+kernel computes C^T = B @ A^T instead (`swap_plan`: M in tile widths, B's rows in bands; C stored
+transposed, so `out` is the same row-major tensor). Clusters multicast the tile their CTAs share (2
+x 1: B, 1 x 2 and 1 x 4: A), which cuts the L2 reads per MMA; the persistent grid holds as many
+clusters as the GPU runs at once (`runtime.resident_clusters`: 30 of 4 CTAs on the H200's 132 SMs,
+not 33). The plans are `tk_cute.tuning.dense_sm90`'s.
 Operand rows that do not start on a 128-byte L2 line (K * element size % 128 != 0, or an offset
 view) make every TMA row piece of a stage touch two lines; from two rows of tiles on, such calls
-always run in 2 x 1 clusters (`line_aligned`, `default_config`), which halves B's reads
-(docs/facts.md#l2-line-rows: 3000x7000x5000 0.67x -> 0.92-0.95x cuBLAS).
+always run in 2 x 1 clusters (`line_aligned`, `tuning.dense_sm90.default_config`), which halves B's
+reads (docs/facts.md#l2-line-rows: 3000x7000x5000 0.67x -> 0.92-0.95x cuBLAS).
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ import functools
 import torch
 
 from tk_cute import arch
-from tk_cute.ops import schedule
 from tk_cute.runtime import (
     KernelCache,
     device_index,
@@ -40,16 +38,14 @@ from tk_cute.runtime import (
     resident_clusters,
     sm_count,
 )
+from tk_cute.tuning import dense_sm90 as dense_tuning
+from tk_cute.tuning.dense_sm90 import dtype_name as _name
 
 _CACHE = KernelCache()
 _DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 TMA_ALIGN = 16  # bytes: TMA global addresses and row strides
 L2_LINE = 128  # bytes: operand rows starting on a line read a stage's row pieces line by line
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _check(a: torch.Tensor, b: torch.Tensor, out_dtype):
@@ -82,256 +78,11 @@ def _check(a: torch.Tensor, b: torch.Tensor, out_dtype):
                          f"{TMA_ALIGN // out_dtype.itemsize} == 0)")
 
 
-# Time per output column of a 128 x Nb tile relative to Nb = 256 (narrower wgmmas issue more
-# instructions per column and read more operand bytes per MMA), and of a cluster shape's tiles
-# relative to none (multicast: fewer L2 reads per MMA): the multiples of 32 a least-squares fit
-# of log time over the H200 sweeps of 36 shapes x 7 widths x 3 cluster shapes in
-# docs/facts.md#dense-tile-cost; 112, 144 and 208 timed afterwards:
-# 208 against 224 in one round of the same tile count (400x8192 transposed), 112 and 144 set
-# where the A/B of 95 changed plans put them (112 ran 2-13% slower than 96 at the same tile
-# count, 3000x384, so 1.30, still below 128 per tile at 333x5120; 144 1.155, so that 129x8192
-# keeps 128 x 96, 4-8% faster than 64 x 144), 176 interpolated in 1 / Nb (and timed in
-# 192-row tiles, TALL_COST). The other 16-column steps (80, 240) compile and run
-# (`gemm_sm90.NBS`) but are not planned: untimed, the interpolation put 240 in place of 256 and
-# 192 at 3000x5000, where it ran 2% slower.
-TILE_COST = {256: 1.0, 224: 1.05, 208: 1.17, 192: 1.057, 176: 1.081, 160: 1.11, 144: 1.155,
-             128: 1.15, 112: 1.30, 96: 1.415, 64: 1.82}
-CLUSTER_COST = {(1, 1): 1.0, (2, 1): 0.972, (1, 2): 0.982}
-# Aligned rows in clusters from this tile width on: a 64-wide tile's B is 8 KiB a stage, so
-# multicast saves little and the cluster costs more (257x2056x4096 +8%, 2056x384x4096 +14% in
-# 2 x 1 clusters, docs/facts.md#dense-tile-cost)
-CLUSTER_MIN_WIDTH = 96
-# 192-row tiles (three consumer warpgroups, `Config.Mb = 192`; at most 192 wide,
-# `gemm_sm90.max_width`): where 128-row bands leave a round part-empty, a third fewer bands
-# may fill one (2056 x 2056: 11 x 12 = 132 tiles of 192 x 176 against 17 x 13 of 128 x 160).
-# Their time against 1.5 128-row tiles of the width: 1.01-1.05 (H200,
-# docs/facts.md#dense-tall-tiles, 2056^2 at K = 8192 / 4096: 94.7 / 50.4 us against 113.8 /
-# 58.3 for 128 x 160 in 2 x 1, cuBLAS 94.3 / 48.2). 1 x 2 clusters (A multicast) even at K =
-# 4096 (51.1 us); 2 x 1 (B multicast) ran twice as long (99.0 us at 192 x 176, 90.5 at 192 x
-# 160), so none.
-TALL_MB = 192
-TALL_COST = 1.03
-TALL_CLUSTER_COST = {(1, 1): 1.0, (1, 2): 1.0}
-
-
-# The few-rows regime: outputs of a few 64-row bands stream B, and 128-row tiles there keep
-# few SMs busy (at M <= 64, half their MMAs multiply zero rows: the second consumer
-# warpgroup's rows are all past M). 64-row tiles instead (`Config.Mb = 64`, one consumer
-# warpgroup), at the narrowest width (64, then 128) whose clusters fit one round of those the
-# GPU holds at once: 1 x 4 clusters that multicast A, else 1 x 2 (one band) or 2 x 1 that
-# multicast B between two bands (several bands; 1 x 4 first, as 2 x 1 is slow where a band is
-# mostly past M: 80x4096x4096 18.8 us in 2 x 1 against 16.2 in 1 x 4, 160x2048x8192 35.2
-# against 24.0). H200,
-# docs/facts.md#dense-few-rows, against 128-row tiles: 64x8192x4096 28.7 -> 20.2 us (cuBLAS 20.5),
-# 16x8192x8208 59.7 -> 36.2, 1x8192x8192 62.7 -> 34.8, 128x8192x8192 48.0 -> 38.5 (cuBLAS
-# 38.3), 100x8192x8192 46.9 -> 40.1, 128x2048x8192 41.0 -> 21.8, 192x4096x4096 30.2 -> 18.8,
-# 256x4096x4096 19.2 -> 17.4. Where no width fits one round, several bands take 128-row tiles
-# (128x28672x8192: 126.1 against 129.8-177.0 us, 256x8192x4096 26.5 against 31.5), one band
-# 64-row tiles 128 wide in 1 x 4 clusters (64x28672x8192 127.8 -> 110.5 us).
-FEW_ROWS_MAX_M = 256
-FEW_ROWS_WIDTHS = (64, 128)
-ONE_BAND_CLUSTERS = ((1, 4), (1, 2))  # CTAs along N sharing A
-BANDS_CLUSTERS = ((1, 4), (2, 1))  # then two bands sharing B
-
-
-def few_rows_plan(M: int, N: int, sms: int, quads: int | None = None,
-                  nb: int | None = None) -> tuple[int, tuple[int, int]] | None:
-    """(Nb, (CLUSTER_M, CLUSTER_N)) of 64-row tiles for an M x N output of M <=
-    FEW_ROWS_MAX_M rows (see the few-rows regime above), or None where 128-row tiles are the
-    plan. `quads`: the 4-CTA clusters the GPU holds at once (`runtime.resident_clusters`;
-    None: sms // 4); 2-CTA clusters are taken to fill the SMs. `nb`: that width only."""
-    if M > FEW_ROWS_MAX_M:
-        return None
-    bands, widths = -(-M // 64), (nb,) if nb else FEW_ROWS_WIDTHS
-    resident = {4: sms // 4 if quads is None else quads, 2: sms // 2}
-    for cm, cn in ONE_BAND_CLUSTERS if bands == 1 else BANDS_CLUSTERS:
-        ctas = resident[cm * cn] * cm * cn  # the CTAs of the clusters that run at once
-        for w in widths:
-            if -(-N // w) >= cn and schedule.tile_rounds(bands, N, w, ctas, (cm, cn)) == 1:
-                return w, (cm, cn)
-    if bands > 1:
-        return None
-    w = nb or (FEW_ROWS_WIDTHS[0] if N <= FEW_ROWS_WIDTHS[0] else FEW_ROWS_WIDTHS[-1])
-    return w, next((c for c in ONE_BAND_CLUSTERS if -(-N // w) >= c[1]), (1, 1))
-
-
-def tile_plan(M: int, N: int, sms: int, lines: bool = True, nb: int | None = None,
-              clusters: bool = True, quads: int | None = None
-              ) -> tuple[int, int, tuple[int, int]]:
-    """(Mb, Nb, (CLUSTER_M, CLUSTER_N)) of Mb x Nb output tiles for an M x N output on `sms`
-    SMs. Few rows (`few_rows_plan`): 64-row tiles. Otherwise 128-row tiles:
-    `schedule.cluster_plan`'s rounds of tiles (padded to whole clusters) times Nb *
-    TILE_COST[Nb] * CLUSTER_COST[cluster]. Wide tiles where they fill the SMs, narrower ones
-    where wide tiles leave a round nearly empty (N = 384, M or N just past a multiple of the
-    tile, few tiles); clusters where their padding costs no round, for tiles from
-    CLUSTER_MIN_WIDTH wide. With one row of 128-row tiles the call streams B and 64-wide
-    tiles keep too few bytes in flight per SM: Nb >= 128 there. `lines` False
-    (`line_aligned`): 2 x 1 clusters from two rows of tiles on, at any width. `nb`: that width
-    only; `clusters` False: none, and 128-row tiles (stream-K). `quads`: as in
-    `few_rows_plan`."""
-    if nb is not None and nb not in TILE_COST:
-        raise ValueError(f"tile width must be one of {tuple(TILE_COST)}, got {nb}")
-    few = few_rows_plan(M, N, sms, quads, nb) if clusters else None
-    if few:
-        return (64, *few)
-    widths = ({nb: TILE_COST[nb]} if nb else
-              {w: c for w, c in TILE_COST.items() if M > 128 or w >= 128})
-    if clusters and not lines and M > 128:
-        return (128, *schedule.cluster_plan(-(-M // 128), N, sms, widths, {(2, 1): 1.0}))
-    shapes = CLUSTER_COST if clusters else {(1, 1): 1.0}
-    plans = [(128, *schedule.cluster_plan(-(-M // 128), N, sms, widths, shapes,
-                                          CLUSTER_MIN_WIDTH))]
-    from tk_cute.kernels.gemm.gemm_sm90 import max_width
-
-    tall = {w: c for w, c in widths.items() if w <= max_width(TALL_MB)}
-    if clusters and M > FEW_ROWS_MAX_M and tall:
-        plans.append((TALL_MB, *schedule.cluster_plan(-(-M // TALL_MB), N, sms, tall,
-                                                      TALL_CLUSTER_COST, CLUSTER_MIN_WIDTH)))
-    return min(plans, key=lambda p: direct_time(M, N, p, sms))
-
-
-def direct_time(M: int, N: int, plan: tuple[int, int, tuple[int, int]], sms: int) -> float:
-    """`tile_plan`'s model of an (Mb, Nb, cluster) plan of 128- or 192-row tiles: the rounds
-    of its tiles (padded to whole clusters) times Mb / 128 * Nb * TILE_COST[Nb] * the cluster's
-    cost (TALL_COST, TALL_CLUSTER_COST for 192 rows)."""
-    mb, nb, cluster = plan
-    tall = mb == TALL_MB
-    return (schedule.cluster_time(-(-M // mb), N, sms, nb, cluster, TILE_COST,
-                                  TALL_CLUSTER_COST if tall else CLUSTER_COST)
-            * mb / 128 * (TALL_COST if tall else 1.0))
-
-
-# Few rows as wgmma's N: C^T = B @ A^T (`gemm_sm90.Config.TRANSPOSE_C`, A and B swapped on the
-# launch) cuts M into tiles of a width (steps of 16) instead of 128-row bands, and B's rows
-# make the bands: a band of one row no longer takes a whole band's time, and the rows of M
-# are padded to a width, not to 128. Both plans run with their edge tiles shifted inside the
-# tensors (`Config.SHIFT_EDGES`, `default_config`), so only a tile wider than its whole
-# dimension (M < Nb) still has a box past the tensor: its rows there cost about EDGE_ROW_COST
-# valid rows each (zero fill; H200, docs/facts.md#tma-box-past-tensor: the same 128 tiles of
-# 64 x 160 at M = 320 / 300 / 288 / 257, unshifted, take 18.0 / 18.7 / 22.3 / 26.9 us at N =
-# K = 4096).
-# Swapped widths are picked by `transposed_time`; its constants fitted to 20 shapes x 13-24
-# shifted variants (M 129-400, N 2056-28672; docs/facts.md#dense-transposed): the
-# pick, transposed or direct, is the fastest variant timed or within 2.3% of it at 18 of them,
-# 1.2% on average (333x5120x4096: 10%, 200x8192x8192: 5%).
-SWAP_MAX_M = 400  # timed up to 400; 1000x5000x4096: the best transposed 79.8 us, direct 60.1
-EDGE_ROW_COST = 2.3
-TRANSPOSED_CLUSTER_COST = {(1, 1): 1.0, (2, 1): 1.0, (1, 2): 0.9}  # 1 x 2: B's bands shared
-# A 64-row band's time per row against a 128-row band's: 1.1-1.4 fit equally; from 1.5 the
-# 64 x 160 tiles at 288-320 rows x 4096 (18.0-18.7 us, against 20.4-25.4 for 128 x 96) lose
-TRANSPOSED_MB64_COST = 1.3
-# Against the direct plan in the same model (its M rows as the bands), both shifted: at
-# 0.68-0.90 the transposed plan timed 0.71-0.93 of the direct one (200x8192 at K = 4096 / 8192,
-# 0.90: 1.01 / 1.05); at 0.98-1.11 the direct plan ties or wins (230x6144: 21.7 us against 25.0,
-# 380x8192x8192 even) but for 333x5120 (1.11: the transposed 0.91 of it)
-SWAP_GAIN = 0.95
-
-
-def _edge_cost(n: int, tile: int) -> float:
-    """The load box along a dimension of n elements in tiles of `tile` (edge tiles shifted
-    inside it, `Config.SHIFT_EDGES`), against a whole one: 1 where n holds a tile, else its
-    rows past n cost EDGE_ROW_COST each."""
-    return 1.0 if n >= tile else (n + EDGE_ROW_COST * (tile - n)) / tile
-
-
-def transposed_time(M: int, N: int, plan: tuple[int, int, tuple[int, int]], sms: int,
-                    quads: int | None = None) -> float:
-    """The model's time of an (Mb, Nb, cluster) plan of the transposed output (N x M: bands of
-    Mb of B's N rows, tiles of Nb of A's M rows), edge tiles shifted: the rounds before the
-    last at a whole tile's time (Mb / 128 * Nb * TILE_COST[Nb], TRANSPOSED_MB64_COST for
-    64-row bands, TRANSPOSED_CLUSTER_COST), the last at its slowest tile's (both
-    `_edge_cost`s). `quads`: as in `few_rows_plan`."""
-    mb, nb, cluster = plan
-    size = cluster[0] * cluster[1]
-    held = {1: sms, 2: sms // 2, 4: sms // 4 if quads is None else quads}[size]
-    rounds = schedule.tile_rounds(-(-N // mb), M, nb, held * size, cluster)
-    tile = (mb / 128 * nb * TILE_COST[nb] * TRANSPOSED_CLUSTER_COST[cluster]
-            * (TRANSPOSED_MB64_COST if mb == 64 else 1.0))
-    return tile * (rounds - 1 + _edge_cost(N, mb) * _edge_cost(M, nb))
-
-
-def swap_candidates(M: int) -> list[tuple[int, int, tuple[int, int]]]:
-    """The transposed (Mb, Nb, cluster) plans `swap_plan` weighs for M rows (the data
-    `transposed_time` is fitted to: `python -m tk_cute.bench gemm --candidates`): both band
-    heights, t = 1-4 tiles of the narrowest width that holds M / t rows, each cluster shape."""
-    return sorted({(mb, nb, cluster)
-                   for mb in (128, 64) for t in (1, 2, 3, 4)
-                   for nb in [next((w for w in sorted(TILE_COST) if w >= -(-M // t)), None)]
-                   if nb for cluster in TRANSPOSED_CLUSTER_COST})
-
-
-def swap_plan(M: int, N: int, sms: int, quads: int | None = None
-              ) -> tuple[int, int, tuple[int, int]] | None:
-    """The (Mb, Nb, cluster) of the transposed output (N x M) where swapping A and B pays,
-    else None: M <= SWAP_MAX_M rows whose direct plan takes 128-row bands, the last one partly
-    past M, and a transposed plan whose `transposed_time` is below SWAP_GAIN of the direct
-    plan's (the same model with the roles of M and N exchanged). Of `swap_candidates(M)`, the
-    least `transposed_time` (ties: the taller band, the wider tile, no cluster)."""
-    direct = tile_plan(M, N, sms, quads=quads)
-    if M > SWAP_MAX_M or M % 128 == 0 or direct[0] != 128:
-        return None
-    best = min(swap_candidates(M), key=lambda p: (round(transposed_time(M, N, p, sms, quads), 6),
-                                                  -p[0], -p[1], p[2][0] * p[2][1]))
-    gain = transposed_time(M, N, best, sms, quads) / transposed_time(N, M, direct, sms, quads)
-    return best if gain < SWAP_GAIN else None
-
-
 def line_aligned(*operands: torch.Tensor) -> bool:
     """Whether every operand's rows start on an L2 line (`L2_LINE`): its address and row
     stride in bytes multiples of 128."""
     return all(t.data_ptr() % L2_LINE == 0 and (t.stride(0) * t.element_size()) % L2_LINE == 0
                for t in operands)
-
-
-@functools.lru_cache(maxsize=4096)  # host time: a plan and a Config cost ~10-30 us per call
-def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N: int = 8192,
-                   sms: int = 132, nb: int | None = None, lines: bool = True,
-                   quads: int | None = None, swap_ab: bool = True):
-    """The kernel config `gemm` uses for an M x N output on `sms` SMs: `tile_plan`'s tile (or
-    width `nb`) and cluster shape; 32-column epilogue blocks, or 16 where a width is an odd
-    multiple of 32 (160: ten blocks, not five); two epilogue buffers for fp32 C (each 128 x 32
-    fp32 block is 16 KiB; four would cost a load stage) and for tile widths that are not a
-    multiple of 4 x 32.
-    `lines`: the operands' rows start on L2 lines (`line_aligned`); where they do not and the
-    output has two or more 128-row tiles, 2 x 1 clusters multicast B (H200,
-    docs/facts.md#l2-line-rows: 3000x7000x5000 0.67 -> 0.94x cuBLAS, 8192x8192x8200 0.76 ->
-    1.01x, 2056^3 0.55 -> 0.69x).
-    An odd count of row tiles leaves the last cluster half outside the output: the scheduler
-    rounds clusters up, and that CTA loads zeros, shares its B half and stores nothing
-    (GPU-tested), or, with shifted edges, repeats the last band. Where a partial edge tile
-    follows a whole one, the edge band and column of tiles are shifted back inside the output
-    (`Config.SHIFT_EDGES`; not with stream-K): H200, docs/facts.md#dense-shift-edges, the same
-    tiles unshifted / shifted, 333x5120x4096 32.0 / 26.8 us, 257x2056x4096 14.9 / 13.5,
-    129x4096x8192 33.9 / 31.0, 200x8192x4096 29.2 / 27.5; 2056^2, 1000-4000 x 5000, 3000x384
-    and the transposed plans within 2%. `quads`: the 4-CTA clusters the GPU holds at once
-    (`few_rows_plan`).
-    (Stream-K shares lost to whole tiles at every shape timed on the H200 and were deleted:
-    docs/facts.md#dense-stream-k.) `swap_ab`: take `swap_plan`'s transposed tiles
-    where it gives them (`Config.TRANSPOSE_C`; rows on L2 lines, no forced width, no
-    stream-K); False: always the direct plan."""
-    swap = swap_plan(M, N, sms, quads) if lines and nb is None and swap_ab else None
-    return plan_config(dtype, out_dtype, M, N,
-                       swap or tile_plan(M, N, sms, lines, nb, True, quads),
-                       transposed=swap is not None)
-
-
-def plan_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int, N: int,
-                plan: tuple[int, int, tuple[int, int]], transposed: bool = False):
-    """The kernel config of an (Mb, Nb, cluster) `plan` of an M x N output (`transposed`: of
-    C^T, N x M, `Config.TRANSPOSE_C`): the epilogue blocks and buffers and the edge shift
-    `default_config` describes."""
-    from tk_cute.kernels.gemm.gemm_sm90 import Config
-
-    mb, nb, (cluster_m, cluster_n) = plan
-    depth = 2 if out_dtype == torch.float32 or nb % 128 else 4
-    epi_n = 32 if nb % 64 == 0 else 16
-    rows, cols = (N, M) if transposed else (M, N)  # the kernel's M and N
-    return Config(dtype=_name(dtype), out_dtype=_name(out_dtype), Mb=mb, Nb=nb,
-                  EPI_N=epi_n,
-                  EPI_PIPE_DEPTH=depth, CLUSTER_M=cluster_m, CLUSTER_N=cluster_n,
-                  TRANSPOSE_C=transposed,
-                  SHIFT_EDGES=any(n > tile and n % tile for n, tile in
-                                                   ((rows, mb), (cols, nb))))
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None,
@@ -368,11 +119,12 @@ def scaled(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out: torch.Ten
 
 
 def config_for(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16):
-    """The config `gemm(a, b, out_dtype)` runs: `default_config` for these operands (their
-    shape, device, row alignment and the clusters the GPU holds; a non-Hopper GPU raises
-    before its clusters are queried)."""
-    return default_config(a.dtype, out_dtype, a.shape[0], b.shape[0], _check_device(a.device),
-                          lines=line_aligned(a, b), quads=resident_clusters(a.device, 4))
+    """The config `gemm(a, b, out_dtype)` runs: `tuning.dense_sm90.default_config` for these
+    operands (their shape, device, row alignment and the clusters the GPU holds; a non-Hopper
+    GPU raises before its clusters are queried)."""
+    return dense_tuning.default_config(a.dtype, out_dtype, a.shape[0], b.shape[0],
+                                       _check_device(a.device), lines=line_aligned(a, b),
+                                       quads=resident_clusters(a.device, 4))
 
 
 def _run(config, a, b, c, alpha=None):

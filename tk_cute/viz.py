@@ -671,8 +671,8 @@ def paths_plot(K: int = 8192, w4a4: bool = False, sms: int | None = None,
 
 def dense_plan_plot(sms: int | None = None, quads: int | None = None,
                     ms: list[int] | None = None, ns: list[int] | None = None):
-    """The tile and cluster `tk_cute.gemm` plans at each M x N (`dense_gemm.tile_plan`: rows
-    x columns of the tile, cluster shape; "C^T" where `dense_gemm.swap_plan` swaps A and B,
+    """The tile and cluster `tk_cute.gemm` plans at each M x N (`dense_tuning.tile_plan`: rows
+    x columns of the tile, cluster shape; "C^T" where `dense_tuning.swap_plan` swaps A and B,
     its tile then N x M; the plan does not depend on K; operand rows on L2 lines).
 
     Args:
@@ -686,7 +686,7 @@ def dense_plan_plot(sms: int | None = None, quads: int | None = None,
         The Figure; `fig.drawn` has "plans" ({(M, N): "Mb x Nb, cluster CMxCN"}), "legend"
         (the image's value i is plan legend[i]), "ms", "ns".
     """
-    from tk_cute import dense_gemm
+    from tk_cute.tuning import dense_sm90 as dense_tuning
 
     if sms is None:
         from tk_cute.arch import target
@@ -694,7 +694,7 @@ def dense_plan_plot(sms: int | None = None, quads: int | None = None,
         sms = target("sm_90a").sm_count
     if sms < 1 or (quads is not None and quads < 1):
         raise ValueError(f"sms and quads must be positive, got {sms} and {quads}")
-    edges = {64, 128, dense_gemm.FEW_ROWS_MAX_M, dense_gemm.SWAP_MAX_M}
+    edges = {64, 128, dense_tuning.FEW_ROWS_MAX_M, dense_tuning.SWAP_MAX_M}
     ms = sorted(ms or set(np.unique(np.round(np.geomspace(1, 8192, 40))).astype(int).tolist())
                 | edges | {m + 1 for m in edges})
     ns = sorted(ns or set(np.unique(np.round(np.geomspace(64, 32768, 28) / 8) * 8).astype(
@@ -707,8 +707,8 @@ def dense_plan_plot(sms: int | None = None, quads: int | None = None,
         return f"{'C^T: ' if transposed else ''}{mb}x{nb}, cluster {cm}x{cn}"
 
     def plan(m, n):
-        swap = dense_gemm.swap_plan(m, n, sms, quads)
-        return (True, swap) if swap else (False, dense_gemm.tile_plan(m, n, sms, quads=quads))
+        swap = dense_tuning.swap_plan(m, n, sms, quads)
+        return (True, swap) if swap else (False, dense_tuning.tile_plan(m, n, sms, quads=quads))
 
     raw = {(m, n): plan(m, n) for m in ms for n in ns}
     names = [words(p) for p in sorted(set(raw.values()))]

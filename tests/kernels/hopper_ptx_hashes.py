@@ -31,13 +31,13 @@ NS = (8, 136, 1000, 2880, 4000, 8192, 28672)
 def configs() -> dict[str, tuple[str, object]]:
     import torch
 
-    from tk_cute import dense_gemm
+    from tk_cute.tuning import dense_sm90 as dense_tuning
     from tk_cute.nvfp4.gemm import _plan_hopper
 
     out = {}
     for m, n, dt, od, lines in itertools.product(MS, NS, (torch.bfloat16, torch.float8_e4m3fn),
                                                  (torch.bfloat16, torch.float32), (True, False)):
-        c = dense_gemm.default_config(dt, od, m, n, SMS, lines=lines, quads=30)
+        c = dense_tuning.default_config(dt, od, m, n, SMS, lines=lines, quads=30)
         out[f"dense {c!r}"] = ("dense", c)
     for w4a4, m, n, k, od in itertools.product((False, True), (113, 129, 200, 256, 512, 1000, 4000),
                                                (136, 2880, 4000, 8192, 28672),

@@ -188,7 +188,7 @@ def test_cluster_gemm_matches_reference(seed, cm, cn):
     (128, 28672, (224, (1, 2))),  # two bands whose 64-row tiles fill no round of clusters
 ])
 def test_tile_plan_follows_the_rounds_of_the_persistent_grid(M, N, plan):
-    from tk_cute.dense_gemm import tile_plan
+    from tk_cute.tuning.dense_sm90 import tile_plan
 
     assert tile_plan(M, N, SMS, quads=30) == (128, *plan)
 
@@ -213,7 +213,7 @@ def test_few_rows_take_64_row_tiles_in_clusters_that_fit_one_round(M, N, plan):
     """`few_rows_plan` on the H200 (132 SMs, 30 resident 4-CTA clusters): the narrowest width
     whose tiles fit one round of 1 x 4 clusters, else of 1 x 2 (one band) or 2 x 1 clusters
     (several bands)."""
-    from tk_cute.dense_gemm import few_rows_plan, tile_plan
+    from tk_cute.tuning.dense_sm90 import few_rows_plan, tile_plan
 
     assert few_rows_plan(M, N, SMS, quads=30) == plan
     assert tile_plan(M, N, SMS, quads=30) == (64, *plan)
@@ -225,7 +225,7 @@ def test_few_rows_take_64_row_tiles_in_clusters_that_fit_one_round(M, N, plan):
 def test_few_rows_plan_counts_the_clusters_the_gpu_holds():
     """64 x 8192 in 1 x 4 clusters: 64 wide (32 clusters) where 33 would fit, 128 wide (16)
     where 30 do; stream-K plans keep 128-row tiles."""
-    from tk_cute.dense_gemm import default_config, few_rows_plan, tile_plan
+    from tk_cute.tuning.dense_sm90 import default_config, few_rows_plan, tile_plan
 
     assert few_rows_plan(64, 8192, SMS, quads=33) == (64, (1, 4))
     assert few_rows_plan(64, 8192, SMS) == (64, (1, 4))  # quads None: sms // 4
@@ -308,7 +308,7 @@ def test_64_row_tiles_in_every_cluster_match_fp64_every_element(seed, nb, cluste
 
 
 def test_tile_plan_takes_forced_widths_and_rows_off_lines():
-    from tk_cute.dense_gemm import tile_plan
+    from tk_cute.tuning.dense_sm90 import tile_plan
 
     assert tile_plan(8192, 8192, SMS, nb=160) == (128, 160, (2, 1))
     assert tile_plan(16, 8192, SMS, nb=64, quads=30) == (64, 64, (1, 2))  # forced width
@@ -322,7 +322,7 @@ def test_tile_plan_takes_forced_widths_and_rows_off_lines():
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_every_tile_width_makes_a_valid_config(dtype, out_dtype):
-    from tk_cute.dense_gemm import TILE_COST, default_config
+    from tk_cute.tuning.dense_sm90 import TILE_COST, default_config
 
     for nb in TILE_COST:
         k = GemmSm90(default_config(dtype, out_dtype, nb=nb))
@@ -338,7 +338,7 @@ def test_every_tile_width_matches_fp64_every_element(seed, nb, out_dtype, cluste
     """Every width in every cluster shape: 3 row tiles and, at every width, an odd count of
     column tiles or a last one partial, so a cluster's last CTA may lie outside the output."""
     import tk_cute
-    from tk_cute.dense_gemm import plan_config
+    from tk_cute.tuning.dense_sm90 import plan_config
     from tk_cute.testing import assert_gemm_close
 
     M, N, K = 300, 1000, 328  # partial tiles on every side for every width
@@ -357,7 +357,7 @@ def test_narrow_tiles_compile_to_their_wgmma_without_spills(nb):
     warp's 16 rows each) once per 16 columns: 160 runs ten 16-column blocks."""
     from cuda.bindings import driver as cuda
 
-    from tk_cute.dense_gemm import default_config
+    from tk_cute.tuning.dense_sm90 import default_config
 
     k = GemmSm90(default_config(torch.bfloat16, torch.bfloat16, nb=nb))
     b = build(k, *(_fake(cutlass.BFloat16, 0, 0) for _ in range(3)), SMS, cuda.CUstream(0),
@@ -373,7 +373,7 @@ def test_tall_tiles_compile_to_one_warpgroup_per_64_rows(mb, nb, regs):
     producer's drop leaves them (`warpgroup.consumer_registers`), 4 wgmma per stage, no
     spills; 16 columns an epilogue block where Nb is not a multiple of 64 (176: eleven blocks in
     two buffers, not whole rounds of them), each block one stmatrix.x4."""
-    from tk_cute.dense_gemm import plan_config
+    from tk_cute.tuning.dense_sm90 import plan_config
 
     cfg = plan_config(torch.bfloat16, torch.bfloat16, 2056, 2056, (mb, nb, (1, 1)))
     assert cfg.EPI_N == (32 if nb % 64 == 0 else 16) and cfg.SHIFT_EDGES
@@ -403,15 +403,15 @@ def test_tile_plan_weighs_192_row_tiles_and_16_column_steps(M, N, plan):
     fewer bands fill a round, 144 / 176 wide tiles between the multiples of 32; each pick here
     timed against the plan before them (docs/facts.md#dense-tile-cost, commit 0d40bcb:
     2056^2 59.2 -> 50.1 us, 1000x2056 32.4 -> 29.7)."""
-    from tk_cute import dense_gemm
+    from tk_cute.tuning import dense_sm90 as dense_tuning
 
-    assert dense_gemm.tile_plan(M, N, SMS, quads=30) == plan
-    assert dense_gemm.direct_time(M, N, plan, SMS) == min(
-        dense_gemm.direct_time(M, N, p, SMS) for p in
-        [(128, nb, c) for nb in dense_gemm.TILE_COST for c in dense_gemm.CLUSTER_COST
-         if nb >= dense_gemm.CLUSTER_MIN_WIDTH or c == (1, 1)]
-        + [(192, nb, c) for nb in dense_gemm.TILE_COST if nb <= 192
-           for c in dense_gemm.TALL_CLUSTER_COST if nb >= dense_gemm.CLUSTER_MIN_WIDTH
+    assert dense_tuning.tile_plan(M, N, SMS, quads=30) == plan
+    assert dense_tuning.direct_time(M, N, plan, SMS) == min(
+        dense_tuning.direct_time(M, N, p, SMS) for p in
+        [(128, nb, c) for nb in dense_tuning.TILE_COST for c in dense_tuning.CLUSTER_COST
+         if nb >= dense_tuning.CLUSTER_MIN_WIDTH or c == (1, 1)]
+        + [(192, nb, c) for nb in dense_tuning.TILE_COST if nb <= 192
+           for c in dense_tuning.TALL_CLUSTER_COST if nb >= dense_tuning.CLUSTER_MIN_WIDTH
            or c == (1, 1)])
 
 
@@ -438,10 +438,10 @@ def test_tall_tiles_and_16_column_steps_match_fp64_every_element(seed, dtype, ou
     """192-row tiles and 16-column widths through `gemm(config=)`, edges shifted, on a
     NaN-poisoned out: every element within `assert_gemm_close`'s bound of float64."""
     import tk_cute
-    from tk_cute import dense_gemm
+    from tk_cute.tuning import dense_sm90 as dense_tuning
     from tk_cute.testing import assert_gemm_close
 
-    cfg = dense_gemm.plan_config(dtype, out_dtype, M, N, plan, transposed=transposed)
+    cfg = dense_tuning.plan_config(dtype, out_dtype, M, N, plan, transposed=transposed)
     a = torch.randn(M, K, device="cuda").to(dtype)
     b = torch.randn(N, K, device="cuda").to(dtype)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
@@ -513,15 +513,15 @@ def test_swap_plan_transposes_where_the_last_band_lies_mostly_past_m(M, N, plan)
     (docs/facts.md#dense-transposed); with the 16-column widths (commits 0d40bcb, 2251fd2)
     257x8192 / 257x4096 ran 0.92 / 0.93 of the 160-wide picks, 400x2056 1.00 and
     129x8192 kept 128 x 96 (64 x 144, within 1% in the model, ran 4-8% slower)."""
-    from tk_cute import dense_gemm
+    from tk_cute.tuning import dense_sm90 as dense_tuning
 
-    assert dense_gemm.swap_plan(M, N, SMS, quads=30) == plan
-    cfg = dense_gemm.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS, quads=30)
+    assert dense_tuning.swap_plan(M, N, SMS, quads=30) == plan
+    cfg = dense_tuning.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS, quads=30)
     assert cfg.TRANSPOSE_C == (plan is not None)
     if plan:
         assert (cfg.Mb, cfg.Nb, (cfg.CLUSTER_M, cfg.CLUSTER_N)) == plan
         for off in (dict(lines=False), dict(nb=128), dict(swap_ab=False)):
-            assert not dense_gemm.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS,
+            assert not dense_tuning.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS,
                                                  quads=30, **off).TRANSPOSE_C
 
 
@@ -531,17 +531,17 @@ def test_swap_candidates_hold_the_swap_plan_and_build_transposed_configs():
     as a transposed config of that tile and cluster, 16-column epilogue blocks for odd
     multiples of 32, and edges shifted where the kernel's M (N here) or N (M here) has a
     partial tile after a whole one."""
-    from tk_cute import dense_gemm
+    from tk_cute.tuning import dense_sm90 as dense_tuning
 
     for M in (129, 150, 257, 300, 333, 390, 400):
-        cands = dense_gemm.swap_candidates(M)
+        cands = dense_tuning.swap_candidates(M)
         assert all(4 * nb >= M and mb in (64, 128) for mb, nb, _ in cands)
         for N in (2056, 4096, 8192, 28672):
-            swap = dense_gemm.swap_plan(M, N, SMS, quads=30)
+            swap = dense_tuning.swap_plan(M, N, SMS, quads=30)
             assert swap is None or swap in cands
         for dtype in (torch.bfloat16, torch.float8_e4m3fn):
             for mb, nb, cluster in cands:
-                cfg = dense_gemm.plan_config(dtype, torch.bfloat16, M, 4100, (mb, nb, cluster),
+                cfg = dense_tuning.plan_config(dtype, torch.bfloat16, M, 4100, (mb, nb, cluster),
                                              transposed=True)
                 assert cfg.TRANSPOSE_C
                 assert (cfg.Mb, cfg.Nb, (cfg.CLUSTER_M, cfg.CLUSTER_N)) == (mb, nb, cluster)
@@ -554,7 +554,7 @@ def test_transposed_time_charges_rows_past_the_tensor():
     dimension has a box past it, whose rows there cost EDGE_ROW_COST valid rows; at 129 rows,
     two shifted 96-row tiles model faster than one of 160 (timed 41.0 against 51.7 us at
     8192^2)."""
-    from tk_cute.dense_gemm import EDGE_ROW_COST, _edge_cost, transposed_time
+    from tk_cute.tuning.dense_sm90 import EDGE_ROW_COST, _edge_cost, transposed_time
 
     assert _edge_cost(320, 160) == _edge_cost(257, 160) == _edge_cost(160, 160) == 1.0
     assert _edge_cost(129, 160) == pytest.approx((129 + EDGE_ROW_COST * 31) / 160)
@@ -575,9 +575,9 @@ def test_default_config_shifts_the_edges_where_the_tiles_do_not_divide_the_outpu
     """`default_config` sets `SHIFT_EDGES` where an edge tile of the (transposed, for
     `swap_plan`'s shapes) grid can move back inside the kernel's M x N (a partial tile after a
     whole one), never with stream-K (which raises with it); elsewhere the unshifted kernel."""
-    from tk_cute import dense_gemm
+    from tk_cute.tuning import dense_sm90 as dense_tuning
 
-    cfg = dense_gemm.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS, quads=30)
+    cfg = dense_tuning.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS, quads=30)
     rows, cols = (N, M) if cfg.TRANSPOSE_C else (M, N)
     assert cfg.SHIFT_EDGES == shifted == any(n > t and n % t for n, t in ((rows, cfg.Mb),
                                                                          (cols, cfg.Nb)))
@@ -731,6 +731,7 @@ def test_operand_rows_off_l2_lines_run_in_clusters(M, K, cluster):
     piece of a stage across two lines; where the row tiles pair up, 2 x 1 clusters halve B's
     reads (docs/facts.md#l2-line-rows)."""
     from tk_cute import dense_gemm
+    from tk_cute.tuning import dense_sm90 as dense_tuning
 
     def on_line(rows, cols, dtype=torch.bfloat16):  # a (rows, cols) tensor at a 128-byte address
         flat = torch.zeros(rows * cols + 128, dtype=dtype)
@@ -740,8 +741,8 @@ def test_operand_rows_off_l2_lines_run_in_clusters(M, K, cluster):
     a, b = on_line(M, K), on_line(64, K)
     lines = dense_gemm.line_aligned(a, b)
     assert lines == ((K * 2) % 128 == 0)
-    cfg = dense_gemm.default_config(a.dtype, torch.bfloat16, M, 4096, SMS, lines=lines)
-    assert (cfg.CLUSTER_M, cfg.CLUSTER_N) == (cluster or dense_gemm.tile_plan(M, 4096, SMS)[2])
+    cfg = dense_tuning.default_config(a.dtype, torch.bfloat16, M, 4096, SMS, lines=lines)
+    assert (cfg.CLUSTER_M, cfg.CLUSTER_N) == (cluster or dense_tuning.tile_plan(M, 4096, SMS)[2])
     wide, narrow = on_line(M, 5056), on_line(64, 64)
     assert dense_gemm.line_aligned(wide[:, :5000], narrow)  # a pitch of 79 lines: aligned
     assert not dense_gemm.line_aligned(wide[:, 8:], narrow)  # starts 16 bytes into a line
@@ -758,13 +759,14 @@ def test_operand_rows_off_l2_lines_match_fp64_every_element(seed, dtype, M, N, K
     poisoned output."""
     import tk_cute
     from tk_cute import dense_gemm
+    from tk_cute.tuning import dense_sm90 as dense_tuning
     from tk_cute.testing import assert_gemm_close
 
     if dtype.itemsize == 1 and K % 16:
         pytest.skip("fp8 rows need K % 16 == 0 (16-byte TMA rows)")
     a = torch.randn(M, K, device="cuda").to(dtype)
     b = torch.randn(N, K, device="cuda").to(dtype)
-    assert dense_gemm.default_config(dtype, torch.bfloat16, M, N, SMS,
+    assert dense_tuning.default_config(dtype, torch.bfloat16, M, N, SMS,
                                      lines=dense_gemm.line_aligned(a, b)).CLUSTER_M == 2
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     assert_gemm_close(tk_cute.gemm(a, b, out=out), a, b)
@@ -778,6 +780,7 @@ def test_launches_pass_exactly_the_signature_by_name(monkeypatch, scaled):
     declares (checked on the CPU with the launcher replaced by a recorder: a wrong or missing
     name would only fail on a GPU otherwise), with the operands' row strides."""
     from tk_cute import dense_gemm
+    from tk_cute.tuning import dense_sm90 as dense_tuning
 
     calls = []
 
@@ -794,7 +797,7 @@ def test_launches_pass_exactly_the_signature_by_name(monkeypatch, scaled):
     b = torch.randn(136, 64).bfloat16()
     c = torch.empty(300, 136, dtype=torch.float32)
     alpha = torch.tensor([0.5])
-    config = dense_gemm.default_config(a.dtype, c.dtype, 300, 136, SMS, swap_ab=False)
+    config = dense_tuning.default_config(a.dtype, c.dtype, 300, 136, SMS, swap_ab=False)
     dense_gemm._run(config, a, b, c, alpha if scaled else None)
     (call,) = calls
     assert (call["a"], call["b"], call["c"]) == (a.data_ptr(), b.data_ptr(), c.data_ptr())

@@ -23,7 +23,7 @@ from tk_cute.kernels.gemm import (
     nvfp4_w4a16_sm100,
 )
 
-from tk_cute import dense_gemm
+from tk_cute.tuning import dense_sm90 as dense_tuning
 from tk_cute.nvfp4.gemm import _plan_hopper
 from tk_cute.tuning import sm100 as sm100_tuning
 
@@ -83,7 +83,7 @@ def _sweep() -> dict:
     for m, n, dt, od, lines in itertools.product(
             ms + (8192,), ns + (8,), (torch.bfloat16, torch.float8_e4m3fn),
             (torch.bfloat16, torch.float32), (True, False)):
-        add(dense_gemm.default_config(dt, od, m, n, 132, lines=lines, quads=30))
+        add(dense_tuning.default_config(dt, od, m, n, 132, lines=lines, quads=30))
     for arch, m, n, k in itertools.product(("sm_100a", "sm_103a", "sm_107a"),
                                            (1, 16, 128, 4096), (8, 3584, 8192),
                                            (16, 2880, 18944)):

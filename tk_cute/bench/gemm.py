@@ -9,7 +9,7 @@ CUTLASS repository, tag v4.7.0 or main at 7107b05; not vendored: copy it into th
 `.peers/`). The peer runs with its own defaults (tile 128x256, cluster 1x1). `--nb`,
 `--supergroups` and `--clusters` add forced tk_cute configs beside the default
 (`--candidates`: every transposed
-plan `dense_gemm.swap_plan` weighs, up to 400 rows; `--unshifted`: the plan with its edge tiles
+plan `dense_tuning.swap_plan` weighs, up to 400 rows; `--unshifted`: the plan with its edge tiles
 left on the grid).
 """
 
@@ -69,7 +69,7 @@ def _peer(path, dtype, sms, kernel=None):
 
 def _parse_plan(text: str):
     """'MbxNb:CMxCN' (or with ':t', transposed) -> (plan, transposed) for
-    `dense_gemm.plan_config`."""
+    `dense_tuning.plan_config`."""
     parts = text.split(":")
     if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "t"):
         raise ValueError(f"a plan is MbxNb:CMxCN or MbxNb:CMxCN:t, got {text!r}")
@@ -93,7 +93,7 @@ def main(argv=None):
                    help="also time these SUPERGROUP_SIZE values (default config: 8)")
     p.add_argument("--nb", type=int, nargs="*", default=[],
                    help="also time these tile widths, each in the cluster shape "
-                        "dense_gemm.tile_plan gives it (--clusters 1x1: none)")
+                        "dense_tuning.tile_plan gives it (--clusters 1x1: none)")
     p.add_argument("--clusters", nargs="*", default=[],
                    help="also time these cluster shapes, e.g. 2x1 1x2 (TMA multicast)")
     p.add_argument("--unshifted", action="store_true",
@@ -101,7 +101,7 @@ def main(argv=None):
                         "tiles left on the tile grid, past the tensors (`Config.SHIFT_EDGES` "
                         "off)")
     p.add_argument("--candidates", action="store_true",
-                   help="also time every transposed plan `dense_gemm.swap_candidates` gives "
+                   help="also time every transposed plan `dense_tuning.swap_candidates` gives "
                         "shapes of up to SWAP_MAX_M rows (what `transposed_time` is fitted to)")
     p.add_argument("--plans", nargs="*", default=[],
                    help="also time these plans, each MbxNb:CMxCN (a C^T plan: MbxNb:CMxCN:t, "
@@ -112,6 +112,7 @@ def main(argv=None):
 
     import tk_cute
     from tk_cute import dense_gemm as gemm_mod
+    from tk_cute.tuning import dense_sm90 as dense_tuning
     from tk_cute.kernels.gemm.gemm_sm90 import Config
 
     print(environment())
@@ -151,7 +152,7 @@ def main(argv=None):
             if plan.TRANSPOSE_C:  # the transposed plan, and the direct one beside it
                 notes["tk_cute"] = (f"transposed: C^T = B A^T in {plan.Mb}x{plan.Nb} tiles "
                                     f"(N x M), cluster {plan.CLUSTER_M}x{plan.CLUSTER_N}")
-                direct = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms,
+                direct = dense_tuning.default_config(dtype, torch.bfloat16, M, N, sms,
                                                  quads=quads, swap_ab=False)
                 variants["tk_cute direct"] = lambda s, c=direct: tk_cute.gemm(
                     s[0], s[1], config=c)
@@ -160,23 +161,23 @@ def main(argv=None):
             if plan.SHIFT_EDGES:
                 notes["tk_cute"] += "; edge tiles shifted inside"
             for name in ("tk_cute", "tk_cute direct") if args.unshifted else ():
-                shifted = plan if name == "tk_cute" else gemm_mod.default_config(
+                shifted = plan if name == "tk_cute" else dense_tuning.default_config(
                     dtype, torch.bfloat16, M, N, sms, quads=quads, swap_ab=False)
                 if shifted.SHIFT_EDGES and (name == "tk_cute" or shifted != plan):
                     unshifted = dataclasses.replace(shifted, SHIFT_EDGES=False)
                     variants[f"{name} unshifted"] = lambda s, c=unshifted: tk_cute.gemm(
                         s[0], s[1], config=c)
-            for cand in gemm_mod.swap_candidates(M) if (args.candidates
-                                                        and M <= gemm_mod.SWAP_MAX_M) else ():
-                cfg = gemm_mod.plan_config(dtype, torch.bfloat16, M, N, cand, transposed=True)
+            for cand in dense_tuning.swap_candidates(M) if (args.candidates
+                                                        and M <= dense_tuning.SWAP_MAX_M) else ():
+                cfg = dense_tuning.plan_config(dtype, torch.bfloat16, M, N, cand, transposed=True)
                 name = f"tk_cute C^T {cand[0]}x{cand[1]}, {cand[2][0]}x{cand[2][1]}"
                 if cfg != plan:
                     variants[name] = lambda s, c=cfg: tk_cute.gemm(s[0], s[1], config=c)
             for text in args.plans:
-                cfg = gemm_mod.plan_config(dtype, torch.bfloat16, M, N, *_parse_plan(text))
+                cfg = dense_tuning.plan_config(dtype, torch.bfloat16, M, N, *_parse_plan(text))
                 variants[f"tk_cute {text}"] = lambda s, c=cfg: tk_cute.gemm(s[0], s[1], config=c)
             for nb in args.nb:
-                cfg = gemm_mod.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb,
+                cfg = dense_tuning.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb,
                                               quads=quads)
                 variants[f"tk_cute Nb={nb}"] = lambda s, c=cfg: tk_cute.gemm(
                     s[0], s[1], config=c)
@@ -189,7 +190,7 @@ def main(argv=None):
             for cl in args.clusters:
                 cm, cn = map(int, cl.split("x"))
                 for nb in args.nb or [plan.Nb]:
-                    cfg = dataclasses.replace(gemm_mod.default_config(
+                    cfg = dataclasses.replace(dense_tuning.default_config(
                         dtype, torch.bfloat16, M, N, sms, nb=nb, quads=quads),
                         CLUSTER_M=cm, CLUSTER_N=cn)
                     variants[f"tk_cute cluster {cl} Nb={nb}"] = (

@@ -19,9 +19,9 @@ Stream-K (`stream_k_share`, `stream_k_owner`, `stream_k_spans`; in a kernel, `Sh
 of `ctas` persistent CTAs splits the flattened (tile x K step) units into equal contiguous
 shares, so no wave is left part-empty whatever the tile count; a tile whose units span several
 CTAs gets one partial sum per CTA, to be reduced in CTA order (deterministic).
-`stream_k_aligned_ctas` picks a grid just under one CTA per SM whose shares line up with the
-tiles where one exists; `stream_k_grid` the grid of a kernel whose CTAs each keep at most one
-partial (`StreamK`). Plain integer arithmetic, the same on the host and in a kernel.
+`stream_k_grid` is the grid of a kernel whose CTAs each keep at most one partial (`StreamK`;
+the host's picks of grids and tiles are `tk_cute.tuning`). Plain integer arithmetic, the same
+on the host and in a kernel.
 
 Split K (`k_split`): a tile's K steps in equal runs, each run a work unit of its own whose
 partial D the caller sums (a batch coordinate l * splits + s).
@@ -34,7 +34,6 @@ Every role writes the same loop for both kinds:
 
 from __future__ import annotations
 
-import math
 
 import cutlass
 import cutlass.cute as cute
@@ -339,19 +338,6 @@ def stream_k_owner(u, ctas, units):
     return ((u + 1) * ctas - 1) // units
 
 
-def stream_k_aligned_ctas(units: int, tile_units: int, limit: int, slack: float = 0.05) -> int:
-    """A stream-K grid size for `units` (`tile_units` per tile) on at most `limit` CTAs: the
-    largest count within `slack` of `limit` whose equal shares line up with the tiles (a share
-    is whole tiles, or a tile whole shares), else `limit`. Aligned, no share straddles a tile
-    boundary: each CTA writes one partial per tile and every tile has the fewest partials."""
-    for ctas in range(limit, max(1, math.ceil(limit * (1 - slack))) - 1, -1):
-        if units % ctas == 0:
-            share = units // ctas
-            if tile_units % share == 0 or share % tile_units == 0:
-                return ctas
-    return limit
-
-
 def stream_k_grid(tiles: int, k_steps: int, limit: int, slack: float = 0.1) -> int:
     """The CTAs of an in-kernel stream-K (`StreamK`) over `tiles` tiles of `k_steps` units
     on at most `limit`: `limit` where the tiles are at least as many (a tile then spans at most
@@ -395,56 +381,3 @@ def stream_k_spans(ctas: int, tiles: int) -> int:
     """The most CTAs whose shares one tile's units can span (partial sums per tile to keep):
     at most ceil(ctas / tiles) + 1."""
     return min(ctas, -(-ctas // tiles) + 1)
-
-
-def tile_rounds(bands: int, cols: int, nb: int, sms: int, cluster=(1, 1)) -> int:
-    """Rounds of a persistent grid on `sms` SMs over the `bands` x ceil(cols / nb) output
-    tiles, padded to whole clusters (bands rounded up to cluster_m, column tiles to
-    cluster_n: the scheduler's cluster grid)."""
-    cm, cn = cluster
-    tiles = -(-bands // cm) * cm * (-(-cols // (nb * cn)) * cn)
-    return -(-tiles // sms)
-
-
-def tile_plan(bands: int, cols: int, sms: int, cost: dict,
-              stream_k_overhead: float | None = None) -> tuple[int, bool]:
-    """(Nb, stream-K) of the least modelled time, the width Nb a key of `cost` (a tile's time
-    per column relative to the others'): whole tiles' `tile_rounds` times Nb * cost[Nb] (wide
-    tiles where they fill the SMs, narrower ones where a wide tile leaves a round nearly empty
-    or its last tile mostly past `cols`), or, given `stream_k_overhead`, also equal stream-K
-    shares of at least one tile per SM (`StreamK`) costing tiles / sms tiles plus that fraction
-    of one (the hand-over of split tiles); ties go to whole tiles, then to the wider tile."""
-    def time(plan):
-        nb, stream_k = plan
-        tiles = bands * -(-cols // nb)
-        if stream_k:
-            rounds = tiles / sms + stream_k_overhead if tiles >= sms else math.inf
-        else:
-            rounds = tile_rounds(bands, cols, nb, sms)
-        return rounds * nb * cost[nb], stream_k, -nb
-
-    kinds = (False,) if stream_k_overhead is None else (False, True)
-    return min(((nb, sk) for nb in cost for sk in kinds), key=time)
-
-
-def cluster_time(bands: int, cols: int, sms: int, nb: int, cluster, cost: dict,
-                 clusters: dict) -> float:
-    """`cluster_plan`'s model of Nb-wide tiles in `cluster`s: `tile_rounds` (tiles padded to
-    whole clusters) times Nb * cost[Nb] * clusters[cluster]."""
-    return tile_rounds(bands, cols, nb, sms, cluster) * nb * cost[nb] * clusters[cluster]
-
-
-def cluster_plan(bands: int, cols: int, sms: int, cost: dict, clusters: dict,
-                 min_cluster_width: int = 0) -> tuple[int, tuple[int, int]]:
-    """(Nb, (cluster_m, cluster_n)) of the least modelled time of whole tiles in clusters:
-    `tile_rounds` (tiles padded to whole clusters) times Nb * cost[Nb] * clusters[cluster]
-    (a cluster shape's time relative to the others'; multicast shares tiles). Clusters larger
-    than the tile grid, and of tiles narrower than `min_cluster_width`, are left out; ties go
-    to the smaller cluster, then to the wider tile."""
-    def time(plan):
-        nb, c = plan
-        return cluster_time(bands, cols, sms, nb, c, cost, clusters), c[0] * c[1], -nb
-
-    plans = [(nb, c) for nb in cost for c in clusters if c == (1, 1) or (
-        nb >= min_cluster_width and c[0] <= bands and c[1] <= -(-cols // nb))]
-    return min(plans, key=time)

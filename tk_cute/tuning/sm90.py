@@ -44,6 +44,7 @@ from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
 from tk_cute.ops import schedule
+from tk_cute.tuning import rounds
 
 # Below this M the small-M kernel beats the register-A one: its M = 1 path (one n8 MMA tile,
 # staged activations) on the H200 (1x8192^2: 14.2 vs 18.2 us, docs/facts.md#rs-min-m).
@@ -235,7 +236,7 @@ TILED_TILE_COST = {256: 1.0, 192: 1.02, 128: 1.08}
 # 200x4096x8192 64 0.78 / 0.80x, 129x8192x28672 80 0.80 / 0.84x; but 150x8192x2880 80 0.96 /
 # 0.92x, and from Nb = 112 on two sets were slower (200x8192^2 0.84 / 0.80x, 1024x8192^2 Nb = 256
 # 0.92 / 0.88x).
-# Stream-K on the tiled kernel (`rst.Config.STREAM_K`, `schedule.tile_plan`): a CTA's equal
+# Stream-K on the tiled kernel (`rst.Config.STREAM_K`, `rounds.width_plan`): a CTA's equal
 # share of the (tile x stage) units costs its tiles' time plus about this fraction of one tile
 # at K = 8192 (the fp32 hand-over of the tiles split between two CTAs, a fixed cost: a smaller
 # fraction of a longer tile). Fitted to an H200 A/B
@@ -282,7 +283,7 @@ TILED_TEAMS_MIN = 3
 def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) -> rst.Config:
     """Nb (activation rows per tile) and stream-K. Up to SPLIT_TILE_MAX_M rows one split tile
     as wide as M, stream-K along K (`split_tile_width`). Above: `few_tiles_width` where it
-    applies, else the rounds model of `schedule.tile_plan` over the (N / 128) x ceil(M / Nb)
+    applies, else the rounds model of `rounds.width_plan` over the (N / 128) x ceil(M / Nb)
     tiles (`TILED_TILE_COST`): 256 where its tiles fill their rounds, 192 or 128 where 256-row
     tiles would leave a round nearly empty or their last row of tiles half empty. H200 A/Bs
     (docs/facts.md#tiled-widths), vs cuBLAS bf16, Nb = 256 / 192 / 128: 384x8192^2 0.72 /
@@ -299,7 +300,7 @@ def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) ->
     else:
         nb, stream_k = few_tiles_width(M, N, sms), False
     if nb is None:
-        nb, stream_k = schedule.tile_plan(-(-N // rst.ROWS), M, sms, TILED_TILE_COST,
+        nb, stream_k = rounds.width_plan(-(-N // rst.ROWS), M, sms, TILED_TILE_COST,
                                           TILED_STREAM_K_OVERHEAD * 8192 / K)
         if stream_k and nb >= M:  # one activation tile either way: the narrowest that holds M
             nb = split_tile_width(M)
@@ -345,4 +346,4 @@ def register_a_ctas(cfg: rs.Config, N: int, K: int, sms: int) -> int:
     shares then line up with the row blocks (2-3% faster at 8192^2 on the H200), at most one
     per unit."""
     units = rs.stream_units(cfg, N, K)
-    return min(units, schedule.stream_k_aligned_ctas(units, K // rs.STAGE_K, sms))
+    return min(units, rounds.stream_k_aligned_ctas(units, K // rs.STAGE_K, sms))

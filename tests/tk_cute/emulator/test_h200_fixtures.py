@@ -192,14 +192,15 @@ def planned_entry(case: dict) -> dict:
     from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 
     from tk_cute import dense_gemm, nvfp4
+    from tk_cute.tuning import dense_sm90 as dense_tuning
     from tk_cute.tuning import sm90 as sm90_tuning
 
     sms = 132
     inp = F.make_inputs(case)
     if case["kernel"] == "dense":
-        cfg = dense_gemm.default_config(torch.bfloat16, torch.bfloat16, case["M"], case["N"],
-                                        sms, lines=dense_gemm.line_aligned(inp["a"], inp["b"]),
-                                        quads=sms // 4)
+        cfg = dense_tuning.default_config(torch.bfloat16, torch.bfloat16, case["M"], case["N"],
+                                          sms, lines=dense_gemm.line_aligned(inp["a"], inp["b"]),
+                                          quads=sms // 4)
         size = cfg.CLUSTER_M * cfg.CLUSTER_N
         return dict(config=F.config_fields(cfg), grid=sms if size == 1 else sms // size * size)
     if case["kernel"] == "quantize":
