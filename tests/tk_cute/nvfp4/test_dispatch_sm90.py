@@ -12,6 +12,7 @@ import itertools
 
 import pytest
 import torch
+from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
 
 from tk_cute.nvfp4 import NVFP4Tensor, gemm, plan, quantize
 from tk_cute.nvfp4.gemm import Plan, _plan_hopper
@@ -44,71 +45,128 @@ def test_every_grid_shape_has_a_kernel_plan(w4a4, out):
             assert p.config.permute == "call"
 
 
-def test_issue_rows_take_the_expected_paths():
-    # From 113 rows up to 208: the tiled register-A kernel, one split tile as wide as M
-    # (`sm90_tuning.SPLIT_TILE_MAX_M`); then with few weight tiles (64 at N = 8192) two
-    # activation tiles per weight tile (`sm90_tuning.few_tiles_width`).
-    for M, nb in ((113, 128), (128, 128), (129, 144), (200, 208), (257, 144), (256, 128),
-                  (384, 192)):
-        p = _plan_hopper(False, M, 8192, 8192, "bfloat16", SMS, False)
-        assert p.path == "register_a_tiled" and p.config.Nb == nb, (M, p)
-        assert p.config.STREAM_K == (M <= 208)
-    # From 113 rows (`sm90_tuning.SPLIT_TILE_MIN_M`) the split tile; below, register-A
-    assert _plan_hopper(False, 112, 8192, 8192, "bfloat16", SMS, False).path == "register_a"
-    assert _plan_hopper(True, 113, 8192, 8192, "bfloat16", SMS, False).path == \
-        "register_a_tiled"
-    # ... on SPLIT_TILE_MIN_BANDS weight bands or more (8, N = 1024, as teams of 8): on 7
-    # (N = 896) register-A up to 128
-    p = _plan_hopper(False, 128, 1024, 8192, "bfloat16", SMS, False)
-    assert p.path == "register_a_tiled" and p.config.TEAMS
-    assert _plan_hopper(False, 128, 896, 8192, "bfloat16", SMS, False).path == "register_a"
-    assert _plan_hopper(False, 128, 2880, 2880, "bfloat16", SMS, False).path == \
-        "register_a_tiled"
-    # The tiled schedule in the plan's text (what the bench prints): stream-K where whole
-    # 256-row tiles would leave the second round part empty (224 tiles on 132 SMs)
-    assert str(_plan_hopper(False, 129, 8192, 8192, "bfloat16", SMS, False)) == \
-        "register_a_tiled(Nb=144, stream-K)"
-    assert str(_plan_hopper(False, 256, 28672, 8192, "bfloat16", SMS, False)) == \
-        "register_a_tiled(Nb=256, stream-K)"
-    # Many weight tiles (224 at N = 28672): the split tile too
-    p = _plan_hopper(False, 129, 28672, 8192, "bfloat16", SMS, False)
-    assert str(p) == "register_a_tiled(Nb=144, stream-K)"
-    # Few weight bands beyond 208 rows: "dequantize" (sm90_tuning.DEQUANTIZE_MAX_TILES)
-    for w4a4 in (False, True):
-        assert _plan_hopper(w4a4, 240, 1024, 8192, "bfloat16", SMS, False).path == "dequantize"
-    # Stream-K teams with 16-byte partials where a tile splits into 3 parts or more (5 here,
-    # 23 tiles), the head adding every part at 2 (64 tiles)
-    p = _plan_hopper(False, 200, 2880, 2880, "bfloat16", SMS, False)
+# Real layers' N and K (Llama 3 8B / 70B, Qwen2.5 7B, Mistral 7B, gpt-oss, DeepSeek-V3), odd
+# and prime sizes, every M regime.
+PROP_M = [1, 2, 4, 8, 9, 16, 17, 64, 100, 112, 113, 128, 129, 200, 208, 209, 256, 257, 384,
+          512, 1000, 2048, 4096]
+PROP_N = [128, 136, 1024, 2880, 3584, 4096, 5760, 7168, 8192, 14336, 18944, 28672]
+PROP_K = [256, 2048, 2880, 3584, 4096, 8192, 8208, 18944]
+
+
+def _props():
+    for w4a4, M, N, K in itertools.product((False, True), PROP_M, PROP_N, PROP_K):
+        yield w4a4, M, N, K, _plan_hopper(w4a4, M, N, K, "bfloat16", SMS, False)
+
+
+def _ctas(path: str, cfg, M: int, N: int, K: int) -> tuple[int, int]:
+    """(CTAs launched, the most that can be busy) of a stream-K plan: register-A's (row block
+    x stage) units; the tiled kernel's (tile x stage) units, split as
+    `launch.stream_k_buffers` splits them, teams at most TEAM_MAX parts per tile (each part
+    finishes whole consumer warps' rows)."""
+    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+    from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+
+    from tk_cute.ops import schedule
+
+    if path == "register_a":
+        return sm90_tuning.register_a_ctas(cfg, N, K, SMS), min(SMS, rs.stream_units(cfg, N, K))
+    tiles, steps = rst.tiles(M, N, cfg), rs.k_blocks(cfg.K_TAIL, K)
+    if cfg.TEAMS:  # equal parts of every tile
+        return (schedule.stream_k_team_grid(tiles, steps, SMS),
+                tiles * min(SMS // tiles, steps, schedule.TEAM_MAX))
+    return schedule.stream_k_grid(tiles, steps, SMS), min(SMS, tiles * steps)
+
+
+def test_every_layer_shape_plans_a_kernel_by_the_rules():
+    """Every real-layer shape plans one kernel path (never the reference) that can take it:
+    the small-M kernel below `RS_MIN_M` rows where it takes the shape (W4A4 up to
+    `W4A4_NATIVE_MAX_M`), no register-A or small-M kernel above their 128 / 64 rows, the tiled
+    kernel's split tile (as wide as M, stream-K) up to `SPLIT_TILE_MAX_M` rows, "dequantize"
+    only where it wins or the tiled kernel cannot take the shape; the register-A kernels' K
+    tail and activation format set from the call."""
+    from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+
+    for w4a4, M, N, K, p in _props():
+        _covered(p, M, N, K, w4a4, "bfloat16")
+        small = M <= (sm90_tuning.W4A4_NATIVE_MAX_M if w4a4 else sm90_tuning.RS_MIN_M - 1)
+        if small and gv.supports(M, N, K):
+            assert p.path == "small_m", (w4a4, M, N, K, p)
+        if M > 128:
+            assert p.path in ("register_a_tiled", "dequantize"), (w4a4, M, N, K, p)
+        if p.path == "register_a_tiled" and M <= sm90_tuning.SPLIT_TILE_MAX_M:
+            assert p.config.STREAM_K and p.config.Nb == sm90_tuning.split_tile_width(M)
+        if p.path == "register_a_tiled":  # the plan's text, as the bench prints it
+            assert str(p).startswith(f"register_a_tiled(Nb={p.config.Nb}")
+            assert ("stream-K" in str(p)) == p.config.STREAM_K
+        if p.path == "dequantize":
+            assert (sm90_tuning.dequantize_wins(w4a4, M, N, K, SMS)
+                    or not rst.supports(M, N, K)), (w4a4, M, N, K)
+        if p.path in ("register_a", "register_a_tiled"):
+            assert p.config.K_TAIL == (K % (256 if p.path == "register_a" else 128) != 0)
+            assert p.config.a_format == ("nvfp4" if w4a4 else "bf16")
+
+
+def test_stream_k_plans_fill_the_sms_where_the_shape_allows():
+    """Every stream-K plan (register-A; the tiled kernel's split tile and stream-K widths)
+    launches at least 90% of the CTAs its work can keep busy (`_ctas`)."""
+    for w4a4, M, N, K, p in _props():
+        if p.path == "register_a" or (p.path == "register_a_tiled" and p.config.STREAM_K):
+            ctas, most = _ctas(p.path, p.config, M, N, K)
+            assert ctas >= 0.9 * most, (w4a4, M, N, K, p, ctas, most)
+
+
+def test_tiled_widths_are_the_rounds_models_cheapest():
+    """Above the split tile, where few weight tiles do not set the width, the tiled kernel's
+    (Nb, stream-K) is the rounds model's least time over every width and both schedules."""
+    from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+
+    from tk_cute.tuning import rounds
+
+    for w4a4, M, N, K, p in _props():
+        if (p.path != "register_a_tiled" or M <= sm90_tuning.SPLIT_TILE_MAX_M
+                or sm90_tuning.few_tiles_width(M, N, SMS)):
+            continue
+        bands = -(-N // rst.ROWS)
+        overhead = sm90_tuning.TILED_STREAM_K_OVERHEAD * 8192 / K
+
+        def time(nb, sk, M=M, bands=bands, overhead=overhead):
+            tiles = bands * -(-M // nb)
+            if sk:
+                n_rounds = tiles / SMS + overhead if tiles >= SMS else float("inf")
+            else:
+                n_rounds = rounds.tile_rounds(bands, M, nb, SMS)
+            return n_rounds * nb * sm90_tuning.TILED_TILE_COST[nb]
+
+        best = min(time(nb, sk) for nb in sm90_tuning.TILED_TILE_COST for sk in (False, True))
+        picked = p.config.Nb  # (a stream-K tile as wide as M narrowed to hold M alone)
+        if picked not in sm90_tuning.TILED_TILE_COST:
+            assert p.config.STREAM_K and picked == sm90_tuning.split_tile_width(M), p
+            picked = min(w for w in sm90_tuning.TILED_TILE_COST if w >= M)
+        assert time(picked, p.config.STREAM_K) == best, (M, N, K, p)
+
+
+def test_measured_boundaries():
+    """The measured thresholds of `tuning.sm90`, each at its edge (docs/facts.md anchors in
+    the module): the split tile from SPLIT_TILE_MIN_M rows on SPLIT_TILE_MIN_BANDS bands,
+    stream-K teams on few bands, "dequantize" from DEQUANTIZE_FROM rows at a short K."""
+    T = sm90_tuning
+    bands_n = T.SPLIT_TILE_MIN_BANDS * 128
+    assert _plan_hopper(False, T.SPLIT_TILE_MIN_M - 1, 8192, 8192, "bfloat16", SMS,
+                        False).path == "register_a"
+    assert _plan_hopper(False, T.SPLIT_TILE_MIN_M, bands_n, 8192, "bfloat16", SMS,
+                        False).path == "register_a_tiled"
+    assert _plan_hopper(False, 128, bands_n - 128, 8192, "bfloat16", SMS,
+                        False).path == "register_a"
+    p = _plan_hopper(False, 200, 2880, 2880, "bfloat16", SMS, False)  # 23 bands: 5 parts
     assert p.config.TEAMS and p.config.PARTIAL_V4
-    p = _plan_hopper(False, 200, 8192, 8192, "bfloat16", SMS, False)
-    assert p.config.STREAM_K and not p.config.TEAMS and not p.config.PARTIAL_V4
-    assert _plan_hopper(False, 200, 1024, 8192, "bfloat16", SMS, False).config.STREAM_K
-    assert _plan_hopper(False, 200, 4000, 8192, "bfloat16", SMS, False).config.N_TAIL
-    assert _plan_hopper(False, 512, 8192, 8192, "bfloat16", SMS, False).config.Nb == 256
-    assert _plan_hopper(False, 4000, 8192, 8192, "bfloat16", SMS, False).config.Nb == 256
-    p = _plan_hopper(False, 16, 8192, 8208, "bfloat16", SMS, False)  # K % 32 != 0: padded rows
-    assert p.path == "register_a" and p.config.K_TAIL
-    p = _plan_hopper(False, 16, 8192, 8192, "float32", SMS, False)
-    assert p.path == "register_a" and p.config.out_dtype == "float32"
-    for M, N in ((100, 8192), (64, 28672), (16, 8192)):  # W4A4 reaches the register-A kernel
-        p = _plan_hopper(True, M, N, 8192, "bfloat16", SMS, False)
-        assert p.path == "register_a" and p.config.a_format == "nvfp4"
-    p = _plan_hopper(True, 1, 8192, 8192, "bfloat16", SMS, False)
-    assert p.path == "small_m" and p.config.w4a4  # decoded in the kernel at tiny M
+    p = _plan_hopper(False, 200, 8192, 8192, "bfloat16", SMS, False)  # 64 bands: 2 parts
+    assert p.config.STREAM_K and not p.config.TEAMS
     for w4a4 in (False, True):
-        p = _plan_hopper(w4a4, 4000, 8192, 8208, "bfloat16", SMS, False)
-        assert p.path == "register_a_tiled" and p.config.K_TAIL
-    # "dequantize" from enough rows at a short K (sm90_tuning.DEQUANTIZE_FROM)
-    for w4a4 in (False, True):
-        assert _plan_hopper(w4a4, 1024, 5760, 2880, "bfloat16", SMS, False).path == \
+        (below, rows), = T.DEQUANTIZE_FROM[w4a4]
+        k = below - 1024
+        assert _plan_hopper(w4a4, rows - 1, 8192, k, "bfloat16", SMS, False).path == \
             "register_a_tiled"
-        assert _plan_hopper(w4a4, 2048, 5760, 2880, "bfloat16", SMS, False).path == "dequantize"
-    assert _plan_hopper(False, 1024, 4096, 4096, "bfloat16", SMS, False).path == "register_a_tiled"
-    assert _plan_hopper(False, 4096, 4096, 4096, "bfloat16", SMS, False).path == "dequantize"
-    assert _plan_hopper(True, 8192, 8192, 8192, "bfloat16", SMS, False).path == "register_a_tiled"
-    assert _plan_hopper(False, 2048, 4096, 4096, "bfloat16", SMS, False).path == "dequantize"
-    assert _plan_hopper(True, 4096, 4096, 4096, "bfloat16", SMS, False).path == "register_a_tiled"
-    assert _plan_hopper(False, 8192, 8192, 8192, "bfloat16", SMS, False).path == "register_a_tiled"
+        assert _plan_hopper(w4a4, rows, 8192, k, "bfloat16", SMS, False).path == "dequantize"
     assert _plan_hopper(False, 100, 100, 64, "bfloat16", SMS, False).pad_n == 104
 
 
