@@ -171,3 +171,29 @@ def test_host_layout_traces_from_many_threads():
         assert (got == x ^ ((x & (7 << 7)) >> 3)).all()
 
     assert _in_threads([layout_job] * 8 + [swizzle_job] * 8) == []
+
+
+def test_nvfp4_modules_import_without_a_circle():
+    """Inside `tk_cute.nvfp4` the imports (module level and inside functions) form no circle:
+    `tensor` (the data type) sits at the bottom and learns its torch-function handler from
+    `modules` at import (`tensor.TORCH_FUNCTION`) instead of importing it."""
+    graph = {}
+    for path, mods in _modules("tk_cute/nvfp4", "tk_cute.nvfp4"):
+        name = "tk_cute.nvfp4" if path.name == "__init__.py" else f"tk_cute.nvfp4.{path.stem}"
+        graph[name] = {m for m in mods if m.startswith("tk_cute.nvfp4.") and m.count(".") == 2}
+    graph.pop("tk_cute.nvfp4")  # the package imports everything it exports
+    seen, stack = set(), []
+
+    def visit(node):
+        if node in stack:
+            raise AssertionError(" -> ".join(stack[stack.index(node):] + [node]))
+        if node in seen or node not in graph:
+            return
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            visit(nxt)
+        stack.pop()
+        seen.add(node)
+
+    for node in sorted(graph):
+        visit(node)

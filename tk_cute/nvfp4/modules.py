@@ -76,6 +76,7 @@ from tk_cute.layouts.nvfp4_scales import blocked_shape
 from .format import F32_MIN_NORMAL
 from .quantize import SUPPORTED_DTYPES, quantize
 from .tensor import (
+    TORCH_FUNCTION,
     NVFP4Tensor,
     TransposedNVFP4,
     codes_storage,
@@ -536,3 +537,6 @@ def torch_function(func, args, kwargs):
     raise TypeError(f"NVFP4Tensor supports F.linear(x, w), torch.matmul(x, w.t()) and "
                     f"x @ w.t() among torch functions, not {name}: call .dequantize(dtype) for a "
                     f"dense tensor, or pass its parts (.data, .scales, .global_scale)")
+
+
+TORCH_FUNCTION[0] = torch_function

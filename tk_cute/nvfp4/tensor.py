@@ -60,6 +60,12 @@ from .format import (
     unpack_fp4,
 )
 
+
+# The handler of torch functions on NVFP4 tensors, `modules.torch_function`, which installs
+# itself when `tk_cute.nvfp4` (whose package import runs first) imports it: a one-slot list, so
+# that this low module never imports the modules above it.
+TORCH_FUNCTION = [None]
+
 SF_VEC = 16
 
 
@@ -215,10 +221,9 @@ class NVFP4Tensor:
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         # torch calls this for any torch function one of whose arguments is an NVFP4Tensor
-        # (or a TransposedNVFP4): the handled functions and the TypeError live in `modules`.
-        from .modules import torch_function
-
-        return torch_function(func, args, kwargs or {})
+        # (or a TransposedNVFP4): the handled functions and the TypeError live in `modules`,
+        # which installs its handler here on import (`TORCH_FUNCTION`).
+        return TORCH_FUNCTION[0](func, args, kwargs or {})
 
     def __rmatmul__(self, other):
         # `x @ w` lands here once torch.Tensor.__matmul__ gives up: torch.matmul explains why
@@ -273,9 +278,7 @@ class TransposedNVFP4:
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        from .modules import torch_function
-
-        return torch_function(func, args, kwargs or {})
+        return TORCH_FUNCTION[0](func, args, kwargs or {})
 
     def __repr__(self) -> str:
         return f"{self.base!r}.t()"
