@@ -64,6 +64,7 @@ def _main_job(argv) -> int:
     import torch
 
     from tk_cute import nvfp4
+    from tk_cute.runtime import dtype_name
     from tk_cute.testing import assert_gemm_close
 
     p = _run_parser()
@@ -95,7 +96,7 @@ def _main_job(argv) -> int:
                 assert_gemm_close(d, act, b, f"{kind} via {plan}")
                 return f"every element within the fp32-sum + output-rounding bound, ran {plan}"
 
-            ok &= _check(f"{kind} -> {str(out_dtype).removeprefix('torch.')}", gemm_check)
+            ok &= _check(f"{kind} -> {dtype_name(out_dtype)}", gemm_check)
     if device == "cpu":
         print("  no GPU: gemm ran the exact integer reference (checked above against the "
               "independent float64 product); the kernels are checked by compiling them, and "

@@ -32,6 +32,7 @@ import torch
 from tk_cute import arch
 from tk_cute.runtime import (
     KernelCache,
+    dtype_name,
     device_index,
     output,
     raw_stream,
@@ -39,7 +40,6 @@ from tk_cute.runtime import (
     sm_count,
 )
 from tk_cute.tuning import dense_sm90 as dense_tuning
-from tk_cute.tuning.dense_sm90 import dtype_name as _name
 
 _CACHE = KernelCache()
 _DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
@@ -105,9 +105,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None
     """
     _check(a, b, out_dtype)
     config = config or config_for(a, b, out_dtype)
-    if config.dtype != _name(a.dtype) or config.out_dtype != _name(out_dtype):
+    if config.dtype != dtype_name(a.dtype) or config.out_dtype != dtype_name(out_dtype):
         raise TypeError(f"config is for {config.dtype} -> {config.out_dtype}; the call is "
-                        f"{_name(a.dtype)} -> {_name(out_dtype)}")
+                        f"{dtype_name(a.dtype)} -> {dtype_name(out_dtype)}")
     c = output(out, (a.shape[0], b.shape[0]), out_dtype, a.device, "tk_cute.gemm")
     return _run(config, a, b, c)
 

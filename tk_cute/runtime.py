@@ -35,6 +35,11 @@ _BYTE_VIEWS = {
 }
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """A torch dtype's name as Configs and plans spell it (torch.bfloat16 -> "bfloat16")."""
+    return str(dtype).removeprefix("torch.")
+
+
 def as_cute(t: torch.Tensor, leading_dim: int | None = None, align: int = 16):
     """A CuTe tensor viewing `t` with a dynamic layout (one compile serves every shape).
     `leading_dim` is the stride-1 mode (default: the last)."""

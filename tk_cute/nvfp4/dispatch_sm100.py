@@ -27,14 +27,13 @@ import torch
 
 from tk_cute import arch
 from tk_cute.layouts import nvfp4_codes
-from tk_cute.runtime import KernelCache, compile_locked, output, sm_count
+from tk_cute.runtime import KernelCache, compile_locked, dtype_name, output, sm_count
 from tk_cute.tuning import sm100 as sm100_tuning
 
 from . import validate
 from .tensor import NVFP4Tensor
 
 TARGETS = tuple(t.name for t in arch.TARGETS.values() if t.fp4_tensor_cores)  # tcgen05 FP4
-OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 NVFP4 = "nvfp4"  # out_dtype of an NVFP4 D
 _CACHE = KernelCache()
 
@@ -104,8 +103,8 @@ def supports(m: int, n: int, k: int, out_dtype="bfloat16") -> bool:
         return False
     if out_dtype == NVFP4:
         return n % 16 == 0
-    name = out_dtype if isinstance(out_dtype, str) else OUT_DTYPES.get(out_dtype)
-    return name in OUT_DTYPES.values()
+    name = out_dtype if isinstance(out_dtype, str) else dtype_name(out_dtype)
+    return name in map(dtype_name, validate.OUT_DTYPES)
 
 
 def _check(a, b, out_dtype) -> None:
@@ -113,7 +112,7 @@ def _check(a, b, out_dtype) -> None:
         if not isinstance(t, NVFP4Tensor):
             raise TypeError(f"gemm_sm100 operand {name} must be an NVFP4Tensor, got "
                             f"{type(t).__name__}")
-    if out_dtype != NVFP4 and out_dtype not in OUT_DTYPES:
+    if out_dtype != NVFP4 and out_dtype not in validate.OUT_DTYPES:
         raise TypeError(f"gemm_sm100 out_dtype must be torch.bfloat16, torch.float16 or "
                         f"torch.float32, got {out_dtype}")
     validate.one_scale_format(a, b, "gemm_sm100")
@@ -165,7 +164,7 @@ def prepare(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=Non
     sms = (arch.target(target).sm_count or 148) if target else None
     target = target or device_target(a.device)
     M, N, Kdim, L = a.M, b.M, a.K, a.L or 1
-    name = NVFP4 if out_dtype == NVFP4 else OUT_DTYPES[out_dtype]
+    name = NVFP4 if out_dtype == NVFP4 else dtype_name(out_dtype)
     sf = scale_format(a.scale_format, target)
     cfg = config or sm100_tuning.w4a4_config(target, M, N, Kdim, name, sf, L)
     if cfg.arch != target or cfg.out != name or cfg.sf != sf:
@@ -310,7 +309,7 @@ def prepare_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, con
                         f"{getattr(x, 'dtype', type(x).__name__)}")
     if not isinstance(b, NVFP4Tensor):
         raise TypeError(f"W4A16 weights must be an NVFP4Tensor, got {type(b).__name__}")
-    if out_dtype not in OUT_DTYPES:
+    if out_dtype not in validate.OUT_DTYPES:
         raise TypeError(f"W4A16 out_dtype must be torch.bfloat16, torch.float16 or "
                         f"torch.float32, got {out_dtype}")
     if x.dim() != b.ndim or x.shape[-1] != b.K or (b.ndim == 3 and x.shape[0] != b.L):
@@ -325,7 +324,7 @@ def prepare_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, con
         raise ValueError(f"gemm_sm100 runs on {', '.join(TARGETS)}; target={target!r}")
     target = target or device_target(x.device)
     M, N, K, L = x.shape[-2], b.M, b.K, b.L or 1
-    name = OUT_DTYPES[out_dtype]
+    name = dtype_name(out_dtype)
     cfg = config or sm100_tuning.w4a16_config(target, M, N, K, name, b.scale_format, L)
     if cfg.arch != target or cfg.out != name or cfg.sf != scale_format(b.scale_format, target):
         raise ValueError(f"config is for {cfg.arch} / {cfg.out} / {cfg.sf} scales; the call "

@@ -38,12 +38,12 @@ from dataclasses import dataclass
 
 import torch
 
+from tk_cute.runtime import dtype_name
 from tk_cute.tuning import sm90 as sm90_tuning
 
 from . import validate
 from .tensor import NVFP4Tensor
 
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def _plan(op: validate.Operands, device: torch.device, out_dtype, pdl: bool,
                              f"exact reference (leave path=None)")
         return Plan("reference")
     target = arch.device_target(device) if target is None else arch.target(target)
-    name = _DTYPE_NAMES[out_dtype]
+    name = dtype_name(out_dtype)
     if target.wgmma:
         from .launch import sm_count
 

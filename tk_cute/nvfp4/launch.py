@@ -32,6 +32,7 @@ from tk_cute.runtime import (
     KernelCache,
     aligned,
     device_index,
+    dtype_name,
     output,
     raw_stream,
     sm_count,
@@ -394,7 +395,7 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: gv.Config | None = N
     op = validate.gemm_operands(a, b, out_dtype, out=out, pdl=pdl, cuda=True)
     if op.batched:
         raise ValueError(f"gemm_small_m takes 2-D operands, got a {tuple(a.shape)}")
-    name = str(out_dtype).removeprefix("torch.")
+    name = dtype_name(out_dtype)
     if config is None:
         cfg = sm90_tuning.small_m_config(op.M, op.N, op.K, op.w4a4, name, sm_count(b.device))
     else:
@@ -436,7 +437,7 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
     if op.w4a4 or op.batched:
         raise TypeError(f"gemm_rs takes 2-D bf16 activations (W4A16), got "
                         f"{type(a).__name__} {tuple(a.shape)}")
-    name = str(out_dtype).removeprefix("torch.")
+    name = dtype_name(out_dtype)
     if config is None:
         config = sm90_tuning.register_a_config(op.M, op.N, op.K, name)
     else:
@@ -465,7 +466,7 @@ def gemm_rs_tiled(a, b, out_dtype=None, *, out=None, config: rst.Config | None =
     if op.w4a4 or op.batched:
         raise TypeError(f"gemm_rs_tiled takes 2-D bf16 activations (W4A16), got "
                         f"{type(a).__name__} {tuple(a.shape)}")
-    name = str(out_dtype).removeprefix("torch.")
+    name = dtype_name(out_dtype)
     rst.check_shape(op.M, op.N, op.K)
     if config is None:
         config = sm90_tuning.register_a_tiled_config(op.M, op.N, op.K, name, sm_count(b.device))

@@ -12,12 +12,8 @@ import functools
 
 import torch
 
+from tk_cute.runtime import dtype_name
 from tk_cute.tuning import rounds
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """A torch dtype's name as the kernels' Configs spell it ("bfloat16")."""
-    return str(dtype).removeprefix("torch.")
 
 
 # Time per output column of a 128 x Nb tile relative to Nb = 256 (narrower wgmmas issue more
