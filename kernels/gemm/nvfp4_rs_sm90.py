@@ -34,7 +34,7 @@ Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / em
     copy's zero rows, or with "stage" the TMA's out-of-bounds zeros), all completing on
     `loaded`;
   permuting warps ("stage" only, warps 1-3): put the landed activations in the K order of the
-    decode, in place (`act_column`, `_load_natural` / `_store_permuted`: 4 LDS.128, 16 prmt, 4
+    decode, in place (`register_a.act_column`, `_load_natural` / `_store_permuted`: 4 LDS.128, 16 prmt, 4
     STS.128 per 64 bytes), fence them for the async proxy and arrive on `full`;
   consumer warpgroups (64 TILES rows each): once a stage is ready (`full`; `loaded` with
     "call"), per 128-K half of it and MMA tile read their 16 weight bytes of accumulator rows
@@ -76,7 +76,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from tk_cute.arch import target
-from tk_cute.layouts import nvfp4_codes, nvfp4_scales
+from tk_cute.layouts import nvfp4_codes, nvfp4_scales, register_a
+from tk_cute.layouts.register_a import act_offset, spread_row, weight_offset
 from tk_cute.ops import cluster, memory, schedule, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, ptr
@@ -87,7 +88,7 @@ from tk_cute.types.st import Shared, smem_bytes, st
 from tk_cute.types.struct import config_repr
 
 STAGE_K = 256  # K per ring stage: 128 bytes of every weight row (a whole L2 line)
-SUB_K = 128  # K per MMA batch (8 wgmma k16 steps) and period of the activation permutation
+SUB_K = register_a.SUB_K  # K per MMA batch (8 wgmma k16 steps), the permutation's period
 BAND = nvfp4_scales.ATOM_ROWS  # weight rows per scale band (128)
 WG = warpgroup.WARPGROUP_THREADS
 PRODUCER_REGISTERS = 48
@@ -241,41 +242,6 @@ class Config:
                           (self.act_tile, stages), barriers=barrier_sets * stages)
 
 
-def act_column(k: int) -> int:
-    """Column of a stage's activation tile that holds K element k (of the stage). The decode
-    gives thread t, from its word j of codes 32t + 8j .. + 7, the bf16 pairs (i, i + 4) (the
-    strided pairing); pair i of word j goes to k16 step 2i + j // 2 of the A operand, in slots
-    2t, 2t + 1 (j even) or 2t + 8, 2t + 9 (j odd). So within each 128-K block, element
-    32t + 8j + i + 4h (i < 4, h < 2) goes to column 32i + 8j + 2t + h: what `_load_natural`
-    and `_store_permuted` do to each landed tile or, once per call, to the activations in
-    global memory (the order that makes their 16-byte shared accesses conflict-free)."""
-    block, r = divmod(k, SUB_K)
-    t, r = divmod(r, 32)
-    j, r = divmod(r, 8)
-    h, i = divmod(r, 4)
-    return block * SUB_K + 32 * i + 8 * j + 2 * t + h
-
-
-def spread_row(x):
-    """Row behind index x: within each 8, indices 2q, 2q + 1 take rows q, q + 4. In a 128-byte
-    swizzled tile, rows q and q + 4 place any 16-byte chunk in opposite halves of the banks, so
-    the 8 lanes of a quarter-warp that read 4 chunks of each of two such rows hit all 32 banks
-    once (the weight reads of `decode`, the activation reads and writes of `_permute`)."""
-    return x - x % 8 + (x % 8) // 2 + 4 * (x % 2)
-
-
-def act_offset(n_act: int, m, col):
-    """Byte offset of element (m, col) in an `st(bfloat16, n_act, STAGE_K)` tile: 64-column
-    atoms of 8 rows x 128 B stacked along the rows, 16-byte chunks XOR-swizzled by m % 8."""
-    return ((col // 64) * n_act + m) * 128 + (((col % 64) // 8) ^ (m % 8)) * 16 + (col % 8) * 2
-
-
-def weight_offset(r, chunk):
-    """Byte offset of 16-byte chunk `chunk` of row r in the stage's weight tile (128-byte rows,
-    128-byte swizzle)."""
-    return r * 128 + (chunk ^ (r % 8)) * 16
-
-
 def supports(M: int, N: int, K: int) -> bool:
     """Whether some Config of this kernel takes this shape (`tk_cute.tuning.sm90` picks
     it): N % N_ALIGN, K % K_ALIGN, `Config.K_TAIL` where K % STAGE_K != 0 and `Config.N_TAIL`
@@ -328,7 +294,7 @@ def blocks(N, rows, n_tail: bool):
 @cute.kernel
 def _permute_kernel(k_tail: cutlass.Constexpr, x: cute.Pointer, xp: cute.Pointer, M: Int32,
                     K: Int32, rows: Int32):
-    """Permute "call": the activations in the K order of the decode (`act_column`), once per
+    """Permute "call": the activations in the K order of the decode (`register_a.act_column`), once per
     call into `xp` (rows `k_blocks` x 128 wide), which the GEMM's TMA then reads: 4 threads own
     the 16 chunks of a (row, 128-K block), as the permuting warps do per stage
     (`_load_natural`, `_store_permuted`). With a K tail, chunks past K are zeros; rows M ..
@@ -520,7 +486,7 @@ def scale_coord(k_tail: bool, band, stage, stages):
 @cute.jit
 def _permute(cfg: cutlass.Constexpr, xs, loaded, full, steps, thread):
     """Permute "stage", permuting warps (96 threads): put each landed activation tile in the K
-    order of the decode (`act_column`), in place: 4 threads own the 16 chunks of a (row, 128-K
+    order of the decode (`register_a.act_column`), in place: 4 threads own the 16 chunks of a (row, 128-K
     block); thread p reads natural chunks 4u + p (u = 0..3), re-pairs each
     (`ops.nvfp4.bf16x8_strided`) and writes permuted chunks 4e + p = word e of its chunks u =
     0..3. The two groups of a quarter-warp take rows `spread_row` apart. Then the consumers may
@@ -633,7 +599,7 @@ def _weight_chunk(w_base, chunk, r):
 def decode(a: rt, chunk_addr, sf_base, r_lo, t, blk, sf_format: str = "ue4m3"):
     """Decode this thread's weights of 128-K block `blk` (rows r_lo, r_lo + 8; K 32t .. 32t +
     31) into the A operand registers `a` of a 64 x 128 register-A wgmma batch: pair i of word j
-    (codes 32t + 8j + i, + 4) goes to k16 step 2i + j // 2 (`act_column`). `chunk_addr(r)`:
+    (codes 32t + 8j + i, + 4) goes to k16 step 2i + j // 2 (`register_a.act_column`). `chunk_addr(r)`:
     the shared address of row r's 16 bytes of these codes; `sf_base`: the band's scale atoms
     (rows r_lo, r_lo + 8 within one 128-row band); `sf_format` the scales' format (values
     e2m1 * sf * 2^-decode_shift). Shared by every register-A kernel."""

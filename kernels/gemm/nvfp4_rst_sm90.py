@@ -22,7 +22,7 @@ part (`store_partial`: fp32 accumulators to that CTA's slot of `partials`, then 
 its head (`add_partial`, in CTA order), which finishes it; where the tiles are fewer than the
 SMs, on a grid the host picks (`schedule.stream_k_grid`: 64 tiles split in two on 128 CTAs).
 Activations: `nvfp4_rs_sm90._permute_kernel` writes them once per call in the decode's K order
-(`nvfp4_rs_sm90.act_column`, period 128: a permutation of K applied to both operands leaves
+(`layouts.register_a.act_column`, period 128: a permutation of K applied to both operands leaves
 every sum unchanged). W4A4: that pass decodes the NVFP4 activations exactly (`Config.a_format`
 "nvfp4", `call_w4a4`); the GEMM is W4A16's.
 Output: bf16 / fp16 / fp32, or NVFP4 (out_dtype "nvfp4", the fused epilogue `_finish_nvfp4`):

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """SHA-256 of the PTX of every distinct Hopper config the planners pick: the dense GEMM's
-`default_config` (plain and scaled) and the tiled register-A kernel's plans, over a sweep of
-shapes. A refactor that should not change the kernels is checked by running this before and
+`default_config` (plain and scaled), the tiled register-A kernel's and the register-A
+kernel's plans, over a sweep of shapes. A refactor that should not change the kernels is checked by running this before and
 after (about 4 minutes on a CPU) and comparing:
 
     python tests/kernels/hopper_ptx_hashes.py /tmp/before.json
@@ -45,11 +45,17 @@ def configs() -> dict[str, tuple[str, object]]:
         p = _plan_hopper(w4a4, m, n, k, od, SMS, False, None, "ue4m3")
         if p.path == "register_a_tiled":
             out[f"tiled {p.config!r}"] = ("tiled", p.config)
+    for w4a4, m, n, k in itertools.product((False, True), (9, 16, 48, 64, 100, 128),
+                                           (136, 8192), (48, 8192, 8208)):
+        p = _plan_hopper(w4a4, m, n, k, "bfloat16", SMS, False, None, "ue4m3")
+        if p.path == "register_a":
+            out[f"register_a {p.config!r}"] = ("register_a", p.config)
     return out
 
 
 def hashes() -> dict[str, str]:
     from tk_cute.kernels.gemm import gemm_sm90
+    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
     from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
 
     from tk_cute.compile import build
@@ -61,8 +67,11 @@ def hashes() -> dict[str, str]:
                 b = build(gemm_sm90.kernel_for(c, scaled).call_ptrs,
                           *gemm_sm90.signature(c, scaled).compile_args(SMS), arch="sm_90a")
                 out[f"{key} scaled={scaled}"] = hashlib.sha256(b.ptx.encode()).hexdigest()
-        else:
+        elif kind == "tiled":
             b = build(rst.launch_fn(c), *rst.signature(c).compile_args(SMS), arch="sm_90a")
+            out[key] = hashlib.sha256(b.ptx.encode()).hexdigest()
+        else:
+            b = build(rs.launch_fn(c), *rs.signature(c).compile_args(c), arch="sm_90a")
             out[key] = hashlib.sha256(b.ptx.encode()).hexdigest()
     return out
 

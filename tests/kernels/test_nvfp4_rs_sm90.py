@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-from tk_cute.layouts import nvfp4_scales
+from tk_cute.layouts import nvfp4_scales, register_a
 
 from tk_cute.compile import build
 from tk_cute.nvfp4 import launch
@@ -24,7 +24,7 @@ from tk_cute.tuning import sm90 as sm90_tuning
 
 
 def test_act_column_permutes_each_stage():
-    cols = [rs.act_column(k) for k in range(rs.STAGE_K)]
+    cols = [register_a.act_column(k) for k in range(rs.STAGE_K)]
     assert sorted(cols) == list(range(rs.STAGE_K))
     assert all(c // rs.SUB_K == k // rs.SUB_K for k, c in enumerate(cols))  # blocks stay put
 
@@ -46,7 +46,7 @@ def test_decode_meets_each_activation_at_its_column():
     operand holds in slot x of step s must sit at column 16 s + x."""
     seen = set()
     for step, slot, k in _decode_slots():
-        assert rs.act_column(k) == 16 * step + slot
+        assert register_a.act_column(k) == 16 * step + slot
         seen.add(k)
     assert seen == set(range(rs.SUB_K))
 
@@ -68,7 +68,7 @@ def _permuted_block():
 
 def test_permuting_warps_implement_act_column():
     for col, k in enumerate(_permuted_block()):
-        assert rs.act_column(k) == col
+        assert register_a.act_column(k) == col
 
 
 @pytest.mark.parametrize("M, K", [(1, 256), (9, 512), (17, 512), (32, 8192), (100, 2048),
@@ -165,7 +165,7 @@ def test_act_offset_is_the_swizzled_tile(n_act):
     coords = [(m, c, 0) for m in range(n_act) for c in range(0, rs.STAGE_K, 2)]
     offsets = _outer_offsets(rs.Config(N_ACT=n_act, STAGES=2).act_tile, coords)
     for (m, c, _), off in zip(coords, offsets):
-        assert rs.act_offset(n_act, m, c) == _swizzle128(2 * off)
+        assert register_a.act_offset(n_act, m, c) == _swizzle128(2 * off)
 
 
 @pytest.mark.parametrize("rows", [128, 256])
@@ -173,7 +173,7 @@ def test_weight_offset_is_the_swizzled_tile(rows):
     coords = [(r, 16 * c, 0) for r in range(rows) for c in range(8)]
     offsets = _outer_offsets(rs.Config(ROWS=rows).weight_tile, coords)
     for (r, c, _), off in zip(coords, offsets):
-        assert rs.weight_offset(r, c // 16) == _swizzle128(off)
+        assert register_a.weight_offset(r, c // 16) == _swizzle128(off)
 
 
 def _wavefronts(offsets):
@@ -194,7 +194,7 @@ def test_16_byte_shared_accesses_are_conflict_free():
     for warp in range(16):  # consumers: rows r_lo, r_lo + 8 of lane (g, t), chunk 4 blk + t
         for blk in range(rs.STAGE_K // rs.SUB_K):
             for row8 in (0, 8):
-                offs = [rs.weight_offset(16 * warp + rs.spread_row(lane // 4) + row8,
+                offs = [register_a.weight_offset(16 * warp + register_a.spread_row(lane // 4) + row8,
                                          4 * blk + lane % 4) for lane in range(32)]
                 assert _wavefronts(offs) == 4
     blocks = rs.STAGE_K // rs.SUB_K
@@ -202,7 +202,7 @@ def test_16_byte_shared_accesses_are_conflict_free():
         for first in range(0, n_act * blocks * 4, 32):  # permuting warps: one warp's 32 tasks
             tasks = [rs.quad_task((first + lane) // 4, blocks) for lane in range(32)]
             for x in range(4):  # natural chunk 4u + p loaded, permuted chunk 4e + p stored
-                offs = [rs.act_offset(n_act, m, blk * rs.SUB_K + 8 * (4 * x + lane % 4))
+                offs = [register_a.act_offset(n_act, m, blk * rs.SUB_K + 8 * (4 * x + lane % 4))
                         for lane, (m, blk) in enumerate(tasks)]
                 assert _wavefronts(offs) == 4
     rows = sorted(m * blocks + blk for q in range(16 * blocks)

@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: MIT
+"""The register-A kernels' shared-memory layouts (`kernels/gemm/nvfp4_rs_sm90.py`,
+`nvfp4_rst_sm90.py`): where the decode wants each activation's K element (`act_column`, a
+permutation of period SUB_K), the row pairing that keeps 16-byte shared accesses free of bank
+conflicts (`spread_row`), and the byte offsets of the 128-byte swizzled activation and weight
+tiles (`act_offset`, `weight_offset`). Plain integer arithmetic, the same on the host and in a
+kernel; tests/kernels/test_nvfp4_rs_sm90.py proves each against the CuTe layout of the kernel's
+tiles and counts the wavefronts of every 16-byte access."""
+
+from __future__ import annotations
+
+SUB_K = 128  # K per MMA batch (8 wgmma k16 steps) and period of the activation permutation
+
+
+def act_column(k: int) -> int:
+    """Column of a stage's activation tile that holds K element k (of the stage). The decode
+    gives thread t, from its word j of codes 32t + 8j .. + 7, the bf16 pairs (i, i + 4) (the
+    strided pairing); pair i of word j goes to k16 step 2i + j // 2 of the A operand, in slots
+    2t, 2t + 1 (j even) or 2t + 8, 2t + 9 (j odd). So within each 128-K block, element
+    32t + 8j + i + 4h (i < 4, h < 2) goes to column 32i + 8j + 2t + h: what `_load_natural`
+    and `_store_permuted` do to each landed tile or, once per call, to the activations in
+    global memory (the order that makes their 16-byte shared accesses conflict-free)."""
+    block, r = divmod(k, SUB_K)
+    t, r = divmod(r, 32)
+    j, r = divmod(r, 8)
+    h, i = divmod(r, 4)
+    return block * SUB_K + 32 * i + 8 * j + 2 * t + h
+
+
+def spread_row(x):
+    """Row behind index x: within each 8, indices 2q, 2q + 1 take rows q, q + 4. In a 128-byte
+    swizzled tile, rows q and q + 4 place any 16-byte chunk in opposite halves of the banks, so
+    the 8 lanes of a quarter-warp that read 4 chunks of each of two such rows hit all 32 banks
+    once (the weight reads of `decode`, the activation reads and writes of `_permute`)."""
+    return x - x % 8 + (x % 8) // 2 + 4 * (x % 2)
+
+
+def act_offset(n_act: int, m, col):
+    """Byte offset of element (m, col) in an `st(bfloat16, n_act, STAGE_K)` tile: 64-column
+    atoms of 8 rows x 128 B stacked along the rows, 16-byte chunks XOR-swizzled by m % 8."""
+    return ((col // 64) * n_act + m) * 128 + (((col % 64) // 8) ^ (m % 8)) * 16 + (col % 8) * 2
+
+
+def weight_offset(r, chunk):
+    """Byte offset of 16-byte chunk `chunk` of row r in the stage's weight tile (128-byte rows,
+    128-byte swizzle)."""
+    return r * 128 + (chunk ^ (r % 8)) * 16
