@@ -57,7 +57,7 @@ from tk_cute.ops import memory, register, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.runtime import Signature, i32, ptr
 from tk_cute.templates import stream_k
-from tk_cute.templates.lcf import LCF
+from tk_cute.templates.lcf import LCF, WholeTiles
 from tk_cute.templates.stream_k import StreamK
 from tk_cute.types import coord, gl, rt, st
 from tk_cute.types.gl import row_major
@@ -99,14 +99,14 @@ class Config:
     # The GEMM launched as a programmatic dependent of the permute pass before it (`LCF.PDL`):
     # its launch and prologue overlap the pass's tail
     PDL: bool = field(default=True, metadata={"quiet": True})
-    # Stream-K (`GemmNvfp4RsTiledSm90StreamK`): equal shares of the (tile x stage) units on
+    # Stream-K (the kernel's `StreamK` schedule): equal shares of the (tile x stage) units on
     # the launch's `ctas` CTAs, a tile split between CTAs summed through fp32 partials
     # (`partial_bytes`)
     STREAM_K: bool = False
-    # Stream-K partials as 16-byte vectors (`StreamK.PARTIAL_V4`; the dispatch sets it with TEAMS:
+    # Stream-K partials as 16-byte vectors (`StreamK.partial_v4`; the dispatch sets it with TEAMS:
     # `tuning.sm90.TILED_TEAMS_MIN`)
     PARTIAL_V4: bool = field(default=False, metadata={"quiet": True})
-    # Stream-K teams (`StreamK.STREAM_K_TEAMS`, grid `schedule.stream_k_team_grid`): every tile in
+    # Stream-K teams (`StreamK.teams`, grid `schedule.stream_k_team_grid`): every tile in
     # 2-8 equal shares that end together, each finishing some warps' rows with the others'
     # sums of them, so no head adds every part and writes the whole tile (the dispatch's from
     # three parts per tile: `tuning.sm90.TILED_TEAMS_MIN`)
@@ -168,8 +168,8 @@ class GemmNvfp4RsTiledSm90(LCF):
         self.config = config
         self.Mb, self.Nb, self.SUPERGROUP_SIZE = ROWS, config.Nb, config.SUPERGROUP_SIZE
         self.PDL = config.PDL
-        stream_k.configure(self, config.STREAM_K, PARTIAL_V4=config.PARTIAL_V4,
-                           STREAM_K_TEAMS=config.TEAMS)
+        self.sched = (StreamK(partial_v4=config.PARTIAL_V4, teams=config.TEAMS)
+                      if config.STREAM_K else WholeTiles())
         self.w_tile = st(cutlass.Int8, ROWS, STAGE_K // 2, swizzle=False)
         self.sf_tile = st(cutlass.Int8, 2 * (STAGE_K // nvfp4_scales.ATOM_K), 256, swizzle=False)
         self.x_tile = st(cutlass.BFloat16, config.Nb, STAGE_K)
@@ -347,14 +347,9 @@ class GemmNvfp4RsTiledSm90(LCF):
         self.launch(g, bands, cute.ceil_div(M, self.Nb), 1, sms, stream, ctas)
 
 
-class GemmNvfp4RsTiledSm90StreamK(GemmNvfp4RsTiledSm90, StreamK):
-    """`GemmNvfp4RsTiledSm90` on stream-K shares (`Config.STREAM_K`)."""
-
-
 def kernel_for(cfg: Config) -> GemmNvfp4RsTiledSm90:
-    """The kernel `cfg` runs on: `GemmNvfp4RsTiledSm90`, composed with `StreamK` where
-    `cfg.STREAM_K`."""
-    return (GemmNvfp4RsTiledSm90StreamK if cfg.STREAM_K else GemmNvfp4RsTiledSm90)(cfg)
+    """The kernel `cfg` runs on (its schedule, whole tiles or `StreamK`, from `cfg.STREAM_K`)."""
+    return GemmNvfp4RsTiledSm90(cfg)
 
 
 def partial_bytes(cfg: Config) -> int:

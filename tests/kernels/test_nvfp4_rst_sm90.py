@@ -635,7 +635,7 @@ def test_stream_k_builds_its_handover(nb, out, a_format):
 
 @pytest.mark.parametrize("nb", [208, 128])
 def test_stream_k_vector_partials_build(nb):
-    """PARTIAL_V4 (`StreamK.PARTIAL_V4`): the partials move as 16-byte vectors, Nb / 8 stores and
+    """PARTIAL_V4 (`StreamK.partial_v4`): the partials move as 16-byte vectors, Nb / 8 stores and
     loads per thread and no scalar fp32 partial access left; the wgmma and no spills as
     before."""
     cfg = rst.Config(Nb=nb, STREAM_K=True, PARTIAL_V4=True)
@@ -649,7 +649,7 @@ def test_stream_k_vector_partials_build(nb):
 
 @pytest.mark.parametrize("nb, out", [(208, "bfloat16"), (144, "float32")])
 def test_stream_k_teams_build(nb, out):
-    """TEAMS (`StreamK.STREAM_K_TEAMS`): the hand-over as warps (acquire loops, one release, warp
+    """TEAMS (`StreamK.teams`): the hand-over as warps (acquire loops, one release, warp
     barriers), the wgmma and no spills as before; the Config check and the team grid
     (`schedule.stream_k_team_grid`)."""
     from tk_cute.ops import schedule
@@ -663,10 +663,12 @@ def test_stream_k_teams_build(nb, out):
     assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
     with pytest.raises(ValueError, match="STREAM_K=True"):
         rst.Config(Nb=nb, TEAMS=True)
-    k = rst.kernel_for(cfg)  # the stream-K class, with the config's hand-over flags
-    assert isinstance(k, rst.GemmNvfp4RsTiledSm90StreamK) and k.STREAM_K_TEAMS
-    with pytest.raises(ValueError, match="runs on a StreamK kernel"):
-        rst.GemmNvfp4RsTiledSm90(cfg)
+    from tk_cute.templates.lcf import WholeTiles
+    from tk_cute.templates.stream_k import StreamK
+
+    k = rst.kernel_for(cfg)  # the stream-K schedule, with the config's hand-over flags
+    assert isinstance(k.sched, StreamK) and k.sched.teams and k.sched.partial_v4 is False
+    assert isinstance(rst.kernel_for(rst.Config(Nb=nb)).sched, WholeTiles)
     assert schedule.stream_k_team_grid(64, 64, 132) == 128  # two parts per tile
     assert schedule.stream_k_team_grid(23, 23, 132) == 115  # five
     assert schedule.stream_k_team_grid(8, 64, 132) == 64  # at most TEAM_MAX (8 warps)

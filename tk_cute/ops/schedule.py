@@ -354,7 +354,7 @@ def stream_k_grid(tiles: int, k_steps: int, limit: int, slack: float = 0.1) -> i
     return min(limit, tiles * k_steps)
 
 
-# Most CTAs of a stream-K team (`StreamK.STREAM_K_TEAMS`): each part finishes whole consumer warps'
+# Most CTAs of a stream-K team (`StreamK.teams`): each part finishes whole consumer warps'
 # rows of the tile, and LCF's two consumer warpgroups are 8 warps.
 TEAM_MAX = 8
 

@@ -20,10 +20,13 @@ over output tiles in supergroup order (`ops/schedule.py`, shared with the Blackw
 kernels: SUPERGROUP_SIZE tile rows per group, so concurrently running CTAs share A and B panels
 in L2); optional clusters
 (CLUSTER_M x CLUSTER_N) whose CTAs multicast the shared A rows / B columns.
-Stream-K schedules (equal shares of the (tile x K-step) units, their partial sums handed
-between CTAs) are a layer of their own, `templates/stream_k.py`: a kernel that offers them
-composes `StreamK`, which replaces this template's grid and its two loops (`produce`,
-`consume`).
+The schedule is an object the kernel holds (`sched`, set in its constructor): `WholeTiles`
+here (each persistent CTA its whole tiles), or `templates.stream_k.StreamK` (equal shares of
+the (tile x K-step) units, their partial sums handed between CTAs). It owns the grid and the
+two loops (`produce`, `consume`), taking the kernel as `k`; the kernel's steps are the same
+under either. A schedule binds the kernel steps it calls to names before its loops: the DSL
+takes an object whose method is called inside a run-time loop or branch for a value the loop
+carries (only `self` is exempt), and a kernel is not one.
 """
 
 from __future__ import annotations
@@ -37,6 +40,46 @@ from tk_cute.ops import schedule, tma, warp, warpgroup
 from tk_cute.types.gl import coord
 from tk_cute.types.semaphore import stage_ring
 from tk_cute.types.st import Shared, smem_bytes, st
+
+
+class WholeTiles:
+    """The persistent schedule: one CTA (cluster) per SM (cluster of SMs), at most one per
+    tile, each taking its whole tiles in supergroup order (`ops.schedule`)."""
+
+    def grid(self, k, params, max_ctas: int, ctas):
+        clusters = max_ctas // (k.CLUSTER_M * k.CLUSTER_N)
+        return schedule.grid(schedule.STATIC, params, clusters)
+
+    @cute.jit
+    def produce(self, k, g, params, ring, inputs, k_steps, mcast):
+        """The producer warp: every K step of this CTA's tiles, in order, into the ring."""
+        load_stages = k._load_stages  # (kernel steps bound first: see the module docstring)
+        tiles = schedule.Tiles.create(schedule.STATIC, params)
+        work = tiles.first()
+        state = pipeline.make_pipeline_state(
+            pipeline.PipelineUserType.Producer, k.LOAD_PIPE_DEPTH)
+        while work.is_valid_tile:
+            at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
+            state = load_stages(g, ring, inputs, state, at, 0, k_steps, mcast)
+            work = tiles.next()
+        ring.producer_tail(state)
+
+    @cute.jit
+    def consume(self, k, g, params, ring, inputs, acc_state, consumer_smem, thread,
+                k_steps):
+        """The consumers: each tile's K steps from the ring, then `finish` it."""
+        mma_stages, finish = k._mma_stages, k.finish
+        tiles = schedule.Tiles.create(schedule.STATIC, params)
+        work = tiles.first()
+        read = pipeline.make_pipeline_state(
+            pipeline.PipelineUserType.Consumer, k.LOAD_PIPE_DEPTH)
+        release = read.clone()
+        while work.is_valid_tile:
+            at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
+            read, release = mma_stages(g, ring, inputs, acc_state, read, release, 0, k_steps)
+            finish(g, acc_state, at, consumer_smem, thread)
+            work = tiles.next()
+        k.finish_tail()
 
 
 class LCF:
@@ -55,6 +98,7 @@ class LCF:
     # launch and everything up to the ring's initialization overlap that kernel's tail, then
     # every thread waits for it (`griddepcontrol.wait`) before reading global memory.
     PDL = False
+    sched = WholeTiles()  # the kernel's schedule (module docstring), unless it sets another
 
     # --- what a kernel declares -----------------------------------------------------------
     def inputs(self) -> dict[str, st]:
@@ -110,10 +154,7 @@ class LCF:
         )
 
     def grid(self, params, max_ctas: int, ctas):
-        """The persistent grid: one CTA (cluster) per SM (cluster of SMs), at most one per
-        tile."""
-        clusters = max_ctas // (self.CLUSTER_M * self.CLUSTER_N)
-        return schedule.grid(schedule.STATIC, params, clusters)
+        return self.sched.grid(self, params, max_ctas, ctas)
 
     # --- device ---------------------------------------------------------------------------
     @cute.kernel
@@ -156,32 +197,14 @@ class LCF:
 
     @cute.jit
     def produce(self, g, params, ring, inputs, k_steps, mcast):
-        """The producer warp: every K step of this CTA's tiles, in order, into the ring."""
-        tiles = schedule.Tiles.create(schedule.STATIC, params)
-        work = tiles.first()
-        state = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Producer, self.LOAD_PIPE_DEPTH)
-        while work.is_valid_tile:
-            at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
-            state = self._load_stages(g, ring, inputs, state, at, 0, k_steps, mcast)
-            work = tiles.next()
-        ring.producer_tail(state)
+        """The producer warp's loop: the schedule's."""
+        self.sched.produce(self, g, params, ring, inputs, k_steps, mcast)
 
     @cute.jit
     def consume(self, g, params, ring, inputs, acc_state, consumer_smem, thread, k_steps):
-        """The consumers: each tile's K steps from the ring, then `finish` it."""
-        tiles = schedule.Tiles.create(schedule.STATIC, params)
-        work = tiles.first()
-        read = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
-        release = read.clone()
-        while work.is_valid_tile:
-            at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
-            read, release = self._mma_stages(g, ring, inputs, acc_state, read, release, 0,
-                                             k_steps)
-            self.finish(g, acc_state, at, consumer_smem, thread)
-            work = tiles.next()
-        self.finish_tail()
+        """The consumers' loop: the schedule's."""
+        self.sched.consume(self, g, params, ring, inputs, acc_state, consumer_smem, thread,
+                              k_steps)
 
     @cute.jit
     def _load_stages(self, g, ring, inputs, state, at, k0, k1, mcast):

@@ -1,9 +1,10 @@
-"""Stream-K on the load-compute-finish template: `StreamK` is an `LCF` whose grid and loops
-split the (tile x K-step) units between CTAs instead of giving each CTA whole tiles.
+"""Stream-K on the load-compute-finish template: `StreamK` is a schedule (`LCF.sched`) whose
+grid and loops split the (tile x K-step) units between CTAs instead of giving each CTA whole
+tiles (`lcf.WholeTiles`).
 
-A kernel offers stream-K by composing it after its own class (`class GemmSm90StreamK(GemmSm90,
-StreamK)`): the kernel's steps (`load`, `setup`, `compute`, `finish`) win, StreamK replaces
-LCF's `grid`, `produce` and `consume`. The kernel names its accumulator tile
+A kernel offers stream-K by holding one (`self.sched = StreamK(...)` in its constructor, from
+its config): the kernel's steps (`load`, `setup`, `compute`, `finish`) are the same; the
+schedule owns the grid, `produce` and `consume`. The kernel names its accumulator tile
 (`accumulator(state)`), puts `partials` and `flags` pointers in its globals and launches with
 the host's `ctas`; kernels without stream-K carry none of this.
 
@@ -22,7 +23,7 @@ started: with one CTA per SM all are resident, and where fewer SMs are free (oth
 dispatched in index order still progress (every CTA below the highest resident one finds its
 partners started, finishes and frees an SM for the next). The sum is head + the parts in CTA
 order, the same on every run (not bit for bit whole tiles' single sum).
-Stream-K teams (`STREAM_K_TEAMS`, on `schedule.stream_k_team_grid`: every tile in `team` = 2
+Stream-K teams (`StreamK(teams=True)`, on `schedule.stream_k_team_grid`: every tile in `team` = 2
 to TEAM_MAX equal shares, CTA team * T + p holding part p of tile T; the parts end together):
 rather than one head adding all the other parts and writing all of D's tile, consumer warp w of
 part w % team finishes its 16 rows, adding the other parts of them in CTA order, and every other
@@ -40,108 +41,111 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 
 from tk_cute.ops import memory, register, schedule, warp, warpgroup
-from tk_cute.templates.lcf import LCF
-from tk_cute.types.rt import rt
 from tk_cute.types.semaphore import NamedBarrier
 
 
-class StreamK(LCF):
-    """LCF on stream-K shares; see the module docstring."""
+class StreamK:
+    """The stream-K schedule of an `LCF` kernel; see the module docstring. Its methods take
+    the kernel (`k`) whose steps they run."""
 
-    # Stream-K partial sums moved as 16-byte vectors of 4 consecutive accumulator elements
-    # (one instruction per 4 elements) instead of one 4-byte access per element
-    PARTIAL_V4 = False
-    # Stream-K teams (module docstring): every tile in the same number of shares (the host's
-    # `schedule.stream_k_team_grid`), each finishing some consumer warps' rows of it. Needs a
-    # `finish` whose warps write their own rows without each other.
-    STREAM_K_TEAMS = False
+    def __init__(self, partial_v4: bool = False, teams: bool = False):
+        # Stream-K partial sums moved as 16-byte vectors of 4 consecutive accumulator
+        # elements (one instruction per 4 elements) instead of one 4-byte access per element.
+        self.partial_v4 = partial_v4
+        # Stream-K teams (module docstring): every tile in the same number of shares (the
+        # host's `schedule.stream_k_team_grid`), each finishing some consumer warps' rows of
+        # it. Needs a `finish` whose warps write their own rows without each other.
+        self.teams = teams
 
-    def grid(self, params, max_ctas: int, ctas):
+    def grid(self, k, params, max_ctas: int, ctas):
         """The host's `ctas` CTAs (`schedule.stream_k_grid` / `stream_k_team_grid`)."""
-        if self.CLUSTER_M * self.CLUSTER_N != 1:
+        if k.CLUSTER_M * k.CLUSTER_N != 1:
             raise ValueError(f"stream-K runs without clusters, got CLUSTER_M="
-                             f"{self.CLUSTER_M}, CLUSTER_N={self.CLUSTER_N}")
+                             f"{k.CLUSTER_M}, CLUSTER_N={k.CLUSTER_N}")
         return [ctas, 1, 1]
 
     @cute.jit
-    def produce(self, g, params, ring, inputs, k_steps, mcast):
+    def produce(self, k, g, params, ring, inputs, k_steps, mcast):
         """The producer warp: the K steps of this CTA's share's segments, in order, into the
         ring."""
+        load_stages = k._load_stages  # (kernel steps bound first: `templates.lcf`)
         shares = schedule.Shares(params, k_steps)
         state = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Producer, self.LOAD_PIPE_DEPTH)
+            pipeline.PipelineUserType.Producer, k.LOAD_PIPE_DEPTH)
         u, end = shares.bounds()
         while u < end:
             at, k0, k1 = shares.segment(u, end)
-            state = self._load_stages(g, ring, inputs, state, at, k0, k1, mcast)
+            state = load_stages(g, ring, inputs, state, at, k0, k1, mcast)
             u = u + k1 - k0
         ring.producer_tail(state)
 
     @cute.jit
-    def consume(self, g, params, ring, inputs, acc_state, consumer_smem, thread, k_steps):
-        """The consumers: a team's part (STREAM_K_TEAMS) or the share's segments."""
-        if cutlass.const_expr(self.STREAM_K_TEAMS):
-            self._consume_team(g, params, ring, inputs, acc_state, consumer_smem, thread,
+    def consume(self, k, g, params, ring, inputs, acc_state, consumer_smem, thread, k_steps):
+        """The consumers: a team's part (`teams`) or the share's segments."""
+        if cutlass.const_expr(self.teams):
+            self._consume_team(k, g, params, ring, inputs, acc_state, consumer_smem, thread,
                                k_steps)
         else:
-            self._consume_shares(g, params, ring, inputs, acc_state, consumer_smem, thread,
+            self._consume_shares(k, g, params, ring, inputs, acc_state, consumer_smem, thread,
                                  k_steps)
 
     @cute.jit
-    def _consume_shares(self, g, params, ring, inputs, acc_state, consumer_smem, thread,
+    def _consume_shares(self, k, g, params, ring, inputs, acc_state, consumer_smem, thread,
                         k_steps):
         """Stream-K consumers: each segment of the share as the tile loop's body; a tail or
         middle part hands its sums over, a head takes the later CTAs' (module docstring)."""
+        mma_stages, finish = k._mma_stages, k.finish
         shares = schedule.Shares(params, k_steps)
         cta, k_steps = shares.cta, shares.k_steps
-        consumers = warpgroup.sync(NamedBarrier.PARTIALS, self.NUM_CONSUMERS)
+        consumers = warpgroup.sync(NamedBarrier.PARTIALS, k.NUM_CONSUMERS)
         read = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
+            pipeline.PipelineUserType.Consumer, k.LOAD_PIPE_DEPTH)
         release = read.clone()
         u, end = shares.bounds()
         while u < end:
             at, k0, k1 = shares.segment(u, end)
-            read, release = self._mma_stages(g, ring, inputs, acc_state, read, release, k0, k1)
+            read, release = mma_stages(g, ring, inputs, acc_state, read, release, k0, k1)
             if k0 > 0:
-                self._hand_over(g, acc_state, cta, thread, consumers)
+                self._hand_over(k, g, acc_state, cta, thread, consumers)
             else:
                 if k1 < k_steps:  # the tile's head: CTAs cta + 1 .. last hold the rest
                     last = shares.owner(u - k0 + k_steps - 1)
-                    self._take_over(g, acc_state, cta, last, thread, consumers)
-                self.finish(g, acc_state, at, consumer_smem, thread)
+                    self._take_over(k, g, acc_state, cta, last, thread, consumers)
+                finish(g, acc_state, at, consumer_smem, thread)
             u = u + k1 - k0
-        self.finish_tail()
+        k.finish_tail()
 
     @cute.jit
-    def _consume_team(self, g, params, ring, inputs, acc_state, consumer_smem, thread, k_steps):
-        """Stream-K teams (STREAM_K_TEAMS): this CTA's share is part `part` of one tile's
+    def _consume_team(self, k, g, params, ring, inputs, acc_state, consumer_smem, thread, k_steps):
+        """Stream-K teams (`teams`): this CTA's share is part `part` of one tile's
         `team` equal parts. Consumer warp w finishes its rows here when w % team == part,
         adding the team's other parts of them in CTA order; else it hands its rows to that
         part's CTA (its slot, its flag: the same lanes' fragments on every CTA)."""
+        finish = k.finish
         shares = schedule.Shares(params, k_steps)
         cta = shares.cta
         team = cutlass.Int32(shares.ctas // (shares.units // shares.k_steps))
         part = cta % team
         u, end = shares.bounds()
         read = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Consumer, self.LOAD_PIPE_DEPTH)
+            pipeline.PipelineUserType.Consumer, k.LOAD_PIPE_DEPTH)
         release = read.clone()
         at, k0, k1 = shares.segment(u, end)
-        read, release = self._mma_stages(g, ring, inputs, acc_state, read, release, k0, k1)
+        read, release = k._mma_stages(g, ring, inputs, acc_state, read, release, k0, k1)
         w = thread // 32
         lane = thread % 32
         if w % team == part:
-            self._team_take(g, acc_state, cta - part, team, part, w, thread)
-            self.finish(g, acc_state, at, consumer_smem, thread)
+            self._team_take(k, g, acc_state, cta - part, team, part, w, thread)
+            finish(g, acc_state, at, consumer_smem, thread)
         else:
-            self.store_partial(g, acc_state, cta, thread)
+            self.store_partial(k, g, acc_state, cta, thread)
             warp.sync()  # (bar.warp.sync: the lanes' stores are ordered before the release)
             if lane == 0:
                 memory.st_release_u32(self._team_flag(g, cta, w), cutlass.Uint32(1))
-        self.finish_tail()
+        k.finish_tail()
 
     @cute.jit
-    def _team_take(self, g, acc_state, first, team, part, w, thread):
+    def _team_take(self, k, g, acc_state, first, team, part, w, thread):
         """Warp w: wait for the other parts' flags of its rows (acquired), add their slots in
         CTA order, clear the flags for the next launch."""
         if thread % 32 == 0:
@@ -151,7 +155,7 @@ class StreamK(LCF):
         warp.sync()
         for j in range(team):
             if j != part:
-                self.add_partial(g, acc_state, first + j, thread)
+                self.add_partial(k, g, acc_state, first + j, thread)
         warp.sync()
         if thread % 32 == 0:
             for j in range(team):
@@ -163,16 +167,16 @@ class StreamK(LCF):
         return self._flag(g, cutlass.Int64(cta) * schedule.TEAM_MAX + w)
 
     @cute.jit
-    def _hand_over(self, g, acc_state, cta, thread, consumers):
+    def _hand_over(self, k, g, acc_state, cta, thread, consumers):
         """A tail or middle part: its sums to this CTA's slot, then (every consumer done) the
         released flag."""
-        self.store_partial(g, acc_state, cta, thread)
+        self.store_partial(k, g, acc_state, cta, thread)
         consumers()
         if thread == 0:
             memory.st_release_u32(self._flag(g, cta), cutlass.Uint32(1))
 
     @cute.jit
-    def _take_over(self, g, acc_state, cta, last, thread, consumers):
+    def _take_over(self, k, g, acc_state, cta, last, thread, consumers):
         """A head: wait for the flags of CTAs cta + 1 .. last (acquired), add their slots in
         that order, clear the flags for the next launch."""
         if thread == 0:
@@ -180,7 +184,7 @@ class StreamK(LCF):
                 self._await_flag(self._flag(g, c))
         consumers()
         for c in range(cta + 1, last + 1):
-            self.add_partial(g, acc_state, c, thread)
+            self.add_partial(k, g, acc_state, c, thread)
         consumers()
         if thread == 0:
             for c in range(cta + 1, last + 1):
@@ -198,18 +202,14 @@ class StreamK(LCF):
         """Address of CTA `cta`'s hand-over flag."""
         return g.flags.toint() + 4 * cutlass.Int64(cta)
 
-    def accumulator(self, state) -> rt:
-        """The consumer state's accumulator tile (its fp32 sums hand over)."""
-        return state
-
     @cute.jit
-    def store_partial(self, g, state, slot, thread):
+    def store_partial(self, k, g, state, slot, thread):
         """The accumulators (a tail or middle part of a tile) to partial slot `slot`,
         then zero them."""
-        acc = self.accumulator(state)
+        acc = k.accumulator(state)
         v = self._partial_vector(acc)
         for i in cutlass.range_constexpr(0, cute.size(acc.frag), v):
-            addr = self._partial_addr(g, slot, i, thread)
+            addr = self._partial_addr(k, g, slot, i, thread)
             if cutlass.const_expr(v == 4):
                 memory.st_v4_f32(addr, [acc.frag[i + j] for j in range(4)])
             else:
@@ -217,13 +217,13 @@ class StreamK(LCF):
         register.zero(acc)
 
     @cute.jit
-    def add_partial(self, g, state, slot, thread):
+    def add_partial(self, k, g, state, slot, thread):
         """Add partial slot `slot` (a later CTA's part of the tile, `store_partial`'s
         order) to the accumulators."""
-        acc = self.accumulator(state)
+        acc = k.accumulator(state)
         v = self._partial_vector(acc)
         for i in cutlass.range_constexpr(0, cute.size(acc.frag), v):
-            addr = self._partial_addr(g, slot, i, thread)
+            addr = self._partial_addr(k, g, slot, i, thread)
             if cutlass.const_expr(v == 4):
                 part = memory.ld_v4_f32(addr)
                 for j in cutlass.range_constexpr(4):
@@ -232,21 +232,21 @@ class StreamK(LCF):
                 acc.frag[i] = acc.frag[i] + memory.ld_f32(addr)
 
     def _partial_vector(self, acc) -> int:
-        """Accumulator elements per partial access: 4 with PARTIAL_V4 (the fragment holds
+        """Accumulator elements per partial access: 4 with `partial_v4` (the fragment holds
         whole vectors), else 1."""
-        if not self.PARTIAL_V4:
+        if not self.partial_v4:
             return 1
-        assert cute.size(acc.frag) % 4 == 0, "PARTIAL_V4 needs whole 4-element vectors"
+        assert cute.size(acc.frag) % 4 == 0, "partial_v4 needs whole 4-element vectors"
         return 4
 
-    def _partial_addr(self, g, slot, i, thread):
+    def _partial_addr(self, k, g, slot, i, thread):
         """Address of accumulator element i of consumer thread `thread` in partial slot
         `slot`: word i * threads + thread (each warp's scalar stores one 128-byte line), or with
-        PARTIAL_V4 the vector of elements i .. i + 3 at 16 * (i / 4 * threads + thread) (each
+        `partial_v4` the vector of elements i .. i + 3 at 16 * (i / 4 * threads + thread) (each
         warp's vector stores 512 contiguous bytes)."""
-        threads = self.NUM_CONSUMERS * warpgroup.WARPGROUP_THREADS
-        base = g.partials.toint() + cutlass.Int64(slot) * partial_bytes(self.Mb, self.Nb)
-        if self.PARTIAL_V4:
+        threads = k.NUM_CONSUMERS * warpgroup.WARPGROUP_THREADS
+        base = g.partials.toint() + cutlass.Int64(slot) * partial_bytes(k.Mb, k.Nb)
+        if self.partial_v4:
             return base + 16 * (i // 4 * threads + thread)
         return base + 4 * (i * threads + thread)
 
@@ -254,17 +254,3 @@ class StreamK(LCF):
 def partial_bytes(Mb: int, Nb: int) -> int:
     """Bytes of one stream-K partial slot: an Mb x Nb tile of fp32 sums."""
     return Mb * Nb * 4
-
-
-def configure(kernel: LCF, stream_k: bool, **flags) -> None:
-    """Check that `kernel` composes `StreamK` exactly when its config asks for stream-K
-    (`stream_k`; the kernel module's `kernel_for(config)` picks the class), then set the
-    config's stream-K flags (StreamK's class attributes) on it."""
-    if stream_k != isinstance(kernel, StreamK):
-        runs = "a StreamK kernel" if stream_k else "a whole-tile kernel"
-        raise ValueError(f"a config with STREAM_K={stream_k} runs on {runs}, not "
-                         f"{type(kernel).__name__}: build it with its module's kernel_for(config)")
-    if stream_k:
-        for name, value in flags.items():
-            assert hasattr(StreamK, name), f"StreamK has no flag {name}"
-            setattr(kernel, name, value)
