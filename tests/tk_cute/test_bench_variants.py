@@ -45,6 +45,22 @@ def test_nvfp4_shapes_and_help():
     assert bench_nvfp4.extra_shapes(parse(["--m", "16", "--shapes", "3,8,16"])) == ["3,8,16"]
 
 
+def test_nvfp4_model_layers():
+    """`--models`: each family's layers at every M, each (N, K) once; the layers are whole
+    NVFP4 operands (K % 16, N % 8: every Hopper path's alignment); unknown names exit."""
+    for family, layers in bench_nvfp4.MODEL_LAYERS.items():
+        assert layers, family
+        assert all(K % 16 == 0 and N % 8 == 0 for _, N, K in layers), family
+    got = bench_nvfp4.model_shapes(["gpt-oss"], [1, 128])
+    assert got[:2] == [(1, 5120, 2880), (128, 5120, 2880)] and len(got) == 8
+    every = bench_nvfp4.model_shapes([], [1])
+    assert len(every) == len(set(every)) and (1, 7168, 2048) in every  # DeepSeek's expert down
+    with pytest.raises(SystemExit, match="--models takes"):
+        bench_nvfp4.model_shapes(["llama-9"], [1])
+    args = bench_nvfp4._parser().parse_args(["--models", "qwen2.5-7b"])
+    assert args.models == ["qwen2.5-7b"] and args.m == bench_nvfp4.DEFAULT_M
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit without a GPU")
 @pytest.mark.parametrize("bench", ["gemm", "nvfp4", "quantize", "model"])
 def test_benches_exit_clearly_without_a_gpu(bench):

@@ -2,10 +2,13 @@
 
     python -m tk_cute.bench nvfp4 [--m 1 16 64 128 256 ...] [--nk 8192,8192 ...]
                                   [--shapes M,N,K ...] [--paths] [--plot FILE.png]
+    python -m tk_cute.bench nvfp4 --models [llama3-8b qwen2.5-7b ...] [--m ...]
 
 Shapes: every M of `--m` times every (N, K) of `--nk`, plus the explicit `--shapes` (odd and
 prime sizes, K not a multiple of 256; with no shape option, also `DEFAULT_SHAPES`: the issue
-rows). Variants per shape: tk_cute W4A16 and
+rows). `--models` instead: the linear layers of public model families (`MODEL_LAYERS`, with
+their sources) at every M of `MODEL_M` (1 to 8192; every family at every M is about 700
+shapes: run a few families per command). Variants per shape: tk_cute W4A16 and
 W4A4 through the public `tk_cute.nvfp4.gemm` (its notes column prints the path the dispatch
 took, `tk_cute.nvfp4.plan`), cuBLAS bf16 on the dequantized weights (`a @ w.t()`, the
 baseline), cuBLAS fp8 e4m3 (`torch._scaled_mm`, per-tensor scales) and, optionally, the torch
@@ -40,6 +43,34 @@ DEFAULT_NK = ["8192,8192", "28672,8192", "8192,28672"]
 # rows, ragged M, a partial weight band (gpt-oss's N = K = 2880), K % 32 != 0
 DEFAULT_SHAPES = ["129,8192,8192", "200,8192,8192", "1000,8192,8192", "4000,8192,8192",
                   "100,8192,8192", "16,8192,8208", "200,4000,8192", "128,2880,2880"]
+# The linear layers of public model families (W: N x K; q/k/v and gate/up fused as serving
+# stacks run them), from each model's config.json on Hugging Face: hidden size, intermediate
+# size, attention heads, KV heads, head dim (`python -m tk_cute.bench nvfp4 --models`).
+MODEL_LAYERS = {
+    # meta-llama/Meta-Llama-3-8B (hidden 4096, intermediate 14336, 32 heads, 8 KV, head 128);
+    # mistralai/Mistral-7B-v0.1 has the same shapes
+    "llama3-8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096),
+                  ("down", 4096, 14336)],
+    # meta-llama/Meta-Llama-3-70B (8192, 28672, 64 heads, 8 KV, head 128)
+    "llama3-70b": [("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 57344, 8192),
+                   ("down", 8192, 28672)],
+    # Qwen/Qwen2.5-7B (3584, 18944, 28 heads, 4 KV, head 128)
+    "qwen2.5-7b": [("qkv", 4608, 3584), ("o", 3584, 3584), ("gate_up", 37888, 3584),
+                   ("down", 3584, 18944)],
+    # Qwen/Qwen2.5-72B (8192, 29568, 64 heads, 8 KV, head 128)
+    "qwen2.5-72b": [("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 59136, 8192),
+                    ("down", 8192, 29568)],
+    # openai/gpt-oss-20b and -120b (hidden 2880, 64 heads of 64, 8 KV; experts 2880 wide)
+    "gpt-oss": [("qkv", 5120, 2880), ("o", 2880, 4096), ("expert gate_up", 5760, 2880),
+                ("expert down", 2880, 2880)],
+    # deepseek-ai/DeepSeek-V3 (hidden 7168; dense MLP 18432, experts 2048; MLA q_lora 1536,
+    # kv_lora 512, 128 heads, nope 128 + rope 64, v 128)
+    "deepseek-v3": [("q_a", 1536, 7168), ("q_b", 24576, 1536), ("kv_a", 576, 7168),
+                    ("kv_b", 32768, 512), ("o", 7168, 16384), ("dense gate_up", 36864, 7168),
+                    ("dense down", 7168, 18432), ("expert gate_up", 4096, 7168),
+                    ("expert down", 7168, 2048)],
+}
+MODEL_M = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 BASELINE = "cuBLAS bf16 (deq W)"
 SPEED_OF_LIGHT = "speed of light: read W"
 
@@ -187,6 +218,16 @@ def copy_bandwidth(nbytes: int = 1 << 30, rounds: int = 10) -> float:
     return 2 * nbytes / r.ms / 1e6
 
 
+def model_shapes(families, ms) -> list[tuple[int, int, int]]:
+    """Every layer of `families` (`MODEL_LAYERS` keys; empty: all) at every M of `ms`, each
+    (N, K) once."""
+    unknown = set(families) - set(MODEL_LAYERS)
+    if unknown:
+        raise SystemExit(f"--models takes {', '.join(MODEL_LAYERS)}; got {sorted(unknown)}")
+    nks = dict.fromkeys((N, K) for f in (families or MODEL_LAYERS) for _, N, K in MODEL_LAYERS[f])
+    return [(M, N, K) for N, K in nks for M in ms]
+
+
 def shapes(ms, nks, extra) -> list[tuple[int, int, int]]:
     """The (M, N, K) list: every M x (N, K), then the explicit shapes."""
     out = [(M, *map(int, nk.split(","))) for nk in nks for M in ms]
@@ -208,6 +249,10 @@ def _parser():
     p.add_argument("--shapes", nargs="*", default=None,
                    help="extra M,N,K shapes (default: DEFAULT_SHAPES where --m and --nk are "
                         "left at theirs, else none)")
+    p.add_argument("--models", nargs="*", default=None, metavar="FAMILY",
+                   help=f"the linear layers of these model families ({', '.join(MODEL_LAYERS)}; "
+                        f"none named: all) at every M of --m (default here: {MODEL_M}), in "
+                        f"place of the --nk grid; --plot then writes one file per family")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--paths", action="store_true", help="every Hopper path that takes a shape")
     p.add_argument("--tune", action="store_true", help="small-M tiling / split-K variants")
@@ -230,7 +275,12 @@ def main(argv=None):
     print("timing: CUDA graph replay, cold L2 (rotating input sets); GB/s = 0.5625 B x N x K")
     print(HEADER)
     results, out = [], getattr(torch, args.out_dtype)
-    for M, N, K in shapes(args.m, args.nk, extra_shapes(args)):
+    if args.models is not None:
+        ms = MODEL_M if args.m == DEFAULT_M else args.m
+        todo = model_shapes(args.models, ms) + shapes([], [], args.shapes or [])
+    else:
+        todo = shapes(args.m, args.nk, extra_shapes(args))
+    for M, N, K in todo:
         sets = input_sets(lambda: _make(M, N, K), N * K * 9 // 16 + M * K * 2)
         variants, notes = _variants(M, N, K, args.paths, args.tune, sms, out)
         if not args.torch_deq:
@@ -265,8 +315,25 @@ def main(argv=None):
     us = host_overhead(lambda s: nvfp4.gemm(s["a"], s["b"]), s)
     print(f"host overhead per eager tk_cute.nvfp4.gemm call (16x8192x8192): {us:.1f} us")
     if args.plot:
-        from tk_cute import viz
-
-        viz.speedup_plot(results, baseline=BASELINE).savefig(args.plot, dpi=120)
-        print(f"plot: {args.plot}")
+        _plot(results, args.plot, args.models)
     return 0
+
+
+def _plot(results: list[dict], path: str, families) -> None:
+    """Speedup panels (`viz.speedup_plot`): one file, or with `--models` one per family
+    (`path` with the family's name before the suffix)."""
+    from pathlib import Path
+
+    from tk_cute import viz
+
+    if families is None:
+        viz.speedup_plot(results, baseline=BASELINE).savefig(path, dpi=120)
+        print(f"plot: {path}")
+        return
+    for family in families or MODEL_LAYERS:
+        nks = {(N, K) for _, N, K in MODEL_LAYERS[family]}
+        rows = [r for r in results if (r["N"], r["K"]) in nks]
+        if rows:
+            out = Path(path).with_stem(f"{Path(path).stem}_{family}")
+            viz.speedup_plot(rows, baseline=BASELINE).savefig(out, dpi=120)
+            print(f"plot: {out}")

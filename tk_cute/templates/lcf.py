@@ -14,8 +14,8 @@ the template allocates them once, beside the ring, and hands them over as `smem`
 The template: one producer warpgroup (registers lowered to PRODUCER_REGISTERS) and
 NUM_CONSUMERS consumer warpgroups (raised to CONSUMER_REGISTERS) that share one accumulator tile
 (each owns Mb / NUM_CONSUMERS rows); a LOAD_PIPE_DEPTH-stage ring of the `inputs` with
-full/empty mbarriers (`cutlass.pipeline.PipelineTmaAsync`: TK's inputs_arrived /
-inputs_finished; the expected transaction bytes are the stage's tile bytes); a persistent grid
+full/empty mbarriers (a `stage_ring.tma_to_threads`, the Blackwell/Rubin kernel's ring vocabulary:
+TK's inputs_arrived / inputs_finished; the expected transaction bytes are the stage's tile bytes); a persistent grid
 over output tiles in supergroup order (`ops/schedule.py`, shared with the Blackwell/Rubin
 kernels: SUPERGROUP_SIZE tile rows per group, so concurrently running CTAs share A and B panels
 in L2); optional clusters
@@ -56,13 +56,12 @@ class WholeTiles:
         load_stages = k._load_stages  # (kernel steps bound first: see the module docstring)
         tiles = schedule.Tiles.create(schedule.STATIC, params)
         work = tiles.first()
-        state = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Producer, k.LOAD_PIPE_DEPTH)
+        state = ring.producer()
         while work.is_valid_tile:
             at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
             state = load_stages(g, ring, inputs, state, at, 0, k_steps, mcast)
             work = tiles.next()
-        ring.producer_tail(state)
+        ring.drain(state)
 
     @cute.jit
     def consume(self, k, g, params, ring, inputs, acc_state, consumer_smem, thread,
@@ -71,8 +70,7 @@ class WholeTiles:
         mma_stages, finish = k._mma_stages, k.finish
         tiles = schedule.Tiles.create(schedule.STATIC, params)
         work = tiles.first()
-        read = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Consumer, k.LOAD_PIPE_DEPTH)
+        read = ring.consumer()
         release = read.clone()
         while work.is_valid_tile:
             at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
@@ -211,10 +209,10 @@ class LCF:
         """The producer's K steps k0 .. k1 - 1 of tile `at`: wait for a free stage, `load` it;
         returns the ring cursor."""
         for k in range(k0, k1):
-            ring.producer_acquire(state)
+            ring.wait_finished(state)
             stage = {n: s[None, None, state.index] for n, s in inputs.items()}
-            self.load(g, stage, at, k, ring.producer_get_barrier(state), mcast)
-            ring.producer_commit(state)
+            self.load(g, stage, at, k, ring.arrived(state), mcast)
+            ring.arrive(state)
             state.advance()
         return state
 
@@ -225,23 +223,23 @@ class LCF:
         returns the ring cursors (read, release)."""
         warpgroup.mma_fence()
         for k in range(k0, k1):
-            ring.consumer_wait(read)
+            ring.wait_arrived(read)
             stage = {n: s[None, None, read.index] for n, s in inputs.items()}
             self.compute(g, acc_state, stage, k)
             warpgroup.mma_commit_group()
             read.advance()
             if k > k0:  # the previous stage's MMAs are done once at most one batch runs
                 warpgroup.mma_async_wait(1)
-                ring.consumer_release(release)
+                ring.finish(release)
                 release.advance()
         warpgroup.mma_async_wait(0)
-        ring.consumer_release(release)
+        ring.finish(release)
         release.advance()
         return read, release
 
     def _ring(self, barriers):
-        """The stage ring's full/empty barriers. Every consumer warp releases a stage once per
-        CTA that multicast into it."""
+        """The stage ring (`stage_ring`). Every consumer warp frees a stage once per CTA that
+        multicast into it."""
         mcast_ctas = self.CLUSTER_M + self.CLUSTER_N - 1
         ring = stage_ring.tma_to_threads(
             barriers, self.LOAD_PIPE_DEPTH, self.stage_bytes(),
@@ -249,7 +247,7 @@ class LCF:
             cute.make_layout((1, self.CLUSTER_M, self.CLUSTER_N, 1)))
         pipeline.pipeline_init_arrive(
             cluster_shape_mn=(self.CLUSTER_M, self.CLUSTER_N), is_relaxed=True)
-        return ring.pipe
+        return ring
 
     # --- hooks with defaults --------------------------------------------------------------
     def prefetch(self, g):

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
 
 from tk_cute.ops import memory, register, schedule, warp, warpgroup
 from tk_cute.types.semaphore import NamedBarrier
@@ -70,14 +69,13 @@ class StreamK:
         ring."""
         load_stages = k._load_stages  # (kernel steps bound first: `templates.lcf`)
         shares = schedule.Shares(params, k_steps)
-        state = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Producer, k.LOAD_PIPE_DEPTH)
+        state = ring.producer()
         u, end = shares.bounds()
         while u < end:
             at, k0, k1 = shares.segment(u, end)
             state = load_stages(g, ring, inputs, state, at, k0, k1, mcast)
             u = u + k1 - k0
-        ring.producer_tail(state)
+        ring.drain(state)
 
     @cute.jit
     def consume(self, k, g, params, ring, inputs, acc_state, consumer_smem, thread, k_steps):
@@ -98,8 +96,7 @@ class StreamK:
         shares = schedule.Shares(params, k_steps)
         cta, k_steps = shares.cta, shares.k_steps
         consumers = warpgroup.sync(NamedBarrier.PARTIALS, k.NUM_CONSUMERS)
-        read = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Consumer, k.LOAD_PIPE_DEPTH)
+        read = ring.consumer()
         release = read.clone()
         u, end = shares.bounds()
         while u < end:
@@ -127,8 +124,7 @@ class StreamK:
         team = cutlass.Int32(shares.ctas // (shares.units // shares.k_steps))
         part = cta % team
         u, end = shares.bounds()
-        read = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Consumer, k.LOAD_PIPE_DEPTH)
+        read = ring.consumer()
         release = read.clone()
         at, k0, k1 = shares.segment(u, end)
         read, release = k._mma_stages(g, ring, inputs, acc_state, read, release, k0, k1)
