@@ -28,7 +28,7 @@ from cutlass import Uint32
 
 from tk_cute.layouts import nvfp4_codes, nvfp4_scales
 from tk_cute.ops import nvfp4 as fp4
-from tk_cute.runtime import Signature, i32, ptr
+from tk_cute.launcher import Signature, i32, ptr
 
 THREADS = 256
 WORDS_PER_THREAD = 4  # loads in flight per thread: enough bytes in flight to cover DRAM latency
@@ -160,7 +160,7 @@ def _dequantize_pair(sf_format: cutlass.Constexpr, data_a: cute.Pointer, scales_
 
 def compile_launcher(sf_format: str = "ue4m3", options: str = "", pair: bool = False):
     """The kernel for `sf_format` scales (`pair`: both W4A4 operands and D's scale) as a
-    `runtime.Launcher`."""
+    `launcher.Launcher`."""
     if sf_format not in _KERNELS:
         raise ValueError(f"sf_format must be one of {sorted(_KERNELS)}, got {sf_format!r}")
     if pair:

@@ -34,7 +34,7 @@ from tk_cute.layouts.nvfp4_scales import ATOM_BYTES, ATOM_K, ATOM_ROWS, ATOM_SF_
 from tk_cute.ops import memory, ptx
 from tk_cute.ops.warp import flag_if_any
 from tk_cute.ops import nvfp4 as fp4
-from tk_cute.runtime import Signature, i32, i64, ptr
+from tk_cute.launcher import Signature, i32, i64, ptr
 
 SEG_BYTES = 512  # a warp's 16-byte-per-lane load: the tile's row segment
 DTYPES = {"bf16": 2, "f16": 2, "f32": 4}  # element bytes

@@ -22,7 +22,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 
 from tk_cute.ops import memory, warp
-from tk_cute.runtime import Signature, i32, i64, ptr
+from tk_cute.launcher import Signature, i32, i64, ptr
 
 THREADS = 512
 CTAS_PER_SM = 4  # 2048 threads: a full Hopper SM (32 registers per thread)

@@ -27,9 +27,10 @@ and evaluates inside one trace and returns plain integers; no GPU is needed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-import torch
+if TYPE_CHECKING:  # (the layouts work on torch tensors by their methods: no torch import)
+    import torch
 
 ATOM_ROWS = 128  # rows per 512-byte atom
 ATOM_SF_COLS = 4  # scale columns (of 16 K elements each) per atom

@@ -30,15 +30,8 @@ import functools
 import torch
 
 from tk_cute import arch
-from tk_cute.runtime import (
-    KernelCache,
-    dtype_name,
-    device_index,
-    output,
-    raw_stream,
-    resident_clusters,
-    sm_count,
-)
+from tk_cute.runtime import dtype_name, device_index, output, raw_stream, resident_clusters, sm_count
+from tk_cute.launcher import KernelCache
 from tk_cute.tuning import dense_sm90 as dense_tuning
 
 _CACHE = KernelCache()

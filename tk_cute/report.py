@@ -248,7 +248,7 @@ def peer(path: str, arch: str = "sm_100a", m: int = 8192, n: int = 8192, k: int 
 
     from tk_cute.arch import target
     from tk_cute.compile import build
-    from tk_cute.runtime import placeholder_ptr as ptr
+    from tk_cute.launcher import placeholder_ptr as ptr
 
     spec = importlib.util.spec_from_file_location("tk_cute_peer", path)
     mod = importlib.util.module_from_spec(spec)
@@ -388,7 +388,7 @@ def peer_flashinfer(path: str, arch: str = "sm_107a", m: int = 8192, n: int = 81
 
     from tk_cute.arch import target
     from tk_cute.compile import build
-    from tk_cute.runtime import placeholder_ptr as ptr
+    from tk_cute.launcher import placeholder_ptr as ptr
 
     mod, utils = _flashinfer_modules(path, parent, epilogue)
     K = mod.Sm107BlockScaledPersistentDenseGemmKernel

@@ -254,7 +254,7 @@ def accumulator_columns(cfg) -> dict[tuple[int, int], int]:
 
     # Traced for a tcgen05 target whatever GPU this process has (a direct call would trace for
     # the current GPU, and on a Hopper machine the block-scaled op refuses sm_90a).
-    from tk_cute.runtime import compile_locked
+    from tk_cute.launcher import compile_locked
 
     compile_locked(trace, options="--gpu-arch sm_100a")
     return found

@@ -37,7 +37,7 @@ from cutlass.cute.nvgpu import OperandMajorMode
 
 from tk_cute.arch import target
 from tk_cute.ops import register, tma, warpgroup
-from tk_cute.runtime import OUT_ALIGN, Signature, i32, i64, ptr
+from tk_cute.launcher import OUT_ALIGN, Signature, i32, i64, ptr
 from tk_cute.templates.lcf import LCF
 from tk_cute.types import coord, gl, rt, st
 from tk_cute.types.semaphore import NamedBarrier

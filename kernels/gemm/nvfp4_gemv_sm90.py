@@ -47,7 +47,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 from tk_cute.layouts import nvfp4_scales
 from tk_cute.ops import cluster, memory, warp
 from tk_cute.ops import nvfp4 as fp4
-from tk_cute.runtime import Signature, i32, ptr
+from tk_cute.launcher import Signature, i32, ptr
 from tk_cute.types.st import Shared, sv
 from tk_cute.types.struct import config_repr
 

@@ -80,7 +80,7 @@ from tk_cute.layouts import nvfp4_codes, nvfp4_scales, register_a
 from tk_cute.layouts.register_a import act_offset, spread_row, weight_offset
 from tk_cute.ops import cluster, memory, schedule, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
-from tk_cute.runtime import Signature, i32, ptr
+from tk_cute.launcher import Signature, i32, ptr
 from tk_cute.types.gl import coord, gl, row_major
 from tk_cute.types.rt import rt
 from tk_cute.types.semaphore import ring, semaphore

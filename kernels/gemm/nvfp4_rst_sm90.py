@@ -55,7 +55,7 @@ from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.layouts import nvfp4_codes, nvfp4_scales
 from tk_cute.ops import memory, register, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
-from tk_cute.runtime import Signature, i32, ptr
+from tk_cute.launcher import Signature, i32, ptr
 from tk_cute.templates import stream_k
 from tk_cute.templates.lcf import LCF, WholeTiles
 from tk_cute.templates.stream_k import StreamK

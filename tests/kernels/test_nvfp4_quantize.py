@@ -91,7 +91,7 @@ def test_amax_kernel_compiles(arch, dtype):
 
 
 def test_fast_argument_packing_matches_dsl():
-    """The launch path packs ctypes slots itself (`runtime.Signature`); they must hold the DSL's
+    """The launch path packs ctypes slots itself (`launcher.Signature`); they must hold the DSL's
     own bytes for every argument, and a mismatch must be caught."""
     cfg = nq.Config(arch="sm_90a")
     q = nq.compile_quantize(cfg, options="--gpu-arch sm_90a")  # checks its packing

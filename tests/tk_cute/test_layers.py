@@ -92,7 +92,7 @@ def test_concurrent_compiles_build_each_key_once(round_):
     from tk_cute.compile import build
     from tk_cute.kernels import nvfp4_quantize as nq
     from tk_cute.kernels import stream_read as sr
-    from tk_cute.runtime import KernelCache
+    from tk_cute.launcher import KernelCache
 
     cache, results, errors = KernelCache(), [], []
     cfg = nq.Config(arch="sm_100a")
@@ -197,3 +197,22 @@ def test_nvfp4_modules_import_without_a_circle():
 
     for node in sorted(graph):
         visit(node)
+
+
+def test_kernels_import_without_torch():
+    """`kernels/` (and the vocabulary, layouts and `tk_cute.launcher` below them) import no
+    torch: every kernel module imports in a process where torch cannot be imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, importlib, pathlib\n"
+        "sys.modules['torch'] = None\n"
+        "for p in sorted(pathlib.Path('kernels').rglob('*.py')):\n"
+        "    parts = p.with_suffix('').parts[1:]\n"
+        "    parts = parts[:-1] if parts[-1] == '__init__' else parts\n"
+        "    importlib.import_module('.'.join(('tk_cute', 'kernels', *parts)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

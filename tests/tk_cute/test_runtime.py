@@ -6,8 +6,8 @@ import ctypes
 import pytest
 import torch
 
-from tk_cute import runtime
-from tk_cute.runtime import Signature, i32, i64, ptr
+from tk_cute import launcher, runtime
+from tk_cute.launcher import Signature, i32, i64, ptr
 
 import cutlass
 
@@ -59,7 +59,7 @@ def _values(seed: int) -> dict:
 
 def test_launcher_calls_the_executor_directly_with_the_packed_bytes():
     compiled = FakeCompiled()
-    launch = runtime.Launcher(compiled, SIG)
+    launch = launcher.Launcher(compiled, SIG)
     for seed in range(4):
         launch(**_values(seed))
     assert compiled.slow_calls == 1  # only the first call goes through the DSL's wrapper
@@ -75,7 +75,7 @@ def test_launcher_calls_the_executor_directly_with_the_packed_bytes():
 
 def test_launcher_raises_the_executors_cuda_error():
     compiled = FakeCompiled()
-    launch = runtime.Launcher(compiled, SIG)
+    launch = launcher.Launcher(compiled, SIG)
     launch(**_values(0))
     compiled._default_executor.fail_next = True
     with pytest.raises(Exception, match="700|ILLEGAL"):
@@ -92,7 +92,7 @@ def test_launcher_without_an_executor_keeps_run_compiled_program():
                               for p, c in zip(addrs, SIG._slots)])
 
     plain = Plain()
-    launch = runtime.Launcher(plain, SIG)
+    launch = launcher.Launcher(plain, SIG)
     for seed in range(3):
         launch(**_values(seed))
     assert len(plain.seen) == 3

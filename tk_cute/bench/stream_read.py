@@ -8,7 +8,8 @@ import functools
 import torch
 
 from tk_cute.kernels import stream_read as sr
-from tk_cute.runtime import KernelCache, device_index, output, raw_stream
+from tk_cute.runtime import device_index, output, raw_stream
+from tk_cute.launcher import KernelCache
 
 _CACHE = KernelCache()  # device index -> Launcher
 

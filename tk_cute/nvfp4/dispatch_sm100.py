@@ -27,7 +27,8 @@ import torch
 
 from tk_cute import arch
 from tk_cute.layouts import nvfp4_codes
-from tk_cute.runtime import KernelCache, compile_locked, dtype_name, output, sm_count
+from tk_cute.runtime import dtype_name, output, sm_count
+from tk_cute.launcher import KernelCache, compile_locked
 from tk_cute.tuning import sm100 as sm100_tuning
 
 from . import validate

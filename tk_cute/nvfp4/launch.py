@@ -27,18 +27,8 @@ from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
 from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
 from tk_cute.layouts import nvfp4_codes
 from tk_cute.ops import schedule
-from tk_cute.runtime import (
-    OUT_ALIGN,
-    KernelCache,
-    aligned,
-    device_index,
-    dtype_name,
-    output,
-    raw_stream,
-    sm_count,
-    stream_k_buffers,
-    workspace,
-)
+from tk_cute.runtime import aligned, device_index, dtype_name, output, raw_stream, sm_count, stream_k_buffers, workspace
+from tk_cute.launcher import OUT_ALIGN, KernelCache
 from tk_cute.tuning import sm90 as sm90_tuning
 
 from . import validate

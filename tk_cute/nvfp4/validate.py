@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 import torch
 
-from tk_cute.runtime import OUT_ALIGN, check_out
+from tk_cute.runtime import check_out
+from tk_cute.launcher import OUT_ALIGN
 
 from .tensor import NVFP4Tensor, check_dense, codes_storage, describe, has_row_pitch, is_torchao
 

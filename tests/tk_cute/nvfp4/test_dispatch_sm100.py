@@ -359,10 +359,10 @@ def test_first_call_of_a_kernel_on_the_gpu_warns_once(on_gpu, monkeypatch):
     compiling and in the emulator (the compile and the launch are stand-ins here)."""
     import warnings
 
-    from tk_cute import runtime
+    from tk_cute import launcher, runtime
 
     launched = []
-    monkeypatch.setattr(D, "_CACHE", runtime.KernelCache())
+    monkeypatch.setattr(D, "_CACHE", launcher.KernelCache())
     monkeypatch.setattr(D, "compile_launch", lambda launch: lambda *args: launched.append(args))
     monkeypatch.setattr(runtime, "stream", lambda: None)
     a, b = operand(256, 256), operand(128, 256)

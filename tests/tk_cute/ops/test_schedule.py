@@ -14,7 +14,7 @@ import torch
 from cutlass.cute.runtime import make_fake_tensor, make_ptr
 
 from tk_cute.compile import build
-from tk_cute.runtime import placeholder_ptr
+from tk_cute.launcher import placeholder_ptr
 from tk_cute.ops import epilogue, schedule
 
 
