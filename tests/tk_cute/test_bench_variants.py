@@ -61,6 +61,35 @@ def test_nvfp4_model_layers():
     assert args.models == ["qwen2.5-7b"] and args.m == bench_nvfp4.DEFAULT_M
 
 
+def test_nvfp4_markdown_table():
+    """`--markdown`: the performance page's table from a run's rows (fresh numbers), with the
+    command, environment and commit; a shape missing a variant is left out."""
+    import random
+
+    rng = random.Random()
+    rows, want = [], {}
+    for M in (1, 256):
+        base = rng.uniform(10, 100)
+        us = {"tk_cute w4a16": base / 2.5, "tk_cute w4a4": base / 2.4, bench_nvfp4.BASELINE: base}
+        if M == 1:
+            us[bench_nvfp4.SPEED_OF_LIGHT] = base / 3.2
+            us["tk_cute w4a16 pdl"] = base / 2.9
+        for name, t in us.items():
+            rows.append(dict(variant=name, M=M, N=8192, K=8192, us=t, speedup=base / t,
+                             path="small_m" if M == 1 else "register_a_tiled(Nb=128)"))
+        want[M] = us
+    rows.append(dict(variant="tk_cute w4a16", M=3, N=8, K=16, us=1.0, speedup=1.0, path="x"))
+    md = bench_nvfp4.markdown(rows, "H200 env", "python -m tk_cute.bench nvfp4", "abc1234")
+    lines = md.splitlines()
+    assert lines[0] == "`python -m tk_cute.bench nvfp4`, commit abc1234. H200 env"
+    body = [line for line in lines if line.startswith("| 1x") or line.startswith("| 256x")]
+    assert len(body) == 2 and not any(line.startswith("| 3x") for line in lines)
+    one = [c.strip() for c in body[0].split("|")[1:-1]]
+    assert one[1] == f"{want[1]['tk_cute w4a16']:.1f}" and one[2] == "2.500"
+    assert one[6] == "3.200" and one[7] == "small_m (pdl=True 2.900x)"
+    assert [c.strip() for c in body[1].split("|")[1:-1]][6:] == ["-", "register_a_tiled(Nb=128)"]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit without a GPU")
 @pytest.mark.parametrize("bench", ["gemm", "nvfp4", "quantize", "model"])
 def test_benches_exit_clearly_without_a_gpu(bench):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 
 import torch
 
@@ -261,6 +262,9 @@ def _parser():
                    default="bfloat16", help="tk_cute's output dtype (the peers write bf16)")
     p.add_argument("--plot", help="write speedup-vs-M panels to this PNG/SVG file")
     p.add_argument("--json", help="write every result to this JSON file")
+    p.add_argument("--markdown", help="write the results as docs/performance.md's table (with "
+                                      "the command, environment and --commit) to this file")
+    p.add_argument("--commit", default=None, help="the commit measured (default: git HEAD)")
     return p
 
 
@@ -316,7 +320,43 @@ def main(argv=None):
     print(f"host overhead per eager tk_cute.nvfp4.gemm call (16x8192x8192): {us:.1f} us")
     if args.plot:
         _plot(results, args.plot, args.models)
+    if args.markdown:
+        command = "python -m tk_cute.bench nvfp4 " + " ".join(argv or sys.argv[1:])
+        with open(args.markdown, "w") as f:
+            f.write(markdown(results, env, command.strip(), args.commit or _git_head()))
+        print(f"markdown: {args.markdown}")
     return 0
+
+
+def _git_head() -> str:
+    import subprocess
+
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+
+def markdown(results: list[dict], env: str, command: str, commit: str) -> str:
+    """docs/performance.md's NVFP4 table from a run's results (`--json`'s "results"): per shape
+    W4A16 and W4A4 time and speedup over cuBLAS bf16, cuBLAS bf16 time, the weight-read speed
+    of light (M <= 128), the path; `pdl=True` where it beat the plain call by 3% or more."""
+    by: dict = {}
+    for r in results:
+        by.setdefault((r["M"], r["N"], r["K"]), {})[r["variant"]] = r
+    lines = [f"`{command}`, commit {commit}. {env}", "",
+             "| M x N x K | W4A16 us | x | W4A4 us | x | cuBLAS bf16 us | read W | path |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (M, N, K), v in by.items():
+        a, b, c = v.get("tk_cute w4a16"), v.get("tk_cute w4a4"), v.get(BASELINE)
+        if not (a and b and c):
+            continue
+        sol, pdl = v.get(SPEED_OF_LIGHT), v.get("tk_cute w4a16 pdl")
+        path = a["path"] or "-"
+        if pdl and pdl["speedup"] >= 1.03 * a["speedup"]:
+            path += f" (pdl=True {pdl['speedup']:.3f}x)"
+        read_w = f"{sol['speedup']:.3f}" if sol else "-"
+        lines.append(f"| {M}x{N}x{K} | {a['us']:.1f} | {a['speedup']:.3f} | {b['us']:.1f} | "
+                     f"{b['speedup']:.3f} | {c['us']:.1f} | {read_w} | {path} |")
+    return "\n".join(lines) + "\n"
 
 
 def _plot(results: list[dict], path: str, families) -> None:
