@@ -68,6 +68,14 @@ W4A4_STAGE_MAX_K = 8192
 # bf16, small-M / register-A): 16x4000x8192 W4A16 1.99 / 1.63x, W4A4 2.04 / 1.58x; 64x4000x8192
 # W4A16 0.81 / 1.44x.
 SMALL_M_TAIL_MAX_M = 16
+# The small-M kernel splits K only into a divisor of its K chunks (`small_m_splits`); where
+# divisibility leaves the split under this fraction of the one it aims for among all that fit a
+# CTA, and the register-A kernel (stream-K over any K) takes the shape, that kernel runs it.
+# H200 2026-12-05 (docs/facts.md#small-m-split; vs cuBLAS bf16): 1x3584x18944 (Qwen2.5-7B
+# down: 74 chunks = 2 x 37, S = 2 where 19 was the aim) small-M 52.0 us, 0.75x; the register-A
+# kernel at 16 rows 20.8 us, 1.90x (M = 1 not timed on it: the same weight bytes, fewer
+# activation rows).
+SMALL_M_SPLIT_MIN = 0.5
 # Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
 # W4A4. The dequantize pass costs N x K whatever M is, so it pays from enough rows, and sooner at
 # a short K (the tiled kernel's per-tile costs weigh more there). H200 A/B
@@ -97,9 +105,9 @@ PATHS = ("small_m", "register_a", "register_a_tiled", "dequantize")
 def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     """The path of one 2-D Hopper GEMM on a GPU of `sms` SMs (module docstring); every valid
     shape has one."""
-    if M <= W4A4_NATIVE_MAX_M and w4a4 and gv.supports(M, N, K):
+    if M <= W4A4_NATIVE_MAX_M and w4a4 and small_m_takes(w4a4, M, N, K, sms):
         return "small_m"
-    if M < RS_MIN_M and not w4a4 and gv.supports(M, N, K):
+    if M < RS_MIN_M and not w4a4 and small_m_takes(w4a4, M, N, K, sms):
         return "small_m"
     if N % rs.BAND and M <= SMALL_M_TAIL_MAX_M and gv.supports(M, N, K):
         return "small_m"
@@ -110,6 +118,17 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     if rst.supports(M, N, K) and not dequantize_wins(w4a4, M, N, K, sms):
         return "register_a_tiled"
     return "dequantize"
+
+
+def small_m_takes(w4a4: bool, M: int, N: int, K: int, sms: int) -> bool:
+    """Whether the small-M kernel takes a small-M call: it can (`gv.supports`), and its K split
+    is at least SMALL_M_SPLIT_MIN of the split it aims for (`small_m_splits(any_split=True)`)
+    or the register-A kernel cannot take the shape."""
+    if not gv.supports(M, N, K):
+        return False
+    cfg = small_m_config(M, N, K, w4a4, "bfloat16", sms)
+    aim = small_m_splits(dataclasses.replace(cfg, WN=1), N, K, sms, any_split=True)
+    return cfg.S >= SMALL_M_SPLIT_MIN * aim or not rs.supports(M, N, K)
 
 
 def split_tile_wins(M: int, N: int) -> bool:
@@ -188,17 +207,19 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     return dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas, XSMEM=xs if xs <= gv.MAX_XSMEM else 0)
 
 
-def small_m_splits(cfg: gv.Config, N: int, K: int, sms: int, ctas_per_sm: int | None = None) -> int:
+def small_m_splits(cfg: gv.Config, N: int, K: int, sms: int, ctas_per_sm: int | None = None,
+                   any_split: bool = False) -> int:
     """S: K-slices (warps along K), the divisor of K / k_chunk nearest (in ratio; ties: larger)
     to about ctas_per_sm x 8 warps per SM in all: enough 16-byte loads in flight to cover HBM
     latency; at most what fits a CTA. Default ctas_per_sm: 2 for up to two activation tiles
     (M <= 16), else 1 (H200 sweeps: S=8 at N=K=8192 and S=2 at N=28672 for M=1 and 16; S=4 at
-    M=64)."""
+    M=64). `any_split`: among every split that fits, divisor or not (what divisibility costs:
+    `small_m_takes`)."""
     if ctas_per_sm is None:
         ctas_per_sm = 2 if cfg.NT <= 2 else 1
     chunks, groups = K // cfg.k_chunk, N // (16 * cfg.MT)
     want = max(1.0, sms * ctas_per_sm * 8 / groups)
-    fits = [d for d in range(1, chunks + 1) if chunks % d == 0 and cfg.fits(d)]
+    fits = [d for d in range(1, chunks + 1) if (any_split or chunks % d == 0) and cfg.fits(d)]
     return min(fits, key=lambda d: (abs(math.log(d / want)), -d))
 
 
