@@ -6,7 +6,8 @@ below); the kernels' designs and limits in docs/nvfp4_hopper.md.
 
 Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "small_m" (`kernels/gemm/nvfp4_gemv_sm90.py`, mma.sync streaming the weights): M < RS_MIN_M
-  and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M; up to
+  and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M, unless divisibility
+  starves its K split (`small_m_takes`: the register-A kernel then); up to
   SMALL_M_TAIL_MAX_M where N % 128 != 0; also W4A16 M <= 64 where the register-A kernel cannot
   take N or K.
 - "register_a" (`kernels/gemm/nvfp4_rs_sm90.py`, weights decoded into wgmma A registers):
