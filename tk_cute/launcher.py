@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -167,18 +166,36 @@ class Launcher:
     `generate_execution_args` costs ~6 us per call plus ~1 us per runtime object, DLPack views
     ~10-20 us per tensor, and its `run_compiled_program` (a lock, a per-argument conversion
     loop) ~4 us more than the compiled host function it calls. So each thread keeps its slots
-    in one buffer, refilled by one `struct.pack_into`, and, once the DSL has built its executor
-    on the first call, calls that executor's compiled host function on a packed-argument array
-    made once (`_direct`); objects without one (test doubles) keep `run_compiled_program`."""
+    in one array of 8-byte cells (written in place, i32 in the low half: little-endian, as the
+    slots' ctypes) and, once the DSL has built its executor on the first call, calls that
+    executor's compiled host function on a packed-argument array made once (`_direct`);
+    objects without one (test doubles) keep `run_compiled_program`.
 
-    def __init__(self, compiled, signature: Signature):
+    `bind(**fixed)` gives the same kernel with some arguments fixed: written once per thread,
+    so a prepared call (`tk_cute.nvfp4.gemm.Call`) passes only what changes per call (the
+    activations, D, the stream)."""
+
+    def __init__(self, compiled, signature: Signature, fixed: dict | None = None):
         self.compiled, self.signature = compiled, signature
+        self.fixed = dict(fixed or {})
         self._tls = threading.local()
-        self._names = signature.names + ("stream",)
-        # One 8-byte cell per slot (i32 in the low half: little-endian, as the slots' ctypes).
-        self._struct = struct.Struct("<" + "".join(
-            "i4x" if cls is ctypes.c_int32 else "q" if cls is ctypes.c_int64 else "Q"
-            for cls in signature._slots))
+        names = signature.names + ("stream",)
+        masks = [(1 << 32) - 1 if cls is ctypes.c_int32 else (1 << 64) - 1
+                 for cls in signature._slots]
+        self._cells = tuple(zip(range(len(names)), names, masks))
+        self._free = tuple(c for c in self._cells if c[1] not in self.fixed)
+        self._free_keys = frozenset(n for _, n, _ in self._free)
+        unknown = self.fixed.keys() - set(names)
+        if unknown:
+            raise TypeError(f"launch arguments are {names}, bound {sorted(unknown)}")
+
+    def bind(self, **fixed) -> Launcher:
+        """This kernel with `fixed` arguments written once; a call passes the others."""
+        taken = fixed.keys() - self._free_keys
+        if taken:
+            raise TypeError(f"{sorted(taken)} are not free arguments of this launch "
+                            f"(free: {sorted(self._free_keys)})")
+        return Launcher(self.compiled, self.signature, {**self.fixed, **fixed})
 
     def check_against_dsl(self, values: dict | None = None) -> None:
         """Raise unless our slots hold what the DSL's own packing holds (once per kernel)."""
@@ -196,20 +213,26 @@ class Launcher:
         del dsl_args
 
     def _slots(self):
-        """This thread's argument buffer and the slot addresses handed to the DSL."""
+        """This thread's argument cells (the fixed ones written) and their addresses."""
         t = self._tls
-        if not hasattr(t, "buf"):
-            t.buf = ctypes.create_string_buffer(8 * len(self._names))
-            base = ctypes.addressof(t.buf)
-            t.addrs = [ctypes.c_void_p(base + 8 * i) for i in range(len(self._names))]
+        if not hasattr(t, "cells"):
+            t.cells = (ctypes.c_uint64 * len(self._cells))()
+            base = ctypes.addressof(t.cells)
+            t.addrs = [ctypes.c_void_p(base + 8 * i) for i in range(len(self._cells))]
+            for i, n, mask in self._cells:
+                if n in self.fixed:
+                    t.cells[i] = self.fixed[n] & mask
             t.run = None
         return t
 
     def __call__(self, **values):
-        if values.keys() != self.signature.keys:
-            self.signature.pack(values)  # raises, naming the arguments
+        if values.keys() != self._free_keys:
+            raise TypeError(f"launch arguments are {sorted(self._free_keys)}"
+                            f"{' (others bound)' if self.fixed else ''}, got {sorted(values)}")
         t = self._slots()
-        self._struct.pack_into(t.buf, 0, *[values[n] for n in self._names])
+        cells = t.cells
+        for i, n, mask in self._free:
+            cells[i] = values[n] & mask
         if t.run is None:
             self.compiled.run_compiled_program(t.addrs)  # the DSL makes its executor here
             t.run = self._direct(t.addrs)

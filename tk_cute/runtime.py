@@ -108,12 +108,13 @@ def workspace(name: str, nbytes: int, device: torch.device, stream: int) -> torc
     up to `WORKSPACE_CACHE_BYTES` are kept per (device, stream, name) and handed out again.
     That is safe because every use of a buffer is ordered on its stream: a call's kernels
     finish with it before the next call's kernels on that stream touch it (a programmatic
-    dependent launch still waits for the kernel before it ends before writing memory). While
-    the stream is capturing a CUDA graph, and on CPU tensors (the launch tests), each call
-    allocates, as torch's caching allocator would: a graph keeps its own memory. A dropped or
+    dependent launch still waits for the kernel before it ends before writing memory). Where
+    `per_call_buffers` (a CUDA graph capture, the custom ops), and on CPU tensors (the launch
+    tests), each call allocates, as torch's caching allocator would: a graph keeps its own
+    memory. A dropped or
     replaced buffer goes back to torch's allocator, which hands it out again only in the order
     of its stream."""
-    if device.type != "cuda" or nbytes > WORKSPACE_CACHE_BYTES or _capturing():
+    if device.type != "cuda" or nbytes > WORKSPACE_CACHE_BYTES or per_call_buffers():
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
     return _kept((device_index(device), stream, name), nbytes, lambda: torch.empty(
         max(nbytes, 1 << 16), dtype=torch.uint8, device=device))
@@ -123,8 +124,8 @@ def zeroed_flags(name: str, count: int, device: torch.device, stream: int) -> to
     """`count` int32 flags, zero when handed out, that a kernel on `stream` sets and clears
     again before it ends (stream-K's handover flags): kept per (device, stream, name) like
     `workspace` (fresh zeros while capturing a graph, whose replays then clear them as they
-    go)."""
-    if device.type != "cuda" or _capturing():
+    go; per call too inside `fresh_buffers`)."""
+    if device.type != "cuda" or per_call_buffers():
         return torch.zeros(count, dtype=torch.int32, device=device)
     return _kept((device_index(device), stream, "flags:" + name), count, lambda: torch.zeros(
         max(count, 1024), dtype=torch.int32, device=device))
@@ -164,8 +165,29 @@ def _kept(key, numel: int, make) -> torch.Tensor:
     return buf
 
 
-def _capturing() -> bool:
-    return torch.cuda.is_current_stream_capturing()
+_FRESH = threading.local()
+
+
+def fresh_buffers(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)` with every kept buffer (`workspace`, `zeroed_flags`, quantize's shared zero
+    flag) allocated per call instead: what the custom ops (`tk_cute.nvfp4.ops`) run under.
+    A compiled graph may call them while torch routes all of the thread's allocations to a
+    CUDA-graph pool (``torch.compile(mode="reduce-overhead")``'s graph trees warm up and record
+    that way, not capturing the stream): a buffer kept past the call would be a pool
+    allocation that no graph output tracks, which the trees reject."""
+    depth = getattr(_FRESH, "depth", 0)
+    _FRESH.depth = depth + 1
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _FRESH.depth = depth
+
+
+def per_call_buffers() -> bool:
+    """Whether buffers must be allocated per call here: the current stream is capturing a CUDA
+    graph (a graph keeps its own memory), or inside `fresh_buffers`."""
+    return getattr(_FRESH, "depth", 0) > 0 or torch.cuda.is_current_stream_capturing()
+
 
 
 def stream():

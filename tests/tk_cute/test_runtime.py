@@ -118,7 +118,7 @@ def fake_cuda(monkeypatch):
 
     monkeypatch.setattr(runtime.torch, "empty", empty)
     monkeypatch.setattr(runtime.torch, "zeros", zeros)
-    monkeypatch.setattr(runtime, "_capturing", lambda: False)
+    monkeypatch.setattr(runtime.torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(runtime, "_WORKSPACES", {})
     return made
 
@@ -139,7 +139,13 @@ def test_workspaces_are_reused_per_device_stream_and_name(fake_cuda, monkeypatch
     assert runtime.workspace("planes", huge, dev0, 7) is not runtime.workspace(
         "planes", huge, dev0, 7)
     assert len(fake_cuda) == n + 2
-    monkeypatch.setattr(runtime, "_capturing", lambda: True)  # a graph keeps its own memory
+    # inside the custom ops (torch's graph trees may route the thread's allocations to a
+    # graph pool) and while capturing (a graph keeps its own memory): per call
+    assert runtime.fresh_buffers(runtime.workspace, "planes", 1000, dev0, 7) is not big
+    assert runtime.fresh_buffers(runtime.zeroed_flags, "f", 10, dev0, 7) is not \
+        runtime.zeroed_flags("f", 10, dev0, 7)
+    assert runtime.workspace("planes", 1000, dev0, 7) is big  # (outside again: kept)
+    monkeypatch.setattr(runtime.torch.cuda, "is_current_stream_capturing", lambda: True)
     assert runtime.workspace("planes", 1000, dev0, 7) is not big
 
 
@@ -171,3 +177,22 @@ def test_stream_k_buffers_hold_one_slot_and_one_zero_flag_per_cta(fake_cuda):
     again = runtime.stream_k_buffers("tiled_stream_k", 200, 64, 4096, 132, dev, 3)
     assert again[0] == 132 and again[2] is flags  # (the kept flags fit: handed out again)
     assert runtime.stream_k_buffers("dense_stream_k", 64, 64, 4096, 132, dev, 3)[2] is not flags
+
+
+def test_bound_launcher_packs_fixed_and_free_arguments():
+    compiled = FakeCompiled()
+    base = launcher.Launcher(compiled, SIG)
+    v0 = _values(0)
+    bound = base.bind(a=v0["a"], lda=v0["lda"])
+    for seed in range(3):
+        v = _values(seed)
+        bound(M=v["M"], out=v["out"], stream=v["stream"])
+        _, ours = SIG.pack({**v, "a": v0["a"], "lda": v0["lda"]})
+        seen, _ = compiled._default_executor.calls[-1]
+        assert seen == [ctypes.string_at(p, ctypes.sizeof(c)) for p, c in zip(ours, SIG._slots)]
+    with pytest.raises(TypeError, match="launch arguments are"):
+        bound(**v0)  # the bound ones may not be passed again
+    with pytest.raises(TypeError, match="not free"):
+        bound.bind(a=1)
+    with pytest.raises(TypeError, match="bound"):
+        launcher.Launcher(compiled, SIG, {"nope": 1})

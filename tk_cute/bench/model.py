@@ -2,7 +2,7 @@
 
     python -m tk_cute.bench model [--m 1 16 256 2048] [--hidden 8192] [--intermediate 28672]
                                   [--activations bf16 nvfp4] [--no-compile] [--rounds 20]
-                                  [--json FILE]
+                                  [--json FILE] [--host-only]
 
 The block is ``down(silu(gate(x)) * up(x))`` (Llama's MLP, no biases; hidden H, intermediate
 I), one model per variant built from the same random bf16 weights:
@@ -14,8 +14,9 @@ I), one model per variant built from the same random bf16 weights:
   the weight buffers; W4A4 quantizes its activations per call).
 Each runs "eager" (a Python forward per call: host time included) and "CUDA graph" (the
 harness captures the eager forwards, `harness.bench(graph=True)`: GPU time alone); the tk_cute
-models also run "compiled" (``torch.compile(fullgraph=True)``, default mode, eager launches of
-the compiled graph). "vs base" is against "bf16 eager" for the eager and compiled rows and
+models also run "compiled default" (``torch.compile(fullgraph=True)``: eager launches of the
+compiled graph) and "compiled reduce-overhead" (the same in torch's CUDA graph trees). The
+per-call host costs at 1x256x256 (`host_costs`, `--host-only`) follow, beside torch's own. "vs base" is against "bf16 eager" for the eager and compiled rows and
 against "bf16 CUDA graph" for the graph rows; notes give tokens/s (M rows per call) and the
 output's relative error against the bf16 model's (Frobenius norms). GB/s counts each
 variant's weight bytes (2, 1 and 0.5625 B per element). Everything runs under
@@ -131,9 +132,51 @@ def variants(models: dict[str, nn.Module], compile: bool = True) -> dict:
     for name, model in models.items():
         v[f"{name} eager"] = lambda s, m=model: m(s["x"])
         if compile and name.startswith("tk_cute"):
-            compiled = torch.compile(model, fullgraph=True, dynamic=False)
-            v[f"{name} compiled"] = lambda s, m=compiled: m(s["x"])
+            for mode in COMPILE_MODES:
+                compiled = torch.compile(model, fullgraph=True, dynamic=False, mode=mode)
+                v[f"{name} compiled {mode}"] = lambda s, m=compiled: m(s["x"])
     return v
+
+
+COMPILE_MODES = ("default", "reduce-overhead")
+
+
+def host_costs(M: int = 1, N: int = 256, K: int = 256, calls: int = 1000) -> dict[str, float]:
+    """Host microseconds per eager call at a tiny shape (the GPU idles: what is measured is
+    the Python and launch cost), torch's own calls first: {name: us}. `nvfp4.quantize` runs
+    unchecked (`check_finite=False`) and checked (its one host sync, waiting for the GPU)."""
+    from tk_cute import nvfp4
+
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    lin = nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+    qw, qx = nvfp4.quantize(lin.weight.detach()), nvfp4.quantize(x)
+    l16 = nvfp4.Linear.from_nvfp4(qw)
+    l4 = nvfp4.Linear.from_nvfp4(qw, activations="nvfp4")
+    fns = {"torch a @ w.t()": lambda: x @ w.t(), "torch nn.Linear": lambda: lin(x),
+           "nvfp4.gemm w4a16": lambda: nvfp4.gemm(x, qw),
+           "nvfp4.gemm w4a4": lambda: nvfp4.gemm(qx, qw),
+           "nvfp4.Linear w4a16": lambda: l16(x), "nvfp4.Linear w4a4": lambda: l4(x),
+           "nvfp4.quantize unchecked": lambda: nvfp4.quantize(x, check_finite=False),
+           "nvfp4.quantize checked (syncs)": lambda: nvfp4.quantize(x)}
+    with torch.inference_mode():
+        return {n: min(host_overhead(lambda _, f=f: f(), None, calls) for _ in range(3))
+                for n, f in fns.items()}
+
+
+def print_host_costs(M: int = 1, N: int = 256, K: int = 256) -> list[dict]:
+    """`host_costs` as lines, each tk_cute call against torch's (`a @ w.t()` for gemm and
+    quantize, `nn.Linear` for Linear)."""
+    costs = host_costs(M, N, K)
+    rows = []
+    print(f"host time per eager call at {M}x{N}x{K} (mean of 1,000 calls, best of 3), us:")
+    for name, us in costs.items():
+        base = costs["torch nn.Linear" if "Linear" in name else "torch a @ w.t()"]
+        ratio = "" if name.startswith("torch") else f" ({us / base:.2f}x torch's)"
+        print(f"  {name:<32} {us:7.1f}{ratio}")
+        rows.append({"call": name, "M": M, "N": N, "K": K, "host_us": us,
+                     "vs_torch": None if name.startswith("torch") else us / base})
+    return rows
 
 
 def graph_variants(v: dict) -> dict:
@@ -153,6 +196,8 @@ def _parser():
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write every result to this JSON file")
+    p.add_argument("--host-only", action="store_true",
+                   help="only the per-call host costs at 1x256x256 beside torch's")
     return p
 
 
@@ -170,6 +215,12 @@ def main(argv=None):
     H, I = args.hidden, args.intermediate
     env = environment()
     print(env)
+    if args.host_only:
+        host = print_host_costs()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"environment": env, "host": host}, f, indent=1)
+        return 0
     print(f"MLP block down(silu(gate(x)) * up(x)), hidden {H}, intermediate {I}; timing: "
           f"tk_cute/bench/harness.py (eager/compiled: host included; CUDA graph: GPU alone)")
     models = build_models(H, I, "cuda", args.seed, tuple(args.activations))
@@ -216,4 +267,8 @@ def main(argv=None):
         if name in models:
             us = host_overhead(lambda s, m=models[name]: m(s), x)
             print(f"host time per eager forward, M = 1, {name}: {us:.1f} us")
+    host = print_host_costs()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "results": results, "host": host}, f, indent=1)
     return 0

@@ -45,8 +45,7 @@ def _amax_only(s):
     x = s[0]
     plan = launch._quantize_plan(x, False, False, None)
     ws = torch.empty(plan.ws_words, dtype=torch.float32, device=x.device)
-    plan.amax(x=x.data_ptr(), partials=ws.data_ptr(), n_vec=plan.n_vec, grid=plan.grid,
-              stream=raw_stream(plan.device_index))
+    plan.amax(x=x.data_ptr(), partials=ws.data_ptr(), stream=raw_stream(plan.device_index))
 
 
 def _variants(sweep: bool):

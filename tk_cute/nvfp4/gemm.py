@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +44,7 @@ from tk_cute.runtime import dtype_name
 from tk_cute.tuning import sm90 as sm90_tuning
 
 from . import validate
-from .tensor import NVFP4Tensor
+from .tensor import NVFP4Tensor, normalize_parts
 
 
 
@@ -229,20 +231,128 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
                         "'nvfp4'")
     if out_dtype is None:
         out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
-    op = validate.gemm_operands(a, b, out_dtype, out=out, pdl=pdl)
-    p = _plan(op, b.device, out_dtype, pdl, path, _scale_format(a, b))
-    if p.path == "reference":
-        from .reference import gemm_reference, w4a16_reference
+    if not isinstance(b, NVFP4Tensor):
+        validate.gemm_operands(a, b, out_dtype)  # raises, naming b
+    return prepared(a, b.data, b.scales, b.global_scale, b.shape, b.scale_format, out_dtype,
+                    pdl, path)(a, out)
 
-        d = (gemm_reference if op.w4a4 else w4a16_reference)(a, b, out_dtype)
-        return d if out is None else out.copy_(d)
-    d = out if out is not None else torch.empty(op.out_shape, dtype=out_dtype,
-                                                device=b.device)
-    if op.w4a4 or op.batched or a.dim() == 2:
-        run(p, a, b, d)
-    else:  # W4A16 (..., K): rows are all leading dims (two views: ~4 us of host time)
-        run(p, a.reshape(op.M, op.K), b, d.view(op.M, op.N))
-    return d
+
+# ---------------------------------------------------------------- prepared calls
+# Calls kept per weight (keyed by its codes tensor, held weakly: dropping the weights drops
+# their calls) and per activation shape, dtype and device, out dtype, pdl and path; past this
+# many per weight the oldest is dropped (a prefill of ever new lengths must not grow them).
+CALLS_PER_WEIGHT = 64
+_CALLS: dict = {}  # id(codes) -> (weakref to the codes, {key: Call})
+_CALLS_LOCK = threading.Lock()
+
+
+class Call:
+    """A `gemm` call prepared once per (weights, activation shape, dtype and device, out dtype,
+    pdl, path): the validation, the `Plan` and every launch argument the weights and the
+    shape fix (`launch.SmallM` / `launch.RegisterA`: the decode paths, whose GPU time is a
+    few microseconds) are done once; a call checks only what may differ between two
+    activations of one shape (its rows' addresses; `out` when given), allocates D and
+    launches. Other paths run `run` on the kept plan. `prepared` finds or makes one.
+
+    Holds the weights' scales and decode scale but not their codes (a weak reference), so the
+    cache keyed by the codes lets the weights go."""
+
+    def __init__(self, a, b: NVFP4Tensor, out_dtype, pdl: bool, path: str | None):
+        self.op = op = validate.gemm_operands(a, b, out_dtype, pdl=pdl)
+        self.plan = p = _plan(op, b.device, out_dtype, pdl, path, _scale_format(a, b))
+        self.out_dtype, self.device = out_dtype, b.device
+        self.scales, self.global_scale = b.scales, b.global_scale
+        self.shape, self.scale_format = b.shape, b.scale_format
+        self._codes = weakref.ref(b.data)
+        self.held = None  # the codes, for a call that is not kept (`prepared`)
+        self._rows = not op.w4a4 and not op.batched and a.dim() != 2  # W4A16 (..., K)
+        self._launch = None
+        if p.path in ("small_m", "register_a") and not p.pad_n:
+            from . import launch
+
+            kind = launch.SmallM if p.path == "small_m" else launch.RegisterA
+            self._launch = kind(b, p.config, op.M)
+            if self._launch.wsf is not b.scales:  # (a copy would miss in-place updates)
+                self._launch = None
+
+    def weights(self) -> NVFP4Tensor:
+        codes = self._codes()
+        if codes is None:
+            raise RuntimeError("the weights of this prepared gemm call were freed")
+        return NVFP4Tensor.trusted(codes, self.scales, self.global_scale, self.shape,
+                                   self.scale_format)
+
+    def __call__(self, a, out: torch.Tensor | None = None) -> torch.Tensor:
+        op = self.op
+        if out is not None:
+            validate.check_out(out, op.out_shape, self.out_dtype, self.device, "gemm")
+        if self.plan.path == "reference":
+            from .reference import gemm_reference, w4a16_reference
+
+            d = (gemm_reference if op.w4a4 else w4a16_reference)(a, self.weights(),
+                                                                self.out_dtype)
+            return d if out is None else out.copy_(d)
+        d = torch.empty(op.out_shape, dtype=self.out_dtype, device=self.device) \
+            if out is None else out
+        a2, d2 = (a.reshape(op.M, op.K), d.view(op.M, op.N)) if self._rows else (a, d)
+        if self._launch is not None:
+            self._launch(a2, d2)
+        else:
+            run(self.plan, a2, self.weights(), d2)
+        return d
+
+
+def prepared(a, data, scales, global_scale, shape, scale_format: str, out_dtype, pdl: bool,
+             path: str | None) -> Call:
+    """The `Call` of `gemm(a, b, out_dtype, pdl=pdl, path=path)` for weights b given by their
+    parts (an NVFP4Tensor's, `Linear`'s buffers or the custom op's arguments, in any form the
+    NVFP4Tensor constructor accepts; their values trusted), kept per weight (`_CALLS`). A new
+    key normalizes and checks the parts' forms (`normalize_parts`) and validates in full
+    (`Call`); a kept one is found by the activations' type, shape, dtype, device and layout
+    and the weights' parts, shape and format, so anything that differs is a new key, never a
+    skipped check. Parts that normalizing changes (flat scales, unpadded codes) are not kept:
+    each call pays the normalization, as before."""
+    if pdl is not True and pdl is not False:
+        validate.flag("pdl", pdl)
+    try:
+        if isinstance(a, NVFP4Tensor):
+            desc = (NVFP4Tensor, a.shape, a.scale_format, a.data.device)
+        else:
+            desc = (type(a), a.shape, a.dtype, a.device, a.layout)
+        key = (desc, id(scales), id(global_scale), shape, scale_format, data.data_ptr(),
+               out_dtype, pdl, path)
+    except Exception:  # noqa: BLE001 - no shape / dtype: the validation names the problem
+        key = None
+    entry = _CALLS.get(id(data))
+    calls = entry[1] if entry is not None and entry[0]() is data else None
+    call = calls.get(key) if calls is not None and key is not None else None
+    if call is None:
+        parts = normalize_parts(data, scales, global_scale, shape, scale_format)
+        call = Call(a, NVFP4Tensor.trusted(*parts, scale_format), out_dtype, pdl, path)
+        if key is not None and all(x is y for x, y in zip(parts, (data, scales, global_scale))):
+            with _CALLS_LOCK:
+                calls = calls if calls is not None else _calls_of(data)
+                while len(calls) >= CALLS_PER_WEIGHT:
+                    del calls[next(iter(calls))]
+                calls[key] = call
+        else:  # parts in other forms, copied or viewed: a call of its own, not kept
+            call.held = parts[0]
+    return call
+
+
+def _calls_of(data) -> dict:
+    """The kept calls of the weights whose codes are `data` (a new, empty dict: the entry is
+    removed when `data` is freed)."""
+    key = id(data)
+
+    def forget(ref):
+        e = _CALLS.get(key)
+        if e is not None and e[0] is ref:
+            del _CALLS[key]
+
+    calls: dict = {}
+    _CALLS[key] = (weakref.ref(data, forget), calls)
+    return calls
 
 
 def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None = None,

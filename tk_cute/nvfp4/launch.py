@@ -63,54 +63,80 @@ def codes(q: NVFP4Tensor) -> int:
 def small_m(a, b: NVFP4Tensor, out: torch.Tensor, cfg: gv.Config, gsb=None) -> torch.Tensor:
     """The small-M kernel: a bf16 (M, K) or NVFP4Tensor (W4A4, decoded in the kernel); `gsb`
     replaces gB as the output's scale (W4A4 on decoded bf16 activations: gA * gB)."""
-    w4a4 = isinstance(a, NVFP4Tensor)
-    M, K = a.shape[-2], a.shape[-1]
-    gsb = b.global_scale if gsb is None else gsb
-    # (every tensor whose address a launch takes stays referenced until it is queued: a copy
-    # freed earlier could back the call's next allocation)
-    wsf = aligned(b.scales, 2)
-    if w4a4:
-        x, xsf, gsa = codes(a), aligned(a.scales, 2), a.global_scale
-    else:
-        xt = aligned(a)
-        x, xsf, gsa = xt.data_ptr(), b.scales, gsb  # (xsf, gsa unused)
-    index = device_index(b.device)
-    launch = _SMALL_M.get((cfg, index), lambda: gv.compile_launcher(cfg))
-    launch(w=codes(b), wsf=wsf.data_ptr(), x=x,
-           xsf=xsf.data_ptr(), gsb=gsb.data_ptr(), gsa=gsa.data_ptr(), out=out.data_ptr(),
-           M=M, N=b.M, K=K, trips=K // cfg.k_chunk // cfg.S, stream=raw_stream(index))
-    return out
+    return SmallM(b, cfg, a.shape[-2], gsb)(a, out)
+
+
+class SmallM:
+    """The small-M kernel prepared for weights b, M rows and `cfg`: every argument the weights
+    and the shape fix is bound once (`Launcher.bind`); a call passes the activations, D and
+    the stream. Holds the weights' scales and decode scale (their addresses are bound), not
+    the codes."""
+
+    def __init__(self, b: NVFP4Tensor, cfg: gv.Config, M: int, gsb=None):
+        K = b.K
+        self.gsb = b.global_scale if gsb is None else gsb
+        self.wsf = aligned(b.scales, 2)
+        self.w4a4, self.index = cfg.w4a4, device_index(b.device)
+        fixed = dict(w=codes(b), wsf=self.wsf.data_ptr(), gsb=self.gsb.data_ptr(), M=M, N=b.M,
+                     K=K, trips=K // cfg.k_chunk // cfg.S)
+        if not cfg.w4a4:  # (unread by W4A16)
+            fixed.update(xsf=fixed["wsf"], gsa=fixed["gsb"])
+        self.launch = _SMALL_M.get((cfg, self.index),
+                                   lambda: gv.compile_launcher(cfg)).bind(**fixed)
+
+    def __call__(self, a, out: torch.Tensor) -> torch.Tensor:
+        # (every tensor whose address a launch takes stays referenced until it is queued: a
+        # copy freed earlier could back the call's next allocation)
+        if self.w4a4:
+            xsf = aligned(a.scales, 2)
+            self.launch(x=codes(a), xsf=xsf.data_ptr(), gsa=a.global_scale.data_ptr(),
+                        out=out.data_ptr(), stream=raw_stream(self.index))
+        else:
+            x = aligned(a)
+            self.launch(x=x.data_ptr(), out=out.data_ptr(), stream=raw_stream(self.index))
+        return out
 
 
 def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
                ctas: int | None = None, gsb=None) -> torch.Tensor:
     """The register-A kernel (M <= 128) on bf16 activations a (M, K), or on NVFP4 ones (W4A4,
-    `cfg.a_format` "nvfp4": decoded in the kernel's permute pass); `gsb` as in `small_m`.
-    Workspaces (`runtime.workspace`, on the launch's stream): the fp32 partial planes and,
-    with permute "call", the permuted activations (W4A4: and D's scale after them)."""
-    (M, K), N = a.shape, b.M
-    dev = b.device
-    rs.check_shape(cfg, M, N, K)  # (a K tail without cfg.K_TAIL would drop it silently)
-    if ctas is None:
-        ctas = sm90_tuning.register_a_ctas(cfg, N, K, sm_count(dev))
-    ctas = min(ctas, rs.stream_units(cfg, N, K))
-    planes = schedule.stream_k_spans(ctas, rs.row_blocks(cfg, N))
-    index = device_index(dev)
-    st = raw_stream(index)
-    ws = workspace("planes", 4 * planes * M * N, dev, st)
-    launch = _REGISTER_A.get((cfg, index), lambda: rs.compile_launcher(cfg))
-    gs = (b.global_scale if gsb is None else gsb).data_ptr()
-    wsf = aligned(b.scales)  # (held until the launch: `small_m`)
-    common = dict(w=codes(b), wsf=wsf.data_ptr(), gsb=gs,
-                  out=out.data_ptr(), ws=ws.data_ptr(), M=M, N=N, K=K, ctas=ctas, stream=st)
-    if cfg.a_format == "nvfp4":
-        args, _held = _decoded_activations(a, st, cfg.N_ACT)
-        launch(**args, **common)
+    `cfg.a_format` "nvfp4": decoded in the kernel's permute pass); `gsb` as in `small_m`."""
+    return RegisterA(b, cfg, a.shape[0], ctas, gsb)(a, out)
+
+
+class RegisterA:
+    """The register-A kernel prepared for weights b, M rows, `cfg` and its grid (`ctas`;
+    default `sm90_tuning.register_a_ctas`), as `SmallM`. Workspaces per call
+    (`runtime.workspace`, on the launch's stream): the fp32 partial planes and, with permute
+    "call", the permuted activations (W4A4: and D's scale after them)."""
+
+    def __init__(self, b: NVFP4Tensor, cfg: rs.Config, M: int, ctas: int | None = None,
+                 gsb=None):
+        N, K, dev = b.M, b.K, b.device
+        rs.check_shape(cfg, M, N, K)  # (a K tail without cfg.K_TAIL would drop it silently)
+        if ctas is None:
+            ctas = sm90_tuning.register_a_ctas(cfg, N, K, sm_count(dev))
+        ctas = min(ctas, rs.stream_units(cfg, N, K))
+        self.ws_bytes = 4 * schedule.stream_k_spans(ctas, rs.row_blocks(cfg, N)) * M * N
+        self.cfg, self.K, self.device, self.index = cfg, K, dev, device_index(dev)
+        self.gsb = b.global_scale if gsb is None else gsb
+        self.wsf = aligned(b.scales)
+        self.launch = _REGISTER_A.get((cfg, self.index), lambda: rs.compile_launcher(cfg)).bind(
+            w=codes(b), wsf=self.wsf.data_ptr(), gsb=self.gsb.data_ptr(), M=M, N=N, K=K,
+            ctas=ctas)
+
+    def __call__(self, a, out: torch.Tensor) -> torch.Tensor:
+        cfg, st = self.cfg, raw_stream(self.index)
+        ws = workspace("planes", self.ws_bytes, self.device, st)
+        if cfg.a_format == "nvfp4":
+            args, _held = _decoded_activations(a, st, cfg.N_ACT)
+            self.launch(**args, out=out.data_ptr(), ws=ws.data_ptr(), stream=st)
+            return out
+        x = aligned(a)
+        xp = _permuted_buffer(cfg.N_ACT, self.K, self.device, st) if cfg.permute == "call" else x
+        self.launch(x=x.data_ptr(), xp=xp.data_ptr(), out=out.data_ptr(), ws=ws.data_ptr(),
+                    stream=st)
         return out
-    x = aligned(a)
-    xp = _permuted_buffer(cfg.N_ACT, K, dev, st) if cfg.permute == "call" else x
-    launch(x=x.data_ptr(), xp=xp.data_ptr(), **common)
-    return out
 
 
 def _permuted_buffer(rows: int, K: int, device, stream: int, extra: int = 0) -> torch.Tensor:
@@ -267,6 +293,7 @@ def dequantize_pair(a: NVFP4Tensor, b: NVFP4Tensor, out_a: torch.Tensor | None =
 
 
 _QUANTIZE = KernelCache()
+PARTIALS_WORD = 4  # the quantizer's workspace: the decode scale, then the amax partials here
 # Quantize plans kept, one per (dtype, shape, device, mode, config) (~1.3 KB each); past this
 # the oldest is dropped (code that quantizes ever new shapes must not grow the dict).
 QUANTIZE_PLAN_ENTRIES = 1024
@@ -297,10 +324,14 @@ class _QuantizePlan:
         per_cta = cfg.amax_threads * cfg.amax_unroll
         self.grid = 0 if given else max(1, min(sm_count(x.device) * cfg.amax_ctas_per_sm,
                                                -(-self.n_vec // per_cta)))
-        self.ws_words = self.grid + 1  # amax partials, then the decode scale
-        self.amax = None if given else _QUANTIZE.get(("amax", cfg),
-                                                     lambda: nq.compile_amax(cfg))
-        self.quant = _QUANTIZE.get(("quantize", cfg), lambda: nq.compile_quantize(cfg))
+        # the decode scale (the result's global scale: a 0-dim view at offset 0, a tensor of
+        # its own as an op output must be), then the amax partials from 16 bytes on
+        self.ws_words = PARTIALS_WORD + self.grid
+        # the launches with what the shape fixes bound (`Launcher.bind`)
+        self.amax = None if given else _QUANTIZE.get(
+            ("amax", cfg), lambda: nq.compile_amax(cfg)).bind(n_vec=self.n_vec, grid=self.grid)
+        self.quant = _QUANTIZE.get(("quantize", cfg), lambda: nq.compile_quantize(cfg)).bind(
+            M=M, K=K, L=self.L, n_partials=self.grid)
 
 
 def _quantize_plan(x, given: bool, check: bool, config) -> _QuantizePlan:
@@ -338,6 +369,7 @@ def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
         scales = torch.empty(plan.scales_shape, dtype=torch.uint8, device=dev)
     ws = torch.empty(plan.ws_words, dtype=torch.float32, device=dev)
     wp = ws.data_ptr()
+    partials = wp + 4 * PARTIALS_WORD
     st = raw_stream(plan.device_index)
     if given:
         gs = global_scale
@@ -346,18 +378,17 @@ def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
         gs_in = gs.data_ptr()
     else:
         gs_in = wp
-        plan.amax(x=x.data_ptr(), partials=wp, n_vec=plan.n_vec, grid=plan.grid, stream=st)
+        plan.amax(x=x.data_ptr(), partials=partials, stream=st)
     flag = torch.zeros(1, dtype=torch.int32, device=dev) if plan.cfg.flag else None
-    plan.quant(x=x.data_ptr(), data=data.data_ptr(), scales=scales.data_ptr(), partials=wp,
-               gs_in=gs_in, gs_out=wp + 4 * plan.grid,
-               flag=wp if flag is None else flag.data_ptr(), M=plan.M, K=plan.K, L=plan.L,
-               n_partials=plan.grid, stream=st)
+    plan.quant(x=x.data_ptr(), data=data.data_ptr(), scales=scales.data_ptr(),
+               partials=partials, gs_in=gs_in, gs_out=wp,
+               flag=wp if flag is None else flag.data_ptr(), stream=st)
     if check_finite:  # the one host sync
-        bad = bool(flag.item()) if flag is not None else not math.isfinite(ws[plan.grid].item())
+        bad = bool(flag.item()) if flag is not None else not math.isfinite(ws[0].item())
         if bad:
             raise ValueError("quantize input must be finite: x contains NaN/Inf value(s) "
                              "(found on the device; pass check_finite=False to skip this check)")
-    return out if out is not None else NVFP4Tensor.trusted(data, scales, ws[plan.grid], x.shape)
+    return out if out is not None else NVFP4Tensor.trusted(data, scales, ws[0], x.shape)
 
 
 # ---------------------------------------------------------------- tuning entries

@@ -73,7 +73,9 @@ from torch import nn
 
 from tk_cute.layouts.nvfp4_scales import blocked_shape
 
+from . import launch
 from .format import F32_MIN_NORMAL
+from .gemm import prepared
 from .quantize import SUPPORTED_DTYPES, quantize
 from .tensor import (
     TORCH_FUNCTION,
@@ -272,31 +274,28 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _no_grad_input(x, "tk_cute.nvfp4.Linear")
-        if x.shape[-1] != self.in_features:
+        K, N = self.in_features, self.out_features
+        if x.shape[-1] != K:
             raise ValueError(f"input's last dim is {x.shape[-1]}, this Linear takes "
-                             f"in_features={self.in_features}")
-        w = (self.weight_data, self.weight_scales, self.weight_global_scale)
-        out_shape = (*x.shape[:-1], self.out_features)
-        if self.activations == "nvfp4":
-            if x.dtype not in SUPPORTED_DTYPES:
-                raise TypeError(f"W4A4 Linear takes float32, bfloat16 or float16 activations, "
-                                f"got {x.dtype}")
-            if x.numel() == 0:
-                y = x.new_zeros(out_shape)
-            else:
-                a = _quantize(x.reshape(-1, self.in_features), self.check_finite)
-                y = _gemm(a, w, x.dtype).reshape(out_shape)
-        else:
-            if x.dtype not in SUPPORTED_DTYPES:
-                raise TypeError(f"W4A16 Linear takes bfloat16 activations (float32 and float16 "
-                                f"are cast to bfloat16 and back), got {x.dtype}")
-            if x.numel() == 0:
-                y = x.new_zeros(out_shape)
-            elif x.dtype == torch.bfloat16:
-                y = _gemm(x, w, torch.bfloat16)
-            else:  # the kernels take bfloat16 activations: cast in, and D back out
-                y = _gemm(x.to(torch.bfloat16), w, torch.bfloat16).to(x.dtype)
-        return y if self.bias is None else y + self.bias
+                             f"in_features={K}")
+        bufs = self._buffers  # (not Module.__getattr__: this runs per call)
+        w = (bufs["weight_data"], bufs["weight_scales"], bufs["weight_global_scale"])
+        if x.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"W4A4 Linear takes float32, bfloat16 or float16 activations, got "
+                            f"{x.dtype}" if self.activations == "nvfp4" else
+                            f"W4A16 Linear takes bfloat16 activations (float32 and float16 are "
+                            f"cast to bfloat16 and back), got {x.dtype}")
+        if x.numel() == 0:
+            y = x.new_zeros((*x.shape[:-1], N))
+        elif self.activations == "nvfp4":
+            a = _quantize(x.reshape(-1, K), self.check_finite)
+            y = _gemm(a, w, (N, K), x.dtype).reshape(*x.shape[:-1], N)
+        elif x.dtype == torch.bfloat16:
+            y = _gemm(x, w, (N, K), torch.bfloat16)
+        else:  # the kernels take bfloat16 activations: cast in, and D back out
+            y = _gemm(x.to(torch.bfloat16), w, (N, K), torch.bfloat16).to(x.dtype)
+        bias = bufs["bias"]
+        return y if bias is None else y + bias
 
     def _apply(self, fn, recurse=True):
         # Module.to(dtype) / .half() cast every floating buffer: the decode scales must stay
@@ -471,26 +470,26 @@ def _ue4m3_parts(q: NVFP4Tensor, who: str) -> None:
 # reads of an NVFP4Tensor but not building one, so the compiled path never builds one.
 
 
-def _quantize(x: torch.Tensor, check_finite: bool) -> tuple:
-    """`quantize(x, check_finite=...)` as its three parts."""
+def _quantize(x: torch.Tensor, check_finite: bool):
+    """`quantize(x, check_finite=...)` of a forward's 2-D activations (dtype, K and emptiness
+    checked by the forward): the NVFP4Tensor, or its three parts while compiling. A dense CUDA
+    x goes straight to the CUDA quantizer (`launch.quantize`: `quantize`'s checks are the
+    forward's)."""
     if torch.compiler.is_compiling():
         return torch.ops.tk_cute.nvfp4_quantize(x, None, check_finite)
-    q = quantize(x, check_finite=check_finite)
-    return q.data, q.scales, q.global_scale
+    if x.is_cuda and x.layout == torch.strided:
+        return launch.quantize(x, None, check_finite=check_finite)
+    return quantize(x, check_finite=check_finite)
 
 
-def _gemm(a, w: tuple, out_dtype: torch.dtype) -> torch.Tensor:
-    """`gemm(a, w, out_dtype)` for weight parts `w` and a bfloat16 `a` (W4A16) or the three
-    parts of NVFP4 activations (W4A4)."""
-    a_parts = a if isinstance(a, tuple) else (a, None, None)
+def _gemm(a, w: tuple, shape: tuple, out_dtype: torch.dtype) -> torch.Tensor:
+    """`gemm(a, w, out_dtype)` for weight parts `w` of logical `shape` (UE4M3, valid values)
+    and a bfloat16 `a` (W4A16) or NVFP4 activations (W4A4: an NVFP4Tensor, or its three parts
+    while compiling). Eager calls run the weights' prepared call (`gemm.prepared`)."""
     if torch.compiler.is_compiling():
+        a_parts = a if isinstance(a, tuple) else (a, None, None)
         return torch.ops.tk_cute.nvfp4_gemm(*a_parts, *w, out_dtype)
-    from .gemm import gemm
-
-    def tensor(data, scales, gs):  # parts of a valid UE4M3 tensor (the op's contract too)
-        return NVFP4Tensor.trusted(data, scales, gs, (*data.shape[:-1], 2 * data.shape[-1]))
-
-    return gemm(tensor(*a) if isinstance(a, tuple) else a, tensor(*w), out_dtype)
+    return prepared(a, *w, shape, "ue4m3", out_dtype, False, None)(a)
 
 
 def linear(x, w: NVFP4Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -510,8 +509,9 @@ def linear(x, w: NVFP4Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if isinstance(x, torch.Tensor) and x.numel() == 0 and x.shape[-1:] == (w.K,):
         y = x.new_zeros((*x.shape[:-1], w.M), dtype=torch.bfloat16)  # an empty batch
         return y if bias is None else y + bias
-    a = (x.data, x.scales, x.global_scale) if isinstance(x, NVFP4Tensor) else x
-    y = _gemm(a, (w.data, w.scales, w.global_scale), torch.bfloat16)
+    if isinstance(x, NVFP4Tensor) and torch.compiler.is_compiling():
+        x = (x.data, x.scales, x.global_scale)
+    y = _gemm(x, (w.data, w.scales, w.global_scale), w.shape, torch.bfloat16)
     return y if bias is None else y + bias
 
 

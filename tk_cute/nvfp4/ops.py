@@ -45,22 +45,27 @@ from __future__ import annotations
 import torch
 
 from tk_cute.layouts.nvfp4_scales import blocked_shape
+from tk_cute.runtime import fresh_buffers
 
 from . import validate
 from .quantize import SUPPORTED_DTYPES, quantize
 from .tensor import SF_VEC, NVFP4Tensor, codes_storage, normalize_parts
 
-__all__ = ["gemm", "nvfp4_gemm", "nvfp4_quantize", "parts"]
+__all__ = ["gemm", "logical_shape", "nvfp4_gemm", "nvfp4_quantize", "parts"]
 
 
 def parts(data: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor) -> NVFP4Tensor:
     """An NVFP4Tensor from op arguments: the logical shape from the data's, parts normalized and
     shape-checked, values trusted (module docstring)."""
+    return NVFP4Tensor.trusted(*normalize_parts(data, scales, global_scale, logical_shape(data)))
+
+
+def logical_shape(data: torch.Tensor) -> tuple:
+    """(..., M, K) of NVFP4 data (..., M, K // 2) passed to an op."""
     if not isinstance(data, torch.Tensor) or data.dim() not in (2, 3):
         raise ValueError(f"NVFP4 data must be a 2-D (M, K // 2) or 3-D (L, M, K // 2) tensor, "
                          f"got {getattr(data, 'shape', type(data).__name__)}")
-    shape = (*data.shape[:-1], 2 * data.shape[-1])
-    return NVFP4Tensor.trusted(*normalize_parts(data, scales, global_scale, shape))
+    return (*data.shape[:-1], 2 * data.shape[-1])
 
 
 # ---------------------------------------------------------------- quantize
@@ -72,12 +77,12 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None,
     """`tk_cute.nvfp4.quantize(x, global_scale=..., check_finite=...)` as (data, scales,
     global_scale): uint8 (..., M, K // 2) (rows `row_pitch(K)` bytes apart: a view of padded
     rows where K % 32 != 0), uint8 blocked (..., RM, RK, 512), float32 0-dim."""
-    q = quantize(x, global_scale=global_scale, check_finite=check_finite)
-    # The CUDA quantizer's global scale is a 0-dim view into its workspace (storage offset =
-    # the amax partials): an op output must be a tensor of its own, 16-byte aligned as the fake
-    # promises (inductor asserts it; on the H200 the view failed that check and opcheck's
-    # storage-offset comparison). One 4-byte copy.
-    return q.data, q.scales, q.global_scale.clone()
+    q = fresh_buffers(quantize, x, global_scale=global_scale, check_finite=check_finite)
+    # The CUDA quantizer's global scale is a 0-dim view at offset 0 of its own workspace (the
+    # amax partials follow it): aligned and at the storage offset the fake promises, as
+    # inductor and opcheck require of an op output. The CPU reference may return a given
+    # scale itself: an op output must not alias an input, so it is copied there.
+    return q.data, q.scales, q.global_scale if x.is_cuda else q.global_scale.clone()
 
 
 @nvfp4_quantize.register_fake
@@ -97,32 +102,35 @@ def _(x, global_scale=None, check_finite=False):
 # ---------------------------------------------------------------- NVFP4 GEMM
 
 
-def _operands(a, a_scales, a_global_scale, b_data, b_scales, b_global_scale):
-    b = parts(b_data, b_scales, b_global_scale)
+def _activations(a, a_scales, a_global_scale):
+    """The op's `a`: a bf16 tensor (W4A16: no scales) or NVFP4 activations from three parts."""
     if a_scales is None:
         if a_global_scale is not None:
             raise ValueError("nvfp4_gemm: a_global_scale without a_scales (W4A16 takes bf16 a "
                              "and neither; W4A4 takes the activations' three parts)")
-        return a, b
+        return a
     if a_global_scale is None:
         raise ValueError("nvfp4_gemm: W4A4 (a_scales given) needs a_global_scale too")
-    return parts(a, a_scales, a_global_scale), b
+    return parts(a, a_scales, a_global_scale)
 
 
 @torch.library.custom_op("tk_cute::nvfp4_gemm", mutates_args=())
 def nvfp4_gemm(a: torch.Tensor, a_scales: torch.Tensor | None, a_global_scale: torch.Tensor | None,
                b_data: torch.Tensor, b_scales: torch.Tensor, b_global_scale: torch.Tensor,
                out_dtype: torch.dtype, pdl: bool = False) -> torch.Tensor:
-    """`tk_cute.nvfp4.gemm(a, b, out_dtype, pdl=pdl)` on NVFP4 parts (module docstring)."""
-    from .gemm import gemm as nvfp4_gemm_fn
+    """`tk_cute.nvfp4.gemm(a, b, out_dtype, pdl=pdl)` on NVFP4 parts (module docstring), through
+    the weights' prepared call (`gemm.prepared`)."""
+    from .gemm import prepared
 
-    A, B = _operands(a, a_scales, a_global_scale, b_data, b_scales, b_global_scale)
-    return nvfp4_gemm_fn(A, B, out_dtype, pdl=pdl)
+    A = _activations(a, a_scales, a_global_scale)
+    call = prepared(A, b_data, b_scales, b_global_scale, logical_shape(b_data), "ue4m3",
+                    out_dtype, pdl, None)
+    return fresh_buffers(call, A)
 
 
 @nvfp4_gemm.register_fake
 def _(a, a_scales, a_global_scale, b_data, b_scales, b_global_scale, out_dtype, pdl=False):
-    A, B = _operands(a, a_scales, a_global_scale, b_data, b_scales, b_global_scale)
+    A, B = _activations(a, a_scales, a_global_scale), parts(b_data, b_scales, b_global_scale)
     op = validate.gemm_operands(A, B, out_dtype, pdl=pdl)
     return b_data.new_empty(op.out_shape, dtype=out_dtype)
 
@@ -153,7 +161,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tens
     if a.is_cuda:
         from tk_cute.dense_gemm import gemm as dense
 
-        return dense(a, b, out_dtype)
+        return fresh_buffers(dense, a, b, out_dtype)
     _dense_shape(a, b, out_dtype)
     return (a.float() @ b.float().t()).to(out_dtype)
 

@@ -15,10 +15,17 @@ from tk_cute.tuning import sm90 as sm90_tuning
 
 
 class Recorder:
-    def __init__(self, signature):
-        self.signature, self.calls = signature, []
+    """A launcher that records each call's arguments (the bound ones included)."""
+
+    def __init__(self, signature, fixed=None, calls=None):
+        self.signature, self.fixed = signature, fixed or {}
+        self.calls = [] if calls is None else calls
+
+    def bind(self, **fixed):
+        return Recorder(self.signature, {**self.fixed, **fixed}, self.calls)
 
     def __call__(self, **values):
+        values = {**self.fixed, **values}
         self.signature.pack(values)  # raises TypeError unless the names are the signature's
         self.calls.append(values)
 

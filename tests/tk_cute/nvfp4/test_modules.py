@@ -514,3 +514,28 @@ def test_gpu_model_compiled_and_graphed(activations, tokens, seed):
         gc.replay()
         torch.cuda.synchronize()
         assert torch.equal(static_yc, yc)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+def test_gpu_reduce_overhead_across_batch_sizes(activations, seed):
+    """torch.compile(mode="reduce-overhead") (CUDA graph trees) over several batch sizes in one
+    process, each recorded once and replayed, coming back to earlier ones: every replay is the
+    compiled graph's result for its fresh input (W4A16: within bf16 rounding of eager; W4A4:
+    the format's bound against bf16, as in test_gpu_model_compiled_and_graphed)."""
+    H, I = 1024, 4096
+    ref_model = bf16_mlp(hidden=H, intermediate=I).cuda()
+    model = quantize_(copy.deepcopy(ref_model), activations=activations)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    with torch.inference_mode():
+        for tokens in (1, 16, 256, 1, 16):
+            for _ in range(3):  # warm-up, record, replay
+                x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+                y = compiled(x).clone()
+            if activations == "bf16":
+                want = model(x).float()
+                assert float((y.float() - want).norm() / want.norm()) < 2.0**-6, tokens
+            else:
+                ref = ref_model(x).float()
+                assert float((y.float() - ref).norm() / ref.norm()) < 0.35, tokens

@@ -1,0 +1,121 @@
+"""Prepared gemm calls (`tk_cute.nvfp4.gemm.prepared`): what a kept call skips, and that it
+never skips a check a different argument needs. On CPU tensors the calls run the exact
+references; the GPU tests run the same calls through the kernels' bound launches."""
+
+import gc
+import importlib
+
+import pytest
+import torch
+
+from tk_cute.nvfp4 import NVFP4Tensor, quantize
+from tk_cute.nvfp4.gemm import gemm
+
+gemm_mod = importlib.import_module("tk_cute.nvfp4.gemm")  # (the package's `gemm` is the function)
+from tk_cute.nvfp4.reference import w4a16_reference
+
+
+def _calls(b: NVFP4Tensor) -> dict:
+    entry = gemm_mod._CALLS.get(id(b.data))
+    return {} if entry is None or entry[0]() is not b.data else entry[1]
+
+
+def test_a_call_is_prepared_once_per_shape(seed, monkeypatch):
+    b = quantize(torch.randn(48, 64))
+    made = []
+    real = gemm_mod.Call.__init__
+
+    def counting(self, *args):
+        made.append(args[0].shape)
+        real(self, *args)
+
+    monkeypatch.setattr(gemm_mod.Call, "__init__", counting)
+    for M in (3, 3, 5, 3, 5):
+        a = torch.randn(M, 64).bfloat16()  # fresh activations each call
+        d = gemm(a, b)
+        assert torch.equal(d, w4a16_reference(a, b, torch.bfloat16))
+    assert made == [(3, 64), (5, 64)] and len(_calls(b)) == 2
+
+
+def test_kept_calls_still_check_what_differs(seed):
+    b = quantize(torch.randn(32, 64))
+    a = torch.randn(4, 64).bfloat16()
+    gemm(a, b)
+    with pytest.raises(TypeError, match="bfloat16"):
+        gemm(a.float(), b)  # same shape, another dtype: a new key, validated
+    with pytest.raises(TypeError, match="pdl must be True or False"):
+        gemm(a, b, pdl=1)  # 1 == True as a dict key: checked before the lookup
+    with pytest.raises(ValueError, match="shape"):
+        gemm(a, b, out=torch.empty(4, 31, dtype=torch.bfloat16))
+    out = torch.full((4, 32), float("nan"), dtype=torch.bfloat16)
+    assert gemm(a, b, out=out) is out and torch.equal(out, w4a16_reference(a, b, torch.bfloat16))
+    with pytest.raises(ValueError, match="K mismatch"):
+        gemm(torch.randn(4, 48).bfloat16(), b)
+
+
+def test_kept_calls_read_the_weights_in_place(seed):
+    """A kept call holds the weights' parts, not a copy: in-place writes are seen."""
+    b = quantize(torch.randn(32, 64))
+    a = torch.randn(2, 64).bfloat16()
+    gemm(a, b)
+    b.global_scale.mul_(2)
+    b.scales.copy_(quantize(torch.randn(32, 64)).scales)
+    b.data.copy_(quantize(torch.randn(32, 64)).data)
+    fresh = NVFP4Tensor(b.data.clone(), b.scales.clone(), b.global_scale.clone(), b.shape)
+    assert torch.equal(gemm(a, b), w4a16_reference(a, fresh, torch.bfloat16))
+
+
+def test_replaced_parts_and_freed_weights_leave_no_stale_call(seed):
+    b = quantize(torch.randn(32, 64))
+    a = torch.randn(2, 64).bfloat16()
+    gemm(a, b)
+    other = quantize(torch.randn(32, 64))
+    b.scales, b.global_scale = other.scales, other.global_scale  # same codes, other scales
+    assert torch.equal(gemm(a, b), w4a16_reference(a, b, torch.bfloat16))
+    key = id(b.data)
+    del b, other
+    gc.collect()
+    assert key not in gemm_mod._CALLS  # the weights went, and their calls with them
+
+
+def test_parts_in_other_forms_are_not_kept(seed):
+    """The custom op's accepted forms (flat scales, a (1,) global scale) run, normalized per
+    call as before, and are not kept (their normalized parts are new tensors)."""
+    q = quantize(torch.randn(32, 64))
+    a = torch.randn(3, 64).bfloat16()
+    d = torch.ops.tk_cute.nvfp4_gemm(a, None, None, q.data, q.scales.flatten(),
+                                     q.global_scale.reshape(1), torch.bfloat16)
+    assert torch.equal(d, w4a16_reference(a, q, torch.bfloat16))
+    assert len(_calls(q)) == 0
+    torch.ops.tk_cute.nvfp4_gemm(a, None, None, q.data, q.scales, q.global_scale,
+                                 torch.bfloat16)
+    assert len(_calls(q)) == 1
+
+
+def test_calls_per_weight_are_bounded(seed, monkeypatch):
+    monkeypatch.setattr(gemm_mod, "CALLS_PER_WEIGHT", 3)
+    b = quantize(torch.randn(16, 32))
+    for M in range(1, 8):
+        gemm(torch.randn(M, 32).bfloat16(), b)
+    assert [k[0][1][0] for k in _calls(b)] == [5, 6, 7]  # the newest three shapes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 16, 100])  # small-M, register-A (both bound), register-A
+def test_gpu_kept_calls_run_the_kernels_on_fresh_inputs(M, seed):
+    """On CUDA a kept call launches with the weights' arguments bound: fresh activations and
+    in-place weight updates give D within the arithmetic's bound, on a poisoned `out` too."""
+    from tk_cute.testing import assert_gemm_close
+
+    N, K = 384, 1024
+    b = quantize(torch.randn(N, K, device="cuda"))
+    for w4a4 in (False, True):
+        for step in range(3):
+            if step == 2:  # in place: the kept call must read the new values
+                b.data.copy_(quantize(torch.randn(N, K, device="cuda")).data)
+            x = torch.randn(M, K, device="cuda")
+            a = quantize(x) if w4a4 else x.bfloat16()
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            assert gemm(a, b, out=out) is out
+            assert_gemm_close(out, a, b, f"M={M} w4a4={w4a4} step={step}")
+        assert len(_calls(b)) == 1 + w4a4  # one kept call per activation kind
