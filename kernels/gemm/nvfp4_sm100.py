@@ -270,12 +270,12 @@ class GemmNvfp4Sm100:
 
     # --- host launch ---------------------------------------------------------------------
     @cute.jit
-    def __call__(self, a_ptr: cute.Pointer, b_ptr: cute.Pointer, sfa_ptr: cute.Pointer,
-                 sfb_ptr: cute.Pointer, d_ptr: cute.Pointer, ga_ptr: cute.Pointer,
-                 gb_ptr: cute.Pointer, d_sf_ptr: cute.Pointer, d_gs_ptr: cute.Pointer,
-                 flag_ptr: cute.Pointer, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32,
-                 l: cutlass.Int32, splits: cutlass.Int32, max_active_clusters: cutlass.Constexpr,
-                 stream: cuda.CUstream):
+    def __call__(self, max_active_clusters: cutlass.Constexpr, a_ptr: cute.Pointer,
+                 b_ptr: cute.Pointer, sfa_ptr: cute.Pointer, sfb_ptr: cute.Pointer,
+                 d_ptr: cute.Pointer, ga_ptr: cute.Pointer, gb_ptr: cute.Pointer,
+                 d_sf_ptr: cute.Pointer, d_gs_ptr: cute.Pointer, flag_ptr: cute.Pointer,
+                 m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32, l: cutlass.Int32,
+                 splits: cutlass.Int32, stream: cuda.CUstream):
         """D (m, n, l) = gA gB A (m, k, l) B (n, k, l)^T; gA, gB: pointers to fp32 scalars.
         NVFP4 D: d_ptr its codes, d_sf_ptr its blocked scales, d_gs_ptr its fp32 decode scale,
         flag_ptr an Int32 that saturated block scales OR with 1 (dense D ignores the three).
@@ -508,8 +508,8 @@ def nvfp4_out_store(l, row, col, m, n):
 
 
 # --- launch arguments and fake-pointer compile (no GPU needed) ----------------------------
-# `launch_args` positions: the pointers, the sizes, the cluster budget (a Constexpr), the stream
-N_POINTERS, SIZES, CLUSTERS = 10, slice(10, 15), 15
+# `launch_args` positions: the cluster budget (a Constexpr), the pointers, the sizes, the stream
+CLUSTERS, POINTERS, SIZES = 0, slice(1, 11), slice(11, 16)
 SWAPPED = {"a": "b", "b": "a", "sfa": "sfb", "sfb": "sfa", "ga": "gb", "gb": "ga"}
 
 
@@ -519,30 +519,45 @@ def k_splits(cfg: Config, k: int) -> int:
     return schedule.k_split_count(cfg.SPLIT_K, -(-k // cfg.Kb))
 
 
-def launch_args(cfg: Config, addr: dict, m: int, n: int, k: int, l: int = 1,
-                max_active_clusters: int | None = None, stream=None) -> tuple:
-    """`GemmNvfp4Sm100.__call__` arguments from device addresses (keys a, b, sfa, sfb, d, ga,
-    gb, and for an NVFP4 D d_sf, d_gs, flag: where missing, d's address, unused) and the
-    call's sizes (D is m x n); `cfg.swap_ab`: a and b trade places, as do m and n. Split K
+def signature(cfg: Config):
+    """`GemmNvfp4Sm100.__call__`'s runtime arguments (after the Constexpr cluster budget), as a
+    `launcher.Signature`: the ten pointers (element type, alignment), then m, n, k, l, splits."""
+    from tk_cute.launcher import Signature, i32, ptr
+
+    sf = tc.SCALE_TYPES[cfg.sf]
+    return Signature(ptr("a", cutlass.Float4E2M1FN, 32), ptr("b", cutlass.Float4E2M1FN, 32),
+                     ptr("sfa", sf), ptr("sfb", sf), ptr("d", OUT_TYPES[cfg.d_type]),
+                     ptr("ga", cutlass.Float32, 4), ptr("gb", cutlass.Float32, 4),
+                     ptr("d_sf", cutlass.Uint8), ptr("d_gs", cutlass.Float32, 4),
+                     ptr("flag", cutlass.Int32, 4), i32("m"), i32("n"), i32("k"), i32("l"),
+                     i32("splits"))
+
+
+def launch_values(cfg: Config, addr: dict, m: int, n: int, k: int, l: int = 1) -> dict:
+    """The `signature` values of a call from device addresses (keys a, b, sfa, sfb, d, ga, gb,
+    and for an NVFP4 D d_sf, d_gs, flag: where missing, d's address, unused) and the call's
+    sizes (D is m x n); `cfg.swap_ab`: a and b trade places, as do m and n. Split K
     (`cfg.SPLIT_K` > 1): d holds l * `k_splits(cfg, k)` fp32 partial D's (m x n, rows
     `d_pitch(n, "float32")` apart; `schedule.k_split`). The torch entry
     (`tk_cute.nvfp4.dispatch_sm100`) and `compile` share it."""
-    from cutlass.cute.runtime import make_ptr
-
-    sf = tc.SCALE_TYPES[cfg.sf]
     addr = {"d_sf": addr["d"], "d_gs": addr["d"], "flag": addr["d"], **addr}
     if cfg.swap_ab:
         addr, m, n = {SWAPPED.get(key, key): v for key, v in addr.items()}, n, m
-    types = {"a": (cutlass.Float4E2M1FN, 32), "b": (cutlass.Float4E2M1FN, 32), "sfa": (sf, 16),
-             "sfb": (sf, 16), "d": (OUT_TYPES[cfg.d_type], 16), "ga": (cutlass.Float32, 4),
-             "gb": (cutlass.Float32, 4), "d_sf": (cutlass.Uint8, 16),
-             "d_gs": (cutlass.Float32, 4), "flag": (cutlass.Int32, 4)}
-    ptrs = [make_ptr(dt, addr[key], cute.AddressSpace.gmem, assumed_align=align)
-            for key, (dt, align) in types.items()]
-    clusters = max_active_clusters or (
-        (target(cfg.arch).sm_count or 148) // (cfg.CLUSTER_M * cfg.CLUSTER_N))
-    sizes = [cutlass.Int32(x) for x in (m, n, k, l, k_splits(cfg, k))]
-    return (*ptrs, *sizes, clusters, stream if stream is not None else cuda.CUstream(0))
+    return {**addr, "m": m, "n": n, "k": k, "l": l, "splits": k_splits(cfg, k)}
+
+
+def default_clusters(cfg: Config) -> int:
+    """The persistent grid's cluster budget on the whole of `cfg.arch`'s SMs."""
+    return (target(cfg.arch).sm_count or 148) // (cfg.CLUSTER_M * cfg.CLUSTER_N)
+
+
+def launch_args(cfg: Config, addr: dict, m: int, n: int, k: int, l: int = 1,
+                max_active_clusters: int | None = None, stream=None) -> tuple:
+    """`GemmNvfp4Sm100.__call__` arguments as DSL objects (`launch_values`' values; what
+    `compile` and the emulator's host capture take): the cluster budget (default
+    `default_clusters`), the pointers and sizes, the stream (default the null stream)."""
+    values = {**launch_values(cfg, addr, m, n, k, l), "stream": int(stream or 0)}
+    return (max_active_clusters or default_clusters(cfg), *signature(cfg).dsl_values(values))
 
 
 def compile(cfg: Config, m: int = 8192, n: int = 8192, k: int = 8192,

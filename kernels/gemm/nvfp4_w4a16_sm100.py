@@ -289,21 +289,30 @@ def k_splits(cfg: Config, k: int) -> int:
     return schedule.k_split_count(cfg.SPLIT_K, -(-k // Kb))
 
 
-def launch_args(cfg: Config, addr: dict, m: int, n: int, k: int, l: int = 1,
-                stream=None) -> tuple:
-    """`GemmW4A16Sm100.__call__` arguments from device addresses (keys x, w, wsf, gb, d):
-    split K (`cfg.SPLIT_K` > 1): d holds l * `k_splits(cfg, k)` fp32 partial D's."""
-    from cutlass.cute.runtime import make_ptr
-
+def signature(cfg: Config):
+    """`GemmW4A16Sm100.__call__`'s runtime arguments as a `launcher.Signature`: x, w (codes),
+    wsf (blocked scales), gb, d, then m, n, k, l, splits."""
+    from tk_cute.launcher import Signature, i32, ptr
     from tk_cute.ops.tcgen05 import SCALE_TYPES
 
-    types = {"x": (cutlass.BFloat16, 16), "w": (cutlass.Uint8, 16),
-             "wsf": (SCALE_TYPES[cfg.sf], 16), "gb": (cutlass.Float32, 4),
-             "d": (OUT_TYPES[cfg.d_type], 16)}
-    ptrs = [make_ptr(dt, addr[key], cute.AddressSpace.gmem, assumed_align=align)
-            for key, (dt, align) in types.items()]
-    sizes = [cutlass.Int32(v) for v in (m, n, k, l, k_splits(cfg, k))]
-    return (*ptrs, *sizes, stream if stream is not None else cuda.CUstream(0))
+    return Signature(ptr("x", cutlass.BFloat16), ptr("w", cutlass.Uint8),
+                     ptr("wsf", SCALE_TYPES[cfg.sf]), ptr("gb", cutlass.Float32, 4),
+                     ptr("d", OUT_TYPES[cfg.d_type]), i32("m"), i32("n"), i32("k"), i32("l"),
+                     i32("splits"))
+
+
+def launch_values(cfg: Config, addr: dict, m: int, n: int, k: int, l: int = 1) -> dict:
+    """The `signature` values of a call from device addresses (keys x, w, wsf, gb, d): split K
+    (`cfg.SPLIT_K` > 1): d holds l * `k_splits(cfg, k)` fp32 partial D's."""
+    return {**addr, "m": m, "n": n, "k": k, "l": l, "splits": k_splits(cfg, k)}
+
+
+def launch_args(cfg: Config, addr: dict, m: int, n: int, k: int, l: int = 1,
+                stream=None) -> tuple:
+    """`GemmW4A16Sm100.__call__` arguments as DSL objects (`launch_values`' values; what
+    `compile` and the emulator's host capture take), the stream last (default null)."""
+    values = {**launch_values(cfg, addr, m, n, k, l), "stream": int(stream or 0)}
+    return tuple(signature(cfg).dsl_values(values))
 
 
 def compile(cfg: Config, m: int = 256, n: int = 256, k: int = 512):

@@ -27,8 +27,8 @@ import torch
 
 from tk_cute import arch
 from tk_cute.layouts import nvfp4_codes
-from tk_cute.runtime import dtype_name, output, sm_count
-from tk_cute.launcher import KernelCache, compile_locked
+from tk_cute.launcher import KernelCache
+from tk_cute.runtime import device_index, dtype_name, output, raw_stream, sm_count
 from tk_cute.tuning import sm100 as sm100_tuning
 
 from . import validate
@@ -41,10 +41,12 @@ _CACHE = KernelCache()
 
 @dataclass(frozen=True)
 class Launch:
-    """One call's kernel config, `GemmNvfp4Sm100.__call__` arguments and output tensor."""
+    """One call's kernel config, launch values (`signature`'s names: raw addresses and sizes),
+    cluster budget (the W4A4 kernel's Constexpr; None for W4A16) and output tensor."""
 
-    config: object  # kernels.gemm.nvfp4_sm100.Config
-    args: tuple  # compile-time arguments (with the Constexpr cluster budget)
+    config: object  # kernels.gemm.nvfp4_sm100.Config or nvfp4_w4a16_sm100.Config
+    values: dict
+    clusters: int | None
     out: torch.Tensor | NVFP4Tensor
     wide: torch.Tensor | None = None  # what the kernel writes where it is not `out`: D with
     # rows `d_pitch` apart (N off 16 bytes), or split K's fp32 partial D's (L * splits, M, pitch)
@@ -62,21 +64,29 @@ class Launch:
 
     @property
     def w4a16(self) -> bool:
-        from tk_cute.kernels.gemm.nvfp4_w4a16_sm100 import Config
+        return self.clusters is None
 
-        return isinstance(self.config, Config)
+    @property
+    def module(self):
+        from tk_cute.kernels.gemm import nvfp4_sm100, nvfp4_w4a16_sm100
+
+        return nvfp4_w4a16_sm100 if self.w4a16 else nvfp4_sm100
 
     @property
     def key(self):
-        from tk_cute.kernels.gemm.nvfp4_sm100 import CLUSTERS
+        return self.config, self.clusters
 
-        return self.config, (None if self.w4a16 else self.args[CLUSTERS])
+    @property
+    def constexpr(self) -> tuple:
+        """The compile-time arguments before the runtime ones (the cluster budget)."""
+        return () if self.w4a16 else (self.clusters,)
 
-    def runtime_args(self, stream) -> tuple:
-        """What the compiled function takes: no Constexpr, the launch stream last."""
-        from tk_cute.kernels.gemm.nvfp4_sm100 import CLUSTERS
-
-        return (*self.args[:-1 if self.w4a16 else CLUSTERS], stream)
+    @property
+    def args(self) -> tuple:
+        """The kernel's `__call__` arguments as DSL objects, null stream (what a build from
+        fake pointers and the emulator's host capture take)."""
+        values = {**self.values, "stream": 0}
+        return (*self.constexpr, *self.module.signature(self.config).dsl_values(values))
 
     def kernel(self):
         """The kernel object of this launch's config."""
@@ -187,9 +197,8 @@ def prepare(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=Non
     addr.update(a=a.data, b=b.data, sfa=a.scales, sfb=b.scales, ga=a.global_scale,
                 gb=b.global_scale)
     clusters = (sms or sm_count(a.device)) // (cfg.CLUSTER_M * cfg.CLUSTER_N)
-    args = K.launch_args(cfg, {k: t.data_ptr() for k, t in addr.items()}, M, N, Kdim, L,
-                         clusters)
-    return Launch(cfg, args, d, wide, 1 if name == NVFP4 else splits)
+    values = K.launch_values(cfg, {k: t.data_ptr() for k, t in addr.items()}, M, N, Kdim, L)
+    return Launch(cfg, values, clusters, d, wide, 1 if name == NVFP4 else splits)
 
 
 def kernel_d(d: torch.Tensor, cfg, splits: int) -> torch.Tensor | None:
@@ -207,15 +216,16 @@ def kernel_d(d: torch.Tensor, cfg, splits: int) -> torch.Tensor | None:
 
 
 def compile_launch(launch: Launch, keep: bool = False):
-    """Compile the kernel for `launch` (its config's target). keep=True returns
-    (`tk_cute.compile.Build` with PTX, SASS and resources, the kernel object) instead of the
-    bare compiled function."""
+    """Compile the kernel for `launch` (its config's target) into a raw-pointer
+    `launcher.Launcher` (its signature: the kernel module's `signature`). keep=True returns
+    (`tk_cute.compile.Build` with PTX, SASS and resources, the kernel object) instead."""
     from tk_cute.compile import build
 
     kern = launch.kernel()
     if keep:
         return build(kern, *launch.args, arch=launch.config.arch), kern
-    return compile_locked(kern, *launch.args, options=f"--gpu-arch {launch.config.arch}")
+    return launch.module.signature(launch.config).compile(
+        kern, *launch.constexpr, options=f"--gpu-arch {launch.config.arch}")
 
 
 class UnverifiedKernelWarning(UserWarning):
@@ -261,12 +271,9 @@ def gemm_sm100_nvfp4(a: NVFP4Tensor, b: NVFP4Tensor, global_scale: torch.Tensor,
     Raises:
         ValueError: as `gemm_sm100`, and N % 16 != 0.
     """
-    from tk_cute.runtime import stream
-
     gs = out.global_scale if global_scale is None else global_scale
     launch = prepare(a, b, NVFP4, config, out, gs)
-    fn = _CACHE.get(launch.key, lambda: _compile_first(launch))
-    fn(*launch.runtime_args(stream()))
+    run(launch)
     return launch.out
 
 
@@ -291,11 +298,8 @@ def gemm_sm100(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=
         ValueError: shapes, devices, layout, K % 16, or a GPU that is not sm_100a, sm_103a or
             sm_107a.
     """
-    from tk_cute.runtime import stream
-
     launch = prepare(a, b, out_dtype, config, out)
-    fn = _CACHE.get(launch.key, lambda: _compile_first(launch))
-    fn(*launch.runtime_args(stream()))
+    run(launch)
     return launch.finish()
 
 
@@ -336,8 +340,8 @@ def prepare_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, con
     wide = kernel_d(d, cfg, splits)
     addr = {"x": x, "w": b.data, "wsf": b.scales, "gb": b.global_scale,
             "d": d if wide is None else wide}
-    args = W.launch_args(cfg, {k: t.data_ptr() for k, t in addr.items()}, M, N, K, L)
-    return Launch(cfg, args, d, wide, splits)
+    values = W.launch_values(cfg, {k: t.data_ptr() for k, t in addr.items()}, M, N, K, L)
+    return Launch(cfg, values, None, d, wide, splits)
 
 
 def gemm_sm100_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=None,
@@ -349,12 +353,15 @@ def gemm_sm100_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, 
     Raises:
         TypeError, ValueError: as `prepare_w4a16`.
     """
-    from tk_cute.runtime import stream
-
     launch = prepare_w4a16(x, b, out_dtype, config, out)
-    fn = _CACHE.get(launch.key, lambda: _compile_first(launch))
-    fn(*launch.runtime_args(stream()))
+    run(launch)
     return launch.finish()
+
+
+def run(launch: Launch) -> None:
+    """Launch `launch` on the current stream (its kernel compiled at its first call)."""
+    fn = _CACHE.get(launch.key, lambda: _compile_first(launch))
+    fn(**launch.values, stream=raw_stream(device_index(launch.out.device)))
 
 
 def compile_seconds() -> dict:

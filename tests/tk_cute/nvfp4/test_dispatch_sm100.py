@@ -49,7 +49,7 @@ def test_any_k_and_n(on_gpu):
     written `d_pitch` apart into a padded buffer, then `finish` copies them in place."""
     launch = D.prepare(operand(256, 320), operand(100, 320))
     assert launch.out.shape == (256, 100) and launch.wide.shape == (256, 104)
-    assert launch.args[K.N_POINTERS + 2] == 320  # k goes to the kernel as it is
+    assert launch.args[K.SIZES][2] == 320  # k goes to the kernel as it is
     launch.wide.copy_(torch.arange(256 * 104).reshape(256, 104).to(torch.bfloat16))
     assert torch.equal(launch.finish(), launch.wide[:, :100])
     assert D.prepare(operand(256, 320), operand(96, 320)).wide is None  # 192-byte rows
@@ -105,7 +105,7 @@ def test_arguments_point_at_the_tensors(on_gpu, lead, swap, split):
     cfg = dataclasses.replace(sm100_tuning.w4a4_config("sm_100a", 300, 136, 512, "float16"),
                               swap_ab=swap, SPLIT_K=split, LOAD_PIPE_DEPTH=4)
     launch = D.prepare(a, b, torch.float16, config=cfg)
-    ptrs, sizes = launch.args[:K.N_POINTERS], launch.args[K.SIZES]
+    ptrs, sizes = launch.args[K.POINTERS], launch.args[K.SIZES]
     d = launch.out if split == 1 else launch.wide
     # a dense D leaves the NVFP4-output pointers (d_sf, d_gs, flag) at D's address, unused
     ops = [a.data, b.data, a.scales, b.scales] if not swap else [b.data, a.data, b.scales,
@@ -124,7 +124,7 @@ def test_arguments_point_at_the_tensors(on_gpu, lead, swap, split):
     assert launch.config.arch == "sm_100a" and launch.config.out == "float16"
     clusters = launch.args[K.CLUSTERS]
     assert clusters == 148 // (launch.config.CLUSTER_M * launch.config.CLUSTER_N)
-    assert len(launch.runtime_args(None)) == K.CLUSTERS + 1
+    assert set(launch.values) == set(K.signature(launch.config).names)  # what a launch packs
     assert launch.key == (launch.config, clusters)
 
 
@@ -137,7 +137,7 @@ def test_nvfp4_out_arguments_point_at_the_parts(on_gpu):
     assert isinstance(d, NVFP4Tensor) and d.shape == (300, 144) and d.global_scale is gs
     assert d.data.shape == (300, 72) and d.scales.shape == blocked_shape(300, 144)
     assert d.saturated.dtype == torch.int32 and int(d.saturated) == 0
-    ptrs = launch.args[:K.N_POINTERS]
+    ptrs = launch.args[K.POINTERS]
     want = [a.data, b.data, a.scales, b.scales, d.data, a.global_scale, b.global_scale,
             d.scales, gs, d.saturated]
     assert [p._pointer for p in ptrs] == [t.data_ptr() for t in want]
@@ -359,12 +359,13 @@ def test_first_call_of_a_kernel_on_the_gpu_warns_once(on_gpu, monkeypatch):
     compiling and in the emulator (the compile and the launch are stand-ins here)."""
     import warnings
 
-    from tk_cute import launcher, runtime
+    from tk_cute import launcher
 
     launched = []
     monkeypatch.setattr(D, "_CACHE", launcher.KernelCache())
-    monkeypatch.setattr(D, "compile_launch", lambda launch: lambda *args: launched.append(args))
-    monkeypatch.setattr(runtime, "stream", lambda: None)
+    monkeypatch.setattr(D, "compile_launch", lambda launch: lambda **v: launched.append(v))
+    monkeypatch.setattr(D, "device_index", lambda device: 0)
+    monkeypatch.setattr(D, "raw_stream", lambda index: 0)
     a, b = operand(256, 256), operand(128, 256)
     with pytest.warns(D.UnverifiedKernelWarning, match=r"sm_100a NVFP4 GEMM .* first time.*"
                       r"PTX emulator.*never on sm_100a hardware.*filterwarnings"):
@@ -392,7 +393,7 @@ def test_prepare_w4a16(on_gpu):
     launch = D.prepare_w4a16(x, b)  # bf16 rows of 20: written 24 apart, then copied
     assert launch.w4a16 and launch.out.shape == (3, 16, 20) and launch.wide.shape == (3, 16, 24)
     assert D.prepare_w4a16(x, b, torch.float32).wide is None  # 80-byte rows
-    assert launch.key == (launch.config, None) and len(launch.runtime_args(None)) == 11
+    assert launch.key == (launch.config, None) and len(launch.values) == 10
     with pytest.raises(TypeError, match="bfloat16 tensor, got torch.float32"):
         D.prepare_w4a16(x.float(), b)
     with pytest.raises(ValueError, match="one K and L"):
