@@ -162,14 +162,20 @@ def scale_format(fmt: str, target: str) -> str:
 
 def prepare(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=None,
             out: torch.Tensor | NVFP4Tensor | None = None, out_global_scale=None,
-            target: str | None = None) -> Launch:
+            target: str | None = None, checked: bool = False) -> Launch:
     """Validate, pick the config, allocate D and build the kernel arguments (no compile).
     `out_dtype` "nvfp4": D is an NVFP4Tensor with decode scale `out_global_scale` (a float32
     0-dim tensor on the operands' device, already checked) or `out`'s. `target`: the arguments
-    for that GPU whatever the operands' device (`tk_cute.emulator` runs them on the CPU)."""
+    for that GPU whatever the operands' device (`tk_cute.emulator` runs them on the CPU).
+    `checked`: the operands and `out` were validated by `tk_cute.nvfp4.gemm` (its one
+    validation): only the layouts the kernel's loads need are checked here."""
     from tk_cute.kernels.gemm import nvfp4_sm100 as K
 
-    _check(a, b, out_dtype)
+    if checked:
+        for name, t in (("a", a), ("b", b)):
+            _check_layout(name, t)
+    else:
+        _check(a, b, out_dtype)
     if target is not None and target not in TARGETS:
         raise ValueError(f"gemm_sm100 runs on {', '.join(TARGETS)}; target={target!r}")
     sms = (arch.target(target).sm_count or 148) if target else None
@@ -190,7 +196,8 @@ def prepare(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=Non
         d = validate.nvfp4_out(shape, a.device, out, out_global_scale)
         addr = {"d": d.data, "d_sf": d.scales, "d_gs": d.global_scale, "flag": d.saturated}
     else:
-        d = output(out, shape, out_dtype, a.device, "gemm_sm100")
+        d = out if checked and out is not None else output(out, shape, out_dtype, a.device,
+                                                            "gemm_sm100")
         splits = K.k_splits(cfg, Kdim)
         wide = kernel_d(d, cfg, splits)
         addr = {"d": d if wide is None else wide}
@@ -251,7 +258,7 @@ def _compile_first(launch: Launch):
 
 
 def gemm_sm100_nvfp4(a: NVFP4Tensor, b: NVFP4Tensor, global_scale: torch.Tensor, config=None,
-                     out: NVFP4Tensor | None = None) -> NVFP4Tensor:
+                     out: NVFP4Tensor | None = None, checked: bool = False) -> NVFP4Tensor:
     """``D = gA gB (A @ B^T)`` quantized to NVFP4 in the epilogue (sm_100a / sm_103a / sm_107a):
     per 16 columns of a D row the block amax (sm_103a / sm_107a: from the reducing TMEM load),
     then the recipe of `tk_cute.nvfp4.quantize` with decode scale `global_scale` on the fp32
@@ -272,13 +279,13 @@ def gemm_sm100_nvfp4(a: NVFP4Tensor, b: NVFP4Tensor, global_scale: torch.Tensor,
         ValueError: as `gemm_sm100`, and N % 16 != 0.
     """
     gs = out.global_scale if global_scale is None else global_scale
-    launch = prepare(a, b, NVFP4, config, out, gs)
+    launch = prepare(a, b, NVFP4, config, out, gs, checked=checked)
     run(launch)
     return launch.out
 
 
 def gemm_sm100(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=None,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, checked: bool = False) -> torch.Tensor:
     """``D = gA gB (A @ B^T)`` for NVFP4 operands on sm_100a / sm_103a / sm_107a.
 
     Args:
@@ -287,6 +294,7 @@ def gemm_sm100(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=
         out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
         config: a `kernels.gemm.nvfp4_sm100.Config` overriding `sm100_tuning.w4a4_config`.
         out: optional contiguous (M, N) / (L, M, N) tensor of `out_dtype` to write D into.
+        checked: the operands and `out` were validated by `tk_cute.nvfp4.gemm` (`prepare`).
 
     Returns:
         D of `out_dtype`. Any M and N (TMA zero-fills / clips the tails; where D's rows are not
@@ -298,32 +306,24 @@ def gemm_sm100(a: NVFP4Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=
         ValueError: shapes, devices, layout, K % 16, or a GPU that is not sm_100a, sm_103a or
             sm_107a.
     """
-    launch = prepare(a, b, out_dtype, config, out)
+    launch = prepare(a, b, out_dtype, config, out, checked=checked)
     run(launch)
     return launch.finish()
 
 
 def prepare_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=None,
-                  out: torch.Tensor | None = None, target: str | None = None) -> Launch:
+                  out: torch.Tensor | None = None, target: str | None = None,
+                  checked: bool = False) -> Launch:
     """As `prepare`, for W4A16: bf16 activations x (M, K) or (L, M, K), contiguous and
-    16-byte aligned, times NVFP4 weights b (N, K) or (L, N, K) (`nvfp4_w4a16_sm100`)."""
+    16-byte aligned, times NVFP4 weights b (N, K) or (L, N, K) (`nvfp4_w4a16_sm100`).
+    `checked` as `prepare`'s (x's layout and b's are still checked)."""
     from tk_cute.kernels.gemm import nvfp4_w4a16_sm100 as W
 
-    if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16:
-        raise TypeError(f"W4A16 activations must be a bfloat16 tensor, got "
-                        f"{getattr(x, 'dtype', type(x).__name__)}")
-    if not isinstance(b, NVFP4Tensor):
-        raise TypeError(f"W4A16 weights must be an NVFP4Tensor, got {type(b).__name__}")
-    if out_dtype not in validate.OUT_DTYPES:
-        raise TypeError(f"W4A16 out_dtype must be torch.bfloat16, torch.float16 or "
-                        f"torch.float32, got {out_dtype}")
-    if x.dim() != b.ndim or x.shape[-1] != b.K or (b.ndim == 3 and x.shape[0] != b.L):
-        raise ValueError(f"W4A16 needs (M, K) x (N, K) or (L, M, K) x (L, N, K) with one K and "
-                         f"L; got x {tuple(x.shape)}, b {tuple(b.shape)}")
-    if x.device != b.device or not x.is_contiguous() or x.data_ptr() % 16:
-        raise ValueError(f"W4A16 activations must be contiguous, 16-byte aligned and on the "
-                         f"weights' device; got stride {x.stride()}, address "
-                         f"{x.data_ptr():#x}, device {x.device}")
+    if not checked:
+        _check_w4a16(x, b, out_dtype)
+    if not x.is_contiguous() or x.data_ptr() % 16:
+        raise ValueError(f"W4A16 activations must be contiguous and 16-byte aligned; got "
+                         f"stride {x.stride()}, address {x.data_ptr():#x}")
     _check_layout("b", b)
     if target is not None and target not in TARGETS:
         raise ValueError(f"gemm_sm100 runs on {', '.join(TARGETS)}; target={target!r}")
@@ -335,7 +335,8 @@ def prepare_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, con
         raise ValueError(f"config is for {cfg.arch} / {cfg.out} / {cfg.sf} scales; the call "
                          f"needs {target} / {name} / {b.scale_format}")
     shape = (M, N) if b.L is None else (L, M, N)
-    d = output(out, shape, out_dtype, x.device, "gemm_sm100_w4a16")
+    d = out if checked and out is not None else output(out, shape, out_dtype, x.device,
+                                                        "gemm_sm100_w4a16")
     splits = W.k_splits(cfg, K)
     wide = kernel_d(d, cfg, splits)
     addr = {"x": x, "w": b.data, "wsf": b.scales, "gb": b.global_scale,
@@ -344,8 +345,25 @@ def prepare_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, con
     return Launch(cfg, values, None, d, wide, splits)
 
 
+def _check_w4a16(x, b, out_dtype) -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16:
+        raise TypeError(f"W4A16 activations must be a bfloat16 tensor, got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}")
+    if not isinstance(b, NVFP4Tensor):
+        raise TypeError(f"W4A16 weights must be an NVFP4Tensor, got {type(b).__name__}")
+    if out_dtype not in validate.OUT_DTYPES:
+        raise TypeError(f"W4A16 out_dtype must be torch.bfloat16, torch.float16 or "
+                        f"torch.float32, got {out_dtype}")
+    if x.dim() != b.ndim or x.shape[-1] != b.K or (b.ndim == 3 and x.shape[0] != b.L):
+        raise ValueError(f"W4A16 needs (M, K) x (N, K) or (L, M, K) x (L, N, K) with one K and "
+                         f"L; got x {tuple(x.shape)}, b {tuple(b.shape)}")
+    if x.device != b.device:
+        raise ValueError(f"W4A16 activations must be on the weights' device; got {x.device}, "
+                         f"{b.device}")
+
+
 def gemm_sm100_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, config=None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, checked: bool = False) -> torch.Tensor:
     """``D = gB (X @ W^T)`` for bf16 activations and NVFP4 weights on sm_100a / sm_103a /
     sm_107a: the weights decoded in the kernel, exactly (`nvfp4_w4a16_sm100`). Any M, N, L and
     K % 16; bf16 / fp16 / fp32 D.
@@ -353,7 +371,7 @@ def gemm_sm100_w4a16(x: torch.Tensor, b: NVFP4Tensor, out_dtype=torch.bfloat16, 
     Raises:
         TypeError, ValueError: as `prepare_w4a16`.
     """
-    launch = prepare_w4a16(x, b, out_dtype, config, out)
+    launch = prepare_w4a16(x, b, out_dtype, config, out, checked=checked)
     run(launch)
     return launch.finish()
 

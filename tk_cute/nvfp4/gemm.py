@@ -397,7 +397,8 @@ def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None 
     if p.path == "sm100":
         from . import dispatch_sm100
 
-        return dispatch_sm100.gemm_sm100_nvfp4(a2, b, None, config=p.config, out=d)
+        return dispatch_sm100.gemm_sm100_nvfp4(a2, b, None, config=p.config, out=d,
+                                               checked=True)
     if p.path == "register_a_tiled" and not p.config.N_TAIL:  # (its epilogue: whole bands)
         from . import launch
 
@@ -442,11 +443,12 @@ def run(p: Plan, a, b: NVFP4Tensor, out: torch.Tensor, gsb=None) -> torch.Tensor
     elif p.path == "sm100":
         from . import dispatch_sm100
 
-        dispatch_sm100.gemm_sm100(a, b, out.dtype, config=p.config, out=out)
+        dispatch_sm100.gemm_sm100(a, b, out.dtype, config=p.config, out=out, checked=True)
     elif p.path == "sm100_w4a16":
         from . import dispatch_sm100
 
-        dispatch_sm100.gemm_sm100_w4a16(a, b, out.dtype, config=p.config, out=out)
+        dispatch_sm100.gemm_sm100_w4a16(a, b, out.dtype, config=p.config, out=out,
+                                        checked=True)
     else:
         raise AssertionError(f"no runner for path {p.path!r}")
     return out

@@ -398,5 +398,10 @@ def test_prepare_w4a16(on_gpu):
         D.prepare_w4a16(x.float(), b)
     with pytest.raises(ValueError, match="one K and L"):
         D.prepare_w4a16(x[..., :32], b)
-    with pytest.raises(ValueError, match="contiguous, 16-byte aligned"):
-        D.prepare_w4a16(x.transpose(1, 2).contiguous().transpose(1, 2)[:, :, :48], b)
+    strided = x.transpose(1, 2).contiguous().transpose(1, 2)[:, :, :48]
+    with pytest.raises(ValueError, match="contiguous and 16-byte aligned"):
+        D.prepare_w4a16(strided, b)
+    with pytest.raises(ValueError, match="contiguous and 16-byte aligned"):
+        D.prepare_w4a16(strided, b, checked=True)  # (gemm validated: the layout still checked)
+    out = torch.full((3, 16, 20), float("nan"), dtype=torch.bfloat16)
+    assert D.prepare_w4a16(x, b, out=out, checked=True).out is out
