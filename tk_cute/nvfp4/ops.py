@@ -78,11 +78,11 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None,
     global_scale): uint8 (..., M, K // 2) (rows `row_pitch(K)` bytes apart: a view of padded
     rows where K % 32 != 0), uint8 blocked (..., RM, RK, 512), float32 0-dim."""
     q = fresh_buffers(quantize, x, global_scale=global_scale, check_finite=check_finite)
-    # The CUDA quantizer's global scale is a 0-dim view at offset 0 of its own workspace (the
-    # amax partials follow it): aligned and at the storage offset the fake promises, as
-    # inductor and opcheck require of an op output. The CPU reference may return a given
-    # scale itself: an op output must not alias an input, so it is copied there.
-    return q.data, q.scales, q.global_scale if x.is_cuda else q.global_scale.clone()
+    # An op output must be a tensor of its own, aligned as the fake promises (inductor asserts
+    # it), and must not alias an input: the CUDA quantizer's global scale is a 0-dim view of
+    # its workspace (at offset 0, the amax partials after it), the CPU reference may return a
+    # given scale itself. One 4-byte copy.
+    return q.data, q.scales, q.global_scale.clone()
 
 
 @nvfp4_quantize.register_fake
