@@ -186,7 +186,8 @@ def fresh_buffers(fn, *args, **kwargs):
 def per_call_buffers() -> bool:
     """Whether buffers must be allocated per call here: the current stream is capturing a CUDA
     graph (a graph keeps its own memory), or inside `fresh_buffers`."""
-    return getattr(_FRESH, "depth", 0) > 0 or torch.cuda.is_current_stream_capturing()
+    return getattr(_FRESH, "depth", 0) > 0 or (torch.cuda.is_initialized()
+                                                and torch.cuda.is_current_stream_capturing())
 
 
 

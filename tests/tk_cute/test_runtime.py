@@ -118,6 +118,7 @@ def fake_cuda(monkeypatch):
 
     monkeypatch.setattr(runtime.torch, "empty", empty)
     monkeypatch.setattr(runtime.torch, "zeros", zeros)
+    monkeypatch.setattr(runtime.torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(runtime.torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(runtime, "_WORKSPACES", {})
     return made

@@ -119,3 +119,24 @@ def test_gpu_kept_calls_run_the_kernels_on_fresh_inputs(M, seed):
             assert gemm(a, b, out=out) is out
             assert_gemm_close(out, a, b, f"M={M} w4a4={w4a4} step={step}")
         assert len(_calls(b)) == 1 + w4a4  # one kept call per activation kind
+
+
+def test_custom_ops_run_with_per_call_buffers(seed, monkeypatch):
+    """Inside the custom ops every kept buffer is allocated per call (`runtime.fresh_buffers`):
+    torch's CUDA graph trees run compiled graphs with the thread's allocations routed to their
+    pool, where a buffer kept past the call would be an untracked pool allocation."""
+    from tk_cute import runtime
+
+    seen = []
+    real = gemm_mod.Call.__call__
+
+    def recording(self, a, out=None):
+        seen.append(runtime.per_call_buffers())
+        return real(self, a, out)
+
+    monkeypatch.setattr(gemm_mod.Call, "__call__", recording)
+    q = quantize(torch.randn(32, 64))
+    a = torch.randn(3, 64).bfloat16()
+    torch.ops.tk_cute.nvfp4_gemm(a, None, None, q.data, q.scales, q.global_scale, torch.bfloat16)
+    gemm(a, q)
+    assert seen == [True, False] and not runtime.per_call_buffers()
