@@ -194,3 +194,44 @@ def test_tp_bench_variants_build_and_run_on_two_gloo_processes():
     args = bench_tp._parser().parse_args([])
     assert (args.world, args.m, args.hidden, args.intermediate) == ([1, 2, 4, 8],
                                                                     [16, 256, 4096], 8192, 28672)
+
+
+def test_gemm_bench_random_shapes_are_seeded_and_have_16_byte_rows():
+    from tk_cute.bench import gemm as bench_gemm
+
+    shapes = bench_gemm.random_shapes(300, seed=7)
+    assert shapes == bench_gemm.random_shapes(300, seed=7) != bench_gemm.random_shapes(300, 8)
+    mnk = [tuple(map(int, s.split(","))) for s in shapes]
+    assert all(1 <= m <= bench_gemm.RANDOM_MAX and n % 16 == 0 and k % 16 == 0
+               and 16 <= n <= bench_gemm.RANDOM_MAX and 16 <= k <= bench_gemm.RANDOM_MAX
+               for m, n, k in mnk)
+    # log-uniform: every decade of each dimension comes up (small K, few rows, large ones)
+    for dim, lo in ((0, 1), (1, 16), (2, 16)):
+        values = [s[dim] for s in mnk]
+        assert min(values) < 10 * lo and max(values) > bench_gemm.RANDOM_MAX // 10
+
+
+def test_gemm_bench_summary():
+    from tk_cute.bench.gemm import summary
+
+    line = summary({"a": 1.0, "b": 0.5, "c": 2.0})
+    assert line == "3 shapes: geometric mean 1.000x cuBLAS, worst 0.500x (b), 1 below 0.9x"
+    assert summary({}) == "no shapes timed"
+
+
+def test_every_random_gemm_shape_has_a_dense_plan():
+    """The random sweep's shapes (bf16 and fp8, C in bf16 and fp32) all plan a kernel on the
+    H200's 132 SMs (30 resident 4-CTA clusters), operand rows on L2 lines or not."""
+    import torch
+
+    from tk_cute.bench.gemm import random_shapes
+    from tk_cute.kernels.gemm.gemm_sm90 import GemmSm90
+    from tk_cute.tuning import dense_sm90
+
+    for shape in random_shapes(100):
+        M, N, K = map(int, shape.split(","))
+        for dtype in (torch.bfloat16, torch.float8_e4m3fn):
+            for out in (torch.bfloat16, torch.float32):
+                lines = K * dtype.itemsize % 128 == 0
+                cfg = dense_sm90.default_config(dtype, out, M, N, 132, lines=lines, quads=30)
+                GemmSm90(cfg)  # a Config the kernel takes

@@ -1,7 +1,10 @@
 """GEMM benchmark: tk_cute's Hopper GEMM beside cuBLAS (bf16 matmul, fp8 `_scaled_mm`) and
 CUTLASS's CuTe DSL persistent Hopper GEMM, same process, same inputs, cold L2.
 
-    python -m tk_cute.bench gemm [--mnk 8192,8192,8192 ...] [--peer PATH]
+    python -m tk_cute.bench gemm [--mnk 8192,8192,8192 ...] [--random N [--seed S]] [--peer PATH]
+
+`--random N` draws N shapes (`random_shapes`: seeded, log-uniform M, N, K with 16-byte rows)
+instead of the listed ones and ends with a summary of tk_cute against cuBLAS over them.
 
 `--peer` is the path of CUTLASS's
 `examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py` (public
@@ -35,6 +38,37 @@ DEFAULT_SHAPES = ["8192,8192,8192", "4096,4096,4096", "4096,14336,4096", "4096,4
 
 
 PEER_CLASS = "HopperWgmmaGemmPersistentKernel"
+RANDOM_MAX = 16384  # the random shapes' largest M, N, K
+
+
+def random_shapes(n: int, seed: int = 0) -> list[str]:
+    """`n` seeded "M,N,K" shapes: each dimension log-uniform (M in 1..RANDOM_MAX, N and K in
+    16..RANDOM_MAX), N and K rounded to multiples of 16 (16-byte rows of bf16 and fp8
+    operands and bf16 C), so small K, few rows and ragged tiles all come up."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+
+    def draw(lo: int, step: int) -> int:
+        v = math.exp(rng.uniform(math.log(lo), math.log(RANDOM_MAX)))
+        return max(lo, round(v / step) * step)
+
+    return [f"{draw(1, 1)},{draw(16, 16)},{draw(16, 16)}" for _ in range(n)]
+
+
+def summary(ratios: dict[str, float], floor: float = 0.9) -> str:
+    """A line over {shape: tk_cute speedup over cuBLAS}: geometric mean, the worst shape and
+    how many are below `floor`."""
+    import math
+
+    if not ratios:
+        return "no shapes timed"
+    worst = min(ratios, key=ratios.get)
+    geo = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
+    below = sum(r < floor for r in ratios.values())
+    return (f"{len(ratios)} shapes: geometric mean {geo:.3f}x cuBLAS, worst {ratios[worst]:.3f}x "
+            f"({worst}), {below} below {floor}x")
 
 
 def peer_kernel(path):
@@ -86,6 +120,9 @@ def _class_lines(path, name) -> int:
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m tk_cute.bench gemm")
     p.add_argument("--mnk", nargs="+", default=DEFAULT_SHAPES)
+    p.add_argument("--random", type=int, default=0, metavar="N",
+                   help="time N seeded random shapes (`random_shapes`) instead of --mnk")
+    p.add_argument("--seed", type=int, default=0, help="the random shapes' seed")
     p.add_argument("--dtype", nargs="+", default=["bfloat16", "float8_e4m3fn"])
     p.add_argument("--peer", default=None, help="path of CUTLASS dense_gemm_persistent.py")
     p.add_argument("--rounds", type=int, default=20)
@@ -119,11 +156,13 @@ def main(argv=None):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print("timing:", "eager calls" if args.eager else "CUDA graph replay (GPU time; host "
           "overhead reported below)")
+    shapes = random_shapes(args.random, args.seed) if args.random else args.mnk
+    ratios = {}
     print(HEADER)
     for dtype_name in args.dtype:
         dtype = getattr(torch, dtype_name)
         peer = _peer(args.peer, dtype, sms) if args.peer else None
-        for mnk in dict.fromkeys(args.mnk):
+        for mnk in dict.fromkeys(shapes):
             M, N, K = map(int, mnk.split(","))
             if dtype.itemsize == 1 and (N % 16 or K % 16):
                 print(f"| skipped {mnk} [{dtype_name}]: cuBLAS fp8 (torch._scaled_mm) needs N "
@@ -198,11 +237,13 @@ def main(argv=None):
             if peer:
                 variants["CUTLASS CuTe DSL peer"] = lambda s: peer[0](*s)
             res = bench(variants, sets, rounds=args.rounds, graph=not args.eager)
+            ratios[f"{M}x{N}x{K} [{dtype_name}]"] = res[base].ms / res["tk_cute"].ms
             for name, r in res.items():
                 print(row(f"{name} [{dtype_name}]", f"{M}x{N}x{K}", r.ms, 2 * M * N * K,
                           baseline_ms=res[base].ms,
                           extra=f"spread {r.spread:.2f}" + (f"; {notes[name]}" if name in notes
                                                              else "")))
+    print("tk_cute vs cuBLAS:", summary(ratios))
     a = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
     print(f"host overhead per call at 256^3 (us): tk_cute.gemm "
           f"{host_overhead(lambda s: tk_cute.gemm(*s), (a, a)):.1f}, torch.matmul "
