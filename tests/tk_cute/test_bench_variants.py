@@ -223,9 +223,9 @@ def test_every_random_gemm_shape_has_a_dense_plan():
     """The random sweep's shapes (bf16 and fp8, C in bf16 and fp32) all plan a kernel on the
     H200's 132 SMs (30 resident 4-CTA clusters), operand rows on L2 lines or not."""
     import torch
+    from tk_cute.kernels.gemm.gemm_sm90 import GemmSm90
 
     from tk_cute.bench.gemm import random_shapes
-    from tk_cute.kernels.gemm.gemm_sm90 import GemmSm90
     from tk_cute.tuning import dense_sm90
 
     for shape in random_shapes(100):
