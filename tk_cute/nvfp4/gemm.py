@@ -149,18 +149,9 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
         path = sm90_tuning.hopper_path(w4a4, M, N, K, sms)
     else:
         path = sm90_tuning.check_hopper_path(force, w4a4, M, N, K, out, sf)
-    if path == "small_m":
-        cfg = sm90_tuning.small_m_config(M, N, K, w4a4, out, sms)
-        return Plan(path, dataclasses.replace(cfg, PDL=cfg.PDL or pdl, EARLY_WEIGHTS=pdl, sf=sf))
-    if path == "register_a":
-        cfg = dataclasses.replace(sm90_tuning.register_a_config(M, N, K, out), sf=sf,
-                                  a_format="nvfp4" if w4a4 else "bf16")
-        if pdl and cfg.permute == "stage":
-            cfg = dataclasses.replace(cfg, PDL=True, EARLY_WEIGHTS=True)
-        return Plan(path, cfg)
-    if path == "register_a_tiled":
-        cfg = sm90_tuning.register_a_tiled_config(M, N, K, out, sms)
-        return Plan(path, dataclasses.replace(cfg, sf=sf, a_format="nvfp4" if w4a4 else "bf16"))
+    if path != "dequantize":
+        cfg = sm90_tuning.default_config(path, M, N, K, w4a4, out, sms)
+        return Plan(path, sm90_tuning.complete(path, cfg, N, K, w4a4, out, sf, pdl))
     esize = {"bfloat16": 2, "float16": 2, "float32": 4}[out]
     per_row = validate.OUT_ALIGN // esize  # D rows must be 16-byte aligned for TMA stores
     return Plan(path, pad_n=-(-N // per_row) * per_row if N % per_row else 0)

@@ -418,14 +418,11 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: gv.Config | None = N
         raise ValueError(f"gemm_small_m takes 2-D operands, got a {tuple(a.shape)}")
     name = dtype_name(out_dtype)
     if config is None:
-        cfg = sm90_tuning.small_m_config(op.M, op.N, op.K, op.w4a4, name, sm_count(b.device))
-    else:
-        cfg = dataclasses.replace(config, w4a4=op.w4a4, out_dtype=name)
-    cfg = dataclasses.replace(cfg, sf=validate.one_scale_format(a, b, "gemm_small_m"))
+        config = sm90_tuning.small_m_config(op.M, op.N, op.K, op.w4a4, name, sm_count(b.device))
+    cfg = sm90_tuning.complete("small_m", config, op.N, op.K, op.w4a4, name,
+                               validate.one_scale_format(a, b, "gemm_small_m"), pdl)
     if splits is not None:
         cfg = dataclasses.replace(cfg, S=splits)
-    if pdl:
-        cfg = dataclasses.replace(cfg, PDL=True, EARLY_WEIGHTS=True)
     gv.check_shape(cfg, op.M, op.N, op.K)
     out = output(out, (op.M, op.N), out_dtype, b.device, "gemm_small_m")
     return small_m(a, b, out, cfg)
@@ -461,11 +458,8 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
     name = dtype_name(out_dtype)
     if config is None:
         config = sm90_tuning.register_a_config(op.M, op.N, op.K, name)
-    else:
-        config = dataclasses.replace(config, out_dtype=name)
-    config = dataclasses.replace(config, sf=b.scale_format, K_TAIL=op.K % rs.STAGE_K != 0)
-    if pdl and config.permute == "stage":
-        config = dataclasses.replace(config, PDL=True, EARLY_WEIGHTS=True)
+    config = sm90_tuning.complete("register_a", config, op.N, op.K, False, name,
+                                  b.scale_format, pdl)
     rs.check_shape(config, op.M, op.N, op.K)
     if ctas is not None and ctas < 1:
         raise ValueError(f"gemm_rs needs ctas >= 1, got ctas={ctas}")
@@ -491,9 +485,7 @@ def gemm_rs_tiled(a, b, out_dtype=None, *, out=None, config: rst.Config | None =
     rst.check_shape(op.M, op.N, op.K)
     if config is None:
         config = sm90_tuning.register_a_tiled_config(op.M, op.N, op.K, name, sm_count(b.device))
-    else:
-        config = dataclasses.replace(config, out_dtype=name)
-    config = dataclasses.replace(config, sf=b.scale_format, K_TAIL=op.K % rst.STAGE_K != 0,
-                                 N_TAIL=op.N % rst.ROWS != 0)
+    config = sm90_tuning.complete("register_a_tiled", config, op.N, op.K, False, name,
+                                  b.scale_format, False)
     out = output(out, (op.M, op.N), out_dtype, b.device, "gemm_rs_tiled")
     return register_a_tiled(a, b, out, config)

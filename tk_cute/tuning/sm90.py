@@ -208,6 +208,37 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     return dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas, XSMEM=xs if xs <= gv.MAX_XSMEM else 0)
 
 
+def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str, pdl: bool):
+    """`cfg` (a path's Config: the planner's pick or a tuning entry's forced one) with every
+    field the call fixes filled in, the one place a Config is completed from a call: D's type,
+    the block-scale format, the activations' format (W4A4: decoded in the kernel), the K and N
+    tails of the shape, and programmatic dependent launch with early weight loads where `pdl`
+    asks for it and the path takes it (small-M; register-A where it permutes per stage)."""
+    if path == "small_m":
+        return dataclasses.replace(cfg, w4a4=w4a4, out_dtype=out_dtype, sf=sf,
+                                   PDL=cfg.PDL or pdl, EARLY_WEIGHTS=cfg.EARLY_WEIGHTS or pdl)
+    a_format = "nvfp4" if w4a4 else "bf16"
+    if path == "register_a":
+        cfg = dataclasses.replace(cfg, out_dtype=out_dtype, sf=sf, a_format=a_format,
+                                  K_TAIL=K % rs.STAGE_K != 0, N_TAIL=N % rs.BAND != 0)
+        if pdl and cfg.permute == "stage":
+            cfg = dataclasses.replace(cfg, PDL=True, EARLY_WEIGHTS=True)
+        return cfg
+    if path == "register_a_tiled":
+        return dataclasses.replace(cfg, out_dtype=out_dtype, sf=sf, a_format=a_format,
+                                   K_TAIL=K % rst.STAGE_K != 0, N_TAIL=N % rst.ROWS != 0)
+    raise ValueError(f"path {path!r} has no kernel Config (one of {PATHS[:3]})")
+
+
+def default_config(path: str, M: int, N: int, K: int, w4a4: bool, out_dtype: str, sms: int):
+    """The planner's Config for a one-kernel Hopper path, before `complete`."""
+    if path == "small_m":
+        return small_m_config(M, N, K, w4a4, out_dtype, sms)
+    if path == "register_a":
+        return register_a_config(M, N, K, out_dtype)
+    return register_a_tiled_config(M, N, K, out_dtype, sms)
+
+
 def small_m_splits(cfg: gv.Config, N: int, K: int, sms: int, ctas_per_sm: int | None = None,
                    any_split: bool = False) -> int:
     """S: K-slices (warps along K), the divisor of K / k_chunk nearest (in ratio; ties: larger)
