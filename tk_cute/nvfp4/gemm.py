@@ -32,7 +32,6 @@ references on CPU take any mix).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
 import weakref
