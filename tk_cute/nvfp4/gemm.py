@@ -42,7 +42,7 @@ import torch
 from tk_cute.runtime import dtype_name
 from tk_cute.tuning import sm90 as sm90_tuning
 
-from . import validate
+from . import dispatch_sm100, launch, validate
 from .tensor import NVFP4Tensor, normalize_parts
 
 
@@ -128,9 +128,7 @@ def _plan(op: validate.Operands, device: torch.device, out_dtype, pdl: bool,
     target = arch.device_target(device) if target is None else arch.target(target)
     name = dtype_name(out_dtype)
     if target.wgmma:
-        from .launch import sm_count
-
-        sms = sm_count(device) if device.type == "cuda" else target.sm_count
+        sms = launch.sm_count(device) if device.type == "cuda" else target.sm_count
         one = _plan_hopper(op.w4a4, op.M, op.N, op.K, name, sms, pdl, path, sf)
         if op.batched:  # one plan, run for each batch
             return Plan("batches", parts=((0, op.L, one),))
@@ -158,8 +156,6 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
 
 def _plan_sm100(op: validate.Operands, target: str, out: str, sf: str = "ue4m3") -> Plan:
     from tk_cute.tuning import sm100 as sm100_tuning
-
-    from . import dispatch_sm100
 
     dispatch_sm100.scale_format(sf, target)
     if not op.w4a4:  # the weights decoded in the kernel (NVFP4 D: fp32, then the quantizer)
@@ -257,11 +253,8 @@ class Call:
         self.held = None  # the codes, for a call that is not kept (`prepared`)
         self._rows = not op.w4a4 and not op.batched and a.dim() != 2  # W4A16 (..., K)
         self._launch = None
-        if p.path in ("small_m", "register_a") and not p.pad_n:
-            from . import launch
-
-            kind = launch.SmallM if p.path == "small_m" else launch.RegisterA
-            self._launch = kind(b, p.config, op.M)
+        if p.path in BOUND and not p.pad_n:
+            self._launch = BOUND[p.path](b, p.config, op.M)
             if self._launch.wsf is not b.scales:  # (a copy would miss in-place updates)
                 self._launch = None
 
@@ -385,13 +378,9 @@ def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None 
     a2 = a if op.w4a4 else a.reshape(op.M, op.K)
     p = _plan(op, b.device, torch.float32, pdl, path, _scale_format(a, b), nvfp4_out=True)
     if p.path == "sm100":
-        from . import dispatch_sm100
-
         return dispatch_sm100.gemm_sm100_nvfp4(a2, b, None, config=p.config, out=d,
                                                checked=True)
     if p.path == "register_a_tiled" and not p.config.N_TAIL:  # (its epilogue: whole bands)
-        from . import launch
-
         return launch.register_a_tiled_nvfp4(a2, b, p.config, d)
     if p.path == "reference":
         from .reference import gemm_reference, w4a16_reference
@@ -401,46 +390,41 @@ def gemm_nvfp4(a, b: NVFP4Tensor, global_scale=None, *, out: NVFP4Tensor | None 
         d.data.copy_(q.data)
         d.scales.copy_(q.scales)
     else:
-        from . import launch
-
         d32 = run(p, a2, b, torch.empty((op.M, op.N), dtype=torch.float32, device=b.device))
         launch.quantize(d32, gs, check_finite=False, out=d)  # gs checked above: no 2nd read
     d.saturated = saturated(d32, gs)
     return d
 
 
+# One-kernel path -> its launch on validated operands (`run`; `gsb` replaces gB as D's scale).
+RUNS = {
+    "small_m": lambda p, a, b, out, gsb: launch.small_m(a, b, out, p.config, gsb),
+    "register_a": lambda p, a, b, out, gsb: launch.register_a(a, b, out, p.config, gsb=gsb),
+    "register_a_tiled": lambda p, a, b, out, gsb: launch.register_a_tiled(a, b, out, p.config,
+                                                                          gsb),
+    "dequantize": lambda p, a, b, out, gsb: launch.dequantize(a, b, out),
+    "sm100": lambda p, a, b, out, gsb: dispatch_sm100.gemm_sm100(
+        a, b, out.dtype, config=p.config, out=out, checked=True),
+    "sm100_w4a16": lambda p, a, b, out, gsb: dispatch_sm100.gemm_sm100_w4a16(
+        a, b, out.dtype, config=p.config, out=out, checked=True),
+}
+# The paths a `Call` launches with the weights' arguments bound (`launch.SmallM`, ...).
+BOUND = {"small_m": launch.SmallM, "register_a": launch.RegisterA}
+
+
 def run(p: Plan, a, b: NVFP4Tensor, out: torch.Tensor, gsb=None) -> torch.Tensor:
     """Run plan `p` on validated operands into the contiguous `out` (2-D, or 3-D for
     "batches"); `gsb` replaces gB as D's scale."""
-    from . import launch
-
     if p.pad_n:
         wide = torch.empty(out.shape[0], p.pad_n, dtype=out.dtype, device=out.device)
         run(Plan(p.path, p.config), a, b, wide, gsb)
         out.copy_(wide[:, :out.shape[1]])
-    elif p.path == "small_m":
-        launch.small_m(a, b, out, p.config, gsb)
-    elif p.path == "register_a":
-        launch.register_a(a, b, out, p.config, gsb=gsb)
-    elif p.path == "register_a_tiled":
-        launch.register_a_tiled(a, b, out, p.config, gsb)
     elif p.path == "batches":
         sub = p.parts[0][2]
         for l in range(out.shape[0]):
             run(sub, _batch(a, l), _batch(b, l), out[l], gsb)
-    elif p.path == "dequantize":
-        launch.dequantize(a, b, out)
-    elif p.path == "sm100":
-        from . import dispatch_sm100
-
-        dispatch_sm100.gemm_sm100(a, b, out.dtype, config=p.config, out=out, checked=True)
-    elif p.path == "sm100_w4a16":
-        from . import dispatch_sm100
-
-        dispatch_sm100.gemm_sm100_w4a16(a, b, out.dtype, config=p.config, out=out,
-                                        checked=True)
     else:
-        raise AssertionError(f"no runner for path {p.path!r}")
+        RUNS[p.path](p, a, b, out, gsb)
     return out
 
 
