@@ -21,6 +21,7 @@ import cutlass.cute as cute
 from tk_cute.compile import COMPILE_LOCK
 
 OUT_ALIGN = 16  # bytes: kernels write outputs with 16-byte vector stores or TMA
+BOUND_KEPT = 256  # bound launchers kept per kernel (`Launcher.bind`)
 
 
 class KernelCache:
@@ -188,14 +189,33 @@ class Launcher:
         unknown = self.fixed.keys() - set(names)
         if unknown:
             raise TypeError(f"launch arguments are {names}, bound {sorted(unknown)}")
+        self._ranges = [(-(1 << 31), (1 << 31) - 1) if cls is ctypes.c_int32 else
+                        (-(1 << 63), (1 << 63) - 1) if cls is ctypes.c_int64 else (0, (1 << 64) - 1)
+                        for cls in signature._slots]
+        self._bound: dict = {}  # `bind`'s launchers by fixed values
+        self._lock = threading.Lock()
 
     def bind(self, **fixed) -> Launcher:
-        """This kernel with `fixed` arguments written once; a call passes the others."""
+        """This kernel with `fixed` arguments written once; a call passes the others. Kept per
+        fixed values (the last BOUND_KEPT): binding the same values again, as a path's
+        per-call entry does, gives the launcher whose slots and executor are already made."""
         taken = fixed.keys() - self._free_keys
         if taken:
             raise TypeError(f"{sorted(taken)} are not free arguments of this launch "
                             f"(free: {sorted(self._free_keys)})")
-        return Launcher(self.compiled, self.signature, {**self.fixed, **fixed})
+        key = tuple(sorted(fixed.items()))
+        bound = self._bound.get(key)
+        if bound is None:
+            for (lo, hi), n in zip(self._ranges, self.signature.names):
+                if n in fixed and not lo <= fixed[n] <= hi:
+                    raise ValueError(f"launch argument {n}={fixed[n]} is outside its slot's "
+                                     f"range [{lo}, {hi}]")
+            bound = Launcher(self.compiled, self.signature, {**self.fixed, **fixed})
+            with self._lock:
+                while len(self._bound) >= BOUND_KEPT:
+                    self._bound.pop(next(iter(self._bound)))
+                self._bound[key] = bound
+        return bound
 
     def check_against_dsl(self, values: dict | None = None) -> None:
         """Raise unless our slots hold what the DSL's own packing holds (once per kernel)."""

@@ -197,3 +197,20 @@ def test_bound_launcher_packs_fixed_and_free_arguments():
         bound.bind(a=1)
     with pytest.raises(TypeError, match="bound"):
         launcher.Launcher(compiled, SIG, {"nope": 1})
+
+
+def test_binding_the_same_values_again_gives_the_same_launcher(monkeypatch):
+    compiled = FakeCompiled()
+    base = launcher.Launcher(compiled, SIG)
+    one = base.bind(a=4096, lda=8)
+    assert base.bind(lda=8, a=4096) is one and base.bind(a=8192, lda=8) is not one
+    one(M=1, out=16, stream=0)
+    one(M=2, out=32, stream=0)
+    assert compiled.slow_calls == 1  # (its executor was made once)
+    with pytest.raises(ValueError, match=r"outside its slot's range \[-2147483648, 2147483647\]"):
+        base.bind(M=2**31)
+    assert base.bind(M=-2**31) is not None
+    monkeypatch.setattr(launcher, "BOUND_KEPT", 2)
+    for a in range(3):
+        base.bind(a=16 * a)
+    assert len(base._bound) <= 2

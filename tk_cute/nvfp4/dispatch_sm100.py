@@ -253,7 +253,7 @@ def _compile_first(launch: Launch):
         f"it was verified by compiling and in tk_cute's PTX emulator "
         f"(python -m tk_cute emulate), never on {cfg.arch} hardware. To silence: "
         f"warnings.filterwarnings('ignore', category=tk_cute.nvfp4.dispatch_sm100."
-        f"UnverifiedKernelWarning)"), stacklevel=4)
+        f"UnverifiedKernelWarning)"), stacklevel=6)  # (the caller of gemm_sm100 & co.)
     return compile_launch(launch)
 
 

@@ -32,6 +32,7 @@ references on CPU take any mix).
 
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 import weakref
@@ -226,7 +227,8 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
 # ---------------------------------------------------------------- prepared calls
 # Calls kept per weight (keyed by its codes tensor, held weakly: dropping the weights drops
 # their calls) and per activation shape, dtype and device, out dtype, pdl and path; past this
-# many per weight the oldest is dropped (a prefill of ever new lengths must not grow them).
+# many per weight the least recently used is dropped (a prefill of ever new lengths must not
+# grow them); a call made for new scales of the same codes drops the calls of the old ones.
 CALLS_PER_WEIGHT = 64
 _CALLS: dict = {}  # id(codes) -> (weakref to the codes, {key: Call})
 _CALLS_LOCK = threading.Lock()
@@ -297,33 +299,41 @@ def prepared(a, data, scales, global_scale, shape, scale_format: str, out_dtype,
     each call pays the normalization, as before."""
     if pdl is not True and pdl is not False:
         validate.flag("pdl", pdl)
+    call = calls = None
     try:
         if isinstance(a, NVFP4Tensor):
             desc = (NVFP4Tensor, a.shape, a.scale_format, a.data.device)
         else:
             desc = (type(a), a.shape, a.dtype, a.device, a.layout)
-        key = (desc, id(scales), id(global_scale), shape, scale_format, data.data_ptr(),
-               out_dtype, pdl, path)
-    except Exception:  # noqa: BLE001 - no shape / dtype: the validation names the problem
+        # (the parts' addresses too: `.data =` or `set_` moves a tensor's storage, keeping it)
+        weights = (id(scales), id(global_scale), shape, scale_format, data.data_ptr(),
+                   scales.data_ptr(), global_scale.data_ptr())
+        key = (desc, weights, out_dtype, pdl, path)
+        entry = _CALLS.get(id(data))
+        if entry is not None and entry[0]() is data:
+            calls = entry[1]
+            call = calls.get(key)
+            if call is not None:
+                calls.move_to_end(key)  # (least recently used dropped first)
+    except Exception:  # noqa: BLE001 - no shape, an unhashable argument: validation says
         key = None
-    entry = _CALLS.get(id(data))
-    calls = entry[1] if entry is not None and entry[0]() is data else None
-    call = calls.get(key) if calls is not None and key is not None else None
     if call is None:
         parts = normalize_parts(data, scales, global_scale, shape, scale_format)
         call = Call(a, NVFP4Tensor.trusted(*parts, scale_format), out_dtype, pdl, path)
         if key is not None and all(x is y for x, y in zip(parts, (data, scales, global_scale))):
             with _CALLS_LOCK:
                 calls = calls if calls is not None else _calls_of(data)
+                for k in [k for k in calls if k[1] != key[1]]:  # other parts or storage:
+                    del calls[k]  # stale (and they would keep replaced scales alive)
                 while len(calls) >= CALLS_PER_WEIGHT:
-                    del calls[next(iter(calls))]
+                    calls.popitem(last=False)
                 calls[key] = call
         else:  # parts in other forms, copied or viewed: a call of its own, not kept
             call.held = parts[0]
     return call
 
 
-def _calls_of(data) -> dict:
+def _calls_of(data) -> collections.OrderedDict:
     """The kept calls of the weights whose codes are `data` (a new, empty dict: the entry is
     removed when `data` is freed)."""
     key = id(data)
@@ -333,7 +343,7 @@ def _calls_of(data) -> dict:
         if e is not None and e[0] is ref:
             del _CALLS[key]
 
-    calls: dict = {}
+    calls = collections.OrderedDict()
     _CALLS[key] = (weakref.ref(data, forget), calls)
     return calls
 

@@ -278,8 +278,8 @@ class Linear(nn.Module):
         if x.shape[-1] != K:
             raise ValueError(f"input's last dim is {x.shape[-1]}, this Linear takes "
                              f"in_features={K}")
-        bufs = self._buffers  # (not Module.__getattr__: this runs per call)
-        w = (bufs["weight_data"], bufs["weight_scales"], bufs["weight_global_scale"])
+        w = (self._part("weight_data"), self._part("weight_scales"),
+             self._part("weight_global_scale"))
         if x.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"W4A4 Linear takes float32, bfloat16 or float16 activations, got "
                             f"{x.dtype}" if self.activations == "nvfp4" else
@@ -294,8 +294,14 @@ class Linear(nn.Module):
             y = _gemm(x, w, (N, K), torch.bfloat16)
         else:  # the kernels take bfloat16 activations: cast in, and D back out
             y = _gemm(x.to(torch.bfloat16), w, (N, K), torch.bfloat16).to(x.dtype)
-        bias = bufs["bias"]
+        bias = self._part("bias")
         return y if bias is None else y + bias
+
+    def _part(self, name: str):
+        """A buffer, read from `_buffers` (Module.__getattr__ costs ~0.3 us, this runs per
+        call), or the attribute where it is no longer a buffer (e.g. a bias made a Parameter)."""
+        bufs = self._buffers
+        return bufs[name] if name in bufs else getattr(self, name)
 
     def _apply(self, fn, recurse=True):
         # Module.to(dtype) / .half() cast every floating buffer: the decode scales must stay

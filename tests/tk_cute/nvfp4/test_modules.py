@@ -539,3 +539,13 @@ def test_gpu_reduce_overhead_across_batch_sizes(activations, seed):
             else:
                 ref = ref_model(x).float()
                 assert float((y.float() - ref).norm() / ref.norm()) < 0.35, tokens
+
+
+def test_linear_reads_parts_that_are_no_longer_buffers(seed):
+    """A bias made a Parameter (no longer a buffer) is still added."""
+    layer = Linear.from_linear(nn.Linear(32, 16).bfloat16())
+    layer.bias = nn.Parameter(torch.randn(16).bfloat16(), requires_grad=False)
+    x = torch.randn(3, 32).bfloat16()
+    with torch.no_grad():
+        want = w4a16_reference(x, layer.weight, torch.bfloat16) + layer.bias
+        assert torch.equal(layer(x), want)

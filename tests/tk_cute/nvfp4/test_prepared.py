@@ -140,3 +140,40 @@ def test_custom_ops_run_with_per_call_buffers(seed, monkeypatch):
     torch.ops.tk_cute.nvfp4_gemm(a, None, None, q.data, q.scales, q.global_scale, torch.bfloat16)
     gemm(a, q)
     assert seen == [True, False] and not runtime.per_call_buffers()
+
+
+def test_moved_storage_and_new_scales_make_new_calls(seed):
+    """A part whose storage moved under the same tensor object (`.data =`, `set_`) is a new
+    key; a call made for new scales of the same codes drops the calls holding the old ones
+    (they would keep those scales alive); the least recently used call is dropped first."""
+    b = quantize(torch.randn(32, 64))
+    a = torch.randn(2, 64).bfloat16()
+    gemm(a, b)
+    (old,) = _calls(b).values()
+    fresh = quantize(torch.randn(32, 64))
+    b.scales.data = fresh.scales.clone()  # same object, new storage and values
+    b.global_scale.data = fresh.global_scale.clone()
+    assert torch.equal(gemm(a, b), w4a16_reference(a, b, torch.bfloat16))
+    assert old not in _calls(b).values() and len(_calls(b)) == 1
+    b.scales = fresh.scales  # another scales tensor: the old calls go
+    gemm(a, b)
+    assert [c.scales for c in _calls(b).values()] == [fresh.scales]
+
+
+def test_kept_calls_are_least_recently_used_first(seed, monkeypatch):
+    monkeypatch.setattr(gemm_mod, "CALLS_PER_WEIGHT", 2)
+    b = quantize(torch.randn(16, 32))
+    x = {M: torch.randn(M, 32).bfloat16() for M in (1, 2, 3)}
+    gemm(x[1], b)
+    gemm(x[2], b)
+    gemm(x[1], b)  # M = 1 used again: M = 2 is the least recently used
+    gemm(x[3], b)
+    assert sorted(k[0][1][0] for k in _calls(b)) == [1, 3]
+
+
+def test_unhashable_arguments_still_get_the_validators_message(seed):
+    b = quantize(torch.randn(16, 32))
+    a = torch.randn(2, 32).bfloat16()
+    gemm(a, b)
+    with pytest.raises(TypeError, match="out_dtype must be"):
+        gemm(a, b, [1])
