@@ -160,7 +160,7 @@ def _rubin_emulated() -> str:
 
 def _hopper_compile() -> str:
     from tk_cute.compile import build
-    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 
     cfg = rs.Config(N_ACT=16)
     b = build(rs._launch, *rs.signature(cfg).compile_args(cfg), arch="sm_90a")

@@ -589,7 +589,7 @@ PATH_COLOURS = {"small_m": "#4c72b0", "register_a": "#55a868", "register_a_tiled
 
 def _path_edges() -> set[int]:
     """The first M of each Hopper path's rows (`tuning.sm90`'s own constants)."""
-    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
     from tk_cute.tuning import sm90 as h
 
     return {h.RS_MIN_M, h.SMALL_M_TAIL_MAX_M + 1, h.SPLIT_TILE_MIN_M, rs.MAX_M + 1,

@@ -62,8 +62,8 @@ def _digest(ptx: str) -> str:
 
 def hashes() -> dict[str, str]:
     from tk_cute.kernels.gemm import gemm_sm90
-    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-    from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
+    from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
 
     from tk_cute.compile import build
 

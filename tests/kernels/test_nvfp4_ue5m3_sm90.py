@@ -1,7 +1,7 @@
 """UE5M3 block scales on the Hopper kernels (issue 23): compile checks on the CPU, GPU runs marked.
 
-The small-M (`nvfp4_gemv_sm90`), register-A (`nvfp4_rs_sm90`), tiled register-A
-(`nvfp4_rst_sm90`) kernels and the block dequantize (`nvfp4_dequantize`) take a scale format
+The small-M (`nvfp4_small_m_sm90`), register-A (`nvfp4_register_a_sm90`), tiled register-A
+(`nvfp4_register_a_tiled_sm90`) kernels and the block dequantize (`nvfp4_dequantize`) take a scale format
 (`Config.sf` / `sf_format`). CPU tier: each UE5M3 build decodes with the UE5M3 constants (2^112
 to restore sf from its bits << 4, 2^110 to prescale it) and undoes the decode's 2^-16 (not
 2^-8) per operand, with no spill; the UE4M3 builds are unchanged (their PTX was hashed before
@@ -16,9 +16,9 @@ import re
 
 import pytest
 import torch
-from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
-from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
+from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
+from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
 
 from tk_cute.compile import build
 from tk_cute.ops import nvfp4 as fp4
@@ -80,7 +80,7 @@ def test_register_a_ue5m3_decode():
 def test_tiled_register_a_ue5m3_decode(out):
     """UE5M3 weights; an NVFP4 D keeps UE4M3 scales (its epilogue's encode is unchanged)."""
     cfg = rst.Config(Nb=128, out_dtype=out, sf="ue5m3")
-    b = build(rst.GemmNvfp4RsTiledSm90(cfg), *rst.signature(cfg).compile_args(132),
+    b = build(rst.GemmNvfp4RegisterATiledSm90(cfg), *rst.signature(cfg).compile_args(132),
               arch="sm_90a")
     assert {UNBIAS, PRESCALE} <= _movs(b) and not set(UE4M3_PAIR) & _movs(b)
     assert _f32(b, 2.0**16) >= 1 and _f32(b, 2.0**8) == 0

@@ -16,9 +16,9 @@ import pytest
 import torch
 from tk_cute.kernels.gemm import (
     gemm_sm90,
-    nvfp4_gemv_sm90,
-    nvfp4_rs_sm90,
-    nvfp4_rst_sm90,
+    nvfp4_small_m_sm90,
+    nvfp4_register_a_sm90,
+    nvfp4_register_a_tiled_sm90,
     nvfp4_sm100,
     nvfp4_w4a16_sm100,
 )
@@ -34,15 +34,15 @@ FIELDS = {
         "dtype": D, "out_dtype": D, "Mb": D, "Nb": D, "EPI_N": D, "EPI_PIPE_DEPTH": D,
         "CLUSTER_M": D, "CLUSTER_N": D, "TRANSPOSE_C": D, "SHIFT_EDGES": D,
         "Kb": F, "LOAD_PIPE_DEPTH": F, "SUPERGROUP_SIZE": F, "arch": F},
-    nvfp4_gemv_sm90.Config: {
+    nvfp4_small_m_sm90.Config: {
         "NT": D, "WN": D, "UNROLL": D, "w4a4": D, "out_dtype": D, "MIN_CTAS": D, "S": D,
         "AHEAD": D, "EARLY_WEIGHTS": D, "XSMEM": D, "L2_FETCH": D, "sf": D,
         "MT": F, "PDL": F},
-    nvfp4_rs_sm90.Config: {
+    nvfp4_register_a_sm90.Config: {
         "N_ACT": D, "ROWS": D, "PDL": D, "EARLY_WEIGHTS": D, "out_dtype": D, "sf": D,
         "K_TAIL": D, "N_TAIL": D, "a_format": D,
         "STAGES": F, "A_SETS": F, "PERMUTE": F, "TILES": FORCED},
-    nvfp4_rst_sm90.Config: {
+    nvfp4_register_a_tiled_sm90.Config: {
         "Nb": D, "A_SETS": D, "out_dtype": D, "sf": D, "a_format": D, "K_TAIL": D,
         "N_TAIL": D, "STREAM_K": D, "PARTIAL_V4": D, "TEAMS": D,
         "LOAD_PIPE_DEPTH": F, "SUPERGROUP_SIZE": F, "PDL": F},
@@ -119,4 +119,4 @@ def test_forced_fields_are_the_open_deletions():
     dispatch pick them): the register-A kernel's two-tile warpgroups."""
     forced = {(c.__module__.split(".")[-1], n) for c, f in FIELDS.items() for n, w in f.items()
               if w == FORCED}
-    assert forced == {("nvfp4_rs_sm90", "TILES")}
+    assert forced == {("nvfp4_register_a_sm90", "TILES")}

@@ -154,7 +154,7 @@ def _tiled_tuning_variants(M, N, K, sms):
     with 16-byte partials (`rst.Config.PARTIAL_V4`) and as
     teams (`TEAMS`) where two parts per tile or more fit (`sm90_tuning.stream_k_team`), each way
     whatever the dispatch picked."""
-    from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+    from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
     from tk_cute.nvfp4 import launch
     from tk_cute.tuning import sm90 as sm90_tuning
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """tk_cute's Hopper NVFP4 kernels on the CPU: the launches `tk_cute.nvfp4.launch` makes on an
-H200 for the small-M (`nvfp4_gemv_sm90`) and register-A (`nvfp4_rs_sm90`) paths, captured for
+H200 for the small-M (`nvfp4_small_m_sm90`) and register-A (`nvfp4_register_a_sm90`) paths, captured for
 sm_90a from CPU tensors and run in the emulator over one global memory, in launch order.
 
 `small_m(a, b, cfg, out)` and `register_a(a, b, cfg, out, ctas)` take the same operands as the
@@ -35,7 +35,7 @@ def _capture(fn, *lead, signature, values):
 
 def small_m(a, b, cfg, out: torch.Tensor, **options) -> list:
     """The small-M kernel (`launch.small_m`) on CPU tensors; its machines."""
-    from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
+    from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
 
     M, K = a.shape[-2], a.shape[-1]
     values = dict(w=b.data.data_ptr(), wsf=b.scales.data_ptr(), gsb=b.global_scale.data_ptr(),
@@ -52,7 +52,7 @@ def small_m(a, b, cfg, out: torch.Tensor, **options) -> list:
 def register_a(a, b, cfg, out: torch.Tensor, ctas: int, **options) -> list:
     """The register-A kernel (`launch.register_a`, permute pass included) on CPU tensors, on
     `ctas` CTAs; its machines."""
-    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
     from tk_cute.ops import schedule
 
     (M, K), N = a.shape, b.M

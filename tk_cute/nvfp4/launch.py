@@ -22,9 +22,9 @@ import threading
 import torch
 
 from tk_cute import dense_gemm
-from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
-from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
+from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
+from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
 from tk_cute.layouts import nvfp4_codes
 from tk_cute.ops import schedule
 from tk_cute.runtime import aligned, device_index, dtype_name, output, raw_stream, sm_count, stream_k_buffers, workspace
@@ -409,7 +409,7 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: gv.Config | None = N
 
     Raises:
         TypeError, ValueError: the operand rules of `tk_cute.nvfp4.gemm`, a non-CUDA device, or
-            a shape the Config does not take (`nvfp4_gemv_sm90.check_shape`).
+            a shape the Config does not take (`nvfp4_small_m_sm90.check_shape`).
     """
     out_dtype = out.dtype if out_dtype is None and out is not None else (
         out_dtype or torch.bfloat16)
@@ -446,7 +446,7 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
 
     Raises:
         TypeError, ValueError: the operand rules of `tk_cute.nvfp4.gemm`, NVFP4 activations, a
-            non-CUDA device, a shape the Config does not take (`nvfp4_rs_sm90.check_shape`),
+            non-CUDA device, a shape the Config does not take (`nvfp4_register_a_sm90.check_shape`),
             or ctas < 1.
     """
     out_dtype = out.dtype if out_dtype is None and out is not None else (
@@ -473,7 +473,7 @@ def gemm_rs_tiled(a, b, out_dtype=None, *, out=None, config: rst.Config | None =
 
     Raises:
         TypeError, ValueError: the operand rules of `tk_cute.nvfp4.gemm`, NVFP4 activations, a
-            non-CUDA device, or a shape the kernel does not take (`nvfp4_rst_sm90.check_shape`).
+            non-CUDA device, or a shape the kernel does not take (`nvfp4_register_a_tiled_sm90.check_shape`).
     """
     out_dtype = out.dtype if out_dtype is None and out is not None else (
         out_dtype or torch.bfloat16)

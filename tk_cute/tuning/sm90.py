@@ -5,16 +5,16 @@ the device. The numbers behind each rule are in docs/facts.md (one anchor per co
 below); the kernels' designs and limits in docs/nvfp4_hopper.md.
 
 Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
-- "small_m" (`kernels/gemm/nvfp4_gemv_sm90.py`, mma.sync streaming the weights): M < RS_MIN_M
+- "small_m" (`kernels/gemm/nvfp4_small_m_sm90.py`, mma.sync streaming the weights): M < RS_MIN_M
   and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M, unless divisibility
   starves its K split (`small_m_takes`: the register-A kernel then); up to
   SMALL_M_TAIL_MAX_M where N % 128 != 0; also W4A16 M <= 64 where the register-A kernel cannot
   take N or K.
-- "register_a" (`kernels/gemm/nvfp4_rs_sm90.py`, weights decoded into wgmma A registers):
+- "register_a" (`kernels/gemm/nvfp4_register_a_sm90.py`, weights decoded into wgmma A registers):
   RS_MIN_M <= M < SPLIT_TILE_MIN_M, up to 128 on fewer than SPLIT_TILE_MIN_BANDS weight bands
   (`split_tile_wins`; below RS_MIN_M too where the small-M kernel cannot take K: K % 128 !=
   0), any N % 8 == 0 (N % 128 != 0: a partial last row block, `rs.Config.N_TAIL`).
-- "register_a_tiled" (`kernels/gemm/nvfp4_rst_sm90.py`, register-A wgmma over persistent
+- "register_a_tiled" (`kernels/gemm/nvfp4_register_a_tiled_sm90.py`, register-A wgmma over persistent
   128 x Nb output tiles): M >= SPLIT_TILE_MIN_M on SPLIT_TILE_MIN_BANDS bands or more, and
   every M > 128, any N % 8 == 0 (a partial last weight band,
   `rst.Config.N_TAIL`), but "dequantize" from enough rows at a short K, or on few weight
@@ -41,9 +41,9 @@ import dataclasses
 import functools
 import math
 
-from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
-from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
+from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
+from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
 from tk_cute.ops import schedule
 from tk_cute.tuning import rounds
 

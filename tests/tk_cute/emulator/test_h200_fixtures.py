@@ -76,7 +76,7 @@ def _dense(case, entry, inp):
 
 
 def _register_a(case, entry, inp):
-    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 
     out = torch.full((case["M"], case["N"]), float("nan"), dtype=torch.bfloat16)
     machines = hopper.register_a(inp["a"], inp["b"], rs.Config(**entry["config"]), out,
@@ -85,7 +85,7 @@ def _register_a(case, entry, inp):
 
 
 def _small_m(case, entry, inp):
-    from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
+    from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
 
     out = torch.full((case["M"], case["N"]), float("nan"), dtype=torch.bfloat16)
     machines = hopper.small_m(inp["a"], inp["b"], gv.Config(**entry["config"]), out)
@@ -126,7 +126,7 @@ def benign(case: dict) -> set:
     """Hazard kinds a case shows by design: the small-M kernel's final sum reads its fp32
     partials four activation rows at a time (ld.shared.v4) where the warps stored only rows
     < M, two at a time (st.shared.v2), so with M % 4 in (1, 2) it reads slots nothing wrote
-    and drops their values (`nvfp4_gemv_sm90._reduce`): an `uninitialized-shared` hazard
+    and drops their values (`nvfp4_small_m_sm90._reduce`): an `uninitialized-shared` hazard
     that changes no output byte."""
     if case["kernel"] == "small_m" and case["M"] % 4 in (1, 2):
         return {"uninitialized-shared"}
@@ -192,7 +192,7 @@ def planned_entry(case: dict) -> dict:
     """The launch values the H200 run would record (the sm_90a plan for 132 SMs, rows on L2
     lines, one 4-CTA cluster per 4 SMs), for running the cases without a fixture."""
     from tk_cute.kernels import nvfp4_quantize as nq
-    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 
     from tk_cute import dense_gemm, nvfp4
     from tk_cute.tuning import dense_sm90 as dense_tuning

@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 import torch
-from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
+from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
 
 from tk_cute.nvfp4 import NVFP4Tensor, gemm, plan, quantize
 from tk_cute.nvfp4.gemm import Plan, _plan_hopper
@@ -64,8 +64,8 @@ def _ctas(path: str, cfg, M: int, N: int, K: int) -> tuple[int, int]:
     x stage) units; the tiled kernel's (tile x stage) units, split as
     `launch.stream_k_buffers` splits them, teams at most TEAM_MAX parts per tile (each part
     finishes whole consumer warps' rows)."""
-    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-    from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
+    from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
 
     from tk_cute.ops import schedule
 
@@ -85,7 +85,7 @@ def test_every_layer_shape_plans_a_kernel_by_the_rules():
     kernel's split tile (as wide as M, stream-K) up to `SPLIT_TILE_MAX_M` rows, "dequantize"
     only where it wins or the tiled kernel cannot take the shape; the register-A kernels' K
     tail and activation format set from the call."""
-    from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+    from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
 
     for w4a4, M, N, K, p in _props():
         _covered(p, M, N, K, w4a4, "bfloat16")
@@ -124,7 +124,7 @@ def test_stream_k_plans_fill_the_sms_where_the_shape_allows():
 def test_tiled_widths_are_the_rounds_models_cheapest():
     """Above the split tile, where few weight tiles do not set the width, the tiled kernel's
     (Nb, stream-K) is the rounds model's least time over every width and both schedules."""
-    from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+    from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
 
     from tk_cute.tuning import rounds
 

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 import torch
-from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
-from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
-from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
+from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
+from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
 
 from tk_cute.nvfp4 import launch, quantize, validate
 from tk_cute.tuning import sm90 as sm90_tuning

@@ -166,7 +166,7 @@ def outputs(out) -> dict:
 
 def _run_case(case: dict) -> tuple[dict, dict]:
     """(outputs, header entry) of one case on the current CUDA device."""
-    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 
     from tk_cute import dense_gemm, nvfp4
     from tk_cute.nvfp4 import launch as nl

@@ -1,4 +1,4 @@
-"""Small-M NVFP4 GEMM for Hopper (kernels/gemm/nvfp4_gemv_sm90.py).
+"""Small-M NVFP4 GEMM for Hopper (kernels/gemm/nvfp4_small_m_sm90.py).
 
 CPU tier (the register decode's host model is in tests/tk_cute/ops/test_nvfp4_ops.py): host
 models of the index maps and of the whole kernel's data flow; sm_90a compiles from fake tensors
@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from tk_cute.kernels.gemm import nvfp4_gemv_sm90 as gv
+from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
 
 from tk_cute.compile import build
 from tk_cute.nvfp4 import launch

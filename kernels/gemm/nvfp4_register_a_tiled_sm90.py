@@ -10,7 +10,7 @@ Pipeline (`templates/lcf`):
     128-byte swizzle, already in the decode's K order), into a LOAD_PIPE_DEPTH ring;
   consumer warpgroups: wait for the stage; wait until the previous stage's MMAs are done (one A
     register set); decode their 64 weight rows' 16 bytes per row and thread straight into the
-    A operand registers (`nvfp4_rs_sm90.decode`: exact e2m1 * ue4m3 * 2^-8 in bf16); issue 8
+    A operand registers (`nvfp4_register_a_sm90.decode`: exact e2m1 * ue4m3 * 2^-8 in bf16); issue 8
     wgmma m64 n Nb k16 (A from registers, B the activation tile); the template commits and frees
     the stage once the next stage is issued; per tile, scale by 2^8 * gB (W4A4 on decoded
     activations: 2^8 * gA * gB) and store D^T's elements into D (rows past M skipped).
@@ -21,7 +21,7 @@ equal runs of (tile x stage) units per CTA, a tile split between CTAs handed fro
 part (`store_partial`: fp32 accumulators to that CTA's slot of `partials`, then its flag) to
 its head (`add_partial`, in CTA order), which finishes it; where the tiles are fewer than the
 SMs, on a grid the host picks (`schedule.stream_k_grid`: 64 tiles split in two on 128 CTAs).
-Activations: `nvfp4_rs_sm90._permute_kernel` writes them once per call in the decode's K order
+Activations: `nvfp4_register_a_sm90._permute_kernel` writes them once per call in the decode's K order
 (`layouts.register_a.act_column`, period 128: a permutation of K applied to both operands leaves
 every sum unchanged). W4A4: that pass decodes the NVFP4 activations exactly (`Config.a_format`
 "nvfp4", `call_w4a4`); the GEMM is W4A16's.
@@ -51,7 +51,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from tk_cute.arch import target
-from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 from tk_cute.layouts import nvfp4_codes, nvfp4_scales
 from tk_cute.ops import memory, register, tma, warp, warpgroup
 from tk_cute.ops import nvfp4 as fp4
@@ -88,7 +88,7 @@ class Config:
     out_dtype: str = "bfloat16"
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # the weights' scale format
     # "nvfp4" (W4A4): x is the activations' codes, decoded in the permute pass
-    # (`nvfp4_rs_sm90._decode_permute_kernel`, scales in the format `sf` too); "bf16" (W4A16)
+    # (`nvfp4_register_a_sm90._decode_permute_kernel`, scales in the format `sf` too); "bf16" (W4A16)
     a_format: str = field(default="bf16", metadata={"quiet": True})
     # K % STAGE_K != 0: the last stage is partial (codes, scale atoms and activations past K
     # arrive as zeros)
@@ -158,7 +158,7 @@ def check_shape(M: int, N: int, K: int, cfg: Config | None = None) -> None:
         raise ValueError(f"N={N} is not a multiple of {ROWS}: the Config needs N_TAIL=True")
 
 
-class GemmNvfp4RsTiledSm90(LCF):
+class GemmNvfp4RegisterATiledSm90(LCF):
     """See the module docstring."""
 
     PRODUCER_REGISTERS = 40
@@ -347,9 +347,9 @@ class GemmNvfp4RsTiledSm90(LCF):
         self.launch(g, bands, cute.ceil_div(M, self.Nb), 1, sms, stream, ctas)
 
 
-def kernel_for(cfg: Config) -> GemmNvfp4RsTiledSm90:
+def kernel_for(cfg: Config) -> GemmNvfp4RegisterATiledSm90:
     """The kernel `cfg` runs on (its schedule, whole tiles or `StreamK`, from `cfg.STREAM_K`)."""
-    return GemmNvfp4RsTiledSm90(cfg)
+    return GemmNvfp4RegisterATiledSm90(cfg)
 
 
 def partial_bytes(cfg: Config) -> int:

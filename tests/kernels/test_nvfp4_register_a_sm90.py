@@ -1,4 +1,4 @@
-"""Register-A wgmma W4A16 kernel (kernels/gemm/nvfp4_rs_sm90.py).
+"""Register-A wgmma W4A16 kernel (kernels/gemm/nvfp4_register_a_sm90.py).
 
 CPU: host proofs of the K permutation (decode side and permuting-warp side agree on every
 element), of the shared-memory addresses against the swizzled `st` layouts, of the scale reads
@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 from tk_cute.layouts import nvfp4_scales, register_a
 
 from tk_cute.compile import build

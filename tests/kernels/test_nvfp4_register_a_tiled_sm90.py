@@ -1,9 +1,9 @@
-"""Tiled register-A W4A16 kernel (kernels/gemm/nvfp4_rst_sm90.py): compile checks and layout
+"""Tiled register-A W4A16 kernel (kernels/gemm/nvfp4_register_a_tiled_sm90.py): compile checks and layout
 proofs on the CPU, every output element against the exact product on the GPU."""
 
 import pytest
 import torch
-from tk_cute.kernels.gemm import nvfp4_rst_sm90 as rst
+from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
 from tk_cute.layouts import nvfp4_scales
 
 from tk_cute.compile import build
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # the slow tier: `python -m pytest --full`
 def built(request):
     nb, sets = request.param
     cfg = rst.Config(Nb=nb, A_SETS=sets)
-    k = rst.GemmNvfp4RsTiledSm90(cfg)
+    k = rst.GemmNvfp4RegisterATiledSm90(cfg)
     return cfg, k, build(k, *rst.signature(cfg).compile_args(132), arch="sm_90a")
 
 
@@ -55,7 +55,7 @@ def test_every_width_builds_its_wgmma_without_spills(nb):
     """Every width of `rst.NBS` (multiples of 16 from 64 to 256) builds for sm_90a: 8 wgmma
     m64 n Nb k16 per stage, no local memory, at least 3 stages."""
     cfg = rst.Config(Nb=nb)
-    k = rst.GemmNvfp4RsTiledSm90(cfg)
+    k = rst.GemmNvfp4RegisterATiledSm90(cfg)
     b = build(k, *rst.signature(cfg).compile_args(132), arch="sm_90a")
     assert b.sass_count(rf"HGMMA\.64x{nb}x16") == 8
     assert all(r.local_bytes == 0 for r in b.resources) and b.sass_count(r"\bSTL\b") == 0
@@ -93,7 +93,7 @@ def test_config_and_shape_rules():
     with pytest.raises(ValueError, match="LOAD_PIPE_DEPTH"):
         rst.Config(LOAD_PIPE_DEPTH=1)
     with pytest.raises(ValueError, match="of shared memory; the budget is"):
-        rst.GemmNvfp4RsTiledSm90(rst.Config(LOAD_PIPE_DEPTH=4))
+        rst.GemmNvfp4RegisterATiledSm90(rst.Config(LOAD_PIPE_DEPTH=4))
     with pytest.raises(ValueError, match="N % 8 == 0 .16-byte rows of D., got N=140"):
         rst.check_shape(300, 140, 256)
     with pytest.raises(ValueError, match="N=136 is not a multiple of 128: the Config needs "
@@ -194,7 +194,7 @@ def test_w4a4_runs_the_w4a16_gemm_after_the_decode_pass(nb, out, sets):
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_nvfp4_rs_sm90 import _entries
+    from test_nvfp4_register_a_sm90 import _entries
 
     w16 = rst.Config(Nb=nb, out_dtype=out, A_SETS=sets)
     w4 = dataclasses.replace(w16, a_format="nvfp4")
@@ -271,7 +271,7 @@ def test_partial_weight_bands_build_their_column_check():
     """`Config.N_TAIL` (N % 128 != 0): the same wgmma and stores, each store behind a column
     check too (more compares), no spills."""
     whole, tail = rst.Config(Nb=128), rst.Config(Nb=128, N_TAIL=True)
-    b0, b1 = (build(rst.GemmNvfp4RsTiledSm90(c), *rst.signature(c).compile_args(132),
+    b0, b1 = (build(rst.GemmNvfp4RegisterATiledSm90(c), *rst.signature(c).compile_args(132),
                     arch="sm_90a") for c in (whole, tail))
     assert b1.sass_count(r"HGMMA\.64x128x16") == b0.sass_count(r"HGMMA\.64x128x16") == 8
     assert b1.ptx_count(r"st\.global\.b16") == b0.ptx_count(r"st\.global\.b16") == 64
@@ -384,7 +384,7 @@ def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K
 @pytest.mark.parametrize("nb, sets", [(128, 1), (256, 1), (80, 2)])
 def test_nvfp4_epilogue_compiles_to_the_recipe(nb, sets):
     cfg = rst.Config(Nb=nb, out_dtype="nvfp4", A_SETS=sets)
-    b = build(rst.GemmNvfp4RsTiledSm90(cfg), *rst.signature(cfg).compile_args(132),
+    b = build(rst.GemmNvfp4RegisterATiledSm90(cfg), *rst.signature(cfg).compile_args(132),
               arch="sm_90a")
     columns = nb // 4  # accumulator columns per thread, each one 16-element block of D
     assert b.ptx_count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == columns  # one scale per block
@@ -722,7 +722,7 @@ def test_stream_k_teams_match(seed, M, N, K, nb):
     (8 tiles): within the exact product's bound and the same on a second run. Poisoned D."""
     import dataclasses
 
-    from tk_cute.kernels.gemm import nvfp4_rs_sm90 as rs
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 
     from tk_cute import nvfp4
     from tk_cute.nvfp4 import launch
