@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: MIT
 """The register-A kernels' shared-memory layouts (`kernels/gemm/nvfp4_register_a_sm90.py`,
-`nvfp4_register_a_tiled_sm90.py`): where the decode wants each activation's K element (`act_column`, a
-permutation of period SUB_K), the row pairing that keeps 16-byte shared accesses free of bank
-conflicts (`spread_row`), and the byte offsets of the 128-byte swizzled activation and weight
-tiles (`act_offset`, `weight_offset`). Plain integer arithmetic, the same on the host and in a
-kernel; tests/kernels/test_nvfp4_register_a_sm90.py proves each against the CuTe layout of the kernel's
+`nvfp4_register_a_tiled_sm90.py`): where the decode wants each activation's K element (`act_column`,
+a permutation of period SUB_K), the row pairing that keeps 16-byte shared accesses free of bank
+conflicts (`spread_row`), and the byte offsets of the 128-byte swizzled activation and weight tiles
+(`act_offset`, `weight_offset`). Plain integer arithmetic, the same on the host and in a kernel;
+tests/kernels/test_nvfp4_register_a_sm90.py proves each against the CuTe layout of the kernel's
 tiles and counts the wavefronts of every 16-byte access."""
 
 from __future__ import annotations

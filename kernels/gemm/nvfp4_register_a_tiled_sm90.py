@@ -21,10 +21,10 @@ equal runs of (tile x stage) units per CTA, a tile split between CTAs handed fro
 part (`store_partial`: fp32 accumulators to that CTA's slot of `partials`, then its flag) to
 its head (`add_partial`, in CTA order), which finishes it; where the tiles are fewer than the
 SMs, on a grid the host picks (`schedule.stream_k_grid`: 64 tiles split in two on 128 CTAs).
-Activations: `nvfp4_register_a_sm90._permute_kernel` writes them once per call in the decode's K order
-(`layouts.register_a.act_column`, period 128: a permutation of K applied to both operands leaves
-every sum unchanged). W4A4: that pass decodes the NVFP4 activations exactly (`Config.a_format`
-"nvfp4", `call_w4a4`); the GEMM is W4A16's.
+Activations: `nvfp4_register_a_sm90._permute_kernel` writes them once per call in the decode's K
+order (`layouts.register_a.act_column`, period 128: a permutation of K applied to both operands
+leaves every sum unchanged). W4A4: that pass decodes the NVFP4 activations exactly
+(`Config.a_format` "nvfp4", `call_w4a4`); the GEMM is W4A16's.
 Output: bf16 / fp16 / fp32, or NVFP4 (out_dtype "nvfp4", the fused epilogue `_finish_nvfp4`):
 per 16 D columns of a D row (16 accumulator rows of one warp, one column) the block amax by
 three lane shuffles, the block scale and codes by the recipe's one op (`ops.nvfp4.block_scale`,
@@ -88,7 +88,8 @@ class Config:
     out_dtype: str = "bfloat16"
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # the weights' scale format
     # "nvfp4" (W4A4): x is the activations' codes, decoded in the permute pass
-    # (`nvfp4_register_a_sm90._decode_permute_kernel`, scales in the format `sf` too); "bf16" (W4A16)
+    # (`nvfp4_register_a_sm90._decode_permute_kernel`, scales in the format `sf` too);
+    # "bf16" (W4A16)
     a_format: str = field(default="bf16", metadata={"quiet": True})
     # K % STAGE_K != 0: the last stage is partial (codes, scale atoms and activations past K
     # arrive as zeros)

@@ -1,5 +1,5 @@
-"""Tiled register-A W4A16 kernel (kernels/gemm/nvfp4_register_a_tiled_sm90.py): compile checks and layout
-proofs on the CPU, every output element against the exact product on the GPU."""
+"""Tiled register-A W4A16 kernel (kernels/gemm/nvfp4_register_a_tiled_sm90.py): compile checks and
+layout proofs on the CPU, every output element against the exact product on the GPU."""
 
 import pytest
 import torch

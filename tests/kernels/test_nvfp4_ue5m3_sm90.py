@@ -1,9 +1,9 @@
 """UE5M3 block scales on the Hopper kernels (issue 23): compile checks on the CPU, GPU runs marked.
 
 The small-M (`nvfp4_small_m_sm90`), register-A (`nvfp4_register_a_sm90`), tiled register-A
-(`nvfp4_register_a_tiled_sm90`) kernels and the block dequantize (`nvfp4_dequantize`) take a scale format
-(`Config.sf` / `sf_format`). CPU tier: each UE5M3 build decodes with the UE5M3 constants (2^112
-to restore sf from its bits << 4, 2^110 to prescale it) and undoes the decode's 2^-16 (not
+(`nvfp4_register_a_tiled_sm90`) kernels and the block dequantize (`nvfp4_dequantize`) take a scale
+format (`Config.sf` / `sf_format`). CPU tier: each UE5M3 build decodes with the UE5M3 constants
+(2^112 to restore sf from its bits << 4, 2^110 to prescale it) and undoes the decode's 2^-16 (not
 2^-8) per operand, with no spill; the UE4M3 builds are unchanged (their PTX was hashed before
 and after the change, and the kernel symbols keep no trace of the default format). GPU tier
 (marker gpu; run on the H200, 2026-12-01): `tk_cute.nvfp4.gemm` on UE5M3 operands against

@@ -28,7 +28,8 @@ warnings.showwarning = show
 import tk_cute, tk_cute.nvfp4, tk_cute.dense_gemm, tk_cute.report, tk_cute.viz
 import tk_cute.compare, tk_cute.emulator, tk_cute.bench, tk_cute.tuning.sm100 as T
 from tk_cute.kernels.gemm import nvfp4_sm100 as K, nvfp4_w4a16_sm100 as W
-from tk_cute.kernels.gemm import gemm_sm90, nvfp4_small_m_sm90, nvfp4_register_a_sm90, nvfp4_register_a_tiled_sm90
+from tk_cute.kernels.gemm import gemm_sm90, nvfp4_small_m_sm90, nvfp4_register_a_sm90
+from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
 from tk_cute.kernels import nvfp4_quantize
 K.compile(T.w4a4_config("sm_100a", 8192, 8192, 8192))  # cluster launch control
 W.compile(W.Config(arch="sm_107a", swap_ab=True, x_rows=16, SPLIT_K=2))
@@ -36,7 +37,7 @@ opt = "--gpu-arch sm_90a"
 gemm_sm90.compile_launcher(gemm_sm90.Config(), 132, options=opt)
 nvfp4_small_m_sm90.compile_launcher(nvfp4_small_m_sm90.Config(), options=opt)
 nvfp4_register_a_sm90.compile_launcher(nvfp4_register_a_sm90.Config(), options=opt)
-nvfp4_register_a_tiled_sm90.compile_launcher(nvfp4_register_a_tiled_sm90.Config(Nb=128), 132, options=opt)
+rst.compile_launcher(rst.Config(Nb=128), 132, options=opt)
 nvfp4_quantize.compile_quantize(nvfp4_quantize.Config(), options=opt)
 print(json.dumps(sorted(set(found))))
 """ % (str(ROOT) + "/",)

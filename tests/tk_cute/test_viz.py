@@ -184,7 +184,7 @@ def test_paths_plot_maps_the_dispatch():
     assert [[d["legend"][int(v)] for v in row] for row in image] == [
         [d["paths"][(m, n)] for m in d["ms"]] for n in d["ns"]]
     assert viz.paths_plot(8192, w4a4=True, ms=[240], ns=[1024]).drawn["paths"][(240, 1024)] == \
-        "dequantize"  # W4A4 too (its operands decode in one launch: launch.DEQUANTIZE_PAIRED)
+        "dequantize"  # W4A4 too (its operands decode in one launch: tuning.sm90.DEQUANTIZE_PAIRED)
     with pytest.raises(ValueError, match="multiple of 16 .*got 100"):
         viz.paths_plot(100)
 

@@ -132,7 +132,7 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16):
                 name = f"tk_cute {kind} path={path}"
                 v[name] = lambda s, p=path, k=key: nvfp4.gemm(s[k], s["b"], out, path=p)
                 notes[name] = (key, path)
-        if N % 8 == 0:  # W4A4 "dequantize" in two launches (not `launch.DEQUANTIZE_PAIRED`)
+        if N % 8 == 0:  # W4A4 "dequantize" in two launches (not `tuning.sm90.DEQUANTIZE_PAIRED`)
             from tk_cute.nvfp4 import launch
 
             v["tk_cute w4a4 path=dequantize two launches"] = lambda s: launch.dequantize(

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""tk_cute's Hopper NVFP4 kernels on the CPU: the launches `tk_cute.nvfp4.launch` makes on an
-H200 for the small-M (`nvfp4_small_m_sm90`) and register-A (`nvfp4_register_a_sm90`) paths, captured for
+"""tk_cute's Hopper NVFP4 kernels on the CPU: the launches `tk_cute.nvfp4.launch` makes on an H200
+for the small-M (`nvfp4_small_m_sm90`) and register-A (`nvfp4_register_a_sm90`) paths, captured for
 sm_90a from CPU tensors and run in the emulator over one global memory, in launch order.
 
 `small_m(a, b, cfg, out)` and `register_a(a, b, cfg, out, ctas)` take the same operands as the

@@ -213,19 +213,13 @@ def register_a_tiled_nvfp4(a, b: NVFP4Tensor, cfg: rst.Config, out: NVFP4Tensor,
     return out
 
 
-# W4A4 "dequantize" with one launch for both operands and D's scale (`dequantize_pair`) rather
-# than two dequantize launches and torch's gA * gB. H200 A/B (docs/facts.md#dequantize-paired;
-# two launches / one, us): 256x2880^2 23.4 / 18.7, 1024x2880^2 38.9 / 37.0,
-# 2048x2880^2 66.3 / 60.5, 256x4096^2 36.5 / 32.2, 2048x4096^2 113.5 / 107.8.
-DEQUANTIZE_PAIRED = True
-
-
 def dequantize(a, b: NVFP4Tensor, out: torch.Tensor, paired: bool | None = None) -> torch.Tensor:
     """Any shape: the FP4 operands expanded to exact bf16 e2m1 * ue4m3 in global memory (2 B
     per element of workspace), then the dense Hopper GEMM times gA * gB (gB for W4A16) in its
     epilogue. Output rows must be 16-byte aligned (the caller pads N otherwise). `paired`
-    (default DEQUANTIZE_PAIRED): W4A4 operands of one scale format in one launch."""
-    paired = DEQUANTIZE_PAIRED if paired is None else paired
+    (default `sm90_tuning.DEQUANTIZE_PAIRED`): W4A4 operands of one scale format in one
+    launch."""
+    paired = sm90_tuning.DEQUANTIZE_PAIRED if paired is None else paired
     if isinstance(a, NVFP4Tensor) and paired and a.scale_format == b.scale_format:
         a16, b16, scale = dequantize_pair(a, b)
     else:
@@ -473,7 +467,8 @@ def gemm_rs_tiled(a, b, out_dtype=None, *, out=None, config: rst.Config | None =
 
     Raises:
         TypeError, ValueError: the operand rules of `tk_cute.nvfp4.gemm`, NVFP4 activations, a
-            non-CUDA device, or a shape the kernel does not take (`nvfp4_register_a_tiled_sm90.check_shape`).
+            non-CUDA device, or a shape the kernel does not take
+            (`nvfp4_register_a_tiled_sm90.check_shape`).
     """
     out_dtype = out.dtype if out_dtype is None and out is not None else (
         out_dtype or torch.bfloat16)

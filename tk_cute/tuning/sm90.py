@@ -14,13 +14,13 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   RS_MIN_M <= M < SPLIT_TILE_MIN_M, up to 128 on fewer than SPLIT_TILE_MIN_BANDS weight bands
   (`split_tile_wins`; below RS_MIN_M too where the small-M kernel cannot take K: K % 128 !=
   0), any N % 8 == 0 (N % 128 != 0: a partial last row block, `rs.Config.N_TAIL`).
-- "register_a_tiled" (`kernels/gemm/nvfp4_register_a_tiled_sm90.py`, register-A wgmma over persistent
-  128 x Nb output tiles): M >= SPLIT_TILE_MIN_M on SPLIT_TILE_MIN_BANDS bands or more, and
-  every M > 128, any N % 8 == 0 (a partial last weight band,
-  `rst.Config.N_TAIL`), but "dequantize" from enough rows at a short K, or on few weight
-  bands (`dequantize_wins`). Its schedule (`register_a_tiled_config`): up to
-  SPLIT_TILE_MAX_M rows one tile as wide as M split along K (stream-K), then the tile width
-  Nb, stream-K shares and A register sets of the few-tiles and rounds models.
+- "register_a_tiled" (`kernels/gemm/nvfp4_register_a_tiled_sm90.py`, register-A wgmma over
+  persistent 128 x Nb output tiles): M >= SPLIT_TILE_MIN_M on SPLIT_TILE_MIN_BANDS bands or more,
+  and every M > 128, any N % 8 == 0 (a partial last weight band, `rst.Config.N_TAIL`), but
+  "dequantize" from enough rows at a short K, or on few weight bands (`dequantize_wins`). Its
+  schedule (`register_a_tiled_config`): up to SPLIT_TILE_MAX_M rows one tile as wide as M split
+  along K (stream-K), then the tile width Nb, stream-K shares and A register sets of the few-tiles
+  and rounds models.
 - "dequantize" (`kernels/nvfp4_dequantize.py` + `kernels/gemm/gemm_sm90.py`): everything else
   (any M, any K % 16, any N, any output dtype): N % 8 != 0, and `dequantize_wins`.
 The register-A kernels take any K % 16 == 0 (rows of codes padded to 16 bytes for the TMA where
@@ -93,13 +93,19 @@ DEQUANTIZE_FROM = {False: ((8192, 2048),), True: ((4096, 2048),)}
 # Beyond the split tile's rows (`SPLIT_TILE_MAX_M`): "dequantize" where the weight bands times
 # the 128-row activation tiles are fewer than this fraction of the SMs (the tiled kernel's few
 # tiles then take longer than the dequantize pass + cuBLAS). W4A4 too since its operands decode
-# in one launch (`launch.DEQUANTIZE_PAIRED`; 256x2880^2 tiled 21.9 us, one-launch dequantize
+# in one launch (`DEQUANTIZE_PAIRED`; 256x2880^2 tiled 21.9 us, one-launch dequantize
 # 18.7, W4A16's 18.3: docs/facts.md#dequantize-paired). H200 A/B (docs/facts.md#dequantize-rule;
 # vs cuBLAS bf16, tiled / dequantize), 240 and 256 rows: 1024x8192
 # 0.31-0.36 / 0.49-0.50x, 2048x4096 0.40-0.42 / 0.49-0.55x, 2880x2880 0.42 / 0.49-0.51x (46
 # tiles); 4000x8192 (64 tiles) 0.82-0.90 / 0.48-0.56x. Up to 208 rows the split tile won
 # there: 129x2880x2880 0.42 / 0.27x, 200x2880x2880 0.40 / 0.38x.
 DEQUANTIZE_MAX_TILES = 0.4
+# W4A4 "dequantize" with one launch for both operands and D's scale (`launch.dequantize_pair`)
+# rather than two dequantize launches and torch's gA * gB. H200 A/B
+# (docs/facts.md#dequantize-paired; two launches / one, us): 256x2880^2 23.4 / 18.7,
+# 1024x2880^2 38.9 / 37.0, 2048x2880^2 66.3 / 60.5, 256x4096^2 36.5 / 32.2,
+# 2048x4096^2 113.5 / 107.8.
+DEQUANTIZE_PAIRED = True
 PATHS = ("small_m", "register_a", "register_a_tiled", "dequantize")
 
 
