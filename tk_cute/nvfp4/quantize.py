@@ -315,6 +315,14 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True,
     fmt = scale_format(scale_dtype)
     if isinstance(x, torch.Tensor):
         x = x.detach()  # the result must not keep x's autograd graph (nor a copy of |x|) alive
+    q, gs = quantize_parts(x, global_scale, check_finite, fmt)
+    q.saturated = saturated(x, gs, fmt)
+    return q
+
+
+def quantize_parts(x, global_scale, check_finite: bool, fmt: ScaleFormat) -> tuple:
+    """`quantize` without its `saturated` flag (what the custom op returns: no flag pass, no
+    flag tensor): (the NVFP4Tensor, the checked global scale or None)."""
     if isinstance(x, torch.Tensor) and x.is_cuda:
         if fmt.name != "ue4m3":
             raise NotImplementedError(
@@ -323,9 +331,6 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True,
         from .launch import quantize as quantize_cuda
 
         gs = _check_quantize_input(x, global_scale, finite=False)
-        q = quantize_cuda(x, gs, check_finite=check_finite)
-    else:
-        gs = _check_quantize_input(x, global_scale)
-        q = _quantize_reference(x, gs, fmt)
-    q.saturated = saturated(x, gs, fmt)
-    return q
+        return quantize_cuda(x, gs, check_finite=check_finite), gs
+    gs = _check_quantize_input(x, global_scale)
+    return _quantize_reference(x, gs, fmt), gs
