@@ -12,15 +12,15 @@ I), one model per variant built from the same random bf16 weights:
   (cuBLASLt) with bf16 output; rows padded to a multiple of 16 for cuBLASLt;
 - "tk_cute w4a16" / "tk_cute w4a4": `tk_cute.nvfp4.quantize_` of the bf16 model (the two share
   the weight buffers; W4A4 quantizes its activations per call).
-Each runs "eager" (a Python forward per call: host time included) and "CUDA graph" (the
-harness captures the eager forwards, `harness.bench(graph=True)`: GPU time alone); the tk_cute
-models also run "compiled default" (``torch.compile(fullgraph=True)``: eager launches of the
-compiled graph) and "compiled reduce-overhead" (the same in torch's CUDA graph trees), one
-compiled model per variant for every M in one process (a graph, and a graph tree, per M). The
-per-call host costs at 1x256x256 (`host_costs`, `--host-only`) follow, beside torch's own. "vs base" is against "bf16 eager" for the eager and compiled rows and
-against "bf16 CUDA graph" for the graph rows; notes give tokens/s (M rows per call) and the
-output's relative error against the bf16 model's (Frobenius norms). GB/s counts each
-variant's weight bytes (2, 1 and 0.5625 B per element). Everything runs under
+Each runs "eager" (a Python forward per call: host time included) and "CUDA graph" (the harness
+captures the eager forwards, `harness.bench(graph=True)`: GPU time alone); the tk_cute models also
+run "compiled default" (``torch.compile(fullgraph=True)``: eager launches of the compiled graph) and
+"compiled reduce-overhead" (the same in torch's CUDA graph trees), one compiled model per variant
+for every M in one process (a graph, and a graph tree, per M). The per-call host costs at 1x256x256
+(`host_costs`, `--host-only`) follow, beside torch's own. "vs base" is against "bf16 eager" for the
+eager and compiled rows and against "bf16 CUDA graph" for the graph rows; notes give tokens/s (M
+rows per call) and the output's relative error against the bf16 model's (Frobenius norms). GB/s
+counts each variant's weight bytes (2, 1 and 0.5625 B per element). Everything runs under
 ``torch.inference_mode()``.
 
 Timing is `tk_cute.bench.harness` (interleaved variants, medians over rounds, CUDA events).
