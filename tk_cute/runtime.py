@@ -111,9 +111,8 @@ def workspace(name: str, nbytes: int, device: torch.device, stream: int) -> torc
     dependent launch still waits for the kernel before it ends before writing memory). Where
     `per_call_buffers` (a CUDA graph capture, the custom ops), and on CPU tensors (the launch
     tests), each call allocates, as torch's caching allocator would: a graph keeps its own
-    memory. A dropped or
-    replaced buffer goes back to torch's allocator, which hands it out again only in the order
-    of its stream."""
+    memory. A dropped or replaced buffer goes back to torch's allocator, which hands it out
+    again only in the order of its stream."""
     if device.type != "cuda" or nbytes > WORKSPACE_CACHE_BYTES or per_call_buffers():
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
     return _kept((device_index(device), stream, name), nbytes, lambda: torch.empty(
@@ -169,11 +168,11 @@ _FRESH = threading.local()
 
 
 def fresh_buffers(fn, *args, **kwargs):
-    """`fn(*args, **kwargs)` with every kept buffer (`workspace`, `zeroed_flags`, quantize's shared zero
-    flag) allocated per call instead: what the custom ops (`tk_cute.nvfp4.ops`) run under.
-    A compiled graph may call them while torch routes all of the thread's allocations to a
-    CUDA-graph pool (``torch.compile(mode="reduce-overhead")``'s graph trees warm up and record
-    that way, not capturing the stream): a buffer kept past the call would be a pool
+    """`fn(*args, **kwargs)` with every kept buffer (`workspace`, `zeroed_flags`, quantize's
+    shared zero flag) allocated per call instead: what the custom ops (`tk_cute.nvfp4.ops`) run
+    under. A compiled graph may call them while torch routes all of the thread's allocations
+    to a CUDA-graph pool (``torch.compile(mode="reduce-overhead")``'s graph trees warm up and
+    record that way, not capturing the stream): a buffer kept past the call would be a pool
     allocation that no graph output tracks, which the trees reject."""
     depth = getattr(_FRESH, "depth", 0)
     _FRESH.depth = depth + 1

@@ -440,8 +440,8 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
 
     Raises:
         TypeError, ValueError: the operand rules of `tk_cute.nvfp4.gemm`, NVFP4 activations, a
-            non-CUDA device, a shape the Config does not take (`nvfp4_register_a_sm90.check_shape`),
-            or ctas < 1.
+            non-CUDA device, a shape the Config does not take
+            (`nvfp4_register_a_sm90.check_shape`), or ctas < 1.
     """
     out_dtype = out.dtype if out_dtype is None and out is not None else (
         out_dtype or torch.bfloat16)

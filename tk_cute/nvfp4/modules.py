@@ -73,10 +73,9 @@ from torch import nn
 
 from tk_cute.layouts.nvfp4_scales import blocked_shape
 
-from . import launch
 from .format import F32_MIN_NORMAL
 from .gemm import prepared
-from .quantize import SUPPORTED_DTYPES, quantize
+from .quantize import SUPPORTED_DTYPES, quantize, quantize_parts
 from .tensor import (
     TORCH_FUNCTION,
     NVFP4Tensor,
@@ -477,15 +476,11 @@ def _ue4m3_parts(q: NVFP4Tensor, who: str) -> None:
 
 
 def _quantize(x: torch.Tensor, check_finite: bool):
-    """`quantize(x, check_finite=...)` of a forward's 2-D activations (dtype, K and emptiness
-    checked by the forward): the NVFP4Tensor, or its three parts while compiling. A dense CUDA
-    x goes straight to the CUDA quantizer (`launch.quantize`: `quantize`'s checks are the
-    forward's)."""
+    """`quantize(x, check_finite=...)` without the `saturated` flag nobody reads here
+    (`quantize_parts`): the NVFP4Tensor, or its three parts while compiling."""
     if torch.compiler.is_compiling():
         return torch.ops.tk_cute.nvfp4_quantize(x, None, check_finite)
-    if x.is_cuda and x.layout == torch.strided:
-        return launch.quantize(x, None, check_finite=check_finite)
-    return quantize(x, check_finite=check_finite)
+    return quantize_parts(x, None, check_finite)[0]
 
 
 def _gemm(a, w: tuple, shape: tuple, out_dtype: torch.dtype) -> torch.Tensor:

@@ -48,12 +48,10 @@ from tk_cute.layouts.nvfp4_scales import blocked_shape
 from tk_cute.runtime import fresh_buffers
 
 from . import validate
-from .format import scale_format
 from .quantize import SUPPORTED_DTYPES, quantize_parts
 from .tensor import SF_VEC, NVFP4Tensor, codes_storage, normalize_parts
 
 __all__ = ["gemm", "logical_shape", "nvfp4_gemm", "nvfp4_quantize", "parts"]
-UE4M3 = scale_format("ue4m3")  # the ops' one block-scale format
 
 
 def parts(data: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor) -> NVFP4Tensor:
@@ -79,7 +77,7 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None,
     """`tk_cute.nvfp4.quantize(x, global_scale=..., check_finite=...)` as (data, scales,
     global_scale): uint8 (..., M, K // 2) (rows `row_pitch(K)` bytes apart: a view of padded
     rows where K % 32 != 0), uint8 blocked (..., RM, RK, 512), float32 0-dim."""
-    q, _ = fresh_buffers(quantize_parts, x.detach(), global_scale, check_finite, UE4M3)
+    q, _ = fresh_buffers(quantize_parts, x.detach(), global_scale, check_finite)
     # An op output must be a tensor of its own, aligned as the fake promises (inductor asserts
     # it), and must not alias an input: the CUDA quantizer's global scale is a 0-dim view of
     # its workspace (at offset 0, the amax partials after it), the CPU reference may return a

@@ -320,9 +320,12 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True,
     return q
 
 
-def quantize_parts(x, global_scale, check_finite: bool, fmt: ScaleFormat) -> tuple:
-    """`quantize` without its `saturated` flag (what the custom op returns: no flag pass, no
-    flag tensor): (the NVFP4Tensor, the checked global scale or None)."""
+def quantize_parts(x, global_scale=None, check_finite: bool = True,
+                   fmt: ScaleFormat | None = None) -> tuple:
+    """`quantize` without its `saturated` flag (what the custom op and `Linear`'s W4A4
+    forwards need: no flag pass, no flag tensor): (the NVFP4Tensor, the checked global scale or
+    None). `fmt` default: UE4M3."""
+    fmt = fmt or scale_format("ue4m3")
     if isinstance(x, torch.Tensor) and x.is_cuda:
         if fmt.name != "ue4m3":
             raise NotImplementedError(
