@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 """NVFP4 quantizer: bf16/fp16/fp32 (L, M, K) -> packed E2M1, blocked UE4M3 scales, fp32 scale.
 
-Two kernels, bit-exact with ``tk_cute.nvfp4.quantize_reference`` (its docstring is the contract):
+Two kernels, or one for small inputs, bit-exact with ``tk_cute.nvfp4.quantize_reference`` (its
+docstring is the contract):
 
 * `amax` (skipped when a global scale is given): grid-stride 16-byte loads, |bits| max (integer
   max keeps NaN/Inf above every finite value), warp ``redux.sync``, a shared-memory CTA max, and
@@ -18,6 +19,14 @@ Two kernels, bit-exact with ``tk_cute.nvfp4.quantize_reference`` (its docstring 
   the decode scale, NaN-propagating, so a non-finite input gives a non-finite global scale (the
   host's finite check). With a given scale a warp vote ORs a non-finite flag (checked path only).
   Tiles run last to first: the tail of x that the amax pass left in L2 is read first.
+* `quantize_one_launch` (computed scale, small inputs: a launch costs the host more than the
+  kernel runs): one cluster of up to `MAX_CLUSTER` CTAs. Each CTA takes its share of x's 16-byte
+  pieces for the amax and leaves its warps' maxima in shared memory; after a cluster barrier
+  every warp reads all of them (``mapa`` + ``ld.shared::cluster``), so no workspace, no atomics
+  and no second launch. Then one warp per 512-byte row segment of the rows < M (the same
+  per-row code as `quantize`, segments spread over every warp of the cluster: a decode row of
+  K = 8192 is 32 warps' work, not 32 CTAs'), and the padding rows of the last row tile get zero
+  scale words. A CTA leaves only after the cluster's final wait (its peers read its maxima).
 Peers: CUTLASS ``cute/ampere/kernel/elementwise`` (copy structure), TK ``nvfp4_b200/quantize``.
 """
 
@@ -31,12 +40,13 @@ from cutlass import Float32, Int32, Int64, Uint32
 
 from tk_cute.layouts import nvfp4_codes, nvfp4_scales
 from tk_cute.layouts.nvfp4_scales import ATOM_BYTES, ATOM_K, ATOM_ROWS, ATOM_SF_COLS, SF_VEC
-from tk_cute.ops import memory, ptx
+from tk_cute.ops import cluster, memory, ptx
 from tk_cute.ops.warp import flag_if_any
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.launcher import Signature, i32, i64, ptr
 
 SEG_BYTES = 512  # a warp's 16-byte-per-lane load: the tile's row segment
+MAX_CLUSTER = 8  # CTAs of the one-launch quantizer's cluster (the portable cluster size)
 DTYPES = {"bf16": 2, "f16": 2, "f32": 4}  # element bytes
 
 
@@ -49,7 +59,10 @@ class Config:
     reverse: quantize tiles last to first (L2 reuse after the amax pass);
     min_ctas_per_sm: quantize occupancy asked of ptxas (caps registers; 0: no cap);
     amax_threads / amax_ctas_per_sm / amax_unroll: the amax grid (one partial per CTA);
-    arch: compile target (native FP4 cvt on sm_100a+)."""
+    arch: compile target (native FP4 cvt on sm_100a+);
+    one_launch: the computed-scale quantizer as ONE launch of one cluster (`_quantize_one_launch`:
+    the amax through distributed shared memory, `rows_in_flight` row segments per warp in
+    flight, `amax_unroll` pieces per thread and step; its CTAs are `warps` warps)."""
 
     dtype: str = "bf16"
     given_scale: bool = False
@@ -62,6 +75,7 @@ class Config:
     amax_threads: int = 1024
     amax_ctas_per_sm: int = 1
     amax_unroll: int = 4
+    one_launch: bool = False
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -77,6 +91,8 @@ class Config:
                              f"got {self.amax_threads}")
         if not 1 <= self.amax_unroll <= 16 or self.amax_ctas_per_sm < 1:
             raise ValueError("amax_unroll must be in [1, 16] and amax_ctas_per_sm >= 1")
+        if self.one_launch and self.given_scale:
+            raise ValueError("one_launch computes the global scale: given_scale must be False")
 
     @property
     def threads(self) -> int:
@@ -132,25 +148,49 @@ def _abs_max_bits(words, dtype: str) -> Uint32:
     return fp4.bits(_f16_to_f32(m, 0))
 
 
-def _load_row(cfg, x_base, row0, mt, warp, i, col, col_ok, M, K):
-    """Lane's 16 bytes of tile row `warp + warps * i` (zeros past M or K), whether to store
-    its codes (rows < M, columns inside the row pitch: the padding past K gets zero codes) and
-    where (the codes' byte offset: rows `nvfp4_codes.row_pitch(K)` bytes apart)."""
-    r_local = warp + cfg.warps * i
-    row = mt * ATOM_ROWS + r_local
-    row_ok = Uint32(row < M)
-    elem = (row0 + Int64(row)) * Int64(K) + Int64(col)
+def _lane(cfg, kt, lane, K):
+    """A lane's place in row segment `kt` (16 bytes of its 512): its first column, whether that
+    is inside K, its scale atom column and byte (kb % 4), whether it stores its block's scale
+    byte (the block's first lane, atoms inside the scale tensor), and the atoms per row."""
+    kb_tile = lane // cfg.esize  # lanes per 16-element block: esize
+    col = kt * cfg.cols + lane * (16 // cfg.esize)
+    n_atoms_k = (K // SF_VEC + ATOM_SF_COLS - 1) // ATOM_SF_COLS
+    a_g = kt * (cfg.cols // ATOM_K) + kb_tile // ATOM_SF_COLS
+    sf_ok = Uint32(lane % cfg.esize == 0) & Uint32(a_g < n_atoms_k)
+    return col, Uint32(col < K), a_g, kb_tile % ATOM_SF_COLS, sf_ok, n_atoms_k
+
+
+def _load_row(cfg, x_base, grow, row_ok, col, col_ok, K, sf_addr, sf_ok):
+    """Lane's 16 bytes of row `grow` (of all L * M rows; zeros unless row_ok and inside K),
+    whether to store its codes (row_ok, columns inside the row pitch: the padding past K gets
+    zero codes) and where (rows `nvfp4_codes.row_pitch(K)` bytes apart), and its block's scale
+    byte address and store predicate."""
+    elem = grow * Int64(K) + Int64(col)
     pitch = nvfp4_codes.row_pitch(K)
     store = row_ok & Uint32(col < 2 * pitch)
-    dst = (row0 + Int64(row)) * Int64(pitch) + Int64(col // 2)
+    dst = grow * Int64(pitch) + Int64(col // 2)
     return (memory.ld_v4_pred(x_base + elem * cfg.esize, row_ok & col_ok), store, dst,
-            r_local)
+            sf_addr, sf_ok)
 
 
-def _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base, sf_base, sf_ok):
+def _load_segment(cfg, u, units, ntk, ntm, lane, M, K, x_base, sf_base):
+    """`_load_row` of row segment u = (row of all L * M, kt) (none past `units`), with its
+    scale byte's address in the blocked scales at `sf_base`."""
+    ok = Uint32(u < units)
+    u = cutlass.min(u, units - 1)
+    kt, grow = u % ntk, u // ntk
+    row = grow % M
+    col, col_ok, a_g, kb, sf_ok, n_atoms_k = _lane(cfg, kt, lane, K)
+    tile = (grow // M) * ntm + row // ATOM_ROWS
+    sf = (sf_base + (Int64(tile) * n_atoms_k + a_g) * ATOM_BYTES + kb
+          + Int64(nvfp4_scales.atom_offset(row % ATOM_ROWS, 0)))
+    return _load_row(cfg, x_base, Int64(grow), ok, col, col_ok, K, sf, sf_ok & ok)
+
+
+def _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base):
     """Block scale (shared by the block's lanes), E2M1 codes and stores of one loaded row;
     returns the block's amax bits (>= 0x7F800000: NaN/Inf)."""
-    words, valid, dst, r_local = item
+    words, valid, dst, sf_addr, sf_ok = item
     m = _abs_max_bits(words, cfg.dtype)
     for off in (1, 2)[: cfg.esize.bit_length() - 1]:  # lanes per block: 2 (16-bit), 4 (fp32)
         m = Uint32(cutlass.max(m, Uint32(cute.arch.shuffle_sync_bfly(m, offset=off))))
@@ -163,8 +203,35 @@ def _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base, sf_base, sf_ok):
         memory.st_u16_pred(d_base + dst, q, valid)
     else:
         memory.st_u32_pred(d_base + dst, q, valid)
-    memory.st_u8_pred(sf_base + Int64(nvfp4_scales.atom_offset(r_local, 0)), sf, sf_ok)
+    memory.st_u8_pred(sf_addr, sf, sf_ok)
     return m
+
+
+@cute.jit
+def _lane_amax(cfg: cutlass.Constexpr, base: Int64, n_vec: Int64, first: Int64, stride: Int64,
+               threads: cutlass.Constexpr) -> Uint32:
+    """|x| maximum bits over the 16-byte pieces first, first + threads, ... (`amax_unroll` of
+    them per step of `stride`) of x's `n_vec`."""
+    iters = (n_vec - first + stride - 1) // stride
+    m = Uint32(0)
+    for it in cutlass.range(Int32(iters)):
+        for u in cutlass.range_constexpr(cfg.amax_unroll):
+            v = first + Int64(it) * stride + u * threads
+            words = memory.ld_v4_pred(base + v * 16, Uint32(v < n_vec))
+            m = Uint32(cutlass.max(m, _abs_max_bits(words, cfg.dtype)))
+    return m
+
+
+def _warp_maxima(nw):
+    """Shared memory for one maximum per warp (`nw` words)."""
+    return cutlass.memory.SmemAllocator().allocate_tensor(Int32, cute.make_layout(nw),
+                                                         byte_alignment=16)
+
+
+def _decode_scale(am):
+    """Recipe step 2 from the amax bits, NaN-propagating: max(amax, AMAX_FLOOR) / 2688."""
+    floor = fp4.from_bits(Uint32(fp4.F32_AMAX_FLOOR))
+    return fp4.div_rn(fp4.max_nan_f32(fp4.from_bits(am), floor), Float32(2688.0))
 
 
 @cute.kernel
@@ -174,21 +241,12 @@ def _amax_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, partials: cute.Pointer
     bidx, _, _ = cute.arch.block_idx()
     gdim, _, _ = cute.arch.grid_dim()
     per_cta = cfg.amax_threads * cfg.amax_unroll
-    base = x.toint()
-    stride = Int64(gdim) * per_cta
-    first = Int64(bidx) * per_cta + Int64(tidx)
-    iters = (n_vec - first + stride - 1) // stride
-    m = Uint32(0)
-    for it in cutlass.range(Int32(iters)):
-        for u in cutlass.range_constexpr(cfg.amax_unroll):
-            v = first + Int64(it) * stride + u * cfg.amax_threads
-            words = memory.ld_v4_pred(base + v * 16, Uint32(v < n_vec))
-            m = Uint32(cutlass.max(m, _abs_max_bits(words, cfg.dtype)))
-    m = cute.arch.warp_redux_sync(m, "umax")
+    m = _lane_amax(cfg, x.toint(), n_vec, Int64(bidx) * per_cta + Int64(tidx),
+                   Int64(gdim) * per_cta, cfg.amax_threads)
     nw = cfg.amax_threads // 32
     warp, lane = tidx // 32, tidx % 32
-    buf = cutlass.memory.SmemAllocator().allocate_tensor(Int32, cute.make_layout(nw),
-                                                         byte_alignment=16)
+    buf = _warp_maxima(nw)
+    m = cute.arch.warp_redux_sync(m, "umax")
     if lane == 0:
         buf[warp] = Int32(m)
     cute.arch.barrier()
@@ -210,22 +268,19 @@ def _quantize_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer
     if cutlass.const_expr(cfg.reverse):
         kt, mt, l = ntk - 1 - bx, ntm - 1 - by, nl - 1 - bz
     warp, lane = tidx // 32, tidx % 32
-    lpb = cfg.esize  # lanes per 16-element block
-    kb_tile = lane // lpb
-    col = kt * cfg.cols + lane * (16 // cfg.esize)
-    col_ok = Uint32(col < K)
-    n_atoms_k = (K // SF_VEC + ATOM_SF_COLS - 1) // ATOM_SF_COLS
-    a_g = kt * (cfg.cols // ATOM_K) + kb_tile // ATOM_SF_COLS
-    sf_ok = Uint32(lane % lpb == 0) & Uint32(a_g < n_atoms_k)
-    sf_base = (scales.toint() + ((Int64(l) * ntm + mt) * n_atoms_k + a_g) * ATOM_BYTES
-               + kb_tile % ATOM_SF_COLS)
+    col, col_ok, a_g, kb, sf_ok, n_atoms_k = _lane(cfg, kt, lane, K)
+    sf_base = scales.toint() + ((Int64(l) * ntm + mt) * n_atoms_k + a_g) * ATOM_BYTES + kb
     x_base, d_base = x.toint(), data.toint()
-    row0 = Int64(l) * Int64(M)
+
+    def load(i):  # tile row warp + warps * i
+        r_local = warp + cfg.warps * i
+        row = mt * ATOM_ROWS + r_local
+        return _load_row(cfg, x_base, Int64(l) * Int64(M) + Int64(row), Uint32(row < M), col,
+                         col_ok, K, sf_base + Int64(nvfp4_scales.atom_offset(r_local, 0)), sf_ok)
 
     rows = ATOM_ROWS // cfg.warps
     nb = rows // cfg.rows_in_flight
-    cur = [_load_row(cfg, x_base, row0, mt, warp, i, col, col_ok, M, K)
-           for i in range(cfg.rows_in_flight)]  # comprehensions stay Python (unrolled)
+    cur = [load(i) for i in range(cfg.rows_in_flight)]  # comprehensions stay Python (unrolled)
 
     # global scales (recipe steps 2-3), while the first batch is in flight
     if cutlass.const_expr(cfg.given_scale):
@@ -237,10 +292,7 @@ def _quantize_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer
             idx = j * 32 + lane
             am = Uint32(cutlass.max(am, memory.ld_u32_pred(p_base + Int64(idx) * 4,
                                                         Uint32(idx < n_partials))))
-        am = cute.arch.warp_redux_sync(am, "umax")
-        s_dec_g = fp4.div_rn(fp4.max_nan_f32(fp4.from_bits(am),
-                                             fp4.from_bits(Uint32(fp4.F32_AMAX_FLOOR))),
-                             Float32(2688.0))
+        s_dec_g = _decode_scale(cute.arch.warp_redux_sync(am, "umax"))
     s_enc_g = fp4.div_rn(Float32(1.0), s_dec_g)
     if (bx + by + bz + tidx) == 0:
         memory.st_u32(gs_out.toint(), fp4.bits(s_dec_g))
@@ -249,17 +301,79 @@ def _quantize_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer
     for b in cutlass.range_constexpr(nb):
         nxt = []
         if cutlass.const_expr(b + 1 < nb):
-            nxt = [_load_row(cfg, x_base, row0, mt, warp, (b + 1) * cfg.rows_in_flight + i,
-                             col, col_ok, M, K)
-                   for i in range(cfg.rows_in_flight)]
+            nxt = [load((b + 1) * cfg.rows_in_flight + i) for i in range(cfg.rows_in_flight)]
         for item in cur:
-            m = _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base, sf_base, sf_ok)
+            m = _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base)
             if cutlass.const_expr(cfg.flag):
                 bad = bad | Uint32(m >= 0x7F800000)
         cur = nxt
 
     if cutlass.const_expr(cfg.flag):
         flag_if_any(flag, bad, lane)
+
+
+@cute.kernel
+def _quantize_one_launch_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer,
+                                scales: cute.Pointer, gs_out: cute.Pointer, M: Int32, K: Int32,
+                                L: Int32):
+    """One cluster (the grid) of C CTAs: the amax of x shared through distributed shared
+    memory, then one warp per 512-byte row segment (`rows_in_flight` segments per warp in
+    flight) and the padding rows' scale bytes zeroed."""
+    tidx, _, _ = cute.arch.thread_idx()
+    rank, _, _ = cute.arch.block_idx()
+    C, _, _ = cute.arch.grid_dim()
+    warp, lane = tidx // 32, tidx % 32
+    nw = cfg.warps
+    x_base, d_base, sf_base = x.toint(), data.toint(), scales.toint()
+    # 1. the amax: this CTA's share of x's 16-byte pieces, its warps' maxima in shared memory,
+    #    and every warp reads all C x nw of them across the cluster
+    n_vec = Int64(L) * Int64(M) * Int64(K) * cfg.esize // 16
+    per_cta = cfg.threads * cfg.amax_unroll
+    m = _lane_amax(cfg, x_base, n_vec, Int64(rank) * per_cta + Int64(tidx), Int64(C) * per_cta,
+                   cfg.threads)
+    buf = _warp_maxima(nw)
+    m = cute.arch.warp_redux_sync(m, "umax")
+    if lane == 0:
+        buf[warp] = Int32(m)
+    cluster.cluster_sync()  # (release / acquire: every CTA's maxima are written)
+    am = Uint32(0)
+    for j in cutlass.range((C * nw + 31) // 32):
+        idx = j * 32 + lane
+        if idx < C * nw:
+            am = Uint32(cutlass.max(am, cluster.ld_shared_remote_u32(
+                Int32(buf.iterator.toint()) + (idx % nw) * 4, idx // nw)))
+    cute.arch.cluster_arrive()  # this CTA's remote reads are done (its peers may then exit)
+    s_dec_g = _decode_scale(cute.arch.warp_redux_sync(am, "umax"))
+    s_enc_g = fp4.div_rn(Float32(1.0), s_dec_g)
+    if (rank + tidx) == 0:
+        memory.st_u32(gs_out.toint(), fp4.bits(s_dec_g))
+
+    # 2. the row segments u = (row of L * M, kt), warp by warp across the cluster
+    ntk = (K + cfg.cols - 1) // cfg.cols
+    ntm = (M + ATOM_ROWS - 1) // ATOM_ROWS
+    units = L * M * ntk
+    warps = C * nw
+    first = rank * nw + warp
+
+    batch = warps * cfg.rows_in_flight
+    for b in cutlass.range((units - first + batch - 1) // batch):
+        items = [_load_segment(cfg, first + b * batch + i * warps, units, ntk, ntm, lane, M, K,
+                               x_base, sf_base) for i in range(cfg.rows_in_flight)]
+        for item in items:
+            _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base)
+
+    # 3. the last row tile's padding rows (M % 128 != 0): zero scale bytes, one word per row
+    #    and atom (other bytes than any row segment stores: no ordering needed)
+    n_atoms_k = (K // SF_VEC + ATOM_SF_COLS - 1) // ATOM_SF_COLS
+    r0 = M - (ntm - 1) * ATOM_ROWS
+    pad = ATOM_ROWS - r0
+    n_pad = L * n_atoms_k * pad
+    for j in cutlass.range(rank * cfg.threads + tidx, n_pad, C * cfg.threads):
+        atom, r = j // pad, r0 + j % pad
+        tile = (atom // n_atoms_k) * ntm + ntm - 1
+        memory.st_u32(sf_base + (Int64(tile) * n_atoms_k + atom % n_atoms_k) * ATOM_BYTES
+                      + Int64(nvfp4_scales.atom_offset(r, 0)), Uint32(0))
+    cute.arch.cluster_wait()
 
 
 @cute.jit
@@ -280,6 +394,14 @@ def _quantize(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer,
                      n_partials).launch(grid=[ntk, ntm, L], block=[cfg.threads, 1, 1],
                                         stream=stream, min_blocks_per_mp=cfg.min_ctas_per_sm,
                                         preferred_smem_carveout=0)  # no smem: all L1
+
+
+@cute.jit
+def _quantize_one_launch(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer,
+                         scales: cute.Pointer, gs_out: cute.Pointer, M: Int32, K: Int32,
+                         L: Int32, ctas: Int32, stream):
+    _quantize_one_launch_kernel(cfg, x, data, scales, gs_out, M, K, L).launch(
+        grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], cluster=[ctas, 1, 1], stream=stream)
 
 
 # ---------------------------------------------------------------- host: signatures
@@ -306,9 +428,21 @@ def quantize_signature(cfg: Config) -> Signature:
                      i32("n_partials"))
 
 
+def one_launch_signature(cfg: Config) -> Signature:
+    """`_quantize_one_launch`'s runtime arguments: x, the outputs (codes, blocked scales, the
+    decode scale), the shape and the cluster's CTAs (the grid: 1 to `MAX_CLUSTER`)."""
+    return Signature(ptr("x", _ELEM[cfg.dtype]), ptr("data", cutlass.Uint8),
+                     ptr("scales", cutlass.Uint8), ptr("gs_out", cutlass.Float32, 4),
+                     i32("M"), i32("K"), i32("L"), i32("ctas"))
+
+
 def compile_amax(cfg: Config, options: str = ""):
     return amax_signature(cfg).compile(_amax, cfg, options=options)
 
 
 def compile_quantize(cfg: Config, options: str = ""):
     return quantize_signature(cfg).compile(_quantize, cfg, options=options)
+
+
+def compile_one_launch(cfg: Config, options: str = ""):
+    return one_launch_signature(cfg).compile(_quantize_one_launch, cfg, options=options)

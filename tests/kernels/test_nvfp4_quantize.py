@@ -7,6 +7,8 @@ GPU tier (marker gpu): `launch.quantize` equals `quantize_reference` byte for by
 including padding, global scale) on many shapes and adversarial values.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ from tk_cute.kernels import nvfp4_quantize as nq
 from tk_cute.nvfp4 import launch, unpack_fp4
 from tk_cute.nvfp4.tensor import has_row_pitch
 from tk_cute.ops import nvfp4 as fp4
+from tk_cute.tuning import quantize as quantize_tuning
 
 ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_107a")
 ELEM = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32}
@@ -138,15 +141,119 @@ def test_config_rejects_bad_values():
         nq.Config(amax_threads=100)
 
 
+# ---------------------------------------------------------------- one launch (CPU: emulator)
+
+ONE = nq.Config(**quantize_tuning.ONE_LAUNCH)
+
+
+@pytest.mark.parametrize("arch", ("sm_90a", "sm_107a"))
+def test_one_launch_kernel_instructions(arch):
+    """One cluster, no workspace: the warps' maxima cross the cluster through distributed
+    shared memory behind cluster barriers; nothing global is atomic."""
+    cfg = dataclasses.replace(ONE, arch=arch)
+    b = build(nq._quantize_one_launch, *nq.one_launch_signature(cfg).compile_args(cfg),
+              arch=arch)
+    assert b.kernel.local_bytes == 0 and b.kernel.stack_bytes == 0, b.kernel
+    assert b.kernel.registers <= 65536 // cfg.threads  # one 1024-thread CTA per SM
+    assert b.ptx_count(r"mapa\.shared::cluster") >= 1
+    assert b.ptx_count(r"ld\.shared::cluster") == b.ptx_count(r"mapa\.shared::cluster")
+    assert b.ptx_count(r"barrier\.cluster\.arrive") == 2  # maxima written; remote reads done
+    assert b.ptx_count(r"barrier\.cluster\.wait") == 2
+    assert b.ptx_count(r"\b(atom|red)\.global") == 0
+    assert b.ptx_count(r"max\.NaN\.f32") == 1
+    assert b.ptx_count(r"div\.(approx|full)") == 0 and b.ptx_count(r"\bfma\.") == 0
+    assert b.ptx_count(r"cvt\.rn\.satfinite\.e4m3x2\.f32") == b.ptx_count(r"selp\.f32")
+
+
+def _emulated(x, ctas, **options):
+    from tk_cute.emulator import hopper
+
+    dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
+    q, machines = hopper.quantize(x, dataclasses.replace(ONE, dtype=dtype), ctas, **options)
+    return q, [h for m in machines for h in m.hazards]
+
+
+def _same_bytes(got, ref):
+    """Codes (padding included), blocked scales (padding included) and the decode scale's
+    bits."""
+    assert torch.equal(got.data_padded, ref.data_padded)
+    assert torch.equal(got.scales, ref.scales)
+    assert got.global_scale.view(torch.int32).item() == ref.global_scale.view(torch.int32).item()
+
+
+def _hard(shape, dtype, gen):
+    """Random values over a wide range with zero blocks, -0.0 and a zero row."""
+    lim = {torch.bfloat16: 60, torch.float16: 10, torch.float32: 60}[dtype]
+    x = torch.randn(shape, generator=gen)
+    x = x * torch.exp2(torch.randint(-lim, lim, shape, generator=gen).float())
+    x[..., 0, :] = 0
+    x[..., :16] = 0
+    x[..., 1::3, 16::5] = -0.0
+    if dtype != torch.float32:
+        x = x.clamp(-torch.finfo(dtype).max, torch.finfo(dtype).max)
+    return x.to(dtype)
+
+
+# (shape, CTAs): one row; K % 32 != 0 (padded code rows); padding scale columns; more rows
+# than a scale atom; L batches; segments beyond one batch of the cluster's warps
+ONE_LAUNCH_CASES = [((1, 256), 1), ((7, 48), 1), ((3, 1040), 2), ((130, 80), 2),
+                    ((2, 3, 96), 3), ((2, 129, 16), 4), ((70, 528), 1)]
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32))
+@pytest.mark.parametrize("shape,ctas", ONE_LAUNCH_CASES)
+def test_one_launch_matches_reference(shape, ctas, dtype, seed):
+    from tk_cute.nvfp4 import quantize_reference
+
+    gen = torch.Generator().manual_seed(seed)
+    x = _hard(shape, dtype, gen)
+    got, hazards = _emulated(x, ctas)
+    assert hazards == []
+    _same_bytes(got, quantize_reference(x))
+
+
+def test_one_launch_adversarial_schedule_and_edge_values(seed):
+    """Random warp order and yields (a CTA racing past the cluster barrier would read a peer's
+    maximum unwritten); an all-zero tensor (amax under the floor); NaN gives a non-finite
+    decode scale (the host's finite check)."""
+    from tk_cute.nvfp4 import quantize_reference
+
+    x = torch.randn(40, 272, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    got, hazards = _emulated(x, 8, adversarial=True, seed=seed)
+    assert hazards == []
+    _same_bytes(got, quantize_reference(x))
+    zeros = torch.zeros(3, 64, dtype=torch.bfloat16)
+    _same_bytes(_emulated(zeros, 2)[0], quantize_reference(zeros))
+    x[17, 100] = float("nan")
+    assert not torch.isfinite(_emulated(x, 3)[0].global_scale)
+
+
+def test_quantize_tuning_plans():
+    """One launch only with the computed scale and up to the byte bound; its cluster has
+    1..MAX_CLUSTER CTAs, enough warps for the segments up to that bound."""
+    small, big = quantize_tuning.ONE_LAUNCH_MAX_BYTES, quantize_tuning.ONE_LAUNCH_MAX_BYTES + 16
+    assert quantize_tuning.config(small, given=False).one_launch
+    assert not quantize_tuning.config(small, given=True).one_launch
+    assert not quantize_tuning.config(big, given=False).one_launch
+    for M, K in ((1, 16), (1, 256), (16, 8192), (128, 2048), (1, 262144), (4096, 16)):
+        segments = M * -(-K // ONE.cols)
+        ctas = quantize_tuning.one_launch_ctas(ONE, segments, 2 * M * K)
+        assert 1 <= ctas <= nq.MAX_CLUSTER
+        assert ctas == nq.MAX_CLUSTER or ctas * ONE.warps * ONE.rows_in_flight >= segments
+    with pytest.raises(ValueError, match="one_launch"):
+        nq.Config(one_launch=True, given_scale=True)
+
+
 # ---------------------------------------------------------------- GPU tier
 
 
-def _check(x, global_scale=None):
+def _check(x, global_scale=None, config=None):
     from tk_cute.nvfp4 import quantize_reference
 
     ref = quantize_reference(x, global_scale=global_scale)
     got = launch.quantize(x, None if global_scale is None else
-                           torch.as_tensor(global_scale, dtype=torch.float32, device=x.device))
+                          torch.as_tensor(global_scale, dtype=torch.float32, device=x.device),
+                          config=config)
     torch.cuda.synchronize()
     assert got.data.shape == ref.data.shape and got.scales.shape == ref.scales.shape
     # rows row_pitch(K) bytes apart, their padding (K % 32 != 0) written as zeros
@@ -169,6 +276,22 @@ SHAPES = [(1, 16), (7, 48), (128, 64), (129, 80), (300, 272), (256, 4096), (1000
 def test_random_matches_reference(shape, dtype, seed):
     x = torch.randn(shape, device="cuda").to(dtype)
     _check(x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 256), (16, 8192), (130, 80), (2, 129, 1040)])
+@pytest.mark.parametrize("way", ("one launch", "two launches"))
+def test_each_launch_way_matches_reference(shape, way, seed):
+    """The plan takes one launch for small inputs (`tuning.quantize`); both ways, forced, on
+    small and large inputs, and the finite check on each (`test_outputs_fully_written`
+    poisons the outputs of a shape the plan gives one launch)."""
+    config = ONE if way == "one launch" else nq.Config()
+    x = _hard(shape, torch.bfloat16, torch.Generator().manual_seed(seed)).to("cuda")
+    got = _check(x, config=config)
+    x[..., -1, -1] = float("inf")
+    with pytest.raises(ValueError, match="finite"):
+        launch.quantize(x, config=config)
+    assert got.global_scale.dim() == 0
 
 
 @pytest.mark.gpu

@@ -12,7 +12,9 @@ an eager copy, and include host time.
 GB/s counts the bytes that must move: read 2 B + write 0.5625 B per bf16 element, plus one more
 2 B read for the amax pass (none with a given global scale). Copy GB/s counts read + write.
 The bar (issue 6): amax+quantize >= 70% of copy bandwidth at 8192^2 and 16384^2 bf16.
-`--sweep` also times the tuning configurations of `SWEEP` (graph replay).
+`--sweep` also times the tuning configurations of `SWEEP` (graph replay). "tk amax+quantize" is
+the call's own plan; "two launches" / "one launch" force each way (`tuning.quantize`: small
+inputs take one launch), e.g. ``--shapes 1x256,16x4096,16x8192,64x8192``.
 """
 
 from __future__ import annotations
@@ -39,11 +41,12 @@ SWEEP = {
 
 def _amax_only(s):
     """The amax kernel alone (internal: for the GPU-time breakdown)."""
+    from tk_cute.kernels import nvfp4_quantize as nq
     from tk_cute.nvfp4 import launch
     from tk_cute.runtime import raw_stream
 
     x = s[0]
-    plan = launch._quantize_plan(x, False, False, None)
+    plan = launch._quantize_plan(x, False, False, nq.Config())  # (two launches: the amax one)
     ws = torch.empty(plan.ws_words, dtype=torch.float32, device=x.device)
     plan.amax(x=x.data_ptr(), partials=ws.data_ptr(), stream=raw_stream(plan.device_index))
 
@@ -51,6 +54,7 @@ def _amax_only(s):
 def _variants(sweep: bool):
     from tk_cute.kernels import nvfp4_quantize as nq
     from tk_cute.nvfp4 import launch, quantize_reference
+    from tk_cute.tuning import quantize as quantize_tuning
 
     copy = lambda s: s[1].copy_(s[0])
     eager = {
@@ -58,8 +62,13 @@ def _variants(sweep: bool):
         "torch reference (CUDA)": lambda s: quantize_reference(s[0]),
         "copy (x -> y)": copy,
     }
+    two, one = nq.Config(), nq.Config(**quantize_tuning.ONE_LAUNCH)
     graph = {
         "tk amax+quantize (no check)": lambda s: launch.quantize(s[0], check_finite=False),
+        "tk two launches (no check)": lambda s: launch.quantize(s[0], check_finite=False,
+                                                                 config=two),
+        "tk one launch (no check)": lambda s: launch.quantize(s[0], check_finite=False,
+                                                               config=one),
         "tk given scale (no check)": lambda s: launch.quantize(s[0], s[2], check_finite=False),
         "tk amax pass only": _amax_only,
         "copy (x -> y)": copy,
@@ -127,7 +136,8 @@ def main(argv=None) -> int:
         ce = _print(res_e, spec, args.dtype, n, esize, base, "eager")
         cg = _print(res_g, spec, args.dtype, n, esize, base, "graph")
         hu = {k: host_overhead(graph[k], sets[0]) for k in
-              ("tk amax+quantize (no check)", "tk given scale (no check)")}
+              ("tk amax+quantize (no check)", "tk two launches (no check)",
+               "tk one launch (no check)", "tk given scale (no check)")}
         print(f"  copy {cg:.0f} GB/s (graph), {ce:.0f} GB/s (eager); bit-exact vs reference: "
               f"{exact}; host overhead us/call: "
               + ", ".join(f"{k} {v:.1f}" for k, v in hu.items())

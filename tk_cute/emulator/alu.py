@@ -470,6 +470,21 @@ def mapa(ins, m):
     return run
 
 
+def shf(ins, m):
+    """Funnel shift ``shf.{l,r}.{wrap,clamp}.b32 d, a, b, c``: the 64 bits b:a (a the low word)
+    shifted by c (wrap: c mod 32; clamp: at most 32); l keeps the high word, r the low."""
+    left, clamp = ".l." in ins.op, ".clamp" in ins.op
+
+    def run(w, mask):
+        a, b = (read(w, x, "b32").astype(np.uint64) for x in ins.args[1:3])
+        c = read(w, ins.args[3], "u32").astype(np.uint64)
+        n = np.minimum(c, 32) if clamp else c & np.uint64(31)
+        v = (b << np.uint64(32)) | a
+        out = ((v << n) >> np.uint64(32)) if left else (v >> n)
+        write(w, ins.args[0], (out & np.uint64(0xFFFFFFFF)).astype(np.uint32), mask)
+    return run
+
+
 def bfe(ins, m):
     t = type_of(ins)
 

@@ -73,3 +73,36 @@ def register_a(a, b, cfg, out: torch.Tensor, ctas: int, **options) -> list:
     held.append(xp)
     launches = _capture(rs.launch_fn(cfg), cfg, signature=rs.signature(cfg), values=values)
     return run(launches, *held, **options)
+
+
+def quantize(x: torch.Tensor, cfg, grid: int, **options) -> tuple:
+    """The computed-scale quantizer (`launch.quantize`) on a CPU tensor x (L, M, K) or (M, K):
+    ONE launch of a `grid`-CTA cluster (`cfg.one_launch`), else the amax pass on `grid` CTAs
+    then the quantize pass; every output byte poisoned first (0xFF, a NaN global scale).
+    Returns (the NVFP4Tensor, its machines)."""
+    from tk_cute.kernels import nvfp4_quantize as nq
+    from tk_cute.layouts.nvfp4_scales import blocked_shape
+    from tk_cute.nvfp4 import NVFP4Tensor, launch
+    from tk_cute.nvfp4.tensor import codes_storage
+
+    *lead, M, K = x.shape
+    L = lead[0] if lead else 1
+    data = codes_storage(x.shape, "cpu", zero_padding=False)
+    torch.empty(0, dtype=torch.uint8).set_(data.untyped_storage()).fill_(0xFF)
+    scales = torch.full(blocked_shape(M, K, *lead), 0xFF, dtype=torch.uint8)
+    # the workspace as `launch.quantize` lays it out: the decode scale, then the partials
+    ws = torch.full((launch.PARTIALS_WORD + (0 if cfg.one_launch else grid),), float("nan"))
+    wp = ws.data_ptr()
+    out = dict(x=x.data_ptr(), data=data.data_ptr(), scales=scales.data_ptr())
+    if cfg.one_launch:
+        launches = _capture(nq._quantize_one_launch, cfg, signature=nq.one_launch_signature(cfg),
+                            values=dict(out, gs_out=wp, M=M, K=K, L=L, ctas=grid))
+    else:
+        partials = wp + 4 * launch.PARTIALS_WORD
+        launches = _capture(nq._amax, cfg, signature=nq.amax_signature(cfg), values=dict(
+            x=x.data_ptr(), partials=partials, n_vec=x.numel() * cfg.esize // 16, grid=grid))
+        launches += _capture(nq._quantize, cfg, signature=nq.quantize_signature(cfg),
+                             values=dict(out, partials=partials, gs_in=wp, gs_out=wp, flag=wp,
+                                         M=M, K=K, L=L, n_partials=grid))
+    machines = run(launches, x, data, scales, ws, **options)
+    return NVFP4Tensor.trusted(data, scales, ws[0], x.shape), machines

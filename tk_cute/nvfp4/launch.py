@@ -297,16 +297,21 @@ _PLANS_LOCK = threading.Lock()
 
 class _QuantizePlan:
     """Everything about one (dtype, shape, device, mode, config) of the quantizer: compiled
-    launchers, grids, output shapes."""
+    launchers with what the shape fixes bound, grids, output shapes. Its Config: the caller's,
+    else `tuning.quantize.config` (one launch for small inputs with the computed scale)."""
 
     def __init__(self, x, given: bool, check: bool, config):
         from tk_cute.arch import device_target
         from tk_cute.kernels import nvfp4_quantize as nq
         from tk_cute.layouts.nvfp4_scales import blocked_shape
+        from tk_cute.tuning import quantize as quantize_tuning
 
         dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
-        cfg = dataclasses.replace(config or nq.Config(), dtype=dtype, given_scale=given,
-                                  check_finite=check, arch=device_target(x.device).name)
+        x_bytes = x.numel() * x.element_size()
+        config = config or quantize_tuning.config(x_bytes, given)
+        cfg = dataclasses.replace(config, dtype=dtype, given_scale=given, check_finite=check,
+                                  one_launch=config.one_launch and not given,
+                                  arch=device_target(x.device).name)
         self.cfg = cfg
         *lead, M, K = x.shape
         self.M, self.K, self.L = M, K, (lead[0] if lead else 1)
@@ -314,16 +319,24 @@ class _QuantizePlan:
         self.scales_shape = blocked_shape(M, K, *lead)
         self.device = x.device
         self.device_index = device_index(x.device)
-        self.n_vec = x.numel() * cfg.esize // 16
+        self.one_launch = cfg.one_launch
+        self.amax = None
+        if cfg.one_launch:  # the decode scale is the only workspace: a 0-dim output
+            self.grid = quantize_tuning.one_launch_ctas(cfg, self.L * M * -(-K // cfg.cols),
+                                                        x_bytes)
+            self.quant = _QUANTIZE.get(("one_launch", cfg), lambda: nq.compile_one_launch(
+                cfg)).bind(M=M, K=K, L=self.L, ctas=self.grid)
+            return
+        n_vec = x_bytes // 16
         per_cta = cfg.amax_threads * cfg.amax_unroll
         self.grid = 0 if given else max(1, min(sm_count(x.device) * cfg.amax_ctas_per_sm,
-                                               -(-self.n_vec // per_cta)))
+                                               -(-n_vec // per_cta)))
         # the decode scale (the result's global scale: a 0-dim view at offset 0, a tensor of
         # its own as an op output must be), then the amax partials from 16 bytes on
         self.ws_words = PARTIALS_WORD + self.grid
-        # the launches with what the shape fixes bound (`Launcher.bind`)
-        self.amax = None if given else _QUANTIZE.get(
-            ("amax", cfg), lambda: nq.compile_amax(cfg)).bind(n_vec=self.n_vec, grid=self.grid)
+        if not given:
+            self.amax = _QUANTIZE.get(("amax", cfg), lambda: nq.compile_amax(cfg)).bind(
+                n_vec=n_vec, grid=self.grid)
         self.quant = _QUANTIZE.get(("quantize", cfg), lambda: nq.compile_quantize(cfg)).bind(
             M=M, K=K, L=self.L, n_partials=self.grid)
 
@@ -344,13 +357,15 @@ def _quantize_plan(x, given: bool, check: bool, config) -> _QuantizePlan:
 def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
              config=None, out: NVFP4Tensor | None = None) -> NVFP4Tensor:
     """Quantize a CUDA tensor validated by `tk_cute.nvfp4.quantize` (its docstring has the
-    arguments). Per call: a dict lookup (the per-shape plan), up to 3 torch.empty (+1 zeros on
-    the given-scale checked path) and 1-2 launches; one host sync when check_finite.
+    arguments). Per call: a dict lookup (the per-shape plan), 3 torch.empty (+1 zeros on the
+    given-scale checked path) and 1-2 launches (one for a small input with the computed scale:
+    `tuning.quantize`); one host sync when check_finite.
     `out`: with a given scale, an NVFP4Tensor of x's shape checked by `validate.nvfp4_out`
     whose data and scales receive the bytes (it is returned).
 
     Returns:
-        NVFP4Tensor on x's device (global_scale: a 0-dim view into a small workspace).
+        NVFP4Tensor on x's device (global_scale: a 0-dim tensor, or a view into a small
+        workspace).
     """
     given = global_scale is not None
     plan = _quantize_plan(x, given, check_finite, config)
@@ -361,10 +376,17 @@ def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
     else:
         data = codes_storage(plan.shape, dev, zero_padding=False)  # the kernel writes it
         scales = torch.empty(plan.scales_shape, dtype=torch.uint8, device=dev)
+    st = raw_stream(plan.device_index)
+    if plan.one_launch:
+        gs = torch.empty((), dtype=torch.float32, device=dev)
+        plan.quant(x=x.data_ptr(), data=data.data_ptr(), scales=scales.data_ptr(),
+                   gs_out=gs.data_ptr(), stream=st)
+        if check_finite and not math.isfinite(gs.item()):  # the one host sync
+            raise ValueError(NON_FINITE)
+        return out if out is not None else NVFP4Tensor.trusted(data, scales, gs, x.shape)
     ws = torch.empty(plan.ws_words, dtype=torch.float32, device=dev)
     wp = ws.data_ptr()
     partials = wp + 4 * PARTIALS_WORD
-    st = raw_stream(plan.device_index)
     if given:
         gs = global_scale
         if gs.dtype != torch.float32 or gs.device != dev:
@@ -380,9 +402,12 @@ def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
     if check_finite:  # the one host sync
         bad = bool(flag.item()) if flag is not None else not math.isfinite(ws[0].item())
         if bad:
-            raise ValueError("quantize input must be finite: x contains NaN/Inf value(s) "
-                             "(found on the device; pass check_finite=False to skip this check)")
+            raise ValueError(NON_FINITE)
     return out if out is not None else NVFP4Tensor.trusted(data, scales, ws[0], x.shape)
+
+
+NON_FINITE = ("quantize input must be finite: x contains NaN/Inf value(s) (found on the device; "
+              "pass check_finite=False to skip this check)")
 
 
 # ---------------------------------------------------------------- tuning entries

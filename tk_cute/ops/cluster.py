@@ -7,14 +7,18 @@ arrive/wait order barrier initialisation across the cluster before anyone multic
 `elect_leader` picks one lane to issue thread-scope ops. PDL (`griddepcontrol`) lets the next
 kernel's prologue overlap this one's tail. `multicast_ctas` counts the CTAs whose multicast
 loads fill one stage (a ring's consumer count); `tma.multicast` gives a CTA its masks.
+`ld_shared_remote_u32` reads a word of a peer CTA's shared memory (distributed shared memory).
 """
 
 from __future__ import annotations
 
 import cutlass.cute as cute
+from cutlass import Int32, Uint32
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
+from tk_cute.ops.ptx import asm
 from tk_cute.ops.warp import elect_leader  # noqa: F401  (re-exported for CTA-pair code)
 
 
@@ -67,3 +71,12 @@ def pdl_wait():
 def pdl_launch_dependents():
     """`griddepcontrol.launch_dependents`: let the next kernel start its prologue (PDL)."""
     cute.arch.griddepcontrol_launch_dependents()
+
+
+@dsl_user_op
+def ld_shared_remote_u32(addr: Int32, rank: Int32, *, loc=None, ip=None) -> Uint32:
+    """32 bits at shared address `addr` of the cluster's CTA `rank` (``mapa`` then
+    ``ld.shared::cluster``; ordered after the cluster barrier that published them)."""
+    text = ("{ .reg .b32 ra; mapa.shared::cluster.u32 ra, $1, $2; "
+            "ld.shared::cluster.u32 $0, [ra]; }")
+    return Uint32(asm(T.i32(), [Int32(addr), Int32(rank)], text, "=r,r,r", loc, ip, True))

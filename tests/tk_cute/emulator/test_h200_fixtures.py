@@ -94,32 +94,12 @@ def _small_m(case, entry, inp):
 
 def _quantize(case, entry, inp):
     from tk_cute.kernels import nvfp4_quantize as nq
-    from tk_cute.layouts.nvfp4_scales import blocked_shape
-
-    from tk_cute.nvfp4 import NVFP4Tensor
-    from tk_cute.nvfp4 import launch
-    from tk_cute.nvfp4.tensor import codes_storage
 
     cfg = nq.Config(**entry["config"])
     if cfg.given_scale or cfg.flag:
         raise NotImplementedError("only the computed-scale quantizer is recorded")
-    x, grid = inp["x"], entry["grid"]
-    M, K = x.shape
-    data = codes_storage(x.shape, "cpu", zero_padding=False)
-    torch.empty(0, dtype=torch.uint8).set_(data.untyped_storage()).fill_(0xFF)  # poison: every
-    # byte the GPU's bytes cover must be written
-    scales = torch.full(blocked_shape(M, K), 0xFF, dtype=torch.uint8)
-    # the workspace as `launch.quantize` lays it out: the decode scale, then the partials
-    ws = torch.full((launch.PARTIALS_WORD + grid,), float("nan"))
-    wp = ws.data_ptr()
-    partials = wp + 4 * launch.PARTIALS_WORD
-    launches = _capture(nq._amax, cfg, signature=nq.amax_signature(cfg), values=dict(
-        x=x.data_ptr(), partials=partials, n_vec=x.numel() * cfg.esize // 16, grid=grid))
-    launches += _capture(nq._quantize, cfg, signature=nq.quantize_signature(cfg), values=dict(
-        x=x.data_ptr(), data=data.data_ptr(), scales=scales.data_ptr(), partials=partials,
-        gs_in=wp, gs_out=wp, flag=wp, M=M, K=K, L=1, n_partials=grid))
-    hazards = _run(launches, x, data, scales, ws)
-    return NVFP4Tensor.trusted(data, scales, ws[0], x.shape), hazards
+    q, machines = hopper.quantize(inp["x"], cfg, entry["grid"])
+    return q, [h for m in machines for h in m.hazards]
 
 
 def benign(case: dict) -> set:
