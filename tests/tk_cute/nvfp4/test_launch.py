@@ -22,7 +22,7 @@ class Recorder:
         self.calls = [] if calls is None else calls
 
     def bind(self, **fixed):
-        return Recorder(self.signature, {**self.fixed, **fixed}, self.calls)
+        return type(self)(self.signature, {**self.fixed, **fixed}, self.calls)
 
     def __call__(self, **values):
         values = {**self.fixed, **values}
@@ -115,3 +115,56 @@ def test_quantize_plans_are_bounded(monkeypatch):
     launch._quantize_plan(torch.empty(shapes[0], device="meta"), False, True, None)  # dropped
     gc.collect()
     assert len(live) == bound and plan in live
+
+
+def test_quantize_launches_one_or_two_kernels(monkeypatch):
+    """The plan (`tuning.quantize`): a small input with the computed scale is ONE launch whose
+    gs_out is the result's global scale; a large one the amax then the quantize launch over
+    one workspace; a given scale the quantize launch alone. Names checked by the signatures."""
+    import tk_cute.arch
+    from tk_cute.kernels import nvfp4_quantize as nq
+    from tk_cute.tuning import quantize as quantize_tuning
+
+
+    signatures = {"one_launch": nq.one_launch_signature, "amax": nq.amax_signature,
+                  "quantize": nq.quantize_signature}
+    calls = []
+    monkeypatch.setattr(launch, "device_index", lambda device: 0)
+    monkeypatch.setattr(launch, "raw_stream", lambda index: 0)
+    monkeypatch.setattr(launch, "sm_count", lambda device: 132)
+    monkeypatch.setattr(tk_cute.arch, "device_target",
+                        lambda device: tk_cute.arch.TARGETS["sm_90a"])
+    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(launch._QUANTIZE, "get", lambda key, build: Named(
+        signatures[key[0]](key[1]), {"kernel": key[0]}, calls))
+
+    small = torch.randn(16, 8192).bfloat16()  # 256 KiB
+    q = launch.quantize(small, check_finite=False)
+    (c,) = calls
+    assert c["kernel"] == "one_launch" and (c["M"], c["K"], c["L"]) == (16, 8192, 1)
+    assert c["gs_out"] == q.global_scale.data_ptr() and q.global_scale.dim() == 0
+    assert c["data"] == q.data.data_ptr() and c["scales"] == q.scales.data_ptr()
+    assert c["ctas"] == quantize_tuning.one_launch_ctas(nq.Config(**quantize_tuning.ONE_LAUNCH),
+                                                        16 * 32, small.numel() * 2)
+    calls.clear()
+    big = torch.randn(2, 64, 4096 + 16).bfloat16()  # over ONE_LAUNCH_MAX_BYTES
+    q = launch.quantize(big, check_finite=False)
+    amax, quant = calls
+    assert (amax["kernel"], quant["kernel"]) == ("amax", "quantize")
+    assert amax["partials"] == quant["partials"] == quant["gs_out"] + 16
+    assert quant["n_partials"] == amax["grid"] and quant["L"] == 2
+    assert quant["gs_out"] == q.global_scale.data_ptr()
+    calls.clear()
+    gs = torch.tensor(0.25)
+    launch.quantize(small, gs, check_finite=False)
+    (quant,) = calls
+    assert quant["kernel"] == "quantize" and quant["gs_in"] == gs.data_ptr()
+
+
+class Named(Recorder):
+    """A `Recorder` whose calls also carry the kernel's name (fixed as "kernel")."""
+
+    def __call__(self, **values):
+        values = {**self.fixed, **values}
+        self.signature.pack({k: v for k, v in values.items() if k != "kernel"})
+        self.calls.append(values)
