@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 import torch
-from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
 from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
+from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
 
 from tk_cute.nvfp4 import launch, quantize, validate
 from tk_cute.tuning import sm90 as sm90_tuning
@@ -121,8 +121,9 @@ def test_quantize_launches_one_or_two_kernels(monkeypatch):
     """The plan (`tuning.quantize`): a small input with the computed scale is ONE launch whose
     gs_out is the result's global scale; a large one the amax then the quantize launch over
     one workspace; a given scale the quantize launch alone. Names checked by the signatures."""
-    import tk_cute.arch
     from tk_cute.kernels import nvfp4_quantize as nq
+
+    import tk_cute.arch
     from tk_cute.tuning import quantize as quantize_tuning
 
 
