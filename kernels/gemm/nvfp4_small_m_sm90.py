@@ -14,7 +14,8 @@ codes), {0, 1, 4, 5} or {2, 3, 6, 7}; the activation fragment follows the same p
 (strided: 4 prmt per 8 bf16 values, shared by the MT tiles; none for NVFP4 activations, decoded
 the same way). Products are exact; fp32 accumulation.
 Grid N / rows: a CTA owns `rows` weight rows and has WN x S warps: WN row groups (MT MMA tiles
-each) times S K-slices (split-K inside the CTA). With AHEAD (default at M <= 8) the next trip's
+each) times S K-slices (split-K inside the CTA; the K / k_chunk chunks split as evenly as S
+allows, `k_slice`: a slice has floor or ceil of chunks / S). With AHEAD (default at M <= 8) the next trip's
 weights are in flight while a trip decodes. At M = 1 (XSMEM) the CTA first copies its activation
 row to shared memory with cp.async and re-pairs it there for the strided decode (W4A4: decodes
 it there from its codes and scales, once per CTA instead of in every warp's trips; one barrier),
@@ -222,6 +223,14 @@ def slot_index(cfg, s, n, m):
     return (s * cfg.rows + n) * cfg.m_pad + m
 
 
+def k_slice(cfg, s, K):
+    """(first K chunk, chunks) of K-slice s: the K / k_chunk chunks split as evenly as S
+    slices allow (each gets floor or ceil of chunks / S; S <= chunks, `check_shape`)."""
+    chunks = K // cfg.k_chunk
+    first = s * chunks // cfg.S
+    return first, (s + 1) * chunks // cfg.S - first
+
+
 def reduce_trips(cfg) -> int:
     """Loop trips of the final sum: rows x m_pad sums, 4 per thread per trip."""
     return -(-cfg.rows * cfg.m_pad // (4 * cfg.threads))
@@ -240,12 +249,13 @@ def reduce_coord(cfg, it, tidx):
 @cute.kernel
 def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.Pointer,
             xsf: cute.Pointer, gsb: cute.Pointer, gsa: cute.Pointer, out: cute.Pointer, M: Int32,
-            N: Int32, K: Int32, trips: Int32):
+            N: Int32, K: Int32):
     tidx, _, _ = cute.arch.thread_idx()
     rb, _, _ = cute.arch.block_idx()
     wn, s = warp_role(cfg, tidx // 32)
     lane = tidx % 32
-    k_begin = Int64(s) * Int64(trips) * cfg.k_chunk  # this warp's K slice
+    first, trips = k_slice(cfg, s, K)
+    k_begin = Int64(first) * cfg.k_chunk  # this warp's K slice
     n_blk = rb * cfg.rows  # first weight row of this CTA
     w_rows, sf_rows = _weight_rows(cfg, w, wsf, wn, lane, n_blk, K, k_begin)
     if cutlass.const_expr(cfg.XSMEM > 0):
@@ -525,8 +535,8 @@ def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, out, M, N, n_blk, tidx):
 @cute.jit
 def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.Pointer,
             xsf: cute.Pointer, gsb: cute.Pointer, gsa: cute.Pointer, out: cute.Pointer, M: Int32,
-            N: Int32, K: Int32, trips: Int32, stream):
-    _kernel(cfg, w, wsf, x, xsf, gsb, gsa, out, M, N, K, trips).launch(
+            N: Int32, K: Int32, stream):
+    _kernel(cfg, w, wsf, x, xsf, gsb, gsa, out, M, N, K).launch(
         grid=[N // cfg.rows, 1, 1], block=[cfg.threads, 1, 1], stream=stream,
         min_blocks_per_mp=cfg.MIN_CTAS, use_pdl=cfg.PDL,
         preferred_smem_carveout=0)  # the least shared memory: the rest is L1
@@ -534,15 +544,15 @@ def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
 
 def signature(cfg: Config) -> Signature:
     """`_launch`'s runtime arguments: the weights' codes and blocked scales, the activations
-    (bf16, or NVFP4 codes and scales), the global decode scales (W4A16 reads gsb only), D, the
-    shape and the trips per K-slice."""
+    (bf16, or NVFP4 codes and scales), the global decode scales (W4A16 reads gsb only), D and
+    the shape."""
     out_t = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32}[cfg.out_dtype]
     x_t = cutlass.Uint8 if cfg.w4a4 else cutlass.BFloat16
     return Signature(ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8, 2), ptr("x", x_t),
                      ptr("xsf", cutlass.Uint8, 2), ptr("gsb", cutlass.Float32, 4),
                      ptr("gsa", cutlass.Float32, 4), ptr("out", out_t, 4),
-                     i32("M"), i32("N"), i32("K"), i32("trips"))
+                     i32("M"), i32("N"), i32("K"))
 
 
 def compile_launcher(cfg: Config, options: str = ""):
@@ -557,7 +567,7 @@ def check_shape(cfg: Config, M: int, N: int, K: int) -> None:
     if cfg.XSMEM and xsmem_bytes(M, K) > cfg.XSMEM:
         raise ValueError(f"config {cfg} stages {cfg.XSMEM} B of activations; M={M}, K={K} "
                          f"needs {xsmem_bytes(M, K)} B (XSMEM=0 reads them from global memory)")
-    if not 1 <= M <= cfg.m_pad or N % cfg.rows or K % cfg.k_chunk or chunks % cfg.S:
+    if not 1 <= M <= cfg.m_pad or N % cfg.rows or K % cfg.k_chunk or chunks < cfg.S:
         raise ValueError(f"config {cfg} does not fit M={M}, N={N}, K={K} (needs 1 <= M <= "
                          f"m_pad = {cfg.m_pad}, N % rows = {cfg.rows} == 0, K % k_chunk = "
-                         f"{cfg.k_chunk} == 0 and S dividing K / k_chunk = {chunks})")
+                         f"{cfg.k_chunk} == 0 and S <= K / k_chunk = {chunks})")

@@ -8,6 +8,7 @@ poisoned outputs, split-K invariance and bad input.
 """
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -193,6 +194,9 @@ CONFIGS = {
     "m1_w4a4": sm90_tuning.small_m_config(1, 8192, 8192, w4a4=True),  # staged, decoded once
     "m1_w4a4_global_x": dataclasses.replace(sm90_tuning.small_m_config(1, 8192, 8192, w4a4=True),
                                             XSMEM=0),
+    # the uneven K split (74 chunks in 15 slices), the most warps one plans
+    "m1_uneven": sm90_tuning.small_m_config(1, 3584, 18944),
+    "m8_w4a4_uneven": sm90_tuning.small_m_config(8, 3584, 18944, w4a4=True),
 }
 
 
@@ -342,13 +346,76 @@ def test_config_rejects_unsupported_shapes(M, N, K, match):
 
 @pytest.mark.parametrize("M", [1, 7, 16, 33, 64])
 @pytest.mark.parametrize("N, K", [(256, 512), (4096, 4096), (8192, 8192), (28672, 8192),
-                                  (8192, 28672), (96, 128), (160, 384)])
-def test_split_k_divides_the_k_chunks(M, N, K):
+                                  (8192, 28672), (96, 128), (160, 384), (3584, 18944)])
+def test_split_k_divides_the_k_chunks_unless_that_starves_it(M, N, K):
     cfg = sm90_tuning.small_m_config(M, N, K)
     assert M <= cfg.m_pad and N % cfg.rows == 0 and K % cfg.k_chunk == 0
-    S = sm90_tuning.small_m_splits(cfg, N, K, 132)
-    assert (K // cfg.k_chunk) % S == 0 and S == cfg.S and cfg.threads <= gv.MAX_THREADS
+    S, chunks = sm90_tuning.small_m_splits(cfg, N, K, 132), K // cfg.k_chunk
+    assert S == cfg.S <= chunks and cfg.threads <= gv.MAX_THREADS
     assert cfg.part_bytes <= gv.MAX_PART_BYTES
+    if chunks % S:  # (3584 x 18944: 74 chunks = 2 x 37) the best divisor is under half the aim
+        even = max(d for d in range(1, S) if chunks % d == 0 and cfg.fits(d))
+        assert even < sm90_tuning.SMALL_M_EVEN_MIN * S
+
+
+def test_k_slices_cover_k_once_one_trip_apart():
+    """`k_slice`: S slices of the chunks, in order, contiguous, each floor or ceil of
+    chunks / S (evaluated on Python ints, as the kernel computes it)."""
+    for chunks in range(1, 80):
+        for S in range(1, min(chunks, 32) + 1):
+            cfg = dataclasses.replace(gv.Config(), S=S) if gv.Config().fits(S) else None
+            if cfg is None:
+                continue
+            K = chunks * cfg.k_chunk
+            slices = [gv.k_slice(cfg, s, K) for s in range(S)]
+            assert slices[0][0] == 0 and sum(n for _, n in slices) == chunks
+            assert all(f + n == nf for (f, n), (nf, _) in itertools.pairwise(slices))
+            assert {n for _, n in slices} <= {chunks // S, -(-chunks // S)}
+
+
+@pytest.mark.parametrize("M, S, w4a4", [(1, 3, False), (1, 4, True), (5, 3, False),
+                                        (12, 3, False)])
+def test_uneven_k_split_runs_exactly_in_the_emulator(M, S, w4a4, seed):
+    """S K-slices that do not divide the 5 K chunks (slices of 1 and 2 trips): every element
+    within the product's bound (`assert_gemm_close`), D poisoned first, no hazard."""
+    from tk_cute.emulator import hopper
+    from tk_cute.nvfp4 import quantize
+
+    N, K = 64, 5 * 256
+    g = torch.Generator().manual_seed(seed)
+    b = quantize(torch.randn(N, K, generator=g))
+    x = torch.randn(M, K, generator=g)
+    a = quantize(x) if w4a4 else x.bfloat16()
+    cfg = dataclasses.replace(sm90_tuning.small_m_config(M, N, K, w4a4), S=S, WN=1)
+    assert cfg.k_chunk == 256 and gv.k_slice(cfg, 0, K)[1] != gv.k_slice(cfg, S - 1, K)[1]
+    gv.check_shape(cfg, M, N, K)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+    machines = hopper.small_m(a, b, cfg, out)
+    benign = {"uninitialized-shared"} if M % 4 in (1, 2) else set()  # (test_h200_fixtures)
+    assert [h for m in machines for h in m.hazards if h.kind not in benign] == []
+    assert_gemm_close(out, a, b)
+
+
+@pytest.mark.parametrize("M, w4a4", [(1, False), (8, True)])
+def test_planned_uneven_split_runs_in_the_emulator(M, w4a4, seed):
+    """The plan of Qwen2.5-7B's down projection (K = 18944: 74 chunks in 15 slices; M = 1
+    stages its activation row), complete as the dispatch runs it, on one CTA's weight rows."""
+    from tk_cute.emulator import hopper
+    from tk_cute.nvfp4 import quantize
+
+    N, K = 32, 18944
+    cfg = sm90_tuning.complete("small_m", sm90_tuning.small_m_config(M, 3584, K, w4a4), 3584, K,
+                               w4a4, "bfloat16", "ue4m3", False)
+    assert (K // cfg.k_chunk) % cfg.S != 0
+    g = torch.Generator().manual_seed(seed)
+    b = quantize(torch.randn(N, K, generator=g))
+    x = torch.randn(M, K, generator=g)
+    a = quantize(x) if w4a4 else x.bfloat16()
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+    machines = hopper.small_m(a, b, cfg, out)
+    benign = {"uninitialized-shared"} if M % 4 in (1, 2) else set()
+    assert [h for m in machines for h in m.hazards if h.kind not in benign] == []
+    assert_gemm_close(out, a, b)
 
 
 # --- GPU --------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def small_m(a, b, cfg, out: torch.Tensor, **options) -> list:
 
     M, K = a.shape[-2], a.shape[-1]
     values = dict(w=b.data.data_ptr(), wsf=b.scales.data_ptr(), gsb=b.global_scale.data_ptr(),
-                  out=out.data_ptr(), M=M, N=b.M, K=K, trips=K // cfg.k_chunk // cfg.S)
+                  out=out.data_ptr(), M=M, N=b.M, K=K)
     if cfg.w4a4:
         values.update(x=a.data.data_ptr(), xsf=a.scales.data_ptr(),
                       gsa=a.global_scale.data_ptr())

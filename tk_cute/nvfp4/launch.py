@@ -78,7 +78,7 @@ class SmallM:
         self.wsf = aligned(b.scales, 2)
         self.w4a4, self.index = cfg.w4a4, device_index(b.device)
         fixed = dict(w=codes(b), wsf=self.wsf.data_ptr(), gsb=self.gsb.data_ptr(), M=M, N=b.M,
-                     K=K, trips=K // cfg.k_chunk // cfg.S)
+                     K=K)
         if not cfg.w4a4:  # (unread by W4A16)
             fixed.update(xsf=fixed["wsf"], gsa=fixed["gsb"])
         self.launch = _SMALL_M.get((cfg, self.index),

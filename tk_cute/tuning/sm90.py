@@ -6,8 +6,7 @@ below); the kernels' designs and limits in docs/nvfp4_hopper.md.
 
 Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "small_m" (`kernels/gemm/nvfp4_small_m_sm90.py`, mma.sync streaming the weights): M < RS_MIN_M
-  and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M, unless divisibility
-  starves its K split (`small_m_takes`: the register-A kernel then); up to
+  and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M; up to
   SMALL_M_TAIL_MAX_M where N % 128 != 0; also W4A16 M <= 64 where the register-A kernel cannot
   take N or K.
 - "register_a" (`kernels/gemm/nvfp4_register_a_sm90.py`, weights decoded into wgmma A registers):
@@ -69,14 +68,16 @@ W4A4_STAGE_MAX_K = 8192
 # bf16, small-M / register-A): 16x4000x8192 W4A16 1.99 / 1.63x, W4A4 2.04 / 1.58x; 64x4000x8192
 # W4A16 0.81 / 1.44x.
 SMALL_M_TAIL_MAX_M = 16
-# The small-M kernel splits K only into a divisor of its K chunks (`small_m_splits`); where
-# divisibility leaves the split under this fraction of the one it aims for among all that fit a
-# CTA, and the register-A kernel (stream-K over any K) takes the shape, that kernel runs it.
-# H200 2026-12-05 (docs/facts.md#small-m-split; vs cuBLAS bf16): 1x3584x18944 (Qwen2.5-7B
-# down: 74 chunks = 2 x 37, S = 2 where 19 was the aim) small-M 52.0 us, 0.75x; the register-A
-# kernel at 16 rows 20.8 us, 1.90x (M = 1 not timed on it: the same weight bytes, fewer
-# activation rows).
-SMALL_M_SPLIT_MIN = 0.5
+# The small-M kernel's K split (`small_m_splits`): the divisor of its K chunks nearest the split
+# it aims for (every slice the same trips, as the H200 sweeps of docs/facts.md#small-m-config
+# ran), unless divisibility leaves it under this fraction of the aim among every split that fits
+# a CTA: then the fewest slices, one trip apart (`gv.k_slice`), whose longest slice is as short
+# as at the aim capped at SMALL_M_UNEVEN_MAX (warps: at 19, 608 threads, ptxas spilled the
+# trips' registers). Divisors only gave 1x3584x18944 (Qwen2.5-7B down: 74 chunks = 2 x 37)
+# S = 2 where 19 was the aim: 52.0 us, 0.75x cuBLAS bf16 (H200 2026-12-05,
+# docs/facts.md#small-m-split); now S = 15 (4 or 5 trips each), not yet timed.
+SMALL_M_EVEN_MIN = 0.5
+SMALL_M_UNEVEN_MAX = 16
 # Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
 # W4A4. The dequantize pass costs N x K whatever M is, so it pays from enough rows, and sooner at
 # a short K (the tiled kernel's per-tile costs weigh more there). H200 A/B
@@ -112,9 +113,7 @@ PATHS = ("small_m", "register_a", "register_a_tiled", "dequantize")
 def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     """The path of one 2-D Hopper GEMM on a GPU of `sms` SMs (module docstring); every valid
     shape has one."""
-    if M <= W4A4_NATIVE_MAX_M and w4a4 and small_m_takes(w4a4, M, N, K, sms):
-        return "small_m"
-    if M < RS_MIN_M and not w4a4 and small_m_takes(w4a4, M, N, K, sms):
+    if gv.supports(M, N, K) and (M <= W4A4_NATIVE_MAX_M if w4a4 else M < RS_MIN_M):
         return "small_m"
     if N % rs.BAND and M <= SMALL_M_TAIL_MAX_M and gv.supports(M, N, K):
         return "small_m"
@@ -125,17 +124,6 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     if rst.supports(M, N, K) and not dequantize_wins(w4a4, M, N, K, sms):
         return "register_a_tiled"
     return "dequantize"
-
-
-def small_m_takes(w4a4: bool, M: int, N: int, K: int, sms: int) -> bool:
-    """Whether the small-M kernel takes a small-M call: it can (`gv.supports`), and its K split
-    is at least SMALL_M_SPLIT_MIN of the split it aims for (`small_m_splits(any_split=True)`)
-    or the register-A kernel cannot take the shape."""
-    if not gv.supports(M, N, K):
-        return False
-    cfg = small_m_config(M, N, K, w4a4, "bfloat16", sms)
-    aim = small_m_splits(dataclasses.replace(cfg, WN=1), N, K, sms, any_split=True)
-    return cfg.S >= SMALL_M_SPLIT_MIN * aim or not rs.supports(M, N, K)
 
 
 def split_tile_wins(M: int, N: int) -> bool:
@@ -245,20 +233,25 @@ def default_config(path: str, M: int, N: int, K: int, w4a4: bool, out_dtype: str
     return register_a_tiled_config(M, N, K, out_dtype, sms)
 
 
-def small_m_splits(cfg: gv.Config, N: int, K: int, sms: int, ctas_per_sm: int | None = None,
-                   any_split: bool = False) -> int:
-    """S: K-slices (warps along K), the divisor of K / k_chunk nearest (in ratio; ties: larger)
-    to about ctas_per_sm x 8 warps per SM in all: enough 16-byte loads in flight to cover HBM
-    latency; at most what fits a CTA. Default ctas_per_sm: 2 for up to two activation tiles
-    (M <= 16), else 1 (H200 sweeps: S=8 at N=K=8192 and S=2 at N=28672 for M=1 and 16; S=4 at
-    M=64). `any_split`: among every split that fits, divisor or not (what divisibility costs:
-    `small_m_takes`)."""
+def small_m_splits(cfg: gv.Config, N: int, K: int, sms: int,
+                   ctas_per_sm: int | None = None) -> int:
+    """S: K-slices (warps along K), nearest (in ratio; ties: larger) to about ctas_per_sm x 8
+    warps per SM in all: enough 16-byte loads in flight to cover HBM latency; at most what fits
+    a CTA and K / k_chunk. A divisor of K / k_chunk (balanced slices) unless that starves the
+    split (`SMALL_M_EVEN_MIN`); then slices one trip apart (`gv.k_slice`). Default
+    ctas_per_sm: 2 for up to two activation tiles (M <= 16), else 1 (H200 sweeps: S=8 at
+    N=K=8192 and S=2 at N=28672 for M=1 and 16; S=4 at M=64)."""
     if ctas_per_sm is None:
         ctas_per_sm = 2 if cfg.NT <= 2 else 1
     chunks, groups = K // cfg.k_chunk, N // (16 * cfg.MT)
     want = max(1.0, sms * ctas_per_sm * 8 / groups)
-    fits = [d for d in range(1, chunks + 1) if (any_split or chunks % d == 0) and cfg.fits(d)]
-    return min(fits, key=lambda d: (abs(math.log(d / want)), -d))
+    fits = [d for d in range(1, chunks + 1) if cfg.fits(d)]
+    nearest = lambda splits: min(splits, key=lambda d: (abs(math.log(d / want)), -d))
+    aim, even = nearest(fits), nearest([d for d in fits if chunks % d == 0])
+    if even >= SMALL_M_EVEN_MIN * aim:
+        return even
+    longest = -(-chunks // min(aim, SMALL_M_UNEVEN_MAX))  # chunks of the longest slice
+    return -(-chunks // longest)
 
 
 

@@ -8,7 +8,6 @@ within `tk_cute.testing.assert_gemm_close`'s bound of the exact float64 product,
 references patched to raise (a call that reached one would fail).
 """
 
-import dataclasses
 import itertools
 
 import pytest
@@ -90,13 +89,10 @@ def test_every_layer_shape_plans_a_kernel_by_the_rules():
     for w4a4, M, N, K, p in _props():
         _covered(p, M, N, K, w4a4, "bfloat16")
         small = M <= (sm90_tuning.W4A4_NATIVE_MAX_M if w4a4 else sm90_tuning.RS_MIN_M - 1)
-        if small and sm90_tuning.small_m_takes(w4a4, M, N, K, SMS):
+        if small and gv.supports(M, N, K):
             assert p.path == "small_m", (w4a4, M, N, K, p)
-        if small and gv.supports(M, N, K) and p.path != "small_m":  # divisibility cost it
-            cfg = sm90_tuning.small_m_config(M, N, K, w4a4, "bfloat16", SMS)
-            aim = sm90_tuning.small_m_splits(dataclasses.replace(cfg, WN=1), N, K, SMS,
-                                             any_split=True)
-            assert p.path == "register_a" and 2 * cfg.S < aim, (w4a4, M, N, K, p)
+        if p.path == "small_m":  # a K split the kernel takes (uneven: within one trip)
+            gv.check_shape(p.config, M, N, K)
         if M > 128:
             assert p.path in ("register_a_tiled", "dequantize"), (w4a4, M, N, K, p)
         if p.path == "register_a_tiled" and M <= sm90_tuning.SPLIT_TILE_MAX_M:
@@ -174,12 +170,13 @@ def test_measured_boundaries():
             "register_a_tiled"
         assert _plan_hopper(w4a4, rows, 8192, k, "bfloat16", SMS, False).path == "dequantize"
     assert _plan_hopper(False, 100, 100, 64, "bfloat16", SMS, False).pad_n == 104
-    # Qwen2.5-7B's down projection at decode: K = 18944 splits only in 2 on the small-M kernel
-    # (74 chunks = 2 x 37, where 19 was the aim): the register-A kernel (SMALL_M_SPLIT_MIN)
-    cfg = T.small_m_config(1, 3584, 18944)
-    assert cfg.S == 2 and T.small_m_splits(cfg, 3584, 18944, SMS, any_split=True) == 19
+    # The small-M kernel's K split: a divisor of the chunks near the aim (K = 8192: 32 chunks,
+    # S = 8), but for Qwen2.5-7B's down projection (K = 18944: 74 chunks = 2 x 37, aim 19) 15
+    # slices of 4 or 5 chunks (SMALL_M_EVEN_MIN, SMALL_M_UNEVEN_MAX), not the divisor 2
+    assert T.small_m_config(1, 8192, 8192).S == 8
     for w4a4 in (False, True):
-        assert _plan_hopper(w4a4, 1, 3584, 18944, "bfloat16", SMS, False).path == "register_a"
+        p = _plan_hopper(w4a4, 1, 3584, 18944, "bfloat16", SMS, False)
+        assert p.path == "small_m" and p.config.S == 15
         assert _plan_hopper(w4a4, 1, 3584, 18432, "bfloat16", SMS, False).path == "small_m"
 
 
