@@ -464,6 +464,26 @@ def test_every_tiling_matches_float64(seed, M, tiling):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 4, 8])
+@pytest.mark.parametrize("w4a4", [False, True])
+def test_planned_uneven_split_on_the_gpu(seed, M, w4a4):
+    """Qwen2.5-7B's down projection (K = 18944: 74 chunks in 15 slices) through the public
+    dispatch: the small-M kernel, every element within bound, D poisoned first."""
+    from tk_cute import nvfp4
+
+    N, K = 3584, 18944
+    b = _weights(N, K)
+    x = torch.randn(M, K, device="cuda")
+    a = nvfp4.quantize(x) if w4a4 else x.bfloat16()
+    p = nvfp4.plan(a, b)
+    assert p.path == "small_m" and (K // p.config.k_chunk) % p.config.S != 0
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    d = nvfp4.gemm(a, b, out=out)
+    assert not d.isnan().any(), "unwritten or NaN outputs"
+    assert_gemm_close(d, a, b)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 7, 16, 33, 64])
 @pytest.mark.parametrize("N, K", SHAPES)
 def test_w4a4_matches_gemm_reference(seed, M, N, K):
@@ -480,15 +500,16 @@ def test_w4a4_matches_gemm_reference(seed, M, N, K):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 16, 64])
 def test_fp32_output_split_invariance_and_determinism(seed, M):
-    """Every split count gives the same sum up to fp32 rounding; one split count is bitwise
-    reproducible run to run (the partials are summed in a fixed order)."""
+    """Every split count (uneven ones too: 3, 5, 7 slices of 16 chunks) gives the same sum up to
+    fp32 rounding; one split count is bitwise reproducible run to run (the partials are summed
+    in a fixed order)."""
     N, K = 512, 4096
     b = _weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     cfg = dataclasses.replace(sm90_tuning.small_m_config(M, N, K), WN=1)
     chunks = K // cfg.k_chunk
     results = {}
-    for S in [s for s in (1, 2, chunks) if chunks % s == 0 and cfg.fits(s)]:
+    for S in [s for s in (1, 2, 3, 5, 7, chunks) if s <= chunks and cfg.fits(s)]:
         d = launch.gemm_small_m(a, b, torch.float32, config=cfg, splits=S)
         assert_gemm_close(d, a, b, f"splits={S}")
         again = launch.gemm_small_m(a, b, torch.float32, splits=S)
