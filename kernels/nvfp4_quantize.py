@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: MIT
 """NVFP4 quantizer: bf16/fp16/fp32 (L, M, K) -> packed E2M1, blocked UE4M3 scales, fp32 scale.
 
-Two kernels, or one for small inputs, bit-exact with ``tk_cute.nvfp4.quantize_reference`` (its
-docstring is the contract):
+Three kernels: `amax` then `quantize`, or `quantize_one_launch` for small inputs; bit-exact with
+``tk_cute.nvfp4.quantize_reference`` (its docstring is the contract):
 
 * `amax` (skipped when a global scale is given): grid-stride 16-byte loads, |bits| max (integer
   max keeps NaN/Inf above every finite value), warp ``redux.sync``, a shared-memory CTA max, and

@@ -27,7 +27,8 @@ from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
 from tk_cute.layouts import nvfp4_codes
 from tk_cute.ops import schedule
-from tk_cute.runtime import aligned, device_index, dtype_name, output, raw_stream, sm_count, stream_k_buffers, workspace
+from tk_cute.runtime import (aligned, device_index, dtype_name, output, raw_stream,
+                             resident_clusters, sm_count, stream_k_buffers, workspace)
 from tk_cute.launcher import OUT_ALIGN, KernelCache
 from tk_cute.tuning import sm90 as sm90_tuning
 
@@ -308,22 +309,26 @@ class _QuantizePlan:
 
         dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
         x_bytes = x.numel() * x.element_size()
-        config = config or quantize_tuning.config(x_bytes, given)
-        cfg = dataclasses.replace(config, dtype=dtype, given_scale=given, check_finite=check,
-                                  one_launch=config.one_launch and not given,
-                                  arch=device_target(x.device).name)
-        self.cfg = cfg
+        def of_call(c):  # the call's fields of a Config
+            return dataclasses.replace(c, dtype=dtype, given_scale=given, check_finite=check,
+                                       one_launch=c.one_launch and not given,
+                                       arch=device_target(x.device).name)
+
+        cfg = of_call(config or quantize_tuning.config(x_bytes, given))
         *lead, M, K = x.shape
         self.M, self.K, self.L = M, K, (lead[0] if lead else 1)
         self.shape = x.shape
         self.scales_shape = blocked_shape(M, K, *lead)
         self.device = x.device
         self.device_index = device_index(x.device)
-        self.one_launch = cfg.one_launch
+        grid = (quantize_tuning.one_launch_ctas(cfg, self.L * M * -(-K // cfg.cols), x_bytes)
+                if cfg.one_launch else 0)
+        if grid and resident_clusters(x.device, grid) < 1:  # (SMs restricted: two launches)
+            cfg = of_call(nq.Config())
+        self.cfg, self.one_launch = cfg, cfg.one_launch
         self.amax = None
         if cfg.one_launch:  # the decode scale is the only workspace: a 0-dim output
-            self.grid = quantize_tuning.one_launch_ctas(cfg, self.L * M * -(-K // cfg.cols),
-                                                        x_bytes)
+            self.grid = grid
             self.quant = _QUANTIZE.get(("one_launch", cfg), lambda: nq.compile_one_launch(
                 cfg)).bind(M=M, K=K, L=self.L, ctas=self.grid)
             return
@@ -422,8 +427,9 @@ def gemm_small_m(a, b, out_dtype=None, *, out=None, config: gv.Config | None = N
         a: bf16 CUDA tensor (M, K) (W4A16) or NVFP4Tensor (M, K) (W4A4), 1 <= M <= 64.
         b: NVFP4Tensor (N, K), the weights.
         out_dtype, out: as `tk_cute.nvfp4.gemm`.
-        config, splits: tuning overrides (`Config`; its S, the number of K-slices, a divisor
-            of K / config.k_chunk); default `sm90_tuning.small_m_config`.
+        config, splits: tuning overrides (`Config`; its S, the number of K-slices, at most
+            K / config.k_chunk, slices one trip apart where S does not divide it); default
+            `sm90_tuning.small_m_config`.
         pdl: programmatic dependent launch (`tk_cute.nvfp4.gemm`'s pdl).
 
     Raises:

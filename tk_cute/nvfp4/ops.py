@@ -35,8 +35,9 @@ computes ``(a.float() @ b.float().T).to(out_dtype)`` with torch (products exact 
 in float32, one rounding: within `tk_cute.testing.assert_gemm_close`'s bound), so compiled CPU
 models stay testable; it is a stand-in, not the kernel.
 
-Autograd: none; the ops are for inference (`tk_cute.nvfp4.Linear` raises on an input that
-requires grad): the Autograd key falls through, so their outputs never require grad. Each op
+Autograd: none; the ops are for inference: the Autograd key falls through, and an input that
+requires grad while grad mode is on raises RuntimeError (as `tk_cute.nvfp4.Linear` does), so
+no gradient is ever dropped silently; their outputs never require grad. Each op
 has a fake (meta) implementation that checks the same shapes and returns empty outputs of the
 right shape, dtype and device.
 
@@ -65,11 +66,21 @@ _LIB = torch.library.Library("tk_cute", "DEF")  # the namespace's ops (kept for 
 
 def _define(schema: str, kernel, fake):
     """Define ``tk_cute::<schema>`` with `kernel` for CPU and CUDA, no autograd (the Autograd
-    key falls through) and `fake` for tracing; returns ``torch.ops.tk_cute.<name>``."""
+    key falls through; an input that requires grad with grad mode on raises) and `fake` for
+    tracing; returns ``torch.ops.tk_cute.<name>``."""
     name = schema.split("(", 1)[0]
-    _LIB.define(schema)
+
+    def run(*args):
+        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in args):
+            raise RuntimeError(f"tk_cute::{name} has no autograd formula (inference only): an "
+                               f"input requires grad; call it under torch.no_grad() or "
+                               f"torch.inference_mode(), or detach the input")
+        return kernel(*args)
+
+    _LIB.define(schema, tags=(torch.Tag.pt2_compliant_tag,))  # (as custom_op tags its ops)
     for key in ("CPU", "CUDA"):
-        _LIB.impl(name, kernel, key)
+        _LIB.impl(name, run, key)
     _LIB.impl(name, torch.library.fallthrough_kernel, "Autograd")
     torch.library.register_fake(f"tk_cute::{name}", fake, lib=_LIB)
     return getattr(torch.ops.tk_cute, name)
@@ -99,10 +110,11 @@ def _quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None,
     rows where K % 32 != 0), uint8 blocked (..., RM, RK, 512), float32 0-dim."""
     q, _ = fresh_buffers(quantize_parts, x.detach(), global_scale, check_finite)
     # An op output must be a tensor of its own, aligned as the fake promises (inductor asserts
-    # it), and must not alias an input: the CUDA quantizer's global scale is a 0-dim view of
-    # its workspace (at offset 0, the amax partials after it), the CPU reference may return a
-    # given scale itself. One 4-byte copy.
-    return q.data, q.scales, q.global_scale.clone()
+    # it), and must not alias an input: the two-launch CUDA quantizer's global scale is a 0-dim
+    # view of its workspace (at offset 0, the amax partials after it): one 4-byte copy. (The
+    # one-launch quantizer's and the CPU reference's are tensors of their own.)
+    gs = q.global_scale
+    return q.data, q.scales, gs.clone() if gs._is_view() or gs is global_scale else gs
 
 
 def _quantize_fake(x, global_scale=None, check_finite=False):

@@ -7,7 +7,9 @@ pass then the quantize pass (a given global scale: the quantize pass alone).
 Why: an eager call pays the host ~4 us per launch (docs/facts.md#host-time), more than either
 pass runs on a small tensor. The bound and `CTA_BYTES` are a MODEL (not yet timed on a GPU):
 a cluster CTA of 1024 threads keeps 64 KiB of loads in flight per amax step, so 8 CTAs read
-512 KiB in about two steps' latency, about what the second launch and its grid cost the GPU.
+512 KiB in one step's latency and re-read it from L2 to quantize, about what the second launch
+and its grid cost the GPU. A GPU that cannot hold the cluster at once (its SMs restricted:
+`runtime.resident_clusters`) takes the two launches.
 `python -m tk_cute.bench quantize --shapes 1x256,16x8192 ...` times both ways side by side.
 """
 
@@ -17,9 +19,9 @@ from tk_cute.kernels import nvfp4_quantize as nq
 
 ONE_LAUNCH_MAX_BYTES = 1 << 19  # x's bytes (all L batches)
 CTA_BYTES = 1 << 16  # x's bytes per cluster CTA (one amax step of 1024 threads x 4 x 16 B)
-# The one-launch kernel's CTA: 32 warps of 4 rows; two row segments in flight per warp keep it
-# at 64 registers (1024 threads).
-ONE_LAUNCH = {"one_launch": True, "warps": 32, "rows_in_flight": 2, "min_ctas_per_sm": 1}
+# The one-launch kernel's CTA: 32 warps; two row segments in flight per warp keep it at 64
+# registers (1024 threads).
+ONE_LAUNCH = {"one_launch": True, "warps": 32, "rows_in_flight": 2}
 
 
 def config(x_bytes: int, given: bool) -> nq.Config:

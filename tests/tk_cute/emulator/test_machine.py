@@ -78,3 +78,33 @@ def test_uninitialized_shared_read():
     written = "\tmov.u32 %r1, bars;\n\tst.shared.b32 [%r1+16], %r2;\n\tld.shared.b32 %r4, " \
               "[%r1+16];\n"
     assert kinds(run(written)) == set()
+
+
+@pytest.mark.parametrize("op", ["shf.l.wrap.b32", "shf.r.wrap.b32", "shf.l.clamp.b32",
+                                "shf.r.clamp.b32"])
+def test_funnel_shift(op):
+    """``shf``: the 64 bits b:a (a low) shifted by c (wrap: c mod 32; clamp: at most 32); .l
+    keeps the high word, .r the low (PTX ISA, shf). Lane i shifts by 2i (0..62)."""
+    import torch
+
+    from tk_cute.emulator.gemm import place
+
+    a, b = 0x89ABCDEF, 0x13579BDF
+    out = torch.zeros(32, dtype=torch.int64)  # one 8-byte slot per lane (a b32 in its low half)
+    body = (f"\tmov.u32 %r1, %laneid;\n\tshl.b32 %r2, %r1, 1;\n\tmov.u32 %r3, {a};\n"
+            f"\tmov.u32 %r4, {b};\n\t{op} %r5, %r3, %r4, %r2;\n"
+            f"\tmul.wide.u32 %rd1, %r1, 8;\n\tmov.u64 %rd2, {out.data_ptr()};\n"
+            "\tadd.s64 %rd3, %rd2, %rd1;\n\tst.global.u32 [%rd3], %r5;\n")
+    text = (HEAD + ".visible .entry k()\n{\n\t.reg .pred %p<8>;\n\t.reg .b32 %r<32>;\n"
+            f"\t.reg .b64 %rd<8>;\n{body}\n\tret;\n}}\n")
+    mem = GlobalMemory()
+    place(mem, out)
+    launch = SimpleNamespace(grid=(1, 1, 1), block=(32, 1, 1), cluster=(1, 1, 1),
+                             smem_bytes=0, params=())
+    machine.Machine(ptx.parse(text).kernels[0], launch, mem, module_shared={}).run()
+    v = (b << 32) | a
+    for lane in range(32):
+        c = 2 * lane
+        n = min(c, 32) if ".clamp" in op else c % 32
+        want = ((v << n) >> 32) if ".l." in op else (v >> n)
+        assert int(out[lane]) & 0xFFFFFFFF == want & 0xFFFFFFFF, (op, lane)

@@ -120,7 +120,8 @@ def test_quantize_plans_are_bounded(monkeypatch):
 def test_quantize_launches_one_or_two_kernels(monkeypatch):
     """The plan (`tuning.quantize`): a small input with the computed scale is ONE launch whose
     gs_out is the result's global scale; a large one the amax then the quantize launch over
-    one workspace; a given scale the quantize launch alone. Names checked by the signatures."""
+    one workspace; a given scale the quantize launch alone; the default two-launch Config where
+    the GPU cannot hold the cluster. Names checked by the signatures."""
     from tk_cute.kernels import nvfp4_quantize as nq
 
     import tk_cute.arch
@@ -133,6 +134,8 @@ def test_quantize_launches_one_or_two_kernels(monkeypatch):
     monkeypatch.setattr(launch, "device_index", lambda device: 0)
     monkeypatch.setattr(launch, "raw_stream", lambda index: 0)
     monkeypatch.setattr(launch, "sm_count", lambda device: 132)
+    resident = {"clusters": 30}
+    monkeypatch.setattr(launch, "resident_clusters", lambda device, size: resident["clusters"])
     monkeypatch.setattr(tk_cute.arch, "device_target",
                         lambda device: tk_cute.arch.TARGETS["sm_90a"])
     monkeypatch.setattr(launch, "_PLANS", {})
@@ -160,6 +163,13 @@ def test_quantize_launches_one_or_two_kernels(monkeypatch):
     launch.quantize(small, gs, check_finite=False)
     (quant,) = calls
     assert quant["kernel"] == "quantize" and quant["gs_in"] == gs.data_ptr()
+    calls.clear()
+    resident["clusters"] = 0  # a GPU that cannot hold the cluster: the two launches
+    monkeypatch.setattr(launch, "_PLANS", {})
+    launch.quantize(small, check_finite=False)
+    assert [c["kernel"] for c in calls] == ["amax", "quantize"]
+    assert launch._quantize_plan(small, False, False, None).cfg == dataclasses.replace(
+        nq.Config(), arch="sm_90a")
 
 
 class Named(Recorder):

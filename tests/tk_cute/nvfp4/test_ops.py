@@ -198,3 +198,21 @@ def test_gpu_opcheck(seed):
                           (x, None, None, *parts(b), torch.bfloat16, False))
     torch.library.opcheck(ops.nvfp4_gemm.default,
                           (*parts(aq), *parts(b), torch.bfloat16, False))
+
+
+def test_ops_refuse_inputs_that_require_grad(seed):
+    """No autograd formula: an input that requires grad with grad mode on raises (no gradient
+    is dropped silently); under no_grad the same call runs and its output needs no grad."""
+    a = torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(16, 32, dtype=torch.bfloat16)
+    x = torch.randn(4, 32, requires_grad=True)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        ops.gemm(a, b, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        ops.nvfp4_quantize(x, None, False)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        ops.nvfp4_gemm(a, None, None, *parts(quantize(b.float())), torch.bfloat16)
+    with torch.no_grad():
+        c = ops.gemm(a, b, torch.bfloat16)
+        q = ops.nvfp4_quantize(x, None, False)
+    assert not c.requires_grad and not any(t.requires_grad for t in q)
