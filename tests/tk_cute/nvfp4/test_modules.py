@@ -400,6 +400,10 @@ def test_compiled_model_has_no_graph_break_and_equals_eager(activations, seed):
     aot = torch.compile(model, fullgraph=True, backend="aot_eager")  # the fake impls, traced
     x2 = torch.randn(5, 64, dtype=torch.bfloat16)
     assert torch.equal(aot(x2), model(x2))
+    torch._dynamo.reset()
+    with inductor_config.patch(emulate_precision_casts=True):  # max-autotune compiles too
+        tuned = torch.compile(model, mode="max-autotune", fullgraph=True)
+        assert torch.equal(tuned(x), model(x))
 
 
 def _tk_cute_ops_called(fn) -> list[str]:
@@ -539,6 +543,25 @@ def test_gpu_reduce_overhead_across_batch_sizes(activations, seed):
             else:
                 ref = ref_model(x).float()
                 assert float((y.float() - ref).norm() / ref.norm()) < 0.35, tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activations", ACTIVATIONS)
+def test_gpu_max_autotune_compiles(activations, seed):
+    """torch.compile(mode="max-autotune") of an NVFP4 MLP runs on the GPU at two batch sizes,
+    each within the bound of `test_gpu_reduce_overhead_across_batch_sizes`."""
+    H, I = 1024, 4096
+    ref_model = bf16_mlp(hidden=H, intermediate=I).cuda()
+    model = quantize_(copy.deepcopy(ref_model), activations=activations)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, mode="max-autotune", fullgraph=True)
+    with torch.inference_mode():
+        for tokens in (1, 64):
+            x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+            y = compiled(x)
+            want = (model if activations == "bf16" else ref_model)(x).float()
+            bound = 2.0**-6 if activations == "bf16" else 0.35
+            assert float((y.float() - want).norm() / want.norm()) < bound, tokens
 
 
 def test_linear_reads_parts_that_are_no_longer_buffers(seed):
