@@ -29,7 +29,8 @@ coherent: ptxas moves read-only loads above the wait). At the end each warp puts
 its fp32 partial in shared memory and, after one CTA barrier, the CTA sums the S slices in
 order (deterministic), applies 2^8 (2^16 for W4A4) * global scales and writes D: no global
 workspace, no atomics, no fences.
-Constraints (checked): M <= 64, K % 128 == 0, N % 32 == 0.
+Constraints (checked): M <= 64, K % 64 == 0 (K % 128 == 64: `Config.K_TAIL`, the last K-slice
+adds the half step in one more predicated step), N % 32 == 0.
 Scale format (`Config.sf`): UE4M3 (w = e2m1 * sf * 2^-8), or UE5M3 for both operands (w = e2m1 *
 sf * 2^-16, `ops.nvfp4.decode_shift`; GPU-tested).
 
@@ -53,6 +54,7 @@ from tk_cute.types.st import Shared, sv
 from tk_cute.types.struct import config_repr
 
 STEP_K = 128  # K elements per warp step: 4 lanes x 32 codes (one LDG.128 per weight row)
+TAIL_K = 64  # K's granularity: a last half step (`Config.K_TAIL`; whole scale atoms)
 MAX_M = 64
 MAX_THREADS = 1024
 MAX_PART_BYTES = 64 * 1024  # the CTA's S fp32 partials in shared memory
@@ -65,7 +67,7 @@ class Config:
     """MT: 16-row MMA tiles per warp; NT: 8-column MMA tiles (M <= 8*NT); WN: warps along N
     (row groups); S: warps along K (K-slices, summed in shared memory at the end); a CTA has
     WN x S warps. UNROLL: 128-K steps per trip (their loads are issued together); AHEAD: the
-    next trip's weights load while this one decodes; w4a4: A is NVFP4."""
+    next trip's weights load while this one decodes; w4a4: A is NVFP4; K_TAIL: K % 128 == 64."""
 
     MT: int = 2
     NT: int = 2
@@ -83,6 +85,9 @@ class Config:
     PDL: bool = False
     EARLY_WEIGHTS: bool = False
     XSMEM: int = 0  # > 0: shared memory bytes staging the CTA's activations as bf16 (M = 1)
+    # K ends in half a step (K % 128 == 64): the last K-slice adds those 64 elements in one more
+    # step after its trips, its lanes t >= 2 (past K) reading t - 2's bytes and zeroing them.
+    K_TAIL: bool = False
     L2_FETCH: int = 0  # 128 / 256: each weight load asks L2 for the whole 128 / 256-byte block
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # scale format of both operands
     __repr__ = config_repr  # (the kernel symbol follows the repr: sf shows once not UE4M3)
@@ -184,7 +189,7 @@ def xsmem_bytes(M: int, K: int) -> int:
 def supports(M: int, N: int, K: int) -> bool:
     """Whether some Config of this kernel takes this shape (`tk_cute.tuning.sm90` picks
     it)."""
-    return 1 <= M <= MAX_M and K % STEP_K == 0 and N % 32 == 0
+    return 1 <= M <= MAX_M and K % TAIL_K == 0 and K >= STEP_K and N % 32 == 0
 
 
 # ---------------------------------------------------------------- index maps
@@ -298,6 +303,9 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
             wq, sc = _load_weights(cfg, w_rows, sf_rows, Int64(trip))
             xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
             _mma_trip(cfg, acc, wq, sc, xw)
+    if cutlass.const_expr(cfg.K_TAIL):
+        if s == cfg.S - 1:  # (warp-uniform) the half step after the last slice's trips
+            _tail_step(cfg, acc, w_rows, sf_rows, x_rows, xsf_rows, Int64(trips), lane)
     part = Shared().alloc(sv(Float32, cfg.S * cfg.rows * cfg.m_pad)).iterator.toint()
     _store_partial(cfg, acc, part, M, wn, s, lane)
     cute.arch.barrier()
@@ -318,13 +326,14 @@ def _weight_rows(cfg, w, wsf, wn, lane, n_blk, K, k_begin):
     return w_rows, sf_rows
 
 
-def _load_weights(cfg, w_rows, sf_rows, trip):
+def _load_weights(cfg, w_rows, sf_rows, trip, steps=None, back=0):
     """One trip's weights: [u][row] -> 4 words (32 codes), [u][row] -> 2 scale bytes (low half
     of a word). One LDG.128 (streaming: no L1 allocation; L2_FETCH: L2 prefetch size) and one
-    LDG.16 per row and step."""
+    LDG.16 per row and step. `steps` (default UNROLL) from the trip's first; `back`: K
+    elements before (`_tail_step`)."""
     wq, sc = [], []
-    for u in range(cfg.UNROLL):
-        k = trip * cfg.k_chunk + k_offset(0, u)
+    for u in range(steps or cfg.UNROLL):
+        k = trip * cfg.k_chunk + k_offset(0, u) - back
         wq.append([memory.ld_v4(a + k // 2, True, cfg.L2_FETCH, cfg.waits_first)
                    for a in w_rows])
         sc.append([memory.ld_u16(a + scale_step(k), cfg.waits_first) for a in sf_rows])
@@ -424,13 +433,13 @@ def _staged_activation_rows(cfg, xs, lane, M, K, k_begin):
     return rows, []
 
 
-def _load_activations(cfg, x_rows, xsf_rows, trip):
+def _load_activations(cfg, x_rows, xsf_rows, trip, steps=None, back=0):
     """Issue one trip's activation loads: per step u and n8 tile, 4 LDG.128 of bf16 (K
     k_offset .. +31), or (W4A4) one LDG.128 of codes and one LDG.16 of scales. Flat list of
-    words (see `_activation_fragments`)."""
+    words (see `_activation_fragments`). `steps`, `back`: as `_load_weights`."""
     words = []
-    for u in range(cfg.UNROLL):
-        k = trip * cfg.k_chunk + k_offset(0, u)
+    for u in range(steps or cfg.UNROLL):
+        k = trip * cfg.k_chunk + k_offset(0, u) - back
         for nt in range(cfg.NT):
             if cfg.XSMEM:
                 for j in range(4):
@@ -469,11 +478,26 @@ def _decode(cfg, q, sf_prescaled):
     return fp4.e2m1x8_scaled_shifted(q, sf_prescaled)
 
 
-def _mma_trip(cfg, acc, wq, sc, xw):
-    """Decode one trip's weights into A fragments and run its 8 * MT * NT * UNROLL MMAs with
-    the activation words `xw`."""
+def _tail_step(cfg, acc, w_rows, sf_rows, x_rows, xsf_rows, trip, lane):
+    """K's last 64 elements (K_TAIL) as one step at `trip`: lanes t < 2 hold them; lanes
+    t >= 2, whose 32 elements would lie past K (past the rows, the scale atoms, the staged
+    activations), read lane t - 2's (64 elements back: in bounds) and zero every word, so
+    their codes, scales and activations are +0 and their products 0."""
+    past = Uint32(lane % 4 >= 2)
+    keep = Uint32(0) - (Uint32(1) - past)  # all ones for lanes t < 2, else 0
+    back = Int64(past) * 64
+    wq, sc = _load_weights(cfg, w_rows, sf_rows, trip, 1, back)
+    xw = _load_activations(cfg, x_rows, xsf_rows, trip, 1, back)
+    wq = [[[v & keep for v in words] for words in row] for row in wq]
+    sc = [[v & keep for v in row] for row in sc]
+    _mma_trip(cfg, acc, wq, sc, [v & keep for v in xw], 1)
+
+
+def _mma_trip(cfg, acc, wq, sc, xw, steps=None):
+    """Decode one trip's weights into A fragments and run its 8 * MT * NT * `steps` (default
+    UNROLL) MMAs with the activation words `xw`."""
     MT, NT = cfg.MT, cfg.NT
-    for u in range(cfg.UNROLL):
+    for u in range(steps or cfg.UNROLL):
         xb = _activation_fragments(cfg, xw, u)
         wf = [fp4.scalex2_to_bf16x2_prescaled(h, cfg.sf) for h in sc[u]]
         for j in range(4):  # 32-bit word j of each row: MMAs 2j, 2j+1
@@ -567,7 +591,9 @@ def check_shape(cfg: Config, M: int, N: int, K: int) -> None:
     if cfg.XSMEM and xsmem_bytes(M, K) > cfg.XSMEM:
         raise ValueError(f"config {cfg} stages {cfg.XSMEM} B of activations; M={M}, K={K} "
                          f"needs {xsmem_bytes(M, K)} B (XSMEM=0 reads them from global memory)")
-    if not 1 <= M <= cfg.m_pad or N % cfg.rows or K % cfg.k_chunk or chunks < cfg.S:
+    tail = TAIL_K if cfg.K_TAIL else 0
+    if not 1 <= M <= cfg.m_pad or N % cfg.rows or K % cfg.k_chunk != tail or chunks < cfg.S:
         raise ValueError(f"config {cfg} does not fit M={M}, N={N}, K={K} (needs 1 <= M <= "
                          f"m_pad = {cfg.m_pad}, N % rows = {cfg.rows} == 0, K % k_chunk = "
-                         f"{cfg.k_chunk} == 0 and S <= K / k_chunk = {chunks})")
+                         f"{cfg.k_chunk} == {tail} (K_TAIL={cfg.K_TAIL}) and S <= K // k_chunk "
+                         f"= {chunks})")

@@ -197,6 +197,10 @@ CONFIGS = {
     # the uneven K split (74 chunks in 15 slices), the most warps one plans
     "m1_uneven": sm90_tuning.small_m_config(1, 3584, 18944),
     "m8_w4a4_uneven": sm90_tuning.small_m_config(8, 3584, 18944, w4a4=True),
+    # K % 128 == 64 (gpt-oss's 2880): the half step after the last slice's trips
+    "m1_k_tail": sm90_tuning.small_m_config(1, 5120, 2880),
+    "m8_w4a4_k_tail": sm90_tuning.small_m_config(8, 5760, 2880, w4a4=True),
+    "m16_k_tail": sm90_tuning.small_m_config(16, 2880, 2880),
 }
 
 
@@ -207,15 +211,15 @@ def built(request):
     return cfg, build(gv._launch, *gv.signature(cfg).compile_args(cfg), arch="sm_90a")
 
 
-def _bodies(cfg):
-    """Copies of the trip body in the code: AHEAD peels the last trip (and loads the first one
-    before the loop)."""
-    return 2 if cfg.AHEAD else 1
+def _steps(cfg):
+    """128-K steps in the code: UNROLL per copy of the trip body (AHEAD peels the last trip
+    and loads the first one before the loop: two copies), and K_TAIL's half step."""
+    return cfg.UNROLL * (2 if cfg.AHEAD else 1) + cfg.K_TAIL
 
 
 def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
     cfg, b = built
-    steps = cfg.UNROLL * cfg.MT * _bodies(cfg)
+    steps = cfg.MT * _steps(cfg)
     # Weights: one 16-byte streaming load per weight row (2 per MMA tile) per 128-K step.
     hint = rf"\.L2::{cfg.L2_FETCH}B" if cfg.L2_FETCH else ""
     # (read-only loads with EARLY_WEIGHTS or without PDL, else coherent: after the PDL wait)
@@ -223,7 +227,7 @@ def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
     hint = rf"\.LTC{cfg.L2_FETCH}B" if cfg.L2_FETCH else ""
     assert b.sass_count(rf"LDG\.E\.NA{hint}\.128") == 2 * steps
     # Activations: 16-byte loads (bf16: 4 per MMA column tile and step; NVFP4: 1).
-    act = cfg.NT * cfg.UNROLL * (1 if cfg.decodes_activations else 4) * _bodies(cfg)
+    act = cfg.NT * (1 if cfg.decodes_activations else 4) * _steps(cfg)
     if cfg.XSMEM and cfg.w4a4:  # decoded once into shared memory (one loop), LDS.128 per trip
         assert b.ptx_count(r"ld\.global(\.nc)?\.v4\.u32") == 0
         assert b.ptx_count(r"ld\.shared\.v4\.u32") == act
@@ -238,7 +242,7 @@ def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
         assert b.ptx_count(r"cp\.async\.cg\.shared\.global") == 1
     else:
         assert b.ptx_count(r"ld\.global(\.nc)?\.v4\.u32") == act
-    mmas = 8 * cfg.MT * cfg.NT * cfg.UNROLL * _bodies(cfg)
+    mmas = 8 * cfg.MT * cfg.NT * _steps(cfg)
     assert b.ptx_count(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32") == mmas
     assert b.sass_count(r"HMMA\.16816\.F32\.BF16") == mmas
     assert b.ptx_count(r"cvt\.\w+\.e2m1") == 0  # no FP4 conversion on sm_90a
@@ -257,8 +261,8 @@ def test_decode_instruction_budget(built):
     scale pair (the broadcast of each scale to both halves is an HMUL2 operand select)."""
     cfg, b = built
     per_trip = cfg.decodes_activations
-    words = (8 * cfg.MT * cfg.UNROLL + (4 * cfg.NT * cfg.UNROLL if per_trip else 0)) * _bodies(cfg)
-    scales = (2 * cfg.MT * cfg.UNROLL + (cfg.NT * cfg.UNROLL if per_trip else 0)) * _bodies(cfg)
+    words = (8 * cfg.MT + (4 * cfg.NT if per_trip else 0)) * _steps(cfg)
+    scales = (2 * cfg.MT + (cfg.NT if per_trip else 0)) * _steps(cfg)
     selected = words  # multiplies by one half of a scale pair (an operand select)
     if cfg.w4a4 and cfg.XSMEM:  # the staging loop: one word of codes, one whole scale word
         words, scales = words + 1, scales + 1
@@ -266,7 +270,7 @@ def test_decode_instruction_budget(built):
     assert 4 * words + 2 * scales <= b.sass_count(r"HMUL2\.BF16") <= 4 * words + 4 * scales
     assert b.sass_count(r"HMUL2\.BF16_V2 R\d+, R\d+, R\d+(\.reuse)?\.H[01]_H[01]") >= \
         4 * selected
-    act = 16 * cfg.NT * cfg.UNROLL * _bodies(cfg) if cfg.strided and not cfg.w4a4 else 0
+    act = 16 * cfg.NT * _steps(cfg) if cfg.strided and not cfg.w4a4 else 0
     if cfg.XSMEM and cfg.strided:
         act = 4
     words_permuted = 0 if cfg.strided else 4 * words
@@ -337,7 +341,7 @@ def test_fast_argument_packing_matches_dsl():
 @pytest.mark.parametrize(
     "M, N, K, match",
     [(65, 256, 512, "M <= 64"), (0, 256, 512, "M <= 64"), (16, 1000, 512, "multiple of 32"),
-     (16, 256, 520, "multiple of 128")],
+     (16, 256, 520, "multiple of 64"), (16, 256, 64, "at least 128")],
 )
 def test_config_rejects_unsupported_shapes(M, N, K, match):
     with pytest.raises(ValueError, match=match):
@@ -392,6 +396,38 @@ def test_uneven_k_split_runs_exactly_in_the_emulator(M, S, w4a4, seed):
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
     machines = hopper.small_m(a, b, cfg, out)
     benign = {"uninitialized-shared"} if M % 4 in (1, 2) else set()  # (test_h200_fixtures)
+    assert [h for m in machines for h in m.hazards if h.kind not in benign] == []
+    assert_gemm_close(out, a, b)
+
+
+@pytest.mark.parametrize("M, N, K, w4a4, S", [
+    (1, 32, 2880, False, None),  # staged activation row (XSMEM), strided pairing
+    (1, 32, 576, True, None),  # W4A4 staged decoded
+    (8, 32, 2880, True, None),  # AHEAD, W4A4 decoded in every trip
+    (8, 32, 2880, False, 4),  # 11 chunks in 4 uneven slices, then the tail
+    (16, 64, 576, False, None),  # two activation tiles, no AHEAD
+    (5, 32, 192, False, None),  # UNROLL = 1: one step, then the half step
+])
+def test_k_tail_runs_exactly_in_the_emulator(M, N, K, w4a4, S, seed):
+    """K % 128 == 64 (K_TAIL): the last slice's half step, lanes past K zeroed (read in bounds:
+    the emulator faults on any byte outside the operands), every element within the product's
+    bound (a lane's duplicated products left in would double them), D poisoned first."""
+    from tk_cute.emulator import hopper
+    from tk_cute.nvfp4 import quantize
+
+    cfg = sm90_tuning.complete("small_m", sm90_tuning.small_m_config(M, N, K, w4a4), N, K,
+                               w4a4, "bfloat16", "ue4m3", False)
+    if S is not None:
+        cfg = dataclasses.replace(cfg, S=S, WN=1)
+    assert cfg.K_TAIL
+    gv.check_shape(cfg, M, N, K)
+    g = torch.Generator().manual_seed(seed)
+    b = quantize(torch.randn(N, K, generator=g))
+    x = torch.randn(M, K, generator=g)
+    a = quantize(x) if w4a4 else x.bfloat16()
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+    machines = hopper.small_m(a, b, cfg, out)
+    benign = {"uninitialized-shared"} if M % 4 in (1, 2) else set()
     assert [h for m in machines for h in m.hazards if h.kind not in benign] == []
     assert_gemm_close(out, a, b)
 

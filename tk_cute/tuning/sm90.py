@@ -8,10 +8,11 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "small_m" (`kernels/gemm/nvfp4_small_m_sm90.py`, mma.sync streaming the weights): M < RS_MIN_M
   and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M; up to
   SMALL_M_TAIL_MAX_M where N % 128 != 0; also W4A16 M <= 64 where the register-A kernel cannot
-  take N or K.
+  take N or K. It takes K % 64 == 0 (a last half step: `Config.K_TAIL`, set here from K;
+  docs/facts.md#small-m-k-tail).
 - "register_a" (`kernels/gemm/nvfp4_register_a_sm90.py`, weights decoded into wgmma A registers):
   RS_MIN_M <= M < SPLIT_TILE_MIN_M, up to 128 on fewer than SPLIT_TILE_MIN_BANDS weight bands
-  (`split_tile_wins`; below RS_MIN_M too where the small-M kernel cannot take K: K % 128 !=
+  (`split_tile_wins`; below RS_MIN_M too where the small-M kernel cannot take K: K % 64 !=
   0), any N % 8 == 0 (N % 128 != 0: a partial last row block, `rs.Config.N_TAIL`).
 - "register_a_tiled" (`kernels/gemm/nvfp4_register_a_tiled_sm90.py`, register-A wgmma over
   persistent 128 x Nb output tiles): M >= SPLIT_TILE_MIN_M on SPLIT_TILE_MIN_BANDS bands or more,
@@ -158,7 +159,7 @@ def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: 
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if not takes[path]:
         raise ValueError(f"path {path!r} cannot run M={M}, N={N}, K={K}, out {out_dtype} "
-                         f"(small_m: M <= 64, N % 32, K % 128; register_a: M <= 128, N % 8, "
+                         f"(small_m: M <= 64, N % 32, K % 64 and K >= 128; register_a: M <= 128, N % 8, "
                          f"K % 16; register_a_tiled: N % 8 (NVFP4 out: N % 128), K % 16)")
     return path
 
@@ -170,8 +171,9 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     the shape is unsupported). Cached: it is on every call's host path."""
     if not 1 <= M <= gv.MAX_M:
         raise ValueError(f"the small-M kernel supports 1 <= M <= {gv.MAX_M}, got M={M}")
-    if K % gv.STEP_K:
-        raise ValueError(f"the small-M kernel needs K to be a multiple of {gv.STEP_K}, got K={K}")
+    if K % gv.TAIL_K or K < gv.STEP_K:
+        raise ValueError(f"the small-M kernel needs K to be a multiple of {gv.TAIL_K} and at "
+                         f"least {gv.STEP_K}, got K={K}")
     if N % 32:
         raise ValueError(f"the small-M kernel needs N to be a multiple of 32, got N={N}")
     NT = max(1, -(-M // 8))
@@ -189,7 +191,8 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # (safe whatever that kernel writes): back-to-back calls overlap one's tail with the next
     # one's launch, 1-8% at M = 1 and 2-3% at M = 8-16 (H200 A/B, docs/facts.md#pdl).
     cfg = gv.Config(MT=2, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
-                    AHEAD=NT == 1, L2_FETCH=128 if M == 1 else 0, PDL=True)
+                    AHEAD=NT == 1, L2_FETCH=128 if M == 1 else 0, PDL=True,
+                    K_TAIL=K % gv.STEP_K != 0)
     cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms))
     WN = max(1, 8 // cfg.S)
     while WN > 1 and (N % (32 * WN) or N // (32 * WN) < sms):

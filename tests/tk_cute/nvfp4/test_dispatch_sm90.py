@@ -448,13 +448,17 @@ def test_pdl_rows_chain(seed, no_reference):
         assert_gemm_close(d, x, b)
 
 
-def test_k_tails_plan_the_register_a_kernels():
+def test_k_tails_plan_kernels_with_a_tail():
     """K % 32 == 0 but not a whole number of stages (gpt-oss's 2880, 160) takes the register-A
-    kernels with a partial last stage, at every M; so does K % 32 != 0 (padded rows of codes)."""
+    kernels with a partial last stage, but at decode K % 64 == 0 (2880) the small-M kernel's
+    half step (K_TAIL); K % 32 != 0 (padded rows of codes) the register-A kernels."""
     for M in (1, 17, 128, 150):
         for K in (2880, 160, 2912):
             p = _plan_hopper(True, M, 384, K, "bfloat16", SMS, False)
             subs = [sub for _, _, sub in p.parts] if p.parts else [p]
+            if M <= sm90_tuning.W4A4_NATIVE_MAX_M and K % 64 == 0:
+                assert p.path == "small_m" and p.config.K_TAIL, (M, K, p)
+                continue
             assert all(s.path.startswith("register_a") and s.config.K_TAIL for s in subs), \
                 (M, K, p)
     # (N = 4096 beyond 208 rows: 384 is few weight bands, "dequantize")
