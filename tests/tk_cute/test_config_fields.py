@@ -36,7 +36,7 @@ FIELDS = {
         "Kb": F, "LOAD_PIPE_DEPTH": F, "SUPERGROUP_SIZE": F, "arch": F},
     nvfp4_small_m_sm90.Config: {
         "NT": D, "WN": D, "UNROLL": D, "w4a4": D, "out_dtype": D, "MIN_CTAS": D, "S": D,
-        "AHEAD": D, "EARLY_WEIGHTS": D, "XSMEM": D, "L2_FETCH": D, "sf": D,
+        "AHEAD": D, "EARLY_WEIGHTS": D, "XSMEM": D, "L2_FETCH": D, "sf": D, "K_TAIL": D,
         "MT": F, "PDL": F},
     nvfp4_register_a_sm90.Config: {
         "N_ACT": D, "ROWS": D, "PDL": D, "EARLY_WEIGHTS": D, "out_dtype": D, "sf": D,
