@@ -29,8 +29,8 @@ coherent: ptxas moves read-only loads above the wait). At the end each warp puts
 its fp32 partial in shared memory and, after one CTA barrier, the CTA sums the S slices in
 order (deterministic), applies 2^8 (2^16 for W4A4) * global scales and writes D: no global
 workspace, no atomics, no fences.
-Constraints (checked): M <= 64, K % 64 == 0 (K % 128 == 64: `Config.K_TAIL`, the last K-slice
-adds the half step in one more predicated step), N % 32 == 0.
+Constraints (checked): M <= 64, K % 64 == 0 (K % 128 == 64: `Config.K_TAIL`, the first K-slice
+adds the half step in one more masked step), N % 32 == 0.
 Scale format (`Config.sf`): UE4M3 (w = e2m1 * sf * 2^-8), or UE5M3 for both operands (w = e2m1 *
 sf * 2^-16, `ops.nvfp4.decode_shift`; GPU-tested).
 
@@ -85,8 +85,9 @@ class Config:
     PDL: bool = False
     EARLY_WEIGHTS: bool = False
     XSMEM: int = 0  # > 0: shared memory bytes staging the CTA's activations as bf16 (M = 1)
-    # K ends in half a step (K % 128 == 64): the last K-slice adds those 64 elements in one more
-    # step after its trips, its lanes t >= 2 (past K) reading t - 2's bytes and zeroing them.
+    # K ends in half a step (K % 128 == 64): the first K-slice adds those 64 elements in one
+    # more step after its trips, its lanes t >= 2 (past K) reading t - 2's bytes and zeroing
+    # them.
     K_TAIL: bool = False
     L2_FETCH: int = 0  # 128 / 256: each weight load asks L2 for the whole 128 / 256-byte block
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # scale format of both operands
@@ -304,8 +305,10 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
             xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
             _mma_trip(cfg, acc, wq, sc, xw)
     if cutlass.const_expr(cfg.K_TAIL):
-        if s == cfg.S - 1:  # (warp-uniform) the half step after the last slice's trips
-            _tail_step(cfg, acc, w_rows, sf_rows, x_rows, xsf_rows, Int64(trips), lane)
+        if s == 0:  # (warp-uniform) the half step after K's whole chunks, on the first slice:
+            # it has the floor of the chunks / S (`k_slice`), so uneven splits stay balanced
+            _tail_step(cfg, acc, w_rows, sf_rows, x_rows, xsf_rows, Int64(K // cfg.k_chunk),
+                       lane)
     part = Shared().alloc(sv(Float32, cfg.S * cfg.rows * cfg.m_pad)).iterator.toint()
     _store_partial(cfg, acc, part, M, wn, s, lane)
     cute.arch.barrier()
@@ -479,7 +482,8 @@ def _decode(cfg, q, sf_prescaled):
 
 
 def _tail_step(cfg, acc, w_rows, sf_rows, x_rows, xsf_rows, trip, lane):
-    """K's last 64 elements (K_TAIL) as one step at `trip`: lanes t < 2 hold them; lanes
+    """K's last 64 elements (K_TAIL) as one step at `trip` (from the warp's first K element:
+    slice 0's, so K // k_chunk): lanes t < 2 hold them; lanes
     t >= 2, whose 32 elements would lie past K (past the rows, the scale atoms, the staged
     activations), read lane t - 2's (64 elements back: in bounds) and zero every word, so
     their codes, scales and activations are +0 and their products 0."""

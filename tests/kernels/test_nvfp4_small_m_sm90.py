@@ -197,7 +197,7 @@ CONFIGS = {
     # the uneven K split (74 chunks in 15 slices), the most warps one plans
     "m1_uneven": sm90_tuning.small_m_config(1, 3584, 18944),
     "m8_w4a4_uneven": sm90_tuning.small_m_config(8, 3584, 18944, w4a4=True),
-    # K % 128 == 64 (gpt-oss's 2880): the half step after the last slice's trips
+    # K % 128 == 64 (gpt-oss's 2880): the half step after the first slice's trips
     "m1_k_tail": sm90_tuning.small_m_config(1, 5120, 2880),
     "m8_w4a4_k_tail": sm90_tuning.small_m_config(8, 5760, 2880, w4a4=True),
     "m16_k_tail": sm90_tuning.small_m_config(16, 2880, 2880),
@@ -421,7 +421,7 @@ def test_uneven_k_split_runs_exactly_in_the_emulator(M, S, w4a4, seed):
     (5, 32, 192, False, None),  # UNROLL = 1: one step, then the half step
 ])
 def test_k_tail_runs_exactly_in_the_emulator(M, N, K, w4a4, S, seed):
-    """K % 128 == 64 (K_TAIL): the last slice's half step, lanes past K zeroed (read in bounds:
+    """K % 128 == 64 (K_TAIL): the first slice's half step, lanes past K zeroed (read in bounds:
     the emulator faults on any byte outside the operands; a lane's duplicated products left in
     would double them)."""
     cfg = _planned(M, N, K, w4a4)

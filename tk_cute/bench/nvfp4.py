@@ -188,6 +188,7 @@ def _tiled_tuning_variants(M, N, K, sms):
 
 
 def _tuning_variants(M, N, K, sms):
+    from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
     from tk_cute.nvfp4 import launch
     from tk_cute.tuning import sm90 as sm90_tuning
 
@@ -199,7 +200,7 @@ def _tuning_variants(M, N, K, sms):
     v = {}
     for tiling in tilings:
         cfg = dataclasses.replace(base, S=1, **tiling)
-        if N % cfg.rows or K % cfg.k_chunk:
+        if N % cfg.rows or K % cfg.k_chunk not in (0, gv.TAIL_K if cfg.K_TAIL else 0):
             continue
         kind = f"MT{cfg.MT} WN{cfg.WN} U{cfg.UNROLL}" + (" ahead" if cfg.AHEAD else "") + (
             f" c{cfg.MIN_CTAS}" if cfg.MIN_CTAS else "")

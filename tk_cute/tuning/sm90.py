@@ -213,7 +213,8 @@ def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str
     asks for it and the path takes it (small-M; register-A where it permutes per stage)."""
     if path == "small_m":
         return dataclasses.replace(cfg, w4a4=w4a4, out_dtype=out_dtype, sf=sf,
-                                   PDL=cfg.PDL or pdl, EARLY_WEIGHTS=cfg.EARLY_WEIGHTS or pdl)
+                                   K_TAIL=K % gv.STEP_K != 0, PDL=cfg.PDL or pdl,
+                                   EARLY_WEIGHTS=cfg.EARLY_WEIGHTS or pdl)
     a_format = "nvfp4" if w4a4 else "bf16"
     if path == "register_a":
         cfg = dataclasses.replace(cfg, out_dtype=out_dtype, sf=sf, a_format=a_format,
