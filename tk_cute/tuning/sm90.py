@@ -194,6 +194,15 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
                     AHEAD=NT == 1, L2_FETCH=128 if M == 1 else 0, PDL=True,
                     K_TAIL=K % gv.STEP_K != 0)
     cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms))
+    # At M <= 8 (AHEAD: MIN_CTAS = 16 // (WN x S) per SM) the aim can give CTAs of one row
+    # group (WN = 1, S >= 5), more than the SMs hold at once: the rest would run in a partial
+    # second round. S shrinks until all are resident (CTAs of more than 16 warps, one per SM,
+    # are few: left as they are). H200, the same run: 1x4608x3584 at S = 14 (144 CTAs, 132
+    # slots) 1.16x cuBLAS bf16, 1x3584x3584 (112 CTAs) 2.22x (docs/facts.md#small-m-round).
+    ctas = N // cfg.rows  # (WN = 1)
+    if cfg.AHEAD and 8 // cfg.S <= 1 and max(1, 16 // cfg.S) * sms < ctas:  # a partial round
+        cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms,
+                                                        most=max(1, 16 // -(-ctas // sms))))
     WN = max(1, 8 // cfg.S)
     while WN > 1 and (N % (32 * WN) or N // (32 * WN) < sms):
         WN //= 2
@@ -238,18 +247,19 @@ def default_config(path: str, M: int, N: int, K: int, w4a4: bool, out_dtype: str
 
 
 def small_m_splits(cfg: gv.Config, N: int, K: int, sms: int,
-                   ctas_per_sm: int | None = None) -> int:
+                   ctas_per_sm: int | None = None, most: int | None = None) -> int:
     """S: K-slices (warps along K), nearest (in ratio; ties: larger) to about ctas_per_sm x 8
     warps per SM in all: enough 16-byte loads in flight to cover HBM latency; at most what fits
     a CTA and K / k_chunk. A divisor of K / k_chunk (balanced slices) unless that starves the
     split (`SMALL_M_EVEN_MIN`); then slices one trip apart (`gv.k_slice`). Default
     ctas_per_sm: 2 for up to two activation tiles (M <= 16), else 1 (H200 sweeps: S=8 at
-    N=K=8192 and S=2 at N=28672 for M=1 and 16; S=4 at M=64)."""
+    N=K=8192 and S=2 at N=28672 for M=1 and 16; S=4 at M=64). `most`: the largest S allowed
+    (`small_m_config`: every CTA resident in one round)."""
     if ctas_per_sm is None:
         ctas_per_sm = 2 if cfg.NT <= 2 else 1
     chunks, groups = K // cfg.k_chunk, N // (16 * cfg.MT)
     want = max(1.0, sms * ctas_per_sm * 8 / groups)
-    fits = [d for d in range(1, chunks + 1) if cfg.fits(d)]
+    fits = [d for d in range(1, min(chunks, most or chunks) + 1) if cfg.fits(d)]
     nearest = lambda splits: min(splits, key=lambda d: (abs(math.log(d / want)), -d))
     aim, even = nearest(fits), nearest([d for d in fits if chunks % d == 0])
     if even >= SMALL_M_EVEN_MIN * aim:

@@ -117,6 +117,26 @@ def test_stream_k_plans_fill_the_sms_where_the_shape_allows():
             assert ctas >= 0.9 * most, (w4a4, M, N, K, p, ctas, most)
 
 
+def test_small_m_fat_ctas_run_in_one_round():
+    """At M <= 8 a small-M plan of one row group per CTA (WN = 1, S >= 5 warps, 16 // S per
+    SM: MIN_CTAS) fits all its CTAs on the SMs at once (no partial second round), on every
+    property shape and the real layers whose split it shrank (docs/facts.md#small-m-round)."""
+    from tk_cute.bench.nvfp4 import MODEL_LAYERS
+
+    layers = {(N, K) for fam in MODEL_LAYERS.values() for _, N, K in fam}
+    cases = [(w4a4, M, N, K, p) for w4a4, M, N, K, p in _props()] + [
+        (w4a4, M, N, K, _plan_hopper(w4a4, M, N, K, "bfloat16", SMS, False))
+        for w4a4 in (False, True) for M in (1, 8) for N, K in sorted(layers)]
+    checked = 0
+    for w4a4, M, N, K, p in cases:
+        c = p.config
+        if p.path == "small_m" and c.AHEAD and c.WN == 1 and 5 <= c.S <= 16:
+            assert N // c.rows <= SMS * c.MIN_CTAS, (w4a4, M, N, K, p)
+            checked += 1
+    assert checked > 50
+    assert _plan_hopper(False, 1, 4608, 3584, "bfloat16", SMS, False).config.S == 7
+
+
 def test_tiled_widths_are_the_rounds_models_cheapest():
     """Above the split tile, where few weight tiles do not set the width, the tiled kernel's
     (Nb, stream-K) is the rounds model's least time over every width and both schedules."""
