@@ -440,13 +440,15 @@ def test_k_tail_with_ue5m3_scales_in_the_emulator(w4a4, seed):
     _emulated(cfg, 4, 32, 576, w4a4, seed, "ue5m3")
 
 
+@pytest.mark.parametrize("N, K", [(3584, 18944), (5120, 2880)])
 @pytest.mark.parametrize("M, w4a4", [(1, False), (8, True)])
-def test_planned_uneven_split_runs_in_the_emulator(M, w4a4, seed):
-    """The plan of Qwen2.5-7B's down projection (K = 18944: 74 chunks in 15 slices; M = 1
-    stages its activation row), complete as the dispatch runs it, on one CTA's weight rows."""
-    cfg = _planned(M, 3584, 18944, w4a4)
-    assert (18944 // cfg.k_chunk) % cfg.S != 0
-    _emulated(cfg, M, 32, 18944, w4a4, seed)
+def test_planned_uneven_split_runs_in_the_emulator(N, K, M, w4a4, seed):
+    """Plans complete as the dispatch runs them, on one CTA's weight rows: Qwen2.5-7B's down
+    projection (K = 18944: 74 chunks in 15 slices), gpt-oss's qkv (K = 2880: 11 chunks in 6
+    slices, one round of CTAs, and the half step); M = 1 stages its activation row."""
+    cfg = _planned(M, N, K, w4a4)
+    assert (K // cfg.k_chunk) % cfg.S != 0
+    _emulated(cfg, M, 32, K, w4a4, seed)
 
 
 # --- GPU --------------------------------------------------------------------------------------
