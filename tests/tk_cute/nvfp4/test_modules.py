@@ -404,6 +404,12 @@ def test_compiled_model_has_no_graph_break_and_equals_eager(activations, seed):
     with inductor_config.patch(emulate_precision_casts=True):  # max-autotune compiles too
         tuned = torch.compile(model, mode="max-autotune", fullgraph=True)
         assert torch.equal(tuned(x), model(x))
+    torch._dynamo.reset()
+    with inductor_config.patch(emulate_precision_casts=True):  # and symbolic batch sizes
+        dynamic = torch.compile(model, dynamic=True, fullgraph=True)
+        for rows in (3, 17):
+            xr = torch.randn(rows, 64, dtype=torch.bfloat16)
+            assert torch.equal(dynamic(xr), model(xr))
 
 
 def _tk_cute_ops_called(fn) -> list[str]:
