@@ -77,3 +77,11 @@ def assert_gemm_close(out: torch.Tensor, a, b, what: str = "gemm") -> None:
         raise AssertionError(
             f"{what}: {int(bad.sum())} of {out.numel()} elements outside the bound; worst at "
             f"{at}: got {out[at].item()!r}, exact {d[at].item()!r}, bound {bound[at].item():.3g}")
+
+
+def random_weights(N: int, K: int, device="cuda", scale: float = 0.02):
+    """Fresh NVFP4 weights (N, K): `quantize` of normal values times `scale` (a layer's
+    magnitude), on `device`."""
+    from tk_cute.nvfp4 import quantize
+
+    return quantize(torch.randn(N, K, device=device) * scale)

@@ -168,8 +168,8 @@ def test_one_launch_kernel_instructions(arch):
 def _emulated(x, ctas, **options):
     from tk_cute.emulator import hopper
 
-    dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
-    q, machines = hopper.quantize(x, dataclasses.replace(ONE, dtype=dtype), ctas, **options)
+    cfg = dataclasses.replace(ONE, dtype=launch.QUANTIZE_DTYPES[x.dtype])
+    q, machines = hopper.quantize(x, cfg, ctas, **options)
     return q, [h for m in machines for h in m.hazards]
 
 

@@ -17,7 +17,7 @@ from tk_cute.layouts import nvfp4_scales, register_a
 from tk_cute.compile import build
 from tk_cute.nvfp4 import launch
 from tk_cute.ops import warpgroup
-from tk_cute.testing import assert_gemm_close
+from tk_cute.testing import assert_gemm_close, random_weights
 from tk_cute.tuning import sm90 as sm90_tuning
 
 # --- the K permutation (host model) -----------------------------------------------------------
@@ -466,18 +466,12 @@ SHAPES = [(128, 256), (384, 1024), (1024, 2048), (256, 4096)]
 # Bounds: `tk_cute.testing.assert_gemm_close` (every element; derived in its docstring).
 
 
-def _weights(N, K):
-    from tk_cute.nvfp4 import quantize
-
-    return quantize(torch.randn(N, K, device="cuda") * 0.02)
-
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 9, 16, 33, 64, 100, 128])
 @pytest.mark.parametrize("N, K", SHAPES)
 def test_w4a16_matches_float64(seed, M, N, K):
-    b = _weights(N, K)
+    b = random_weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison
     d = launch.gemm_rs(a, b, out=out)
@@ -496,7 +490,7 @@ def test_fp32_output_share_invariance_and_determinism(seed, M, N):
     K = 2048
     assert sm90_tuning.register_a_config(M, N, K).ROWS == {384: 128, 512: 256}[N]
     assert sm90_tuning.register_a_config(M, N, K).TILES == (2 if (M, N) == (128, 512) else 1)
-    b = _weights(N, K)
+    b = random_weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     for ctas in (1, 5, 7, 24, None):
         out = torch.full((M, N), float("nan"), device="cuda")
@@ -517,7 +511,7 @@ def test_permute_modes_agree_bitwise(seed, M, N):
     import dataclasses
 
     K = 2048
-    b = _weights(N, K)
+    b = random_weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     cfg = sm90_tuning.register_a_config(M, N, K)
     outs = []
@@ -541,7 +535,7 @@ def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K
 
     from tk_cute.nvfp4 import quantize
 
-    b = _weights(N, K)
+    b = random_weights(N, K)
     a = quantize(torch.randn(M, K, device="cuda"))
     cfg = sm90_tuning.register_a_config(M, N, K, str(out_dtype).removeprefix("torch."))
     w4 = dataclasses.replace(cfg, a_format="nvfp4")
@@ -560,7 +554,7 @@ def test_w4a4_in_kernel_decode_equals_w4a16_on_decoded_activations(seed, M, N, K
 def test_k_tail_matches_float64(seed, M, N, K):
     """K % 256 != 0 (the last stage partial, both permute modes, 128 and 256 rows per CTA):
     every element within the exact product's bound, every one written."""
-    b = _weights(N, K)
+    b = random_weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison
     cfg = sm90_tuning.register_a_config(M, N, K)
@@ -579,7 +573,7 @@ def test_partial_row_blocks_match_float64(seed, M, N, K):
     the public `gemm(path="register_a")`)."""
     from tk_cute import nvfp4
 
-    b = _weights(N, K)
+    b = random_weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     assert sm90_tuning.register_a_config(M, N, K).N_TAIL
     for out_dtype in (torch.bfloat16, torch.float32):
@@ -598,7 +592,7 @@ def test_chained_calls_read_the_previous_output(seed):
     """A call whose activations are the previous call's output (its reduction kernel) reads them
     complete: the permute kernel, launched with PDL, waits for the kernel before it."""
     M, K = 32, 512
-    b1, b2 = _weights(1024, K), _weights(256, 1024)
+    b1, b2 = random_weights(1024, K), random_weights(256, 1024)
     a = torch.randn(M, K, device="cuda").bfloat16()
     assert sm90_tuning.register_a_config(M, 256, 1024).permute == "call"
     for _ in range(3):
@@ -633,7 +627,7 @@ def test_pdl_chain_reads_each_activation_after_its_producer(seed, M, ctas, early
     import dataclasses
 
     N = K = 2048
-    b = _weights(N, K)
+    b = random_weights(N, K)
     # (the host's pdl: stage only)
     cfg = dataclasses.replace(sm90_tuning.register_a_config(M, N, K), PDL=True,
                               EARLY_WEIGHTS=early)
@@ -653,7 +647,7 @@ def test_pdl_chain_reads_each_activation_after_its_producer(seed, M, ctas, early
 def test_public_gemm_dispatches_here(seed, M):
     from tk_cute.nvfp4 import gemm
 
-    b = _weights(256, 1024)
+    b = random_weights(256, 1024)
     a = torch.randn(M, 1024, device="cuda").bfloat16()
     assert torch.equal(gemm(a, b), launch.gemm_rs(a, b))
     assert torch.equal(gemm(a, b, pdl=True), launch.gemm_rs(a, b))  # same sums, in the same order
@@ -661,7 +655,7 @@ def test_public_gemm_dispatches_here(seed, M):
 
 @pytest.mark.gpu
 def test_rejects_bad_input():
-    b = _weights(256, 512)
+    b = random_weights(256, 512)
     a = torch.randn(16, 512, device="cuda").bfloat16()
     with pytest.raises(ValueError, match="K mismatch"):
         launch.gemm_rs(a[:, :256], b)
@@ -672,9 +666,9 @@ def test_rejects_bad_input():
     # (the default Config takes N % 128 != 0, `Config.N_TAIL`; a Config without it refuses)
     with pytest.raises(ValueError, match="N=160 is not a multiple of ROWS = 128: the Config "
                                          "needs N_TAIL=True"):
-        launch.gemm_rs(a, _weights(160, 512), config=rs.Config(N_ACT=16))
+        launch.gemm_rs(a, random_weights(160, 512), config=rs.Config(N_ACT=16))
     with pytest.raises(ValueError, match="N=384 is not a multiple of ROWS = 256"):
-        launch.gemm_rs(a, _weights(384, 512), config=rs.Config(ROWS=256))
+        launch.gemm_rs(a, random_weights(384, 512), config=rs.Config(ROWS=256))
     with pytest.raises(ValueError, match="ctas >= 1, got ctas=0"):
         launch.gemm_rs(a, b, ctas=0)
     with pytest.raises(ValueError, match="got M=129"):

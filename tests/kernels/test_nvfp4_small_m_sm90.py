@@ -16,7 +16,7 @@ from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
 
 from tk_cute.compile import build
 from tk_cute.nvfp4 import launch
-from tk_cute.testing import assert_gemm_close
+from tk_cute.testing import assert_gemm_close, random_weights
 from tk_cute.tuning import sm90 as sm90_tuning
 
 # --- host model of the index maps (the kernel's own formulas, evaluated on Python ints) -------
@@ -456,12 +456,6 @@ def test_planned_uneven_split_runs_in_the_emulator(N, K, M, w4a4, seed):
 SHAPES = [(256, 512), (4096, 4096), (8192, 8192), (1024, 2048), (160, 384)]
 
 
-def _weights(N, K):
-    from tk_cute.nvfp4 import quantize
-
-    return quantize(torch.randn(N, K, device="cuda") * 0.02)
-
-
 
 # Bounds: `tk_cute.testing.assert_gemm_close` (every element; derived in its docstring).
 
@@ -470,7 +464,7 @@ def _weights(N, K):
 @pytest.mark.parametrize("M", [1, 7, 16, 33, 64])
 @pytest.mark.parametrize("N, K", SHAPES)
 def test_w4a16_matches_float64(seed, M, N, K):
-    b = _weights(N, K)
+    b = random_weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)  # poison
     d = launch.gemm_small_m(a, b, out=out)
@@ -487,7 +481,7 @@ def test_w4a16_matches_float64(seed, M, N, K):
                          ids=["u1", "u4", "mt4", "mt1", "u1_ahead", "u2_ahead", "u4_l2_256"])
 def test_every_tiling_matches_float64(seed, M, tiling):
     N, K = 1024, 4096
-    b = _weights(N, K)
+    b = random_weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     cfg = dataclasses.replace(sm90_tuning.small_m_config(M, N, K), **tiling, S=2)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -505,7 +499,7 @@ def test_planned_uneven_split_on_the_gpu(seed, M, w4a4):
     from tk_cute import nvfp4
 
     N, K = 3584, 18944
-    b = _weights(N, K)
+    b = random_weights(N, K)
     x = torch.randn(M, K, device="cuda")
     a = nvfp4.quantize(x) if w4a4 else x.bfloat16()
     p = nvfp4.plan(a, b)
@@ -522,7 +516,7 @@ def test_planned_uneven_split_on_the_gpu(seed, M, w4a4):
 def test_w4a4_matches_gemm_reference(seed, M, N, K):
     from tk_cute.nvfp4 import quantize
 
-    b = _weights(N, K)
+    b = random_weights(N, K)
     a = quantize(torch.randn(M, K, device="cuda"))
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     d = launch.gemm_small_m(a, b, out=out)
@@ -537,7 +531,7 @@ def test_fp32_output_split_invariance_and_determinism(seed, M):
     fp32 rounding; one split count is bitwise reproducible run to run (the partials are summed
     in a fixed order)."""
     N, K = 512, 4096
-    b = _weights(N, K)
+    b = random_weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
     cfg = dataclasses.replace(sm90_tuning.small_m_config(M, N, K), WN=1)
     chunks = K // cfg.k_chunk
@@ -558,7 +552,7 @@ def test_pdl_chain_reads_each_activation_after_its_producer(seed, M, pdl):
     may start during the previous one's tail, with pdl=True weights first): every link equals
     the float64 product of the bf16 activations it was given."""
     N = K = 4096
-    b = _weights(N, K)
+    b = random_weights(N, K)
     xs = [torch.randn(M, K, device="cuda").bfloat16()]
     outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
             for _ in range(4)]  # poison
@@ -577,14 +571,14 @@ def test_public_gemm_takes_pdl_here(seed, M):
     order as without it."""
     from tk_cute.nvfp4 import gemm
 
-    b = _weights(1024, 2048)
+    b = random_weights(1024, 2048)
     a = torch.randn(M, 2048, device="cuda").bfloat16()
     assert torch.equal(gemm(a, b, pdl=True), launch.gemm_small_m(a, b))
 
 
 @pytest.mark.gpu
 def test_rejects_bad_input():
-    b = _weights(256, 512)
+    b = random_weights(256, 512)
     a = torch.randn(4, 512, device="cuda").bfloat16()
     with pytest.raises(ValueError, match="K mismatch"):
         launch.gemm_small_m(a[:, :256], b)
@@ -593,9 +587,11 @@ def test_rejects_bad_input():
     with pytest.raises(ValueError, match="CUDA device"):
         launch.gemm_small_m(a.cpu(), b.to("cpu"))
     with pytest.raises(ValueError, match="multiple of 32.*N=1000"):
-        launch.gemm_small_m(torch.randn(4, 512, device="cuda").bfloat16(), _weights(1000, 512))
+        launch.gemm_small_m(torch.randn(4, 512, device="cuda").bfloat16(),
+                            random_weights(1000, 512))
     with pytest.raises(ValueError, match="multiple of 64.*K=528"):
-        launch.gemm_small_m(torch.randn(4, 528, device="cuda").bfloat16(), _weights(256, 528))
+        launch.gemm_small_m(torch.randn(4, 528, device="cuda").bfloat16(),
+                            random_weights(256, 528))
     with pytest.raises(ValueError, match="M <= 64, got M=65"):
         launch.gemm_small_m(torch.randn(65, 512, device="cuda").bfloat16(), b)
     with pytest.raises(TypeError, match="bfloat16"):

@@ -288,6 +288,7 @@ def dequantize_pair(a: NVFP4Tensor, b: NVFP4Tensor, out_a: torch.Tensor | None =
 
 
 _QUANTIZE = KernelCache()
+QUANTIZE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}  # nq
 PARTIALS_WORD = 4  # the quantizer's workspace: the decode scale, then the amax partials here
 # Quantize plans kept, one per (dtype, shape, device, mode, config) (~1.3 KB each); past this
 # the oldest is dropped (code that quantizes ever new shapes must not grow the dict).
@@ -307,7 +308,7 @@ class _QuantizePlan:
         from tk_cute.layouts.nvfp4_scales import blocked_shape
         from tk_cute.tuning import quantize as quantize_tuning
 
-        dtype = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[x.dtype]
+        dtype = QUANTIZE_DTYPES[x.dtype]
         x_bytes = x.numel() * x.element_size()
         def of_call(c):  # the call's fields of a Config
             return dataclasses.replace(c, dtype=dtype, given_scale=given, check_finite=check,
