@@ -74,6 +74,7 @@ def test_nvfp4_markdown_table():
         if M == 1:
             us[bench_nvfp4.SPEED_OF_LIGHT] = base / 3.2
             us["tk_cute w4a16 pdl"] = base / 2.9
+            us[bench_nvfp4.HUMMING] = base / 2.2
         for name, t in us.items():
             rows.append(dict(variant=name, M=M, N=8192, K=8192, us=t, speedup=base / t,
                              path="small_m" if M == 1 else "register_a_tiled(Nb=128)"))
@@ -86,8 +87,31 @@ def test_nvfp4_markdown_table():
     assert len(body) == 2 and not any(line.startswith("| 3x") for line in lines)
     one = [c.strip() for c in body[0].split("|")[1:-1]]
     assert one[1] == f"{want[1]['tk_cute w4a16']:.1f}" and one[2] == "2.500"
-    assert one[6] == "3.200" and one[7] == "small_m (pdl=True 2.900x)"
-    assert [c.strip() for c in body[1].split("|")[1:-1]][6:] == ["-", "register_a_tiled(Nb=128)"]
+    assert one[6] == "3.200" and one[7] == "2.200" and one[8] == "small_m (pdl=True 2.900x)"
+    assert [c.strip() for c in body[1].split("|")[1:-1]][6:] == ["-", "-", "register_a_tiled(Nb=128)"]
+
+
+def test_humming_peer_variant_and_check(seed):
+    """The humming peer: a variant only when asked, its set's build error raised at its first
+    call, and its norm-wise check passing a product within bf16 rounding and failing one off
+    by a block's worth (fresh random operands, CPU reference decode)."""
+    from tk_cute.bench import humming_peer
+    from tk_cute.testing import random_weights
+
+    assert bench_nvfp4.HUMMING not in bench_nvfp4._variants(1, 256, 256, False, False, 132)[0]
+    v, _ = bench_nvfp4._variants(1, 256, 256, False, False, 132, humming=True)
+    with pytest.raises(ValueError, match="cannot take"):
+        v[bench_nvfp4.HUMMING]({"humming": ValueError("cannot take"), "a": None})
+    b = random_weights(64, 128, device="cpu")
+    a = torch.randn(3, 128, dtype=torch.bfloat16)
+    ref = a.double() @ b.dequantize(torch.float64).t()
+    humming_peer.check(ref.bfloat16(), a, b)
+    wrong = ref.clone()
+    wrong[:, :16] *= 1.5
+    with pytest.raises(AssertionError, match="relative error"):
+        humming_peer.check(wrong.bfloat16(), a, b)
+    why = humming_peer.unavailable()
+    assert why is None or why
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit without a GPU")

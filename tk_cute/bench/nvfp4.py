@@ -12,7 +12,9 @@ shapes: run a few families per command). Variants per shape: tk_cute W4A16 and
 W4A4 through the public `tk_cute.nvfp4.gemm` (its notes column prints the path the dispatch
 took, `tk_cute.nvfp4.plan`), cuBLAS bf16 on the dequantized weights (`a @ w.t()`, the
 baseline), cuBLAS fp8 e4m3 (`torch._scaled_mm`, per-tensor scales) and, optionally, the torch
-path a user would write (LUT dequantize to bf16, then cuBLAS). For M <= 128 also
+path a user would write (LUT dequantize to bf16, then cuBLAS), and humming's NVFP4 W4A16 (the
+public peer, `humming_peer`: in every run where `humming` imports, checked norm-wise at its first
+call; `--no-humming` leaves it out). For M <= 128 also
 `tk_cute.nvfp4.gemm(pdl=True)` (back-to-back calls overlap: a chain of decode GEMMs on static
 weights) and "speed of light: read W": `kernels/stream_read.py` reading the same weight bytes
 (codes and scales) and nothing else; its "vs base" is about the largest speedup over cuBLAS
@@ -36,6 +38,7 @@ import sys
 
 import torch
 
+from tk_cute.bench import humming_peer
 from tk_cute.bench.harness import HEADER, bench, environment, host_overhead, input_sets, row
 
 DEFAULT_M = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096]
@@ -74,6 +77,7 @@ MODEL_LAYERS = {
 MODEL_M = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 BASELINE = "cuBLAS bf16 (deq W)"
 SPEED_OF_LIGHT = "speed of light: read W"
+HUMMING = "humming NVFP4 w4a16"  # the public peer (`humming_peer`), where humming imports
 
 
 def _dequant_torch(b) -> torch.Tensor:
@@ -87,7 +91,10 @@ def _dequant_torch(b) -> torch.Tensor:
     return w.bfloat16()
 
 
-def _make(M, N, K):
+def _make(M, N, K, humming: bool = False):
+    """One input set: fresh weights b (NVFP4) and activations in every variant's form; with
+    `humming`, humming's layer on the same weights (an exception where it cannot take them,
+    raised by the variant's first call)."""
     from tk_cute.nvfp4 import quantize
 
     b = quantize(torch.randn(N, K, device="cuda") * 0.02)
@@ -102,12 +109,27 @@ def _make(M, N, K):
     n16 = -(-N // 16) * 16
     w8 = torch.zeros(n16, k16, device="cuda", dtype=torch.float8_e4m3fn)
     w8[:N, :K] = (w.float() / sw).to(torch.float8_e4m3fn)
-    return dict(a=a, aq=quantize(a), b=b, w=w, w8=w8, a8=a8, sa=sa.float(), sw=sw.float())
+    s = dict(a=a, aq=quantize(a), b=b, w=w, w8=w8, a8=a8, sa=sa.float(), sw=sw.float())
+    if humming:
+        try:
+            s["humming"] = humming_peer.HummingNVFP4(b, M)
+        except Exception as e:  # noqa: BLE001 - reported by the variant's first call
+            s["humming"] = e
+    return s
 
 
-def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16):
+def _humming(s):
+    peer = s["humming"]
+    if isinstance(peer, Exception):
+        raise peer
+    return peer(s["a"])
+
+
+def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16,
+              humming: bool = False):
     """The timed variants of one shape and, for the tk_cute ones, (operand key, forced path) to
-    name the path taken; `out`: tk_cute's output dtype (the peers write bfloat16)."""
+    name the path taken; `out`: tk_cute's output dtype (the peers write bfloat16); `humming`:
+    the humming peer (input sets made with it)."""
     from tk_cute import nvfp4
     from tk_cute.tuning import sm90 as sm90_tuning
 
@@ -120,6 +142,8 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16):
         "torch deq + matmul": lambda s: s["a"] @ _dequant_torch(s["b"]).t(),
     }
     notes = {"tk_cute w4a16": ("a", None), "tk_cute w4a4": ("aq", None)}
+    if humming:
+        v[HUMMING] = _humming
     if M <= 128:  # the memory-bound regime
         from tk_cute.bench.stream_read import stream_read
 
@@ -259,6 +283,8 @@ def _parser():
     p.add_argument("--paths", action="store_true", help="every Hopper path that takes a shape")
     p.add_argument("--tune", action="store_true", help="small-M tiling / split-K variants")
     p.add_argument("--torch-deq", action="store_true", help="add the (slow) torch LUT path")
+    p.add_argument("--no-humming", action="store_true",
+                   help="leave out the humming peer (default: in every run where it imports)")
     p.add_argument("--out-dtype", choices=("bfloat16", "float16", "float32"),
                    default="bfloat16", help="tk_cute's output dtype (the peers write bf16)")
     p.add_argument("--plot", help="write speedup-vs-M panels to this PNG/SVG file")
@@ -278,6 +304,8 @@ def main(argv=None):
     print(env)
     print(f"device-to-device copy: {copy_bandwidth():.0f} GB/s (read + write, 1 GiB)")
     print("timing: CUDA graph replay, cold L2 (rotating input sets); GB/s = 0.5625 B x N x K")
+    why_not = "--no-humming" if args.no_humming else humming_peer.unavailable()
+    print(f"humming peer: {'off (' + why_not + ')' if why_not else 'on'}")
     print(HEADER)
     results, out = [], getattr(torch, args.out_dtype)
     if args.models is not None:
@@ -286,14 +314,17 @@ def main(argv=None):
     else:
         todo = shapes(args.m, args.nk, extra_shapes(args))
     for M, N, K in todo:
-        sets = input_sets(lambda: _make(M, N, K), N * K * 9 // 16 + M * K * 2)
-        variants, notes = _variants(M, N, K, args.paths, args.tune, sms, out)
+        sets = input_sets(lambda: _make(M, N, K, humming=not why_not),
+                          N * K * 9 // 16 + M * K * 2)
+        variants, notes = _variants(M, N, K, args.paths, args.tune, sms, out, not why_not)
         if not args.torch_deq:
             variants.pop("torch deq + matmul")
         path_of = {}
         for name in list(variants):
             try:
-                variants[name](sets[0])
+                got = variants[name](sets[0])
+                if name == HUMMING:
+                    humming_peer.check(got, sets[0]["a"], sets[0]["b"])
                 if name in notes:
                     key, forced = notes[name]
                     path_of[name] = str(nvfp4.plan(sets[0][key], sets[0]["b"], out,
@@ -339,13 +370,15 @@ def _git_head() -> str:
 def markdown(results: list[dict], env: str, command: str, commit: str) -> str:
     """docs/performance.md's NVFP4 table from a run's results (`--json`'s "results"): per shape
     W4A16 and W4A4 time and speedup over cuBLAS bf16, cuBLAS bf16 time, the weight-read speed
-    of light (M <= 128), the path; `pdl=True` where it beat the plain call by 3% or more."""
+    of light (M <= 128), humming's speedup where it ran, the path; `pdl=True` where it beat the
+    plain call by 3% or more."""
     by: dict = {}
     for r in results:
         by.setdefault((r["M"], r["N"], r["K"]), {})[r["variant"]] = r
     lines = [f"`{command}`, commit {commit}. {env}", "",
-             "| M x N x K | W4A16 us | x | W4A4 us | x | cuBLAS bf16 us | read W | path |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| M x N x K | W4A16 us | x | W4A4 us | x | cuBLAS bf16 us | read W | humming x "
+             "| path |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for (M, N, K), v in by.items():
         a, b, c = v.get("tk_cute w4a16"), v.get("tk_cute w4a4"), v.get(BASELINE)
         if not (a and b and c):
@@ -355,8 +388,9 @@ def markdown(results: list[dict], env: str, command: str, commit: str) -> str:
         if pdl and pdl["speedup"] >= 1.03 * a["speedup"]:
             path += f" (pdl=True {pdl['speedup']:.3f}x)"
         read_w = f"{sol['speedup']:.3f}" if sol else "-"
+        hm = f"{v[HUMMING]['speedup']:.3f}" if HUMMING in v else "-"
         lines.append(f"| {M}x{N}x{K} | {a['us']:.1f} | {a['speedup']:.3f} | {b['us']:.1f} | "
-                     f"{b['speedup']:.3f} | {c['us']:.1f} | {read_w} | {path} |")
+                     f"{b['speedup']:.3f} | {c['us']:.1f} | {read_w} | {hm} | {path} |")
     return "\n".join(lines) + "\n"
 
 
