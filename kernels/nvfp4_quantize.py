@@ -40,7 +40,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 
 from tk_cute.layouts import nvfp4_codes, nvfp4_scales
 from tk_cute.layouts.nvfp4_scales import ATOM_BYTES, ATOM_K, ATOM_ROWS, ATOM_SF_COLS, SF_VEC
-from tk_cute.ops import cluster, memory, ptx
+from tk_cute.ops import cluster, memory
 from tk_cute.ops.warp import flag_if_any
 from tk_cute.ops import nvfp4 as fp4
 from tk_cute.launcher import Signature, i32, i64, ptr
@@ -112,42 +112,6 @@ class Config:
         return self.given_scale and self.check_finite
 
 
-def _to_f32(words, dtype: str) -> list:
-    """Input words (16-bit pairs or float32 bits) -> float32 values, exact."""
-    if dtype == "f32":
-        return [fp4.from_bits(w) for w in words]
-    out = []
-    for w in words:
-        if dtype == "bf16":
-            out += [fp4.from_bits(w << 16), fp4.from_bits(w & 0xFFFF0000)]
-        else:
-            out += [_f16_to_f32(w, 0), _f16_to_f32(w, 1)]
-    return out
-
-
-def _f16_to_f32(w, half: int):
-    from cutlass.cutlass_dsl import T
-
-    text = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, %s; }" % ("lo", "hi")[half]
-    return Float32(ptx.asm(T.f32(), [Uint32(w)], text, "=f,r"))
-
-
-def _abs_max_bits(words, dtype: str) -> Uint32:
-    """float32 bit pattern of max |x| over the words (NaN/Inf compare above every finite)."""
-    if dtype == "f32":
-        m = words[0] & 0x7FFFFFFF
-        for w in words[1:]:
-            m = Uint32(cutlass.max(m, w & 0x7FFFFFFF))
-        return Uint32(m)
-    m = words[0] & 0x7FFF7FFF
-    for w in words[1:]:
-        m = fp4.max_u16x2(m, w & 0x7FFF7FFF)
-    m = Uint32(cutlass.max(m & 0xFFFF, m >> 16))
-    if dtype == "bf16":
-        return Uint32(m << 16)
-    return fp4.bits(_f16_to_f32(m, 0))
-
-
 def _lane(cfg, kt, lane, K):
     """A lane's place in row segment `kt` (16 bytes of its 512): its first column, whether that
     is inside K, its scale atom column and byte (kb % 4), whether it stores its block's scale
@@ -191,14 +155,7 @@ def _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base):
     """Block scale (shared by the block's lanes), E2M1 codes and stores of one loaded row;
     returns the block's amax bits (>= 0x7F800000: NaN/Inf)."""
     words, valid, dst, sf_addr, sf_ok = item
-    m = _abs_max_bits(words, cfg.dtype)
-    for off in (1, 2)[: cfg.esize.bit_length() - 1]:  # lanes per block: 2 (16-bit), 4 (fp32)
-        m = Uint32(cutlass.max(m, Uint32(cute.arch.shuffle_sync_bfly(m, offset=off))))
-    sf, s_enc, _ = fp4.block_scale(fp4.from_bits(m), s_dec_g, s_enc_g)
-    signs = None
-    if cfg.dtype != "f32" and not fp4.has_native_fp4(cfg.arch):
-        signs = fp4.sign_nibbles_16bit(*words)
-    q = fp4.e2m1x8_quantize(_to_f32(words, cfg.dtype), s_enc, cfg.arch, signs)
+    q, sf, m = fp4.quantize_lane(words, cfg.dtype, s_dec_g, s_enc_g, cfg.arch)
     if cfg.dtype == "f32":
         memory.st_u16_pred(d_base + dst, q, valid)
     else:
@@ -218,7 +175,7 @@ def _lane_amax(cfg: cutlass.Constexpr, base: Int64, n_vec: Int64, first: Int64, 
         for u in cutlass.range_constexpr(cfg.amax_unroll):
             v = first + Int64(it) * stride + u * threads
             words = memory.ld_v4_pred(base + v * 16, Uint32(v < n_vec))
-            m = Uint32(cutlass.max(m, _abs_max_bits(words, cfg.dtype)))
+            m = Uint32(cutlass.max(m, fp4.abs_max_bits(words, cfg.dtype)))
     return m
 
 
@@ -226,12 +183,6 @@ def _warp_maxima(nw):
     """Shared memory for one maximum per warp (`nw` words)."""
     return cutlass.memory.SmemAllocator().allocate_tensor(Int32, cute.make_layout(nw),
                                                          byte_alignment=16)
-
-
-def _decode_scale(am):
-    """Recipe step 2 from the amax bits, NaN-propagating: max(amax, AMAX_FLOOR) / 2688."""
-    floor = fp4.from_bits(Uint32(fp4.F32_AMAX_FLOOR))
-    return fp4.div_rn(fp4.max_nan_f32(fp4.from_bits(am), floor), Float32(2688.0))
 
 
 @cute.kernel
@@ -292,7 +243,7 @@ def _quantize_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer
             idx = j * 32 + lane
             am = Uint32(cutlass.max(am, memory.ld_u32_pred(p_base + Int64(idx) * 4,
                                                         Uint32(idx < n_partials))))
-        s_dec_g = _decode_scale(cute.arch.warp_redux_sync(am, "umax"))
+        s_dec_g = fp4.global_decode_scale(cute.arch.warp_redux_sync(am, "umax"))
     s_enc_g = fp4.div_rn(Float32(1.0), s_dec_g)
     if (bx + by + bz + tidx) == 0:
         memory.st_u32(gs_out.toint(), fp4.bits(s_dec_g))
@@ -343,7 +294,7 @@ def _quantize_one_launch_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: c
             am = Uint32(cutlass.max(am, cluster.ld_shared_remote_u32(
                 Int32(buf.iterator.toint()) + (idx % nw) * 4, idx // nw)))
     cute.arch.cluster_arrive()  # this CTA's remote reads are done (its peers may then exit)
-    s_dec_g = _decode_scale(cute.arch.warp_redux_sync(am, "umax"))
+    s_dec_g = fp4.global_decode_scale(cute.arch.warp_redux_sync(am, "umax"))
     s_enc_g = fp4.div_rn(Float32(1.0), s_dec_g)
     if (rank + tidx) == 0:
         memory.st_u32(gs_out.toint(), fp4.bits(s_dec_g))

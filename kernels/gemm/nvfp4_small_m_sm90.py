@@ -59,6 +59,8 @@ MAX_M = 64
 MAX_THREADS = 1024
 MAX_PART_BYTES = 64 * 1024  # the CTA's S fp32 partials in shared memory
 MAX_XSMEM = 64 * 1024  # staged activations (two CTAs per SM still fit)
+QS_GA = MAX_THREADS // 32  # QUANTIZE_A's shared words: one amax per warp, then gA
+QS_WORDS = QS_GA + 4
 OUT_TYPES = ("bfloat16", "float16", "float32")
 
 
@@ -90,6 +92,11 @@ class Config:
     # them.
     K_TAIL: bool = False
     L2_FETCH: int = 0  # 128 / 256: each weight load asks L2 for the whole 128 / 256-byte block
+    # W4A4 on bf16 activations: the staged rows (XSMEM) are quantized to NVFP4 in the kernel,
+    # bit for bit `tk_cute.nvfp4.quantize(x, check_finite=False)` (the computed global scale:
+    # `_quantize_staged`), then decoded as staged W4A4 activations; D's scale uses that gA.
+    # One launch where the activations' quantize would be a launch (and a host call) of its own.
+    QUANTIZE_A: bool = False
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # scale format of both operands
     __repr__ = config_repr  # (the kernel symbol follows the repr: sf shows once not UE4M3)
 
@@ -114,6 +121,11 @@ class Config:
             raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
         if self.sf not in fp4.DECODE_FORMATS:
             raise ValueError(f"sf must be one of {fp4.DECODE_FORMATS}, got {self.sf!r}")
+        if self.QUANTIZE_A and not (self.w4a4 and self.XSMEM and self.sf == "ue4m3"):
+            raise ValueError(f"QUANTIZE_A (bf16 activations quantized in the kernel) needs "
+                             f"w4a4, staged activations (XSMEM > 0) and UE4M3 scales (what "
+                             f"the quantizer writes), got w4a4={self.w4a4}, XSMEM={self.XSMEM}, "
+                             f"sf={self.sf!r}")
 
     @property
     def waits_first(self) -> bool:  # PDL, and nothing read before the kernel before has ended
@@ -273,6 +285,8 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
     else:
         xs = None
         x_rows, xsf_rows = _activation_rows(cfg, x, xsf, lane, M, K, k_begin)
+    # QUANTIZE_A: the warps' amax words and the computed gA (`_quantize_staged`)
+    qs = Shared().alloc(sv(Int32, QS_WORDS)) if cutlass.const_expr(cfg.QUANTIZE_A) else None
 
     acc = cute.make_rmem_tensor((cfg.MT * cfg.NT * 4,), Float32)
     for i in cutlass.range_constexpr(cfg.MT * cfg.NT * 4):
@@ -291,7 +305,7 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
         # behind decode instead of alternating with it (registers: one trip's words more).
         regs = _weight_registers(cfg)
         _keep_weights(cfg, regs, _load_weights(cfg, w_rows, sf_rows, Int64(0)))
-        _await_activations(cfg, x, xsf, xs, M, K, tidx)
+        _await_activations(cfg, x, xsf, xs, qs, M, K, tidx)
         for trip in cutlass.range(trips - 1, unroll=1):
             cur = _kept_weights(cfg, regs)
             _keep_weights(cfg, regs, _load_weights(cfg, w_rows, sf_rows, Int64(trip + 1)))
@@ -299,7 +313,7 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
         _mma_trip(cfg, acc, *_kept_weights(cfg, regs),
                   _load_activations(cfg, x_rows, xsf_rows, Int64(trips - 1)))
     else:
-        _await_activations(cfg, x, xsf, xs, M, K, tidx)
+        _await_activations(cfg, x, xsf, xs, qs, M, K, tidx)
         for trip in cutlass.range(trips, unroll=1):
             wq, sc = _load_weights(cfg, w_rows, sf_rows, Int64(trip))
             xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
@@ -312,7 +326,7 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
     part = Shared().alloc(sv(Float32, cfg.S * cfg.rows * cfg.m_pad)).iterator.toint()
     _store_partial(cfg, acc, part, M, wn, s, lane)
     cute.arch.barrier()
-    _reduce(cfg, part, gsb, gsa, out, M, N, n_blk, tidx)
+    _reduce(cfg, part, gsb, gsa, qs, out, M, N, n_blk, tidx)
 
 
 def _weight_rows(cfg, w, wsf, wn, lane, n_blk, K, k_begin):
@@ -388,24 +402,26 @@ def _activation_rows(cfg, x, xsf, lane, M, K, k_begin):
     return x_rows, xsf_rows
 
 
-def _await_activations(cfg, x, xsf, xs, M, K, tidx):
+def _await_activations(cfg, x, xsf, xs, qs, M, K, tidx):
     """Where the activations may first be read: after the previous kernel (PDL), and staged in
     shared memory (XSMEM)."""
     if cfg.PDL and cfg.EARLY_WEIGHTS:
         cluster.pdl_wait()
     if cfg.XSMEM:
-        _stage_activations(cfg, x, xsf, xs, M, K, tidx)
+        _stage_activations(cfg, x, xsf, xs, qs, M, K, tidx)
 
 
 @cute.jit
-def _stage_activations(cfg: cutlass.Constexpr, x, xsf, xs, M, K, tidx):
+def _stage_activations(cfg: cutlass.Constexpr, x, xsf, xs, qs, M, K, tidx):
     """The M x K activations as bf16 in shared memory (row m at xs + m * xsmem_row_bytes), in
     the pairing the trips read, once per CTA instead of in every trip; then a CTA barrier
     (threads read each other's rows). bf16: 16-byte cp.async, then (strided pairing) each group
     re-paired in place. NVFP4 (W4A4): each chunk of 8 decoded from its codes word and scale byte
-    straight into the strided pairing (`_decode`, as the trips would), e2m1 * sf * 2^-shift."""
+    straight into the strided pairing (`_decode`, as the trips would), e2m1 * sf * 2^-shift.
+    QUANTIZE_A: the bf16 rows copied as for W4A16, then quantized and decoded in place
+    (`_quantize_staged`)."""
     per_row = K // 8  # 16-byte chunks of bf16
-    if cutlass.const_expr(cfg.w4a4):
+    if cutlass.const_expr(cfg.w4a4 and not cfg.QUANTIZE_A):
         for c in cutlass.range(tidx, M * per_row, cfg.threads, unroll=1):
             m, col = c // per_row, c % per_row
             word = memory.ld_u32(x.toint() + Int64(m) * Int64(K // 2) + Int64(col) * 4)
@@ -420,12 +436,58 @@ def _stage_activations(cfg: cutlass.Constexpr, x, xsf, xs, M, K, tidx):
             memory.cp_async_16(xs + m * xsmem_row_bytes(K) + col * 16,
                                x.toint() + (Int64(m) * Int64(K) + Int64(col) * 8) * 2)
         memory.cp_async_wait_all()
-        if cutlass.const_expr(cfg.strided):  # each thread re-pairs the chunks it copied
+        if cutlass.const_expr(cfg.QUANTIZE_A):
+            _quantize_staged(cfg, xs, qs, M, K, tidx)
+        elif cutlass.const_expr(cfg.strided):  # each thread re-pairs the chunks it copied
             for c in cutlass.range(tidx, M * per_row, cfg.threads, unroll=1):
                 addr = xs + (c // per_row) * xsmem_row_bytes(K) + (c % per_row) * 16
                 memory.st_shared_v4_u32(addr,
                                         fp4.bf16x8_strided(memory.ld_shared_v4(addr, Uint32)))
     cute.arch.barrier()
+
+
+@cute.jit
+def _quantize_staged(cfg: cutlass.Constexpr, xs, qs, M, K, tidx):
+    """QUANTIZE_A: the staged bf16 rows (each chunk c copied by thread c % threads, so its own
+    reads need no barrier) become NVFP4 bit for bit as `tk_cute.nvfp4.quantize` makes them,
+    then the decoded values the trips read. 1. The amax: each thread's chunks, the warp's max,
+    a CTA barrier, every thread takes all warps' (in `qs`); the global scales
+    (`ops.nvfp4.global_decode_scale`; thread 0 keeps gA in `qs` for the epilogue). 2. Per chunk,
+    in place: `ops.nvfp4.quantize_lane` (a 16-element block is chunks 2j, 2j + 1: lanes 2j,
+    2j + 1 of one warp, as rows hold an even number of chunks and the loop runs whole warps),
+    then `_decode` as staged W4A4 activations. Lanes past the chunks read the zeroed pad of
+    row 0 (no thread writes it) and store nothing."""
+    per_row = K // 8
+    total = M * per_row
+    warp_i, lane = tidx // 32, tidx % 32
+    pad = xs + K * 2  # row 0's 16 pad bytes (`xsmem_row_bytes`), read by idle lanes
+    if tidx == 0:
+        memory.st_shared_v4_u32(pad, [Uint32(0)] * 4)
+    m = Uint32(0)
+    for c in cutlass.range(tidx, total, cfg.threads, unroll=1):
+        words = memory.ld_shared_v4(xs + (c // per_row) * xsmem_row_bytes(K) + (c % per_row) * 16,
+                                    Uint32)
+        m = Uint32(cutlass.max(m, fp4.abs_max_bits(words, "bf16")))
+    m = cute.arch.warp_redux_sync(m, "umax")
+    if lane == 0:
+        qs[warp_i] = Int32(m)
+    cute.arch.barrier()
+    am = Uint32(0)
+    for j in cutlass.range_constexpr(cfg.threads // 32):
+        am = Uint32(cutlass.max(am, Uint32(qs[j])))
+    s_dec_g = fp4.global_decode_scale(am)
+    s_enc_g = fp4.div_rn(Float32(1.0), s_dec_g)
+    if tidx == 0:
+        qs[QS_GA] = Int32(fp4.bits(s_dec_g))
+    for i in cutlass.range((total + cfg.threads - 1) // cfg.threads, unroll=1):
+        c = i * cfg.threads + tidx
+        addr = xs + (c // per_row) * xsmem_row_bytes(K) + (c % per_row) * 16
+        src = pad + Int32(c < total) * (addr - pad)
+        q, sf, _ = fp4.quantize_lane(memory.ld_shared_v4(src, Uint32), "bf16", s_dec_g, s_enc_g,
+                                     "sm_90a")
+        words = _decode(cfg, q, fp4.scale_to_bf16x2_prescaled(sf, cfg.sf))
+        if c < total:
+            memory.st_shared_v4_u32(addr, words)
 
 
 def _staged_activation_rows(cfg, xs, lane, M, K, k_begin):
@@ -532,12 +594,14 @@ def _store_partial(cfg: cutlass.Constexpr, acc, part, M, wn, s, lane):
 
 
 @cute.jit
-def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, out, M, N, n_blk, tidx):
+def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, qs, out, M, N, n_blk, tidx):
     """Split-K inside the CTA: sum the S slices' partials in order (deterministic), scale by
-    2^shift (twice W4A4) * global scales and write D."""
+    2^shift (twice W4A4) * global scales (QUANTIZE_A: gA as computed, from `qs`) and write D."""
     undo = Float32(2.0 ** fp4.decode_shift(cfg.sf))  # the decode's exact 2^-shift per operand
     scale = memory.ld_f32(gsb.toint()) * undo
-    if cutlass.const_expr(cfg.w4a4):
+    if cutlass.const_expr(cfg.QUANTIZE_A):
+        scale = scale * (fp4.from_bits(Uint32(qs[QS_GA])) * undo)
+    elif cutlass.const_expr(cfg.w4a4):
         scale = scale * (memory.ld_f32(gsa.toint()) * undo)
     out_base = out.toint()
     esize = 4 if cfg.out_dtype == "float32" else 2
@@ -576,7 +640,7 @@ def signature(cfg: Config) -> Signature:
     the shape."""
     out_t = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32}[cfg.out_dtype]
-    x_t = cutlass.Uint8 if cfg.w4a4 else cutlass.BFloat16
+    x_t = cutlass.Uint8 if cfg.w4a4 and not cfg.QUANTIZE_A else cutlass.BFloat16
     return Signature(ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8, 2), ptr("x", x_t),
                      ptr("xsf", cutlass.Uint8, 2), ptr("gsb", cutlass.Float32, 4),
                      ptr("gsa", cutlass.Float32, 4), ptr("out", out_t, 4),

@@ -431,6 +431,86 @@ def test_k_tail_runs_exactly_in_the_emulator(M, N, K, w4a4, S, seed):
     _emulated(cfg, M, N, K, w4a4, seed)
 
 
+def _quantize_a_config(M, N, K):
+    """The dispatch's in-kernel-quantize Config (`quantize_in_gemm` + `complete`)."""
+    cfg = sm90_tuning.quantize_in_gemm(M, N, K)
+    assert cfg is not None and cfg.QUANTIZE_A and cfg.w4a4
+    return sm90_tuning.complete("small_m", cfg, N, K, True, "bfloat16", "ue4m3", False)
+
+
+def _blocky(M, K, gen):
+    """bf16 activations whose 16-element blocks span 2^-30 .. 2^30 (block scales of every
+    size, some underflowing to zero codes), one all-zero block, one huge block."""
+    x = torch.randn(M, K, generator=gen) * torch.exp2(
+        torch.randint(-30, 31, (M, K // 16), generator=gen).float()).repeat_interleave(16, 1)
+    x[0, :16] = 0.0
+    x[-1, -16:] *= 2.0 ** 40
+    return x.bfloat16()
+
+
+@pytest.mark.parametrize("M, N, K, adversarial", [
+    (1, 64, 512, True),  # the decode row; adversarial warp order and yields
+    (1, 32, 2880, False),  # K tail; more chunks than threads
+    (3, 64, 1024, False),  # rows of 128 chunks, fewer chunks than threads on the last trip
+    (8, 32, 2048, False),  # the most rows the small-M W4A4 plan takes
+    (5, 32, 576, True),  # K tail, 5 rows
+])
+def test_quantize_a_in_the_kernel_is_quantize_then_gemm(M, N, K, adversarial, seed):
+    """QUANTIZE_A (`gemm(x, w, quantize_a=True)`'s one launch): bf16 rows quantized in the
+    kernel give D bit for bit as the kernel on `quantize(x, check_finite=False)`'s NVFP4
+    activations, and within the bound of that exact product; no hazard but the benign
+    unwritten partial slots (`_emulated`)."""
+    from tk_cute.emulator import hopper
+    from tk_cute.nvfp4 import quantize
+
+    cfg = _quantize_a_config(M, N, K)
+    gen = torch.Generator().manual_seed(seed)
+    b = quantize(torch.randn(N, K, generator=gen))
+    x = _blocky(M, K, gen)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+    options = {"adversarial": True, "seed": seed} if adversarial else {}
+    machines = hopper.small_m(x, b, cfg, out, **options)
+    benign = {"uninitialized-shared"} if M % 4 in (1, 2) else set()
+    assert [h for m in machines for h in m.hazards if h.kind not in benign] == []
+    a = quantize(x, check_finite=False)
+    two = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+    hopper.small_m(a, b, dataclasses.replace(cfg, QUANTIZE_A=False), two)
+    assert torch.equal(out.view(torch.int16), two.view(torch.int16))
+    assert_gemm_close(out, a, b)
+
+
+def test_quantize_a_non_finite_and_zero_rows(seed):
+    """A NaN activation makes every D element NaN (the computed gA is NaN, as `quantize`'s
+    is); all-zero activations give D = 0 (amax under the floor: zero codes)."""
+    from tk_cute.emulator import hopper
+    from tk_cute.nvfp4 import quantize
+
+    M, N, K = 2, 32, 512
+    cfg = _quantize_a_config(M, N, K)
+    b = quantize(torch.randn(N, K, generator=torch.Generator().manual_seed(seed)))
+    x = torch.zeros(M, K, dtype=torch.bfloat16)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+    hopper.small_m(x, b, cfg, out)
+    assert torch.equal(out, torch.zeros_like(out))
+    x = torch.randn(M, K).bfloat16()
+    x[1, 300] = float("nan")
+    hopper.small_m(x, b, cfg, out)
+    assert torch.isnan(out).all()
+
+
+def test_quantize_a_kernel_compiles_without_spills():
+    """The in-kernel quantize on the decode plan: no local memory, the quantizer's encode
+    (cvt to E4M3 for the block scales) and one CTA barrier more than the staged W4A4 plan."""
+    cfg = _quantize_a_config(1, 8192, 8192)
+    plain = dataclasses.replace(cfg, QUANTIZE_A=False)
+    got, before = (build(gv._launch, *gv.signature(c).compile_args(c), arch="sm_90a")
+                   for c in (cfg, plain))
+    assert got.kernel.local_bytes == 0 and got.kernel.stack_bytes == 0, got.kernel
+    assert got.ptx_count(r"cvt\.rn\.satfinite\.e4m3x2") > before.ptx_count(
+        r"cvt\.rn\.satfinite\.e4m3x2")
+    assert got.ptx_count(r"bar\.sync") == before.ptx_count(r"bar\.sync") + 1
+
+
 @pytest.mark.parametrize("w4a4", [False, True])
 def test_k_tail_with_ue5m3_scales_in_the_emulator(w4a4, seed):
     """UE5M3 operands (Rubin's scales, decoded on Hopper too) with the K tail: the zeroed

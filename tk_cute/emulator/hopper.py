@@ -34,16 +34,17 @@ def _capture(fn, *lead, signature, values):
 
 
 def small_m(a, b, cfg, out: torch.Tensor, **options) -> list:
-    """The small-M kernel (`launch.small_m`) on CPU tensors; its machines."""
+    """The small-M kernel (`launch.small_m`) on CPU tensors (a: bf16, or an NVFP4Tensor for
+    W4A4; bf16 with `cfg.QUANTIZE_A`); its machines."""
     from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
 
     M, K = a.shape[-2], a.shape[-1]
     values = dict(w=b.data.data_ptr(), wsf=b.scales.data_ptr(), gsb=b.global_scale.data_ptr(),
                   out=out.data_ptr(), M=M, N=b.M, K=K)
-    if cfg.w4a4:
+    if cfg.w4a4 and not cfg.QUANTIZE_A:
         values.update(x=a.data.data_ptr(), xsf=a.scales.data_ptr(),
                       gsa=a.global_scale.data_ptr())
-    else:  # (xsf, gsa unused: launch.small_m passes the weights' scales and gB)
+    else:  # bf16 a (xsf, gsa unused: launch.small_m passes the weights' scales and gB)
         values.update(x=a.data_ptr(), xsf=b.scales.data_ptr(), gsa=b.global_scale.data_ptr())
     launches = _capture(gv._launch, cfg, signature=gv.signature(cfg), values=values)
     return run(launches, a, b, out, **options)

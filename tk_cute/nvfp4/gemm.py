@@ -175,7 +175,8 @@ def _plan_sm100(op: validate.Operands, target: str, out: str, sf: str = "ue4m3")
 
 def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
          out: torch.Tensor | NVFP4Tensor | None = None, pdl: bool = False,
-         path: str | None = None, out_global_scale=None) -> torch.Tensor | NVFP4Tensor:
+         path: str | None = None, out_global_scale=None,
+         quantize_a: bool = False) -> torch.Tensor | NVFP4Tensor:
     """``D = a @ b^T`` for NVFP4 weights b (the public entry point; module docstring: paths).
 
     Args:
@@ -199,6 +200,11 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
             programmatic dependent, reading nothing before the kernel before it has ended.
         path: force one kernel path (`sm90_tuning.PATHS`, for comparisons and tests); ValueError
             when that path cannot take the shape. Default: the heuristics' choice.
+        quantize_a: W4A4 from dense activations: bit for bit ``gemm(quantize(a,
+            check_finite=False), b, ...)`` (a bf16, fp16 or fp32 tensor; NaN/Inf in a give NaN
+            in D, as that quantize does). A 2-D bf16 `a` is quantized inside the small-M kernel
+            where the plan allows (one launch: `sm90_tuning.quantize_in_gemm`, Hopper, few
+            rows); otherwise by `quantize` first.
 
     Returns:
         D of out_dtype: (..., N) for W4A16, (M, N) or (L, M, N) for W4A4; `out` when given;
@@ -208,6 +214,18 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
         TypeError, ValueError: see `validate.gemm_operands`.
         NotImplementedError: a combination no kernel of this GPU takes.
     """
+    if quantize_a is not False:
+        validate.flag("quantize_a", quantize_a)
+        nvfp4_out = out_dtype == "nvfp4" or isinstance(out, NVFP4Tensor)
+        if (not nvfp4_out and isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16
+                and a.dim() == 2 and isinstance(b, NVFP4Tensor)):
+            if out_dtype is None:
+                out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
+            return prepared(a, b.data, b.scales, b.global_scale, b.shape, b.scale_format,
+                            out_dtype, pdl, path, quantize_a=True)(a, out)
+        from .quantize import quantize
+
+        a = quantize(a, check_finite=False)
     if out_dtype == "nvfp4" or isinstance(out, NVFP4Tensor):
         if out_dtype not in (None, "nvfp4"):
             raise TypeError(f"an NVFP4Tensor out takes out_dtype 'nvfp4' (or none), got "
@@ -245,9 +263,15 @@ class Call:
     Holds the weights' scales and decode scale but not their codes (a weak reference), so the
     cache keyed by the codes lets the weights go."""
 
-    def __init__(self, a, b: NVFP4Tensor, out_dtype, pdl: bool, path: str | None):
+    def __init__(self, a, b: NVFP4Tensor, out_dtype, pdl: bool, path: str | None,
+                 quantize_a: bool = False):
         self.op = op = validate.gemm_operands(a, b, out_dtype, pdl=pdl)
-        self.plan = p = _plan(op, b.device, out_dtype, pdl, path, _scale_format(a, b))
+        if quantize_a:  # bf16 a: quantized in the kernel, or (plan None) by `quantize` first
+            cfg = _quantize_in_gemm(op, b, out_dtype, pdl, path)
+            p = self.plan = None if cfg is None else Plan("small_m", cfg)
+            self.pdl, self.path = pdl, path
+        else:
+            self.plan = p = _plan(op, b.device, out_dtype, pdl, path, _scale_format(a, b))
         self.out_dtype, self.device = out_dtype, b.device
         self.scales, self.global_scale = b.scales, b.global_scale
         self.shape, self.scale_format = b.shape, b.scale_format
@@ -255,7 +279,7 @@ class Call:
         self.held = None  # the codes, for a call that is not kept (`prepared`)
         self._rows = not op.w4a4 and not op.batched and a.dim() != 2  # W4A16 (..., K)
         self._launch = None
-        if p.path in BOUND and not p.pad_n:
+        if p is not None and p.path in BOUND and not p.pad_n:
             self._launch = BOUND[p.path](b, p.config, op.M)
             if self._launch.wsf is not b.scales:  # (a copy would miss in-place updates)
                 self._launch = None
@@ -269,6 +293,11 @@ class Call:
 
     def __call__(self, a, out: torch.Tensor | None = None) -> torch.Tensor:
         op = self.op
+        if self.plan is None:  # quantize_a without the in-kernel plan: quantize, then the GEMM
+            from .quantize import quantize
+
+            return gemm(quantize(a, check_finite=False), self.weights(), self.out_dtype,
+                        out=out, pdl=self.pdl, path=self.path)
         if out is not None:
             validate.check_out(out, op.out_shape, self.out_dtype, self.device, "gemm")
         if self.plan.path == "reference":
@@ -287,9 +316,26 @@ class Call:
         return d
 
 
+def _quantize_in_gemm(op: validate.Operands, b: NVFP4Tensor, out_dtype, pdl: bool,
+                      path: str | None):
+    """The small-M Config quantizing a's bf16 rows in the kernel for this call (Hopper, UE4M3
+    weights, a path the small-M kernel serves: `sm90_tuning.quantize_in_gemm`), else None."""
+    from tk_cute import arch
+
+    if (b.device.type != "cuda" or op.batched or path not in (None, "small_m")
+            or b.scale_format != "ue4m3" or not arch.device_target(b.device).wgmma):
+        return None
+    name = dtype_name(out_dtype)
+    cfg = sm90_tuning.quantize_in_gemm(op.M, op.N, op.K, name, launch.sm_count(b.device))
+    if cfg is None:
+        return None
+    return sm90_tuning.complete("small_m", cfg, op.N, op.K, True, name, "ue4m3", pdl)
+
+
 def prepared(a, data, scales, global_scale, shape, scale_format: str, out_dtype, pdl: bool,
-             path: str | None) -> Call:
-    """The `Call` of `gemm(a, b, out_dtype, pdl=pdl, path=path)` for weights b given by their
+             path: str | None, quantize_a: bool = False) -> Call:
+    """The `Call` of `gemm(a, b, out_dtype, pdl=pdl, path=path, quantize_a=quantize_a)` (bf16
+    `a` with quantize_a) for weights b given by their
     parts (an NVFP4Tensor's, `Linear`'s buffers or the custom op's arguments, in any form the
     NVFP4Tensor constructor accepts; their values trusted), kept per weight (`_CALLS`). A new
     key normalizes and checks the parts' forms (`normalize_parts`) and validates in full
@@ -308,7 +354,7 @@ def prepared(a, data, scales, global_scale, shape, scale_format: str, out_dtype,
         # (the parts' addresses too: `.data =` or `set_` moves a tensor's storage, keeping it)
         weights = (id(scales), id(global_scale), shape, scale_format, data.data_ptr(),
                    scales.data_ptr(), global_scale.data_ptr())
-        key = (desc, weights, out_dtype, pdl, path)
+        key = (desc, weights, out_dtype, pdl, path, quantize_a)
         entry = _CALLS.get(id(data))
         if entry is not None and entry[0]() is data:
             calls = entry[1]
@@ -319,7 +365,8 @@ def prepared(a, data, scales, global_scale, shape, scale_format: str, out_dtype,
         key = None
     if call is None:
         parts = normalize_parts(data, scales, global_scale, shape, scale_format)
-        call = Call(a, NVFP4Tensor.trusted(*parts, scale_format), out_dtype, pdl, path)
+        call = Call(a, NVFP4Tensor.trusted(*parts, scale_format), out_dtype, pdl, path,
+                    quantize_a)
         if key is not None and all(x is y for x, y in zip(parts, (data, scales, global_scale))):
             with _CALLS_LOCK:
                 calls = calls if calls is not None else _calls_of(data)

@@ -62,8 +62,9 @@ def codes(q: NVFP4Tensor) -> int:
 
 
 def small_m(a, b: NVFP4Tensor, out: torch.Tensor, cfg: gv.Config, gsb=None) -> torch.Tensor:
-    """The small-M kernel: a bf16 (M, K) or NVFP4Tensor (W4A4, decoded in the kernel); `gsb`
-    replaces gB as the output's scale (W4A4 on decoded bf16 activations: gA * gB)."""
+    """The small-M kernel: a bf16 (M, K) (W4A16; W4A4 with `cfg.QUANTIZE_A`: quantized in the
+    kernel) or NVFP4Tensor (W4A4, decoded in the kernel); `gsb` replaces gB as the output's
+    scale (W4A4 on decoded bf16 activations: gA * gB)."""
     return SmallM(b, cfg, a.shape[-2], gsb)(a, out)
 
 
@@ -77,10 +78,11 @@ class SmallM:
         K = b.K
         self.gsb = b.global_scale if gsb is None else gsb
         self.wsf = aligned(b.scales, 2)
-        self.w4a4, self.index = cfg.w4a4, device_index(b.device)
+        # NVFP4 activations (W4A4 but QUANTIZE_A, whose bf16 rows become NVFP4 in the kernel)
+        self.w4a4, self.index = cfg.w4a4 and not cfg.QUANTIZE_A, device_index(b.device)
         fixed = dict(w=codes(b), wsf=self.wsf.data_ptr(), gsb=self.gsb.data_ptr(), M=M, N=b.M,
                      K=K)
-        if not cfg.w4a4:  # (unread by W4A16)
+        if not self.w4a4:  # (unread with bf16 activations)
             fixed.update(xsf=fixed["wsf"], gsa=fixed["gsb"])
         self.launch = _SMALL_M.get((cfg, self.index),
                                    lambda: gv.compile_launcher(cfg)).bind(**fixed)

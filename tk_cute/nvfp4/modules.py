@@ -27,6 +27,11 @@ every other torch function raises a TypeError naming what is supported (a silent
 would hide a 4x memory cost). In compiled code use `Linear` (its forward calls the ops on the
 buffers); the protocol is for eager code holding NVFP4Tensors.
 
+W4A4 forwards on bf16 activations run `gemm(x, w, quantize_a=True)`: at the few rows the small-M
+kernel serves, the activations are quantized inside that kernel (one launch instead of the
+quantizer's and the GEMM's, the same bytes); elsewhere, and for fp16 / fp32 activations, under
+torch.compile or with ``check_finite``, `quantize` runs first.
+
 Non-finite activations: W4A4 forwards quantize with ``check_finite=False`` (no host sync), so
 on CUDA a NaN/Inf activation gives an unspecified output (not necessarily NaN: the global scale
 from amax is non-finite); set ``Linear.check_finite = True`` to raise instead (one host sync per
@@ -287,8 +292,13 @@ class Linear(nn.Module):
         if x.numel() == 0:
             y = x.new_zeros((*x.shape[:-1], N))
         elif self.activations == "nvfp4":
-            a = _quantize(x.reshape(-1, K), self.check_finite)
-            y = _gemm(a, w, (N, K), x.dtype).reshape(*x.shape[:-1], N)
+            x2 = x.reshape(-1, K)
+            if (x.dtype == torch.bfloat16 and not self.check_finite
+                    and not torch.compiler.is_compiling()):  # quantized in the kernel where planned
+                y = _gemm(x2, w, (N, K), x.dtype, quantize_a=True)
+            else:
+                y = _gemm(_quantize(x2, self.check_finite), w, (N, K), x.dtype)
+            y = y.reshape(*x.shape[:-1], N)
         elif x.dtype == torch.bfloat16:
             y = _gemm(x, w, (N, K), torch.bfloat16)
         else:  # the kernels take bfloat16 activations: cast in, and D back out
@@ -483,14 +493,16 @@ def _quantize(x: torch.Tensor, check_finite: bool):
     return quantize_parts(x, None, check_finite)[0]
 
 
-def _gemm(a, w: tuple, shape: tuple, out_dtype: torch.dtype) -> torch.Tensor:
-    """`gemm(a, w, out_dtype)` for weight parts `w` of logical `shape` (UE4M3, valid values)
-    and a bfloat16 `a` (W4A16) or NVFP4 activations (W4A4: an NVFP4Tensor, or its three parts
-    while compiling). Eager calls run the weights' prepared call (`gemm.prepared`)."""
+def _gemm(a, w: tuple, shape: tuple, out_dtype: torch.dtype,
+          quantize_a: bool = False) -> torch.Tensor:
+    """`gemm(a, w, out_dtype, quantize_a=quantize_a)` for weight parts `w` of logical `shape`
+    (UE4M3, valid values) and a bfloat16 `a` (W4A16; W4A4 with quantize_a, eager only) or NVFP4
+    activations (W4A4: an NVFP4Tensor, or its three parts while compiling). Eager calls run the
+    weights' prepared call (`gemm.prepared`)."""
     if torch.compiler.is_compiling():
         a_parts = a if isinstance(a, tuple) else (a, None, None)
         return torch.ops.tk_cute.nvfp4_gemm(*a_parts, *w, out_dtype)
-    return prepared(a, *w, shape, "ue4m3", out_dtype, False, None)(a)
+    return prepared(a, *w, shape, "ue4m3", out_dtype, False, None, quantize_a)(a)
 
 
 def linear(x, w: NVFP4Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -26,6 +26,8 @@ into an FMA (the recipe forbids it) is written as explicit ``.rn`` PTX.
 
 from __future__ import annotations
 
+import cutlass
+import cutlass.cute as cute
 from cutlass import Float32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -276,6 +278,65 @@ def quantize_block16(acc, amax_acc: Float32, alpha: Float32, s_dec_g: Float32,
     d = [mul_rn(v, alpha) for v in acc]
     return (e2m1x8_quantize(d[:8], s_enc, arch), e2m1x8_quantize(d[8:], s_enc, arch), sf,
             saturated)
+
+
+def _f16_to_f32(w, half: int):
+    part = ("lo", "hi")[half]
+    text = f"{{ .reg .b16 lo, hi; mov.b32 {{lo, hi}}, $1; cvt.f32.f16 $0, {part}; }}"
+    return Float32(asm(T.f32(), [Uint32(w)], text, "=f,r"))
+
+
+def words_to_f32(words, dtype: str) -> list:
+    """Input words ("bf16" / "f16": 16-bit pairs, "f32": float32 bits) -> float32 values,
+    exact."""
+    if dtype == "f32":
+        return [from_bits(w) for w in words]
+    out = []
+    for w in words:
+        if dtype == "bf16":
+            out += [from_bits(w << 16), from_bits(w & 0xFFFF0000)]
+        else:
+            out += [_f16_to_f32(w, 0), _f16_to_f32(w, 1)]
+    return out
+
+
+def abs_max_bits(words, dtype: str) -> Uint32:
+    """float32 bit pattern of max |x| over the words (`words_to_f32`'s forms; an integer max:
+    NaN/Inf compare above every finite value)."""
+    if dtype == "f32":
+        m = words[0] & 0x7FFFFFFF
+        for w in words[1:]:
+            m = Uint32(cutlass.max(m, w & 0x7FFFFFFF))
+        return Uint32(m)
+    m = words[0] & 0x7FFF7FFF
+    for w in words[1:]:
+        m = max_u16x2(m, w & 0x7FFF7FFF)
+    m = Uint32(cutlass.max(m & 0xFFFF, m >> 16))
+    if dtype == "bf16":
+        return Uint32(m << 16)
+    return bits(_f16_to_f32(m, 0))
+
+
+def global_decode_scale(amax_bits: Uint32) -> Float32:
+    """Step 2 of the recipe (`tk_cute.nvfp4.quantize`) from the tensor's amax bits,
+    NaN-propagating: max(amax, AMAX_FLOOR) / 2688 (the encode scale is 1 / that)."""
+    floor = from_bits(Uint32(F32_AMAX_FLOOR))
+    return div_rn(max_nan_f32(from_bits(amax_bits), floor), Float32(2688.0))
+
+
+def quantize_lane(words, dtype: str, s_dec_g: Float32, s_enc_g: Float32, arch: str):
+    """The recipe on one lane's 16 bytes of input (8 16-bit or 4 fp32 elements) whose 16-element
+    block spans 2 (16-bit) or 4 (fp32) consecutive lanes (all active): (codes, the block's UE4M3
+    byte, its amax bits). Every kernel that quantizes its input calls this one op (the
+    quantizer, the small-M kernel's in-kernel activations), so their bytes agree."""
+    m = abs_max_bits(words, dtype)
+    for off in (1, 2)[: (2 if dtype == "f32" else 1)]:  # lanes per block: 2 (16-bit), 4 (fp32)
+        m = Uint32(cutlass.max(m, Uint32(cute.arch.shuffle_sync_bfly(m, offset=off))))
+    sf, s_enc, _ = block_scale(from_bits(m), s_dec_g, s_enc_g)
+    signs = None
+    if dtype != "f32" and not has_native_fp4(arch):
+        signs = sign_nibbles_16bit(*words)
+    return e2m1x8_quantize(words_to_f32(words, dtype), s_enc, arch, signs), sf, m
 
 
 def abs_max(values) -> Float32:

@@ -214,6 +214,22 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     return dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas, XSMEM=xs if xs <= gv.MAX_XSMEM else 0)
 
 
+@functools.lru_cache(maxsize=1024)
+def quantize_in_gemm(M: int, N: int, K: int, out_dtype: str = "bfloat16",
+                     sms: int = 132) -> gv.Config | None:
+    """The small-M Config that quantizes bf16 activations in the kernel (`gv.Config.QUANTIZE_A`:
+    W4A4 from bf16 in one launch, bit for bit `quantize(a, check_finite=False)` then the GEMM)
+    where W4A4 takes the small-M path and the M rows fit staged in shared memory
+    (`gv.MAX_XSMEM`); None elsewhere (the quantizer's launch, then the GEMM). A model, not a
+    measurement: it saves a launch, a host call and three allocations (docs/facts.md#host-time),
+    and stages rows that the plain W4A4 plan reads from global memory (M > 1 or K >
+    W4A4_STAGE_MAX_K)."""
+    if hopper_path(True, M, N, K, sms) != "small_m" or gv.xsmem_bytes(M, K) > gv.MAX_XSMEM:
+        return None
+    cfg = small_m_config(M, N, K, True, out_dtype, sms)
+    return dataclasses.replace(cfg, XSMEM=gv.xsmem_bytes(M, K), QUANTIZE_A=True)
+
+
 def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str, pdl: bool):
     """`cfg` (a path's Config: the planner's pick or a tuning entry's forced one) with every
     field the call fixes filled in, the one place a Config is completed from a call: D's type,

@@ -88,6 +88,20 @@ def test_launch_arguments_match_the_signatures(recorded, seed):
     assert all(c["M"] in (16, 32, 64, M) and c["N"] == N and c["K"] == K for c in calls)
 
 
+def test_quantize_a_launch_passes_the_bf16_rows(recorded, seed):
+    """The in-kernel-quantize small-M plan (`sm90_tuning.quantize_in_gemm`) launches on the bf16
+    activations themselves (no NVFP4 operand: xsf and gsa are the weights', unread)."""
+    N, K = 256, 512
+    b = quantize(torch.randn(N, K))
+    x = torch.randn(1, K).bfloat16()
+    out = torch.empty(1, N, dtype=torch.bfloat16)
+    launch.small_m(x, b, out, sm90_tuning.quantize_in_gemm(1, N, K))
+    ((key, r),) = recorded.items()
+    (c,) = r.calls
+    assert key[0].QUANTIZE_A and c["x"] == x.data_ptr() and c["out"] == out.data_ptr()
+    assert c["xsf"] == c["wsf"] and c["gsa"] == c["gsb"] == b.global_scale.data_ptr()
+
+
 def test_quantize_plans_are_bounded(monkeypatch):
     """One quantize plan per distinct shape is kept, at most QUANTIZE_PLAN_ENTRIES of them
     (the oldest dropped); a kept shape is a hit. The plans are recorded here (no GPU)."""

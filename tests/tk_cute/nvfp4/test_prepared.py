@@ -177,3 +177,46 @@ def test_unhashable_arguments_still_get_the_validators_message(seed):
     gemm(a, b)
     with pytest.raises(TypeError, match="out_dtype must be"):
         gemm(a, b, [1])
+
+
+def test_quantize_a_is_quantize_then_gemm(seed):
+    """`gemm(x, b, quantize_a=True)` = `gemm(quantize(x, check_finite=False), b)` bit for bit
+    on fresh operands, for every activation dtype the quantizer takes, 2-D and (..., K), bf16
+    and fp32 D, into `out`; a kept call per shape like any other; the flag must be a bool."""
+    b = quantize(torch.randn(40, 96))
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x = torch.randn(3, 96).to(dtype)
+        want = gemm(quantize(x, check_finite=False), b)
+        assert torch.equal(gemm(x, b, quantize_a=True), want), dtype
+    x = torch.randn(5, 96).bfloat16()
+    want = gemm(quantize(x, check_finite=False), b, torch.float32)
+    out = torch.full((5, 40), float("nan"))
+    assert gemm(x, b, quantize_a=True, out=out) is out and torch.equal(out, want)
+    assert any(key[-1] is True for key in _calls(b))  # (the 2-D bf16 call is a prepared one)
+    x3 = torch.randn(2, 4, 96).bfloat16()  # W4A4 takes (L, M, K) with batched weights only
+    with pytest.raises(ValueError):
+        gemm(x3, b, quantize_a=True)
+    with pytest.raises(TypeError, match="quantize_a"):
+        gemm(x, b, quantize_a=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(1, 4096, 4096), (1, 2880, 2880), (4, 8192, 2048),
+                                     (8, 1024, 1024), (16, 4096, 4096), (1, 4000, 8192)])
+def test_gpu_quantize_a_is_quantize_then_gemm(M, N, K, seed):
+    """On the GPU: one launch where the plan quantizes in the kernel (up to 8 rows where they fit
+    staged), the two launches elsewhere; D bit for bit the two calls'; the `Linear` W4A4
+    forward on bf16 input gives the same."""
+    from tk_cute.nvfp4 import Linear
+    from tk_cute.testing import random_weights
+
+    b = random_weights(N, K)
+    x = torch.randn(M, K, device="cuda").bfloat16()
+    want = gemm(quantize(x, check_finite=False), b)
+    got = gemm(x, b, quantize_a=True)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    (call,) = [c for k, c in _calls(b).items() if k[-1] is True]
+    fused = call.plan is not None
+    assert fused == (M <= 8)  # (16 rows: the register-A kernel's W4A4, quantized first)
+    lin = Linear.from_nvfp4(b, activations="nvfp4")
+    assert torch.equal(lin(x).view(torch.int16), want.view(torch.int16))
