@@ -29,8 +29,8 @@ buffers); the protocol is for eager code holding NVFP4Tensors.
 
 W4A4 forwards on bf16 activations run `gemm(x, w, quantize_a=True)`: at the few rows the small-M
 kernel serves, the activations are quantized inside that kernel (one launch instead of the
-quantizer's and the GEMM's, the same bytes); elsewhere, and for fp16 / fp32 activations, under
-torch.compile or with ``check_finite``, `quantize` runs first.
+quantizer's and the GEMM's, the same bytes; compiled: the ``nvfp4_gemm`` op's quantize_a);
+elsewhere, and for fp16 / fp32 activations or with ``check_finite``, `quantize` runs first.
 
 Non-finite activations: W4A4 forwards quantize with ``check_finite=False`` (no host sync), so
 on CUDA a NaN/Inf activation gives an unspecified output (not necessarily NaN: the global scale
@@ -293,8 +293,7 @@ class Linear(nn.Module):
             y = x.new_zeros((*x.shape[:-1], N))
         elif self.activations == "nvfp4":
             x2 = x.reshape(-1, K)
-            if (x.dtype == torch.bfloat16 and not self.check_finite
-                    and not torch.compiler.is_compiling()):  # quantized in the kernel where planned
+            if x.dtype == torch.bfloat16 and not self.check_finite:  # (in the GEMM if planned)
                 y = _gemm(x2, w, (N, K), x.dtype, quantize_a=True)
             else:
                 y = _gemm(_quantize(x2, self.check_finite), w, (N, K), x.dtype)
@@ -496,12 +495,12 @@ def _quantize(x: torch.Tensor, check_finite: bool):
 def _gemm(a, w: tuple, shape: tuple, out_dtype: torch.dtype,
           quantize_a: bool = False) -> torch.Tensor:
     """`gemm(a, w, out_dtype, quantize_a=quantize_a)` for weight parts `w` of logical `shape`
-    (UE4M3, valid values) and a bfloat16 `a` (W4A16; W4A4 with quantize_a, eager only) or NVFP4
+    (UE4M3, valid values) and a bfloat16 `a` (W4A16; W4A4 with quantize_a) or NVFP4
     activations (W4A4: an NVFP4Tensor, or its three parts while compiling). Eager calls run the
     weights' prepared call (`gemm.prepared`)."""
     if torch.compiler.is_compiling():
         a_parts = a if isinstance(a, tuple) else (a, None, None)
-        return torch.ops.tk_cute.nvfp4_gemm(*a_parts, *w, out_dtype)
+        return torch.ops.tk_cute.nvfp4_gemm(*a_parts, *w, out_dtype, False, quantize_a)
     return prepared(a, *w, shape, "ue4m3", out_dtype, False, None, quantize_a)(a)
 
 

@@ -8,9 +8,11 @@ Registered when ``tk_cute.nvfp4`` is imported (namespace ``tk_cute``):
   -> (data, scales, global_scale)``: `tk_cute.nvfp4.quantize` (its docstring is the contract),
   the NVFP4Tensor returned as its three parts.
 - ``torch.ops.tk_cute.nvfp4_gemm(a, a_scales, a_global_scale, b_data, b_scales,
-  b_global_scale, out_dtype, pdl=False) -> D``: `tk_cute.nvfp4.gemm`, ``D = a @ b^T``. W4A4
-  when `a_scales` is given (then `a` is the activations' packed data and `a_global_scale` their
-  decode scale); W4A16 when it is None (`a` is a bfloat16 (..., K) tensor).
+  b_global_scale, out_dtype, pdl=False, quantize_a=False) -> D``: `tk_cute.nvfp4.gemm`,
+  ``D = a @ b^T``. W4A4 when `a_scales` is given (then `a` is the activations' packed data and
+  `a_global_scale` their decode scale); W4A16 when it is None (`a` is a bfloat16 (..., K)
+  tensor), or with `quantize_a` W4A4 on that bf16 (M, K) `a` quantized (`gemm`'s quantize_a:
+  in the kernel where planned).
 - ``torch.ops.tk_cute.gemm(a, b, out_dtype) -> C``: `tk_cute.gemm` (Hopper CUDA tensors).
 
 The ops take the NVFP4 parts as tensors; every logical shape follows from the data's shape
@@ -138,8 +140,11 @@ nvfp4_quantize = _define("nvfp4_quantize(Tensor x, Tensor? global_scale=None, "
 # ---------------------------------------------------------------- NVFP4 GEMM
 
 
-def _activations(a, a_scales, a_global_scale):
-    """The op's `a`: a bf16 tensor (W4A16: no scales) or NVFP4 activations from three parts."""
+def _activations(a, a_scales, a_global_scale, quantize_a=False):
+    """The op's `a`: a bf16 tensor (W4A16, or W4A4 with quantize_a: no scales) or NVFP4
+    activations from three parts."""
+    if quantize_a and a_scales is not None:
+        raise ValueError("nvfp4_gemm: quantize_a takes dense a (no a_scales): it quantizes them")
     if a_scales is None:
         if a_global_scale is not None:
             raise ValueError("nvfp4_gemm: a_global_scale without a_scales (W4A16 takes bf16 a "
@@ -153,27 +158,31 @@ def _activations(a, a_scales, a_global_scale):
 def _nvfp4_gemm(a: torch.Tensor, a_scales: torch.Tensor | None,
                 a_global_scale: torch.Tensor | None, b_data: torch.Tensor, b_scales: torch.Tensor,
                 b_global_scale: torch.Tensor, out_dtype: torch.dtype,
-                pdl: bool = False) -> torch.Tensor:
-    """`tk_cute.nvfp4.gemm(a, b, out_dtype, pdl=pdl)` on NVFP4 parts (module docstring), through
-    the weights' prepared call (`gemm.prepared`)."""
+                pdl: bool = False, quantize_a: bool = False) -> torch.Tensor:
+    """`tk_cute.nvfp4.gemm(a, b, out_dtype, pdl=pdl, quantize_a=quantize_a)` on NVFP4 parts
+    (module docstring), through the weights' prepared call (`gemm.prepared`)."""
     from .gemm import prepared
 
-    A = _activations(a, a_scales, a_global_scale)
+    A = _activations(a, a_scales, a_global_scale, quantize_a)
     call = prepared(A, b_data, b_scales, b_global_scale, logical_shape(b_data), "ue4m3",
-                    out_dtype, pdl, None)
+                    out_dtype, pdl, None, quantize_a)
     return fresh_buffers(call, A)
 
 
 def _nvfp4_gemm_fake(a, a_scales, a_global_scale, b_data, b_scales, b_global_scale, out_dtype,
-                     pdl=False):
-    A, B = _activations(a, a_scales, a_global_scale), parts(b_data, b_scales, b_global_scale)
+                     pdl=False, quantize_a=False):
+    A = _activations(a, a_scales, a_global_scale, quantize_a)
+    B = parts(b_data, b_scales, b_global_scale)
     op = validate.gemm_operands(A, B, out_dtype, pdl=pdl)
+    if quantize_a and (a.dim() != 2 or a.dtype != torch.bfloat16):
+        raise ValueError(f"nvfp4_gemm: quantize_a takes bfloat16 (M, K) activations, got "
+                         f"{a.dtype} {tuple(a.shape)}")
     return b_data.new_empty(op.out_shape, dtype=out_dtype)
 
 
 nvfp4_gemm = _define("nvfp4_gemm(Tensor a, Tensor? a_scales, Tensor? a_global_scale, "
                      "Tensor b_data, Tensor b_scales, Tensor b_global_scale, "
-                     "ScalarType out_dtype, bool pdl=False) -> Tensor",
+                     "ScalarType out_dtype, bool pdl=False, bool quantize_a=False) -> Tensor",
                      _nvfp4_gemm, _nvfp4_gemm_fake)
 
 

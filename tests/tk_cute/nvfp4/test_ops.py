@@ -20,7 +20,8 @@ def parts(q: NVFP4Tensor):
 def test_ops_are_registered_with_their_schemas():
     assert "nvfp4_quantize(Tensor x, Tensor? global_scale=None, bool check_finite=False)" in str(
         ops.nvfp4_quantize.default._schema)
-    assert "ScalarType out_dtype, bool pdl=False) -> Tensor" in str(ops.nvfp4_gemm.default._schema)
+    assert ("ScalarType out_dtype, bool pdl=False, bool quantize_a=False) -> Tensor"
+            in str(ops.nvfp4_gemm.default._schema))
     assert "gemm(Tensor a, Tensor b, ScalarType out_dtype) -> Tensor" in str(
         ops.gemm.default._schema)
 
@@ -79,10 +80,11 @@ def _opcheck_cases():
         (ops.nvfp4_gemm.default, (x, None, None, *parts(b), torch.bfloat16, False)),
         (ops.nvfp4_gemm.default, (*parts(aq), *parts(b), torch.float32, False)),
         (ops.gemm.default, (x, torch.randn(24, 64, dtype=torch.bfloat16), torch.bfloat16)),
+        (ops.nvfp4_gemm.default, (x, None, None, *parts(b), torch.bfloat16, False, True)),
     ]
 
 
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", range(6))
 def test_opcheck(case, seed):
     op, args = _opcheck_cases()[case]
     torch.library.opcheck(op, args)  # schema, fake impl vs real, AOT dispatch (static/dynamic)
@@ -198,6 +200,8 @@ def test_gpu_opcheck(seed):
                           (x, None, None, *parts(b), torch.bfloat16, False))
     torch.library.opcheck(ops.nvfp4_gemm.default,
                           (*parts(aq), *parts(b), torch.bfloat16, False))
+    torch.library.opcheck(ops.nvfp4_gemm.default,  # W4A4 quantized in the small-M kernel
+                          (x[:1], None, None, *parts(b), torch.bfloat16, False, True))
 
 
 def test_ops_refuse_inputs_that_require_grad(seed):
