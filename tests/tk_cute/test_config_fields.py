@@ -26,6 +26,7 @@ from tk_cute.kernels.gemm import (
 from tk_cute.tuning import dense_sm90 as dense_tuning
 from tk_cute.nvfp4.gemm import _plan_hopper
 from tk_cute.tuning import sm100 as sm100_tuning
+from tk_cute.tuning import sm90 as sm90_tuning
 
 D, F = "dispatch", "fixed"
 FORCED = "forced"
@@ -37,7 +38,7 @@ FIELDS = {
     nvfp4_small_m_sm90.Config: {
         "NT": D, "WN": D, "UNROLL": D, "w4a4": D, "out_dtype": D, "MIN_CTAS": D, "S": D,
         "AHEAD": D, "EARLY_WEIGHTS": D, "XSMEM": D, "L2_FETCH": D, "sf": D, "K_TAIL": D,
-        "MT": F, "PDL": F},
+        "QUANTIZE_A": D, "MT": F, "PDL": F},
     nvfp4_register_a_sm90.Config: {
         "N_ACT": D, "ROWS": D, "PDL": D, "EARLY_WEIGHTS": D, "out_dtype": D, "sf": D,
         "K_TAIL": D, "N_TAIL": D, "a_format": D,
@@ -80,6 +81,10 @@ def _sweep() -> dict:
         p = _plan_hopper(w4a4, m, n, k, out, 132, pdl, None, sf)
         if p.config is not None:
             add(p.config)
+    for m, n, k in itertools.product(ms, ns, ks):  # W4A4 from bf16 in one launch
+        cfg = sm90_tuning.quantize_in_gemm(m, n, k)
+        if cfg is not None:
+            add(cfg)
     for m, n, dt, od, lines in itertools.product(
             ms + (8192,), ns + (8,), (torch.bfloat16, torch.float8_e4m3fn),
             (torch.bfloat16, torch.float32), (True, False)):
