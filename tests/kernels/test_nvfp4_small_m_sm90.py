@@ -431,11 +431,17 @@ def test_k_tail_runs_exactly_in_the_emulator(M, N, K, w4a4, S, seed):
     _emulated(cfg, M, N, K, w4a4, seed)
 
 
-def _quantize_a_config(M, N, K):
-    """The dispatch's in-kernel-quantize Config (`quantize_in_gemm` + `complete`)."""
+def _quantize_a_config(M, N, K, pdl=False):
+    """The dispatch's in-kernel-quantize Config (`quantize_in_gemm` + `complete`) at M = 1;
+    elsewhere the W4A4 plan with its rows staged and quantized (what the kernel takes beyond
+    the plan: more rows, two activation tiles without AHEAD)."""
     cfg = sm90_tuning.quantize_in_gemm(M, N, K)
-    assert cfg is not None and cfg.QUANTIZE_A and cfg.w4a4
-    return sm90_tuning.complete("small_m", cfg, N, K, True, "bfloat16", "ue4m3", False)
+    assert (cfg is not None) == (M == 1 and K <= sm90_tuning.W4A4_STAGE_MAX_K)
+    if cfg is None:
+        cfg = dataclasses.replace(sm90_tuning.small_m_config(M, N, K, True),
+                                  XSMEM=gv.xsmem_bytes(M, K), QUANTIZE_A=True)
+    assert cfg.QUANTIZE_A and cfg.w4a4
+    return sm90_tuning.complete("small_m", cfg, N, K, True, "bfloat16", "ue4m3", pdl)
 
 
 def _blocky(M, K, gen):
@@ -448,14 +454,16 @@ def _blocky(M, K, gen):
     return x.bfloat16()
 
 
-@pytest.mark.parametrize("M, N, K, adversarial", [
-    (1, 64, 512, True),  # the decode row; adversarial warp order and yields
-    (1, 32, 2880, False),  # K tail; more chunks than threads
-    (3, 64, 1024, False),  # rows of 128 chunks, fewer chunks than threads on the last trip
-    (8, 32, 2048, False),  # the most rows the small-M W4A4 plan takes
-    (5, 32, 576, True),  # K tail, 5 rows
+@pytest.mark.parametrize("M, N, K, adversarial, pdl", [
+    (1, 64, 512, True, False),  # the decode row; adversarial warp order and yields
+    (1, 64, 512, True, True),  # early weight loads before the PDL wait
+    (1, 32, 2880, False, False),  # K tail; more chunks than threads
+    (3, 64, 1024, False, False),  # rows of 128 chunks, fewer chunks than threads on the last trip
+    (8, 32, 2048, False, False),  # one activation tile's 8 rows
+    (12, 96, 1024, False, False),  # two activation tiles, no AHEAD (N % 128 != 0: small-M)
+    (5, 32, 576, True, False),  # K tail, 5 rows
 ])
-def test_quantize_a_in_the_kernel_is_quantize_then_gemm(M, N, K, adversarial, seed):
+def test_quantize_a_in_the_kernel_is_quantize_then_gemm(M, N, K, adversarial, pdl, seed):
     """QUANTIZE_A (`gemm(x, w, quantize_a=True)`'s one launch): bf16 rows quantized in the
     kernel give D bit for bit as the kernel on `quantize(x, check_finite=False)`'s NVFP4
     activations, and within the bound of that exact product; no hazard but the benign
@@ -463,7 +471,7 @@ def test_quantize_a_in_the_kernel_is_quantize_then_gemm(M, N, K, adversarial, se
     from tk_cute.emulator import hopper
     from tk_cute.nvfp4 import quantize
 
-    cfg = _quantize_a_config(M, N, K)
+    cfg = _quantize_a_config(M, N, K, pdl)
     gen = torch.Generator().manual_seed(seed)
     b = quantize(torch.randn(N, K, generator=gen))
     x = _blocky(M, K, gen)
@@ -481,12 +489,13 @@ def test_quantize_a_in_the_kernel_is_quantize_then_gemm(M, N, K, adversarial, se
 
 def test_quantize_a_non_finite_and_zero_rows(seed):
     """A NaN activation makes every D element NaN (the computed gA is NaN, as `quantize`'s
-    is); all-zero activations give D = 0 (amax under the floor: zero codes)."""
+    is: the contract leaves D unspecified for NaN / Inf, this pins what the kernel does); all-
+    zero activations give D = 0 (amax under the floor: zero codes)."""
     from tk_cute.emulator import hopper
     from tk_cute.nvfp4 import quantize
 
     M, N, K = 2, 32, 512
-    cfg = _quantize_a_config(M, N, K)
+    cfg = _quantize_a_config(M, N, K)  # (two rows: not planned, the kernel takes them)
     b = quantize(torch.randn(N, K, generator=torch.Generator().manual_seed(seed)))
     x = torch.zeros(M, K, dtype=torch.bfloat16)
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)

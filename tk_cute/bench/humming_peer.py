@@ -52,7 +52,7 @@ class HummingNVFP4:
         layer.load_from_tensors(tensors)
         layer.transform()
         self.layer = layer
-        self.tuning = get_heuristics_config(layer.humming_config, shape_m=M)
+        self.tuning = get_heuristics_config(layer.humming_config, shape_m=M, device=b.device)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.layer(x, tuning_config=self.tuning)

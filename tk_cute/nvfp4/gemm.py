@@ -201,10 +201,10 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
         path: force one kernel path (`sm90_tuning.PATHS`, for comparisons and tests); ValueError
             when that path cannot take the shape. Default: the heuristics' choice.
         quantize_a: W4A4 from dense activations: bit for bit ``gemm(quantize(a,
-            check_finite=False), b, ...)`` (a bf16, fp16 or fp32 tensor; NaN/Inf in a give NaN
-            in D, as that quantize does). A 2-D bf16 `a` is quantized inside the small-M kernel
-            where the plan allows (one launch: `sm90_tuning.quantize_in_gemm`, Hopper, few
-            rows); otherwise by `quantize` first.
+            check_finite=False), b, ...)`` (a bf16, fp16 or fp32 tensor; on CUDA NaN/Inf in a
+            give an unspecified D, as that quantize does; on a CPU quantize raises). A 2-D bf16
+            `a` is quantized inside the small-M kernel where the plan allows (one launch:
+            `sm90_tuning.quantize_in_gemm`, Hopper decode); otherwise by `quantize` first.
 
     Returns:
         D of out_dtype: (..., N) for W4A16, (M, N) or (L, M, N) for W4A4; `out` when given;
@@ -217,8 +217,8 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
     if quantize_a is not False:
         validate.flag("quantize_a", quantize_a)
         nvfp4_out = out_dtype == "nvfp4" or isinstance(out, NVFP4Tensor)
-        if (not nvfp4_out and isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16
-                and a.dim() == 2 and isinstance(b, NVFP4Tensor)):
+        if (not nvfp4_out and out_global_scale is None and isinstance(a, torch.Tensor)
+                and a.dtype == torch.bfloat16 and a.dim() == 2 and isinstance(b, NVFP4Tensor)):
             if out_dtype is None:
                 out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
             return prepared(a, b.data, b.scales, b.global_scale, b.shape, b.scale_format,
@@ -266,7 +266,10 @@ class Call:
     def __init__(self, a, b: NVFP4Tensor, out_dtype, pdl: bool, path: str | None,
                  quantize_a: bool = False):
         self.op = op = validate.gemm_operands(a, b, out_dtype, pdl=pdl)
-        if quantize_a:  # bf16 a: quantized in the kernel, or (plan None) by `quantize` first
+        if quantize_a:  # 2-D bf16 a: quantized in the kernel, or (plan None) by `quantize` first
+            if a.dim() != 2:
+                raise ValueError(f"quantize_a in a prepared call takes bfloat16 (M, K) "
+                                 f"activations, got {tuple(a.shape)}")
             cfg = _quantize_in_gemm(op, b, out_dtype, pdl, path)
             p = self.plan = None if cfg is None else Plan("small_m", cfg)
             self.pdl, self.path = pdl, path
@@ -294,10 +297,12 @@ class Call:
     def __call__(self, a, out: torch.Tensor | None = None) -> torch.Tensor:
         op = self.op
         if self.plan is None:  # quantize_a without the in-kernel plan: quantize, then the GEMM
-            from .quantize import quantize
+            from .quantize import quantize_parts
 
-            return gemm(quantize(a, check_finite=False), self.weights(), self.out_dtype,
-                        out=out, pdl=self.pdl, path=self.path)
+            q = quantize_parts(a, None, False)[0]  # (no saturation flag: nothing reads it)
+            w = self.weights()
+            return prepared(q, w.data, self.scales, self.global_scale, self.shape,
+                            self.scale_format, self.out_dtype, self.pdl, self.path)(q, out)
         if out is not None:
             validate.check_out(out, op.out_shape, self.out_dtype, self.device, "gemm")
         if self.plan.path == "reference":

@@ -143,8 +143,10 @@ nvfp4_quantize = _define("nvfp4_quantize(Tensor x, Tensor? global_scale=None, "
 def _activations(a, a_scales, a_global_scale, quantize_a=False):
     """The op's `a`: a bf16 tensor (W4A16, or W4A4 with quantize_a: no scales) or NVFP4
     activations from three parts."""
-    if quantize_a and a_scales is not None:
-        raise ValueError("nvfp4_gemm: quantize_a takes dense a (no a_scales): it quantizes them")
+    if quantize_a and (a_scales is not None or a.dim() != 2 or a.dtype != torch.bfloat16):
+        raise ValueError(f"nvfp4_gemm: quantize_a takes bfloat16 (M, K) activations and no "
+                         f"a_scales (it quantizes them), got {a.dtype} {tuple(a.shape)}"
+                         f"{' with a_scales' if a_scales is not None else ''}")
     if a_scales is None:
         if a_global_scale is not None:
             raise ValueError("nvfp4_gemm: a_global_scale without a_scales (W4A16 takes bf16 a "
@@ -174,9 +176,6 @@ def _nvfp4_gemm_fake(a, a_scales, a_global_scale, b_data, b_scales, b_global_sca
     A = _activations(a, a_scales, a_global_scale, quantize_a)
     B = parts(b_data, b_scales, b_global_scale)
     op = validate.gemm_operands(A, B, out_dtype, pdl=pdl)
-    if quantize_a and (a.dim() != 2 or a.dtype != torch.bfloat16):
-        raise ValueError(f"nvfp4_gemm: quantize_a takes bfloat16 (M, K) activations, got "
-                         f"{a.dtype} {tuple(a.shape)}")
     return b_data.new_empty(op.out_shape, dtype=out_dtype)
 
 

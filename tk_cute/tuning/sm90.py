@@ -219,12 +219,12 @@ def quantize_in_gemm(M: int, N: int, K: int, out_dtype: str = "bfloat16",
                      sms: int = 132) -> gv.Config | None:
     """The small-M Config that quantizes bf16 activations in the kernel (`gv.Config.QUANTIZE_A`:
     W4A4 from bf16 in one launch, bit for bit `quantize(a, check_finite=False)` then the GEMM)
-    where W4A4 takes the small-M path and the M rows fit staged in shared memory
-    (`gv.MAX_XSMEM`); None elsewhere (the quantizer's launch, then the GEMM). A model, not a
-    measurement: it saves a launch, a host call and three allocations (docs/facts.md#host-time),
-    and stages rows that the plain W4A4 plan reads from global memory (M > 1 or K >
-    W4A4_STAGE_MAX_K)."""
-    if hopper_path(True, M, N, K, sms) != "small_m" or gv.xsmem_bytes(M, K) > gv.MAX_XSMEM:
+    where the plain W4A4 plan already stages its activation row (M = 1, K <= W4A4_STAGE_MAX_K:
+    the same Config plus the quantize); None elsewhere (the quantizer's launch, then the GEMM).
+    It saves a launch, a host call and three allocations (docs/facts.md#host-time) for a
+    quantize of the row in every CTA; not yet timed (the kernel takes more rows and longer K,
+    `gv.Config.QUANTIZE_A`, which staging slowed in the plain plan: W4A4_STAGE_MAX_K)."""
+    if M != 1 or K > W4A4_STAGE_MAX_K or hopper_path(True, M, N, K, sms) != "small_m":
         return None
     cfg = small_m_config(M, N, K, True, out_dtype, sms)
     return dataclasses.replace(cfg, XSMEM=gv.xsmem_bytes(M, K), QUANTIZE_A=True)
