@@ -10,11 +10,12 @@ rows). `--models` instead: the linear layers of public model families (`MODEL_LA
 their sources) at every M of `MODEL_M` (1 to 8192; every family at every M is about 700
 shapes: run a few families per command). Variants per shape: tk_cute W4A16 and
 W4A4 through the public `tk_cute.nvfp4.gemm` (its notes column prints the path the dispatch
-took, `tk_cute.nvfp4.plan`), cuBLAS bf16 on the dequantized weights (`a @ w.t()`, the
-baseline), cuBLAS fp8 e4m3 (`torch._scaled_mm`, per-tensor scales) and, optionally, the torch
-path a user would write (LUT dequantize to bf16, then cuBLAS), and humming's NVFP4 W4A16 (the
-public peer, `humming_peer`: in every run where `humming` imports, checked norm-wise at its first
-call; `--no-humming` leaves it out). For M <= 128 also
+took, `tk_cute.nvfp4.plan`), tk_cute W4A4 from bf16 activations (`gemm(..., quantize_a=True)`:
+the quantize a W4A4 `Linear` pays included), cuBLAS bf16 on the dequantized weights
+(`a @ w.t()`, the baseline), cuBLAS fp8 e4m3 (`torch._scaled_mm`, per-tensor scales) and,
+optionally, the torch path a user would write (LUT dequantize to bf16, then cuBLAS), and
+humming's NVFP4 W4A16 (the public peer, `humming_peer`: in every run where `humming` imports,
+checked norm-wise at its first call; `--no-humming` leaves it out). For M <= 128 also
 `tk_cute.nvfp4.gemm(pdl=True)` (back-to-back calls overlap: a chain of decode GEMMs on static
 weights) and "speed of light: read W": `kernels/stream_read.py` reading the same weight bytes
 (codes and scales) and nothing else; its "vs base" is about the largest speedup over cuBLAS
@@ -78,6 +79,9 @@ MODEL_M = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 BASELINE = "cuBLAS bf16 (deq W)"
 SPEED_OF_LIGHT = "speed of light: read W"
 HUMMING = "humming NVFP4 w4a16"  # the public peer (`humming_peer`), where humming imports
+# W4A4 as a bf16 model runs it: the activations' quantize included (in the GEMM kernel where
+# `tuning.sm90.quantize_in_gemm` plans it, else its own launch first)
+W4A4_FROM_BF16 = "tk_cute w4a4 from bf16"
 
 
 def _dequant_torch(b) -> torch.Tensor:
@@ -136,6 +140,7 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16,
     v = {
         "tk_cute w4a16": lambda s: nvfp4.gemm(s["a"], s["b"], out),
         "tk_cute w4a4": lambda s: nvfp4.gemm(s["aq"], s["b"], out),
+        W4A4_FROM_BF16: lambda s: nvfp4.gemm(s["a"], s["b"], out, quantize_a=True),
         BASELINE: lambda s: s["a"] @ s["w"].t(),
         "cuBLAS fp8 _scaled_mm": lambda s: torch._scaled_mm(
             s["a8"], s["w8"].t(), scale_a=s["sa"], scale_b=s["sw"], out_dtype=torch.bfloat16),
