@@ -390,10 +390,10 @@ def _calls_of(data) -> collections.OrderedDict:
     removed when `data` is freed)."""
     key = id(data)
 
-    def forget(ref):
-        e = _CALLS.get(key)
+    def forget(ref, kept=_CALLS):  # (bound now: weights freed at interpreter exit, after the
+        e = kept.get(key)          # module's globals are gone, still find the dict)
         if e is not None and e[0] is ref:
-            del _CALLS[key]
+            del kept[key]
 
     calls = collections.OrderedDict()
     _CALLS[key] = (weakref.ref(data, forget), calls)

@@ -228,3 +228,34 @@ def test_gpu_quantize_a_is_quantize_then_gemm(M, N, K, seed):
     assert fused == (M == 1 and K <= 8192)  # (`quantize_in_gemm`)
     lin = Linear.from_nvfp4(b, activations="nvfp4")
     assert torch.equal(lin(x).view(torch.int16), want.view(torch.int16))
+
+
+def test_quantize_a_call_runs_the_planned_kernel(seed, monkeypatch):
+    """The prepared call of `gemm(x, b, quantize_a=True)` where the plan quantizes in the kernel
+    binds the small-M launch to the weights and gives it the bf16 rows and a fresh D: run here
+    with the emulator standing in for the GPU (the plan forced, as on a Hopper device)."""
+    from tk_cute.emulator import hopper
+    from tk_cute.testing import assert_gemm_close
+    from tk_cute.tuning import sm90 as sm90_tuning
+
+    N, K = 64, 512
+    cfg = sm90_tuning.complete("small_m", sm90_tuning.quantize_in_gemm(1, N, K), N, K, True,
+                               "bfloat16", "ue4m3", False)
+    ran = []
+
+    class Emulated:  # stands in for `launch.SmallM`: the kernel in the emulator
+        def __init__(self, b, c, M):
+            self.b, self.cfg, self.wsf = b, c, b.scales
+
+        def __call__(self, a, out):
+            ran.append((a.dtype, tuple(a.shape), self.cfg))
+            hopper.small_m(a, self.b, self.cfg, out)
+            return out
+
+    monkeypatch.setattr(gemm_mod, "_quantize_in_gemm", lambda *args: cfg)
+    monkeypatch.setitem(gemm_mod.BOUND, "small_m", Emulated)
+    b = quantize(torch.randn(N, K))
+    x = torch.randn(1, K).bfloat16()
+    got = gemm(x, b, quantize_a=True)
+    assert ran == [(torch.bfloat16, (1, K), cfg)]
+    assert_gemm_close(got, quantize(x, check_finite=False), b)
