@@ -432,15 +432,9 @@ def test_k_tail_runs_exactly_in_the_emulator(M, N, K, w4a4, S, seed):
 
 
 def _quantize_a_config(M, N, K, pdl=False):
-    """The dispatch's in-kernel-quantize Config (`quantize_in_gemm` + `complete`) at M = 1;
-    elsewhere the W4A4 plan with its rows staged and quantized (what the kernel takes beyond
-    the plan: more rows, two activation tiles without AHEAD)."""
+    """The dispatch's in-kernel-quantize Config (`quantize_in_gemm` + `complete`)."""
     cfg = sm90_tuning.quantize_in_gemm(M, N, K)
-    assert (cfg is not None) == (M == 1 and K <= sm90_tuning.W4A4_STAGE_MAX_K)
-    if cfg is None:
-        cfg = dataclasses.replace(sm90_tuning.small_m_config(M, N, K, True),
-                                  XSMEM=gv.xsmem_bytes(M, K), QUANTIZE_A=True)
-    assert cfg.QUANTIZE_A and cfg.w4a4
+    assert cfg is not None and cfg.QUANTIZE_A and cfg.w4a4
     return sm90_tuning.complete("small_m", cfg, N, K, True, "bfloat16", "ue4m3", pdl)
 
 
@@ -495,7 +489,7 @@ def test_quantize_a_non_finite_and_zero_rows(seed):
     from tk_cute.nvfp4 import quantize
 
     M, N, K = 2, 32, 512
-    cfg = _quantize_a_config(M, N, K)  # (two rows: not planned, the kernel takes them)
+    cfg = _quantize_a_config(M, N, K)
     b = quantize(torch.randn(N, K, generator=torch.Generator().manual_seed(seed)))
     x = torch.zeros(M, K, dtype=torch.bfloat16)
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)

@@ -27,8 +27,8 @@ every other torch function raises a TypeError naming what is supported (a silent
 would hide a 4x memory cost). In compiled code use `Linear` (its forward calls the ops on the
 buffers); the protocol is for eager code holding NVFP4Tensors.
 
-W4A4 forwards on bf16 activations run `gemm(x, w, quantize_a=True)`: at decode (one row, K <=
-8192 on Hopper) the activations are quantized inside the small-M GEMM kernel (one launch
+W4A4 forwards on bf16 activations run `gemm(x, w, quantize_a=True)`: at the few rows the Hopper
+small-M kernel serves, the activations are quantized inside that GEMM kernel (one launch
 instead of the quantizer's and the GEMM's, the same bytes; compiled: the ``nvfp4_gemm`` op's
 quantize_a); elsewhere, and for fp16 / fp32 activations or with ``check_finite``, `quantize`
 runs first.

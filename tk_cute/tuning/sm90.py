@@ -76,7 +76,7 @@ SMALL_M_TAIL_MAX_M = 16
 # as at the aim capped at SMALL_M_UNEVEN_MAX (warps: at 19, 608 threads, ptxas spilled the
 # trips' registers). Divisors only gave 1x3584x18944 (Qwen2.5-7B down: 74 chunks = 2 x 37)
 # S = 2 where 19 was the aim: 52.0 us, 0.75x cuBLAS bf16 (H200 2026-12-05,
-# docs/facts.md#small-m-split); now S = 15 (4 or 5 trips each), not yet timed.
+# docs/facts.md#small-m-split); now S = 15 (4 or 5 trips each): 13.5 us (the old S = 2: 42.6).
 SMALL_M_EVEN_MIN = 0.5
 SMALL_M_UNEVEN_MAX = 16
 # Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
@@ -219,12 +219,13 @@ def quantize_in_gemm(M: int, N: int, K: int, out_dtype: str = "bfloat16",
                      sms: int = 132) -> gv.Config | None:
     """The small-M Config that quantizes bf16 activations in the kernel (`gv.Config.QUANTIZE_A`:
     W4A4 from bf16 in one launch, bit for bit `quantize(a, check_finite=False)` then the GEMM)
-    where the plain W4A4 plan already stages its activation row (M = 1, K <= W4A4_STAGE_MAX_K:
-    the same Config plus the quantize); None elsewhere (the quantizer's launch, then the GEMM).
-    It saves a launch, a host call and three allocations (docs/facts.md#host-time) for a
-    quantize of the row in every CTA; not yet timed (the kernel takes more rows and longer K,
-    `gv.Config.QUANTIZE_A`, which staging slowed in the plain plan: W4A4_STAGE_MAX_K)."""
-    if M != 1 or K > W4A4_STAGE_MAX_K or hopper_path(True, M, N, K, sms) != "small_m":
+    wherever W4A4 takes the small-M path and its M rows fit staged in shared memory
+    (`gv.MAX_XSMEM`); None elsewhere (the quantizer's launch, then the GEMM). H200 A/B
+    (docs/facts.md#quantize-in-gemm; CUDA-graph us, one launch / quantize + GEMM): 1x8192^2 13.7
+    / 25.4, 1x4096^2 5.7 / 14.1, 1x28672x8192 37.9 / 50.2, 1x8192x28672 42.8 / 55.9 (rows
+    staged past W4A4_STAGE_MAX_K), 2x8192^2 19.1 / 25.6, 8x4096x2048 10.6 / 12.1; host time
+    per eager call ~15 / ~52 us."""
+    if hopper_path(True, M, N, K, sms) != "small_m" or gv.xsmem_bytes(M, K) > gv.MAX_XSMEM:
         return None
     cfg = small_m_config(M, N, K, True, out_dtype, sms)
     return dataclasses.replace(cfg, XSMEM=gv.xsmem_bytes(M, K), QUANTIZE_A=True)
