@@ -381,8 +381,8 @@ def markdown(results: list[dict], env: str, command: str, commit: str) -> str:
     for r in results:
         by.setdefault((r["M"], r["N"], r["K"]), {})[r["variant"]] = r
     lines = [f"`{command}`, commit {commit}. {env}", "",
-             "| M x N x K | W4A16 us | x | W4A4 us | x | cuBLAS bf16 us | read W | humming x "
-             "| path |",
+             ("| M x N x K | W4A16 us | x | W4A4 us | x | cuBLAS bf16 us | read W | humming x "
+              "| path |"),
              "|---|---|---|---|---|---|---|---|---|"]
     for (M, N, K), v in by.items():
         a, b, c = v.get("tk_cute w4a16"), v.get("tk_cute w4a4"), v.get(BASELINE)

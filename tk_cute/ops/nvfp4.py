@@ -27,8 +27,7 @@ into an FMA (the recipe forbids it) is written as explicit ``.rn`` PTX.
 from __future__ import annotations
 
 import cutlass
-import cutlass.cute as cute
-from cutlass import Float32, Uint32
+from cutlass import Float32, Uint32, cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
