@@ -223,9 +223,9 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
                 out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
             return prepared(a, b.data, b.scales, b.global_scale, b.shape, b.scale_format,
                             out_dtype, pdl, path, quantize_a=True)(a, out)
-        from .quantize import quantize
+        from .quantize import quantize_parts
 
-        a = quantize(a, check_finite=False)
+        a = quantize_parts(a, None, False)[0]  # (no saturation flag: nothing reads it)
     if out_dtype == "nvfp4" or isinstance(out, NVFP4Tensor):
         if out_dtype not in (None, "nvfp4"):
             raise TypeError(f"an NVFP4Tensor out takes out_dtype 'nvfp4' (or none), got "
@@ -266,10 +266,8 @@ class Call:
     def __init__(self, a, b: NVFP4Tensor, out_dtype, pdl: bool, path: str | None,
                  quantize_a: bool = False):
         self.op = op = validate.gemm_operands(a, b, out_dtype, pdl=pdl)
-        if quantize_a:  # 2-D bf16 a: quantized in the kernel, or (plan None) by `quantize` first
-            if a.dim() != 2:
-                raise ValueError(f"quantize_a in a prepared call takes bfloat16 (M, K) "
-                                 f"activations, got {tuple(a.shape)}")
+        if quantize_a:  # 2-D bf16 a (its callers check): quantized in the kernel, or (plan
+            # None) by `quantize_parts` first
             cfg = _quantize_in_gemm(op, b, out_dtype, pdl, path)
             p = self.plan = None if cfg is None else Plan("small_m", cfg)
             self.pdl, self.path = pdl, path
@@ -300,8 +298,7 @@ class Call:
             from .quantize import quantize_parts
 
             q = quantize_parts(a, None, False)[0]  # (no saturation flag: nothing reads it)
-            w = self.weights()
-            return prepared(q, w.data, self.scales, self.global_scale, self.shape,
+            return prepared(q, self.weights().data, self.scales, self.global_scale, self.shape,
                             self.scale_format, self.out_dtype, self.pdl, self.path)(q, out)
         if out is not None:
             validate.check_out(out, op.out_shape, self.out_dtype, self.device, "gemm")
