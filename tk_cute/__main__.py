@@ -38,7 +38,10 @@ def _positive_int(text: str) -> int:
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tk_cute run", description=COMMANDS["run"])
+    p = argparse.ArgumentParser(
+        prog="python -m tk_cute run",
+        description=COMMANDS["run"] + ". --m/--n/--k set the checked GEMM (and the compiled "
+        "Rubin kernel's shape); the emulator runs its own 256x256x512 (seconds of CPU time)")
     p.add_argument("--m", type=_positive_int, default=256, help="rows of A (default 256)")
     p.add_argument("--n", type=_positive_int, default=512, help="rows of B (default 512)")
     p.add_argument("--k", type=_positive_int, default=1024,

@@ -201,21 +201,41 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
         path: force one kernel path (`sm90_tuning.PATHS`, for comparisons and tests); ValueError
             when that path cannot take the shape. Default: the heuristics' choice.
         quantize_a: W4A4 from dense activations: bit for bit ``gemm(quantize(a,
-            check_finite=False), b, ...)`` (a bf16, fp16 or fp32 tensor; on CUDA NaN/Inf in a
-            give an unspecified D, as that quantize does; on a CPU quantize raises). A 2-D bf16
+            check_finite=False), b, ...)`` (a bf16, fp16 or fp32 tensor: (..., K) with 2-D
+            weights, its rows flattened as W4A16's are, or (L, M, K) with batched ones; on
+            CUDA NaN/Inf in a give an unspecified D, as that quantize does; on a CPU quantize
+            raises). A 2-D bf16
             `a` is quantized inside the small-M kernel where the plan allows (one launch:
             `sm90_tuning.quantize_in_gemm`, Hopper decode); otherwise by `quantize` first.
 
     Returns:
         D of out_dtype: (..., N) for W4A16, (M, N) or (L, M, N) for W4A4; `out` when given;
-        an NVFP4Tensor for NVFP4 output (`gemm_nvfp4`).
+        an NVFP4Tensor for NVFP4 output (`gemm_nvfp4`). Activations without rows ((0, K),
+        (B, 0, K)) give an empty D without a kernel, as ``torch.matmul`` does.
 
     Raises:
         TypeError, ValueError: see `validate.gemm_operands`.
         NotImplementedError: a combination no kernel of this GPU takes.
     """
+    if torch.compiler.is_compiling():
+        ue4m3 = lambda t: isinstance(t, NVFP4Tensor) and t.scale_format == "ue4m3"
+        if (ue4m3(b) and out is None and path is None and out_dtype != "nvfp4"
+                and out_global_scale is None and (ue4m3(a) or isinstance(a, torch.Tensor))):
+            return _traced(a, b, out_dtype, pdl, quantize_a)
+        return _untraced(a, b, out_dtype, out=out, pdl=pdl, path=path,
+                         out_global_scale=out_global_scale, quantize_a=quantize_a)
+    if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.numel() == 0:
+        return _empty_batch(a, b, out_dtype, out, out_global_scale, quantize_a)
     if quantize_a is not False:
         validate.flag("quantize_a", quantize_a)
+        if (isinstance(a, torch.Tensor) and a.dim() not in (0, 2) and isinstance(b, NVFP4Tensor)
+                and b.ndim == 2):  # (..., K) rows as W4A16 takes them: flattened to (M, K)
+            rows = a.reshape(-1, a.shape[-1])
+            flat = out.view(-1, out.shape[-1]) if (isinstance(out, torch.Tensor) and out.dim()
+                                                  and out.is_contiguous()) else out
+            d = gemm(rows, b, out_dtype, out=flat, pdl=pdl, path=path,
+                     out_global_scale=out_global_scale, quantize_a=True)
+            return out if out is not None else d.reshape(*a.shape[:-1], b.M)
         nvfp4_out = out_dtype == "nvfp4" or isinstance(out, NVFP4Tensor)
         if (not nvfp4_out and out_global_scale is None and isinstance(a, torch.Tensor)
                 and a.dtype == torch.bfloat16 and a.dim() == 2 and isinstance(b, NVFP4Tensor)):
@@ -240,6 +260,52 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
         validate.gemm_operands(a, b, out_dtype)  # raises, naming b
     return prepared(a, b.data, b.scales, b.global_scale, b.shape, b.scale_format, out_dtype,
                     pdl, path)(a, out)
+
+
+def _traced(a, b: NVFP4Tensor, out_dtype, pdl, quantize_a):
+    """`gemm` of UE4M3 operands, D in a torch dtype, no `out` or `path`, while torch.compile
+    traces: the custom ops (`tk_cute.nvfp4.ops`, what `Linear` and `linear` run there), no
+    graph break. (Other calls run `_untraced`.)"""
+    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    if isinstance(a, NVFP4Tensor):
+        parts = (a.data, a.scales, a.global_scale)
+    elif quantize_a is not False and not (isinstance(a, torch.Tensor) and a.dim() == 2
+                                          and a.dtype == torch.bfloat16):
+        if isinstance(a, torch.Tensor) and a.dim() != 2 and b.ndim == 2:  # (..., K) rows
+            d = _traced(a.reshape(-1, a.shape[-1]), b, out_dtype, pdl, True)
+            return d.reshape(*a.shape[:-1], b.M)
+        parts, quantize_a = torch.ops.tk_cute.nvfp4_quantize(a, None, False), False
+    else:
+        parts = (a, None, None)
+    return torch.ops.tk_cute.nvfp4_gemm(*parts, b.data, b.scales, b.global_scale, out_dtype,
+                                        pdl, quantize_a)
+
+
+# Anything else runs eagerly: a graph break, or under fullgraph=True an error naming why.
+_untraced = torch.compiler.disable(
+    gemm, reason="tk_cute.nvfp4.gemm traces (as the custom op tk_cute::nvfp4_gemm) only for "
+    "UE4M3 NVFP4Tensor operands, D in a torch dtype and no out=, path= or NVFP4 output")
+
+
+def _empty_batch(a: torch.Tensor, b, out_dtype, out, out_global_scale, quantize_a):
+    """D of activations with no rows ((0, K), (B, 0, K)): an empty tensor (or `out`), checked
+    as a call with rows would be, and no kernel (as `torch.matmul`)."""
+    if quantize_a is not False:
+        validate.flag("quantize_a", quantize_a)
+        from .quantize import SUPPORTED_DTYPES
+
+        if a.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"quantize_a takes float32, bfloat16 or float16 activations, got "
+                            f"{a.dtype}")
+        a = a.to(torch.bfloat16)  # (no elements)
+    if out_dtype == "nvfp4" or isinstance(out, NVFP4Tensor) or out_global_scale is not None:
+        raise ValueError(f"NVFP4 output needs at least one row of activations (an NVFP4Tensor "
+                         f"is never empty), got a of shape {tuple(a.shape)}")
+    if out_dtype is None:
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.bfloat16
+    op = validate.gemm_operands(a, b, out_dtype, out=out, empty=True)
+    return out if out is not None else torch.empty(op.out_shape, dtype=out_dtype,
+                                                   device=b.device)
 
 
 # ---------------------------------------------------------------- prepared calls

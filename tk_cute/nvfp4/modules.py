@@ -24,8 +24,8 @@ dispatcher, and tie the container to torch's subclass rules. torch honours
 ``__torch_function__`` on ANY object passed to a torch function, so ``F.linear(x, w)``,
 ``torch.matmul(x, w.t())`` and ``x @ w.t()`` reach `torch_function` with nothing else changed;
 every other torch function raises a TypeError naming what is supported (a silent dequantize
-would hide a 4x memory cost). In compiled code use `Linear` (its forward calls the ops on the
-buffers); the protocol is for eager code holding NVFP4Tensors.
+would hide a 4x memory cost). In compiled code `linear` (and so ``F.linear``) calls the ops
+on the NVFP4Tensor's parts, as `Linear`'s forward does on its buffers.
 
 W4A4 forwards on bf16 activations run `gemm(x, w, quantize_a=True)`: at the few rows the Hopper
 small-M kernel serves, the activations are quantized inside that GEMM kernel (one launch
@@ -53,9 +53,10 @@ dtypes: the module's floating tensors are the bias (the model's dtype) and the d
 (always float32). ``model.to(dtype)`` / ``.half()`` / ``.bfloat16()`` cast the bias only (the
 uint8 codes and scale bytes are not floating; `Linear._apply` keeps the decode scale float32), so
 an fp32 or fp16 model keeps working after `quantize_`: W4A16 forwards cast non-bfloat16
-activations to bfloat16 for the kernel and cast D back to the input's dtype (float32: exact;
-float16: values beyond 65504 become inf), then add the bias; W4A4 forwards quantize float32 /
-bfloat16 / float16 activations as they are and return that dtype. ``parameters()`` is empty
+activations to bfloat16 for the kernel, which writes D in the input's dtype (one rounding of
+its fp32 sums; float16: values beyond 65504 become inf), then add the bias (cast to D's dtype
+if it differs); W4A4 forwards quantize float32 / bfloat16 / float16 activations as they are
+and return that dtype. Other dtypes (float64, integers) raise TypeError. ``parameters()`` is empty
 (nothing is trainable: an optimizer built on a quantized model gets no parameter of these
 layers); the parts are buffers (``named_buffers()``, ``state_dict()``). An empty batch ((0, K),
 (B, 0, K)) returns an empty output of the output's dtype without a kernel launch.
@@ -123,7 +124,7 @@ class Linear(nn.Module):
         out_features: N.
         bias: whether the module has a bias.
         activations: "bf16" (W4A16: bfloat16 activations into the kernel; float32 / float16
-            ones are cast to bfloat16 and D cast back to their dtype) or "nvfp4" (W4A4: x
+            ones are cast to bfloat16 and D is written in their dtype) or "nvfp4" (W4A4: x
             float32 / bfloat16 / float16, quantized per call; output in x's dtype). Which to
             pick: on Hopper both run at about the same speed (the weights are decoded in the
             kernel either way; W4A4 also rounds the activations); on Blackwell / Rubin W4A4
@@ -240,6 +241,15 @@ class Linear(nn.Module):
             raise ValueError(f"NVFP4 Linear{where} ({self.out_features} x {self.in_features}): "
                              f"{e}") from None
 
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # The codes' rows are 16 bytes apart in memory (`tensor.padded_codes`, K % 32 != 0): a
+        # state dict holds them contiguous (N, K // 2), as the format is written and as
+        # safetensors (which refuses strided views) saves them; loading pads them again.
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        key = prefix + "weight_data"
+        if key in destination and not destination[key].is_contiguous():
+            destination[key] = destination[key].contiguous()
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         # Checked BEFORE anything is copied in: a bad state dict raises (load_state_dict turns
@@ -289,7 +299,7 @@ class Linear(nn.Module):
             raise TypeError(f"W4A4 Linear takes float32, bfloat16 or float16 activations, got "
                             f"{x.dtype}" if self.activations == "nvfp4" else
                             f"W4A16 Linear takes bfloat16 activations (float32 and float16 are "
-                            f"cast to bfloat16 and back), got {x.dtype}")
+                            f"cast to bfloat16, D written in their dtype), got {x.dtype}")
         if x.numel() == 0:
             y = x.new_zeros((*x.shape[:-1], N))
         elif self.activations == "nvfp4":
@@ -301,10 +311,9 @@ class Linear(nn.Module):
             y = y.reshape(*x.shape[:-1], N)
         elif x.dtype == torch.bfloat16:
             y = _gemm(x, w, (N, K), torch.bfloat16)
-        else:  # the kernels take bfloat16 activations: cast in, and D back out
-            y = _gemm(x.to(torch.bfloat16), w, (N, K), torch.bfloat16).to(x.dtype)
-        bias = self._part("bias")
-        return y if bias is None else y + bias
+        else:  # the kernels take bfloat16 activations: cast in; D is written in x's dtype
+            y = _gemm(x.to(torch.bfloat16), w, (N, K), x.dtype)
+        return _add_bias(y, self._part("bias"))
 
     def _part(self, name: str):
         """A buffer, read from `_buffers` (Module.__getattr__ costs ~0.3 us, this runs per
@@ -372,8 +381,13 @@ class QuantizePlan:
         return "\n".join(lines)
 
 
-def _unservable(child: nn.Module, parent: nn.Module) -> str | None:
-    """Why `quantize_` cannot serve this nn.Linear, or None."""
+def _unservable(child: nn.Module, parent: nn.Module, holders: dict) -> str | None:
+    """Why `quantize_` cannot serve this nn.Linear, or None. `holders`: id of each parameter
+    of the model -> the (fqn, module) pairs holding it (`_holders`)."""
+    tied = [fqn for fqn, m in holders.get(id(child.weight), ()) if m is not child]
+    if tied:
+        return (f"its weight is shared with {tied[0]!r} (tied, e.g. an output head and the "
+                f"embedding): a swap would untie them and keep the dense copy as well")
     if isinstance(parent, nn.MultiheadAttention) or isinstance(
             child, nn.modules.linear.NonDynamicallyQuantizableLinear):
         return ("its parent reads .weight as a dense tensor (nn.MultiheadAttention's out_proj, "
@@ -399,6 +413,11 @@ def _plan(model, filter_fn):
         raise TypeError(f"quantize_ swaps the nn.Linear children of a model; got "
                         f"{type(model).__name__} (for one layer use Linear.from_linear)")
     plan, slots = QuantizePlan(), []
+    holders: dict = {}  # parameter id -> [(fqn, module)]: tied weights
+    for name, m in model.named_modules():
+        for p in m._parameters.values():
+            if p is not None:
+                holders.setdefault(id(p), []).append((name, m))
     for name, parent in list(model.named_modules()):
         # _modules, not named_children: that skips a second slot holding a module already seen
         for child_name, child in list(parent._modules.items()):
@@ -408,7 +427,7 @@ def _plan(model, filter_fn):
             if filter_fn is None:
                 if not isinstance(child, nn.Linear):
                     continue
-                why = _unservable(child, parent)
+                why = _unservable(child, parent, holders)
                 if why is not None:
                     plan.skip[fqn] = why
                     continue
@@ -418,7 +437,7 @@ def _plan(model, filter_fn):
                 if not isinstance(child, nn.Linear):
                     raise TypeError(f"quantize_: filter_fn selected {fqn!r}, a "
                                     f"{type(child).__name__}; only nn.Linear modules are swapped")
-                why = _unservable(child, parent)
+                why = _unservable(child, parent, holders)
                 if why is not None:
                     raise ValueError(f"quantize_: filter_fn selected {fqn!r}, which NVFP4 cannot "
                                      f"serve: {why}; exclude it with filter_fn (or pass "
@@ -440,7 +459,9 @@ def quantize_(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] | No
         filter_fn: ``filter_fn(module, fqn) -> bool`` selects modules to swap. Default (None):
             every ``nn.Linear`` that NVFP4 can serve, skipping (as torchao's default filter
             does) ``nn.MultiheadAttention``'s ``out_proj``, whose parent reads ``.weight`` as a
-            dense tensor, and layers whose in_features is not a multiple of 16. A given
+            dense tensor, layers whose in_features is not a multiple of 16, and layers whose
+            weight is tied to another module's (an output head sharing the embedding: the
+            swap would keep both copies). A given
             filter_fn must select only ``nn.Linear`` modules NVFP4 can serve (anything else
             raises, naming the module). A module shared by several parents is quantized once
             and stays shared.
@@ -506,9 +527,11 @@ def _gemm(a, w: tuple, shape: tuple, out_dtype: torch.dtype,
 
 
 def linear(x, w: NVFP4Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ w^T (+ bias)`` as ``F.linear``: W4A16 for a bfloat16 tensor x (..., K), W4A4 for
-    an NVFP4Tensor x (M, K) (output bfloat16). Runs the custom ops (`tk_cute.nvfp4.ops`) under
-    torch.compile, `tk_cute.nvfp4.gemm` directly in eager code."""
+    """``x @ w^T (+ bias)`` as ``F.linear``: W4A16 for a floating tensor x (..., K) (as
+    `Linear`'s W4A16 forward: float32 / float16 x cast to bfloat16 for the kernel, D written
+    in x's dtype), W4A4 for an NVFP4Tensor x (M, K) (D bfloat16). The bias is added in D's
+    dtype. Runs the custom ops (`tk_cute.nvfp4.ops`) under torch.compile,
+    `tk_cute.nvfp4.gemm` directly in eager code."""
     if not isinstance(w, NVFP4Tensor):
         raise TypeError(f"nvfp4 linear: the weight must be an NVFP4Tensor, got "
                         f"{type(w).__name__}")
@@ -519,13 +542,24 @@ def linear(x, w: NVFP4Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if not isinstance(x, (NVFP4Tensor, torch.Tensor)):
         raise TypeError(f"nvfp4 linear: x must be a bfloat16 tensor (W4A16) or an NVFP4Tensor "
                         f"(W4A4), got {type(x).__name__}")
+    out_dtype = torch.bfloat16
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.float32, torch.float16):
+        out_dtype, x = x.dtype, x.to(torch.bfloat16)  # (as `Linear`'s W4A16 forward)
     if isinstance(x, torch.Tensor) and x.numel() == 0 and x.shape[-1:] == (w.K,):
-        y = x.new_zeros((*x.shape[:-1], w.M), dtype=torch.bfloat16)  # an empty batch
-        return y if bias is None else y + bias
+        y = x.new_zeros((*x.shape[:-1], w.M), dtype=out_dtype)  # an empty batch
+        return _add_bias(y, bias)
     if isinstance(x, NVFP4Tensor) and torch.compiler.is_compiling():
         x = (x.data, x.scales, x.global_scale)
-    y = _gemm(x, (w.data, w.scales, w.global_scale), w.shape, torch.bfloat16)
-    return y if bias is None else y + bias
+    y = _gemm(x, (w.data, w.scales, w.global_scale), w.shape, out_dtype)
+    return _add_bias(y, bias)
+
+
+def _add_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``y + bias`` in y's dtype (a bias of another dtype is cast, as D's dtype is the
+    contract: type promotion would silently widen D)."""
+    if bias is None:
+        return y
+    return y + (bias if bias.dtype == y.dtype else bias.to(y.dtype))
 
 
 def torch_function(func, args, kwargs):

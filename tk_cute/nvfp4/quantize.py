@@ -313,11 +313,34 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True,
             UE4M3 only; quantize on the CPU and move the tensor, `NVFP4Tensor.to`).
     """
     fmt = scale_format(scale_dtype)
+    if torch.compiler.is_compiling():
+        if check_finite is False and fmt.name == "ue4m3" and (
+                global_scale is None or isinstance(global_scale, torch.Tensor)):
+            return _traced(x, global_scale)
+        return _untraced(x, global_scale=global_scale, check_finite=check_finite,
+                         scale_dtype=scale_dtype)
     if isinstance(x, torch.Tensor):
         x = x.detach()  # the result must not keep x's autograd graph (nor a copy of |x|) alive
     q, gs = quantize_parts(x, global_scale, check_finite, fmt)
     q.saturated = saturated(x, gs, fmt)
     return q
+
+
+def _traced(x, global_scale) -> NVFP4Tensor:
+    """`quantize(x, global_scale=..., check_finite=False)` (UE4M3; a given global scale as a
+    tensor, its value not read) while torch.compile traces: the custom op
+    ``tk_cute::nvfp4_quantize``, no graph break."""
+    data, scales, gs = torch.ops.tk_cute.nvfp4_quantize(x, global_scale, False)
+    q = NVFP4Tensor.trusted(data, scales, gs, x.shape)
+    q.saturated = saturated(x, global_scale)
+    return q
+
+
+# Anything else runs eagerly: a graph break, or under fullgraph=True an error naming why.
+_untraced = torch.compiler.disable(
+    quantize, reason="tk_cute.nvfp4.quantize traces (as the custom op tk_cute::nvfp4_quantize) "
+    "only with check_finite=False (its check is a host sync), UE4M3 scales and a global_scale "
+    "given as a tensor or none")
 
 
 def quantize_parts(x, global_scale=None, check_finite: bool = True,

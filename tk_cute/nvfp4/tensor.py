@@ -94,6 +94,21 @@ class NVFP4Tensor:
         if self.global_scale.device.type != "meta":  # meta tensors (shape-only planning)
             self._check_values()
 
+    def __eq__(self, other) -> bool:
+        """Whether `other` is an NVFP4Tensor of the same shape and scale format, on the same
+        device, with the same bytes: codes, blocked scales (their padding too) and decode
+        scale (reads both: a CUDA sync). Tensors on different devices are unequal."""
+        if not isinstance(other, NVFP4Tensor):
+            return NotImplemented
+        if other is self:
+            return True
+        if (self.shape, self.scale_format, self.device) != (
+                other.shape, other.scale_format, other.device):
+            return False
+        return all(torch.equal(a, b) for a, b in ((self.data, other.data),
+                                                  (self.scales, other.scales),
+                                                  (self.global_scale, other.global_scale)))
+
     def _check_values(self) -> None:
         """Reject a global scale or scale bytes that decode to NaN or to garbage (one host read
         of each part: a CUDA sync, paid once by a user assembling a tensor from parts)."""
@@ -159,7 +174,11 @@ class NVFP4Tensor:
         return self.shape[0] if self.ndim == 3 else None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "NVFP4Tensor":
-        """A copy on `device` (the same object if already there)."""
+        """A copy on `device` (the same object if already there). Moves only: the codes and
+        scales keep their format (a dense tensor of a dtype: `dequantize(dtype)`)."""
+        if isinstance(device, torch.dtype):
+            raise TypeError(f"NVFP4Tensor.to moves the tensor between devices only, got the "
+                            f"dtype {device}: call .dequantize({device}) for a dense tensor")
         device = torch.device(device)
         if device == self.device:
             return self

@@ -53,8 +53,10 @@ def out_dtype(dtype) -> torch.dtype:
     return dtype
 
 
-def gemm_operands(a, b, dtype, *, out=None, pdl: bool = False, cuda: bool = False) -> Operands:
-    """Validate a `gemm` call (`cuda`: the operands must be on a CUDA device).
+def gemm_operands(a, b, dtype, *, out=None, pdl: bool = False, cuda: bool = False,
+                  empty: bool = False) -> Operands:
+    """Validate a `gemm` call (`cuda`: the operands must be on a CUDA device; `empty`: bf16
+    activations may have no rows, an empty batch whose D `gemm` returns without a kernel).
 
     Raises:
         TypeError: b is not an NVFP4Tensor; a is neither an NVFP4Tensor nor a dense bfloat16
@@ -82,7 +84,7 @@ def gemm_operands(a, b, dtype, *, out=None, pdl: bool = False, cuda: bool = Fals
         check_dense(a, "W4A16 activations")
         if a.dtype != torch.bfloat16:
             raise TypeError(f"W4A16 activations must be a torch.bfloat16 tensor, got {a.dtype}")
-        if a.dim() < 1 or a.numel() == 0:
+        if a.dim() < 1 or (a.numel() == 0 and not (empty and a.shape[-1] > 0)):
             raise ValueError(f"W4A16 activations must be a non-empty (..., K) tensor, got "
                              f"{tuple(a.shape)}")
         K = a.shape[-1]

@@ -128,7 +128,7 @@ def test_torch_functions_other_than_linear_raise(seed):
     with pytest.raises(TypeError, match=r"x @ w.t\(\)"):
         x @ w
     with pytest.raises(TypeError, match="W4A16 activations must be a torch.bfloat16"):
-        F.linear(x.float(), w)
+        F.linear(x.double(), w)
     assert w.t().t() is w and w.t().shape == (32, 16)
     assert torch.equal(w.t().dequantize(), w.dequantize().t())
 
@@ -256,13 +256,74 @@ def test_fp32_and_fp16_models_run(dtype, activations, seed):
     layer = model.gate
     with torch.no_grad():
         got = layer(x)
-    if activations == "bf16":  # cast in, W4A16 in bfloat16, cast back, then the bias
-        want = w4a16_reference(x.to(torch.bfloat16), layer.weight).to(dtype) + layer.bias
+    if activations == "bf16":  # cast in, W4A16 writing D in x's dtype, then the bias
+        want = w4a16_reference(x.to(torch.bfloat16), layer.weight, dtype) + layer.bias
     else:
         want = gemm_reference(quantize(x), layer.weight, dtype) + layer.bias
     assert torch.equal(got, want)
     err = float((y.float() - ref(x).float()).norm() / ref(x).float().norm())
     assert err < (0.25 if activations == "bf16" else 0.35), err
+
+
+def test_outputs_keep_the_input_dtype_whatever_the_bias_dtype(seed):
+    """D is in x's dtype: W4A16 writes fp32 / fp16 D from the kernel (not bf16 cast back), and
+    a bias of another dtype is cast to it (no type promotion), in the module and F.linear."""
+    w = quantize(torch.randn(48, 64))
+    x = torch.randn(5, 64)
+    for dtype in (torch.float32, torch.float16):
+        want = w4a16_reference(x.to(dtype).bfloat16(), w, dtype)
+        assert torch.equal(F.linear(x.to(dtype), w), want)
+    want = F.linear(x, w)  # fp32 D: the sums, not their bf16 rounding
+    assert want.dtype == torch.float32 and not torch.equal(want, want.bfloat16().float())
+    bias = torch.randn(48)  # float32
+    y = F.linear(x.bfloat16(), w, bias)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, w4a16_reference(x.bfloat16(), w) + bias.bfloat16())
+    layer = Linear.from_linear(nn.Linear(64, 48).to(torch.bfloat16))
+    with torch.no_grad():
+        y = layer(x.half())
+    assert y.dtype == torch.float16
+    assert torch.equal(y, w4a16_reference(x.half().bfloat16(), layer.weight, torch.float16)
+                       + layer.bias.half())
+
+
+def test_tied_weights_are_skipped_by_default(seed):
+    """An output head sharing the embedding's weight stays dense by default (a swap would keep
+    both copies); a filter_fn selecting it raises."""
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.body = nn.Embedding(100, 64), nn.Linear(64, 64)
+            self.head = nn.Linear(64, 100, bias=False)
+            self.head.weight = self.emb.weight
+
+    model = Tied().to(torch.bfloat16)
+    plan = nvfp4.quantize_plan(model)
+    assert plan.swap == ["body"] and "shared with 'emb'" in plan.skip["head"]
+    quantize_(model)
+    assert isinstance(model.body, Linear) and model.head.weight is model.emb.weight
+    with pytest.raises(ValueError, match="head', which NVFP4 cannot serve: its weight is shared"):
+        quantize_(Tied(), lambda m, fqn: fqn == "head")
+
+
+def test_compiled_functional_calls_trace_the_ops(seed):
+    """`gemm` and `quantize` (check_finite=False) trace as the custom ops under torch.compile
+    (fullgraph, equal to eager); calls the ops cannot express run eagerly behind a graph break,
+    and under fullgraph raise naming why."""
+    torch._dynamo.reset()
+    w = quantize(torch.randn(48, 64))
+    x = torch.randn(2, 3, 64)
+    fns = {"w4a16": lambda x: nvfp4.gemm(x.bfloat16(), w),
+           "quantize_a": lambda x: nvfp4.gemm(x, w, torch.float32, quantize_a=True),
+           "w4a4": lambda x: nvfp4.gemm(quantize(x[0], check_finite=False), w)}
+    for name, fn in fns.items():
+        assert torch.equal(torch.compile(fn, fullgraph=True, backend="aot_eager")(x), fn(x)), name
+    checked = lambda x: quantize(x[0]).data  # check_finite: a host sync
+    assert torch.equal(torch.compile(checked, backend="aot_eager")(x), checked(x))
+    torch._dynamo.reset()  # (else the graph-broken frame above is reused)
+    with pytest.raises(Exception, match="check_finite=False"):
+        torch.compile(checked, fullgraph=True, backend="aot_eager")(x)
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("activations", ACTIVATIONS)
@@ -338,6 +399,22 @@ def test_state_dict_round_trip_is_bitwise(activations, seed):
                                  activations=activations))
     empty.load_state_dict(loaded)
     assert torch.equal(empty(x), model(x))
+
+
+def test_state_dict_holds_contiguous_codes_and_loads_them_padded(seed):
+    """K % 32 != 0: the codes' rows are 16-byte padded in memory, but the state dict holds them
+    contiguous (N, K // 2), as safetensors requires; loading pads them again."""
+    model = quantize_(nn.Sequential(nn.Linear(48, 32)).to(torch.bfloat16))
+    assert not model[0].weight_data.is_contiguous()
+    sd = model.state_dict()
+    assert sd["0.weight_data"].is_contiguous() and sd["0.weight_data"].shape == (32, 24)
+    assert torch.equal(sd["0.weight_data"], model[0].weight_data)
+    fresh = quantize_(nn.Sequential(nn.Linear(48, 32)).to(torch.bfloat16))
+    fresh.load_state_dict(sd)
+    assert fresh[0].weight_data.stride() == model[0].weight_data.stride()
+    x = torch.randn(3, 48, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(fresh(x), model(x))
 
 
 def test_to_moves_every_part_and_keeps_the_decode_scale_float32(seed):

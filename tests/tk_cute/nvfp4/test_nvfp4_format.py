@@ -338,3 +338,19 @@ def test_round_float64_example_and_dtypes():
         round_float64(x.float(), torch.bfloat16)
     with pytest.raises(TypeError, match="dtype must be .* got torch.int32"):
         round_float64(x, torch.int32)
+
+
+def test_nvfp4tensor_equality_and_to_a_dtype(seed):
+    """== compares shape, format and bytes (a copy is equal, other values are not); .to takes
+    devices only and names .dequantize for a dtype."""
+    import copy
+
+    from tk_cute.nvfp4 import quantize
+
+    q = quantize(torch.randn(64, 48))
+    same = q
+    assert q == copy.deepcopy(q) and q == same and (q != copy.deepcopy(q)) is False
+    assert q != quantize(torch.randn(64, 48)) and q != quantize(torch.randn(32, 48))
+    assert (q == 1) is False
+    with pytest.raises(TypeError, match=r"moves the tensor between devices only.*dequantize"):
+        q.to(torch.bfloat16)

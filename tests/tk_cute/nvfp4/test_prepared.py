@@ -181,7 +181,8 @@ def test_unhashable_arguments_still_get_the_validators_message(seed):
 
 def test_quantize_a_is_quantize_then_gemm(seed):
     """`gemm(x, b, quantize_a=True)` = `gemm(quantize(x, check_finite=False), b)` bit for bit
-    on fresh operands, for every activation dtype the quantizer takes, 2-D and (..., K), bf16
+    on fresh operands, for every activation dtype the quantizer takes, 2-D and (..., K) (rows
+    flattened, as W4A16's), bf16
     and fp32 D, into `out`; a kept call per shape like any other; the flag must be a bool."""
     b = quantize(torch.randn(40, 96))
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
@@ -193,9 +194,11 @@ def test_quantize_a_is_quantize_then_gemm(seed):
     out = torch.full((5, 40), float("nan"))
     assert gemm(x, b, quantize_a=True, out=out) is out and torch.equal(out, want)
     assert any(key[-1] is True for key in _calls(b))  # (the 2-D bf16 call is a prepared one)
-    x3 = torch.randn(2, 4, 96).bfloat16()  # W4A4 takes (L, M, K) with batched weights only
-    with pytest.raises(ValueError):
-        gemm(x3, b, quantize_a=True)
+    for x3 in (torch.randn(2, 4, 96).bfloat16(), torch.randn(3, 1, 2, 96)):  # rows flattened
+        want = gemm(quantize(x3.reshape(-1, 96), check_finite=False), b)
+        assert torch.equal(gemm(x3, b, quantize_a=True), want.reshape(*x3.shape[:-1], 40))
+    with pytest.raises(ValueError, match="K mismatch"):
+        gemm(torch.randn(2, 4, 80), b, quantize_a=True)
     with pytest.raises(TypeError, match="quantize_a"):
         gemm(x, b, quantize_a=1)
     with pytest.raises(TypeError, match="out_global_scale"):
@@ -259,3 +262,21 @@ def test_quantize_a_call_runs_the_planned_kernel(seed, monkeypatch):
     got = gemm(x, b, quantize_a=True)
     assert ran == [(torch.bfloat16, (1, K), cfg)]
     assert_gemm_close(got, quantize(x, check_finite=False), b)
+
+
+def test_empty_batches_give_empty_d_without_a_kernel(seed):
+    """Activations without rows give an empty D of the asked dtype (or `out`), as
+    torch.matmul does, after the same checks as a call with rows."""
+    b = quantize(torch.randn(40, 96))
+    for shape in [(0, 96), (2, 0, 96)]:
+        for kw in ({}, {"quantize_a": True}):
+            d = gemm(torch.empty(shape, dtype=torch.bfloat16), b, torch.float32, **kw)
+            assert d.shape == (*shape[:-1], 40) and d.dtype == torch.float32
+    out = torch.empty(0, 40, dtype=torch.float16)
+    assert gemm(torch.empty(0, 96, dtype=torch.bfloat16), b, out=out) is out
+    with pytest.raises(ValueError, match="K mismatch"):
+        gemm(torch.empty(0, 80, dtype=torch.bfloat16), b)
+    with pytest.raises(TypeError, match="bfloat16"):
+        gemm(torch.empty(0, 96), b)
+    with pytest.raises(ValueError, match="NVFP4 output needs at least one row"):
+        gemm(torch.empty(0, 96, dtype=torch.bfloat16), b, "nvfp4", out_global_scale=1.0)
