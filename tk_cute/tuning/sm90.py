@@ -7,7 +7,8 @@ below); the kernels' designs and limits in docs/nvfp4_hopper.md.
 Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "small_m" (`kernels/gemm/nvfp4_small_m_sm90.py`, mma.sync streaming the weights): M < RS_MIN_M
   and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M; up to
-  SMALL_M_TAIL_MAX_M where N % 128 != 0; also W4A16 M <= 64 where the register-A kernel cannot
+  SMALL_M_TAIL_MAX_M where N % 128 != 0, and where K % 128 == 0 and K <= SMALL_M_SHORT_K_MAX
+  (small layers); also W4A16 M <= 64 where the register-A kernel cannot
   take N or K. It takes K % 64 == 0 (a last half step: `Config.K_TAIL`, set here from K;
   docs/facts.md#small-m-k-tail).
 - "register_a" (`kernels/gemm/nvfp4_register_a_sm90.py`, weights decoded into wgmma A registers):
@@ -50,11 +51,17 @@ from tk_cute.tuning import rounds
 # Below this M the small-M kernel beats the register-A one: its M = 1 path (one n8 MMA tile,
 # staged activations) on the H200 (1x8192^2: 14.2 vs 18.2 us, docs/facts.md#rs-min-m).
 RS_MIN_M = 9
-# Largest N_ACT given 256 rows per CTA. There the consumers have 104 registers (640 threads, one
-# A register set from N_ACT = 32 on), the ring 2-5 stages. On the H200 (docs/facts.md#rs-wide-rows,
-# activations permuted once per call) 256 rows were 2% faster than 128 at N_ACT = 48,
-# even at 64, and 128 rows 18% faster at 80 (two A sets, 3 stages).
+# N_ACT given 256 rows per CTA: from WIDE_MIN_N_ACT to WIDE_MAX_N_ACT. There the consumers
+# have 104 registers (640 threads, one A register set from N_ACT = 32 on), the ring 2-5
+# stages. On the H200 (docs/facts.md#rs-wide-rows, activations permuted once per call) 256
+# rows were 2% faster than 128 at N_ACT = 48, even at 64, and 128 rows 18% faster at 80 (two
+# A sets, 3 stages); at N_ACT 16 and 32 128 rows were faster on 15 of 18 real layers (9 x 2,
+# N x K from 2880^2 to 3584x18944: up to 1.20x, 5760x2880 at 16 rows 3% slower;
+# docs/facts.md#rs-wide-rows, 2026-12-05): below WIDE_MIN_N_ACT, 128 rows up to N =
+# NARROW_MAX_N (the layers measured; wider ones keep 256 rows, unmeasured there).
+WIDE_MIN_N_ACT = 48
 WIDE_MAX_N_ACT = 64
+NARROW_MAX_N = 6144
 # W4A4 up to this M runs the small-M kernel, which decodes NVFP4 activations in registers; above
 # it the register-A kernels decode them in their permute pass (at M = 1 the small-M kernel's
 # in-register decode costs less than a pass).
@@ -69,6 +76,14 @@ W4A4_STAGE_MAX_K = 8192
 # bf16, small-M / register-A): 16x4000x8192 W4A16 1.99 / 1.63x, W4A4 2.04 / 1.58x; 64x4000x8192
 # W4A16 0.81 / 1.44x.
 SMALL_M_TAIL_MAX_M = 16
+# Up to SMALL_M_TAIL_MAX_M rows the small-M kernel also takes short whole-step K (K % 128 == 0,
+# K <= this): there the register-A kernel's row blocks split into few stages per CTA. H200 A/B
+# (2026-12-05, weights L2-resident, docs/facts.md#small-m-short-k; vs cuBLAS bf16 at 16 rows,
+# small-M / register-A at 128 rows / the 256-row register-A it replaced): 3584^2 0.98 / 0.88 / 0.73x, 4608x3584 0.92
+# / 0.82 / 0.76x, 4096^2 1.04 / 1.04 / 0.89x, 6144x4096 1.57 / 1.36 / 1.28x; at K = 2880 (K %
+# 128 == 64) it lost (5120x2880 0.66 / 0.72x, 5760x2880 0.75 / 0.80x), at K = 18944 too
+# (3584x18944 1.65 / 2.03x); at 32 rows it lost on 3 of 5 such layers.
+SMALL_M_SHORT_K_MAX = 4096
 # The small-M kernel's K split (`small_m_splits`): the divisor of its K chunks nearest the split
 # it aims for (every slice the same trips, as the H200 sweeps of docs/facts.md#small-m-config
 # ran), unless divisibility leaves it under this fraction of the aim among every split that fits
@@ -116,7 +131,8 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     shape has one."""
     if gv.supports(M, N, K) and (M <= W4A4_NATIVE_MAX_M if w4a4 else M < RS_MIN_M):
         return "small_m"
-    if N % rs.BAND and M <= SMALL_M_TAIL_MAX_M and gv.supports(M, N, K):
+    if M <= SMALL_M_TAIL_MAX_M and gv.supports(M, N, K) and (
+            N % rs.BAND or (K % gv.STEP_K == 0 and K <= SMALL_M_SHORT_K_MAX)):
         return "small_m"
     if rs.supports(M, N, K) and not split_tile_wins(M, N):
         return "register_a"
@@ -289,14 +305,15 @@ def small_m_splits(cfg: gv.Config, N: int, K: int, sms: int,
 @functools.lru_cache(maxsize=1024)
 def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs.Config:
     """N_ACT = M rounded up to 16 (8 up to M = 8). Where N allows, 256 rows per CTA (each
-    activation byte then serves twice the weight rows): as four warpgroups of one MMA tile up
-    to N_ACT = WIDE_MAX_N_ACT, and as two of two tiles where 128 rows would leave a ring of two
-    stages anyway (N_ACT = 128; beyond that 128 rows keep three stages and were faster)."""
+    activation byte then serves twice the weight rows): as four warpgroups of one MMA tile from
+    N_ACT = WIDE_MIN_N_ACT up to WIDE_MAX_N_ACT (fewer activation rows on up to NARROW_MAX_N
+    weight rows: 128, more CTAs and stages per CTA), and as two of two tiles where 128 rows would leave a ring of two stages
+    anyway (N_ACT = 128; beyond that 128 rows keep three stages and were faster)."""
     tail, n_tail = K % rs.STAGE_K != 0, N % rs.BAND != 0
     rs.check_shape(rs.Config(N_ACT=rs.MAX_M, K_TAIL=tail, N_TAIL=n_tail), M, N, K)
     n_act = 8 if M <= 8 else -(-M // 16) * 16
     narrow = rs.Config(N_ACT=n_act, out_dtype=out_dtype, K_TAIL=tail, N_TAIL=n_tail)
-    if N % (2 * rs.BAND):
+    if N % (2 * rs.BAND) or (n_act < WIDE_MIN_N_ACT and N <= NARROW_MAX_N):
         return narrow
     if n_act <= WIDE_MAX_N_ACT:
         return rs.Config(N_ACT=n_act, ROWS=2 * rs.BAND, out_dtype=out_dtype, K_TAIL=tail)
