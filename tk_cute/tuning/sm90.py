@@ -7,8 +7,8 @@ below); the kernels' designs and limits in docs/nvfp4_hopper.md.
 Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "small_m" (`kernels/gemm/nvfp4_small_m_sm90.py`, mma.sync streaming the weights): M < RS_MIN_M
   and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M; up to
-  SMALL_M_TAIL_MAX_M where N % 128 != 0, and where K % 128 == 0 and K <= SMALL_M_SHORT_K_MAX
-  (small layers); also W4A16 M <= 64 where the register-A kernel cannot
+  SMALL_M_TAIL_MAX_M where N % 128 != 0, and where K % 128 == 0, K <= SMALL_M_SHORT_K_MAX and
+  N <= NARROW_MAX_N (small layers); also W4A16 M <= 64 where the register-A kernel cannot
   take N or K. It takes K % 64 == 0 (a last half step: `Config.K_TAIL`, set here from K;
   docs/facts.md#small-m-k-tail).
 - "register_a" (`kernels/gemm/nvfp4_register_a_sm90.py`, weights decoded into wgmma A registers):
@@ -82,7 +82,9 @@ SMALL_M_TAIL_MAX_M = 16
 # small-M / register-A at 128 rows / the 256-row register-A it replaced): 3584^2 0.98 / 0.88 / 0.73x, 4608x3584 0.92
 # / 0.82 / 0.76x, 4096^2 1.04 / 1.04 / 0.89x, 6144x4096 1.57 / 1.36 / 1.28x; at K = 2880 (K %
 # 128 == 64) it lost (5120x2880 0.66 / 0.72x, 5760x2880 0.75 / 0.80x), at K = 18944 too
-# (3584x18944 1.65 / 2.03x); at 32 rows it lost on 3 of 5 such layers.
+# (3584x18944 1.65 / 2.03x); at 32 rows it lost on 3 of 5 such layers. Up to N = NARROW_MAX_N
+# (the layers measured): on the H100 (cold weights) 16x37888x3584 ran 49.6 us on it where
+# register-A ran 32 rows in 43.2.
 SMALL_M_SHORT_K_MAX = 4096
 # The small-M kernel's K split (`small_m_splits`): the divisor of its K chunks nearest the split
 # it aims for (every slice the same trips, as the H200 sweeps of docs/facts.md#small-m-config
@@ -132,7 +134,8 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     if gv.supports(M, N, K) and (M <= W4A4_NATIVE_MAX_M if w4a4 else M < RS_MIN_M):
         return "small_m"
     if M <= SMALL_M_TAIL_MAX_M and gv.supports(M, N, K) and (
-            N % rs.BAND or (K % gv.STEP_K == 0 and K <= SMALL_M_SHORT_K_MAX)):
+            N % rs.BAND or (K % gv.STEP_K == 0 and K <= SMALL_M_SHORT_K_MAX
+                            and N <= NARROW_MAX_N)):
         return "small_m"
     if rs.supports(M, N, K) and not split_tile_wins(M, N):
         return "register_a"
