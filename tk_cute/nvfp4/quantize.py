@@ -314,9 +314,8 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True,
     """
     fmt = scale_format(scale_dtype)
     if torch.compiler.is_compiling():
-        if check_finite is False and fmt.name == "ue4m3" and (
-                global_scale is None or isinstance(global_scale, torch.Tensor)):
-            return _traced(x, global_scale)
+        if check_finite is False and fmt.name == "ue4m3" and global_scale is None:
+            return _traced(x)
         return _untraced(x, global_scale=global_scale, check_finite=check_finite,
                          scale_dtype=scale_dtype)
     if isinstance(x, torch.Tensor):
@@ -326,21 +325,20 @@ def quantize(x: torch.Tensor, *, global_scale=None, check_finite: bool = True,
     return q
 
 
-def _traced(x, global_scale) -> NVFP4Tensor:
-    """`quantize(x, global_scale=..., check_finite=False)` (UE4M3; a given global scale as a
-    tensor, its value not read) while torch.compile traces: the custom op
-    ``tk_cute::nvfp4_quantize``, no graph break."""
-    data, scales, gs = torch.ops.tk_cute.nvfp4_quantize(x, global_scale, False)
+def _traced(x) -> NVFP4Tensor:
+    """`quantize(x, check_finite=False)` (UE4M3, the computed global scale) while torch.compile
+    traces: the custom op ``tk_cute::nvfp4_quantize``, no graph break."""
+    data, scales, gs = torch.ops.tk_cute.nvfp4_quantize(x, None, False)
     q = NVFP4Tensor.trusted(data, scales, gs, x.shape)
-    q.saturated = saturated(x, global_scale)
+    q.saturated = saturated(x, None)
     return q
 
 
 # Anything else runs eagerly: a graph break, or under fullgraph=True an error naming why.
 _untraced = torch.compiler.disable(
     quantize, reason="tk_cute.nvfp4.quantize traces (as the custom op tk_cute::nvfp4_quantize) "
-    "only with check_finite=False (its check is a host sync), UE4M3 scales and a global_scale "
-    "given as a tensor or none")
+    "only with check_finite=False (its check is a host sync), UE4M3 scales and the computed "
+    "global scale (a given one is checked on the host)")
 
 
 def quantize_parts(x, global_scale=None, check_finite: bool = True,
