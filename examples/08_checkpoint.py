@@ -73,9 +73,9 @@ def write_compressed_tensors(path):
 CT_DIR = WORK / "compressed-tensors"
 write_compressed_tensors(CT_DIR)
 files = load_file(str(CT_DIR / "model.safetensors"))
-print(Table(["tensor", "dtype", "shape"],
-            [[k, str(v.dtype).removeprefix("torch."), tuple(v.shape)] for k, v in files.items()
-             if k.startswith("model.layers.0.self_attn.q_proj.")]))
+Table(["tensor", "dtype", "shape"],
+      [[k, str(v.dtype).removeprefix("torch."), tuple(v.shape)] for k, v in files.items()
+       if k.startswith("model.layers.0.self_attn.q_proj.")])
 
 # %% [markdown]
 # One layer's tensors: codes two per byte (element 2i in the low nibble, as tk_cute stores
@@ -125,10 +125,10 @@ with torch.inference_mode():
     down = model.model.layers[0].mlp.down_proj
     w_err = rel_err(down.weight.dequantize(torch.float32),
                     library.model.layers[0].mlp.down_proj.weight)
-print(Table(["comparison", "relative error"],
-            [["logits, tk_cute vs compressed-tensors' dequantized model",
-              f"{rel_err(logits, lib_logits):.2e}"],
-             ["layer 0 down_proj weights (library's bf16 vs exact)", f"{w_err:.2e}"]]))
+Table(["comparison", "relative error"],
+      [["logits, tk_cute vs compressed-tensors' dequantized model",
+        f"{rel_err(logits, lib_logits):.2e}"],
+       ["layer 0 down_proj weights (library's bf16 vs exact)", f"{w_err:.2e}"]])
 
 # %% [markdown]
 # Generating a few tokens greedily works as with any transformers model (the weights are random,
@@ -140,9 +140,9 @@ with torch.inference_mode():
               "do_sample": False, "pad_token_id": 0}
     ours = model.generate(tokens, **greedy)
     theirs = library.generate(tokens, **greedy)
-print(Table(["model", "generated tokens"],
-            [["tk_cute NVFP4", ours[0, tokens.shape[1]:].tolist()],
-             ["compressed-tensors (dequantized)", theirs[0, tokens.shape[1]:].tolist()]]))
+Table(["model", "generated tokens"],
+      [["tk_cute NVFP4", ours[0, tokens.shape[1]:].tolist()],
+       ["compressed-tensors (dequantized)", theirs[0, tokens.shape[1]:].tolist()]])
 
 # %% [markdown]
 # Saving back: to compressed-tensors (the library loads it, to the same values), and to
@@ -164,10 +164,10 @@ again = AutoModelForCausalLM.from_pretrained(
 with torch.inference_mode():
     same = torch.equal(reloaded.to(DEVICE)(tokens).logits, logits)
     lib_again = rel_err(again(tokens).logits, lib_logits)
-print(Table(["round trip", "result"],
-            [["tk_cute -> ModelOpt -> tk_cute", "bitwise equal logits" if same else "DIFFERENT"],
-             ["tk_cute -> compressed-tensors -> library, logits vs the original",
-              f"{lib_again:.2e}"]]))
+Table(["round trip", "result"],
+      [["tk_cute -> ModelOpt -> tk_cute", "bitwise equal logits" if same else "DIFFERENT"],
+       ["tk_cute -> compressed-tensors -> library, logits vs the original",
+        f"{lib_again:.2e}"]])
 
 # %% [markdown]
 # Every NVFP4 weight is checked once as it is loaded: a checkpoint whose scales decode to NaN,

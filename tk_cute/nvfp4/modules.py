@@ -383,7 +383,7 @@ class QuantizePlan:
 
 def _unservable(child: nn.Module, parent: nn.Module, holders: dict) -> str | None:
     """Why `quantize_` cannot serve this nn.Linear, or None. `holders`: id of each parameter
-    of the model -> the (fqn, module) pairs holding it (`_holders`)."""
+    of the model -> the (fqn, module) pairs holding it (built by `_plan`)."""
     tied = [fqn for fqn, m in holders.get(id(child.weight), ()) if m is not child]
     if tied:
         return (f"its weight is shared with {tied[0]!r} (tied, e.g. an output head and the "

@@ -79,12 +79,12 @@ SMALL_M_TAIL_MAX_M = 16
 # Up to SMALL_M_TAIL_MAX_M rows the small-M kernel also takes short whole-step K (K % 128 == 0,
 # K <= this): there the register-A kernel's row blocks split into few stages per CTA. H200 A/B
 # (2026-12-05, weights L2-resident, docs/facts.md#small-m-short-k; vs cuBLAS bf16 at 16 rows,
-# small-M / register-A at 128 rows / the 256-row register-A it replaced): 3584^2 0.98 / 0.88 / 0.73x, 4608x3584 0.92
-# / 0.82 / 0.76x, 4096^2 1.04 / 1.04 / 0.89x, 6144x4096 1.57 / 1.36 / 1.28x; at K = 2880 (K %
-# 128 == 64) it lost (5120x2880 0.66 / 0.72x, 5760x2880 0.75 / 0.80x), at K = 18944 too
-# (3584x18944 1.65 / 2.03x); at 32 rows it lost on 3 of 5 such layers. Up to N = NARROW_MAX_N
-# (the layers measured): on the H100 (cold weights) 16x37888x3584 ran 49.6 us on it where
-# register-A ran 32 rows in 43.2.
+# small-M / register-A at 128 rows / the 256-row register-A it replaced): 3584^2 0.98 / 0.88 /
+# 0.73x, 4608x3584 0.92 / 0.82 / 0.76x, 4096^2 1.04 / 1.04 / 0.89x, 6144x4096 1.57 / 1.36 /
+# 1.28x; at K = 2880 (K % 128 == 64) it lost (5120x2880 0.66 / 0.72x, 5760x2880 0.75 /
+# 0.80x), at K = 18944 too (3584x18944 1.65 / 2.03x); at 32 rows it lost on 3 of 5 such
+# layers. Up to N = NARROW_MAX_N (the layers measured): on the H100 (cold weights)
+# 16x37888x3584 ran 49.6 us on it where register-A ran 32 rows in 43.2.
 SMALL_M_SHORT_K_MAX = 4096
 # The small-M kernel's K split (`small_m_splits`): the divisor of its K chunks nearest the split
 # it aims for (every slice the same trips, as the H200 sweeps of docs/facts.md#small-m-config
@@ -310,8 +310,9 @@ def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs
     """N_ACT = M rounded up to 16 (8 up to M = 8). Where N allows, 256 rows per CTA (each
     activation byte then serves twice the weight rows): as four warpgroups of one MMA tile from
     N_ACT = WIDE_MIN_N_ACT up to WIDE_MAX_N_ACT (fewer activation rows on up to NARROW_MAX_N
-    weight rows: 128, more CTAs and stages per CTA), and as two of two tiles where 128 rows would leave a ring of two stages
-    anyway (N_ACT = 128; beyond that 128 rows keep three stages and were faster)."""
+    weight rows: 128, more CTAs and stages per CTA), and as two of two tiles where 128 rows
+    would leave a ring of two stages anyway (N_ACT = 128; beyond that 128 rows keep three
+    stages and were faster)."""
     tail, n_tail = K % rs.STAGE_K != 0, N % rs.BAND != 0
     rs.check_shape(rs.Config(N_ACT=rs.MAX_M, K_TAIL=tail, N_TAIL=n_tail), M, N, K)
     n_act = 8 if M <= 8 else -(-M // 16) * 16
