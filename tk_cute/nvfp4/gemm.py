@@ -228,8 +228,7 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
         return _empty_batch(a, b, out_dtype, out, out_global_scale, quantize_a)
     if quantize_a is not False:
         validate.flag("quantize_a", quantize_a)
-        if (isinstance(a, torch.Tensor) and a.dim() not in (0, 2) and isinstance(b, NVFP4Tensor)
-                and b.ndim == 2):  # (..., K) rows as W4A16 takes them: flattened to (M, K)
+        if _flat_rows(a, b):
             rows = a.reshape(-1, a.shape[-1])
             flat = out.view(-1, out.shape[-1]) if (isinstance(out, torch.Tensor) and out.dim()
                                                   and out.is_contiguous()) else out
@@ -262,6 +261,13 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
                     pdl, path)(a, out)
 
 
+def _flat_rows(a, b) -> bool:
+    """Whether quantize_a's activations are (..., K) rows (not 2-D) of 2-D weights: flattened
+    to (M, K), as W4A16 takes them, and D shaped (..., N) back."""
+    return (isinstance(a, torch.Tensor) and a.dim() not in (0, 2) and isinstance(b, NVFP4Tensor)
+            and b.ndim == 2)
+
+
 def _traced(a, b: NVFP4Tensor, out_dtype, pdl, quantize_a):
     """`gemm` of UE4M3 operands, D in a torch dtype, no `out` or `path`, while torch.compile
     traces: the custom ops (`tk_cute.nvfp4.ops`, what `Linear` and `linear` run there), no
@@ -271,7 +277,7 @@ def _traced(a, b: NVFP4Tensor, out_dtype, pdl, quantize_a):
         parts = (a.data, a.scales, a.global_scale)
     elif quantize_a is not False and not (isinstance(a, torch.Tensor) and a.dim() == 2
                                           and a.dtype == torch.bfloat16):
-        if isinstance(a, torch.Tensor) and a.dim() != 2 and b.ndim == 2:  # (..., K) rows
+        if _flat_rows(a, b):
             d = _traced(a.reshape(-1, a.shape[-1]), b, out_dtype, pdl, True)
             return d.reshape(*a.shape[:-1], b.M)
         parts, quantize_a = torch.ops.tk_cute.nvfp4_quantize(a, None, False), False
@@ -292,11 +298,9 @@ def _empty_batch(a: torch.Tensor, b, out_dtype, out, out_global_scale, quantize_
     as a call with rows would be, and no kernel (as `torch.matmul`)."""
     if quantize_a is not False:
         validate.flag("quantize_a", quantize_a)
-        from .quantize import SUPPORTED_DTYPES
+        from .quantize import check_dtype
 
-        if a.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"quantize_a takes float32, bfloat16 or float16 activations, got "
-                            f"{a.dtype}")
+        check_dtype(a, "quantize_a's activations")
         a = a.to(torch.bfloat16)  # (no elements)
     if out_dtype == "nvfp4" or isinstance(out, NVFP4Tensor) or out_global_scale is not None:
         raise ValueError(f"NVFP4 output needs at least one row of activations (an NVFP4Tensor "

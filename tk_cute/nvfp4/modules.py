@@ -309,10 +309,9 @@ class Linear(nn.Module):
             else:
                 y = _gemm(_quantize(x2, self.check_finite), w, (N, K), x.dtype)
             y = y.reshape(*x.shape[:-1], N)
-        elif x.dtype == torch.bfloat16:
-            y = _gemm(x, w, (N, K), torch.bfloat16)
-        else:  # the kernels take bfloat16 activations: cast in; D is written in x's dtype
-            y = _gemm(x.to(torch.bfloat16), w, (N, K), x.dtype)
+        else:
+            xb, out_dtype = _w4a16_activations(x)
+            y = _gemm(xb, w, (N, K), out_dtype)
         return _add_bias(y, self._part("bias"))
 
     def _part(self, name: str):
@@ -543,8 +542,8 @@ def linear(x, w: NVFP4Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         raise TypeError(f"nvfp4 linear: x must be a bfloat16 tensor (W4A16) or an NVFP4Tensor "
                         f"(W4A4), got {type(x).__name__}")
     out_dtype = torch.bfloat16
-    if isinstance(x, torch.Tensor) and x.dtype in (torch.float32, torch.float16):
-        out_dtype, x = x.dtype, x.to(torch.bfloat16)  # (as `Linear`'s W4A16 forward)
+    if isinstance(x, torch.Tensor):
+        x, out_dtype = _w4a16_activations(x)
     if isinstance(x, torch.Tensor) and x.numel() == 0 and x.shape[-1:] == (w.K,):
         y = x.new_zeros((*x.shape[:-1], w.M), dtype=out_dtype)  # an empty batch
         return _add_bias(y, bias)
@@ -552,6 +551,14 @@ def linear(x, w: NVFP4Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         x = (x.data, x.scales, x.global_scale)
     y = _gemm(x, (w.data, w.scales, w.global_scale), w.shape, out_dtype)
     return _add_bias(y, bias)
+
+
+def _w4a16_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
+    """W4A16's kernel activations and D's dtype: bfloat16 x as is; float32 / float16 x cast to
+    bfloat16 (the kernels read bfloat16), D written in x's dtype."""
+    if x.dtype in (torch.float32, torch.float16):
+        return x.to(torch.bfloat16), x.dtype
+    return x, torch.bfloat16
 
 
 def _add_bias(y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -58,7 +58,7 @@ from tk_cute.layouts.nvfp4_scales import blocked_shape
 from tk_cute.runtime import fresh_buffers
 
 from . import validate
-from .quantize import SUPPORTED_DTYPES, quantize_parts
+from .quantize import check_dtype, quantize_parts
 from .tensor import SF_VEC, NVFP4Tensor, codes_storage, normalize_parts
 
 __all__ = ["gemm", "logical_shape", "nvfp4_gemm", "nvfp4_quantize", "parts"]
@@ -120,9 +120,7 @@ def _quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None,
 
 
 def _quantize_fake(x, global_scale=None, check_finite=False):
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"quantize input dtype must be float32, bfloat16 or float16, got "
-                        f"{x.dtype}")
+    check_dtype(x)
     if x.dim() not in (2, 3) or x.shape[-1] % SF_VEC:
         raise ValueError(f"quantize input must be (M, K) or (L, M, K) with K % 16 == 0, got "
                          f"{tuple(x.shape)}")

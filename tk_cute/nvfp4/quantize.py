@@ -96,6 +96,12 @@ AMAX_FLOOR = GLOBAL_DENOM * 2.0**-116  # s_dec_g >= 2^-116: see the scale-invari
 _FLT_MIN = F32_MIN_NORMAL  # the floor of a block's decode scale, and of a given global scale
 
 
+def check_dtype(x: torch.Tensor, who: str = "quantize input") -> None:
+    """TypeError unless x's dtype is one the quantizer takes (`SUPPORTED_DTYPES`)."""
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{who} dtype must be float32, bfloat16 or float16, got {x.dtype}")
+
+
 def _check_quantize_input(x, global_scale, *, finite: bool = True) -> torch.Tensor | None:
     """Validate `quantize` arguments; shared by the reference and kernel paths.
 
@@ -117,10 +123,7 @@ def _check_quantize_input(x, global_scale, *, finite: bool = True) -> torch.Tens
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"quantize expects a torch.Tensor, got {describe(x)}")
     check_dense(x, "quantize input", values=True)
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"quantize input dtype must be float32, bfloat16 or float16, got {x.dtype}"
-        )
+    check_dtype(x)
     if x.dim() not in (2, 3):
         raise ValueError(
             f"quantize input must be 2-D (M, K) or 3-D (L, M, K), got {x.dim()}-D shape "
