@@ -143,7 +143,7 @@ def test_model_bench_variants_build_and_run_on_the_host(seed):
     v = bench_model.variants(models, compile=True)
     kinds = ("bf16", "fp8 _scaled_mm", "tk_cute w4a16", "tk_cute w4a4")
     assert set(v) == {f"{k} eager" for k in kinds} | {
-        f"tk_cute {a} compiled {mode}" for a in ("w4a16", "w4a4")
+        f"{a} compiled {mode}" for a in ("bf16", "tk_cute w4a16", "tk_cute w4a4")
         for mode in bench_model.COMPILE_MODES}
     graphs = bench_model.graph_variants(v)
     assert set(graphs) == {f"{k} CUDA graph" for k in kinds}

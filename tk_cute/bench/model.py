@@ -13,8 +13,8 @@ I), one model per variant built from the same random bf16 weights:
 - "tk_cute w4a16" / "tk_cute w4a4": `tk_cute.nvfp4.quantize_` of the bf16 model (the two share
   the weight buffers; W4A4 quantizes its activations per call).
 Each runs "eager" (a Python forward per call: host time included) and "CUDA graph" (the harness
-captures the eager forwards, `harness.bench(graph=True)`: GPU time alone); the tk_cute models also
-run "compiled default" (``torch.compile(fullgraph=True)``: eager launches of the compiled graph) and
+captures the eager forwards, `harness.bench(graph=True)`: GPU time alone); the tk_cute models and
+bf16 (torch's own compile cost, the yardstick) also run "compiled default" (``torch.compile(fullgraph=True)``: eager launches of the compiled graph) and
 "compiled reduce-overhead" (the same in torch's CUDA graph trees), one compiled model per variant
 for every M in one process (a graph, and a graph tree, per M). The per-call host costs at 1x256x256
 (`host_costs`, `--host-only`) follow, beside torch's own. "vs base" is against "bf16 eager" for the
@@ -127,12 +127,13 @@ def build_models(hidden: int, intermediate: int, device=None, seed: int = 0,
 
 def variants(models: dict[str, nn.Module], compile: bool = True) -> dict:
     """{variant name: fn(inputs)} for the timed-eagerly group: every model "eager", the tk_cute
-    ones also "compiled" (``torch.compile`` is lazy: nothing compiles until a call). The
-    CUDA-graph group is the eager entries renamed (`graph_variants`)."""
+    ones and bf16 also "compiled" (bf16's compiled rows: what torch.compile costs torch's own
+    model, the yardstick of the tk_cute ones; ``torch.compile`` is lazy: nothing compiles
+    until a call). The CUDA-graph group is the eager entries renamed (`graph_variants`)."""
     v = {}
     for name, model in models.items():
         v[f"{name} eager"] = lambda s, m=model: m(s["x"])
-        if compile and name.startswith("tk_cute"):
+        if compile and (name == "bf16" or name.startswith("tk_cute")):
             for mode in COMPILE_MODES:
                 compiled = torch.compile(model, fullgraph=True, dynamic=False, mode=mode)
                 v[f"{name} compiled {mode}"] = lambda s, m=compiled: m(s["x"])
