@@ -113,6 +113,34 @@ def host_overhead(fn, inputs, calls: int = 200) -> float:
     return elapsed / calls * 1e6
 
 
+def host_overheads(fns: dict, calls: int = 200, rounds: int = 15) -> dict[str, list[float]]:
+    """Microseconds of host time per call of each `fns[name]()`, once per round: {name: [us per
+    round]}. Rounds alternate between the calls (as `bench`'s do), so a host's drift (other
+    tenants, clocks) hits them alike: compare two calls by the median of their per-round
+    ratios. GPU work queues asynchronously; the garbage collector is off while timing (as
+    `timeit` does)."""
+    import gc
+
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    out = {name: [] for name in fns}
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                out[name].append((time.perf_counter() - start) / calls * 1e6)
+                torch.cuda.synchronize()
+    finally:
+        if enabled:
+            gc.enable()
+    return out
+
+
 def require_gpu() -> None:
     """Exit with a clear message where torch sees no CUDA GPU (the benches time kernels)."""
     if not torch.cuda.is_available():

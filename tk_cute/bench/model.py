@@ -14,10 +14,11 @@ I), one model per variant built from the same random bf16 weights:
   the weight buffers; W4A4 quantizes its activations per call).
 Each runs "eager" (a Python forward per call: host time included) and "CUDA graph" (the harness
 captures the eager forwards, `harness.bench(graph=True)`: GPU time alone); the tk_cute models and
-bf16 (torch's own compile cost, the yardstick) also run "compiled default" (``torch.compile(fullgraph=True)``: eager launches of the compiled graph) and
-"compiled reduce-overhead" (the same in torch's CUDA graph trees), one compiled model per variant
-for every M in one process (a graph, and a graph tree, per M). The per-call host costs at 1x256x256
-(`host_costs`, `--host-only`) follow, beside torch's own. "vs base" is against "bf16 eager" for the
+bf16 (torch's own compile cost, the yardstick) also run "compiled default"
+(``torch.compile(fullgraph=True)``: eager launches of the compiled graph) and "compiled
+reduce-overhead" (the same in torch's CUDA graph trees), one compiled model per variant for
+every M in one process (a graph, and a graph tree, per M). The per-call host costs at 1x256x256
+(`host_costs`, `--host-only`: interleaved rounds, ratios to torch's own call per round) follow. "vs base" is against "bf16 eager" for the
 eager and compiled rows and against "bf16 CUDA graph" for the graph rows; notes give tokens/s (M
 rows per call) and the output's relative error against the bf16 model's (Frobenius norms). GB/s
 counts each variant's weight bytes (2, 1 and 0.5625 B per element). Everything runs under
@@ -37,12 +38,14 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tk_cute.bench.harness import HEADER, bench, environment, host_overhead, input_sets, row
+from tk_cute.bench.harness import (HEADER, bench, environment, host_overhead, host_overheads,
+                                   input_sets, row)
 
 DEFAULT_M = [1, 16, 256, 2048]
 BASELINE, GRAPH_BASELINE = "bf16 eager", "bf16 CUDA graph"
@@ -143,10 +146,11 @@ def variants(models: dict[str, nn.Module], compile: bool = True) -> dict:
 COMPILE_MODES = ("default", "reduce-overhead")
 
 
-def host_costs(M: int = 1, N: int = 256, K: int = 256, calls: int = 1000) -> dict[str, float]:
+def host_costs(M: int = 1, N: int = 256, K: int = 256) -> dict[str, list[float]]:
     """Host microseconds per eager call at a tiny shape (the GPU idles: what is measured is
-    the Python and launch cost), torch's own calls first: {name: us}. `nvfp4.quantize` runs
-    unchecked (`check_finite=False`) and checked (its one host sync, waiting for the GPU)."""
+    the Python and launch cost), torch's own calls first, in interleaved rounds
+    (`harness.host_overheads`): {name: [us per round]}. `nvfp4.quantize` runs unchecked
+    (`check_finite=False`) and checked (its one host sync, waiting for the GPU)."""
     from tk_cute import nvfp4
 
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -162,22 +166,26 @@ def host_costs(M: int = 1, N: int = 256, K: int = 256, calls: int = 1000) -> dic
            "nvfp4.quantize unchecked": lambda: nvfp4.quantize(x, check_finite=False),
            "nvfp4.quantize checked (syncs)": lambda: nvfp4.quantize(x)}
     with torch.inference_mode():
-        return {n: min(host_overhead(lambda _, f=f: f(), None, calls) for _ in range(3))
-                for n, f in fns.items()}
+        return host_overheads(fns)
 
 
 def print_host_costs(M: int = 1, N: int = 256, K: int = 256) -> list[dict]:
-    """`host_costs` as lines, each tk_cute call against torch's (`a @ w.t()` for gemm and
-    quantize, `nn.Linear` for Linear)."""
+    """`host_costs` as lines: each call's median over the rounds and, for tk_cute's, the median
+    of its per-round ratios to torch's call (`a @ w.t()` for gemm and quantize, `nn.Linear` for
+    Linear), with their range."""
     costs = host_costs(M, N, K)
     rows = []
-    print(f"host time per eager call at {M}x{N}x{K} (mean of 1,000 calls, best of 3), us:")
+    print(f"host time per eager call at {M}x{N}x{K} (median of {len(costs['torch nn.Linear'])} "
+          f"interleaved rounds of 200 calls), us:")
     for name, us in costs.items():
         base = costs["torch nn.Linear" if "Linear" in name else "torch a @ w.t()"]
-        ratio = "" if name.startswith("torch") else f" ({us / base:.2f}x torch's)"
-        print(f"  {name:<32} {us:7.1f}{ratio}")
-        rows.append({"call": name, "M": M, "N": N, "K": K, "host_us": us,
-                     "vs_torch": None if name.startswith("torch") else us / base})
+        ratios = sorted(u / b for u, b in zip(us, base))
+        ratio = None if name.startswith("torch") else statistics.median(ratios)
+        note = "" if ratio is None else (f" ({ratio:.2f}x torch's; rounds "
+                                         f"{ratios[0]:.2f}-{ratios[-1]:.2f}x)")
+        print(f"  {name:<32} {statistics.median(us):7.1f}{note}")
+        rows.append({"call": name, "M": M, "N": N, "K": K, "host_us": statistics.median(us),
+                     "vs_torch": ratio})
     return rows
 
 
