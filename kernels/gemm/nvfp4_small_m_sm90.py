@@ -29,8 +29,9 @@ coherent: ptxas moves read-only loads above the wait). At the end each warp puts
 its fp32 partial in shared memory and, after one CTA barrier, the CTA sums the S slices in
 order (deterministic), applies 2^8 (2^16 for W4A4) * global scales and writes D: no global
 workspace, no atomics, no fences.
-Constraints (checked): M <= 64, K % 64 == 0 (K % 128 == 64: `Config.K_TAIL`, the first K-slice
-adds the half step in one more masked step), N % 32 == 0.
+Constraints (checked): M <= 64, K % 64 == 0, N % 32 == 0. K need not be whole trips: the first
+K-slice adds the whole 128-K steps after them (`Config.REST`) in one short trip, then K's last
+half step (K % 128 == 64: `Config.K_TAIL`) in one more masked step.
 Scale format (`Config.sf`): UE4M3 (w = e2m1 * sf * 2^-8), or UE5M3 for both operands (w = e2m1 *
 sf * 2^-16, `ops.nvfp4.decode_shift`; GPU-tested).
 
@@ -69,7 +70,8 @@ class Config:
     """MT: 16-row MMA tiles per warp; NT: 8-column MMA tiles (M <= 8*NT); WN: warps along N
     (row groups); S: warps along K (K-slices, summed in shared memory at the end); a CTA has
     WN x S warps. UNROLL: 128-K steps per trip (their loads are issued together); AHEAD: the
-    next trip's weights load while this one decodes; w4a4: A is NVFP4; K_TAIL: K % 128 == 64."""
+    next trip's weights load while this one decodes; w4a4: A is NVFP4; REST: 128-K steps past
+    the whole trips; K_TAIL: K % 128 == 64."""
 
     MT: int = 2
     NT: int = 2
@@ -87,6 +89,11 @@ class Config:
     PDL: bool = False
     EARLY_WEIGHTS: bool = False
     XSMEM: int = 0  # > 0: shared memory bytes staging the CTA's activations as bf16 (M = 1)
+    # K // 128 steps are not whole trips (K // 128 % UNROLL = REST): the first K-slice runs the
+    # REST steps after its trips in one short trip (no second copy of UNROLL's registers: an
+    # odd step count keeps UNROLL = 2, where UNROLL = 1 ran 1x8192x29568 at 0.6 of the weight
+    # read's time)
+    REST: int = 0
     # K ends in half a step (K % 128 == 64): the first K-slice adds those 64 elements in one
     # more step after its trips, its lanes t >= 2 (past K) reading t - 2's bytes and zeroing
     # them.
@@ -106,6 +113,9 @@ class Config:
         if self.WN not in (1, 2, 4, 8, 16) or self.UNROLL not in (1, 2, 4):
             raise ValueError(f"WN must be 1..16 (power of 2) and UNROLL 1, 2 or 4, "
                              f"got {self.WN}, {self.UNROLL}")
+        if not 0 <= self.REST < self.UNROLL:
+            raise ValueError(f"REST (128-K steps past the whole trips) must be 0 .. UNROLL - 1 "
+                             f"= {self.UNROLL - 1}, got REST={self.REST}")
         if not self.fits(self.S):
             raise ValueError(f"S={self.S} K-slices do not fit one CTA: needs S >= 1, WN x S = "
                              f"{self.WN * self.S} <= {MAX_THREADS // 32} warps and S x rows x "
@@ -318,9 +328,15 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
             wq, sc = _load_weights(cfg, w_rows, sf_rows, Int64(trip))
             xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
             _mma_trip(cfg, acc, wq, sc, xw)
+    if cutlass.const_expr(cfg.REST > 0):
+        if s == 0:  # (warp-uniform) the steps after K's whole chunks, on the first slice: it
+            # has the floor of the chunks / S (`k_slice`), so uneven splits stay balanced
+            rest = Int64(K // cfg.k_chunk)
+            wq, sc = _load_weights(cfg, w_rows, sf_rows, rest, cfg.REST)
+            _mma_trip(cfg, acc, wq, sc,
+                      _load_activations(cfg, x_rows, xsf_rows, rest, cfg.REST), cfg.REST)
     if cutlass.const_expr(cfg.K_TAIL):
-        if s == 0:  # (warp-uniform) the half step after K's whole chunks, on the first slice:
-            # it has the floor of the chunks / S (`k_slice`), so uneven splits stay balanced
+        if s == 0:  # (warp-uniform) the half step after K's whole steps, on the first slice
             _tail_step(cfg, acc, w_rows, sf_rows, x_rows, xsf_rows, Int64(K // cfg.k_chunk),
                        lane)
     part = Shared().alloc(sv(Float32, cfg.S * cfg.rows * cfg.m_pad)).iterator.toint()
@@ -545,13 +561,13 @@ def _decode(cfg, q, sf_prescaled):
 
 def _tail_step(cfg, acc, w_rows, sf_rows, x_rows, xsf_rows, trip, lane):
     """K's last 64 elements (K_TAIL) as one step at `trip` (from the warp's first K element:
-    slice 0's, so K // k_chunk): lanes t < 2 hold them; lanes
+    slice 0's, so K // k_chunk) plus the REST steps: lanes t < 2 hold them; lanes
     t >= 2, whose 32 elements would lie past K (past the rows, the scale atoms, the staged
     activations), read lane t - 2's (64 elements back: in bounds) and zero every word, so
     their codes, scales and activations are +0 and their products 0."""
     past = Uint32(lane % 4 >= 2)
     keep = Uint32(0) - (Uint32(1) - past)  # all ones for lanes t < 2, else 0
-    back = Int64(past) * 64
+    back = Int64(past) * 64 - STEP_K * cfg.REST
     wq, sc = _load_weights(cfg, w_rows, sf_rows, trip, 1, back)
     xw = _load_activations(cfg, x_rows, xsf_rows, trip, 1, back)
     wq = [[[v & keep for v in words] for words in row] for row in wq]
@@ -659,9 +675,9 @@ def check_shape(cfg: Config, M: int, N: int, K: int) -> None:
     if cfg.XSMEM and xsmem_bytes(M, K) > cfg.XSMEM:
         raise ValueError(f"config {cfg} stages {cfg.XSMEM} B of activations; M={M}, K={K} "
                          f"needs {xsmem_bytes(M, K)} B (XSMEM=0 reads them from global memory)")
-    tail = TAIL_K if cfg.K_TAIL else 0
+    tail = STEP_K * cfg.REST + (TAIL_K if cfg.K_TAIL else 0)
     if not 1 <= M <= cfg.m_pad or N % cfg.rows or K % cfg.k_chunk != tail or chunks < cfg.S:
         raise ValueError(f"config {cfg} does not fit M={M}, N={N}, K={K} (needs 1 <= M <= "
                          f"m_pad = {cfg.m_pad}, N % rows = {cfg.rows} == 0, K % k_chunk = "
-                         f"{cfg.k_chunk} == {tail} (K_TAIL={cfg.K_TAIL}) and S <= K // k_chunk "
-                         f"= {chunks})")
+                         f"{cfg.k_chunk} == {tail} (REST={cfg.REST}, K_TAIL={cfg.K_TAIL}) and "
+                         f"S <= K // k_chunk = {chunks})")

@@ -199,6 +199,8 @@ CONFIGS = {
     "m8_w4a4_uneven": sm90_tuning.small_m_config(8, 3584, 18944, w4a4=True),
     # K % 128 == 64 (gpt-oss's 2880): the half step after the first slice's trips
     "m1_k_tail": sm90_tuning.small_m_config(1, 5120, 2880),
+    # Qwen2.5-72B's down projection: 231 steps, UNROLL = 2 and one step past the trips
+    "m1_rest": sm90_tuning.small_m_config(1, 8192, 29568),
     "m8_w4a4_k_tail": sm90_tuning.small_m_config(8, 5760, 2880, w4a4=True),
     "m16_k_tail": sm90_tuning.small_m_config(16, 2880, 2880),
 }
@@ -213,8 +215,9 @@ def built(request):
 
 def _steps(cfg):
     """128-K steps in the code: UNROLL per copy of the trip body (AHEAD peels the last trip
-    and loads the first one before the loop: two copies), and K_TAIL's half step."""
-    return cfg.UNROLL * (2 if cfg.AHEAD else 1) + cfg.K_TAIL
+    and loads the first one before the loop: two copies), the REST steps and K_TAIL's half
+    step."""
+    return cfg.UNROLL * (2 if cfg.AHEAD else 1) + cfg.REST + cfg.K_TAIL
 
 
 def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
@@ -353,7 +356,7 @@ def test_config_rejects_unsupported_shapes(M, N, K, match):
                                   (8192, 28672), (96, 128), (160, 384), (3584, 18944)])
 def test_split_k_divides_the_k_chunks_unless_that_starves_it(M, N, K):
     cfg = sm90_tuning.small_m_config(M, N, K)
-    assert M <= cfg.m_pad and N % cfg.rows == 0 and K % cfg.k_chunk == 0
+    assert M <= cfg.m_pad and N % cfg.rows == 0 and K % cfg.k_chunk == gv.STEP_K * cfg.REST
     S, chunks = sm90_tuning.small_m_splits(cfg, N, K, 132), K // cfg.k_chunk
     assert S == cfg.S <= chunks and cfg.threads <= gv.MAX_THREADS
     assert cfg.part_bytes <= gv.MAX_PART_BYTES
@@ -429,6 +432,30 @@ def test_k_tail_runs_exactly_in_the_emulator(M, N, K, w4a4, S, seed):
         cfg = dataclasses.replace(cfg, S=S, WN=1)
     assert cfg.K_TAIL
     _emulated(cfg, M, N, K, w4a4, seed)
+
+
+@pytest.mark.parametrize("M, N, K, w4a4, S", [
+    (1, 32, 384, False, None),  # 3 steps: one trip of 2, then one step; staged row, AHEAD
+    (8, 32, 448, True, None),  # the step, then the half step; W4A4 decoded in every trip
+    (16, 64, 384, False, None),  # two activation tiles, no AHEAD (UNROLL 4 -> 2)
+    (5, 32, 1408, False, 2),  # 11 steps: 5 trips in 2 uneven slices, then the step
+    (1, 32, 640, True, 2),  # W4A4 staged, decoded once
+])
+def test_rest_steps_run_exactly_in_the_emulator(M, N, K, w4a4, S, seed):
+    """K // 128 steps that are not whole trips (`Config.REST`): the first slice's short trip
+    (and then the half step of K_TAIL), every element within bound."""
+    cfg = _planned(M, N, K, w4a4)
+    if S is not None:
+        cfg = dataclasses.replace(cfg, S=S, WN=1)
+    assert cfg.UNROLL == 2 and cfg.REST == 1 and cfg.K_TAIL == (K % 128 != 0)
+    _emulated(cfg, M, N, K, w4a4, seed)
+
+
+def test_rest_must_be_short_of_a_trip():
+    with pytest.raises(ValueError, match="REST"):
+        gv.Config(UNROLL=2, REST=2)
+    with pytest.raises(ValueError, match="REST=0"):
+        gv.check_shape(gv.Config(UNROLL=2), 1, 32, 384)
 
 
 def _quantize_a_config(M, N, K, pdl=False):
@@ -569,6 +596,26 @@ def test_every_tiling_matches_float64(seed, M, tiling):
     cfg = dataclasses.replace(sm90_tuning.small_m_config(M, N, K), **tiling, S=2)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     d = launch.gemm_small_m(a, b, out=out, config=cfg)
+    assert not d.isnan().any(), "unwritten or NaN outputs"
+    assert_gemm_close(d, a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 4, 8])
+@pytest.mark.parametrize("w4a4", [False, True])
+def test_planned_rest_step_on_the_gpu(seed, M, w4a4):
+    """Qwen2.5-72B's down projection (K = 29568: 231 steps, one past UNROLL = 2's trips)
+    through the public dispatch: the small-M kernel, every element within bound."""
+    from tk_cute import nvfp4
+
+    N, K = 1024, 29568
+    b = random_weights(N, K)
+    x = torch.randn(M, K, device="cuda")
+    a = nvfp4.quantize(x) if w4a4 else x.bfloat16()
+    p = nvfp4.plan(a, b)
+    assert p.path == "small_m" and p.config.REST == 1
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    d = nvfp4.gemm(a, b, out=out)
     assert not d.isnan().any(), "unwritten or NaN outputs"
     assert_gemm_close(d, a, b)
 

@@ -200,9 +200,13 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # H200 sweeps (docs/facts.md#small-m-config): warps of 2 MMA row tiles; 2 steps per trip, the
     # next trip's weights in flight at M <= 8 (registers capped for 16 warps per SM), 4 steps
     # with two activation tiles (M 9..16); about 8 warps per CTA, at least one CTA per SM.
+    # Where K's steps are not whole trips, 4 shrinks to 2 while that divides them, and an odd
+    # count keeps 2: the first K-slice runs the step left over (`Config.REST`).
+    steps = K // gv.STEP_K
     unroll = 4 if NT == 2 else 2
-    while (K // gv.STEP_K) % unroll:
+    while unroll > 2 and steps % unroll:
         unroll //= 2
+    unroll = min(unroll, steps)
     # At M = 1 a trip reads 128 bytes of each weight row as two 64-byte loads: asking L2 for
     # the whole 128-byte line at the first was 2-4% faster (H200 A/B, 3 shapes x 2 passes); at
     # M = 4, 8 and 16 it was 1% slower or mixed, 256 bytes slower everywhere.
@@ -211,7 +215,7 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # one's launch, 1-8% at M = 1 and 2-3% at M = 8-16 (H200 A/B, docs/facts.md#pdl).
     cfg = gv.Config(MT=2, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
                     AHEAD=NT == 1, L2_FETCH=128 if M == 1 else 0, PDL=True,
-                    K_TAIL=K % gv.STEP_K != 0)
+                    REST=steps % unroll, K_TAIL=K % gv.STEP_K != 0)
     cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms))
     # At M <= 8 (AHEAD: MIN_CTAS = 16 // (WN x S) per SM) the aim can give CTAs of one row
     # group (WN = 1, S >= 5), more than the SMs hold at once: the rest would run in a partial
@@ -258,7 +262,8 @@ def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str
     asks for it and the path takes it (small-M; register-A where it permutes per stage)."""
     if path == "small_m":
         return dataclasses.replace(cfg, w4a4=w4a4, out_dtype=out_dtype, sf=sf,
-                                   K_TAIL=K % gv.STEP_K != 0, PDL=cfg.PDL or pdl,
+                                   REST=K // gv.STEP_K % cfg.UNROLL, K_TAIL=K % gv.STEP_K != 0,
+                                   PDL=cfg.PDL or pdl,
                                    EARLY_WEIGHTS=cfg.EARLY_WEIGHTS or pdl)
     a_format = "nvfp4" if w4a4 else "bf16"
     if path == "register_a":
