@@ -328,7 +328,7 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
             wq, sc = _load_weights(cfg, w_rows, sf_rows, Int64(trip))
             xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
             _mma_trip(cfg, acc, wq, sc, xw)
-    if cutlass.const_expr(cfg.REST > 0):
+    if cutlass.const_expr(cfg.REST > 0):  # noqa: SIM102 - compile-time, then a runtime test
         if s == 0:  # (warp-uniform) the steps after K's whole chunks, on the first slice: it
             # has the floor of the chunks / S (`k_slice`), so uneven splits stay balanced
             rest = Int64(K // cfg.k_chunk)

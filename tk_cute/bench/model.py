@@ -44,8 +44,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tk_cute.bench.harness import (HEADER, bench, environment, host_overhead, host_overheads,
-                                   input_sets, row)
+from tk_cute.bench.harness import (
+    HEADER,
+    bench,
+    environment,
+    host_overhead,
+    host_overheads,
+    input_sets,
+    row,
+)
 
 DEFAULT_M = [1, 16, 256, 2048]
 BASELINE, GRAPH_BASELINE = "bf16 eager", "bf16 CUDA graph"
