@@ -18,9 +18,10 @@ bf16 (torch's own compile cost, the yardstick) also run "compiled default"
 (``torch.compile(fullgraph=True)``: eager launches of the compiled graph) and "compiled
 reduce-overhead" (the same in torch's CUDA graph trees), one compiled model per variant for
 every M in one process (a graph, and a graph tree, per M). The per-call host costs at 1x256x256
-(`host_costs`, `--host-only`: interleaved rounds, ratios to torch's own call per round) follow. "vs base" is against "bf16 eager" for the
-eager and compiled rows and against "bf16 CUDA graph" for the graph rows; notes give tokens/s (M
-rows per call) and the output's relative error against the bf16 model's (Frobenius norms). GB/s
+(`host_costs`, `--host-only`: interleaved rounds, ratios to torch's own call per round) follow.
+"vs base" is against "bf16 eager" for the eager and compiled rows and against "bf16 CUDA graph"
+for the graph rows; notes give tokens/s (M rows per call) and the output's relative error
+against the bf16 model's (Frobenius norms). GB/s
 counts each variant's weight bytes (2, 1 and 0.5625 B per element). Everything runs under
 ``torch.inference_mode()``.
 
