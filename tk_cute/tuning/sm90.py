@@ -94,6 +94,9 @@ SMALL_M_SHORT_K_MAX = 4096
 # trips' registers). Divisors only gave 1x3584x18944 (Qwen2.5-7B down: 74 chunks = 2 x 37)
 # S = 2 where 19 was the aim: 52.0 us, 0.75x cuBLAS bf16 (H200 2026-12-05,
 # docs/facts.md#small-m-split); now S = 15 (4 or 5 trips each): 13.5 us (the old S = 2: 42.6).
+# Where K's steps are not whole trips (`gv.Config.REST`) the first slice runs them anyway, so no
+# split is even and the aim's S is taken: 1x8192x29568 (115 trips and a step) at S = 8 ran 46.9
+# us against 59.7 at S = 5 = 115 / 23 (H200 2026-12-05, docs/facts.md#small-m-rest).
 SMALL_M_EVEN_MIN = 0.5
 SMALL_M_UNEVEN_MAX = 16
 # Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
@@ -292,7 +295,8 @@ def small_m_splits(cfg: gv.Config, N: int, K: int, sms: int,
     """S: K-slices (warps along K), nearest (in ratio; ties: larger) to about ctas_per_sm x 8
     warps per SM in all: enough 16-byte loads in flight to cover HBM latency; at most what fits
     a CTA and K / k_chunk. A divisor of K / k_chunk (balanced slices) unless that starves the
-    split (`SMALL_M_EVEN_MIN`); then slices one trip apart (`gv.k_slice`). Default
+    split (`SMALL_M_EVEN_MIN`) or K's steps are not whole trips (`cfg.REST`: the first slice
+    runs the rest); then slices one trip apart (`gv.k_slice`). Default
     ctas_per_sm: 2 for up to two activation tiles (M <= 16), else 1 (H200 sweeps: S=8 at
     N=K=8192 and S=2 at N=28672 for M=1 and 16; S=4 at M=64). `most`: the largest S allowed
     (`small_m_config`: every CTA resident in one round)."""
@@ -303,7 +307,7 @@ def small_m_splits(cfg: gv.Config, N: int, K: int, sms: int,
     fits = [d for d in range(1, min(chunks, most or chunks) + 1) if cfg.fits(d)]
     nearest = lambda splits: min(splits, key=lambda d: (abs(math.log(d / want)), -d))
     aim, even = nearest(fits), nearest([d for d in fits if chunks % d == 0])
-    if even >= SMALL_M_EVEN_MIN * aim:
+    if even >= SMALL_M_EVEN_MIN * aim and not cfg.REST:
         return even
     longest = -(-chunks // min(aim, SMALL_M_UNEVEN_MAX))  # chunks of the longest slice
     return -(-chunks // longest)
