@@ -90,9 +90,9 @@ class Config:
     EARLY_WEIGHTS: bool = False
     XSMEM: int = 0  # > 0: shared memory bytes staging the CTA's activations as bf16 (M = 1)
     # K // 128 steps are not whole trips (K // 128 % UNROLL = REST): the first K-slice runs the
-    # REST steps after its trips in one short trip (no second copy of UNROLL's registers: an
-    # odd step count keeps UNROLL = 2, where UNROLL = 1 ran 1x8192x29568 at 0.6 of the weight
-    # read's time)
+    # REST steps after its trips in one short trip (no second copy of UNROLL's registers), so an
+    # odd step count keeps UNROLL = 2 (1x8192x29568: 6-10% faster than UNROLL = 1 on the H200,
+    # docs/facts.md#small-m-rest)
     REST: int = 0
     # K ends in half a step (K % 128 == 64): the first K-slice adds those 64 elements in one
     # more step after its trips, its lanes t >= 2 (past K) reading t - 2's bytes and zeroing
