@@ -612,37 +612,19 @@ def test_every_tiling_matches_float64(seed, M, tiling):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 4, 8])
 @pytest.mark.parametrize("w4a4", [False, True])
-def test_planned_rest_step_on_the_gpu(seed, M, w4a4):
-    """Qwen2.5-72B's down projection (K = 29568: 231 steps, one past UNROLL = 2's trips)
-    through the public dispatch: the small-M kernel, every element within bound."""
+@pytest.mark.parametrize("N, K", [(3584, 18944), (1024, 29568)], ids=["uneven", "rest"])
+def test_planned_odd_k_splits_on_the_gpu(seed, M, w4a4, N, K):
+    """Through the public dispatch, the small-M kernel, every element within bound, D poisoned
+    first: Qwen2.5-7B's down projection (K = 18944: 74 chunks in 15 slices) and Qwen2.5-72B's
+    (K = 29568: 231 steps, one past UNROLL = 2's trips, `Config.REST`)."""
     from tk_cute import nvfp4
 
-    N, K = 1024, 29568
     b = random_weights(N, K)
     x = torch.randn(M, K, device="cuda")
     a = nvfp4.quantize(x) if w4a4 else x.bfloat16()
-    p = nvfp4.plan(a, b)
-    assert p.path == "small_m" and p.config.REST == 1
-    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    d = nvfp4.gemm(a, b, out=out)
-    assert not d.isnan().any(), "unwritten or NaN outputs"
-    assert_gemm_close(d, a, b)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 4, 8])
-@pytest.mark.parametrize("w4a4", [False, True])
-def test_planned_uneven_split_on_the_gpu(seed, M, w4a4):
-    """Qwen2.5-7B's down projection (K = 18944: 74 chunks in 15 slices) through the public
-    dispatch: the small-M kernel, every element within bound, D poisoned first."""
-    from tk_cute import nvfp4
-
-    N, K = 3584, 18944
-    b = random_weights(N, K)
-    x = torch.randn(M, K, device="cuda")
-    a = nvfp4.quantize(x) if w4a4 else x.bfloat16()
-    p = nvfp4.plan(a, b)
-    assert p.path == "small_m" and (K // p.config.k_chunk) % p.config.S != 0
+    cfg = nvfp4.plan(a, b).config
+    assert nvfp4.plan(a, b).path == "small_m" and (K // cfg.k_chunk) % cfg.S != 0
+    assert cfg.REST == (K == 29568)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     d = nvfp4.gemm(a, b, out=out)
     assert not d.isnan().any(), "unwritten or NaN outputs"
