@@ -102,15 +102,9 @@ def _captured(fn, sets):
 
 def host_overhead(fn, inputs, calls: int = 200) -> float:
     """Microseconds of host time per call of `fn(inputs)` (mean over `calls`, GPU work queued
-    asynchronously; the queue does not fill in 200 calls of a small problem)."""
-    fn(inputs)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn(inputs)
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    asynchronously; the queue does not fill in 200 calls of a small problem): one round of
+    `host_overheads`."""
+    return host_overheads({"fn": lambda: fn(inputs)}, calls, rounds=1)["fn"][0]
 
 
 def host_overheads(fns: dict, calls: int = 200, rounds: int = 15) -> dict[str, list[float]]:

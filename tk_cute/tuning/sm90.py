@@ -218,7 +218,7 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # one's launch, 1-8% at M = 1 and 2-3% at M = 8-16 (H200 A/B, docs/facts.md#pdl).
     cfg = gv.Config(MT=2, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
                     AHEAD=NT == 1, L2_FETCH=128 if M == 1 else 0, PDL=True,
-                    REST=steps % unroll, K_TAIL=K % gv.STEP_K != 0)
+                    **_small_m_k_fields(K, unroll))
     cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms))
     # At M <= 8 (AHEAD: MIN_CTAS = 16 // (WN x S) per SM) the aim can give CTAs of one row
     # group (WN = 1, S >= 5), more than the SMs hold at once: the rest would run in a partial
@@ -238,6 +238,12 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # CTA instead of in every warp's trips) up to K = W4A4_STAGE_MAX_K.
     xs = gv.xsmem_bytes(M, K) if M == 1 and (not w4a4 or K <= W4A4_STAGE_MAX_K) else 0
     return dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas, XSMEM=xs if xs <= gv.MAX_XSMEM else 0)
+
+
+def _small_m_k_fields(K: int, unroll: int) -> dict:
+    """The small-M Config fields K fixes for `unroll` steps per trip: the 128-K steps past the
+    whole trips (REST) and K's last half step (K_TAIL)."""
+    return {"REST": K // gv.STEP_K % unroll, "K_TAIL": K % gv.STEP_K != 0}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -265,8 +271,7 @@ def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str
     asks for it and the path takes it (small-M; register-A where it permutes per stage)."""
     if path == "small_m":
         return dataclasses.replace(cfg, w4a4=w4a4, out_dtype=out_dtype, sf=sf,
-                                   REST=K // gv.STEP_K % cfg.UNROLL, K_TAIL=K % gv.STEP_K != 0,
-                                   PDL=cfg.PDL or pdl,
+                                   **_small_m_k_fields(K, cfg.UNROLL), PDL=cfg.PDL or pdl,
                                    EARLY_WEIGHTS=cfg.EARLY_WEIGHTS or pdl)
     a_format = "nvfp4" if w4a4 else "bf16"
     if path == "register_a":
