@@ -11,10 +11,10 @@ twice the weight bytes per warp, loaded from L2) and the MMAs run asynchronously
 decode.
 
 Schedule (stream-K, `ops.schedule.stream_k_share`): the work is (N / ROWS row blocks) x (K / 256
-stages) units, row block major; each of `ctas` CTAs (one per SM, or up to 5% fewer where
-their shares then line up with the row blocks: 2-3% faster at 8192^2) streams an equal
-contiguous share, so no wave is left part-empty whatever N and K, and the pipeline runs on
-across row blocks. ROWS is 256 where N allows and N_ACT <= 64 (four consumer warpgroups, 640
+stages) units, row block major; each of `ctas` CTAs (at most one per SM: the host's
+`tuning.sm90.register_a_ctas`, which prefers shares that line up with the row blocks) streams
+an equal contiguous share, so no wave is left part-empty whatever N and K, and the pipeline
+runs on across row blocks. ROWS is 256 where N allows and N_ACT <= 64 (four consumer warpgroups, 640
 threads) or N_ACT = 128 (two warpgroups of two MMA tiles, 384 threads): each activation tile
 then serves twice the weight rows (half the L2 reads per weight byte); else 128 (two
 warpgroups).
@@ -46,7 +46,8 @@ Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / em
     stage (`empty`); where the share leaves a row block, each thread writes its fp32 partial
     sums to the block's workspace plane for this CTA;
   `_reduce_kernel` sums each row block's planes in CTA order (deterministic) times 2^8 * gB
-    into D; it is launched with PDL, so its launch overlaps this kernel, and waits for it.
+    into D, REDUCE_AHEAD planes' loads in flight; it is launched with PDL, so its launch
+    overlaps this kernel, and waits for it.
 The K order: a thread's 16 weight bytes hold 32 consecutive codes (K 32t .. 32t + 31 of a
 128-K block, t = lane % 4), but a wgmma A operand wants K 2t, 2t + 1, 2t + 8, 2t + 9 of every
 k16 step from thread t. Any permutation of K applied to both operands leaves the sum unchanged,
@@ -652,6 +653,7 @@ def output_scale(gsb, sf_format: str = "ue4m3"):
 
 
 REDUCE_THREADS = 256
+REDUCE_AHEAD = 4  # partial planes a reduction thread loads at once
 PERMUTE_THREADS = 256
 
 
@@ -676,10 +678,17 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
         total = cute.make_rmem_tensor((4,), Float32)
         for e in cutlass.range_constexpr(4):
             total[e] = Float32(0.0)
-        for p in cutlass.range(planes, unroll=1):
-            part = memory.ld_v4(ws.toint() + (Int64(p) * Int64(M * N) + i) * 4, True)
-            for e in cutlass.range_constexpr(4):
-                total[e] = total[e] + fp4.from_bits(part[e])
+        # REDUCE_AHEAD planes' loads in flight at once; a plane past the last reads as -0.0
+        # (x + -0.0 == x for every x, -0.0 included), so the sum stays the in-order one
+        for p0 in cutlass.range(0, planes, REDUCE_AHEAD, unroll=1):
+            parts = []
+            for q in cutlass.range_constexpr(REDUCE_AHEAD):
+                valid = Uint32(p0 + q < planes)
+                parts.append((memory.ld_v4_pred(ws.toint() + (Int64(p0 + q) * Int64(M * N)
+                                                               + i) * 4, valid), valid))
+            for part, valid in parts:
+                for e in cutlass.range_constexpr(4):
+                    total[e] = total[e] + fp4.from_bits(part[e] | ((Uint32(1) - valid) << 31))
         esize = 4 if cfg.out_dtype == "float32" else 2
         for e in cutlass.range_constexpr(4):
             memory.st_cvt(out.toint() + (Int64(i) + e) * esize, total[e] * scale, cfg.out_dtype)

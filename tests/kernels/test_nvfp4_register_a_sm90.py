@@ -243,9 +243,9 @@ def test_scale_reads_follow_the_blocked_layout(K, rows):
 @pytest.mark.parametrize("M, N, K, n_act, rows, tiles", [
     (9, 8192, 8192, 16, 256, 1), (16, 28672, 8192, 16, 256, 1), (64, 8192, 8192, 64, 256, 1),
     (72, 8192, 8192, 80, 128, 1), (100, 8192, 8192, 112, 128, 1), (16, 384, 8192, 16, 128, 1),
-    (1, 8192, 8192, 8, 256, 1), (33, 4096, 4096, 48, 256, 1), (128, 4096, 4096, 128, 256, 2),
+    (1, 8192, 8192, 8, 256, 1), (33, 4096, 4096, 48, 128, 1), (128, 4096, 4096, 128, 256, 2),
     (128, 384, 4096, 128, 128, 1), (16, 5120, 2880, 16, 128, 1), (32, 6144, 4096, 32, 128, 1),
-    (48, 5120, 2880, 48, 256, 1)])
+    (48, 5120, 2880, 48, 128, 1), (48, 8192, 2880, 48, 256, 1)])
 def test_config_for(M, N, K, n_act, rows, tiles):
     cfg = sm90_tuning.register_a_config(M, N, K)
     assert (cfg.N_ACT, cfg.ROWS, cfg.TILES) == (n_act, rows, tiles) and cfg.stages >= 2
@@ -377,13 +377,15 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     # with one A set (2 per tile) and in the finish
     assert b.sass_count(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0") <= 2 * cfg.TILES + 1
     # TMA tile loads per stage: weights, each band's scales and the activations in 64-column
-    # (128-byte, one swizzle span) boxes; no global vector loads but the reduction's and the
-    # permute kernel's 4 (natural chunks) and its 4 + 4 stores (permuted chunks; zero rows past
-    # M, `_zero_rows`, for the tiled kernel's whole tiles).
+    # (128-byte, one swizzle span) boxes; no global vector loads but the reduction's
+    # REDUCE_AHEAD (coherent: the partials are the GEMM's output) and the permute kernel's 4
+    # (natural chunks) and its 4 + 4 stores (permuted chunks; zero rows past M, `_zero_rows`,
+    # for the tiled kernel's whole tiles).
     tma_loads = 1 + cfg.bands + rs.STAGE_K // 64
     assert b.ptx_count(r"cp\.async\.bulk\.tensor\.2d") == tma_loads
     assert b.sass_count(r"\bUTMALDG\b") == tma_loads
-    assert b.ptx_count(r"ld\.global\.nc\S*\.v4") == 1 + 4 * per_call
+    assert b.ptx_count(r"ld\.global\.nc\S*\.v4") == 4 * per_call
+    assert b.ptx_count(r"ld\.global\.L1::evict_first\.v4") == rs.REDUCE_AHEAD
     assert b.ptx_count(r"st\.global\.v4") == 8 * per_call
     # PDL: the reduction launches early and waits for the partials; the GEMM waits (a no-op
     # without PDL) for the permute kernel, which waits for the kernel before it. With

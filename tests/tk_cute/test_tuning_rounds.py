@@ -9,17 +9,22 @@ from tk_cute.tuning import rounds
 @pytest.mark.parametrize("units, tile_units, limit, expected", [
     (1024, 32, 132, 128),  # 32 row blocks x 32 K steps (8192^2, 256 rows): 8 units, a quarter
     (3584, 112, 132, 128),  # 32 x 112 (8192 x 28672): 28 units, a quarter of a tile
-    (3584, 32, 132, 132),  # 112 x 32 (28672 x 8192): the aligned 112 is not within 5%
-    (2048, 32, 132, 128),
-    (64, 32, 132, 132),  # fewer units than CTAs: the caller caps the grid at the units
+    (3584, 32, 132, 132),  # 112 x 32 (28672 x 8192): the aligned 112 takes 32 units, 132 28 + 2
+    (276, 12, 132, 92),  # 23 x 12 (2880^2, 128 rows): 3 units each, 132 straddling take 3 + 2
+    (392, 14, 132, 56),  # 28 x 14 (3584^2): 7 aligned against 3 + 4 straddling: the tie aligned
+    (64, 32, 132, 64),  # fewer units than CTAs: one unit each
     (7, 7, 1, 1),
 ])
-def test_stream_k_aligned_ctas(units, tile_units, limit, expected):
-    """The largest grid within 5% of the limit whose shares line up with the tiles, else the
-    limit; an aligned grid's shares never straddle a tile boundary."""
-    ctas = rounds.stream_k_aligned_ctas(units, tile_units, limit)
+def test_stream_k_ctas(units, tile_units, limit, expected):
+    """The grid of the fewest units per CTA, straddling shares counted `misaligned` units more
+    (2 here; 4 for 3584^2), ties to the aligned grid; an aligned grid's shares
+    never straddle a tile boundary, and no grid takes more units per CTA than the limit's
+    plus the penalty."""
+    misaligned = 4 if units == 392 else 2
+    ctas = rounds.stream_k_ctas(units, tile_units, limit, misaligned)
     assert ctas == expected
-    if ctas != limit:
+    assert -(-units // ctas) <= -(-units // min(limit, units)) + misaligned
+    if rounds.aligned(units, tile_units, ctas):
         tiles = units // tile_units
         spans = [schedule.stream_k_owner(t * tile_units + tile_units - 1, ctas, units)
                  - schedule.stream_k_owner(t * tile_units, ctas, units) + 1 for t in range(tiles)]

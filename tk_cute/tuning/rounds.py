@@ -9,17 +9,28 @@ from __future__ import annotations
 import math
 
 
-def stream_k_aligned_ctas(units: int, tile_units: int, limit: int, slack: float = 0.05) -> int:
+def stream_k_ctas(units: int, tile_units: int, limit: int, misaligned: float) -> int:
     """A stream-K grid size for `units` (`tile_units` per tile) on at most `limit` CTAs: the
-    largest count within `slack` of `limit` whose equal shares line up with the tiles (a share
-    is whole tiles, or a tile whole shares), else `limit`. Aligned, no share straddles a tile
-    boundary: each CTA writes one partial per tile and every tile has the fewest partials."""
-    for ctas in range(limit, max(1, math.ceil(limit * (1 - slack))) - 1, -1):
-        if units % ctas == 0:
-            share = units // ctas
-            if tile_units % share == 0 or share % tile_units == 0:
-                return ctas
-    return limit
+    one of least modelled time, the most units a CTA takes (ceil(units / ctas)) plus
+    `misaligned` units where the equal shares do not line up with the tiles (`aligned`); ties
+    go to the aligned grid, then to more CTAs."""
+    best = None
+    for ctas in range(min(limit, units), 0, -1):
+        lined_up = aligned(units, tile_units, ctas)
+        key = (-(-units // ctas) + (0 if lined_up else misaligned), not lined_up)
+        if best is None or key < best[0]:
+            best = (key, ctas)
+    return best[1]
+
+
+def aligned(units: int, tile_units: int, ctas: int) -> bool:
+    """Whether `ctas` equal shares of `units` line up with the tiles of `tile_units` (a share
+    is whole tiles, or a tile whole shares): no share then straddles a tile boundary, each CTA
+    writes one partial per tile and every tile has the fewest partials."""
+    if units % ctas:
+        return False
+    share = units // ctas
+    return tile_units % share == 0 or share % tile_units == 0
 
 
 def tile_rounds(bands: int, cols: int, nb: int, sms: int, cluster=(1, 1)) -> int:

@@ -51,15 +51,14 @@ from tk_cute.tuning import rounds
 # Below this M the small-M kernel beats the register-A one: its M = 1 path (one n8 MMA tile,
 # staged activations) on the H200 (1x8192^2: 14.2 vs 18.2 us, docs/facts.md#rs-min-m).
 RS_MIN_M = 9
-# N_ACT given 256 rows per CTA: from WIDE_MIN_N_ACT to WIDE_MAX_N_ACT. There the consumers
-# have 104 registers (640 threads, one A register set from N_ACT = 32 on), the ring 2-5
-# stages. On the H200 (docs/facts.md#rs-wide-rows, activations permuted once per call) 256
-# rows were 2% faster than 128 at N_ACT = 48, even at 64, and 128 rows 18% faster at 80 (two
-# A sets, 3 stages); at N_ACT 16 and 32 128 rows were faster on 15 of 18 real layers (9 x 2,
-# N x K from 2880^2 to 3584x18944: up to 1.20x, 5760x2880 at 16 rows 3% slower;
-# docs/facts.md#rs-wide-rows, 2026-12-05): below WIDE_MIN_N_ACT, 128 rows up to N =
-# NARROW_MAX_N (the layers measured; wider ones keep 256 rows, unmeasured there).
-WIDE_MIN_N_ACT = 48
+# N_ACT given 256 rows per CTA: up to WIDE_MAX_N_ACT, on more than NARROW_MAX_N weight rows.
+# There the consumers have 104 registers (640 threads, one A register set from N_ACT = 32 on),
+# the ring 2-5 stages. On the H200 (docs/facts.md#rs-wide-rows, activations permuted once per
+# call) 256 rows were 2% faster than 128 at 8192^2 at N_ACT = 48, even at 64, and 128 rows 18%
+# faster at 80 (two A sets, 3 stages). On real layers up to N = NARROW_MAX_N 128 rows were
+# faster at every N_ACT timed: at 16 and 32 on 15 of 18 (H200, N x K from 2880^2 to
+# 3584x18944, up to 1.20x), at 48 and 64 on all 14 (H100, 1.03-1.32x; wider layers
+# unmeasured there keep 256 rows).
 WIDE_MAX_N_ACT = 64
 NARROW_MAX_N = 6144
 # W4A4 up to this M runs the small-M kernel, which decodes NVFP4 activations in registers; above
@@ -322,16 +321,15 @@ def small_m_splits(cfg: gv.Config, N: int, K: int, sms: int,
 @functools.lru_cache(maxsize=1024)
 def register_a_config(M: int, N: int, K: int, out_dtype: str = "bfloat16") -> rs.Config:
     """N_ACT = M rounded up to 16 (8 up to M = 8). Where N allows, 256 rows per CTA (each
-    activation byte then serves twice the weight rows): as four warpgroups of one MMA tile from
-    N_ACT = WIDE_MIN_N_ACT up to WIDE_MAX_N_ACT (fewer activation rows on up to NARROW_MAX_N
-    weight rows: 128, more CTAs and stages per CTA), and as two of two tiles where 128 rows
-    would leave a ring of two stages anyway (N_ACT = 128; beyond that 128 rows keep three
-    stages and were faster)."""
+    activation byte then serves twice the weight rows): as four warpgroups of one MMA tile up
+    to N_ACT = WIDE_MAX_N_ACT on more than NARROW_MAX_N weight rows (on fewer: 128, more CTAs
+    and stages per CTA), and as two of two tiles where 128 rows would leave a ring of two
+    stages anyway (N_ACT = 128; beyond that 128 rows keep three stages and were faster)."""
     tail, n_tail = K % rs.STAGE_K != 0, N % rs.BAND != 0
     rs.check_shape(rs.Config(N_ACT=rs.MAX_M, K_TAIL=tail, N_TAIL=n_tail), M, N, K)
     n_act = 8 if M <= 8 else -(-M // 16) * 16
     narrow = rs.Config(N_ACT=n_act, out_dtype=out_dtype, K_TAIL=tail, N_TAIL=n_tail)
-    if N % (2 * rs.BAND) or (n_act < WIDE_MIN_N_ACT and N <= NARROW_MAX_N):
+    if N % (2 * rs.BAND) or (n_act <= WIDE_MAX_N_ACT and N <= NARROW_MAX_N):
         return narrow
     if n_act <= WIDE_MAX_N_ACT:
         return rs.Config(N_ACT=n_act, ROWS=2 * rs.BAND, out_dtype=out_dtype, K_TAIL=tail)
@@ -458,10 +456,19 @@ def few_tiles_width(M: int, N: int, sms: int) -> int | None:
     return fits[0]
 
 
+# What a register-A grid whose shares straddle row blocks costs, in 128-row units (row block
+# x 256-K stage) a CTA streams: H100 2026-12-05 (docs/facts.md#rs-grid), 11 layers at 16-64
+# rows, the misaligned grid of one CTA per SM 1.0-4.1 us slower than an aligned grid taking
+# as many units per CTA, a 128-row unit 0.5-0.7 us.
+RS_MISALIGNED_UNITS = 4
+
+
 @functools.lru_cache(maxsize=1024)  # on every register-A call's host path (~2 us uncached)
 def register_a_ctas(cfg: rs.Config, N: int, K: int, sms: int) -> int:
-    """The register-A kernel's stream-K grid: one CTA per SM, or up to 5% fewer where their
-    shares then line up with the row blocks (2-3% faster at 8192^2 on the H200), at most one
-    per unit."""
+    """The register-A kernel's stream-K grid (`rounds.stream_k_ctas`): the fewest units per
+    CTA, counting RS_MISALIGNED_UNITS more (halved for 256-row units) where the shares
+    straddle row blocks; at most one CTA per SM and per unit. 2880^2 (23 row blocks x 12
+    stages) at 64 rows: 92 CTAs of 3 units, 11.0 us against 15.1 on 132."""
     units = rs.stream_units(cfg, N, K)
-    return min(units, rounds.stream_k_aligned_ctas(units, K // rs.STAGE_K, sms))
+    return rounds.stream_k_ctas(units, rs.k_stages(cfg, K), sms,
+                                RS_MISALIGNED_UNITS * rs.BAND / cfg.ROWS)

@@ -16,6 +16,7 @@ from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
 
 from tk_cute.nvfp4 import NVFP4Tensor, gemm, plan, quantize
 from tk_cute.nvfp4.gemm import Plan, _plan_hopper
+from tk_cute.tuning import rounds
 from tk_cute.tuning import sm90 as sm90_tuning
 
 GRID_M = [1, 3, 17, 100, 129, 200, 255, 257, 1000, 4000]
@@ -109,12 +110,22 @@ def test_every_layer_shape_plans_a_kernel_by_the_rules():
 
 
 def test_stream_k_plans_fill_the_sms_where_the_shape_allows():
-    """Every stream-K plan (register-A; the tiled kernel's split tile and stream-K widths)
-    launches at least 90% of the CTAs its work can keep busy (`_ctas`)."""
+    """Every tiled stream-K plan (split tile, stream-K widths) launches at least 90% of the
+    CTAs its work can keep busy (`_ctas`); a register-A grid gives no CTA more units than one
+    CTA per SM would plus the misaligned grid's modelled cost
+    (`sm90_tuning.RS_MISALIGNED_UNITS`), and takes fewer than 90% of the SMs only where its
+    shares line up with the row blocks."""
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
+
     for w4a4, M, N, K, p in _props():
-        if p.path == "register_a" or (p.path == "register_a_tiled" and p.config.STREAM_K):
+        if p.path == "register_a_tiled" and p.config.STREAM_K:
             ctas, most = _ctas(p.path, p.config, M, N, K)
             assert ctas >= 0.9 * most, (w4a4, M, N, K, p, ctas, most)
+        if p.path == "register_a":
+            ctas, most = _ctas(p.path, p.config, M, N, K)
+            units = rs.stream_units(p.config, N, K)
+            assert -(-units // ctas) <= -(-units // most) + sm90_tuning.RS_MISALIGNED_UNITS
+            assert ctas >= 0.9 * most or rounds.aligned(units, rs.k_stages(p.config, K), ctas)
 
 
 def test_small_m_fat_ctas_run_in_one_round():
