@@ -14,8 +14,9 @@ Schedule (stream-K, `ops.schedule.stream_k_share`): the work is (N / ROWS row bl
 stages) units, row block major; each of `ctas` CTAs (at most one per SM: the host's
 `tuning.sm90.register_a_ctas`, which prefers shares that line up with the row blocks) streams
 an equal contiguous share, so no wave is left part-empty whatever N and K, and the pipeline
-runs on across row blocks. ROWS is 256 where N allows and N_ACT <= 64 (four consumer warpgroups, 640
-threads) or N_ACT = 128 (two warpgroups of two MMA tiles, 384 threads): each activation tile
+runs on across row blocks. ROWS is 256 where the planner takes it
+(`tuning.sm90.register_a_config`: N_ACT <= 64 on wide layers, four consumer warpgroups, 640
+threads; or N_ACT = 128, two warpgroups of two MMA tiles, 384 threads): each activation tile
 then serves twice the weight rows (half the L2 reads per weight byte); else 128 (two
 warpgroups).
 Activations: the decode's K order is not memory order (below), so they are permuted either
