@@ -8,13 +8,20 @@ from tk_cute.bench import nvfp4 as bench_nvfp4
 
 
 @pytest.mark.parametrize("M, N, K", [(1, 8192, 8192), (16, 28672, 8192), (64, 8192, 28672),
-                                     (128, 28672, 8192), (200, 8192, 8192),
+                                     (64, 2880, 2880), (128, 28672, 8192), (200, 8192, 8192),
                                      (1024, 8192, 8192)])
 def test_nvfp4_variants_with_tuning(M, N, K):
     v, notes = bench_nvfp4._variants(M, N, K, paths=True, tune=True, sms=132)
     assert {"tk_cute w4a16", "tk_cute w4a4", bench_nvfp4.BASELINE} <= set(v)
     tuned = [n for n in v if n.startswith("tk_cute w4a16 MT")]
     assert bool(tuned) == (M <= 64)
+    rs_grids = [n for n in v if n.startswith("tk_cute w4a16 register_a")]
+    assert bool(rs_grids) == (9 <= M <= 128)  # `sm90_tuning.RS_MIN_M`, the kernel's MAX_M
+    if (M, N, K) == (64, 2880, 2880):  # one CTA per SM, the aligned grids, 256 rows: N % 256
+        assert rs_grids == [f"tk_cute w4a16 register_a ROWS=128 ctas={c}"
+                            for c in (132, 92, 69, 46)]
+    if (M, N, K) == (64, 8192, 28672):
+        assert "tk_cute w4a16 register_a ROWS=128" in rs_grids
     tiled = [n for n in v if n.startswith("tk_cute w4a16 tiled")]
     assert bool(tiled) == (M >= 113)  # from `sm90_tuning.SPLIT_TILE_MIN_M`
     if M == 200:  # the split tile beside the few-tiles width it replaced (two 112-row tiles),

@@ -26,7 +26,8 @@ write) is measured in the same run. `--plot` draws speedup over cuBLAS bf16 agai
 panel per (N, K) (`tk_cute.viz.speedup_plot`); `--json` keeps every number.
 `--tune` adds small-M tk_cute variants over the tiling (MT MMA row tiles per warp, WN warps
 along N, U 128-K steps per trip, ahead: the next trip's weights in flight, cN: a register cap for
-N CTAs per SM) and split-K (S warps along K), and for M > 128 the tiled register-A kernel's
+N CTAs per SM) and split-K (S warps along K), at 9-128 rows the register-A kernel's grids and
+row counts (`_register_a_tuning_variants`), and for M > 128 the tiled register-A kernel's
 schedules (`_tiled_tuning_variants`: whole tiles, stream-K, the split tile, few-tiles widths).
 """
 
@@ -135,6 +136,7 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16,
     name the path taken; `out`: tk_cute's output dtype (the peers write bfloat16); `humming`:
     the humming peer (input sets made with it)."""
     from tk_cute import nvfp4
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
     from tk_cute.tuning import sm90 as sm90_tuning
 
     v = {
@@ -169,9 +171,40 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16,
                 paired=False)
     if tune and M <= 64:
         v.update(_tuning_variants(M, N, K, sms))
+    if tune and sm90_tuning.RS_MIN_M <= M and rs.supports(M, N, K):
+        v.update(_register_a_tuning_variants(M, N, K, sms))
     if tune and M >= sm90_tuning.SPLIT_TILE_MIN_M:
         v.update(_tiled_tuning_variants(M, N, K, sms))
     return v, notes
+
+
+def _register_a_tuning_variants(M, N, K, sms):
+    """The register-A kernel beside the dispatch's pick (docs/facts.md#rs-grid): its planned
+    Config on one CTA per SM and on up to four grids whose shares line up with the row blocks
+    (`rounds.aligned`, from a third of the SMs; the plan's own is `sm90_tuning.register_a_ctas`),
+    and with the other row count (128 / 256 weight rows per CTA) on its planned grid where N and
+    the shared memory allow."""
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
+    from tk_cute.nvfp4 import launch
+    from tk_cute.tuning import rounds
+    from tk_cute.tuning import sm90 as sm90_tuning
+
+    pick = sm90_tuning.register_a_config(M, N, K)
+    units, stages = rs.stream_units(pick, N, K), rs.k_stages(pick, K)
+    full = min(sms, units)
+    grids = [full] + [c for c in range(full - 1, sms // 3, -1)
+                      if rounds.aligned(units, stages, c)][:4]
+    v = {f"tk_cute w4a16 register_a ROWS={pick.ROWS} ctas={c}": (
+        lambda s, c=c: launch.gemm_rs(s["a"], s["b"], config=pick, ctas=c)) for c in grids}
+    rows = 3 * rs.BAND - pick.ROWS  # 128 <-> 256
+    if rows == rs.BAND or N % rows == 0:
+        try:
+            other = dataclasses.replace(pick, ROWS=rows, TILES=1, N_TAIL=N % rows != 0)
+        except ValueError:  # (a ring of two stages does not fit)
+            return v
+        v[f"tk_cute w4a16 register_a ROWS={rows}"] = (
+            lambda s: launch.gemm_rs(s["a"], s["b"], config=other))
+    return v
 
 
 def _tiled_tuning_variants(M, N, K, sms):
@@ -286,7 +319,8 @@ def _parser():
                         f"place of the --nk grid; --plot then writes one file per family")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--paths", action="store_true", help="every Hopper path that takes a shape")
-    p.add_argument("--tune", action="store_true", help="small-M tiling / split-K variants")
+    p.add_argument("--tune", action="store_true",
+                   help="small-M tiling / split-K, register-A grids / rows, tiled schedules")
     p.add_argument("--torch-deq", action="store_true", help="add the (slow) torch LUT path")
     p.add_argument("--no-humming", action="store_true",
                    help="leave out the humming peer (default: in every run where it imports)")
