@@ -463,6 +463,39 @@ def test_w4a4_decodes_in_the_permute_pass(n_act, rows):
         rs.Config(a_format="fp8")
 
 
+# --- emulator (CPU, slow tier) -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("M, N, K, ctas", [
+    (16, 128, 2048, 8),  # one row block in 8 planes: two rounds of REDUCE_AHEAD loads
+    (32, 256, 1280, 3),  # shares of 3, 3, 4 units straddling two row blocks (permute "call")
+    (16, 384, 2048, 6),  # the aligned grid of two shares per row block
+])
+def test_planes_sum_in_the_emulator(seed, M, N, K, ctas):
+    """The GEMM, its partial planes and the reduction (with the permute pass where planned) run
+    in the emulator on fresh random operands, D poisoned first: every element within the
+    product's bound, fp32 out, no hazard (the third grid is one the planner's rule can pick:
+    aligned, `rounds.aligned`)."""
+    from tk_cute.emulator import hopper
+    from tk_cute.nvfp4 import quantize
+    from tk_cute.tuning import rounds
+
+    cfg = sm90_tuning.complete("register_a", sm90_tuning.register_a_config(M, N, K), N, K,
+                               False, "float32", "ue4m3", False)
+    g = torch.Generator().manual_seed(seed)
+    b = quantize(torch.randn(N, K, generator=g))
+    a = torch.randn(M, K, generator=g).bfloat16()
+    out = torch.full((M, N), float("nan"))
+    machines = hopper.register_a(a, b, cfg, out, ctas)
+    assert [h for m in machines for h in m.hazards] == []
+    assert len(machines) == 2 + (cfg.permute == "call")
+    assert not out.isnan().any()
+    assert_gemm_close(out, a, b, f"ctas={ctas}")
+    if (N, ctas) == (384, 6):
+        assert rounds.aligned(rs.stream_units(cfg, N, K), rs.k_stages(cfg, K), ctas)
+
+
 # --- GPU --------------------------------------------------------------------------------------
 
 SHAPES = [(128, 256), (384, 1024), (1024, 2048), (256, 4096)]
