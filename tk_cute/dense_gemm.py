@@ -30,7 +30,8 @@ import functools
 import torch
 
 from tk_cute import arch
-from tk_cute.runtime import dtype_name, device_index, output, raw_stream, resident_clusters, sm_count
+from tk_cute.runtime import (dtype_name, device_index, output, raw_stream, resident_clusters,
+                             sm_count, workspace)
 from tk_cute.launcher import KernelCache
 from tk_cute.tuning import dense_sm90 as dense_tuning
 
@@ -117,7 +118,7 @@ def config_for(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16):
     GPU raises before its clusters are queried)."""
     return dense_tuning.default_config(a.dtype, out_dtype, a.shape[0], b.shape[0],
                                        _check_device(a.device), lines=line_aligned(a, b),
-                                       quads=resident_clusters(a.device, 4))
+                                       quads=resident_clusters(a.device, 4), K=a.shape[1])
 
 
 def _run(config, a, b, c, alpha=None):
@@ -132,6 +133,10 @@ def _run(config, a, b, c, alpha=None):
                         lambda: gemm_sm90.compile_launcher(config, grid, alpha is not None))
     extra = {} if alpha is None else {"alpha": alpha.data_ptr()}
     (M, K), N = a.shape, b.shape[0]
+    if config.SPLIT_K > 1:  # the fp32 partial planes the second kernel sums into c
+        config.check_k(K)
+        extra["ws"] = workspace("dense_split_k", config.workspace_bytes(M, N), a.device,
+                                st).data_ptr()
     if config.TRANSPOSE_C:  # C^T = B @ A^T: the kernel's A is b, its C^T the row-major c
         a, b, M, N = b, a, N, M
     launch(a=a.data_ptr(), b=b.data_ptr(), c=c.data_ptr(), M=M, N=N, K=K, lda=a.stride(0),

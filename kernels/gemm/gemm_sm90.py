@@ -11,6 +11,12 @@ blocks, stmatrix-stores each into one of EPI_PIPE_DEPTH shared buffers and TMA-s
 the next is written. Persistent
 CTAs walk tiles in supergroup order (stream-K shares lost to whole tiles at every shape timed
 and were deleted: docs/facts.md#dense-stream-k).
+`Config.SPLIT_K` (few tiles over a long K): each tile's K steps are cut into SPLIT_K ranges
+(`templates.lcf.SplitK`), the (tile, range) units spread over the persistent CTAs, and each
+unit's fp32 partial tile is TMA-stored into its plane of a workspace (SPLIT_K planes of the
+output's shape, rows of the output's width); `_sum_planes_kernel`, launched behind the GEMM
+with PDL (the GEMM's CTAs let it launch as they start, so it waits on the SMs the GEMM
+leaves free), adds the planes in order (deterministic) into C, rounding once.
 Constraints: A (M, K) and B (N, K) K-major with 16-byte aligned rows; any M, N, K: the TMA
 loads of edge tiles fill zeros past the tensors (they add nothing to the sums; a stage still
 carries its whole box of bytes) and the TMA stores clip the edge tiles of C.
@@ -36,9 +42,9 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode
 
 from tk_cute.arch import target
-from tk_cute.ops import register, tma, warpgroup
+from tk_cute.ops import cluster, memory, register, tma, warpgroup
 from tk_cute.launcher import OUT_ALIGN, Signature, i32, i64, ptr
-from tk_cute.templates.lcf import LCF
+from tk_cute.templates.lcf import LCF, SplitK
 from tk_cute.types import coord, gl, rt, st
 from tk_cute.types.semaphore import NamedBarrier
 from tk_cute.types.struct import DeviceStruct
@@ -52,6 +58,11 @@ OUTPUT_TYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
 # deleted, docs/history.md)
 NBS = tuple(range(64, 257, 16))
 MBS = (64, 128, 192)
+# Split-K: at most this many K ranges per tile (`Config.SPLIT_K`); the sum adds SUM_AHEAD
+# planes' loads at once
+MAX_SPLIT_K = 32
+SUM_THREADS = 256
+SUM_AHEAD = 8
 # Registers a consumer thread needs beside its fp32 accumulators: ptxas fits each wgmma and its
 # Nb / 2 accumulators in the launch's per-thread registers (`entry_registers`), which
 # setmaxnreg does not raise (192 x 208 asks for 136 of 128; 192 x 192 and 256 x 128 in four
@@ -108,6 +119,7 @@ class Config:
     CLUSTER_N: int = 1
     TRANSPOSE_C: bool = False  # C stored M-contiguous (as C^T, row-major): see the module
     SHIFT_EDGES: bool = False  # edge tiles moved inside the tensors: see the module
+    SPLIT_K: int = 1  # K ranges per tile, summed by a second kernel: see the module
     arch: str = "sm_90a"
 
     def __post_init__(self):
@@ -135,6 +147,9 @@ class Config:
                              f"buffers, got {self.EPI_PIPE_DEPTH}")
         if self.CLUSTER_M * self.CLUSTER_N > 4:
             raise ValueError(f"cluster {self.CLUSTER_M}x{self.CLUSTER_N} exceeds 4 CTAs")
+        if not 1 <= self.SPLIT_K <= MAX_SPLIT_K:
+            raise ValueError(f"SPLIT_K must be 1 to {MAX_SPLIT_K} K ranges per tile, got "
+                             f"{self.SPLIT_K}")
 
     @property
     def in_type(self):
@@ -143,6 +158,22 @@ class Config:
     @property
     def k_block(self) -> int:
         return self.Kb or 4 * (256 // self.in_type.width)
+
+    def k_steps(self, K: int) -> int:
+        """The K steps of a call with inner dimension K (the last one partial)."""
+        return -(-K // self.k_block)
+
+    def check_k(self, K: int) -> None:
+        """Raise ValueError where K has fewer K steps than SPLIT_K ranges (one would be
+        empty)."""
+        if self.SPLIT_K > self.k_steps(K):
+            raise ValueError(f"SPLIT_K={self.SPLIT_K} needs at least that many K steps of "
+                             f"{self.k_block}; K={K} has {self.k_steps(K)}")
+
+    def workspace_bytes(self, M: int, N: int) -> int:
+        """Bytes of the split-K workspace an M x N call needs: SPLIT_K fp32 planes (none
+        without split-K)."""
+        return 4 * self.SPLIT_K * M * N if self.SPLIT_K > 1 else 0
 
 
 class GemmSm90(LCF):
@@ -157,7 +188,10 @@ class GemmSm90(LCF):
             c.SUPERGROUP_SIZE, c.CLUSTER_M, c.CLUSTER_N)
         self.a_tile = st(c.in_type, c.Mb, self.Kb)
         self.b_tile = st(c.in_type, c.Nb, self.Kb)
-        out_type = OUTPUT_TYPES[c.out_dtype]
+        if c.SPLIT_K > 1:
+            self.sched = SplitK(c.SPLIT_K)
+        # what the epilogue stores: C, or with split-K a workspace plane of fp32 partials
+        out_type = cutlass.Float32 if c.SPLIT_K > 1 else OUTPUT_TYPES[c.out_dtype]
         self.C_ALIGN = OUT_ALIGN * 8 // out_type.width  # C elements in 16 bytes (`origin`)
         self.c_tile = (st(out_type, c.EPI_N, c.Mb) if c.TRANSPOSE_C else
                        st(out_type, c.Mb, c.EPI_N))
@@ -178,19 +212,22 @@ class GemmSm90(LCF):
     def prefetch(self, g):
         for d in (g.A, g.B, g.C):
             d.prefetch()
+        if cutlass.const_expr(self.config.SPLIT_K > 1):
+            cluster.pdl_launch_dependents()  # the plane sum may launch (it waits for the end)
 
     def k_steps(self, g):
         return cute.size(g.A.tiles(), mode=[3])
 
     # --- producer ---------------------------------------------------------------------------
     def load(self, g, inputs, at, k, barrier, mcast):
+        batch = 0 if cutlass.const_expr(self.config.SPLIT_K > 1) else at.b  # (split-K: its range)
         if cutlass.const_expr(self.config.SHIFT_EDGES):
             rows, cols = self.origin(g, at)
-            tma.load_async(inputs["a"], g.A, coord(0, k, at.b), barrier, mcast["a"], (rows, 0))
-            tma.load_async(inputs["b"], g.B, coord(0, k, at.b), barrier, mcast["b"], (cols, 0))
+            tma.load_async(inputs["a"], g.A, coord(0, k, batch), barrier, mcast["a"], (rows, 0))
+            tma.load_async(inputs["b"], g.B, coord(0, k, batch), barrier, mcast["b"], (cols, 0))
         else:
-            tma.load_async(inputs["a"], g.A, coord(at.r, k, at.b), barrier, mcast["a"])
-            tma.load_async(inputs["b"], g.B, coord(at.c, k, at.b), barrier, mcast["b"])
+            tma.load_async(inputs["a"], g.A, coord(at.r, k, batch), barrier, mcast["a"])
+            tma.load_async(inputs["b"], g.B, coord(at.c, k, batch), barrier, mcast["b"])
 
     def origin(self, g, at):
         """`SHIFT_EDGES`: the first element row of tile `at`'s A band and of its B columns,
@@ -252,17 +289,37 @@ class GemmSm90(LCF):
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, max_ctas: cutlass.Constexpr,
                  stream):
         """a (M, K, L), b (N, K, L), c (M, N, L) (`TRANSPOSE_C`: C^T, (N, M, L)), each with
-        its second mode contiguous."""
+        its second mode contiguous (without split-K: its workspace comes with `call_ptrs`)."""
+        self._no_split("__call__")
         self._launch(self._globals(a, b, c), c, max_ctas, stream)
 
+    def _no_split(self, entry: str):
+        if self.config.SPLIT_K > 1:
+            raise ValueError(f"{type(self).__name__}.{entry} launches without a workspace: "
+                             f"SPLIT_K={self.config.SPLIT_K} runs through call_ptrs")
+
     @cute.jit
-    def call_ptrs(self, sms: cutlass.Constexpr, a: cute.Pointer, b: cute.Pointer,
-                  c: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32, K: cutlass.Int32,
-                  lda: cutlass.Int64, ldb: cutlass.Int64, ldc: cutlass.Int64, stream):
-        """`__call__` on raw pointers (`signature`): a (M, K), b (N, K), c (M, N) (or C^T, (N,
-        M)) with row strides lda, ldb, ldc elements."""
-        at, bt, ct = _matrices(a, b, c, M, N, K, lda, ldb, ldc, self.config.TRANSPOSE_C)
-        self._launch(self._globals(at, bt, ct), ct, sms, stream)
+    def call_ptrs(self, sms: cutlass.Constexpr, *args):
+        """`__call__` on raw pointers: `signature(config, scaled)`'s arguments in its order,
+        then the stream. a (M, K), b (N, K), c (M, N) (or C^T, (N, M)) with row strides lda,
+        ldb, ldc elements; with split-K the GEMM writes the fp32 planes at ws (rows of the
+        output's width, unpadded) and `_sum_planes_kernel` adds them into c."""
+        v = dict(zip(signature(self.config, isinstance(self, GemmScaledSm90)).names
+                     + ("stream",), args))
+        c, ldc, split = v["c"], v["ldc"], self.config.SPLIT_K
+        if cutlass.const_expr(split > 1):
+            c, ldc = v["ws"], v["M"] if self.config.TRANSPOSE_C else v["N"]
+        at, bt, ct = _matrices(v["a"], v["b"], c, v["M"], v["N"], v["K"], v["lda"], v["ldb"],
+                               ldc, self.config.TRANSPOSE_C, split)
+        alpha = v.get("alpha")
+        if cutlass.const_expr(alpha is not None):
+            alpha = cute.make_tensor(alpha, cute.make_layout(1))
+        self._launch(self._globals(at, bt, ct, alpha), ct, sms, v["stream"])
+        if cutlass.const_expr(split > 1):
+            rows, cols = ct.shape[:2]
+            _sum_planes_kernel(self.config, v["ws"], v["c"], rows, cols, v["ldc"]).launch(
+                grid=[(rows * cols // 4 + SUM_THREADS - 1) // SUM_THREADS, 1, 1],
+                block=[SUM_THREADS, 1, 1], stream=v["stream"], use_pdl=True)
 
     def _globals(self, a, b, c, alpha=None):
         """The kernel's globals: A, B, C and (`GemmScaledSm90`) alpha."""
@@ -275,21 +332,49 @@ class GemmSm90(LCF):
                     max_ctas, stream)
 
 
-def _matrices(a, b, c, M, N, K, lda, ldb, ldc, transpose_c=False):
+def _matrices(a, b, c, M, N, K, lda, ldb, ldc, transpose_c=False, planes=1):
     """The (rows, cols, 1) global tensors at a, b, c with the given row strides (C as C^T, (N,
-    M), where `transpose_c`)."""
+    M), where `transpose_c`; `planes` of it one after another: the split-K workspace)."""
     c_shape = (N, M) if transpose_c else (M, N)
-    return [cute.make_tensor(p, cute.make_layout((rows, cols, 1), stride=(ld, 1, rows * ld)))
-            for p, (rows, cols), ld in ((a, (M, K), lda), (b, (N, K), ldb), (c, c_shape, ldc))]
+    return [cute.make_tensor(p, cute.make_layout((rows, cols, n), stride=(ld, 1, rows * ld)))
+            for p, (rows, cols), ld, n in ((a, (M, K), lda, 1), (b, (N, K), ldb, 1),
+                                           (c, c_shape, ldc, planes))]
+
+
+@cute.kernel
+def _sum_planes_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, out: cute.Pointer,
+                       rows: cutlass.Int32, cols: cutlass.Int32, ldc: cutlass.Int64):
+    """C (rows x cols, row stride ldc) = the sum of the SPLIT_K fp32 planes at ws (rows x cols
+    each, unpadded) in plane order, rounded once to C's type: 4 consecutive elements per
+    thread (cols % 4 == 0: C's rows are 16 bytes), SUM_AHEAD planes' loads in flight."""
+    cluster.pdl_wait()  # launched early (PDL): the planes are complete once this returns
+    tid, _, _ = cute.arch.thread_idx()
+    bid, _, _ = cute.arch.block_idx()
+    i = (bid * SUM_THREADS + tid) * 4
+    if i < rows * cols:
+        plane = cutlass.Int64(rows * cols) * 4
+        total = [cutlass.Float32(0.0)] * 4
+        for p0 in cutlass.range_constexpr(0, cfg.SPLIT_K, SUM_AHEAD):
+            parts = [memory.ld_v4_f32(ws.toint() + cutlass.Int64(i) * 4 + p * plane)
+                     for p in range(p0, min(p0 + SUM_AHEAD, cfg.SPLIT_K))]
+            for part in parts:
+                total = [t + x for t, x in zip(total, part)]
+        esize = OUTPUT_TYPES[cfg.out_dtype].width // 8
+        at = out.toint() + (cutlass.Int64(i // cols) * ldc + i % cols) * esize
+        for e in cutlass.range_constexpr(4):
+            memory.st_cvt(at + e * esize, total[e], cfg.out_dtype)
 
 
 def signature(config: Config, scaled: bool = False) -> Signature:
     """The raw-pointer launch's runtime arguments (`call_ptrs`): A, B, C (16-byte aligned, as
-    TMA needs), alpha for `GemmScaledSm90` (one fp32), the shape and the row strides."""
+    TMA needs), alpha for `GemmScaledSm90` (one fp32), with split-K the workspace
+    (`Config.workspace_bytes`), the shape and the row strides."""
     dtype = INPUT_TYPES[config.dtype]
     alpha = (ptr("alpha", cutlass.Float32, 4),) if scaled else ()
+    ws = (ptr("ws", cutlass.Float32),) if config.SPLIT_K > 1 else ()
     return Signature(ptr("a", dtype), ptr("b", dtype), ptr("c", OUTPUT_TYPES[config.out_dtype]),
-                     *alpha, i32("M"), i32("N"), i32("K"), i64("lda"), i64("ldb"), i64("ldc"))
+                     *alpha, *ws, i32("M"), i32("N"), i32("K"), i64("lda"), i64("ldb"),
+                     i64("ldc"))
 
 
 def compile_launcher(config: Config, sms: int, scaled: bool = False, options: str = ""):
@@ -310,7 +395,7 @@ class Globals(DeviceStruct):
 class GemmScaledSm90(GemmSm90):
     """D = alpha * A @ B^T with alpha a device fp32 scalar, read once per consumer thread and
     applied to the fp32 accumulator before the output rounding (NVFP4: operands dequantized to
-    e2m1 * ue4m3 in bf16, exact, and alpha = gA * gB)."""
+    e2m1 * ue4m3 in bf16, exact, and alpha = gA * gB); with split-K to each partial plane."""
 
     def setup(self, g, thread, smem):
         return Scaled(super().setup(g, thread, smem), g.alpha[0])
@@ -326,17 +411,8 @@ class GemmScaledSm90(GemmSm90):
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, alpha: cute.Tensor,
                  max_ctas: cutlass.Constexpr, stream):
         """As `GemmSm90.__call__`, with alpha a 1-element fp32 tensor."""
+        self._no_split("__call__")
         self._launch(self._globals(a, b, c, alpha=alpha), c, max_ctas, stream)
-
-    @cute.jit
-    def call_ptrs(self, sms: cutlass.Constexpr, a: cute.Pointer, b: cute.Pointer,
-                  c: cute.Pointer, alpha: cute.Pointer, M: cutlass.Int32, N: cutlass.Int32,
-                  K: cutlass.Int32, lda: cutlass.Int64, ldb: cutlass.Int64, ldc: cutlass.Int64,
-                  stream):
-        """As `GemmSm90.call_ptrs`, with alpha one fp32 in global memory."""
-        at, bt, ct = _matrices(a, b, c, M, N, K, lda, ldb, ldc, self.config.TRANSPOSE_C)
-        g = self._globals(at, bt, ct, alpha=cute.make_tensor(alpha, cute.make_layout(1)))
-        self._launch(g, ct, sms, stream)
 
 
 def kernel_for(config: Config, scaled: bool = False) -> GemmSm90:

@@ -69,6 +69,8 @@ def test_shared_memory_fits_the_target(built):
         (dict(arch="sm_100a"), "needs wgmma"),
         (dict(CLUSTER_M=4, CLUSTER_N=2), "exceeds 4"),
         (dict(LOAD_PIPE_DEPTH=6), "shared memory"),
+        ({"SPLIT_K": 0}, "SPLIT_K must be 1 to 32 K ranges per tile, got 0"),
+        ({"SPLIT_K": 33}, "SPLIT_K must be 1 to 32 K ranges per tile, got 33"),
     ],
 )
 def test_config_rejects_misuse(kwargs, match):
@@ -804,6 +806,7 @@ def test_launches_pass_exactly_the_signature_by_name(monkeypatch, scaled):
     assert (call["M"], call["N"], call["K"]) == (300, 136, 64)
     assert (call["lda"], call["ldb"], call["ldc"]) == (72, 64, 136)
     assert ("alpha" in call) == scaled
+    assert "ws" not in call
     calls.clear()  # transposed: the kernel's A is b, its (N, M) output the same c
     dense_gemm._run(dataclasses.replace(config, TRANSPOSE_C=True), a, b, c,
                     alpha if scaled else None)
@@ -811,6 +814,14 @@ def test_launches_pass_exactly_the_signature_by_name(monkeypatch, scaled):
     assert (call["a"], call["b"], call["c"]) == (b.data_ptr(), a.data_ptr(), c.data_ptr())
     assert (call["M"], call["N"], call["K"]) == (136, 300, 64)
     assert (call["lda"], call["ldb"], call["ldc"]) == (64, 72, 136)
+    calls.clear()  # split-K: a workspace of its planes (CPU: a fresh tensor per call)
+    dense_gemm._run(dataclasses.replace(config, SPLIT_K=2, Kb=32), a, b, c,
+                    alpha if scaled else None)
+    (call,) = calls
+    assert call["ws"] % 16 == 0 and call["c"] == c.data_ptr()
+    with pytest.raises(ValueError, match="SPLIT_K=3 needs at least that many K steps of 32; "
+                                         "K=64 has 2"):
+        dense_gemm._run(dataclasses.replace(config, SPLIT_K=3, Kb=32), a, b, c)
 
 
 @pytest.mark.parametrize("scaled", [False, True])
@@ -820,3 +831,115 @@ def test_raw_pointer_launchers_compile_with_the_dsls_packing(scaled):
 
     launcher = gemm_sm90.compile_launcher(Config(), SMS, scaled, options="--gpu-arch sm_90a")
     assert launcher.signature.names[-3:] == ("lda", "ldb", "ldc")
+
+
+# --- split-K (`Config.SPLIT_K`, `dense_sm90.split_plan`) --------------------------------------
+
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
+def test_split_k_compiles_to_the_same_gemm_and_a_plane_sum(out_dtype):
+    """Split-K keeps the GEMM's MMAs and TMA traffic, stores fp32 planes (no spills) and adds
+    the plane sum's kernel, launched with PDL behind it (the GEMM's CTAs let it launch as they
+    start; it waits for the GEMM's end)."""
+    cfg = Config(out_dtype=out_dtype, EPI_PIPE_DEPTH=2)
+    split = dataclasses.replace(cfg, SPLIT_K=4)
+    b, base = (build(gemm_sm90.kernel_for(c).call_ptrs, *gemm_sm90.signature(c).compile_args(SMS),
+                     arch="sm_90a") for c in (split, cfg))
+    assert b.sass_count("HGMMA") == base.sass_count("HGMMA") > 0
+    assert b.ptx_count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta") > 0
+    assert b.ptx_count(r"griddepcontrol\.wait") == 1 + base.ptx_count(r"griddepcontrol\.wait")
+    assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1  # (the GEMM lets it launch)
+    assert base.ptx_count(r"griddepcontrol\.launch_dependents") == 0
+    assert b.ptx_count(r"ld\.global\.v4\.f32") == 4  # one per plane, unrolled
+    assert len(b.resources) == 2 and all(k.local_bytes == 0 for k in b.resources)
+    assert b.sass_count(r"\bSTL\b") == 0
+    with pytest.raises(ValueError, match="launches without a workspace: SPLIT_K=4"):
+        gemm_sm90.kernel_for(split)._no_split("__call__")
+
+
+def test_split_plan_takes_the_modelled_best_split_where_it_pays():
+    """Over a seeded sweep of shapes (bf16 and fp8, every plan and cluster the planner takes):
+    the split config is the unsplit plan's with SPLIT_K K ranges, its ranges' CTAs fit the
+    ones the GPU holds, none empty, at most MAX_SPLIT_K; its modelled time is the least of
+    every allowed split and at most SPLIT_GAIN of the unsplit one; an unsplit plan has no
+    allowed split under that bar. The few-tile long-K shapes split; large outputs do not."""
+    import random
+
+    from tk_cute.tuning import dense_sm90 as dt
+
+    rng = random.Random(0)
+    split_seen = 0
+    for _ in range(300):
+        M, N, K = (int(2 ** rng.uniform(0, 14)) for _ in range(3))
+        dtype = rng.choice([torch.bfloat16, torch.float8_e4m3fn])
+        N, K = max(8, N // 8 * 8), max(16, K // 16 * 16)
+        cfg = dt.default_config(dtype, torch.bfloat16, M, N, SMS, quads=30, K=K)
+        plain = dt.default_config(dtype, torch.bfloat16, M, N, SMS, quads=30)
+        assert dataclasses.replace(cfg, SPLIT_K=1, EPI_PIPE_DEPTH=plain.EPI_PIPE_DEPTH) == plain
+        rows, cols = (N, M) if cfg.TRANSPOSE_C else (M, N)
+        held = dt.held_ctas((cfg.CLUSTER_M, cfg.CLUSTER_N), SMS, 30)
+        allowed = range(2, min(gemm_sm90.MAX_SPLIT_K, held // dt.plan_tiles(rows, cols, cfg),
+                               cfg.k_steps(K)) + 1)
+        unsplit = dt.split_time(rows, cols, K, plain, 1)
+        if cfg.SPLIT_K > 1:
+            split_seen += 1
+            assert cfg.SPLIT_K in allowed and cfg.EPI_PIPE_DEPTH == 2
+            cfg.check_k(K)
+            best = dt.split_time(rows, cols, K, plain, cfg.SPLIT_K)
+            assert best <= dt.SPLIT_GAIN * unsplit
+            assert all(best <= dt.split_time(rows, cols, K, plain, s) for s in allowed)
+        else:
+            assert all(dt.split_time(rows, cols, K, plain, s) > dt.SPLIT_GAIN * unsplit
+                       for s in allowed)
+    assert split_seen >= 10
+    for M, N, K in ((1, 48, 14448), (16, 192, 11344), (56, 32, 8704)):
+        assert dt.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS, quads=30,
+                                 K=K).SPLIT_K > 1
+    for M, N, K in ((8192, 8192, 8192), (64, 8192, 4096), (1000, 5000, 4096)):
+        assert dt.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS, quads=30,
+                                 K=K).SPLIT_K == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, out_dtype", [(torch.bfloat16, torch.bfloat16),
+                                              (torch.float8_e4m3fn, torch.bfloat16),
+                                              (torch.float16, torch.float32)])
+@pytest.mark.parametrize("M, N, K", [(1, 48, 14464), (16, 192, 11264), (938, 112, 4480),
+                                     (56, 32, 8704), (466, 32, 2448)])
+def test_split_k_plan_matches_fp64_every_element(seed, dtype, out_dtype, M, N, K):
+    """Shapes the planner splits (few tiles, long K), against float64, every element of a
+    poisoned output; through `scaled` with alpha = 0.25 (a power of two: exact on every
+    plane, so equal to a quarter of the fp32 result)."""
+    import tk_cute
+    from tk_cute import dense_gemm
+    from tk_cute.testing import assert_gemm_close
+
+    a = torch.randn(M, K, device="cuda").to(dtype)
+    b = torch.randn(N, K, device="cuda").to(dtype)
+    assert dense_gemm.config_for(a, b, out_dtype).SPLIT_K > 1
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
+    assert_gemm_close(tk_cute.gemm(a, b, out_dtype, out=out), a, b)
+    if dtype == torch.bfloat16:
+        alpha = torch.tensor([0.25], device="cuda")
+        poison = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float32)
+        scaled = dense_gemm.scaled(a, b, alpha, poison)
+        assert torch.equal(scaled, 0.25 * tk_cute.gemm(a, b, torch.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [
+    {"SPLIT_K": 2, "TRANSPOSE_C": True, "Nb": 64, "EPI_N": 16, "SHIFT_EDGES": True},
+    {"SPLIT_K": 7, "Mb": 64, "Nb": 96, "EPI_N": 16, "CLUSTER_N": 2},
+    {"SPLIT_K": 32, "Mb": 192, "Nb": 176, "EPI_N": 16, "SHIFT_EDGES": True},
+], ids=["transposed-shifted", "uneven-ranges-cluster", "32-ranges-tall"])
+def test_split_k_configs_match_fp64_every_element(seed, config):
+    """Forced split-K configs (uneven ranges, clusters, the transposed and shifted epilogue,
+    the most ranges) on ragged shapes, every element of a poisoned output."""
+    import tk_cute
+    from tk_cute.testing import assert_gemm_close
+
+    M, N, K = (72, 200, 4096) if config.get("TRANSPOSE_C") else (300, 136, 4160)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    b = torch.randn(N, K, device="cuda").bfloat16()
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cfg = Config(EPI_PIPE_DEPTH=2, **config)
+    assert_gemm_close(tk_cute.gemm(a, b, config=cfg, out=out), a, b)

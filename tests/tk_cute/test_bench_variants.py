@@ -252,7 +252,8 @@ def test_gemm_bench_summary():
 
 def test_every_random_gemm_shape_has_a_dense_plan():
     """The random sweep's shapes (bf16 and fp8, C in bf16 and fp32) all plan a kernel on the
-    H200's 132 SMs (30 resident 4-CTA clusters), operand rows on L2 lines or not."""
+    H200's 132 SMs (30 resident 4-CTA clusters), operand rows on L2 lines or not, split-K
+    where the plan takes it."""
     import torch
     from tk_cute.kernels.gemm.gemm_sm90 import GemmSm90
 
@@ -264,5 +265,7 @@ def test_every_random_gemm_shape_has_a_dense_plan():
         for dtype in (torch.bfloat16, torch.float8_e4m3fn):
             for out in (torch.bfloat16, torch.float32):
                 lines = K * dtype.itemsize % 128 == 0
-                cfg = dense_sm90.default_config(dtype, out, M, N, 132, lines=lines, quads=30)
+                cfg = dense_sm90.default_config(dtype, out, M, N, 132, lines=lines, quads=30,
+                                                K=K)
                 GemmSm90(cfg)  # a Config the kernel takes
+                cfg.check_k(K)  # (split-K: no empty K range)

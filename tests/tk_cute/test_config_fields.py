@@ -33,7 +33,7 @@ FORCED = "forced"
 FIELDS = {
     gemm_sm90.Config: {
         "dtype": D, "out_dtype": D, "Mb": D, "Nb": D, "EPI_N": D, "EPI_PIPE_DEPTH": D,
-        "CLUSTER_M": D, "CLUSTER_N": D, "TRANSPOSE_C": D, "SHIFT_EDGES": D,
+        "CLUSTER_M": D, "CLUSTER_N": D, "TRANSPOSE_C": D, "SHIFT_EDGES": D, "SPLIT_K": D,
         "Kb": F, "LOAD_PIPE_DEPTH": F, "SUPERGROUP_SIZE": F, "arch": F},
     nvfp4_small_m_sm90.Config: {
         "NT": D, "WN": D, "UNROLL": D, "w4a4": D, "out_dtype": D, "MIN_CTAS": D, "S": D,
@@ -88,7 +88,8 @@ def _sweep() -> dict:
     for m, n, dt, od, lines in itertools.product(
             ms + (8192,), ns + (8,), (torch.bfloat16, torch.float8_e4m3fn),
             (torch.bfloat16, torch.float32), (True, False)):
-        add(dense_tuning.default_config(dt, od, m, n, 132, lines=lines, quads=30))
+        for k in (None, 4096, 14448):  # (K: split-K where few tiles stream a long K)
+            add(dense_tuning.default_config(dt, od, m, n, 132, lines=lines, quads=30, K=k))
     for arch, m, n, k in itertools.product(("sm_100a", "sm_103a", "sm_107a"),
                                            (1, 16, 128, 4096), (8, 3584, 8192),
                                            (16, 2880, 18944)):

@@ -11,7 +11,7 @@ instead of the listed ones and ends with a summary of tk_cute against cuBLAS ove
 CUTLASS repository, tag v4.7.0 or main at 7107b05; not vendored: copy it into the git-ignored
 `.peers/`). The peer runs with its own defaults (tile 128x256, cluster 1x1). `--nb`,
 `--supergroups` and `--clusters` add forced tk_cute configs beside the default
-(`--candidates`: every transposed
+(`--splits`: the plan's tiles in split-K K ranges; `--candidates`: every transposed
 plan `dense_tuning.swap_plan` weighs, up to 400 rows; `--unshifted`: the plan with its edge tiles
 left on the grid).
 """
@@ -143,6 +143,10 @@ def main(argv=None):
     p.add_argument("--plans", nargs="*", default=[],
                    help="also time these plans, each MbxNb:CMxCN (a C^T plan: MbxNb:CMxCN:t, "
                         "Mb of N's rows by Nb of M's), e.g. 192x176:1x1 128x112:2x1:t")
+    p.add_argument("--splits", type=int, nargs="*", default=[],
+                   help="also time the unsplit plan's tiles in these split-K range counts "
+                        "(`Config.SPLIT_K`; those the shape's K steps and the CTAs the GPU "
+                        "holds allow), and the unsplit plan where the plan splits")
     p.add_argument("--eager", action="store_true",
                    help="time eager calls (host overhead included) instead of CUDA-graph replay")
     args = p.parse_args(argv)
@@ -199,6 +203,17 @@ def main(argv=None):
                                            f"{direct.CLUSTER_M}x{direct.CLUSTER_N}")
             if plan.SHIFT_EDGES:
                 notes["tk_cute"] += "; edge tiles shifted inside"
+            if plan.SPLIT_K > 1:
+                notes["tk_cute"] += f"; split-K in {plan.SPLIT_K} K ranges"
+            for split in sorted({1, *args.splits} - {plan.SPLIT_K}) if args.splits else ():
+                tiles = (plan.Mb, plan.Nb, (plan.CLUSTER_M, plan.CLUSTER_N))
+                cfg = dense_tuning.plan_config(dtype, torch.bfloat16, M, N, tiles,
+                                               plan.TRANSPOSE_C, split)
+                rows, cols = (N, M) if plan.TRANSPOSE_C else (M, N)
+                held = dense_tuning.held_ctas((plan.CLUSTER_M, plan.CLUSTER_N), sms, quads)
+                if split <= min(cfg.k_steps(K), held // dense_tuning.plan_tiles(rows, cols, cfg)):
+                    variants[f"tk_cute split {split}"] = lambda s, c=cfg: tk_cute.gemm(
+                        s[0], s[1], config=c)
             for name in ("tk_cute", "tk_cute direct") if args.unshifted else ():
                 shifted = plan if name == "tk_cute" else dense_tuning.default_config(
                     dtype, torch.bfloat16, M, N, sms, quads=quads, swap_ab=False)

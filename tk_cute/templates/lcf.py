@@ -21,8 +21,10 @@ kernels: SUPERGROUP_SIZE tile rows per group, so concurrently running CTAs share
 in L2); optional clusters
 (CLUSTER_M x CLUSTER_N) whose CTAs multicast the shared A rows / B columns.
 The schedule is an object the kernel holds (`sched`, set in its constructor): `WholeTiles`
-here (each persistent CTA its whole tiles), or `templates.stream_k.StreamK` (equal shares of
-the (tile x K-step) units, their partial sums handed between CTAs). It owns the grid and the
+here (each persistent CTA its whole tiles), `SplitK` (each tile's K steps cut into `splits`
+ranges, each a unit of work that writes its own partial tile), or
+`templates.stream_k.StreamK` (equal shares of the (tile x K-step) units, their partial sums
+handed between CTAs). It owns the grid and the
 two loops (`produce`, `consume`), taking the kernel as `k`; the kernel's steps are the same
 under either. A schedule binds the kernel steps it calls to names before its loops: the DSL
 takes an object whose method is called inside a run-time loop or branch for a value the loop
@@ -50,6 +52,10 @@ class WholeTiles:
         clusters = max_ctas // (k.CLUSTER_M * k.CLUSTER_N)
         return schedule.grid(schedule.STATIC, params, clusters)
 
+    def k_range(self, at, k_steps):
+        """The K steps [k0, k1) of tile `at`: all of them."""
+        return 0, k_steps
+
     @cute.jit
     def produce(self, k, g, params, ring, inputs, k_steps, mcast):
         """The producer warp: every K step of this CTA's tiles, in order, into the ring."""
@@ -59,7 +65,8 @@ class WholeTiles:
         state = ring.producer()
         while work.is_valid_tile:
             at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
-            state = load_stages(g, ring, inputs, state, at, 0, k_steps, mcast)
+            k0, k1 = self.k_range(at, k_steps)
+            state = load_stages(g, ring, inputs, state, at, k0, k1, mcast)
             work = tiles.next()
         ring.drain(state)
 
@@ -74,10 +81,26 @@ class WholeTiles:
         release = read.clone()
         while work.is_valid_tile:
             at = coord(work.tile_idx[0], work.tile_idx[1], work.tile_idx[2])
-            read, release = mma_stages(g, ring, inputs, acc_state, read, release, 0, k_steps)
+            k0, k1 = self.k_range(at, k_steps)
+            read, release = mma_stages(g, ring, inputs, acc_state, read, release, k0, k1)
             finish(g, acc_state, at, consumer_smem, thread)
             work = tiles.next()
         k.finish_tail()
+
+
+class SplitK(WholeTiles):
+    """Whole tiles whose K steps are cut into `splits` contiguous ranges: the kernel launches
+    over (m_tiles, n_tiles, splits) work units and unit `at` takes tile (at.r, at.c)'s range
+    at.b, steps [at.b * k_steps // splits, (at.b + 1) * k_steps // splits) (none empty: the
+    host keeps splits <= k_steps). The kernel loads its operands at batch 0 and writes each
+    unit's partial tile to plane at.b of its output, which a second kernel sums (the dense
+    GEMM's split-K: few tiles over a long K)."""
+
+    def __init__(self, splits: int):
+        self.splits = splits
+
+    def k_range(self, at, k_steps):
+        return at.b * k_steps // self.splits, (at.b + 1) * k_steps // self.splits
 
 
 class LCF:

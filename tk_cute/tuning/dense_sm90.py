@@ -77,9 +77,8 @@ def few_rows_plan(M: int, N: int, sms: int, quads: int | None = None,
     if M > FEW_ROWS_MAX_M:
         return None
     bands, widths = -(-M // 64), (nb,) if nb else FEW_ROWS_WIDTHS
-    resident = {4: sms // 4 if quads is None else quads, 2: sms // 2}
     for cm, cn in ONE_BAND_CLUSTERS if bands == 1 else BANDS_CLUSTERS:
-        ctas = resident[cm * cn] * cm * cn  # the CTAs of the clusters that run at once
+        ctas = held_ctas((cm, cn), sms, quads)  # the CTAs of the clusters that run at once
         for w in widths:
             if -(-N // w) >= cn and rounds.tile_rounds(bands, N, w, ctas, (cm, cn)) == 1:
                 return w, (cm, cn)
@@ -176,9 +175,7 @@ def transposed_time(M: int, N: int, plan: tuple[int, int, tuple[int, int]], sms:
     64-row bands, TRANSPOSED_CLUSTER_COST), the last at its slowest tile's (both
     `_edge_cost`s). `quads`: as in `few_rows_plan`."""
     mb, nb, cluster = plan
-    size = cluster[0] * cluster[1]
-    held = {1: sms, 2: sms // 2, 4: sms // 4 if quads is None else quads}[size]
-    n_rounds = rounds.tile_rounds(-(-N // mb), M, nb, held * size, cluster)
+    n_rounds = rounds.tile_rounds(-(-N // mb), M, nb, held_ctas(cluster, sms, quads), cluster)
     tile = (mb / 128 * nb * TILE_COST[nb] * TRANSPOSED_CLUSTER_COST[cluster]
             * (TRANSPOSED_MB64_COST if mb == 64 else 1.0))
     return tile * (n_rounds - 1 + _edge_cost(N, mb) * _edge_cost(M, nb))
@@ -210,10 +207,73 @@ def swap_plan(M: int, N: int, sms: int, quads: int | None = None
     return best if gain < SWAP_GAIN else None
 
 
+# Split-K (`Config.SPLIT_K`): where a plan's few tiles stream a long K on few SMs, each
+# tile's K steps are cut into ranges that spread over more CTAs, and a second kernel sums the
+# ranges' fp32 planes. `split_time` models a plan's time in us (its constants are a model,
+# not a fit: the rule was built on the emulator with no GPU lent; `bench gemm --splits`
+# times it): the K steps one CTA runs, each the longer of its stage's bytes at what one SM's
+# TMA streams alone (SPLIT_SM_BYTES_S: ~0.085 us per 16 KiB stage at 1x48x14448, 0.26x
+# cuBLAS, docs/performance.md#dense-random) and its MMAs at one SM's share of the dense
+# peak (SPLIT_SM_FLOPS); or, where longer, the operands' bytes at the HBM bandwidth
+# (SPLIT_HBM_BYTES_S); with split-K plus the sum's launch (SPLIT_SUM_US) and its planes
+# written and read. A plan is split where the best split is modelled at most SPLIT_GAIN of
+# the unsplit time.
+SPLIT_SM_BYTES_S = 190e9
+SPLIT_SM_FLOPS = 7.5e12  # bf16 / fp16 (989 TFLOP/s over 132 SMs); fp8 twice
+SPLIT_HBM_BYTES_S = 3.0e12
+SPLIT_SUM_US = 3.0
+SPLIT_GAIN = 0.8
+
+
+def held_ctas(cluster: tuple[int, int], sms: int, quads: int | None = None) -> int:
+    """The CTAs a persistent grid of `cluster`-shaped clusters holds at once on `sms` SMs
+    (`quads`: the 4-CTA clusters the GPU holds, `few_rows_plan`; 2-CTA clusters fill it)."""
+    size = cluster[0] * cluster[1]
+    return size * {1: sms, 2: sms // 2, 4: sms // 4 if quads is None else quads}[size]
+
+
+def plan_tiles(rows: int, cols: int, config) -> int:
+    """The tiles of `config`'s plan over the kernel's rows x cols output, padded to whole
+    clusters (`rounds.cluster_tiles`)."""
+    return rounds.cluster_tiles(-(-rows // config.Mb), cols, config.Nb,
+                                (config.CLUSTER_M, config.CLUSTER_N))
+
+
+def split_time(rows: int, cols: int, K: int, config, splits: int) -> float:
+    """The split-K model's time in us (see the constants above) of `config`'s plan over the
+    kernel's rows x cols output at inner dimension K in `splits` K ranges per tile (all of its
+    tile ranges in one round)."""
+    width = config.in_type.width // 8
+    stage = (config.Mb + config.Nb) * config.k_block * width
+    flops = 2 * config.Mb * config.Nb * config.k_block * (2 if width == 1 else 1)
+    steps = config.k_steps(K)
+    cta = -(-steps // splits) * max(stage / SPLIT_SM_BYTES_S, flops / SPLIT_SM_FLOPS)
+    hbm = (rows + cols) * K * width / SPLIT_HBM_BYTES_S
+    planes = 8 * splits * rows * cols / SPLIT_HBM_BYTES_S if splits > 1 else 0.0
+    return 1e6 * (max(cta, hbm) + planes) + (SPLIT_SUM_US if splits > 1 else 0.0)
+
+
+def split_plan(rows: int, cols: int, K: int, config, sms: int, quads: int | None = None) -> int:
+    """K ranges per tile (`Config.SPLIT_K`) for the unsplit `config` over the kernel's rows x
+    cols output at inner dimension K: of 1 to as many as fill the CTAs the GPU holds (at most
+    `MAX_SPLIT_K`, at most one per K step), the least `split_time`, where it is at most
+    SPLIT_GAIN of the unsplit time; else 1."""
+    from tk_cute.kernels.gemm.gemm_sm90 import MAX_SPLIT_K
+
+    tiles = plan_tiles(rows, cols, config)
+    most = min(MAX_SPLIT_K, held_ctas((config.CLUSTER_M, config.CLUSTER_N), sms, quads) // tiles,
+               config.k_steps(K))
+    if most < 2:
+        return 1
+    best = min(range(2, most + 1), key=lambda s: (split_time(rows, cols, K, config, s), s))
+    return best if (split_time(rows, cols, K, config, best)
+                    <= SPLIT_GAIN * split_time(rows, cols, K, config, 1)) else 1
+
+
 @functools.lru_cache(maxsize=4096)  # host time: a plan and a Config cost ~10-30 us per call
 def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N: int = 8192,
                    sms: int = 132, nb: int | None = None, lines: bool = True,
-                   quads: int | None = None, swap_ab: bool = True):
+                   quads: int | None = None, swap_ab: bool = True, K: int | None = None):
     """The kernel config `gemm` uses for an M x N output on `sms` SMs: `tile_plan`'s tile (or
     width `nb`) and cluster shape; 32-column epilogue blocks, or 16 where a width is an odd
     multiple of 32 (160: ten blocks, not five); two epilogue buffers for fp32 C (each 128 x 32
@@ -235,27 +295,33 @@ def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N:
     (Stream-K shares lost to whole tiles at every shape timed on the H200 and were deleted:
     docs/facts.md#dense-stream-k.) `swap_ab`: take `swap_plan`'s transposed tiles
     where it gives them (`Config.TRANSPOSE_C`; rows on L2 lines, no forced width, no
-    stream-K); False: always the direct plan."""
+    stream-K); False: always the direct plan. `K`: the inner dimension, for `split_plan`'s
+    split-K (None: no split)."""
     swap = swap_plan(M, N, sms, quads) if lines and nb is None and swap_ab else None
-    return plan_config(dtype, out_dtype, M, N,
-                       swap or tile_plan(M, N, sms, lines, nb, True, quads),
-                       transposed=swap is not None)
+    plan = swap or tile_plan(M, N, sms, lines, nb, True, quads)
+    config = plan_config(dtype, out_dtype, M, N, plan, transposed=swap is not None)
+    rows, cols = (N, M) if swap else (M, N)
+    split = 1 if K is None else split_plan(rows, cols, K, config, sms, quads)
+    return config if split == 1 else plan_config(dtype, out_dtype, M, N, plan,
+                                                 transposed=swap is not None, split=split)
 
 
 def plan_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int, N: int,
-                plan: tuple[int, int, tuple[int, int]], transposed: bool = False):
+                plan: tuple[int, int, tuple[int, int]], transposed: bool = False,
+                split: int = 1):
     """The kernel config of an (Mb, Nb, cluster) `plan` of an M x N output (`transposed`: of
-    C^T, N x M, `Config.TRANSPOSE_C`): the epilogue blocks and buffers and the edge shift
-    `default_config` describes."""
+    C^T, N x M, `Config.TRANSPOSE_C`; `split`: K ranges per tile, `Config.SPLIT_K`): the
+    epilogue blocks and buffers and the edge shift `default_config` describes."""
     from tk_cute.kernels.gemm.gemm_sm90 import Config
 
     mb, nb, (cluster_m, cluster_n) = plan
-    depth = 2 if out_dtype == torch.float32 or nb % 128 else 4
+    fp32 = out_dtype == torch.float32 or split > 1  # (split-K stores fp32 partial planes)
+    depth = 2 if fp32 or nb % 128 else 4
     epi_n = 32 if nb % 64 == 0 else 16
     rows, cols = (N, M) if transposed else (M, N)  # the kernel's M and N
     return Config(dtype=dtype_name(dtype), out_dtype=dtype_name(out_dtype), Mb=mb, Nb=nb,
                   EPI_N=epi_n,
                   EPI_PIPE_DEPTH=depth, CLUSTER_M=cluster_m, CLUSTER_N=cluster_n,
-                  TRANSPOSE_C=transposed,
+                  TRANSPOSE_C=transposed, SPLIT_K=split,
                   SHIFT_EDGES=any(n > tile and n % tile for n, tile in
                                                    ((rows, mb), (cols, nb))))

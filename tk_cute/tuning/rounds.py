@@ -33,13 +33,16 @@ def aligned(units: int, tile_units: int, ctas: int) -> bool:
     return tile_units % share == 0 or share % tile_units == 0
 
 
-def tile_rounds(bands: int, cols: int, nb: int, sms: int, cluster=(1, 1)) -> int:
-    """Rounds of a persistent grid on `sms` SMs over the `bands` x ceil(cols / nb) output
-    tiles, padded to whole clusters (bands rounded up to cluster_m, column tiles to
-    cluster_n: the scheduler's cluster grid)."""
+def cluster_tiles(bands: int, cols: int, nb: int, cluster=(1, 1)) -> int:
+    """The `bands` x ceil(cols / nb) output tiles padded to whole clusters (bands rounded up
+    to cluster_m, column tiles to cluster_n: the scheduler's cluster grid)."""
     cm, cn = cluster
-    tiles = -(-bands // cm) * cm * (-(-cols // (nb * cn)) * cn)
-    return -(-tiles // sms)
+    return -(-bands // cm) * cm * (-(-cols // (nb * cn)) * cn)
+
+
+def tile_rounds(bands: int, cols: int, nb: int, sms: int, cluster=(1, 1)) -> int:
+    """Rounds of a persistent grid on `sms` SMs over the `cluster_tiles`."""
+    return -(-cluster_tiles(bands, cols, nb, cluster) // sms)
 
 
 def width_plan(bands: int, cols: int, sms: int, cost: dict,

@@ -21,7 +21,7 @@ import torch
 
 from tk_cute.emulator import machine as M
 from tk_cute.emulator import wgmma as W
-from tk_cute.emulator.launch import Launch, Param, capture
+from tk_cute.emulator.launch import Launch, Param, capture, capture_all
 from tk_cute.emulator.memory import GlobalMemory
 
 pytestmark = pytest.mark.slow  # the slow tier: `python -m pytest --full`
@@ -420,23 +420,39 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
     ((96, 80, 64), {"dtype": "float8_e5m2", "out_dtype": "float32"}),
     ((72, 130, 48), {"TRANSPOSE_C": True, "Nb": 64, "EPI_N": 16}),  # stmatrix.trans
     ((130, 72, 96), {"Kb": 32}),  # 64-byte K rows: 64-byte swizzle
+    # split-K: 3 ranges of 3, 3, 4 K steps on 2 CTAs (several units each), partial edge tiles;
+    # transposed, with a shifted edge band; 5 ranges of 1-2 steps, fp32 C
+    ((130, 72, 160), {"SPLIT_K": 3, "Kb": 16}),
+    ((72, 200, 96), {"SPLIT_K": 2, "TRANSPOSE_C": True, "Nb": 64, "EPI_N": 16,
+                     "SHIFT_EDGES": True}),
+    ((64, 64, 112), {"SPLIT_K": 5, "Kb": 16, "Mb": 64, "Nb": 64, "EPI_PIPE_DEPTH": 2,
+                     "out_dtype": "float32"}),
 ], ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else
     ",".join(f"{k}={v}" for k, v in x.items()) or "default")
 def test_dense_gemm_is_exact(shape, config):
-    """tk_cute's Hopper GEMM (`GemmSm90.call_ptrs`, 2 persistent CTAs) on CPU tensors."""
+    """tk_cute's Hopper GEMM (`GemmSm90.call_ptrs`, 2 persistent CTAs; with split-K the plane
+    sum after it) on CPU tensors."""
     from tk_cute.kernels.gemm import gemm_sm90 as G
 
     cfg = G.Config(**config)
     m_, n_, k_ = shape
+    cfg.check_k(k_)
     a, b = _ints(DTYPES[cfg.dtype], m_, k_), _ints(DTYPES[cfg.dtype], n_, k_)
     c = torch.full((n_, m_) if cfg.TRANSPOSE_C else (m_, n_), float("nan"),
                    dtype=DTYPES[cfg.out_dtype])
-    values = {"a": a.data_ptr(), "b": b.data_ptr(), "c": c.data_ptr(), "M": m_, "N": n_,
-              "K": k_, "lda": k_, "ldb": k_, "ldc": m_ if cfg.TRANSPOSE_C else n_, "stream": 0}
-    launch = capture(G.kernel_for(cfg).call_ptrs, 2, *G.signature(cfg).dsl_values(values),
-                     arch="sm_90a")
-    m = _run(launch, [a, b, c])
-    assert m.hazards == []
+    ws = torch.full((max(cfg.workspace_bytes(m_, n_), 16) // 4,), float("nan"))
+    values = {"a": a.data_ptr(), "b": b.data_ptr(), "c": c.data_ptr(), "ws": ws.data_ptr(),
+              "M": m_, "N": n_, "K": k_, "lda": k_, "ldb": k_,
+              "ldc": m_ if cfg.TRANSPOSE_C else n_, "stream": 0}
+    values = {n: values[n] for n in G.signature(cfg).names + ("stream",)}
+    launches = capture_all(G.kernel_for(cfg).call_ptrs, 2,
+                           *G.signature(cfg).dsl_values(values), arch="sm_90a")
+    assert len(launches) == (2 if cfg.SPLIT_K > 1 else 1)
+    mem = GlobalMemory()
+    for i, t in enumerate([a, b, c, ws]):
+        mem.place(t.view(torch.uint8).numpy(), f"t{i}", address=t.data_ptr())
+    for launch in launches:
+        assert M.run(launch, mem).hazards == []
     ref = a.double() @ b.double().T
     assert torch.equal(c, (ref.T if cfg.TRANSPOSE_C else ref).to(c.dtype))
 
