@@ -209,19 +209,22 @@ def swap_plan(M: int, N: int, sms: int, quads: int | None = None
 
 # Split-K (`Config.SPLIT_K`): where a plan's few tiles stream a long K on few SMs, each
 # tile's K steps are cut into ranges that spread over more CTAs, and a second kernel sums the
-# ranges' fp32 planes. `split_time` models a plan's time in us (its constants are a model,
-# not a fit: the rule was built on the emulator with no GPU lent; `bench gemm --splits`
+# ranges' fp32 planes. `split_time` models a plan's time in us. Its constants are a model, not
+# a fit (the rule was built with no GPU lent, verified in the emulator; `bench gemm --splits`
 # times it): the K steps one CTA runs, each the longer of its stage's bytes at what one SM's
-# TMA streams alone (SPLIT_SM_BYTES_S: ~0.085 us per 16 KiB stage at 1x48x14448, 0.26x
-# cuBLAS, docs/performance.md#dense-random) and its MMAs at one SM's share of the dense
-# peak (SPLIT_SM_FLOPS); or, where longer, the operands' bytes at the HBM bandwidth
-# (SPLIT_HBM_BYTES_S); with split-K plus the sum's launch (SPLIT_SUM_US) and its planes
-# written and read. A plan is split where the best split is modelled at most SPLIT_GAIN of
-# the unsplit time.
-SPLIT_SM_BYTES_S = 190e9
-SPLIT_SM_FLOPS = 7.5e12  # bf16 / fp16 (989 TFLOP/s over 132 SMs); fp8 twice
+# TMA loads stream alone (SPLIT_SM_BYTES_S, assumed: ~100 bytes per clock) and its MMAs at
+# one SM's dense rate (SPLIT_SM_FLOPS: 5.5 TFLOP/s per SM measured in 128 x 192 tiles on a
+# full H200, docs/facts.md#dense-tile-cost, over TILE_COST[192]; fp8 twice); or, where longer,
+# the operands' bytes at the HBM bandwidth (SPLIT_HBM_BYTES_S, the H100's ~3 TB/s); with
+# split-K plus the planes written and read at that bandwidth, and the sum's launch and wait
+# (SPLIT_SUM_US, assumed) and its rounds of SUM_AHEAD plane loads (SPLIT_SUM_ROUND_US, an L2
+# round trip, assumed). A plan is split where the best split is modelled at most SPLIT_GAIN of
+# the unsplit time (a margin for the model's error).
+SPLIT_SM_BYTES_S = 180e9
+SPLIT_SM_FLOPS = 5.8e12
 SPLIT_HBM_BYTES_S = 3.0e12
-SPLIT_SUM_US = 3.0
+SPLIT_SUM_US = 2.0
+SPLIT_SUM_ROUND_US = 0.5
 SPLIT_GAIN = 0.8
 
 
@@ -249,8 +252,13 @@ def split_time(rows: int, cols: int, K: int, config, splits: int) -> float:
     steps = config.k_steps(K)
     cta = -(-steps // splits) * max(stage / SPLIT_SM_BYTES_S, flops / SPLIT_SM_FLOPS)
     hbm = (rows + cols) * K * width / SPLIT_HBM_BYTES_S
-    planes = 8 * splits * rows * cols / SPLIT_HBM_BYTES_S if splits > 1 else 0.0
-    return 1e6 * (max(cta, hbm) + planes) + (SPLIT_SUM_US if splits > 1 else 0.0)
+    if splits == 1:
+        return 1e6 * max(cta, hbm)
+    from tk_cute.kernels.gemm.gemm_sm90 import SUM_AHEAD
+
+    planes = 8 * splits * rows * cols / SPLIT_HBM_BYTES_S
+    return (1e6 * (max(cta, hbm) + planes) + SPLIT_SUM_US
+            + SPLIT_SUM_ROUND_US * -(-splits // SUM_AHEAD))
 
 
 def split_plan(rows: int, cols: int, K: int, config, sms: int, quads: int | None = None) -> int:
