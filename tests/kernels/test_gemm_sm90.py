@@ -848,6 +848,8 @@ def test_split_k_compiles_to_the_same_gemm_and_a_plane_sum(out_dtype):
     assert b.ptx_count(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta") > 0
     assert b.ptx_count(r"griddepcontrol\.wait") == 1 + base.ptx_count(r"griddepcontrol\.wait")
     assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1  # (the GEMM lets it launch)
+    waits = b.reads_before_pdl_wait()  # the sum reads no plane before the GEMM has ended
+    assert len(waits) == 1 and all(reads == [] for reads in waits.values())
     assert base.ptx_count(r"griddepcontrol\.launch_dependents") == 0
     assert b.ptx_count(r"ld\.global\.v4\.f32") == 4  # one per plane, unrolled
     assert len(b.resources) == 2 and all(k.local_bytes == 0 for k in b.resources)
