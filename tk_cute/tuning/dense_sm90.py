@@ -68,6 +68,13 @@ ONE_BAND_CLUSTERS = ((1, 4), (1, 2))  # CTAs along N sharing A
 BANDS_CLUSTERS = ((1, 4), (2, 1))  # then two bands sharing B
 
 
+def held_ctas(cluster: tuple[int, int], sms: int, quads: int | None = None) -> int:
+    """The CTAs a persistent grid of `cluster`-shaped clusters holds at once on `sms` SMs
+    (`quads`: the 4-CTA clusters the GPU holds, `few_rows_plan`; 2-CTA clusters fill it)."""
+    size = cluster[0] * cluster[1]
+    return size * {1: sms, 2: sms // 2, 4: sms // 4 if quads is None else quads}[size]
+
+
 def few_rows_plan(M: int, N: int, sms: int, quads: int | None = None,
                   nb: int | None = None) -> tuple[int, tuple[int, int]] | None:
     """(Nb, (CLUSTER_M, CLUSTER_N)) of 64-row tiles for an M x N output of M <=
@@ -226,13 +233,6 @@ SPLIT_HBM_BYTES_S = 3.0e12
 SPLIT_SUM_US = 2.0
 SPLIT_SUM_ROUND_US = 0.5
 SPLIT_GAIN = 0.8
-
-
-def held_ctas(cluster: tuple[int, int], sms: int, quads: int | None = None) -> int:
-    """The CTAs a persistent grid of `cluster`-shaped clusters holds at once on `sms` SMs
-    (`quads`: the 4-CTA clusters the GPU holds, `few_rows_plan`; 2-CTA clusters fill it)."""
-    size = cluster[0] * cluster[1]
-    return size * {1: sms, 2: sms // 2, 4: sms // 4 if quads is None else quads}[size]
 
 
 def plan_tiles(rows: int, cols: int, config) -> int:
