@@ -97,7 +97,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out_dtype=torch.bfloat16, config=None
 
     Raises:
         TypeError: operand types or dtypes, out_dtype, a config of another input dtype.
-        ValueError: shapes, strides, alignment, devices, `out`, a non-Hopper GPU.
+        ValueError: shapes, strides, alignment, devices, `out`, a non-Hopper GPU, a config
+            with more split-K ranges (`SPLIT_K`) than K has K steps.
     """
     _check(a, b, out_dtype)
     config = config or config_for(a, b, out_dtype)
