@@ -436,7 +436,36 @@ def test_dense_gemm_is_exact(shape, config):
     sum after it) on CPU tensors."""
     from tk_cute.kernels.gemm import gemm_sm90 as G
 
-    cfg = G.Config(**config)
+    _dense_is_exact(G.Config(**config), shape)
+
+
+def test_split_k_is_exact_on_random_configs(seed):
+    """Split-K on seeded random configs (tile, K step, ranges, C transposed, shifted edges,
+    clusters) and ragged shapes, on 2-4 persistent CTAs (several units each)."""
+    import random
+
+    from tk_cute.kernels.gemm import gemm_sm90 as G
+
+    rng = random.Random(seed)
+    for _ in range(2):
+        kb, cluster = rng.choice([16, 32, 64]), rng.choice([(1, 1), (1, 2), (2, 1)])
+        k_ = rng.randrange(2, 9) * kb - rng.choice([0, 16 % kb])
+        cfg = G.Config(Mb=rng.choice([64, 128]), Nb=rng.choice([64, 96, 128]), Kb=kb,
+                       EPI_N=16, EPI_PIPE_DEPTH=2, TRANSPOSE_C=rng.random() < 0.5,
+                       SHIFT_EDGES=rng.random() < 0.5, CLUSTER_M=cluster[0],
+                       CLUSTER_N=cluster[1], SPLIT_K=rng.randrange(2, -(-k_ // kb) + 1))
+        m_, n_ = rng.randrange(1, 161), rng.randrange(1, 21) * 8
+        if cfg.TRANSPOSE_C:  # (C^T's rows, the kernel's M, are the 16-byte ones)
+            m_, n_ = n_, rng.randrange(1, 161)
+        print(cfg, (m_, n_, k_))
+        _dense_is_exact(cfg, (m_, n_, k_), ctas=rng.choice([2, 4]))
+
+
+def _dense_is_exact(cfg, shape, ctas=2):
+    """Run `cfg`'s launches (`call_ptrs` on `ctas` SMs) over fresh small integers in a poisoned
+    C (and workspace) and assert C is the exact product, with no hazard."""
+    from tk_cute.kernels.gemm import gemm_sm90 as G
+
     m_, n_, k_ = shape
     cfg.check_k(k_)
     a, b = _ints(DTYPES[cfg.dtype], m_, k_), _ints(DTYPES[cfg.dtype], n_, k_)
@@ -447,7 +476,7 @@ def test_dense_gemm_is_exact(shape, config):
               "M": m_, "N": n_, "K": k_, "lda": k_, "ldb": k_,
               "ldc": m_ if cfg.TRANSPOSE_C else n_, "stream": 0}
     values = {n: values[n] for n in G.signature(cfg).names + ("stream",)}
-    launches = capture_all(G.kernel_for(cfg).call_ptrs, 2,
+    launches = capture_all(G.kernel_for(cfg).call_ptrs, ctas,
                            *G.signature(cfg).dsl_values(values), arch="sm_90a")
     assert len(launches) == (2 if cfg.SPLIT_K > 1 else 1)
     mem = GlobalMemory()
