@@ -49,6 +49,9 @@ Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / em
   `_reduce_kernel` sums each row block's planes in CTA order (deterministic) times 2^8 * gB
     into D, REDUCE_AHEAD planes' loads in flight; it is launched with PDL, so its launch
     overlaps this kernel, and waits for it.
+  `Config.DIRECT` (a grid whose shares are whole row blocks, `whole_blocks`: every block has
+    one partial): the consumers scale and store D themselves, as the reduction would (0 + the
+    one plane, times the scale: bit for bit), and no reduction is launched.
 The K order: a thread's 16 weight bytes hold 32 consecutive codes (K 32t .. 32t + 31 of a
 128-K block, t = lane % 4), but a wgmma A operand wants K 2t, 2t + 1, 2t + 8, 2t + 9 of every
 k16 step from thread t. Any permutation of K applied to both operands leaves the sum unchanged,
@@ -127,6 +130,9 @@ class Config:
     PERMUTE: str = "auto"
     PDL: bool = False
     EARLY_WEIGHTS: bool = False  # with PDL: the first unit's weights asked for before the wait
+    # Every row block in one CTA's share (the host's grid: `whole_blocks`): the GEMM stores D,
+    # no partial planes, no reduction launch
+    DIRECT: bool = False
     out_dtype: str = "bfloat16"
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # the weights' scale format
     # K % STAGE_K != 0: the last stage of each row block is partial (`k_stages`)
@@ -284,6 +290,13 @@ def row_blocks(cfg: Config, N):
     return blocks(N, cfg.ROWS, cfg.N_TAIL)
 
 
+def whole_blocks(cfg: Config, N: int, K: int, ctas: int) -> bool:
+    """Whether `ctas` equal shares of the units are whole row blocks (every block then has one
+    partial: `Config.DIRECT` may store D from the GEMM)."""
+    units = stream_units(cfg, N, K)
+    return units % ctas == 0 and (units // ctas) % k_stages(cfg, K) == 0
+
+
 def blocks(N, rows, n_tail: bool):
     """Blocks of `rows` weight rows: ceil(N / rows) with a partial last one (`n_tail`), else
     N / rows (plain integer arithmetic: the host and the kernels use it alike)."""
@@ -405,8 +418,8 @@ def _decode_permute_kernel(sf_format: cutlass.Constexpr, k_tail: cutlass.Constex
 
 
 @cute.kernel
-def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer, M: Int32,
-            N: Int32, K: Int32):
+def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer,
+            out: cute.Pointer, gsb: cute.Pointer, M: Int32, N: Int32, K: Int32):
     tid, _, _ = cute.arch.thread_idx()
     cta, _, _ = cute.arch.block_idx()
     ctas, _, _ = cute.arch.grid_dim()
@@ -427,7 +440,8 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer, M
                 semaphore(full + s).init(WG - 32)  # every permuting thread
     cute.arch.mbarrier_init_fence()
     cute.arch.barrier()
-    cluster.pdl_launch_dependents()  # the reduction may launch now and wait for us
+    cluster.pdl_launch_dependents()  # the reduction (DIRECT: the next kernel) may launch now
+    # and wait for us
     start, end = schedule.stream_k_share(cta, ctas, stream_units(cfg, N, K))
     if warpgroup.groupid() == 0:
         warpgroup.decrease_registers(PRODUCER_REGISTERS)
@@ -437,8 +451,8 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer, M
             _permute(cfg, xs, loaded, full, end - start, tid - 32)
     else:
         warpgroup.increase_registers(cfg.consumer_registers)
-        _consume(cfg, wq, sf, xs, full, empty, start, end - start, tid - WG, ws, M, N, K, cta,
-                 ctas)
+        _consume(cfg, wq, sf, xs, full, empty, start, end - start, tid - WG, (ws, out, gsb), M,
+                 N, K, cta, ctas)
 
 
 @cute.jit
@@ -545,7 +559,7 @@ def _store_permuted(store, chunk, p, chunks):
 
 
 @cute.jit
-def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thread, ws, M, N,
+def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thread, dest, M, N,
              K, cta, ctas):
     """Consumer warpgroup thread: decode, wgmma, release; where its share leaves a row block,
     write that block's accumulators (TILES x 64 weight rows x N_ACT activation rows) and start
@@ -590,7 +604,7 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
                         phases.at(empty, i - 1).arrive()
         warpgroup.mma_async_wait(0)
         for j in cutlass.range_constexpr(cfg.TILES):
-            _store(cfg, acc[j], ws, M, N, K, cta, ctas, rb * cfg.ROWS + rows + 64 * j)
+            _store(cfg, acc[j], dest, M, N, K, cta, ctas, rb * cfg.ROWS + rows + 64 * j)
 
 
 def _weight_chunk(w_base, chunk, r):
@@ -623,13 +637,19 @@ def decode(a: rt, chunk_addr, sf_base, r_lo, t, blk, sf_format: str = "ue4m3"):
 
 
 @cute.jit
-def _store(cfg: cutlass.Constexpr, acc, ws, M, N, K, cta, ctas, n0):
+def _store(cfg: cutlass.Constexpr, acc, dest, M, N, K, cta, ctas, n0):
     """Write acc (row r: weight row n0 + spread_row(r); activation rows m < M), this CTA's fp32
-    partial sum of its row block, to workspace plane (this CTA - the block's first CTA):
-    `_reduce_kernel` sums the planes in CTA order (deterministic)."""
-    stages = k_stages(cfg, K)
-    plane = cta - schedule.stream_k_owner((n0 // cfg.ROWS) * stages, ctas,
-                                          stream_units(cfg, N, K))
+    partial sum of its row block, to workspace plane (this CTA - the block's first CTA) of
+    dest = (ws, out, gsb): `_reduce_kernel` sums the planes in CTA order (deterministic). With
+    `Config.DIRECT` (the block's one partial) D itself, as the reduction writes it."""
+    ws, out, gsb = dest
+    if cutlass.const_expr(cfg.DIRECT):
+        # (read after the PDL wait: W4A4's decode pass writes it)
+        where = (out, output_scale(gsb, cfg.sf))
+    else:
+        stages = k_stages(cfg, K)
+        where = (ws, cta - schedule.stream_k_owner((n0 // cfg.ROWS) * stages, ctas,
+                                                   stream_units(cfg, N, K)))
     coords = acc.coords()
     for i in cutlass.range_constexpr(cute.size(acc.frag)):
         r, m = coords[i]
@@ -637,14 +657,27 @@ def _store(cfg: cutlass.Constexpr, acc, ws, M, N, K, cta, ctas, n0):
             n = Int64(n0 + spread_row(r))
             if cutlass.const_expr(cfg.N_TAIL):
                 if n < Int64(N):  # (a partial last row block: no row past N)
-                    _store_partial(ws, plane, M, N, m, n, acc.frag[i])
+                    _store_element(cfg, where, M, N, m, n, acc.frag[i])
             else:
-                _store_partial(ws, plane, M, N, m, n, acc.frag[i])
+                _store_element(cfg, where, M, N, m, n, acc.frag[i])
 
 
-def _store_partial(ws, plane, M, N, m, n, v):
-    """Plane `plane`'s element (m, n) of the M x N fp32 partial sums."""
-    memory.st_cvt(ws.toint() + (Int64(plane * M + m) * Int64(N) + n) * 4, v, "float32")
+def _store_element(cfg, where, M, N, m, n, v):
+    """Element (m, n) of the M x N fp32 partial sums in plane `plane` of where = (ws, plane);
+    with `Config.DIRECT` of D, where = (out, scale), as `_reduce_kernel` writes it (0 + the
+    one partial, times the scale)."""
+    if cutlass.const_expr(cfg.DIRECT):
+        out, scale = where
+        memory.st_cvt(out.toint() + (Int64(m) * Int64(N) + n) * out_bytes(cfg),
+                      (Float32(0.0) + v) * scale, cfg.out_dtype)
+    else:
+        ws, plane = where
+        memory.st_cvt(ws.toint() + (Int64(plane * M + m) * Int64(N) + n) * 4, v, "float32")
+
+
+def out_bytes(cfg) -> int:
+    """Bytes of one element of D."""
+    return 4 if cfg.out_dtype == "float32" else 2
 
 
 def output_scale(gsb, sf_format: str = "ue4m3"):
@@ -690,9 +723,9 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
             for part, valid in parts:
                 for e in cutlass.range_constexpr(4):
                     total[e] = total[e] + fp4.from_bits(part[e] | ((Uint32(1) - valid) << 31))
-        esize = 4 if cfg.out_dtype == "float32" else 2
         for e in cutlass.range_constexpr(4):
-            memory.st_cvt(out.toint() + (Int64(i) + e) * esize, total[e] * scale, cfg.out_dtype)
+            memory.st_cvt(out.toint() + (Int64(i) + e) * out_bytes(cfg), total[e] * scale,
+                          cfg.out_dtype)
 
 
 def weight_tensors(w: cute.Pointer, wsf: cute.Pointer, N, K, k_tail: bool = False,
@@ -747,13 +780,14 @@ def _gemm_and_reduce(cfg, w, wsf, xt_ptr, gsb, out, ws, M, N, K, ctas, stream, p
     else:
         xt = row_major(xt_ptr, M, K)
     _kernel(cfg, gl.load(wt, cfg.weight_tile), gl.load(sft, cfg.scale_tile),
-            gl.load(xt, cfg.act_tile), ws, M, N, K).launch(
+            gl.load(xt, cfg.act_tile), ws, out, gsb, M, N, K).launch(
         grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=pdl,
         min_blocks_per_mp=1)  # (without it ptxas drops setmaxnreg: `ops.warpgroup`)
-    MN = M * N
-    _reduce_kernel(cfg, ws, gsb, out, M, N, K, ctas).launch(
-        grid=[(MN // 4 + REDUCE_THREADS - 1) // REDUCE_THREADS, 1, 1],
-        block=[REDUCE_THREADS, 1, 1], stream=stream, use_pdl=True)
+    if cutlass.const_expr(not cfg.DIRECT):
+        MN = M * N
+        _reduce_kernel(cfg, ws, gsb, out, M, N, K, ctas).launch(
+            grid=[(MN // 4 + REDUCE_THREADS - 1) // REDUCE_THREADS, 1, 1],
+            block=[REDUCE_THREADS, 1, 1], stream=stream, use_pdl=True)
 
 
 @cute.jit

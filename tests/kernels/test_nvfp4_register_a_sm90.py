@@ -7,6 +7,7 @@ resources. GPU (marker `gpu`): results against a float64 reference on fresh rand
 """
 
 import dataclasses
+import itertools
 import re
 
 import pytest
@@ -496,6 +497,70 @@ def test_planes_sum_in_the_emulator(seed, M, N, K, ctas):
         assert rounds.aligned(rs.stream_units(cfg, N, K), rs.k_stages(cfg, K), ctas)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("M, N, K, ctas, w4a4, out_dtype", [
+    (16, 512, 512, 4, False, "bfloat16"),  # one row block per CTA (permute "stage")
+    (40, 392, 400, 2, False, "float32"),  # two per CTA, partial last block and K stage ("call")
+    (24, 256, 768, 2, True, "bfloat16"),  # W4A4: D's scale from the decode pass
+])
+def test_direct_store_in_the_emulator(seed, M, N, K, ctas, w4a4, out_dtype):
+    """`Config.DIRECT` (shares of whole row blocks): the GEMM stores D itself, no reduction
+    launch, and D is bit for bit the one the planes and the reduction give (both run in the
+    emulator on the same fresh random operands, D poisoned first), within the product's
+    bound, no hazard."""
+    from tk_cute.emulator import hopper
+    from tk_cute.nvfp4 import quantize
+
+    cfg = sm90_tuning.complete("register_a", sm90_tuning.register_a_config(M, N, K), N, K,
+                               w4a4, out_dtype, "ue4m3", False)
+    assert rs.whole_blocks(cfg, N, K, ctas) and not cfg.DIRECT
+    g = torch.Generator().manual_seed(seed)
+    b = quantize(torch.randn(N, K, generator=g))
+    a = torch.randn(M, K, generator=g).bfloat16()
+    outs = []
+    for c in (cfg, dataclasses.replace(cfg, DIRECT=True)):
+        out = torch.full((M, N), float("nan"), dtype=getattr(torch, out_dtype))
+        machines = hopper.register_a(quantize(a) if w4a4 else a, b, c, out, ctas)
+        assert [h for m in machines for h in m.hazards] == []
+        assert len(machines) == (c.permute == "call") + (1 if c.DIRECT else 2)
+        outs.append(out)
+    assert torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8))
+    assert_gemm_close(outs[1], quantize(a).dequantize() if w4a4 else a, b)
+
+
+def test_direct_store_is_planned_where_the_grid_gives_whole_row_blocks():
+    """`complete(..., sms)` sets DIRECT exactly where the planned grid (`register_a_ctas`) gives
+    every row block to one CTA (`whole_blocks`), over the real layers' register-A plans; the
+    kernel then compiles without the reduction (one kernel fewer); a DIRECT Config on a grid
+    that splits row blocks is refused at launch preparation."""
+    from tk_cute.bench.nvfp4 import MODEL_LAYERS
+    from tk_cute.nvfp4.gemm import _plan_hopper
+
+    direct = 0
+    for layers in MODEL_LAYERS.values():
+        for _, N, K in layers:
+            for M, w4a4 in itertools.product((9, 16, 48, 64, 96, 128), (False, True)):
+                p = _plan_hopper(w4a4, M, N, K, "bfloat16", 132, False)
+                if p.path != "register_a":
+                    continue
+                ctas = min(sm90_tuning.register_a_ctas(p.config, N, K, 132),
+                           rs.stream_units(p.config, N, K))
+                assert p.config.DIRECT == rs.whole_blocks(p.config, N, K, ctas)
+                direct += p.config.DIRECT
+    assert direct >= 20  # (Llama 3 8B gate_up, DeepSeek-V3 q_b and kv_b)
+    cfg = rs.Config(N_ACT=16, DIRECT=True)
+    b = build(rs.launch_fn(cfg), *rs.signature(cfg).compile_args(cfg), arch="sm_90a")
+    base = build(rs.launch_fn(rs.Config(N_ACT=16)),
+                 *rs.signature(rs.Config(N_ACT=16)).compile_args(rs.Config(N_ACT=16)),
+                 arch="sm_90a")
+    assert len(b.resources) == len(base.resources) - 1
+    assert all(k.local_bytes == 0 for k in b.resources)
+    assert b.ptx_count(r"ld\.global\.b32") == 1  # D's scale, once per row block written
+    w = random_weights(512, 512, device="cpu")
+    with pytest.raises(ValueError, match="DIRECT needs shares of whole row blocks"):
+        launch.RegisterA(w, dataclasses.replace(cfg, N_ACT=16), 16, ctas=3)
+
+
 # --- GPU --------------------------------------------------------------------------------------
 
 SHAPES = [(128, 256), (384, 1024), (1024, 2048), (256, 4096)]
@@ -716,3 +781,25 @@ def test_rejects_bad_input():
         launch.gemm_rs(torch.randn(17, 512, device="cuda").bfloat16(), b, config=rs.Config())
     with pytest.raises(TypeError, match="bfloat16"):
         launch.gemm_rs(a.half(), b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K, w4a4", [(16, 32768, 512, False), (16, 32768, 512, True),
+                                           (64, 24576, 1536, False), (9, 28672, 4096, False)])
+def test_direct_store_is_the_reductions_d_on_the_gpu(seed, M, N, K, w4a4):
+    """Where the planner stores D from the GEMM (`Config.DIRECT`: DeepSeek-V3's kv_b and q_b,
+    Llama 3 8B's gate_up), D is bit for bit the planes-and-reduction path's on the same grid,
+    both poisoned first, and within the product's bound."""
+    from tk_cute import nvfp4
+
+    b = random_weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    x = nvfp4.quantize(a) if w4a4 else a
+    p = nvfp4.plan(x, b)
+    assert p.path == "register_a" and p.config.DIRECT
+    d = nvfp4.gemm(x, b, out=torch.full((M, N), float("nan"), device="cuda",
+                                        dtype=torch.bfloat16))
+    ref = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    launch.register_a(x, b, ref, dataclasses.replace(p.config, DIRECT=False))
+    assert torch.equal(d.view(torch.uint8), ref.view(torch.uint8))
+    assert_gemm_close(d, x.dequantize() if w4a4 else a, b)

@@ -40,7 +40,8 @@ FIELDS = {
         "AHEAD": D, "EARLY_WEIGHTS": D, "XSMEM": D, "L2_FETCH": D, "sf": D, "K_TAIL": D,
         "REST": D, "QUANTIZE_A": D, "MT": F, "PDL": F},
     nvfp4_register_a_sm90.Config: {
-        "N_ACT": D, "ROWS": D, "PDL": D, "EARLY_WEIGHTS": D, "out_dtype": D, "sf": D,
+        "N_ACT": D, "ROWS": D, "PDL": D, "EARLY_WEIGHTS": D, "DIRECT": D, "out_dtype": D,
+        "sf": D,
         "K_TAIL": D, "N_TAIL": D, "a_format": D,
         "STAGES": F, "A_SETS": F, "PERMUTE": F, "TILES": FORCED},
     nvfp4_register_a_tiled_sm90.Config: {

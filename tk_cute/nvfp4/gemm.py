@@ -149,7 +149,7 @@ def _plan_hopper(w4a4: bool, M: int, N: int, K: int, out: str, sms: int, pdl: bo
         path = sm90_tuning.check_hopper_path(force, w4a4, M, N, K, out, sf)
     if path != "dequantize":
         cfg = sm90_tuning.default_config(path, M, N, K, w4a4, out, sms)
-        return Plan(path, sm90_tuning.complete(path, cfg, N, K, w4a4, out, sf, pdl))
+        return Plan(path, sm90_tuning.complete(path, cfg, N, K, w4a4, out, sf, pdl, sms))
     esize = {"bfloat16": 2, "float16": 2, "float32": 4}[out]
     per_row = validate.OUT_ALIGN // esize  # D rows must be 16-byte aligned for TMA stores
     return Plan(path, pad_n=-(-N // per_row) * per_row if N % per_row else 0)

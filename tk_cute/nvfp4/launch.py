@@ -110,8 +110,9 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
 class RegisterA:
     """The register-A kernel prepared for weights b, M rows, `cfg` and its grid (`ctas`;
     default `sm90_tuning.register_a_ctas`), as `SmallM`. Workspaces per call
-    (`runtime.workspace`, on the launch's stream): the fp32 partial planes and, with permute
-    "call", the permuted activations (W4A4: and D's scale after them)."""
+    (`runtime.workspace`, on the launch's stream): the fp32 partial planes (none with
+    `cfg.DIRECT`, whose grid must give whole row blocks) and, with permute "call", the
+    permuted activations (W4A4: and D's scale after them)."""
 
     def __init__(self, b: NVFP4Tensor, cfg: rs.Config, M: int, ctas: int | None = None,
                  gsb=None):
@@ -120,7 +121,11 @@ class RegisterA:
         if ctas is None:
             ctas = sm90_tuning.register_a_ctas(cfg, N, K, sm_count(dev))
         ctas = min(ctas, rs.stream_units(cfg, N, K))
-        self.ws_bytes = 4 * schedule.stream_k_spans(ctas, rs.row_blocks(cfg, N)) * M * N
+        if cfg.DIRECT and not rs.whole_blocks(cfg, N, K, ctas):
+            raise ValueError(f"a register-A Config with DIRECT needs shares of whole row blocks "
+                             f"(`whole_blocks`); {ctas} CTAs over N={N}, K={K} split them")
+        self.ws_bytes = (0 if cfg.DIRECT else
+                         4 * schedule.stream_k_spans(ctas, rs.row_blocks(cfg, N)) * M * N)
         self.cfg, self.K, self.device, self.index = cfg, K, dev, device_index(dev)
         self.gsb = b.global_scale if gsb is None else gsb
         self.wsf = aligned(b.scales)

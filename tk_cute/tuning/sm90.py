@@ -262,12 +262,16 @@ def quantize_in_gemm(M: int, N: int, K: int, out_dtype: str = "bfloat16",
     return dataclasses.replace(cfg, XSMEM=gv.xsmem_bytes(M, K), QUANTIZE_A=True)
 
 
-def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str, pdl: bool):
+def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str, pdl: bool,
+             sms: int | None = None):
     """`cfg` (a path's Config: the planner's pick or a tuning entry's forced one) with every
     field the call fixes filled in, the one place a Config is completed from a call: D's type,
     the block-scale format, the activations' format (W4A4: decoded in the kernel), the K and N
-    tails of the shape, and programmatic dependent launch with early weight loads where `pdl`
-    asks for it and the path takes it (small-M; register-A where it permutes per stage)."""
+    tails of the shape, programmatic dependent launch with early weight loads where `pdl`
+    asks for it and the path takes it (small-M; register-A where it permutes per stage), and
+    given the GPU's `sms`, register-A's D stored by the GEMM where its planned grid
+    (`register_a_ctas`) gives every row block to one CTA (`rs.Config.DIRECT`, no reduction
+    launch: Llama 3 8B's gate_up, DeepSeek-V3's q_b and kv_b at 9-96 rows)."""
     if path == "small_m":
         return dataclasses.replace(cfg, w4a4=w4a4, out_dtype=out_dtype, sf=sf,
                                    **_small_m_k_fields(K, cfg.UNROLL), PDL=cfg.PDL or pdl,
@@ -278,6 +282,8 @@ def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str
                                   K_TAIL=K % rs.STAGE_K != 0, N_TAIL=N % rs.BAND != 0)
         if pdl and cfg.permute == "stage":
             cfg = dataclasses.replace(cfg, PDL=True, EARLY_WEIGHTS=True)
+        if sms is not None and rs.whole_blocks(cfg, N, K, register_a_ctas(cfg, N, K, sms)):
+            cfg = dataclasses.replace(cfg, DIRECT=True)
         return cfg
     if path == "register_a_tiled":
         return dataclasses.replace(cfg, out_dtype=out_dtype, sf=sf, a_format=a_format,
