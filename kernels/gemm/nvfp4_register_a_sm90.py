@@ -644,7 +644,7 @@ def _store(cfg: cutlass.Constexpr, acc, dest, M, N, K, cta, ctas, n0):
     `Config.DIRECT` (the block's one partial) D itself, as the reduction writes it."""
     ws, out, gsb = dest
     if cutlass.const_expr(cfg.DIRECT):
-        # (read after the PDL wait: W4A4's decode pass writes it)
+        cluster.pdl_wait()  # (returns at once: W4A4's decode pass wrote the scale long before)
         where = (out, output_scale(gsb, cfg.sf))
     else:
         stages = k_stages(cfg, K)
