@@ -179,6 +179,8 @@ class Config:
 class GemmSm90(LCF):
     """C = A @ B^T on the lcf template (see the module docstring)."""
 
+    SCALED = False  # alpha in the signature (`GemmScaledSm90`)
+
     def __init__(self, config: Config = Config()):
         self.config = c = config
         self.Mb, self.Nb, self.Kb = c.Mb, c.Nb, c.k_block
@@ -304,8 +306,7 @@ class GemmSm90(LCF):
         then the stream. a (M, K), b (N, K), c (M, N) (or C^T, (N, M)) with row strides lda,
         ldb, ldc elements; with split-K the GEMM writes the fp32 planes at ws (rows of the
         output's width, unpadded) and `_sum_planes_kernel` adds them into c."""
-        v = dict(zip(signature(self.config, isinstance(self, GemmScaledSm90)).names
-                     + ("stream",), args))
+        v = dict(zip(signature(self.config, self.SCALED).names + ("stream",), args))
         c, ldc, split = v["c"], v["ldc"], self.config.SPLIT_K
         if cutlass.const_expr(split > 1):
             c, ldc = v["ws"], v["M"] if self.config.TRANSPOSE_C else v["N"]
@@ -396,6 +397,8 @@ class GemmScaledSm90(GemmSm90):
     """D = alpha * A @ B^T with alpha a device fp32 scalar, read once per consumer thread and
     applied to the fp32 accumulator before the output rounding (NVFP4: operands dequantized to
     e2m1 * ue4m3 in bf16, exact, and alpha = gA * gB); with split-K to each partial plane."""
+
+    SCALED = True
 
     def setup(self, g, thread, smem):
         return Scaled(super().setup(g, thread, smem), g.alpha[0])
