@@ -440,8 +440,7 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer,
                 semaphore(full + s).init(WG - 32)  # every permuting thread
     cute.arch.mbarrier_init_fence()
     cute.arch.barrier()
-    cluster.pdl_launch_dependents()  # the reduction (DIRECT: the next kernel) may launch now
-    # and wait for us
+    cluster.pdl_launch_dependents()  # the reduction (DIRECT: the next kernel) may launch
     start, end = schedule.stream_k_share(cta, ctas, stream_units(cfg, N, K))
     if warpgroup.groupid() == 0:
         warpgroup.decrease_registers(PRODUCER_REGISTERS)
