@@ -84,7 +84,9 @@ def test_every_layer_shape_plans_a_kernel_by_the_rules():
     `W4A4_NATIVE_MAX_M`), no register-A or small-M kernel above their 128 / 64 rows, the tiled
     kernel's split tile (as wide as M, stream-K) up to `SPLIT_TILE_MAX_M` rows, "dequantize"
     only where it wins or the tiled kernel cannot take the shape; the register-A kernels' K
-    tail and activation format set from the call."""
+    tail and activation format set from the call, and D stored by the GEMM (`DIRECT`, the
+    plan's text "register_a(D direct)") exactly where its grid gives whole row blocks."""
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
     from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
 
     for w4a4, M, N, K, p in _props():
@@ -104,6 +106,10 @@ def test_every_layer_shape_plans_a_kernel_by_the_rules():
         if p.path == "dequantize":
             assert (sm90_tuning.dequantize_wins(w4a4, M, N, K, SMS)
                     or not rst.supports(M, N, K)), (w4a4, M, N, K)
+        if p.path == "register_a":  # D from the GEMM exactly where the grid allows it
+            ctas, _ = _ctas(p.path, p.config, M, N, K)
+            assert p.config.DIRECT == rs.whole_blocks(p.config, N, K, ctas)
+            assert (str(p) == "register_a(D direct)") == p.config.DIRECT
         if p.path in ("register_a", "register_a_tiled"):
             assert p.config.K_TAIL == (K % (256 if p.path == "register_a" else 128) != 0)
             assert p.config.a_format == ("nvfp4" if w4a4 else "bf16")
