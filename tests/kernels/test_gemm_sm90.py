@@ -879,8 +879,10 @@ def test_split_plan_takes_the_modelled_best_split_where_it_pays():
         assert dataclasses.replace(cfg, SPLIT_K=1, EPI_PIPE_DEPTH=plain.EPI_PIPE_DEPTH) == plain
         rows, cols = (N, M) if cfg.TRANSPOSE_C else (M, N)
         held = dt.held_ctas((cfg.CLUSTER_M, cfg.CLUSTER_N), SMS, 30)
-        allowed = range(2, min(gemm_sm90.MAX_SPLIT_K, held // dt.plan_tiles(rows, cols, cfg),
-                               cfg.k_steps(K)) + 1)
+        allowed = dt.split_counts(rows, cols, K, plain, SMS, 30)
+        tiles, steps = dt.plan_tiles(rows, cols, cfg), cfg.k_steps(K)
+        top = min(gemm_sm90.MAX_SPLIT_K, held // tiles, steps)  # (one round, one step each)
+        assert allowed == range(2, top + 1)
         unsplit = dt.split_time(rows, cols, K, plain, 1)
         if cfg.SPLIT_K > 1:
             split_seen += 1

@@ -205,13 +205,13 @@ def main(argv=None):
                 notes["tk_cute"] += "; edge tiles shifted inside"
             if plan.SPLIT_K > 1:
                 notes["tk_cute"] += f"; split-K in {plan.SPLIT_K} K ranges"
+            rows, cols = (N, M) if plan.TRANSPOSE_C else (M, N)
+            counts = dense_tuning.split_counts(rows, cols, K, plan, sms, quads)
             for split in sorted({1, *args.splits} - {plan.SPLIT_K}) if args.splits else ():
-                tiles = (plan.Mb, plan.Nb, (plan.CLUSTER_M, plan.CLUSTER_N))
-                cfg = dense_tuning.plan_config(dtype, torch.bfloat16, M, N, tiles,
-                                               plan.TRANSPOSE_C, split)
-                rows, cols = (N, M) if plan.TRANSPOSE_C else (M, N)
-                held = dense_tuning.held_ctas((plan.CLUSTER_M, plan.CLUSTER_N), sms, quads)
-                if split <= min(cfg.k_steps(K), held // dense_tuning.plan_tiles(rows, cols, cfg)):
+                if split == 1 or split in counts:
+                    tiles = (plan.Mb, plan.Nb, (plan.CLUSTER_M, plan.CLUSTER_N))
+                    cfg = dense_tuning.plan_config(dtype, torch.bfloat16, M, N, tiles,
+                                                   plan.TRANSPOSE_C, split)
                     variants[f"tk_cute split {split}"] = lambda s, c=cfg: tk_cute.gemm(
                         s[0], s[1], config=c)
             for name in ("tk_cute", "tk_cute direct") if args.unshifted else ():

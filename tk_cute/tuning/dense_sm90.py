@@ -261,19 +261,26 @@ def split_time(rows: int, cols: int, K: int, config, splits: int) -> float:
             + SPLIT_SUM_ROUND_US * -(-splits // SUM_AHEAD))
 
 
-def split_plan(rows: int, cols: int, K: int, config, sms: int, quads: int | None = None) -> int:
-    """K ranges per tile (`Config.SPLIT_K`) for the unsplit `config` over the kernel's rows x
-    cols output at inner dimension K: of 1 to as many as fill the CTAs the GPU holds (at most
-    `MAX_SPLIT_K`, at most one per K step), the least `split_time`, where it is at most
-    SPLIT_GAIN of the unsplit time; else 1."""
+def split_counts(rows: int, cols: int, K: int, config, sms: int,
+                 quads: int | None = None) -> range:
+    """The K range counts 2.. that `config`'s tiles over the kernel's rows x cols output may
+    take at inner dimension K: their units fit the CTAs the GPU holds at once (one round), at
+    most `MAX_SPLIT_K`, at most one range per K step."""
     from tk_cute.kernels.gemm.gemm_sm90 import MAX_SPLIT_K
 
-    tiles = plan_tiles(rows, cols, config)
-    most = min(MAX_SPLIT_K, held_ctas((config.CLUSTER_M, config.CLUSTER_N), sms, quads) // tiles,
-               config.k_steps(K))
-    if most < 2:
+    held = held_ctas((config.CLUSTER_M, config.CLUSTER_N), sms, quads)
+    return range(2, min(MAX_SPLIT_K, held // plan_tiles(rows, cols, config),
+                        config.k_steps(K)) + 1)
+
+
+def split_plan(rows: int, cols: int, K: int, config, sms: int, quads: int | None = None) -> int:
+    """K ranges per tile (`Config.SPLIT_K`) for the unsplit `config` over the kernel's rows x
+    cols output at inner dimension K: of `split_counts`, the least `split_time`, where it is
+    at most SPLIT_GAIN of the unsplit time; else 1."""
+    counts = split_counts(rows, cols, K, config, sms, quads)
+    if not counts:
         return 1
-    best = min(range(2, most + 1), key=lambda s: (split_time(rows, cols, K, config, s), s))
+    best = min(counts, key=lambda s: (split_time(rows, cols, K, config, s), s))
     return best if (split_time(rows, cols, K, config, best)
                     <= SPLIT_GAIN * split_time(rows, cols, K, config, 1)) else 1
 
