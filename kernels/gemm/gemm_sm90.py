@@ -17,6 +17,10 @@ unit's fp32 partial tile is TMA-stored into its plane of a workspace (SPLIT_K pl
 output's shape, rows of the output's width); `_sum_planes_kernel`, launched behind the GEMM
 with PDL (the GEMM's CTAs let it launch as they start, so it waits on the SMs the GEMM
 leaves free), adds the planes in order (deterministic) into C, rounding once.
+`Config.PDL`: the GEMM launches as a programmatic dependent of the kernel before it on the
+stream (its launch, barrier setup and descriptor prefetch overlap that kernel's tail; every
+thread waits for it, `griddepcontrol.wait`, before any global access) and lets the kernel after
+it launch as its CTAs start (a chain of GEMMs: each one's start hides behind the one before).
 Constraints: A (M, K) and B (N, K) K-major with 16-byte aligned rows; any M, N, K: the TMA
 loads of edge tiles fill zeros past the tensors (they add nothing to the sums; a stage still
 carries its whole box of bytes) and the TMA stores clip the edge tiles of C.
@@ -120,6 +124,9 @@ class Config:
     TRANSPOSE_C: bool = False  # C stored M-contiguous (as C^T, row-major): see the module
     SHIFT_EDGES: bool = False  # edge tiles moved inside the tensors: see the module
     SPLIT_K: int = 1  # K ranges per tile, summed by a second kernel: see the module
+    # Launched as a programmatic dependent of the kernel before it (`LCF.PDL`), and letting the
+    # kernel after it launch as its CTAs start: see the module
+    PDL: bool = False
     arch: str = "sm_90a"
 
     def __post_init__(self):
@@ -188,6 +195,7 @@ class GemmSm90(LCF):
         self.CONSUMER_REGISTERS = consumer_registers(c.Mb)
         self.SUPERGROUP_SIZE, self.CLUSTER_M, self.CLUSTER_N = (
             c.SUPERGROUP_SIZE, c.CLUSTER_M, c.CLUSTER_N)
+        self.PDL = c.PDL
         self.a_tile = st(c.in_type, c.Mb, self.Kb)
         self.b_tile = st(c.in_type, c.Nb, self.Kb)
         if c.SPLIT_K > 1:
@@ -214,8 +222,8 @@ class GemmSm90(LCF):
     def prefetch(self, g):
         for d in (g.A, g.B, g.C):
             d.prefetch()
-        if cutlass.const_expr(self.config.SPLIT_K > 1):
-            cluster.pdl_launch_dependents()  # the plane sum may launch (it waits for the end)
+        if cutlass.const_expr(self.config.SPLIT_K > 1 or self.config.PDL):
+            cluster.pdl_launch_dependents()  # the plane sum / next call may launch (and wait)
 
     def k_steps(self, g):
         return cute.size(g.A.tiles(), mode=[3])

@@ -947,3 +947,51 @@ def test_split_k_configs_match_fp64_every_element(seed, config):
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     cfg = Config(EPI_PIPE_DEPTH=2, **config)
     assert_gemm_close(tk_cute.gemm(a, b, config=cfg, out=out), a, b)
+
+
+# --- programmatic dependent launch (`Config.PDL`) ---------------------------------------------
+
+@pytest.mark.parametrize("split", [1, 4])
+def test_pdl_waits_before_any_global_read_and_lets_the_next_call_launch(split):
+    """`Config.PDL` keeps the GEMM's MMAs and TMA traffic; the GEMM waits for the kernel
+    before it (griddepcontrol.wait) before reading anything, and lets the next kernel launch
+    (one launch_dependents: with split-K the same one that lets the plane sum launch)."""
+    cfg = Config(EPI_PIPE_DEPTH=2, SPLIT_K=split)
+    pdl = dataclasses.replace(cfg, PDL=True)
+    b, base = (build(gemm_sm90.kernel_for(c).call_ptrs, *gemm_sm90.signature(c).compile_args(SMS),
+                     arch="sm_90a") for c in (pdl, cfg))
+    assert b.sass_count("HGMMA") == base.sass_count("HGMMA") > 0
+    assert b.ptx_count(r"cp\.async\.bulk\.tensor") == base.ptx_count(r"cp\.async\.bulk\.tensor")
+    assert b.ptx_count(r"griddepcontrol\.wait") == 1 + base.ptx_count(r"griddepcontrol\.wait")
+    assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1
+    waits = b.reads_before_pdl_wait()
+    assert len(waits) == (2 if split > 1 else 1)
+    assert all(reads == [] for reads in waits.values())
+    assert all(k.local_bytes == 0 for k in b.resources) and b.sass_count(r"\bSTL\b") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [{}, {"SPLIT_K": 4}, {"CLUSTER_N": 2, "Nb": 128}],
+                         ids=["plain", "split", "cluster"])
+def test_pdl_chain_matches_fp64_every_element(seed, config):
+    """A chain of PDL GEMMs, each reading the one before's output (C1 = A B^T, C2 = C1 B2^T)
+    and the third overwriting what the second read (C3 = C2 B2^T into C1's buffer): every
+    element of poisoned outputs against float64 (C1 recomputed after the chain: the GEMM is
+    deterministic), so no call reads or writes before its predecessor has ended."""
+    import tk_cute
+    from tk_cute.testing import assert_gemm_close
+
+    M, N, K = 300, 256, 4160
+    cfg = Config(EPI_PIPE_DEPTH=2, PDL=True, **config)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    b = torch.randn(N, K, device="cuda").bfloat16()
+    b2 = torch.randn(N, N, device="cuda").bfloat16()
+    c1, c2 = (torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+              for _ in range(2))
+    tk_cute.gemm(a, b, config=cfg, out=c1)
+    tk_cute.gemm(c1, b2, config=cfg, out=c2)
+    c3 = tk_cute.gemm(c2, b2, config=cfg, out=c1)
+    c1 = tk_cute.gemm(a, b, config=cfg)
+    assert_gemm_close(c1, a, b)
+    assert_gemm_close(c2, c1, b2)
+    assert_gemm_close(c3, c2, b2)

@@ -11,7 +11,8 @@ instead of the listed ones and ends with a summary of tk_cute against cuBLAS ove
 CUTLASS repository, tag v4.7.0 or main at 7107b05; not vendored: copy it into the git-ignored
 `.peers/`). The peer runs with its own defaults (tile 128x256, cluster 1x1). `--nb`,
 `--supergroups` and `--clusters` add forced tk_cute configs beside the default
-(`--splits`: the plan's tiles in split-K K ranges; `--candidates`: every transposed
+(`--splits`: the plan's tiles in split-K K ranges; `--pdl`: the plan as a programmatic
+dependent, `Config.PDL`; `--candidates`: every transposed
 plan `dense_tuning.swap_plan` weighs, up to 400 rows; `--unshifted`: the plan with its edge tiles
 left on the grid).
 """
@@ -147,6 +148,9 @@ def main(argv=None):
                    help="also time the unsplit plan's tiles in these split-K range counts "
                         "(`Config.SPLIT_K`; those the shape's K steps and the CTAs the GPU "
                         "holds allow), and the unsplit plan where the plan splits")
+    p.add_argument("--pdl", action="store_true",
+                   help="also time the plan launched as a programmatic dependent (`Config.PDL`: "
+                        "each call of the timed chain starts during the one before)")
     p.add_argument("--eager", action="store_true",
                    help="time eager calls (host overhead included) instead of CUDA-graph replay")
     args = p.parse_args(argv)
@@ -249,16 +253,23 @@ def main(argv=None):
                         CLUSTER_M=cm, CLUSTER_N=cn)
                     variants[f"tk_cute cluster {cl} Nb={nb}"] = (
                         lambda s, c=cfg: tk_cute.gemm(s[0], s[1], config=c))
+            if args.pdl:
+                variants["tk_cute pdl"] = lambda s, c=dataclasses.replace(plan, PDL=True): (
+                    tk_cute.gemm(s[0], s[1], config=c))
             if peer:
                 variants["CUTLASS CuTe DSL peer"] = lambda s: peer[0](*s)
             res = bench(variants, sets, rounds=args.rounds, graph=not args.eager)
-            ratios[f"{M}x{N}x{K} [{dtype_name}]"] = res[base].ms / res["tk_cute"].ms
+            for name in ("tk_cute", "tk_cute pdl"):
+                if name in res:
+                    ratios.setdefault(name, {})[f"{M}x{N}x{K} [{dtype_name}]"] = (
+                        res[base].ms / res[name].ms)
             for name, r in res.items():
                 print(row(f"{name} [{dtype_name}]", f"{M}x{N}x{K}", r.ms, 2 * M * N * K,
                           baseline_ms=res[base].ms,
                           extra=f"spread {r.spread:.2f}" + (f"; {notes[name]}" if name in notes
                                                              else "")))
-    print("tk_cute vs cuBLAS:", summary(ratios))
+    for name, r in ratios.items():
+        print(f"{name} vs cuBLAS:", summary(r))
     a = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
     print(f"host overhead per call at 256^3 (us): tk_cute.gemm "
           f"{host_overhead(lambda s: tk_cute.gemm(*s), (a, a)):.1f}, torch.matmul "

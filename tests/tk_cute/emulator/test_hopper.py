@@ -429,6 +429,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
                      "out_dtype": "float32"}),
     ((64, 200, 96), {"SPLIT_K": 3, "Kb": 32, "Mb": 64, "Nb": 64, "EPI_PIPE_DEPTH": 2,
                      "CLUSTER_N": 2}),  # A multicast between the CTAs of one K range
+    ((130, 72, 48), {"PDL": True}),  # a programmatic dependent (its wait, its trigger)
+    ((130, 72, 160), {"SPLIT_K": 3, "Kb": 16, "PDL": True}),
 ], ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else
     ",".join(f"{k}={v}" for k, v in x.items()) or "default")
 def test_dense_gemm_is_exact(shape, config):
