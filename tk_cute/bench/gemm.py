@@ -165,7 +165,7 @@ def main(argv=None):
     print("timing:", "eager calls" if args.eager else "CUDA graph replay (GPU time; host "
           "overhead reported below)")
     shapes = random_shapes(args.random, args.seed) if args.random else args.mnk
-    ratios = {}
+    ratios = {"tk_cute": {}}  # name -> {shape: speedup over cuBLAS}
     print(HEADER)
     for dtype_name in args.dtype:
         dtype = getattr(torch, dtype_name)
@@ -254,8 +254,8 @@ def main(argv=None):
                     variants[f"tk_cute cluster {cl} Nb={nb}"] = (
                         lambda s, c=cfg: tk_cute.gemm(s[0], s[1], config=c))
             if args.pdl:
-                variants["tk_cute pdl"] = lambda s, c=dataclasses.replace(plan, PDL=True): (
-                    tk_cute.gemm(s[0], s[1], config=c))
+                pdl = dataclasses.replace(plan, PDL=True)
+                variants["tk_cute pdl"] = lambda s, c=pdl: tk_cute.gemm(s[0], s[1], config=c)
             if peer:
                 variants["CUTLASS CuTe DSL peer"] = lambda s: peer[0](*s)
             res = bench(variants, sets, rounds=args.rounds, graph=not args.eager)
