@@ -252,6 +252,19 @@ def test_gemm_bench_summary():
     assert summary({}) == "no shapes timed"
 
 
+def test_gemm_bench_parts_cover_the_shapes_once_in_order():
+    from tk_cute.bench.gemm import part
+
+    shapes = [str(i) for i in range(101)]
+    for p in (1, 2, 3, 7):
+        runs = [part(shapes, f"{i}/{p}") for i in range(1, p + 1)]
+        assert sum(runs, []) == shapes
+        assert max(map(len, runs)) - min(map(len, runs)) <= 1
+    for bad in ("0/2", "3/2", "x", "1/0"):
+        with pytest.raises(ValueError, match=f"--part takes I/P with 1 <= I <= P, got '{bad}'"):
+            part(shapes, bad)
+
+
 def test_every_random_gemm_shape_has_a_dense_plan():
     """The random sweep's shapes (bf16 and fp8, C in bf16 and fp32) all plan a kernel on the
     H200's 132 SMs (30 resident 4-CTA clusters), operand rows on L2 lines or not, split-K

@@ -4,7 +4,8 @@ CUTLASS's CuTe DSL persistent Hopper GEMM, same process, same inputs, cold L2.
     python -m tk_cute.bench gemm [--mnk 8192,8192,8192 ...] [--random N [--seed S]] [--peer PATH]
 
 `--random N` draws N shapes (`random_shapes`: seeded, log-uniform M, N, K with 16-byte rows)
-instead of the listed ones and ends with a summary of tk_cute against cuBLAS over them.
+instead of the listed ones and ends with a summary of tk_cute against cuBLAS over them
+(`--part I/P`: the I-th of P runs of them, for a sweep longer than one command may take).
 
 `--peer` is the path of CUTLASS's
 `examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py` (public
@@ -56,6 +57,17 @@ def random_shapes(n: int, seed: int = 0) -> list[str]:
         return max(lo, round(v / step) * step)
 
     return [f"{draw(1, 1)},{draw(16, 16)},{draw(16, 16)}" for _ in range(n)]
+
+
+def part(shapes: list, which: str) -> list:
+    """The I-th of P contiguous, near-equal runs of `shapes` (`which` = "I/P", 1 <= I <= P)."""
+    try:
+        i, p = map(int, which.split("/"))
+    except ValueError:
+        i = p = 0
+    if not 1 <= i <= p:
+        raise ValueError(f"--part takes I/P with 1 <= I <= P, got {which!r}")
+    return shapes[(i - 1) * len(shapes) // p:i * len(shapes) // p]
 
 
 def summary(ratios: dict[str, float], floor: float = 0.9) -> str:
@@ -124,6 +136,9 @@ def main(argv=None):
     p.add_argument("--random", type=int, default=0, metavar="N",
                    help="time N seeded random shapes (`random_shapes`) instead of --mnk")
     p.add_argument("--seed", type=int, default=0, help="the random shapes' seed")
+    p.add_argument("--part", default="1/1", metavar="I/P",
+                   help="time the I-th of P equal runs of the shapes, in order (a sweep too long "
+                        "for one command: e.g. --random 100 --part 1/2, then 2/2)")
     p.add_argument("--dtype", nargs="+", default=["bfloat16", "float8_e4m3fn"])
     p.add_argument("--peer", default=None, help="path of CUTLASS dense_gemm_persistent.py")
     p.add_argument("--rounds", type=int, default=20)
@@ -164,7 +179,7 @@ def main(argv=None):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print("timing:", "eager calls" if args.eager else "CUDA graph replay (GPU time; host "
           "overhead reported below)")
-    shapes = random_shapes(args.random, args.seed) if args.random else args.mnk
+    shapes = part(random_shapes(args.random, args.seed) if args.random else args.mnk, args.part)
     ratios = {"tk_cute": {}}  # name -> {shape: speedup over cuBLAS}
     print(HEADER)
     for dtype_name in args.dtype:
