@@ -197,8 +197,8 @@ def _register_a_tuning_variants(M, N, K, sms):
                       if rounds.aligned(units, stages, c)][:4]
     v = {f"tk_cute w4a16 register_a ROWS={pick.ROWS} ctas={c}": (
         lambda s, c=c: launch.gemm_rs(s["a"], s["b"], config=pick, ctas=c)) for c in grids}
-    blocks = rs.row_blocks(pick, N)  # the most CTAs of whole row blocks: D stored directly
-    whole = max(c for c in range(1, min(sms, blocks) + 1) if blocks % c == 0)
+    whole = max(c for c in range(1, min(sms, units) + 1)  # D stored directly: whole blocks
+                if rs.whole_blocks(pick, N, K, c))
     direct = dataclasses.replace(pick, DIRECT=True)
     v[f"tk_cute w4a16 register_a ROWS={pick.ROWS} ctas={whole} direct"] = (
         lambda s: launch.gemm_rs(s["a"], s["b"], config=direct, ctas=whole))
