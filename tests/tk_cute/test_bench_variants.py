@@ -284,3 +284,47 @@ def test_every_random_gemm_shape_has_a_dense_plan():
                                                 K=K)
                 GemmSm90(cfg)  # a Config the kernel takes
                 cfg.check_k(K)  # (split-K: no empty K range)
+
+
+@pytest.mark.parametrize("n_sets", [1, 2, 5, 64, 70])
+def test_harness_rounds_queue_graph_calls_eager_and_captured(monkeypatch, n_sets):
+    """Every timed round, eager or captured, holds whole passes over the input sets and at
+    least GRAPH_CALLS calls, queued between its two events (stand-in events and graphs: what is
+    checked is which calls a round times, not a time)."""
+    from tk_cute.bench import harness
+
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            log.append("event")
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 1.0
+
+    class Graph:
+        def replay(self):
+            log.append("replay")
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(harness, "_captured", lambda fn, sets: (
+        [fn(s) for s in sets], lambda _: Graph().replay())[1])
+    sets = list(range(n_sets))
+    passes = -(-harness.GRAPH_CALLS // n_sets)
+    for graph in (False, True):
+        log.clear()
+        out = harness.bench({"f": lambda s: log.append(s)}, sets, warmup=1, rounds=3,
+                            graph=graph)
+        warm = n_sets + (passes * n_sets if graph else 0)  # the warm-up pass, the capture
+        assert log[:warm] == sets + (sets * passes if graph else [])
+        rounds = log[warm:]
+        batch = ["replay"] if graph else sets * passes
+        assert rounds == (["event", *batch, "event"]) * 3
+        assert out["f"].ms == pytest.approx(1.0 / (passes * n_sets))

@@ -5,12 +5,15 @@
 - Cold L2: each variant cycles through input sets whose total is several times the L2
   (`input_sets`), so no call finds its operands cached by the previous one.
 - CUDA events around a batch of calls (one per input set), warm-up first, median over rounds.
-- `graph=True` captures each variant's batch in a CUDA graph and times its replay: the GPU time
-  alone, without the host's per-call cost (Python validation, DLPack views, launch), which
-  `host_overhead` measures separately. The graph passes over the input sets until it holds
-  GRAPH_CALLS calls: launching a graph costs a few microseconds, which over the 5 calls of one
-  pass had added ~0.8 us to each call of a 10 us kernel (H200, docs/facts.md#graph-calls), a
-  constant that shrank every speedup over a slower peer.
+- A batch passes over the input sets until it holds GRAPH_CALLS calls. `graph=True` captures
+  each variant's batch in a CUDA graph and times its replay: the GPU time alone, without the
+  host's per-call cost (Python validation, DLPack views, launch), which `host_overhead`
+  measures separately; launching a graph costs a few microseconds, which over the 5 calls of
+  one pass had added ~0.8 us to each call of a 10 us kernel (H200, docs/facts.md#graph-calls),
+  a constant that shrank every speedup over a slower peer. Eager batches are as long, the
+  calls queued back to back as a model's layers are: the GPU waits on the host only where the
+  host is slower than the kernels (a batch of one pass, 2 calls from an idle queue, had added
+  the host's lead to the first kernel to every call of a GPU-bound forward).
 - Every result line records the GPU; `environment()` gives clocks and versions for the results
   file.
 """
@@ -35,7 +38,7 @@ def input_sets(make, bytes_per_set: int, minimum: int = 2, factor: int = 3) -> l
     return [make() for _ in range(n)]
 
 
-GRAPH_CALLS = 64  # calls per captured graph, at least (whole passes over the input sets)
+GRAPH_CALLS = 64  # calls per timed batch, eager or graph, at least (whole passes over the input sets)
 
 
 @dataclass
@@ -57,20 +60,20 @@ def bench(variants: dict, sets: list, warmup: int = 3, rounds: int = 20, pause: 
           graph: bool = False):
     """Time each `variants[name](inputs)` over `sets`; return {name: Result}.
 
-    One round calls a variant once on every input set between two CUDA events (or replays the
-    captured graph of GRAPH_CALLS or more such calls); the per-call time is that span over the
-    number of calls.
+    One round calls a variant on the input sets in turn, GRAPH_CALLS or more calls (whole
+    passes), between two CUDA events (or replays the captured graph of those calls); the
+    per-call time is that span over the number of calls.
     Rounds alternate between variants."""
     for fn in variants.values():
         for _ in range(warmup):
             for s in sets:
                 fn(s)
     torch.cuda.synchronize()
+    sets = sets * -(-GRAPH_CALLS // len(sets))
     calls_per_batch = len(sets)
     if graph:
-        passes = -(-GRAPH_CALLS // len(sets))
-        variants = {name: _captured(fn, sets * passes) for name, fn in variants.items()}
-        calls_per_batch, sets = len(sets) * passes, [None]
+        variants = {name: _captured(fn, sets) for name, fn in variants.items()}
+        sets = [None]
     times = {name: [] for name in variants}
     for _ in range(rounds):
         for name, fn in variants.items():
