@@ -876,7 +876,8 @@ def test_split_plan_takes_the_modelled_best_split_where_it_pays():
         N, K = max(8, N // 8 * 8), max(16, K // 16 * 16)
         cfg = dt.default_config(dtype, torch.bfloat16, M, N, SMS, quads=30, K=K)
         plain = dt.default_config(dtype, torch.bfloat16, M, N, SMS, quads=30)
-        assert dataclasses.replace(cfg, SPLIT_K=1, EPI_PIPE_DEPTH=plain.EPI_PIPE_DEPTH) == plain
+        assert dataclasses.replace(cfg, SPLIT_K=1, EPI_PIPE_DEPTH=plain.EPI_PIPE_DEPTH,
+                                   PDL=False) == plain
         rows, cols = (N, M) if cfg.TRANSPOSE_C else (M, N)
         held = dt.held_ctas((cfg.CLUSTER_M, cfg.CLUSTER_N), SMS, 30)
         allowed = dt.split_counts(rows, cols, K, plain, SMS, 30)
@@ -901,6 +902,36 @@ def test_split_plan_takes_the_modelled_best_split_where_it_pays():
     for M, N, K in ((8192, 8192, 8192), (64, 8192, 4096), (1000, 5000, 4096)):
         assert dt.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS, quads=30,
                                  K=K).SPLIT_K == 1
+
+
+def test_pdl_is_planned_where_a_ctas_work_is_short():
+    """Over a seeded sweep (bf16 and fp8, split or not): the plan launches as a programmatic
+    dependent exactly where one CTA's modelled work (`unit_time`, in its K ranges) is at most
+    PDL_MAX_UNIT_US; and never without K (no model). The random sweep's 2-8 us shapes take it;
+    the long few-CTA shapes where it lost 12-17% (H100) do not."""
+    import random
+
+    from tk_cute.tuning import dense_sm90 as dt
+
+    rng = random.Random(1)
+    seen = set()
+    for _ in range(300):
+        M, N, K = (int(2 ** rng.uniform(0, 14)) for _ in range(3))
+        dtype = rng.choice([torch.bfloat16, torch.float8_e4m3fn])
+        N, K = max(8, N // 8 * 8), max(16, K // 16 * 16)
+        cfg = dt.default_config(dtype, torch.bfloat16, M, N, SMS, quads=30, K=K)
+        assert cfg.PDL == (dt.unit_time(cfg, K, cfg.SPLIT_K) <= dt.PDL_MAX_UNIT_US)
+        assert not dt.default_config(dtype, torch.bfloat16, M, N, SMS, quads=30).PDL
+        seen.add(cfg.PDL)
+    assert seen == {False, True}
+    plan = lambda M, N, K: dt.default_config(  # noqa: E731
+        torch.bfloat16, torch.bfloat16, M, N, SMS, quads=30, K=K)
+    for M, N, K in ((1, 304, 32), (2745, 32, 48), (3, 5952, 256), (1, 48, 14448),
+                    (287, 8672, 528)):
+        assert plan(M, N, K).PDL, (M, N, K)
+    for M, N, K in ((4808, 112, 14112), (11, 8768, 14544), (93, 4368, 6896),
+                    (469, 1184, 2288), (8192, 8192, 8192)):
+        assert not plan(M, N, K).PDL, (M, N, K)
 
 
 @pytest.mark.gpu

@@ -34,7 +34,7 @@ FIELDS = {
     gemm_sm90.Config: {
         "dtype": D, "out_dtype": D, "Mb": D, "Nb": D, "EPI_N": D, "EPI_PIPE_DEPTH": D,
         "CLUSTER_M": D, "CLUSTER_N": D, "TRANSPOSE_C": D, "SHIFT_EDGES": D, "SPLIT_K": D,
-        "Kb": F, "LOAD_PIPE_DEPTH": F, "SUPERGROUP_SIZE": F, "arch": F, "PDL": FORCED},
+        "PDL": D, "Kb": F, "LOAD_PIPE_DEPTH": F, "SUPERGROUP_SIZE": F, "arch": F},
     nvfp4_small_m_sm90.Config: {
         "NT": D, "WN": D, "UNROLL": D, "w4a4": D, "out_dtype": D, "MIN_CTAS": D, "S": D,
         "AHEAD": D, "EARLY_WEIGHTS": D, "XSMEM": D, "L2_FETCH": D, "sf": D, "K_TAIL": D,
@@ -123,8 +123,7 @@ def test_every_field_is_listed_with_its_varier(config, swept):
 
 def test_forced_fields_are_the_open_deletions():
     """The switches no dispatch picks (issue: delete them unless a measurement makes the
-    dispatch pick them): the register-A kernel's two-tile warpgroups; the dense GEMM's
-    programmatic dependent launch (built with no GPU lent, untimed: `bench gemm --pdl`)."""
+    dispatch pick them): the register-A kernel's two-tile warpgroups."""
     forced = {(c.__module__.split(".")[-1], n) for c, f in FIELDS.items() for n, w in f.items()
               if w == FORCED}
-    assert forced == {("nvfp4_register_a_sm90", "TILES"), ("gemm_sm90", "PDL")}
+    assert forced == {("nvfp4_register_a_sm90", "TILES")}

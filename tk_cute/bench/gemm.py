@@ -12,8 +12,8 @@ instead of the listed ones and ends with a summary of tk_cute against cuBLAS ove
 CUTLASS repository, tag v4.7.0 or main at 7107b05; not vendored: copy it into the git-ignored
 `.peers/`). The peer runs with its own defaults (tile 128x256, cluster 1x1). `--nb`,
 `--supergroups` and `--clusters` add forced tk_cute configs beside the default
-(`--splits`: the plan's tiles in split-K K ranges; `--pdl`: the plan as a programmatic
-dependent, `Config.PDL`; `--candidates`: every transposed
+(`--splits`: the plan's tiles in split-K K ranges; `--pdl`: the plan with `Config.PDL`, the
+programmatic dependent launch, the other way; `--candidates`: every transposed
 plan `dense_tuning.swap_plan` weighs, up to 400 rows; `--unshifted`: the plan with its edge tiles
 left on the grid).
 """
@@ -164,8 +164,9 @@ def main(argv=None):
                         "(`Config.SPLIT_K`; those the shape's K steps and the CTAs the GPU "
                         "holds allow), and the unsplit plan where the plan splits")
     p.add_argument("--pdl", action="store_true",
-                   help="also time the plan launched as a programmatic dependent (`Config.PDL`: "
-                        "each call of the timed chain starts during the one before)")
+                   help="also time the plan with the programmatic dependent launch the other "
+                        "way (`Config.PDL`, planned where a CTA's work is short: each call of "
+                        "the timed chain starts during the one before)")
     p.add_argument("--eager", action="store_true",
                    help="time eager calls (host overhead included) instead of CUDA-graph replay")
     args = p.parse_args(argv)
@@ -224,13 +225,15 @@ def main(argv=None):
                 notes["tk_cute"] += "; edge tiles shifted inside"
             if plan.SPLIT_K > 1:
                 notes["tk_cute"] += f"; split-K in {plan.SPLIT_K} K ranges"
+            if plan.PDL:
+                notes["tk_cute"] += "; PDL"
             rows, cols = (N, M) if plan.TRANSPOSE_C else (M, N)
             counts = dense_tuning.split_counts(rows, cols, K, plan, sms, quads)
             for split in sorted({1, *args.splits} - {plan.SPLIT_K}) if args.splits else ():
                 if split == 1 or split in counts:
                     tiles = (plan.Mb, plan.Nb, (plan.CLUSTER_M, plan.CLUSTER_N))
                     cfg = dense_tuning.plan_config(dtype, torch.bfloat16, M, N, tiles,
-                                                   plan.TRANSPOSE_C, split)
+                                                   plan.TRANSPOSE_C, split, plan.PDL)
                     variants[f"tk_cute split {split}"] = lambda s, c=cfg: tk_cute.gemm(
                         s[0], s[1], config=c)
             for name in ("tk_cute", "tk_cute direct") if args.unshifted else ():
@@ -269,12 +272,13 @@ def main(argv=None):
                     variants[f"tk_cute cluster {cl} Nb={nb}"] = (
                         lambda s, c=cfg: tk_cute.gemm(s[0], s[1], config=c))
             if args.pdl:
-                pdl = dataclasses.replace(plan, PDL=True)
-                variants["tk_cute pdl"] = lambda s, c=pdl: tk_cute.gemm(s[0], s[1], config=c)
+                other = dataclasses.replace(plan, PDL=not plan.PDL)
+                variants["tk_cute without pdl" if plan.PDL else "tk_cute pdl"] = (
+                    lambda s, c=other: tk_cute.gemm(s[0], s[1], config=c))
             if peer:
                 variants["CUTLASS CuTe DSL peer"] = lambda s: peer[0](*s)
             res = bench(variants, sets, rounds=args.rounds, graph=not args.eager)
-            for name in ("tk_cute", "tk_cute pdl"):
+            for name in ("tk_cute", "tk_cute pdl", "tk_cute without pdl"):
                 if name in res:
                     ratios.setdefault(name, {})[f"{M}x{N}x{K} [{dtype_name}]"] = (
                         res[base].ms / res[name].ms)

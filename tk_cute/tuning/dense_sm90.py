@@ -216,23 +216,30 @@ def swap_plan(M: int, N: int, sms: int, quads: int | None = None
 
 # Split-K (`Config.SPLIT_K`): where a plan's few tiles stream a long K on few SMs, each
 # tile's K steps are cut into ranges that spread over more CTAs, and a second kernel sums the
-# ranges' fp32 planes. `split_time` models a plan's time in us. Its constants are a model, not
-# a fit (the rule was built with no GPU lent, verified in the emulator; `bench gemm --splits`
-# times it): the K steps one CTA runs, each the longer of its stage's bytes at what one SM's
-# TMA loads stream alone (SPLIT_SM_BYTES_S, assumed: ~100 bytes per clock) and its MMAs at
-# one SM's dense rate (SPLIT_SM_FLOPS: 5.5 TFLOP/s per SM measured in 128 x 192 tiles on a
-# full H200, docs/facts.md#dense-tile-cost, over TILE_COST[192]; fp8 twice); or, where longer,
-# the operands' bytes at the HBM bandwidth (SPLIT_HBM_BYTES_S, the H100's ~3 TB/s); with
-# split-K plus the planes written and read at that bandwidth, and the sum's launch and wait
-# (SPLIT_SUM_US, assumed) and its rounds of SUM_AHEAD plane loads (SPLIT_SUM_ROUND_US, an L2
-# round trip, assumed). A plan is split where the best split is modelled at most SPLIT_GAIN of
-# the unsplit time (a margin for the model's error).
-SPLIT_SM_BYTES_S = 180e9
+# ranges' fp32 planes. `split_time` models a plan's time in us, fitted to `bench gemm --splits
+# 2 4 8 16 32` on 12 few-tile shapes (H100, docs/facts.md#dense-split-fit: 5% mean error over
+# 64 timings): a call's fixed cost (SPLIT_LAUNCH_US: launch, prologue, one tile's epilogue; a
+# one-step call takes 2.4-2.8 us); the K steps one CTA runs (`unit_time`), each the longer of
+# its stage's bytes at what one SM's TMA loads stream alone (SPLIT_SM_BYTES_S: 136-154 GB/s
+# fitted) and its MMAs at one SM's dense rate (SPLIT_SM_FLOPS: 5.5 TFLOP/s per SM measured in
+# 128 x 192 tiles on a full H200, docs/facts.md#dense-tile-cost, over TILE_COST[192]; fp8
+# twice); or, where longer, the operands' bytes at the HBM bandwidth (SPLIT_HBM_BYTES_S, the
+# H100's ~3 TB/s); with split-K plus the planes written and read at that bandwidth, the sum's
+# launch and wait (SPLIT_SUM_US) and its rounds of SUM_AHEAD plane loads (SPLIT_SUM_ROUND_US).
+# A plan is split where the best split is modelled at most SPLIT_GAIN of the unsplit time.
+SPLIT_LAUNCH_US = 2.7
+SPLIT_SM_BYTES_S = 150e9
 SPLIT_SM_FLOPS = 5.8e12
 SPLIT_HBM_BYTES_S = 3.0e12
-SPLIT_SUM_US = 2.0
-SPLIT_SUM_ROUND_US = 0.5
-SPLIT_GAIN = 0.8
+SPLIT_SUM_US = 1.2
+SPLIT_SUM_ROUND_US = 0.4
+SPLIT_GAIN = 0.9
+
+# Programmatic dependent launch (`Config.PDL`): planned where one CTA's work (`unit_time`) is
+# at most PDL_MAX_UNIT_US. The launch and prologue it hides behind the kernel before (0.2-0.7
+# us) are a large part of short calls (1.03-1.30x at 2-8 us); on long calls of 65-120 CTAs the
+# next call's early CTAs cost up to 17% (H100, 122 shapes, docs/facts.md#dense-pdl).
+PDL_MAX_UNIT_US = 6.0
 
 
 def plan_tiles(rows: int, cols: int, config) -> int:
@@ -242,23 +249,29 @@ def plan_tiles(rows: int, cols: int, config) -> int:
                                 (config.CLUSTER_M, config.CLUSTER_N))
 
 
+def unit_time(config, K: int, splits: int = 1) -> float:
+    """The us one CTA of `config`'s plan spends on one tile's K steps at inner dimension K in
+    `splits` ranges: each step the longer of its stage's bytes at SPLIT_SM_BYTES_S and its
+    MMAs at SPLIT_SM_FLOPS (one SM alone)."""
+    width = config.in_type.width // 8
+    stage = (config.Mb + config.Nb) * config.k_block * width
+    flops = 2 * config.Mb * config.Nb * config.k_block * (2 if width == 1 else 1)
+    return 1e6 * -(-config.k_steps(K) // splits) * max(stage / SPLIT_SM_BYTES_S,
+                                                        flops / SPLIT_SM_FLOPS)
+
+
 def split_time(rows: int, cols: int, K: int, config, splits: int) -> float:
     """The split-K model's time in us (see the constants above) of `config`'s plan over the
     kernel's rows x cols output at inner dimension K in `splits` K ranges per tile (all of its
     tile ranges in one round)."""
-    width = config.in_type.width // 8
-    stage = (config.Mb + config.Nb) * config.k_block * width
-    flops = 2 * config.Mb * config.Nb * config.k_block * (2 if width == 1 else 1)
-    steps = config.k_steps(K)
-    cta = -(-steps // splits) * max(stage / SPLIT_SM_BYTES_S, flops / SPLIT_SM_FLOPS)
-    hbm = (rows + cols) * K * width / SPLIT_HBM_BYTES_S
+    hbm = 1e6 * (rows + cols) * K * (config.in_type.width // 8) / SPLIT_HBM_BYTES_S
+    body = SPLIT_LAUNCH_US + max(unit_time(config, K, splits), hbm)
     if splits == 1:
-        return 1e6 * max(cta, hbm)
+        return body
     from tk_cute.kernels.gemm.gemm_sm90 import SUM_AHEAD
 
-    planes = 8 * splits * rows * cols / SPLIT_HBM_BYTES_S
-    return (1e6 * (max(cta, hbm) + planes) + SPLIT_SUM_US
-            + SPLIT_SUM_ROUND_US * -(-splits // SUM_AHEAD))
+    planes = 1e6 * 8 * splits * rows * cols / SPLIT_HBM_BYTES_S
+    return body + planes + SPLIT_SUM_US + SPLIT_SUM_ROUND_US * -(-splits // SUM_AHEAD)
 
 
 def split_counts(rows: int, cols: int, K: int, config, sms: int,
@@ -311,22 +324,29 @@ def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N:
     docs/facts.md#dense-stream-k.) `swap_ab`: take `swap_plan`'s transposed tiles
     where it gives them (`Config.TRANSPOSE_C`; rows on L2 lines, no forced width, no
     stream-K); False: always the direct plan. `K`: the inner dimension, for `split_plan`'s
-    split-K (None: no split)."""
+    split-K and the programmatic dependent launch where a CTA's work is short (`unit_time` at
+    most PDL_MAX_UNIT_US; None: neither)."""
     swap = swap_plan(M, N, sms, quads) if lines and nb is None and swap_ab else None
     plan = swap or tile_plan(M, N, sms, lines, nb, True, quads)
     config = plan_config(dtype, out_dtype, M, N, plan, transposed=swap is not None)
+    if K is None:
+        return config
     rows, cols = (N, M) if swap else (M, N)
-    split = 1 if K is None else split_plan(rows, cols, K, config, sms, quads)
-    return config if split == 1 else plan_config(dtype, out_dtype, M, N, plan,
-                                                 transposed=swap is not None, split=split)
+    split = split_plan(rows, cols, K, config, sms, quads)
+    pdl = unit_time(config, K, split) <= PDL_MAX_UNIT_US
+    if split == 1 and not pdl:
+        return config
+    return plan_config(dtype, out_dtype, M, N, plan, transposed=swap is not None, split=split,
+                       pdl=pdl)
 
 
 def plan_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int, N: int,
                 plan: tuple[int, int, tuple[int, int]], transposed: bool = False,
-                split: int = 1):
+                split: int = 1, pdl: bool = False):
     """The kernel config of an (Mb, Nb, cluster) `plan` of an M x N output (`transposed`: of
-    C^T, N x M, `Config.TRANSPOSE_C`; `split`: K ranges per tile, `Config.SPLIT_K`): the
-    epilogue blocks and buffers and the edge shift `default_config` describes."""
+    C^T, N x M, `Config.TRANSPOSE_C`; `split`: K ranges per tile, `Config.SPLIT_K`; `pdl`:
+    `Config.PDL`): the epilogue blocks and buffers and the edge shift `default_config`
+    describes."""
     from tk_cute.kernels.gemm.gemm_sm90 import Config
 
     mb, nb, (cluster_m, cluster_n) = plan
@@ -337,6 +357,6 @@ def plan_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int, N: int,
     return Config(dtype=dtype_name(dtype), out_dtype=dtype_name(out_dtype), Mb=mb, Nb=nb,
                   EPI_N=epi_n,
                   EPI_PIPE_DEPTH=depth, CLUSTER_M=cluster_m, CLUSTER_N=cluster_n,
-                  TRANSPOSE_C=transposed, SPLIT_K=split,
+                  TRANSPOSE_C=transposed, SPLIT_K=split, PDL=pdl,
                   SHIFT_EDGES=any(n > tile and n % tile for n, tile in
                                                    ((rows, mb), (cols, nb))))
