@@ -366,6 +366,28 @@ def test_split_k_divides_the_k_chunks_unless_that_starves_it(M, N, K):
         assert even < sm90_tuning.SMALL_M_EVEN_MIN * S
 
 
+@pytest.mark.parametrize("M", [9, 16])
+@pytest.mark.parametrize("N, K", [(3584, 3584), (2880, 4096), (4096, 4096), (4608, 3584),
+                                  (576, 7168), (6144, 4096), (8192, 8192), (2880, 2880)])
+def test_two_steps_per_trip_where_four_halve_the_slices(M, N, K):
+    """At 9-16 rows 4 steps per trip, unless 2 give twice the K-slices (at most
+    SMALL_M_UNEVEN_MAX): short K's slices of 4 steps fall below the aim (H100: 16x3584^2 U4 S7
+    8.8 us, U2 S14 6.8)."""
+    cfg = sm90_tuning.small_m_config(M, N, K)
+    steps = K // gv.STEP_K
+    four = dataclasses.replace(cfg, UNROLL=4, REST=steps % 4)
+    four = dataclasses.replace(four, S=sm90_tuning.small_m_splits(four, N, K, 132))
+    two = dataclasses.replace(cfg, UNROLL=2, REST=steps % 2)
+    two = dataclasses.replace(two, S=sm90_tuning.small_m_splits(two, N, K, 132))
+    if steps % 4:  # (2880: 22 steps and a half: 2 per trip anyway)
+        assert cfg.UNROLL == 2
+    else:
+        halved = 2 * four.S <= two.S <= sm90_tuning.SMALL_M_UNEVEN_MAX
+        assert (cfg.UNROLL, cfg.S) == ((2, two.S) if halved else (4, four.S))
+    expected = {(3584, 3584): 2, (2880, 4096): 2, (576, 7168): 4, (8192, 8192): 4}
+    assert cfg.UNROLL == expected.get((N, K), cfg.UNROLL)
+
+
 def test_rest_takes_the_aims_split():
     """K = 29568 (115 trips of 256 and a step): S = 8, not the divisor 5 (H200: 46.9 against
     59.7 us at M = 1)."""
