@@ -982,15 +982,17 @@ def test_split_k_configs_match_fp64_every_element(seed, config):
 
 # --- programmatic dependent launch (`Config.PDL`) ---------------------------------------------
 
-@pytest.mark.parametrize("split", [1, 4])
-def test_pdl_waits_before_any_global_read_and_lets_the_next_call_launch(split):
+@pytest.mark.parametrize("split, scaled", [(1, False), (4, False), (1, True)])
+def test_pdl_waits_before_any_global_read_and_lets_the_next_call_launch(split, scaled):
     """`Config.PDL` keeps the GEMM's MMAs and TMA traffic; the GEMM waits for the kernel
-    before it (griddepcontrol.wait) before reading anything, and lets the next kernel launch
-    (one launch_dependents: with split-K the same one that lets the plane sum launch)."""
+    before it (griddepcontrol.wait) before reading anything (the scaled kernel's alpha too:
+    the NVFP4 "dequantize" path plans PDL as `tk_cute.gemm` does), and lets the next kernel
+    launch (one launch_dependents: with split-K the same one that lets the plane sum launch)."""
     cfg = Config(EPI_PIPE_DEPTH=2, SPLIT_K=split)
     pdl = dataclasses.replace(cfg, PDL=True)
-    b, base = (build(gemm_sm90.kernel_for(c).call_ptrs, *gemm_sm90.signature(c).compile_args(SMS),
-                     arch="sm_90a") for c in (pdl, cfg))
+    b, base = (build(gemm_sm90.kernel_for(c, scaled).call_ptrs,
+                     *gemm_sm90.signature(c, scaled).compile_args(SMS), arch="sm_90a")
+               for c in (pdl, cfg))
     assert b.sass_count("HGMMA") == base.sass_count("HGMMA") > 0
     assert b.ptx_count(r"cp\.async\.bulk\.tensor") == base.ptx_count(r"cp\.async\.bulk\.tensor")
     assert b.ptx_count(r"griddepcontrol\.wait") == 1 + base.ptx_count(r"griddepcontrol\.wait")
