@@ -18,7 +18,10 @@ x 1: B, 1 x 2 and 1 x 4: A), which cuts the L2 reads per MMA; the persistent gri
 clusters as the GPU runs at once (`runtime.resident_clusters`: 30 of 4 CTAs on the H200's 132 SMs,
 not 33). Where the plan's few tiles would stream a long K on few SMs, each tile's K is cut into
 ranges whose fp32 partial planes (a `runtime.workspace` per stream) a second kernel sums into C
-(split-K, `split_plan`). The plans are `tk_cute.tuning.dense_sm90`'s.
+(split-K, `split_plan`). Where one CTA's work is short, the GEMM launches as a programmatic
+dependent of the kernel before it on the stream (`Config.PDL`: it reads nothing before that
+kernel has ended; its launch and prologue overlap that kernel's tail) and lets the next one
+launch as its CTAs start. The plans are `tk_cute.tuning.dense_sm90`'s.
 Operand rows that do not start on a 128-byte L2 line (K * element size % 128 != 0, or an offset
 view) make every TMA row piece of a stage touch two lines; from two rows of tiles on, such calls
 always run in 2 x 1 clusters (`line_aligned`, `tuning.dense_sm90.default_config`), which halves B's

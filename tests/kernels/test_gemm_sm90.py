@@ -924,14 +924,12 @@ def test_pdl_is_planned_where_a_ctas_work_is_short():
         assert not dt.default_config(dtype, torch.bfloat16, M, N, SMS, quads=30).PDL
         seen.add(cfg.PDL)
     assert seen == {False, True}
-    plan = lambda M, N, K: dt.default_config(  # noqa: E731
-        torch.bfloat16, torch.bfloat16, M, N, SMS, quads=30, K=K)
-    for M, N, K in ((1, 304, 32), (2745, 32, 48), (3, 5952, 256), (1, 48, 14448),
-                    (287, 8672, 528)):
-        assert plan(M, N, K).PDL, (M, N, K)
-    for M, N, K in ((4808, 112, 14112), (11, 8768, 14544), (93, 4368, 6896),
-                    (469, 1184, 2288), (8192, 8192, 8192)):
-        assert not plan(M, N, K).PDL, (M, N, K)
+    for (M, N, K), planned in zip(
+            ((1, 304, 32), (2745, 32, 48), (3, 5952, 256), (1, 48, 14448), (287, 8672, 528),
+             (4808, 112, 14112), (11, 8768, 14544), (93, 4368, 6896), (469, 1184, 2288),
+             (8192, 8192, 8192)), [True] * 5 + [False] * 5):
+        cfg = dt.default_config(torch.bfloat16, torch.bfloat16, M, N, SMS, quads=30, K=K)
+        assert cfg.PDL == planned, (M, N, K)
 
 
 @pytest.mark.gpu
