@@ -17,11 +17,9 @@ def test_nvfp4_variants_with_tuning(M, N, K):
     assert bool(tuned) == (M <= 64)
     rs_grids = [n for n in v if n.startswith("tk_cute w4a16 register_a")]
     assert bool(rs_grids) == (9 <= M <= 128)  # `sm90_tuning.RS_MIN_M`, the kernel's MAX_M
-    if (M, N, K) == (64, 2880, 2880):  # one CTA per SM, the aligned grids, the 23 row blocks
-        # each whole on one CTA with D stored directly; no 256 rows: N % 256
+    if (M, N, K) == (64, 2880, 2880):  # one CTA per SM, the aligned grids; no 256 rows: N % 256
         assert rs_grids == [f"tk_cute w4a16 register_a ROWS=128 ctas={c}"
-                            for c in (132, 92, 69, 46)] + [
-                                "tk_cute w4a16 register_a ROWS=128 ctas=23 direct"]
+                            for c in (132, 92, 69, 46)]
     if (M, N, K) == (64, 8192, 28672):
         assert "tk_cute w4a16 register_a ROWS=128" in rs_grids
     tiled = [n for n in v if n.startswith("tk_cute w4a16 tiled")]

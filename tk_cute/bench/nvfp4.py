@@ -182,7 +182,6 @@ def _register_a_tuning_variants(M, N, K, sms):
     """The register-A kernel beside the dispatch's pick (docs/facts.md#rs-grid): its planned
     Config on one CTA per SM and on up to four grids whose shares line up with the row blocks
     (`rounds.aligned`, from a third of the SMs; the plan's own is `sm90_tuning.register_a_ctas`),
-    on the most CTAs that take whole row blocks with D stored by the GEMM (`Config.DIRECT`),
     and with the other row count (128 / 256 weight rows per CTA) on its planned grid where N and
     the shared memory allow."""
     from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
@@ -197,11 +196,6 @@ def _register_a_tuning_variants(M, N, K, sms):
                       if rounds.aligned(units, stages, c)][:4]
     v = {f"tk_cute w4a16 register_a ROWS={pick.ROWS} ctas={c}": (
         lambda s, c=c: launch.gemm_rs(s["a"], s["b"], config=pick, ctas=c)) for c in grids}
-    whole = max(c for c in range(1, min(sms, units) + 1)  # D stored directly: whole blocks
-                if rs.whole_blocks(pick, N, K, c))
-    direct = dataclasses.replace(pick, DIRECT=True)
-    v[f"tk_cute w4a16 register_a ROWS={pick.ROWS} ctas={whole} direct"] = (
-        lambda s: launch.gemm_rs(s["a"], s["b"], config=direct, ctas=whole))
     rows = 3 * rs.BAND - pick.ROWS  # 128 <-> 256
     if rows == rs.BAND or N % rows == 0:
         try:
