@@ -367,25 +367,17 @@ def test_split_k_divides_the_k_chunks_unless_that_starves_it(M, N, K):
 
 
 @pytest.mark.parametrize("M", [9, 16])
-@pytest.mark.parametrize("N, K", [(3584, 3584), (2880, 4096), (4096, 4096), (4608, 3584),
-                                  (576, 7168), (6144, 4096), (8192, 8192), (2880, 2880)])
-def test_two_steps_per_trip_where_four_halve_the_slices(M, N, K):
-    """At 9-16 rows 4 steps per trip, unless 2 give twice the K-slices (at most
-    SMALL_M_UNEVEN_MAX): short K's slices of 4 steps fall below the aim (H100: 16x3584^2 U4 S7
-    8.8 us, U2 S14 6.8)."""
+@pytest.mark.parametrize("N, K, unroll, S", [
+    (3584, 3584, 2, 14), (2880, 4096, 2, 16), (4096, 4096, 2, 16), (4608, 3584, 2, 14),
+    (576, 7168, 4, 14), (6144, 4096, 4, 8), (8192, 8192, 4, 8), (2880, 2880, 2, 11)])
+def test_two_steps_per_trip_where_four_halve_the_slices(M, N, K, unroll, S):
+    """At 9-16 rows 4 K steps per trip, unless 2 give twice the K-slices (at most
+    SMALL_M_UNEVEN_MAX = 16): short K's slices of 4 steps fall below the aim (H100: 16x3584^2
+    U4 S7 8.8 us, U2 S14 6.8; 16x2880x4096 U4 S8 9.3, U2 S16 6.9; 16x576x7168 U2 S28 slower
+    than U4 S14). 2880: 22 steps and a half, 2 per trip anyway."""
     cfg = sm90_tuning.small_m_config(M, N, K)
-    steps = K // gv.STEP_K
-    four = dataclasses.replace(cfg, UNROLL=4, REST=steps % 4)
-    four = dataclasses.replace(four, S=sm90_tuning.small_m_splits(four, N, K, 132))
-    two = dataclasses.replace(cfg, UNROLL=2, REST=steps % 2)
-    two = dataclasses.replace(two, S=sm90_tuning.small_m_splits(two, N, K, 132))
-    if steps % 4:  # (2880: 22 steps and a half: 2 per trip anyway)
-        assert cfg.UNROLL == 2
-    else:
-        halved = 2 * four.S <= two.S <= sm90_tuning.SMALL_M_UNEVEN_MAX
-        assert (cfg.UNROLL, cfg.S) == ((2, two.S) if halved else (4, four.S))
-    expected = {(3584, 3584): 2, (2880, 4096): 2, (576, 7168): 4, (8192, 8192): 4}
-    assert cfg.UNROLL == expected.get((N, K), cfg.UNROLL)
+    assert (cfg.UNROLL, cfg.S) == (unroll, S)
+    assert cfg.REST == (K // gv.STEP_K) % unroll and cfg.S <= K // cfg.k_chunk
 
 
 def test_rest_takes_the_aims_split():
