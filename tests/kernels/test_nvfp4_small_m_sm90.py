@@ -368,13 +368,14 @@ def test_split_k_divides_the_k_chunks_unless_that_starves_it(M, N, K):
 
 @pytest.mark.parametrize("M", [9, 16])
 @pytest.mark.parametrize("N, K, unroll, S", [
-    (3584, 3584, 2, 14), (2880, 4096, 2, 16), (4096, 4096, 2, 16), (4608, 3584, 2, 14),
+    (3584, 3584, 2, 14), (2880, 4096, 2, 16), (4096, 4096, 2, 16), (4608, 3584, 4, 7),
     (576, 7168, 4, 14), (6144, 4096, 4, 8), (8192, 8192, 4, 8), (2880, 2880, 2, 11)])
 def test_two_steps_per_trip_where_four_halve_the_slices(M, N, K, unroll, S):
     """At 9-16 rows 4 K steps per trip, unless 2 give twice the K-slices (at most
-    SMALL_M_UNEVEN_MAX = 16): short K's slices of 4 steps fall below the aim (H100: 16x3584^2
-    U4 S7 8.8 us, U2 S14 6.8; 16x2880x4096 U4 S8 9.3, U2 S16 6.9; 16x576x7168 U2 S28 slower
-    than U4 S14). 2880: 22 steps and a half, 2 per trip anyway."""
+    SMALL_M_UNEVEN_MAX = 16) in CTAs that fit the SMs in one round: short K's slices of 4
+    steps fall below the aim (H100: 16x3584^2 U4 S7 8.8 us, U2 S14 6.8; 16x2880x4096 U4 S8
+    9.3, U2 S16 6.9; 16x576x7168 U2 S28 slower than U4 S14; 16x4608x3584, 144 CTAs of one row
+    group, U2 S14 11.9 us against U4 S7 9.1). 2880: 22 steps and a half, 2 per trip anyway."""
     cfg = sm90_tuning.small_m_config(M, N, K)
     assert (cfg.UNROLL, cfg.S) == (unroll, S)
     assert cfg.REST == (K // gv.STEP_K) % unroll and cfg.S <= K // cfg.k_chunk

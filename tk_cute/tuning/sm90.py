@@ -220,13 +220,15 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
                     **_small_m_k_fields(K, unroll))
     cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms))
     # 4 steps per trip halve the K-slices a short K can give: where 2 steps per trip give twice
-    # the slices (up to SMALL_M_UNEVEN_MAX), they run (H100, docs/facts.md#small-m-short-k:
-    # 16x3584^2 W4A16 U4 S7 8.8 us, U2 S14 6.8; 16x2880x4096 U4 S8 9.3, U2 S16 6.9; at
+    # the slices (up to SMALL_M_UNEVEN_MAX) and their CTAs (one row group each, one per SM at
+    # that many warps) fit the SMs in one round, they run (H100, docs/facts.md#small-m-short-k:
+    # 16x3584^2 W4A16 U4 S7 8.8 us, U2 S14 6.8; 16x2880x4096 U4 S8 9.3, U2 S16 6.9;
+    # 16x4096^2 U4 S8 9.6, U2 S16 7.3; at 16x4608x3584, 144 CTAs, U4 S7 9.1, U2 S14 11.9; at
     # 16x576x7168 U4 S14 9.2, U2 S28 12.8).
     if unroll == 4:
         two = dataclasses.replace(cfg, UNROLL=2, **_small_m_k_fields(K, 2))
         two = dataclasses.replace(two, S=small_m_splits(two, N, K, sms))
-        if 2 * cfg.S <= two.S <= SMALL_M_UNEVEN_MAX:
+        if 2 * cfg.S <= two.S <= SMALL_M_UNEVEN_MAX and N // two.rows <= sms:
             cfg = two
     # At M <= 8 (AHEAD: MIN_CTAS = 16 // (WN x S) per SM) the aim can give CTAs of one row
     # group (WN = 1, S >= 5), more than the SMs hold at once: the rest would run in a partial
