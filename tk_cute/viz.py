@@ -33,8 +33,8 @@ from collections import defaultdict
 import numpy as np
 
 # The bench's variants a reader compares, in legend order (others are drawn too, thinner).
-MAIN_VARIANTS = ("tk_cute w4a16", "tk_cute w4a4", "cuBLAS fp8 _scaled_mm",
-                 "speed of light: read W")
+MAIN_VARIANTS = ("tk_cute w4a16", "tk_cute w4a4", "humming NVFP4 w4a16",
+                 "cuBLAS fp8 _scaled_mm", "speed of light: read W")
 BANK_BYTES, BANKS, CHUNK_BYTES = 4, 32, 16  # shared memory: 32 banks of 4 bytes
 
 
@@ -552,22 +552,33 @@ def speedup_plot(results: list[dict], baseline: str = "cuBLAS bf16 (deq W)",
                  for name in variants}
         speedups[(N, K)] = {name: pts for name, pts in lines.items() if pts}
     n = max(1, len(panels))
-    fig, axes = _figure(n, 5 * n, 4, sharey=True)
+    cols = min(n, SPEEDUP_COLUMNS)
+    rows = -(-n // cols)
+    fig, axes = _figure(cols, 5 * cols, 4 * rows, nrows=rows, sharey=True)
+    for ax in axes[n:]:  # the last row's empty places
+        ax.set_visible(False)
+    axes = axes[:n]
     fig.drawn = {"baseline": baseline, "speedups": speedups}
     for ax, ((N, K), lines) in zip(axes, speedups.items()):
-        for name, pts in lines.items():
-            ax.plot(*zip(*pts), marker="o", label=name, gid=f"N={N}, K={K}: {name}")
+        for name, pts in lines.items():  # one colour per variant in every panel
+            ax.plot(*zip(*pts), marker="o", label=name, gid=f"N={N}, K={K}: {name}",
+                    color=f"C{variants.index(name) % 10}")
         ax.axhline(1.0, color="black", linewidth=1, label=f"{baseline} = 1")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("M (activation rows)")
         ax.set_title(f"N={N}, K={K}")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel(f"speedup over {baseline}")
-    axes[-1].legend(fontsize=8)
+    for ax in axes[::cols]:
+        ax.set_ylabel(f"speedup over {baseline}")
+    legend = {}  # every variant drawn in any panel
+    for ax in axes:
+        legend.update(zip(*reversed(ax.get_legend_handles_labels())))
+    axes[-1].legend(legend.values(), legend.keys(), fontsize=8)
     fig.tight_layout()
     return fig
 
 
+SPEEDUP_COLUMNS = 4  # panels per row of `speedup_plot`
 BENCH_KEYS = ("variant", "M", "N", "K", "us")  # what a bench result row must hold
 
 

@@ -1,6 +1,8 @@
 """Benchmark variant lists build on the host (no GPU): a renamed config field must fail here,
 not on the H200."""
 
+import json
+
 import pytest
 import torch
 
@@ -96,6 +98,72 @@ def test_nvfp4_markdown_table():
     assert one[1] == f"{want[1]['tk_cute w4a16']:.1f}" and one[2] == "2.500"
     assert one[6] == "3.200" and one[7] == "2.200" and one[8] == "small_m (pdl=True 2.900x)"
     assert [c.strip() for c in body[1].split("|")[1:-1]][6:] == ["-", "-", "register_a_tiled(Nb=128)"]
+
+
+def test_model_bars_count_each_bar_and_name_the_worst():
+    """`model_bars`: per bar, the shapes below it among those it covers and the worst, from
+    random times built to land on either side of each bar (W4A16 at M <= 16 against the
+    speed of light, both formats against humming and, at M <= 64, cuBLAS bf16; the geometric
+    mean at M >= 256)."""
+    import math
+    import random
+
+    rng = random.Random()
+    rows = []
+    fast_sol, low_hum, low_64, big = rng.uniform(0.86, 0.99), rng.uniform(0.5, 0.9), \
+        rng.uniform(0.5, 0.9), [rng.uniform(0.6, 1.4) for _ in range(3)]
+
+    def add(M, N, name, speedup, base=100.0):
+        rows.append({"variant": name, "M": M, "N": N, "K": 4096, "us": base / speedup,
+                     "speedup": speedup, "path": "x"})
+
+    for M, N in ((1, 1024), (16, 2048)):  # W4A16 at 2.0x; read W at 2.0 / f: f of the read
+        f = fast_sol if M == 1 else 0.5
+        add(M, N, bench_nvfp4.BASELINE, 1.0)
+        add(M, N, "tk_cute w4a16", 2.0)
+        add(M, N, "tk_cute w4a4", 2.0)
+        add(M, N, bench_nvfp4.SPEED_OF_LIGHT, 2.0 / f)
+        add(M, N, bench_nvfp4.HUMMING, 2.0 / low_hum if M == 16 else 1.5)
+    add(64, 4096, bench_nvfp4.BASELINE, 1.0)
+    add(64, 4096, "tk_cute w4a16", low_64)
+    add(64, 4096, "tk_cute w4a4", 1.2)
+    for i, x in enumerate(big):
+        add(256 * (i + 1), 8192, bench_nvfp4.BASELINE, 1.0)
+        add(256 * (i + 1), 8192, "tk_cute w4a16", x)
+        add(256 * (i + 1), 8192, "tk_cute w4a4", x)
+    lines = bench_nvfp4.model_bars(rows)
+    assert len(lines) == 7
+    assert lines[0].startswith("W4A16 at M <= 16") and "1 of 2 below 0.85" in lines[0] \
+        and "worst 0.500 (16x2048x4096)" in lines[0]
+    assert "w4a16 x humming" in lines[1] and "1 of 2 below 1.0" in lines[1] \
+        and f"worst {low_hum:.3f} (16x2048x4096)" in lines[1]
+    assert "1 of 3 below 1.0" in lines[3] and f"worst {low_64:.3f} (64x4096x4096)" in lines[3]
+    assert "0 of 3 below 1.0" in lines[4]
+    mean = math.exp(sum(map(math.log, big)) / 3)
+    assert f"geometric mean {mean:.3f} over 3 shapes" in lines[5]
+    assert f"worst {min(big):.3f}" in lines[6]
+
+
+def test_nvfp4_report_reads_json_parts_without_a_gpu(tmp_path, capsys):
+    """`--report`: the --json files of one run's parts, merged: the bars of every part's rows,
+    the first part's environment, the markdown table of both."""
+    parts = []
+    for i, M in enumerate((1, 512)):
+        rows = [{"variant": name, "M": M, "N": 4096, "K": 4096, "us": us, "speedup": 20.0 / us,
+                 "path": "p"}
+                for name, us in ((bench_nvfp4.BASELINE, 20.0), ("tk_cute w4a16", 8.0 + M / 64),
+                                 ("tk_cute w4a4", 9.0))]
+        parts.append(tmp_path / f"part{i}.json")
+        parts[-1].write_text(json.dumps({"environment": f"GPU {i}", "results": rows}))
+    md = tmp_path / "t.md"
+    assert bench_nvfp4.main(["--report", *map(str, parts), "--markdown", str(md),
+                             "--commit", "abc"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "GPU 0"
+    assert "x cuBLAS bf16 at M >= 256: geometric mean 1.250 over 1 shapes" in out
+    assert "0 of 1 below 1.0" in out
+    table = md.read_text()
+    assert "| 1x4096x4096 |" in table and "| 512x4096x4096 |" in table and "commit abc" in table
 
 
 def test_humming_peer_variant_and_check(seed):

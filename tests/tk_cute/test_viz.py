@@ -296,6 +296,32 @@ def test_speedup_plot_draws_baseline_over_variant():
     assert line.get_label() == "tk_cute w4a16" and list(line.get_ydata()) == [2.5, 2.5]
 
 
+def test_speedup_plot_wraps_panels_and_keeps_each_variants_colour():
+    """Rows of at most SPEEDUP_COLUMNS panels (the last row's empty places hidden); a variant
+    keeps its colour where a panel lacks another (humming fails on some layers), and the
+    legend names every variant drawn in any panel."""
+    rows = []
+    for n in range(5):
+        for m in (1, 16):
+            rows.append({"variant": "cuBLAS bf16 (deq W)", "M": m, "N": 64 * (n + 1), "K": 64,
+                         "us": 10.0})
+            rows.append({"variant": "tk_cute w4a16", "M": m, "N": 64 * (n + 1), "K": 64,
+                         "us": 5.0})
+            if n != 4:
+                rows.append({"variant": "humming NVFP4 w4a16", "M": m, "N": 64 * (n + 1),
+                             "K": 64, "us": 8.0})
+    fig = viz.speedup_plot(rows)
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(fig.axes) == 2 * viz.SPEEDUP_COLUMNS and len(shown) == 5
+    colours = {}
+    for ax in shown:
+        for line in ax.get_lines():
+            colours.setdefault(line.get_label(), set()).add(line.get_color())
+    assert all(len(c) == 1 for c in colours.values())
+    legend = [t.get_text() for t in shown[-1].get_legend().get_texts()]
+    assert "humming NVFP4 w4a16" in legend and "tk_cute w4a16" in legend
+
+
 @pytest.mark.parametrize("fmt, magic", [("png", b"\x89PNG"), ("svg", b"<?xml")])
 def test_figures_save_as_png_and_svg(fmt, magic):
     buf = io.BytesIO()

@@ -23,7 +23,9 @@ bf16 a memory-bound NVFP4 kernel can reach in that run. `--paths` adds every oth
 that can take the shape (`gemm(..., path=...)`), side by side. GB/s counts the NVFP4 weight
 payload (0.5625 B/element) for every variant; the device-to-device copy bandwidth (read +
 write) is measured in the same run. `--plot` draws speedup over cuBLAS bf16 against M, one
-panel per (N, K) (`tk_cute.viz.speedup_plot`); `--json` keeps every number.
+panel per (N, K) (`tk_cute.viz.speedup_plot`); `--json` keeps every number. A `--models` run
+ends with the real-layer bars (`model_bars`); `--report` prints them, and writes `--plot` and
+`--markdown`, from the `--json` files of a run's parts without a GPU.
 `--tune` adds small-M tk_cute variants over the tiling (MT MMA row tiles per warp, WN warps
 along N, U 128-K steps per trip, ahead: the next trip's weights in flight, cN: a register cap for
 N CTAs per SM) and split-K (S warps along K), at 9-128 rows the register-A kernel's grids and
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 
 import torch
@@ -331,11 +334,16 @@ def _parser():
     p.add_argument("--markdown", help="write the results as docs/performance.md's table (with "
                                       "the command, environment and --commit) to this file")
     p.add_argument("--commit", default=None, help="the commit measured (default: git HEAD)")
+    p.add_argument("--report", nargs="+", metavar="JSON",
+                   help="no GPU: read these --json files (one run's parts), print the real-layer "
+                        "bars (`model_bars`) and write --plot / --markdown from them")
     return p
 
 
 def main(argv=None):
     args = _parser().parse_args(argv)
+    if args.report:
+        return report(args, argv)
     from tk_cute import nvfp4
 
     env = environment()
@@ -389,6 +397,14 @@ def main(argv=None):
     s = _make(16, 8192, 8192)
     us = host_overhead(lambda s: nvfp4.gemm(s["a"], s["b"]), s)
     print(f"host overhead per eager tk_cute.nvfp4.gemm call (16x8192x8192): {us:.1f} us")
+    if args.models is not None:
+        print("\n".join(model_bars(results)))
+    _write(args, argv, results, env)
+    return 0
+
+
+def _write(args, argv, results: list[dict], env: str) -> None:
+    """--plot and --markdown from a run's (or `report`'s) results."""
     if args.plot:
         _plot(results, args.plot, args.models)
     if args.markdown:
@@ -396,7 +412,67 @@ def main(argv=None):
         with open(args.markdown, "w") as f:
             f.write(markdown(results, env, command.strip(), args.commit or _git_head()))
         print(f"markdown: {args.markdown}")
+
+
+def report(args, argv) -> int:
+    """`--report`: the results of --json files (the parts of one run: the first one's
+    environment is printed) as the bars, plots and table a run would give; no GPU."""
+    results, envs = [], []
+    for path in args.report:
+        with open(path) as f:
+            data = json.load(f)
+        results += data["results"]
+        envs.append(data["environment"])
+    print(envs[0])
+    print("\n".join(model_bars(results)))
+    _write(args, argv, results, envs[0])
     return 0
+
+
+def model_bars(results: list[dict]) -> list[str]:
+    """The real-layer bars of a run's results (`--json`'s rows), one line each: W4A16 at M <=
+    16 against the weight read's speed of light (the fraction of it reached, bar 0.85); W4A16
+    and W4A4 against humming's W4A16 where it ran (bar: at or above); both at M <= 64 against
+    cuBLAS bf16 (bar 1.0x); the geometric mean of their speedups at M >= 256 (bar 0.95x).
+    Each line gives how many shapes miss the bar and the worst."""
+    by: dict = {}
+    for r in results:
+        by.setdefault((r["M"], r["N"], r["K"]), {})[r["variant"]] = r
+    tk = ("tk_cute w4a16", "tk_cute w4a4")
+
+    def shape(key):
+        return "x".join(map(str, key))
+
+    def misses(title, pairs, bar):
+        if not pairs:
+            return f"{title}: no shapes"
+        low = [(x, key) for x, key in pairs if x < bar]
+        x, key = min(pairs)
+        return (f"{title}: {len(low)} of {len(pairs)} below {bar}, worst {x:.3f} "
+                f"({shape(key)})")
+
+    lines = []
+    sol = [(v[SPEED_OF_LIGHT]["us"] / v[tk[0]]["us"], key) for key, v in by.items()
+           if key[0] <= 16 and SPEED_OF_LIGHT in v and tk[0] in v]
+    lines.append(misses("W4A16 at M <= 16, fraction of the weight read's speed of light", sol,
+                        0.85))
+    for name in tk:
+        hum = [(v[HUMMING]["us"] / v[name]["us"], key) for key, v in by.items()
+               if HUMMING in v and name in v]
+        lines.append(misses(f"{name[8:]} x humming W4A16", hum, 1.0))
+    for name in tk:
+        low = [(v[name]["speedup"], key) for key, v in by.items()
+               if key[0] <= 64 and name in v and v[name]["speedup"]]
+        lines.append(misses(f"{name[8:]} x cuBLAS bf16 at M <= 64", low, 1.0))
+    for name in tk:
+        big = [(v[name]["speedup"], key) for key, v in by.items()
+               if key[0] >= 256 and name in v and v[name]["speedup"]]
+        if big:
+            mean = math.exp(sum(math.log(x) for x, _ in big) / len(big))
+            x, key = min(big)
+            lines.append(f"{name[8:]} x cuBLAS bf16 at M >= 256: geometric mean {mean:.3f} over "
+                         f"{len(big)} shapes (bar 0.95), worst {x:.3f} ({shape(key)})")
+    return lines
 
 
 def _git_head() -> str:

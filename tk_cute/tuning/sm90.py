@@ -109,8 +109,13 @@ SMALL_M_UNEVEN_MAX = 16
 # 112.3 | 118.3 / 114.0. K = 4096 (vs cuBLAS bf16), W4A16 1024x4096 0.84 /
 # 0.75x, 2048x4096 0.83 / 0.86x, W4A4 2048x4096 0.85 / 0.78x (a second A/B: 2048x4096^2 W4A4
 # 100-108 / 108 us, even); K = 8192: tiled at every M (W4A16 0.90 / 0.77x at 1024 rows, 0.90 /
-# 0.88x at 2048, within 3% either way from 4096 rows).
-DEQUANTIZE_FROM = {False: ((8192, 2048),), True: ((4096, 2048),)}
+# 0.88x at 2048, within 3% either way from 4096 rows). W4A16 at any K from 8192 rows: there
+# the dequantize pass is about 5% of cuBLAS's time whatever K is (both scale with N x K), and
+# the tiled kernel fell behind at long K (H100 real layers, docs/facts.md#dequantize-rule;
+# tiled at 8192 rows, x cuBLAS bf16: 3584x18944 0.49, 7168x18432 0.57, 7168x16384 0.57,
+# 10240x8192 0.69, 4096x14336 0.86, 8192x8192 0.91, 8192x28672 0.92, 57344x8192 0.89, 59136x8192
+# 0.94; "dequantize" at 8192 rows on the 15 layers of K < 8192 in the same run 0.89-1.11).
+DEQUANTIZE_FROM = {False: ((8192, 2048), (math.inf, 8192)), True: ((4096, 2048),)}
 # Beyond the split tile's rows (`SPLIT_TILE_MAX_M`): "dequantize" where the weight bands times
 # the 128-row activation tiles are fewer than this fraction of the SMs (the tiled kernel's few
 # tiles then take longer than the dequantize pass + cuBLAS). W4A4 too since its operands decode

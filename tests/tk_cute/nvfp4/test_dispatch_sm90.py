@@ -200,12 +200,16 @@ def test_measured_boundaries():
     assert p.config.TEAMS and p.config.PARTIAL_V4
     p = _plan_hopper(False, 200, 8192, 8192, "bfloat16", SMS, False)  # 64 bands: 2 parts
     assert p.config.STREAM_K and not p.config.TEAMS
-    for w4a4 in (False, True):
-        (below, rows), = T.DEQUANTIZE_FROM[w4a4]
+    for w4a4, below, rows in ((False, 8192, 2048), (True, 4096, 2048), (False, 16384, 8192)):
         k = below - 1024
         assert _plan_hopper(w4a4, rows - 1, 8192, k, "bfloat16", SMS, False).path == \
             "register_a_tiled"
         assert _plan_hopper(w4a4, rows, 8192, k, "bfloat16", SMS, False).path == "dequantize"
+    # W4A16 at long K from 8192 rows (H100: the tiled kernel 0.57x cuBLAS bf16 at
+    # 8192x7168x18432); W4A4 there stays tiled
+    assert _plan_hopper(False, 8192, 7168, 18432, "bfloat16", SMS, False).path == "dequantize"
+    assert _plan_hopper(True, 8192, 7168, 18432, "bfloat16", SMS, False).path == \
+        "register_a_tiled"
     assert _plan_hopper(False, 100, 100, 64, "bfloat16", SMS, False).pad_n == 104
     # The small-M kernel's K split: a divisor of the chunks near the aim (K = 8192: 32 chunks,
     # S = 8), but for Qwen2.5-7B's down projection (K = 18944: 74 chunks = 2 x 37, aim 19) 15
