@@ -114,7 +114,7 @@ SMALL_M_UNEVEN_MAX = 16
 # the tiled kernel fell behind at long K (H100 real layers, docs/facts.md#dequantize-rule;
 # tiled at 8192 rows, x cuBLAS bf16: 3584x18944 0.49, 7168x18432 0.57, 7168x16384 0.57,
 # 10240x8192 0.69, 4096x14336 0.86, 8192x8192 0.91, 8192x28672 0.92, 57344x8192 0.89, 59136x8192
-# 0.94; "dequantize" at 8192 rows on the 15 layers of K < 8192 in the same run 0.89-1.11).
+# 0.94; "dequantize" at 8192 rows on the 17 layers of K < 8192 in the same run 0.89-1.11).
 DEQUANTIZE_FROM = {False: ((8192, 2048), (math.inf, 8192)), True: ((4096, 2048),)}
 # Beyond the split tile's rows (`SPLIT_TILE_MAX_M`): "dequantize" where the weight bands times
 # the 128-row activation tiles are fewer than this fraction of the SMs (the tiled kernel's few
