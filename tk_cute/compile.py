@@ -140,6 +140,23 @@ class Build:
                 out[name] = re.findall(r"\b(?:LDG|LDGSTS|UTMALDG|UBLKCP)\b\S*", head)
         return out
 
+    def local_in_loops(self) -> list[str]:
+        """The local-memory instructions (STL / LDL: spills) inside a loop of the SASS, every
+        kernel: between a label and a later branch back to it. A spill outside every loop runs
+        once per thread; one inside runs on every iteration."""
+        out = []
+        for body in re.findall(r"^\s*\.text\.\S+:\s*$(.*?)(?=^\s*\.section|\Z)", self.sass,
+                               re.MULTILINE | re.DOTALL):
+            lines = body.splitlines()
+            labels = {m.group(1): i for i, line in enumerate(lines)
+                      if (m := re.match(r"\s*(\.L_x_\d+):", line))}
+            for i, line in enumerate(lines):
+                m = re.search(r"\bBRA\b.*\((\.L_x_\d+)\)", line)
+                if m and labels.get(m.group(1), i) < i:
+                    out += [x.strip() for x in lines[labels[m.group(1)]:i]
+                            if re.search(r"\b(STL|LDL)\b", x)]
+        return out
+
     def instruction_mix(self) -> dict[str, tuple[int, int]]:
         """{class: (PTX lines, SASS lines)} for the `INSTRUCTION_MIX` classes (a static count of
         the program text, not of executed instructions)."""

@@ -16,11 +16,10 @@ the same way). Products are exact; fp32 accumulation.
 Grid N / rows: a CTA owns `rows` weight rows and has WN x S warps: WN row groups (MT MMA tiles
 each) times S K-slices (split-K inside the CTA; the K / k_chunk chunks split as evenly as S
 allows, `k_slice`: a slice has floor or ceil of chunks / S). With AHEAD (default at M <= 8) the next trip's
-weights are in flight while a trip decodes. At M = 1 (XSMEM) the CTA first copies its activation
-row to shared memory with cp.async and re-pairs it there for the strided decode (W4A4: decodes
-it there from its codes and scales, once per CTA instead of in every warp's trips; one barrier),
-so trips read ready B fragments with LDS instead of L2 loads used right after they were issued;
-there each weight load also asks L2 for the row's whole 128-byte line (L2_FETCH). With PDL (the
+weights are in flight while a trip decodes. W4A4 at M = 1 (XSMEM) first decodes its activation
+row into shared memory from its codes and scales, once per CTA instead of in every warp's trips
+(one barrier), so trips read ready B fragments with LDS; at M = 1 each weight load also asks L2
+for the row's whole 128-byte line (L2_FETCH). With PDL (the
 default configuration's) the kernel launches during the one before it, lets the next one
 launch at once and waits for the one before it ahead of its first global read; with EARLY_WEIGHTS
 (`gemm_small_m(pdl=True)`) it reads its first weights before that kernel has ended
@@ -88,7 +87,11 @@ class Config:
     # does not write them).
     PDL: bool = False
     EARLY_WEIGHTS: bool = False
-    XSMEM: int = 0  # > 0: shared memory bytes staging the CTA's activations as bf16 (M = 1)
+    # > 0 (W4A4): shared memory bytes staging the CTA's activations decoded to bf16 (M = 1).
+    # bf16 activations are read from global memory: staged (a cp.async copy and a barrier before
+    # the first trip) they ran 0.2-3.2 us slower on six layers at M = 1 (H100 A/B,
+    # docs/facts.md#small-m-round; 1x1536x7168 11.6 / 8.4 us).
+    XSMEM: int = 0
     # K // 128 steps are not whole trips (K // 128 % UNROLL = REST): the first K-slice runs the
     # REST steps after its trips in one short trip (no second copy of UNROLL's registers), so an
     # odd step count keeps UNROLL = 2 (1x8192x29568: 6-10% faster than UNROLL = 1 on the H200,
@@ -121,9 +124,9 @@ class Config:
                              f"{self.WN * self.S} <= {MAX_THREADS // 32} warps and S x rows x "
                              f"m_pad = {self.S} x {self.rows} x {self.m_pad} fp32 partials "
                              f"<= {MAX_PART_BYTES} B of shared memory")
-        if self.XSMEM and (self.XSMEM % 16 or self.XSMEM > MAX_XSMEM):
-            raise ValueError(f"XSMEM (staged bf16 activations) must be a multiple of 16 up to "
-                             f"{MAX_XSMEM} B, got XSMEM={self.XSMEM}")
+        if self.XSMEM and (self.XSMEM % 16 or self.XSMEM > MAX_XSMEM or not self.w4a4):
+            raise ValueError(f"XSMEM (staged activations, W4A4 only) must be a multiple of 16 "
+                             f"up to {MAX_XSMEM} B, got XSMEM={self.XSMEM}, w4a4={self.w4a4}")
         if self.L2_FETCH not in (0, 128, 256):
             raise ValueError(f"L2_FETCH (L2 prefetch size of the weight loads) must be 0, 128 "
                              f"or 256, got {self.L2_FETCH}")
@@ -315,7 +318,17 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
         # behind decode instead of alternating with it (registers: one trip's words more).
         regs = _weight_registers(cfg)
         _keep_weights(cfg, regs, _load_weights(cfg, w_rows, sf_rows, Int64(0)))
-        _await_activations(cfg, x, xsf, xs, qs, M, K, tidx)
+    _await_activations(cfg, x, xsf, xs, qs, M, K, tidx)
+    if cutlass.const_expr(cfg.REST > 0):  # noqa: SIM102 - compile-time, then a runtime test
+        if s == 0:  # (warp-uniform) the steps after K's whole chunks, on the first slice: it
+            # has the floor of the chunks / S (`k_slice`), so uneven splits stay balanced.
+            # Before the trips: after them their addresses stayed live through the loop, which
+            # spilled at 128 registers (1x8192x29568: 17 STL and 12 LDL per trip).
+            rest = Int64(K // cfg.k_chunk)
+            wq, sc = _load_weights(cfg, w_rows, sf_rows, rest, cfg.REST)
+            _mma_trip(cfg, acc, wq, sc,
+                      _load_activations(cfg, x_rows, xsf_rows, rest, cfg.REST), cfg.REST)
+    if cutlass.const_expr(cfg.AHEAD):
         for trip in cutlass.range(trips - 1, unroll=1):
             cur = _kept_weights(cfg, regs)
             _keep_weights(cfg, regs, _load_weights(cfg, w_rows, sf_rows, Int64(trip + 1)))
@@ -323,18 +336,10 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
         _mma_trip(cfg, acc, *_kept_weights(cfg, regs),
                   _load_activations(cfg, x_rows, xsf_rows, Int64(trips - 1)))
     else:
-        _await_activations(cfg, x, xsf, xs, qs, M, K, tidx)
         for trip in cutlass.range(trips, unroll=1):
             wq, sc = _load_weights(cfg, w_rows, sf_rows, Int64(trip))
             xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
             _mma_trip(cfg, acc, wq, sc, xw)
-    if cutlass.const_expr(cfg.REST > 0):  # noqa: SIM102 - compile-time, then a runtime test
-        if s == 0:  # (warp-uniform) the steps after K's whole chunks, on the first slice: it
-            # has the floor of the chunks / S (`k_slice`), so uneven splits stay balanced
-            rest = Int64(K // cfg.k_chunk)
-            wq, sc = _load_weights(cfg, w_rows, sf_rows, rest, cfg.REST)
-            _mma_trip(cfg, acc, wq, sc,
-                      _load_activations(cfg, x_rows, xsf_rows, rest, cfg.REST), cfg.REST)
     if cutlass.const_expr(cfg.K_TAIL):
         if s == 0:  # (warp-uniform) the half step after K's whole steps, on the first slice
             _tail_step(cfg, acc, w_rows, sf_rows, x_rows, xsf_rows, Int64(K // cfg.k_chunk),
@@ -431,13 +436,12 @@ def _await_activations(cfg, x, xsf, xs, qs, M, K, tidx):
 def _stage_activations(cfg: cutlass.Constexpr, x, xsf, xs, qs, M, K, tidx):
     """The M x K activations as bf16 in shared memory (row m at xs + m * xsmem_row_bytes), in
     the pairing the trips read, once per CTA instead of in every trip; then a CTA barrier
-    (threads read each other's rows). bf16: 16-byte cp.async, then (strided pairing) each group
-    re-paired in place. NVFP4 (W4A4): each chunk of 8 decoded from its codes word and scale byte
-    straight into the strided pairing (`_decode`, as the trips would), e2m1 * sf * 2^-shift.
-    QUANTIZE_A: the bf16 rows copied as for W4A16, then quantized and decoded in place
-    (`_quantize_staged`)."""
+    (threads read each other's rows). NVFP4 (W4A4): each chunk of 8 decoded from its codes word
+    and scale byte straight into the strided pairing (`_decode`, as the trips would), e2m1 * sf
+    * 2^-shift. QUANTIZE_A: the bf16 rows copied with 16-byte cp.async, then quantized and
+    decoded in place (`_quantize_staged`)."""
     per_row = K // 8  # 16-byte chunks of bf16
-    if cutlass.const_expr(cfg.w4a4 and not cfg.QUANTIZE_A):
+    if cutlass.const_expr(not cfg.QUANTIZE_A):
         for c in cutlass.range(tidx, M * per_row, cfg.threads, unroll=1):
             m, col = c // per_row, c % per_row
             word = memory.ld_u32(x.toint() + Int64(m) * Int64(K // 2) + Int64(col) * 4)
@@ -452,13 +456,7 @@ def _stage_activations(cfg: cutlass.Constexpr, x, xsf, xs, qs, M, K, tidx):
             memory.cp_async_16(xs + m * xsmem_row_bytes(K) + col * 16,
                                x.toint() + (Int64(m) * Int64(K) + Int64(col) * 8) * 2)
         memory.cp_async_wait_all()
-        if cutlass.const_expr(cfg.QUANTIZE_A):
-            _quantize_staged(cfg, xs, qs, M, K, tidx)
-        elif cutlass.const_expr(cfg.strided):  # each thread re-pairs the chunks it copied
-            for c in cutlass.range(tidx, M * per_row, cfg.threads, unroll=1):
-                addr = xs + (c // per_row) * xsmem_row_bytes(K) + (c % per_row) * 16
-                memory.st_shared_v4_u32(addr,
-                                        fp4.bf16x8_strided(memory.ld_shared_v4(addr, Uint32)))
+        _quantize_staged(cfg, xs, qs, M, K, tidx)
     cute.arch.barrier()
 
 

@@ -52,3 +52,29 @@ def test_a_tool_that_cannot_read_the_cubin_raises_naming_the_fix(monkeypatch, tm
     with pytest.raises(RuntimeError, match=r"could not read the cubin.*unsupported arch.*"
                                            r"nvidia-cuda-nvdisasm==13\.5"):
         b.sass
+
+
+def test_local_in_loops_finds_spills_between_a_label_and_its_backward_branch():
+    """`Build.local_in_loops`: the STL / LDL inside a loop (a label, then a branch back to it),
+    not those before it or in a forward branch's skipped block."""
+    import types
+
+    from tk_cute.compile import Build
+
+    sass = """
+        .section  .text.k,"ax",@progbits
+.text.k:
+        /*0000*/                   STL.64 [R1], R24 (*"SpillRefill"*);
+        /*0010*/              @P0 BRA `(.L_x_0) ;
+        /*0020*/                   LDL R3, [R1] ;
+.L_x_0:
+        /*0030*/                   HMMA.16816.F32.BF16 R4, R12, R2, R4 ;
+.L_x_1:
+        /*0040*/                   STL [R1+0xc], R26 (*"SpillRefill"*);
+        /*0050*/                   LDL.LU R88, [R1+0x28] (*"SpillRefill"*);
+        /*0060*/              @P3 BRA `(.L_x_1) ;
+        /*0070*/                   LDL.LU.64 R2, [R1+0x8] ;
+        /*0080*/                   EXIT ;
+"""
+    found = Build.local_in_loops(types.SimpleNamespace(sass=sass))
+    assert [f.split()[1] for f in found] == ["STL", "LDL.LU"]

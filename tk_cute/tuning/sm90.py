@@ -114,8 +114,20 @@ SMALL_M_UNEVEN_MAX = 16
 # the tiled kernel fell behind at long K (H100 real layers, docs/facts.md#dequantize-rule;
 # tiled at 8192 rows, x cuBLAS bf16: 3584x18944 0.49, 7168x18432 0.57, 7168x16384 0.57,
 # 10240x8192 0.69, 4096x14336 0.86, 8192x8192 0.91, 8192x28672 0.92, 57344x8192 0.89, 59136x8192
-# 0.94; "dequantize" at 8192 rows on the 17 layers of K < 8192 in the same run 0.89-1.11).
-DEQUANTIZE_FROM = {False: ((8192, 2048), (math.inf, 8192)), True: ((4096, 2048),)}
+# 0.94; "dequantize" at 8192 rows on the 17 layers of K < 8192 in the same run 0.89-1.11;
+# H100 A/B, W4A16 tiled / dequantize: 8192x10240x8192 0.73 / 1.02x, 8192x7168x18432 0.54 /
+# 1.00x). W4A4 too from 8192 rows (its pass also decodes the M x K activations, a smaller share
+# the wider the layer): 8192x10240x8192 0.77 / 1.02x, 8192x8192^2 0.92 / 1.00x, 8192x7168x18432
+# 0.55 / 0.96x, 8192x3584x18944 0.49 / 0.86x.
+DEQUANTIZE_FROM = {False: ((8192, 2048), (math.inf, 8192)),
+                   True: ((4096, 2048), (math.inf, 8192))}
+# Below this N (56 weight bands or fewer), from K = 8192 on, from 2048 rows, W4A16 and W4A4: the
+# tiled kernel on few bands ran far below the dequantize pass + cuBLAS, whose share of the time
+# depends on M only (H100 A/B, docs/facts.md#dequantize-rule; x cuBLAS bf16, tiled as planned /
+# "dequantize", W4A16 | W4A4: 2048x3584x18944 0.54 / 0.87 | 0.54 / 0.81, 4096x3584x18944 0.55 /
+# 0.97 | 0.57 / 0.88, 2048x7168x18432 0.68 / 0.85 | 0.71 / 0.85, 4096x7168x18432 0.76 / 0.95 |
+# 0.77 / 0.94; on 64 bands, 8192x28672 and 8192x29568 at 2048-4096 rows, tiled ran 0.88-1.03x).
+DEQUANTIZE_NARROW_N = 8192
 # Beyond the split tile's rows (`SPLIT_TILE_MAX_M`): "dequantize" where the weight bands times
 # the 128-row activation tiles are fewer than this fraction of the SMs (the tiled kernel's few
 # tiles then take longer than the dequantize pass + cuBLAS). W4A4 too since its operands decode
@@ -162,10 +174,13 @@ def split_tile_wins(M: int, N: int) -> bool:
 
 def dequantize_wins(w4a4: bool, M: int, N: int, K: int, sms: int) -> bool:
     """Whether "dequantize" beats the tiled register-A kernel at M rows and this K
-    (`DEQUANTIZE_FROM`), or on too few weight bands (`DEQUANTIZE_MAX_TILES`)."""
+    (`DEQUANTIZE_FROM`; narrow layers at long K: `DEQUANTIZE_NARROW_N`), or on too few weight
+    bands (`DEQUANTIZE_MAX_TILES`)."""
     if (M > SPLIT_TILE_MAX_M
             and -(-N // rst.ROWS) * -(-M // rst.ROWS) < DEQUANTIZE_MAX_TILES * sms):
         return True
+    if N < DEQUANTIZE_NARROW_N and K >= 8192:
+        return M >= 2048
     for below, rows in DEQUANTIZE_FROM[w4a4]:
         if K < below:
             return M >= rows
@@ -216,12 +231,15 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     unroll = min(unroll, steps)
     # At M = 1 a trip reads 128 bytes of each weight row as two 64-byte loads: asking L2 for
     # the whole 128-byte line at the first was 2-4% faster (H200 A/B, 3 shapes x 2 passes); at
-    # M = 4, 8 and 16 it was 1% slower or mixed, 256 bytes slower everywhere.
+    # M = 4, 8 and 16 it was 1% slower or mixed, 256 bytes slower everywhere. Only where the
+    # rows' K / 2 bytes keep them 128-byte aligned (K % 256 == 0): at K = 29568 every other
+    # row's 128 bytes straddle two lines, and the fetch asked for both (H100, 1x8192x29568 69.6
+    # us with it, 55.9 without; docs/facts.md#small-m-round).
     # Launched as a programmatic dependent, nothing read before the kernel before it has ended
     # (safe whatever that kernel writes): back-to-back calls overlap one's tail with the next
     # one's launch, 1-8% at M = 1 and 2-3% at M = 8-16 (H200 A/B, docs/facts.md#pdl).
     cfg = gv.Config(MT=2, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
-                    AHEAD=NT == 1, L2_FETCH=128 if M == 1 else 0, PDL=True,
+                    AHEAD=NT == 1, L2_FETCH=128 if M == 1 and K % 256 == 0 else 0, PDL=True,
                     **_small_m_k_fields(K, unroll))
     cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms))
     # 4 steps per trip halve the K-slices a short K can give: where 2 steps per trip give twice
@@ -244,15 +262,28 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     if cfg.AHEAD and 8 // cfg.S <= 1 and max(1, 16 // cfg.S) * sms < ctas:  # a partial round
         cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms,
                                                         most=max(1, 16 // -(-ctas // sms))))
-    WN = max(1, 8 // cfg.S)
+    WN = _row_groups(cfg.S, N, sms)
+    # The same where CTAs hold several row groups (WN > 1, S = 2..4): S shrinks, WN grows, until
+    # every CTA is resident (H100 A/B, docs/facts.md#small-m-round; us, planned / resident:
+    # 1x36864x7168 S = 2 WN = 4 (288 CTAs, 264 slots) 75.3 / S = 1 WN = 8 59.0, 8x36864x7168
+    # 80.0 / 66.3, 1x37888x3584 37.7 / 30.5, 1x24576x1536 S = 3 WN = 2 11.0 / S = 2 WN = 4 9.9).
+    while cfg.AHEAD and cfg.S > 1 and N // (32 * WN) > max(1, 16 // (WN * cfg.S)) * sms:
+        cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms, most=cfg.S - 1))
+        WN = _row_groups(cfg.S, N, sms)
+    ctas = max(1, 16 // (WN * cfg.S)) if cfg.AHEAD else 0
+    # W4A4 at M = 1 stages its activation row decoded (once per CTA instead of in every warp's
+    # trips) up to K = W4A4_STAGE_MAX_K; bf16 rows are not staged (`gv.Config.XSMEM`).
+    xs = gv.xsmem_bytes(M, K) if M == 1 and w4a4 and K <= W4A4_STAGE_MAX_K else 0
+    return dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas, XSMEM=xs if xs <= gv.MAX_XSMEM else 0)
+
+
+def _row_groups(S: int, N: int, sms: int) -> int:
+    """WN: the small-M CTA's 32-row groups at S K-slices, about 8 warps per CTA while the CTAs
+    (N / (32 x WN)) still cover the SMs."""
+    WN = max(1, 8 // S)
     while WN > 1 and (N % (32 * WN) or N // (32 * WN) < sms):
         WN //= 2
-    ctas = max(1, 16 // (WN * cfg.S)) if cfg.AHEAD else 0
-    # One activation row staged in shared memory: -0.7 us at 1x8192^2 (H200 A/B, 2 runs);
-    # M = 2 was slower (15.0 -> 15.9 us), larger M do not fit. W4A4 stages it decoded (once per
-    # CTA instead of in every warp's trips) up to K = W4A4_STAGE_MAX_K.
-    xs = gv.xsmem_bytes(M, K) if M == 1 and (not w4a4 or K <= W4A4_STAGE_MAX_K) else 0
-    return dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas, XSMEM=xs if xs <= gv.MAX_XSMEM else 0)
+    return WN
 
 
 def _small_m_k_fields(K: int, unroll: int) -> dict:
