@@ -720,6 +720,8 @@ def test_public_gemm_takes_pdl_here(seed, M):
 
 @pytest.mark.gpu
 def test_rejects_bad_input():
+    from tk_cute.nvfp4 import quantize
+
     b = random_weights(256, 512)
     a = torch.randn(4, 512, device="cuda").bfloat16()
     with pytest.raises(ValueError, match="K mismatch"):
@@ -741,7 +743,8 @@ def test_rejects_bad_input():
     with pytest.raises(TypeError, match="NVFP4Tensor"):
         launch.gemm_small_m(a, a)
     with pytest.raises(ValueError, match="stages 1040 B of activations; M=2, K=512 needs 2080"):
-        launch.gemm_small_m(a[:2], b, config=sm90_tuning.small_m_config(1, 256, 512))
+        launch.gemm_small_m(quantize(a[:2]), b,  # (W4A4 stages its row at M = 1)
+                            config=sm90_tuning.small_m_config(1, 256, 512, w4a4=True))
 
 
 def test_validation_before_any_gpu_work():
