@@ -29,8 +29,8 @@ its fp32 partial in shared memory and, after one CTA barrier, the CTA sums the S
 order (deterministic), applies 2^8 (2^16 for W4A4) * global scales and writes D: no global
 workspace, no atomics, no fences.
 Constraints (checked): M <= 64, K % 64 == 0, N % 32 == 0. K need not be whole trips: the first
-K-slice adds the whole 128-K steps after them (`Config.REST`) in one short trip, then K's last
-half step (K % 128 == 64: `Config.K_TAIL`) in one more masked step.
+K-slice adds the whole 128-K steps past them (`Config.REST`) in one short trip before its trips,
+and after them K's last half step (K % 128 == 64: `Config.K_TAIL`) in one more masked step.
 Scale format (`Config.sf`): UE4M3 (w = e2m1 * sf * 2^-8), or UE5M3 for both operands (w = e2m1 *
 sf * 2^-16, `ops.nvfp4.decode_shift`; GPU-tested).
 
@@ -93,7 +93,7 @@ class Config:
     # docs/facts.md#small-m-round; 1x1536x7168 11.6 / 8.4 us).
     XSMEM: int = 0
     # K // 128 steps are not whole trips (K // 128 % UNROLL = REST): the first K-slice runs the
-    # REST steps after its trips in one short trip (no second copy of UNROLL's registers), so an
+    # REST steps before its trips in one short trip (no second copy of UNROLL's registers), so an
     # odd step count keeps UNROLL = 2 (1x8192x29568: 6-10% faster than UNROLL = 1 on the H200,
     # docs/facts.md#small-m-rest)
     REST: int = 0

@@ -18,7 +18,8 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "register_a_tiled" (`kernels/gemm/nvfp4_register_a_tiled_sm90.py`, register-A wgmma over
   persistent 128 x Nb output tiles): M >= SPLIT_TILE_MIN_M on SPLIT_TILE_MIN_BANDS bands or more,
   and every M > 128, any N % 8 == 0 (a partial last weight band, `rst.Config.N_TAIL`), but
-  "dequantize" from enough rows at a short K, or on few weight bands (`dequantize_wins`). Its
+  "dequantize" from enough rows (2048 at a short K or on a narrow layer at a long one, else
+  8192), or on few weight bands (`dequantize_wins`). Its
   schedule (`register_a_tiled_config`): up to SPLIT_TILE_MAX_M rows one tile as wide as M split
   along K (stream-K), then the tile width Nb, stream-K shares and A register sets of the few-tiles
   and rounds models.
@@ -117,7 +118,7 @@ SMALL_M_UNEVEN_MAX = 16
 # 0.94; "dequantize" at 8192 rows on the 17 layers of K < 8192 in the same run 0.89-1.11;
 # H100 A/B, W4A16 tiled / dequantize: 8192x10240x8192 0.73 / 1.02x, 8192x7168x18432 0.54 /
 # 1.00x). W4A4 too from 8192 rows (its pass also decodes the M x K activations, a smaller share
-# the wider the layer): 8192x10240x8192 0.77 / 1.02x, 8192x8192^2 0.92 / 1.00x, 8192x7168x18432
+# the wider the layer): 8192x10240x8192 0.75 / 1.02x, 8192x8192^2 0.90 / 1.00x, 8192x7168x18432
 # 0.55 / 0.96x, 8192x3584x18944 0.49 / 0.86x.
 DEQUANTIZE_FROM = {False: ((8192, 2048), (math.inf, 8192)),
                    True: ((4096, 2048), (math.inf, 8192))}
