@@ -87,8 +87,14 @@ def _register_a(case, entry, inp):
 def _small_m(case, entry, inp):
     from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
 
+    fields = dict(entry["config"])
+    if not fields.get("w4a4") and fields.get("XSMEM"):
+        # Recorded when bf16 rows were staged in shared memory (before d1cbd4f): the kernel
+        # now reads them from global memory into the same B fragments, re-paired the same
+        # way, so the MMAs and their order, and the bytes, are the H200's.
+        fields["XSMEM"] = 0
     out = torch.full((case["M"], case["N"]), float("nan"), dtype=torch.bfloat16)
-    machines = hopper.small_m(inp["a"], inp["b"], gv.Config(**entry["config"]), out)
+    machines = hopper.small_m(inp["a"], inp["b"], gv.Config(**fields), out)
     return out, [h for m in machines for h in m.hazards]
 
 
