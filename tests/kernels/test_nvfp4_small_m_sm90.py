@@ -202,6 +202,10 @@ CONFIGS = {
     "m1_rest": sm90_tuning.small_m_config(1, 8192, 29568),
     "m8_rest_pdl_early": dataclasses.replace(sm90_tuning.small_m_config(8, 8192, 29568),
                                              EARLY_WEIGHTS=True),
+    # DeepSeek-V3's kv_a (N = 576, 28 chunks): S = 14, not the aim's 28 warps (72 registers:
+    # 83 spills per trip), and W4A4 at 16 rows (two activation tiles decoded per trip)
+    "m1_narrow": sm90_tuning.small_m_config(1, 576, 7168),
+    "m16_w4a4_narrow": sm90_tuning.small_m_config(16, 576, 7168, w4a4=True),
     "m8_w4a4_k_tail": sm90_tuning.small_m_config(8, 5760, 2880, w4a4=True),
     "m16_k_tail": sm90_tuning.small_m_config(16, 2880, 2880),
 }
@@ -378,7 +382,7 @@ def test_split_k_divides_the_k_chunks_unless_that_starves_it(M, N, K):
     (576, 7168, 4, 14), (6144, 4096, 4, 8), (8192, 8192, 4, 8), (2880, 2880, 2, 11)])
 def test_two_steps_per_trip_where_four_halve_the_slices(M, N, K, unroll, S):
     """At 9-16 rows 4 K steps per trip, unless 2 give twice the K-slices (at most
-    SMALL_M_UNEVEN_MAX = 16) in CTAs that fit the SMs in one round: short K's slices of 4
+    SMALL_M_MAX_WARPS = 16) in CTAs that fit the SMs in one round: short K's slices of 4
     steps fall below the aim (H100: 16x3584^2 U4 S7 8.8 us, U2 S14 6.8; 16x2880x4096 U4 S8
     9.3, U2 S16 6.9; 16x576x7168 U2 S28 slower than U4 S14; 16x4608x3584, 144 CTAs of one row
     group, U2 S14 11.9 us against U4 S7 9.1). 2880: 22 steps and a half, 2 per trip anyway."""

@@ -90,15 +90,22 @@ SMALL_M_SHORT_K_MAX = 4096
 # it aims for (every slice the same trips, as the H200 sweeps of docs/facts.md#small-m-config
 # ran), unless divisibility leaves it under this fraction of the aim among every split that fits
 # a CTA: then the fewest slices, one trip apart (`gv.k_slice`), whose longest slice is as short
-# as at the aim capped at SMALL_M_UNEVEN_MAX (warps: at 19, 608 threads, ptxas spilled the
-# trips' registers). Divisors only gave 1x3584x18944 (Qwen2.5-7B down: 74 chunks = 2 x 37)
+# as at the aim. Divisors only gave 1x3584x18944 (Qwen2.5-7B down: 74 chunks = 2 x 37)
 # S = 2 where 19 was the aim: 52.0 us, 0.75x cuBLAS bf16 (H200 2026-12-05,
 # docs/facts.md#small-m-split); now S = 15 (4 or 5 trips each): 13.5 us (the old S = 2: 42.6).
 # Where K's steps are not whole trips (`gv.Config.REST`) the first slice runs them anyway, so no
 # split is even and the aim's S is taken: 1x8192x29568 (115 trips and a step) at S = 8 ran 46.9
 # us against 59.7 at S = 5 = 115 / 23 (H200 2026-12-05, docs/facts.md#small-m-rest).
 SMALL_M_EVEN_MIN = 0.5
-SMALL_M_UNEVEN_MAX = 16
+# The most warps (WN x S) of a small-M CTA, so its trips keep their registers: a CTA of T
+# threads gets 65536 / T registers per thread, and the trips need up to 128 (sm_90a builds,
+# `compile.Build.local_in_loops`; docs/facts.md#small-m-warps; not yet timed): 1x576x7168 and 1x1536x7168 at the aim's S = 28 (896
+# threads: 72 registers) spilled 83 loads and stores per trip, at S = 20 47, at 16 none; at 19
+# warps an uneven split spilled too. W4A4 decoding two activation tiles (9-16 rows) of 4 steps
+# in every trip needs 134-138: at most SMALL_M_MAX_WARPS_DECODING (16x576x7168 at S = 14, 448
+# threads, spilled 13 per trip; S = 12 none; 2 steps per trip: none at 16).
+SMALL_M_MAX_WARPS = 16
+SMALL_M_MAX_WARPS_DECODING = 12
 # Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
 # W4A4. The dequantize pass costs N x K whatever M is, so it pays from enough rows, and sooner at
 # a short K (the tiled kernel's per-tile costs weigh more there). H200 A/B
@@ -244,7 +251,7 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
                     **_small_m_k_fields(K, unroll))
     cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms))
     # 4 steps per trip halve the K-slices a short K can give: where 2 steps per trip give twice
-    # the slices (up to SMALL_M_UNEVEN_MAX) and their CTAs (one row group each, one per SM at
+    # the slices (up to SMALL_M_MAX_WARPS) and their CTAs (one row group each, one per SM at
     # that many warps) fit the SMs in one round, they run (H100, docs/facts.md#small-m-short-k:
     # 16x3584^2 W4A16 U4 S7 8.8 us, U2 S14 6.8; 16x2880x4096 U4 S8 9.3, U2 S16 6.9;
     # 16x4096^2 U4 S8 9.6, U2 S16 7.3; at 16x4608x3584, 144 CTAs, U4 S7 9.1, U2 S14 11.9; at
@@ -252,7 +259,7 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     if unroll == 4:
         two = dataclasses.replace(cfg, UNROLL=2, **_small_m_k_fields(K, 2))
         two = dataclasses.replace(two, S=small_m_splits(two, N, K, sms))
-        if 2 * cfg.S <= two.S <= SMALL_M_UNEVEN_MAX and N // two.rows <= sms:
+        if 2 * cfg.S <= two.S and N // two.rows <= sms:
             cfg = two
     # At M <= 8 (AHEAD: MIN_CTAS = 16 // (WN x S) per SM) the aim can give CTAs of one row
     # group (WN = 1, S >= 5), more than the SMs hold at once: the rest would run in a partial
@@ -356,18 +363,23 @@ def small_m_splits(cfg: gv.Config, N: int, K: int, sms: int,
     split (`SMALL_M_EVEN_MIN`) or K's steps are not whole trips (`cfg.REST`: the first slice
     runs the rest); then slices one trip apart (`gv.k_slice`). Default
     ctas_per_sm: 2 for up to two activation tiles (M <= 16), else 1 (H200 sweeps: S=8 at
-    N=K=8192 and S=2 at N=28672 for M=1 and 16; S=4 at M=64). `most`: the largest S allowed
-    (`small_m_config`: every CTA resident in one round)."""
+    N=K=8192 and S=2 at N=28672 for M=1 and 16; S=4 at M=64), at most SMALL_M_MAX_WARPS
+    warps per CTA (SMALL_M_MAX_WARPS_DECODING where W4A4 decodes two activation tiles of 4
+    steps in every trip). `most`: the largest S allowed (`small_m_config`: every CTA resident in
+    one round)."""
     if ctas_per_sm is None:
         ctas_per_sm = 2 if cfg.NT <= 2 else 1
     chunks, groups = K // cfg.k_chunk, N // (16 * cfg.MT)
     want = max(1.0, sms * ctas_per_sm * 8 / groups)
-    fits = [d for d in range(1, min(chunks, most or chunks) + 1) if cfg.fits(d)]
+    warps = (SMALL_M_MAX_WARPS_DECODING if cfg.decodes_activations and cfg.NT * cfg.UNROLL > 4
+             else SMALL_M_MAX_WARPS)
+    fits = [d for d in range(1, min(chunks, most or chunks, warps // cfg.WN) + 1)
+            if cfg.fits(d)]
     nearest = lambda splits: min(splits, key=lambda d: (abs(math.log(d / want)), -d))
     aim, even = nearest(fits), nearest([d for d in fits if chunks % d == 0])
     if even >= SMALL_M_EVEN_MIN * aim and not cfg.REST:
         return even
-    longest = -(-chunks // min(aim, SMALL_M_UNEVEN_MAX))  # chunks of the longest slice
+    longest = -(-chunks // aim)  # chunks of the longest slice
     return -(-chunks // longest)
 
 

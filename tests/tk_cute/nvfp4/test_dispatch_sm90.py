@@ -160,6 +160,29 @@ def test_small_m_fat_ctas_run_in_one_round():
         assert (c.S, c.WN) == (S, WN), (M, N, K, c)
 
 
+def test_small_m_ctas_keep_their_trips_registers():
+    """No small-M plan has more warps per CTA than its trips' registers allow (65536 / threads
+    per thread: SMALL_M_MAX_WARPS = 16, 128 registers; W4A4 decoding two activation tiles of 4
+    steps per trip SMALL_M_MAX_WARPS_DECODING = 12), on every property shape and listed layer;
+    the compile test checks the spills of such plans (tests/kernels/test_nvfp4_small_m_sm90.py:
+    1x576x7168 at the aim's 28 warps spilled 83 loads and stores per trip)."""
+    from tk_cute.bench.nvfp4 import MODEL_LAYERS
+
+    layers = {(N, K) for fam in MODEL_LAYERS.values() for _, N, K in fam}
+    cases = list(_props()) + [
+        (w4a4, M, N, K, _plan_hopper(w4a4, M, N, K, "bfloat16", SMS, False))
+        for w4a4 in (False, True) for M in (1, 2, 8, 9, 16) for N, K in sorted(layers)]
+    most = 0
+    for w4a4, M, N, K, p in cases:
+        c = p.config
+        if p.path == "small_m":
+            decoding = c.decodes_activations and c.NT * c.UNROLL > 4
+            assert c.WN * c.S <= (12 if decoding else 16), (w4a4, M, N, K, c)
+            most = max(most, c.WN * c.S)
+    assert most == 16
+    assert _plan_hopper(False, 1, 576, 7168, "bfloat16", SMS, False).config.S == 14
+
+
 def test_tiled_widths_are_the_rounds_models_cheapest():
     """Above the split tile, where few weight tiles do not set the width, the tiled kernel's
     (Nb, stream-K) is the rounds model's least time over every width and both schedules."""
@@ -221,7 +244,7 @@ def test_measured_boundaries():
     assert _plan_hopper(False, 100, 100, 64, "bfloat16", SMS, False).pad_n == 104
     # The small-M kernel's K split: a divisor of the chunks near the aim (K = 8192: 32 chunks,
     # S = 8), but for Qwen2.5-7B's down projection (K = 18944: 74 chunks = 2 x 37, aim 19) 15
-    # slices of 4 or 5 chunks (SMALL_M_EVEN_MIN, SMALL_M_UNEVEN_MAX), not the divisor 2
+    # slices of 4 or 5 chunks (SMALL_M_EVEN_MIN, SMALL_M_MAX_WARPS), not the divisor 2
     assert T.small_m_config(1, 8192, 8192).S == 8
     for w4a4 in (False, True):
         p = _plan_hopper(w4a4, 1, 3584, 18944, "bfloat16", SMS, False)
