@@ -133,8 +133,7 @@ class Build:
         (programmatic dependent launch). ptxas moves read-only (``.nc``) loads above the wait,
         so the PTX order alone does not tell."""
         out = {}
-        for name, body in re.findall(r"^\s*\.text\.(\S+):\s*$(.*?)(?=^\s*\.section|\Z)",
-                                     self.sass, re.M | re.S):
+        for name, body in _kernel_sass(self.sass):
             if "ACQBULK" in body:
                 head = body[:body.index("ACQBULK")]
                 out[name] = re.findall(r"\b(?:LDG|LDGSTS|UTMALDG|UBLKCP)\b\S*", head)
@@ -145,8 +144,7 @@ class Build:
         kernel: between a label and a later branch back to it. A spill outside every loop runs
         once per thread; one inside runs on every iteration."""
         out = []
-        for body in re.findall(r"^\s*\.text\.\S+:\s*$(.*?)(?=^\s*\.section|\Z)", self.sass,
-                               re.MULTILINE | re.DOTALL):
+        for _, body in _kernel_sass(self.sass):
             lines = body.splitlines()
             labels = {m.group(1): i for i, line in enumerate(lines)
                       if (m := re.match(r"\s*(\.L_x_\d+):", line))}
@@ -200,6 +198,12 @@ def _html_table(header: list, rows: list) -> str:
 def _count(text: str, pattern: str) -> int:
     rx = re.compile(pattern)
     return sum(1 for line in text.splitlines() if rx.search(line.split("//")[0]))
+
+
+def _kernel_sass(sass: str) -> list[tuple[str, str]]:
+    """(kernel, its SASS text) for every kernel of a build's SASS."""
+    return re.findall(r"^\s*\.text\.(\S+):\s*$(.*?)(?=^\s*\.section|\Z)", sass,
+                      re.MULTILINE | re.DOTALL)
 
 
 @functools.cache

@@ -73,12 +73,12 @@ def part(shapes: list, which: str) -> list:
 def summary(ratios: dict[str, float], floor: float = 0.9) -> str:
     """A line over {shape: tk_cute speedup over cuBLAS}: geometric mean, the worst shape and
     how many are below `floor`."""
-    import math
+    import statistics
 
     if not ratios:
         return "no shapes timed"
     worst = min(ratios, key=ratios.get)
-    geo = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
+    geo = statistics.geometric_mean(ratios.values())
     below = sum(r < floor for r in ratios.values())
     return (f"{len(ratios)} shapes: geometric mean {geo:.3f}x cuBLAS, worst {ratios[worst]:.3f}x "
             f"({worst}), {below} below {floor}x")

@@ -38,7 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
+import statistics
 import sys
 
 import torch
@@ -468,7 +468,7 @@ def model_bars(results: list[dict]) -> list[str]:
         big = [(v[name]["speedup"], key) for key, v in by.items()
                if key[0] >= 256 and name in v and v[name]["speedup"]]
         if big:
-            mean = math.exp(sum(math.log(x) for x, _ in big) / len(big))
+            mean = statistics.geometric_mean(x for x, _ in big)
             x, key = min(big)
             lines.append(f"{name[8:]} x cuBLAS bf16 at M >= 256: geometric mean {mean:.3f} over "
                          f"{len(big)} shapes (bar 0.95), worst {x:.3f} ({shape(key)})")

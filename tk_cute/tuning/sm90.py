@@ -261,20 +261,14 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
         two = dataclasses.replace(two, S=small_m_splits(two, N, K, sms))
         if 2 * cfg.S <= two.S and N // two.rows <= sms:
             cfg = two
-    # At M <= 8 (AHEAD: MIN_CTAS = 16 // (WN x S) per SM) the aim can give CTAs of one row
-    # group (WN = 1, S >= 5), more than the SMs hold at once: the rest would run in a partial
-    # second round. S shrinks until all are resident (CTAs of more than 16 warps, one per SM,
-    # are few: left as they are). H200, the same run: 1x4608x3584 at S = 14 (144 CTAs, 132
-    # slots) 1.16x cuBLAS bf16, 1x3584x3584 (112 CTAs) 2.22x (docs/facts.md#small-m-round).
-    ctas = N // cfg.rows  # (WN = 1)
-    if cfg.AHEAD and 8 // cfg.S <= 1 and max(1, 16 // cfg.S) * sms < ctas:  # a partial round
-        cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms,
-                                                        most=max(1, 16 // -(-ctas // sms))))
+    # At M <= 8 (AHEAD: MIN_CTAS = 16 // (WN x S) per SM) the aim can give more CTAs than the
+    # SMs hold at once: the rest would run in a partial second round. S shrinks (WN, the row
+    # groups per CTA, growing with it) until every CTA is resident. H200 (WN = 1):
+    # 1x4608x3584 at S = 14 (144 CTAs, 132 slots) 1.16x cuBLAS bf16, 1x3584x3584 (112 CTAs)
+    # 2.22x; H100 A/B (WN > 1; us, planned / resident): 1x36864x7168 S = 2 WN = 4 (288 CTAs,
+    # 264 slots) 75.3 / S = 1 WN = 8 59.0, 8x36864x7168 80.0 / 66.3, 1x37888x3584 37.7 / 30.5,
+    # 1x24576x1536 S = 3 WN = 2 11.0 / S = 2 WN = 4 9.9 (docs/facts.md#small-m-round).
     WN = _row_groups(cfg.S, N, sms)
-    # The same where CTAs hold several row groups (WN > 1, S = 2..4): S shrinks, WN grows, until
-    # every CTA is resident (H100 A/B, docs/facts.md#small-m-round; us, planned / resident:
-    # 1x36864x7168 S = 2 WN = 4 (288 CTAs, 264 slots) 75.3 / S = 1 WN = 8 59.0, 8x36864x7168
-    # 80.0 / 66.3, 1x37888x3584 37.7 / 30.5, 1x24576x1536 S = 3 WN = 2 11.0 / S = 2 WN = 4 9.9).
     while cfg.AHEAD and cfg.S > 1 and N // (32 * WN) > max(1, 16 // (WN * cfg.S)) * sms:
         cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms, most=cfg.S - 1))
         WN = _row_groups(cfg.S, N, sms)
