@@ -113,7 +113,7 @@ def workspace(name: str, nbytes: int, device: torch.device, stream: int) -> torc
     tests), each call allocates, as torch's caching allocator would: a graph keeps its own
     memory. A dropped or replaced buffer goes back to torch's allocator, which hands it out
     again only in the order of its stream."""
-    if device.type != "cuda" or nbytes > WORKSPACE_CACHE_BYTES or per_call_buffers():
+    if device.type != "cuda" or nbytes > WORKSPACE_CACHE_BYTES or per_call_buffers(stream):
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
     return _kept((device_index(device), stream, name), nbytes, lambda: torch.empty(
         max(nbytes, 1 << 16), dtype=torch.uint8, device=device))
@@ -124,7 +124,7 @@ def zeroed_flags(name: str, count: int, device: torch.device, stream: int) -> to
     again before it ends (stream-K's handover flags): kept per (device, stream, name) like
     `workspace` (fresh zeros while capturing a graph, whose replays then clear them as they
     go; per call too inside `fresh_buffers`)."""
-    if device.type != "cuda" or per_call_buffers():
+    if device.type != "cuda" or per_call_buffers(stream):
         return torch.zeros(count, dtype=torch.int32, device=device)
     return _kept((device_index(device), stream, "flags:" + name), count, lambda: torch.zeros(
         max(count, 1024), dtype=torch.int32, device=device))
@@ -168,11 +168,12 @@ _FRESH = threading.local()
 
 
 def fresh_buffers(fn, *args, **kwargs):
-    """`fn(*args, **kwargs)` with every kept buffer (`workspace`, `zeroed_flags`, quantize's
-    shared zero flag) allocated per call instead: what the custom ops (`tk_cute.nvfp4.ops`) run
-    under. A compiled graph may call them while torch routes all of the thread's allocations
-    to a CUDA-graph pool (``torch.compile(mode="reduce-overhead")``'s graph trees warm up and
-    record that way, not capturing the stream): a buffer kept past the call would be a pool
+    """`fn(*args, **kwargs)` as the custom ops (`tk_cute.nvfp4.ops`) run it: kept buffers
+    (`workspace`, `zeroed_flags`, quantize's shared zero flag) of launches on any stream but
+    the default one are allocated per call instead (`per_call_buffers`). A compiled graph may
+    call the ops while torch routes all of the thread's allocations to a CUDA-graph pool
+    (``torch.compile(mode="reduce-overhead")``'s graph trees warm up and record that way, on a
+    stream of their own, not capturing it): a buffer kept past the call would be a pool
     allocation that no graph output tracks, which the trees reject."""
     depth = getattr(_FRESH, "depth", 0)
     _FRESH.depth = depth + 1
@@ -182,12 +183,17 @@ def fresh_buffers(fn, *args, **kwargs):
         _FRESH.depth = depth
 
 
-def per_call_buffers() -> bool:
-    """Whether buffers must be allocated per call here: the current stream is capturing a CUDA
-    graph (a graph keeps its own memory), or inside `fresh_buffers`."""
-    return getattr(_FRESH, "depth", 0) > 0 or (torch.cuda.is_initialized()
-                                                and torch.cuda.is_current_stream_capturing())
-
+def per_call_buffers(stream: int) -> bool:
+    """Whether the buffers of a launch on `stream` (a raw handle, `raw_stream`) must be
+    allocated per call here: the current stream is capturing a CUDA graph (a graph keeps its
+    own memory), or inside `fresh_buffers` on a stream other than the default one (0). torch's
+    CUDA graph trees warm up and record on a stream they create (``torch.cuda.Stream()``),
+    never the default one, so a compiled graph in default mode, which runs on the caller's
+    stream, keeps its buffers on the default stream as eager calls do: an allocation costs ~5
+    us of host (compiled default, H100: 212 -> 198 us per MLP forward at M = 16,
+    docs/facts.md#compiled-buffers); on any other stream it pays them."""
+    return (getattr(_FRESH, "depth", 0) > 0 and stream != 0) or (
+        torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
 
 
 def stream():

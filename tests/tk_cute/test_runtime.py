@@ -140,14 +140,21 @@ def test_workspaces_are_reused_per_device_stream_and_name(fake_cuda, monkeypatch
     assert runtime.workspace("planes", huge, dev0, 7) is not runtime.workspace(
         "planes", huge, dev0, 7)
     assert len(fake_cuda) == n + 2
-    # inside the custom ops (torch's graph trees may route the thread's allocations to a
-    # graph pool) and while capturing (a graph keeps its own memory): per call
+    # inside the custom ops on a stream other than the default one (torch's graph trees warm
+    # up on their own stream, the thread's allocations routed to a graph pool) and while
+    # capturing (a graph keeps its own memory): per call
     assert runtime.fresh_buffers(runtime.workspace, "planes", 1000, dev0, 7) is not big
     assert runtime.fresh_buffers(runtime.zeroed_flags, "f", 10, dev0, 7) is not \
         runtime.zeroed_flags("f", 10, dev0, 7)
     assert runtime.workspace("planes", 1000, dev0, 7) is big  # (outside again: kept)
+    # ... but on the default stream (a compiled graph in default mode) kept, as eager calls
+    kept0, flags0 = runtime.workspace("planes", 1000, dev0, 0), runtime.zeroed_flags("f", 10,
+                                                                                  dev0, 0)
+    assert runtime.fresh_buffers(runtime.workspace, "planes", 1000, dev0, 0) is kept0
+    assert runtime.fresh_buffers(runtime.zeroed_flags, "f", 10, dev0, 0) is flags0
     monkeypatch.setattr(runtime.torch.cuda, "is_current_stream_capturing", lambda: True)
     assert runtime.workspace("planes", 1000, dev0, 7) is not big
+    assert runtime.workspace("planes", 1000, dev0, 0) is not kept0
 
 
 def test_workspace_cache_keeps_a_bounded_number_of_buffers(fake_cuda, monkeypatch):

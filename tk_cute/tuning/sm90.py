@@ -421,6 +421,15 @@ TILED_TILE_COST = {256: 1.0, 192: 1.02, 128: 1.08}
 # (1.70) 0.938 / 1.015x, 768x28672x8192 1.016 / 1.094x (192 / 256), 384x28672x8192 0.78 /
 # 0.91x (192), 1024x8192x28672 1.000 / 1.044x.
 TILED_STREAM_K_OVERHEAD = 0.12
+# ... and only while the bf16 activations (M x K) are at most this many bytes. Equal shares
+# start the CTAs at staggered K offsets, so the CTAs on one activation tile no longer read its
+# K slices together and, once A outgrows the L2 (50 MB on H100 and H200), every reader fetches
+# them from DRAM: 4096x7168x18432 (A 151 MB) read 4.47 GB from DRAM as stream-K, 1.26 GB as
+# whole tiles (ncu, L2 hit rate 45% / 77%), 1906 / 1647 us. H100 A/B (docs/facts.md#tiled-
+# stream-k; stream-K / whole tiles, us): 2048x8192x28672 (A 117 MB) 1528 / 1446, 4096x8192x
+# 28672 3083 / 2963; but up to 64 MiB stream-K held or won: 4096x8192^2 882 / 890,
+# 2048x10240x8192 540 / 554, 1024x57344x8192 1364 / 1450, 512x28672x4096 189 / 212.
+TILED_STREAM_K_MAX_A_BYTES = 64 << 20
 # The split tile: above 128 rows (the register-A kernel's most) and up to this M, the tiled
 # kernel runs one activation tile as wide as M (`split_tile_width`) on every 128-row weight
 # band, its K split into stream-K shares (`schedule.stream_k_grid`: equal parts of each tile
@@ -466,7 +475,8 @@ def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) ->
     0.91 / 0.66x, 768x28672x8192 0.87 / 1.02 / 0.92x, 512x8192^2 0.90 / - / 0.84x,
     3072x8192^2 0.93 / 0.93 / 0.87x. With at least one tile per SM the same model weighs
     stream-K shares
-    (`TILED_STREAM_K_OVERHEAD`); its stream-K pick with one tile as wide as M is narrowed to
+    (`TILED_STREAM_K_OVERHEAD`) where the activations fit `TILED_STREAM_K_MAX_A_BYTES`; its
+    stream-K pick with one tile as wide as M is narrowed to
     `split_tile_width` (240x28672x8192 at Nb = 240 1.006x against 0.962x at 256). A_SETS: two
     register sets for narrow tiles at long K (`TILED_TWO_SETS_MAX_NB`).
     Stream-K teams with 16-byte partials where a tile splits into TILED_TEAMS_MIN parts or
@@ -476,8 +486,9 @@ def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) ->
     else:
         nb, stream_k = few_tiles_width(M, N, sms), False
     if nb is None:
-        nb, stream_k = rounds.width_plan(-(-N // rst.ROWS), M, sms, TILED_TILE_COST,
-                                          TILED_STREAM_K_OVERHEAD * 8192 / K)
+        overhead = (TILED_STREAM_K_OVERHEAD * 8192 / K
+                    if 2 * M * K <= TILED_STREAM_K_MAX_A_BYTES else None)
+        nb, stream_k = rounds.width_plan(-(-N // rst.ROWS), M, sms, TILED_TILE_COST, overhead)
         if stream_k and nb >= M:  # one activation tile either way: the narrowest that holds M
             nb = split_tile_width(M)
     a_sets = 2 if nb <= TILED_TWO_SETS_MAX_NB and K >= TILED_TWO_SETS_MIN_K else 1

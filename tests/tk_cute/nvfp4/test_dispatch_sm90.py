@@ -185,7 +185,8 @@ def test_small_m_ctas_keep_their_trips_registers():
 
 def test_tiled_widths_are_the_rounds_models_cheapest():
     """Above the split tile, where few weight tiles do not set the width, the tiled kernel's
-    (Nb, stream-K) is the rounds model's least time over every width and both schedules."""
+    (Nb, stream-K) is the rounds model's least time over every width and both schedules
+    (stream-K only where the bf16 activations fit TILED_STREAM_K_MAX_A_BYTES)."""
     from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
 
     from tk_cute.tuning import rounds
@@ -205,7 +206,8 @@ def test_tiled_widths_are_the_rounds_models_cheapest():
                 n_rounds = rounds.tile_rounds(bands, M, nb, SMS)
             return n_rounds * nb * sm90_tuning.TILED_TILE_COST[nb]
 
-        best = min(time(nb, sk) for nb in sm90_tuning.TILED_TILE_COST for sk in (False, True))
+        kinds = (False, True) if 2 * M * K <= sm90_tuning.TILED_STREAM_K_MAX_A_BYTES else (False,)
+        best = min(time(nb, sk) for nb in sm90_tuning.TILED_TILE_COST for sk in kinds)
         picked = p.config.Nb  # (a stream-K tile as wide as M narrowed to hold M alone)
         if picked not in sm90_tuning.TILED_TILE_COST:
             assert p.config.STREAM_K and picked == sm90_tuning.split_tile_width(M), p
@@ -216,8 +218,8 @@ def test_tiled_widths_are_the_rounds_models_cheapest():
 def test_measured_boundaries():
     """The measured thresholds of `tuning.sm90`, each at its edge (docs/facts.md anchors in
     the module): the split tile from SPLIT_TILE_MIN_M rows on SPLIT_TILE_MIN_BANDS bands,
-    stream-K teams on few bands, "dequantize" from DEQUANTIZE_FROM rows (narrow layers at long
-    K: DEQUANTIZE_NARROW_N)."""
+    stream-K teams on few bands, stream-K up to TILED_STREAM_K_MAX_A_BYTES of activations,
+    "dequantize" from DEQUANTIZE_FROM rows (narrow layers at long K: DEQUANTIZE_NARROW_N)."""
     T = sm90_tuning
     bands_n = T.SPLIT_TILE_MIN_BANDS * 128
     assert _plan_hopper(False, T.SPLIT_TILE_MIN_M - 1, 8192, 8192, "bfloat16", SMS,
@@ -230,6 +232,10 @@ def test_measured_boundaries():
     assert p.config.TEAMS and p.config.PARTIAL_V4
     p = _plan_hopper(False, 200, 8192, 8192, "bfloat16", SMS, False)  # 64 bands: 2 parts
     assert p.config.STREAM_K and not p.config.TEAMS
+    # stream-K while the activations fit TILED_STREAM_K_MAX_A_BYTES (64 MiB: 4096 x 8192 bf16)
+    assert _plan_hopper(False, 4096, 8192, 8192, "bfloat16", SMS, False).config.STREAM_K
+    assert not _plan_hopper(False, 4096, 8192, 8192 + 64, "bfloat16", SMS,
+                            False).config.STREAM_K
     for w4a4, N, K, rows in ((False, 8192, 7168, 2048), (True, 8192, 3072, 2048),
                              (False, 8192, 15360, 8192), (True, 8192, 15360, 8192),
                              (True, 8192, 7168, 8192), (True, 4096, 7168, 8192),

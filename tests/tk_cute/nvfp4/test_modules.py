@@ -604,14 +604,15 @@ def test_gpu_model_compiled_and_graphed(activations, tokens, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune", "default"])
 @pytest.mark.parametrize("activations", ACTIVATIONS)
 def test_gpu_compile_modes_across_batch_sizes(activations, mode, seed):
     """torch.compile(mode="reduce-overhead") (CUDA graph trees) over several batch sizes in one
     process, each recorded once and replayed, coming back to earlier ones: every replay is the
     compiled graph's result for its fresh input (W4A16: within bf16 rounding of eager; W4A4:
     the format's bound against bf16, as in test_gpu_model_compiled_and_graphed); "max-autotune"
-    the same way."""
+    and "default" (kept buffers on the default stream, `runtime.per_call_buffers`) the same
+    way."""
     H, I = 1024, 4096
     ref_model = bf16_mlp(hidden=H, intermediate=I).cuda()
     model = quantize_(copy.deepcopy(ref_model), activations=activations)

@@ -122,16 +122,17 @@ def test_gpu_kept_calls_run_the_kernels_on_fresh_inputs(M, seed):
 
 
 def test_custom_ops_run_with_per_call_buffers(seed, monkeypatch):
-    """Inside the custom ops every kept buffer is allocated per call (`runtime.fresh_buffers`):
-    torch's CUDA graph trees run compiled graphs with the thread's allocations routed to their
-    pool, where a buffer kept past the call would be an untracked pool allocation."""
+    """Inside the custom ops every kept buffer of a launch on a non-default stream is allocated
+    per call (`runtime.fresh_buffers`): torch's CUDA graph trees run compiled graphs on their
+    own stream with the thread's allocations routed to their pool, where a buffer kept past the
+    call would be an untracked pool allocation. (Stream 1: any non-default handle.)"""
     from tk_cute import runtime
 
     seen = []
     real = gemm_mod.Call.__call__
 
     def recording(self, a, out=None):
-        seen.append(runtime.per_call_buffers())
+        seen.append(runtime.per_call_buffers(1))
         return real(self, a, out)
 
     monkeypatch.setattr(gemm_mod.Call, "__call__", recording)
@@ -139,7 +140,7 @@ def test_custom_ops_run_with_per_call_buffers(seed, monkeypatch):
     a = torch.randn(3, 64).bfloat16()
     torch.ops.tk_cute.nvfp4_gemm(a, None, None, q.data, q.scales, q.global_scale, torch.bfloat16)
     gemm(a, q)
-    assert seen == [True, False] and not runtime.per_call_buffers()
+    assert seen == [True, False] and not runtime.per_call_buffers(1)
 
 
 def test_moved_storage_and_new_scales_make_new_calls(seed):
