@@ -113,8 +113,17 @@ def workspace(name: str, nbytes: int, device: torch.device, stream: int) -> torc
     tests), each call allocates, as torch's caching allocator would: a graph keeps its own
     memory. A dropped or replaced buffer goes back to torch's allocator, which hands it out
     again only in the order of its stream."""
+    buf = kept_workspace(name, nbytes, device, stream)
+    return torch.empty(nbytes, dtype=torch.uint8, device=device) if buf is None else buf
+
+
+def kept_workspace(name: str, nbytes: int, device: torch.device,
+                   stream: int) -> torch.Tensor | None:
+    """The kept buffer `workspace` hands out, or None where it allocates per call (CPU
+    tensors, more than WORKSPACE_CACHE_BYTES, `per_call_buffers`): for a caller that keeps
+    views of the buffer while it stays the same object."""
     if device.type != "cuda" or nbytes > WORKSPACE_CACHE_BYTES or per_call_buffers(stream):
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return None
     return _kept((device_index(device), stream, name), nbytes, lambda: torch.empty(
         max(nbytes, 1 << 16), dtype=torch.uint8, device=device))
 

@@ -343,6 +343,11 @@ class Call:
             cfg = _quantize_in_gemm(op, b, out_dtype, pdl, path)
             p = self.plan = None if cfg is None else Plan("small_m", cfg)
             self.pdl, self.path = pdl, path
+            # (quantized by the quantizer's launches into a workspace on CUDA; then the W4A4
+            # call of the quantized activations, found at the first call and kept)
+            self._quantize = (launch.QuantizeA(a) if cfg is None and b.device.type == "cuda"
+                              else None)
+            self._inner = None
         else:
             self.plan = p = _plan(op, b.device, out_dtype, pdl, path, _scale_format(a, b))
         self.out_dtype, self.device = out_dtype, b.device
@@ -367,11 +372,17 @@ class Call:
     def __call__(self, a, out: torch.Tensor | None = None) -> torch.Tensor:
         op = self.op
         if self.plan is None:  # quantize_a without the in-kernel plan: quantize, then the GEMM
-            from .quantize import quantize_parts
+            if self._quantize is not None:
+                q = self._quantize(a)
+            else:  # (the CPU reference)
+                from .quantize import quantize_parts
 
-            q = quantize_parts(a, None, False)[0]  # (no saturation flag: nothing reads it)
-            return prepared(q, self.weights().data, self.scales, self.global_scale, self.shape,
-                            self.scale_format, self.out_dtype, self.pdl, self.path)(q, out)
+                q = quantize_parts(a, None, False)[0]  # (no saturation flag: nothing reads it)
+            if self._inner is None:
+                self._inner = prepared(q, self.weights().data, self.scales, self.global_scale,
+                                       self.shape, self.scale_format, self.out_dtype, self.pdl,
+                                       self.path)
+            return self._inner(q, out)
         if out is not None:
             validate.check_out(out, op.out_shape, self.out_dtype, self.device, "gemm")
         if self.plan.path == "reference":

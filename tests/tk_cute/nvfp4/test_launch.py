@@ -193,3 +193,53 @@ class Named(Recorder):
         values = {**self.fixed, **values}
         self.signature.pack({k: v for k, v in values.items() if k != "kernel"})
         self.calls.append(values)
+
+
+@pytest.mark.parametrize("K, one_launch", [(4096, True), (1040, False)])
+def test_quantize_a_carves_one_kept_workspace(K, one_launch, monkeypatch):
+    """`QuantizeA` (W4A4 quantize_a where the GEMM kernel does not quantize): the codes
+    (`codes_storage`'s layout: K = 1040 pads each row to 528 bytes), blocked scales and decode
+    scale (+ amax partials) lie 16-byte aligned and disjoint in one workspace of its `nbytes`;
+    the launches get those addresses; a kept buffer is carved once and reused while it stays
+    the same object, a new one carved again, and a per-call buffer (None: a capture, the ops
+    off the default stream) used for that call only."""
+    import types
+
+    from tk_cute.layouts.nvfp4_scales import blocked_shape
+    from tk_cute.nvfp4.tensor import has_row_pitch
+
+    M = 24
+    plan = types.SimpleNamespace(M=M, K=K, shape=torch.Size((M, K)), device_index=0,
+                                 scales_shape=blocked_shape(M, K), one_launch=one_launch,
+                                 ws_words=launch.PARTIALS_WORD + 7, device=torch.device("cpu"))
+    monkeypatch.setattr(launch, "_quantize_plan", lambda *args: plan)
+    monkeypatch.setattr(launch, "raw_stream", lambda index: 0)
+    ran, kept = [], []
+    monkeypatch.setattr(launch, "_run_quantize", lambda p, x, *ptrs: ran.append(ptrs))
+    monkeypatch.setattr(launch, "kept_workspace", lambda name, n, dev, st: kept[-1])
+    x = torch.randn(M, K).bfloat16()
+    qa = launch.QuantizeA(x)
+    words = 1 if one_launch else plan.ws_words
+    first = torch.empty(qa.nbytes + 64, dtype=torch.uint8)
+    kept.append(first)
+    q = qa(x)
+    assert q.shape == (M, K) and has_row_pitch(q.data, K) and q.data.shape == (M, K // 2)
+    assert q.scales.shape == plan.scales_shape and q.global_scale.shape == ()
+    assert q.global_scale.dtype == torch.float32
+    base = first.data_ptr()
+    spans = sorted((t.data_ptr() - base, t.data_ptr() - base + n) for t, n in (
+        (q.data, M * (q.data.stride(0))), (q.scales, q.scales.numel()),
+        (q.global_scale, 4 * words)))
+    assert spans[0][0] == 0 and spans[-1][1] <= qa.nbytes
+    assert all(a[1] <= b[0] and b[0] % 16 == 0 for a, b in zip(spans, spans[1:]))
+    assert ran == [(q.data.data_ptr(), q.scales.data_ptr(), q.global_scale.data_ptr(), 0)]
+    assert qa(x) is q  # the same kept buffer: not carved again
+    kept.append(None)  # per call: a buffer of its own, not kept
+    once = qa(x)
+    assert once is not q and not (base <= once.data.data_ptr() < base + qa.nbytes)
+    kept.append(first)
+    assert qa(x) is q
+    second = torch.empty(qa.nbytes, dtype=torch.uint8)
+    kept.append(second)
+    moved = qa(x)
+    assert moved is not q and moved.data.data_ptr() == second.data_ptr()

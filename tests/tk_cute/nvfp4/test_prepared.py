@@ -234,6 +234,32 @@ def test_gpu_quantize_a_is_quantize_then_gemm(M, N, K, seed):
     assert torch.equal(lin(x).view(torch.int16), want.view(torch.int16))
 
 
+@pytest.mark.gpu
+def test_gpu_quantize_a_workspace_serves_every_call(seed):
+    """Where the GEMM kernel does not quantize (`launch.QuantizeA`: the quantizer's launches
+    into one kept workspace per stream, the carved NVFP4Tensor reused): every call on fresh
+    inputs, D poisoned first, is bit for bit `gemm(quantize(x, check_finite=False), b)`,
+    with calls of other shapes between them growing and sharing the workspace. Shapes: the
+    two-launch quantizer (16 x 28672 bf16 inputs), code rows padded (K = 1040), the register-A
+    kernel writing D directly, the tiled kernel (300 rows)."""
+    from tk_cute.nvfp4 import launch
+    from tk_cute.testing import random_weights
+
+    shapes = [(16, 8192, 28672), (16, 1024, 1040), (16, 4096, 1040), (300, 4096, 4096)]
+    weights = {s: random_weights(s[1], s[2]) for s in shapes}
+    for step in range(3):
+        for M, N, K in shapes[step % 2:] + shapes[:step % 2]:
+            b = weights[M, N, K]
+            x = torch.randn(M, K, device="cuda").bfloat16()
+            want = gemm(quantize(x, check_finite=False), b)
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            got = gemm(x, b, quantize_a=True, out=out)
+            assert got is out
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (M, N, K, step)
+            (call,) = [c for k, c in _calls(b).items() if k[-1] is True]
+            assert isinstance(call._quantize, launch.QuantizeA), (M, N, K)
+
+
 def test_quantize_a_call_runs_the_planned_kernel(seed, monkeypatch):
     """The prepared call of `gemm(x, b, quantize_a=True)` where the plan quantizes in the kernel
     binds the small-M launch to the weights and gives it the bf16 rows and a fresh D: run here
