@@ -320,17 +320,23 @@ def _quantize_one_launch_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: c
             if first + b * batch + i * warps < units:  # (past the end: clamped, no math)
                 _quantize_row(cfg, items[i], s_dec_g, s_enc_g, d_base)
 
-    # 3. the last row tile's padding rows (M % 128 != 0): zero scale bytes, one word per row
-    #    and atom (other bytes than any row segment stores: no ordering needed)
+    # 3. the last row tile's padding rows (M % 128 != 0): zero scale words, bytes no row
+    #    segment stores (no ordering needed). An atom's 16 bytes at k * 16 hold rows k,
+    #    k + 32, k + 64, k + 96: one 16-byte store where all four are padding (k >= r0), else
+    #    a word per padding row (the per-row loop's divisions took 6-16 us on one CTA, H100)
     n_atoms_k = (K // SF_VEC + ATOM_SF_COLS - 1) // ATOM_SF_COLS
     r0 = M - (ntm - 1) * ATOM_ROWS
-    pad = ATOM_ROWS - r0
-    n_pad = L * n_atoms_k * pad
-    for j in cutlass.range(rank * cfg.threads + tidx, n_pad, C * cfg.threads):
-        atom, r = j // pad, r0 + j % pad
+    n_chunks = Int32(r0 < ATOM_ROWS) * L * n_atoms_k * 32
+    for j in cutlass.range(rank * cfg.threads + tidx, n_chunks, C * cfg.threads):
+        atom, k = j // 32, j % 32
         tile = (atom // n_atoms_k) * ntm + ntm - 1
-        memory.st_u32(sf_base + (Int64(tile) * n_atoms_k + atom % n_atoms_k) * ATOM_BYTES
-                      + Int64(nvfp4_scales.atom_offset(r, 0)), Uint32(0))
+        chunk = sf_base + (Int64(tile) * n_atoms_k + atom % n_atoms_k) * ATOM_BYTES + k * 16
+        if k >= r0:
+            memory.st_v4_u32(chunk, [Uint32(0)] * 4)
+        else:
+            for g in cutlass.range_constexpr(1, 4):
+                if k + 32 * g >= r0:
+                    memory.st_u32(chunk + 4 * g, Uint32(0))
     cute.arch.cluster_wait()
 
 
