@@ -438,18 +438,21 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor, data: int, scales: int, 
 class QuantizeA:
     """``quantize(a, check_finite=False)`` of one activation shape, as a W4A4 `gemm` call with
     quantize_a runs it where the GEMM kernel does not quantize (`gemm.Call`): the plan found
-    once; per call only the quantizer's launches, into one workspace of the stream
+    once (`tuning.quantize.in_gemm_config`: two launches); per call only the quantizer's
+    launches, into one workspace of the stream
     (`runtime.workspace` "quantize_a": the codes, the blocked scales, then the fp32 decode
     scale and amax partials) instead of three allocations, and the NVFP4Tensor over it
     carved again only when the kept buffer changes (per call where `workspace` allocates per
     call: a capture, the custom ops off the default stream, more than WORKSPACE_CACHE_BYTES).
-    Host time per call ~8 us instead of ~27 (`quantize`'s checks, plan lookup and
-    allocations). The result is valid until the next call on the stream, which the GEMM
+    (H100: the W4A4 MLP block of `bench model` at 16 rows queued 168 us of host per forward
+    against 259 through `quantize`, docs/facts.md#quantize-a-workspace.) The result is valid until the next call on the stream, which the GEMM
     behind it precedes (stream order, as the caching allocator's reuse of a freed block). Holds
     the last kept buffer it carved (at most WORKSPACE_CACHE_BYTES)."""
 
     def __init__(self, a: torch.Tensor):
-        self.plan = p = _quantize_plan(a, False, False, None)
+        from tk_cute.tuning import quantize as quantize_tuning
+
+        self.plan = p = _quantize_plan(a, False, False, quantize_tuning.in_gemm_config())
         self.pitch = nvfp4_codes.row_pitch(p.K)
         self.scales_at = -(-p.M * self.pitch // 16) * 16
         self.ws_at = self.scales_at + -(-math.prod(p.scales_shape) // 16) * 16

@@ -5,10 +5,12 @@ cluster: the amax through distributed shared memory, then the codes); anything e
 pass then the quantize pass (a given global scale: the quantize pass alone).
 
 Why: an eager call pays the host ~4 us per launch (docs/facts.md#host-time), more than either
-pass runs on a small tensor. The bound and `CTA_BYTES` are a MODEL (not yet timed on a GPU):
-a cluster CTA of 1024 threads keeps 64 KiB of loads in flight per amax step, so 8 CTAs read
-512 KiB in one step's latency and re-read it from L2 to quantize, about what the second launch
-and its grid cost the GPU. A GPU that cannot hold the cluster at once (its SMs restricted:
+pass runs on a small tensor. The bound and `CTA_BYTES` are a model: a cluster CTA of 1024
+threads keeps 64 KiB of loads in flight per amax step, so 8 CTAs read 512 KiB in one step's
+latency and re-read it from L2 to quantize. Timed on the H100, the one launch is SLOWER on the
+GPU at every size (`in_gemm_config`; docs/facts.md#quantizer-latency): it keeps only the host
+launch it saves, which is what an eager call of a small tensor waits for; calls whose GPU time
+counts (inside a W4A4 GEMM call) take the two launches. A GPU that cannot hold the cluster at once (its SMs restricted:
 `runtime.resident_clusters`) takes the two launches.
 `python -m tk_cute.bench quantize --shapes 1x256,16x8192 ...` times both ways side by side.
 """
@@ -22,6 +24,18 @@ CTA_BYTES = 1 << 16  # x's bytes per cluster CTA (one amax step of 1024 threads 
 # The one-launch kernel's CTA: 32 warps; two row segments in flight per warp keep it at 64
 # registers (1024 threads).
 ONE_LAUNCH = {"one_launch": True, "warps": 32, "rows_in_flight": 2}
+
+
+def in_gemm_config() -> nq.Config:
+    """The quantizer's Config inside a W4A4 GEMM call that quantizes its bf16 activations first
+    (`launch.QuantizeA`): the two launches at every size, whose GPU time is what such a call
+    adds once its GEMM keeps the GPU busy (a CUDA graph, a compiled model, an eager model at
+    16 rows and up). H100 (2026-12-06, CUDA-graph replay, us, one launch / two launches, bf16
+    M x K): 1x2048 6.2 / 4.3, 1x8192 12.6 / 4.6, 16x8192 8.7 / 5.3, 64x2880 10.5 / 8.8,
+    16x28672 18.5 / 5.6, 1x28672 18.4 / 4.8 (docs/facts.md#quantizer-latency). A plain
+    `quantize` call keeps `config`'s one launch for small inputs: one host launch fewer, and
+    an eager call of a small tensor is host-bound."""
+    return nq.Config()
 
 
 def config(x_bytes: int, given: bool) -> nq.Config:

@@ -212,13 +212,18 @@ def test_quantize_a_carves_one_kept_workspace(K, one_launch, monkeypatch):
     plan = types.SimpleNamespace(M=M, K=K, shape=torch.Size((M, K)), device_index=0,
                                  scales_shape=blocked_shape(M, K), one_launch=one_launch,
                                  ws_words=launch.PARTIALS_WORD + 7, device=torch.device("cpu"))
-    monkeypatch.setattr(launch, "_quantize_plan", lambda *args: plan)
+    planned = []
+    monkeypatch.setattr(launch, "_quantize_plan",
+                        lambda x, given, check, config: planned.append(config) or plan)
     monkeypatch.setattr(launch, "raw_stream", lambda index: 0)
     ran, kept = [], []
     monkeypatch.setattr(launch, "_run_quantize", lambda p, x, *ptrs: ran.append(ptrs))
     monkeypatch.setattr(launch, "kept_workspace", lambda name, n, dev, st: kept[-1])
     x = torch.randn(M, K).bfloat16()
     qa = launch.QuantizeA(x)
+    from tk_cute.tuning import quantize as quantize_tuning
+
+    assert planned == [quantize_tuning.in_gemm_config()]  # (two launches: their GPU time)
     words = 1 if one_launch else plan.ws_words
     first = torch.empty(qa.nbytes + 64, dtype=torch.uint8)
     kept.append(first)
