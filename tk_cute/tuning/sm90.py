@@ -425,10 +425,10 @@ TILED_STREAM_K_OVERHEAD = 0.12
 # start the CTAs at staggered K offsets, so the CTAs on one activation tile no longer read its
 # K slices together and, once A outgrows the L2 (50 MB on H100 and H200), every reader fetches
 # them from DRAM: 4096x7168x18432 (A 151 MB) read 4.47 GB from DRAM as stream-K, 1.26 GB as
-# whole tiles (ncu, L2 hit rate 45% / 77%), 1906 / 1647 us. H100 A/B (docs/facts.md#tiled-
-# stream-k; stream-K / whole tiles, us): 2048x8192x28672 (A 117 MB) 1528 / 1446, 4096x8192x
-# 28672 3083 / 2963; but up to 64 MiB stream-K held or won: 4096x8192^2 882 / 890,
-# 2048x10240x8192 540 / 554, 1024x57344x8192 1364 / 1450, 512x28672x4096 189 / 212.
+# whole tiles (ncu, L2 hit rate 45% / 77%), 1906 / 1647 us. H100 A/B
+# (docs/facts.md#tiled-stream-k; stream-K / whole tiles, us): 2048x8192x28672 (A 117 MB) 1528
+# / 1446, 4096x8192x28672 3083 / 2963; but up to 64 MiB stream-K held or won: 4096x8192^2 882
+# / 890, 2048x10240x8192 540 / 554, 1024x57344x8192 1364 / 1450, 512x28672x4096 189 / 212.
 TILED_STREAM_K_MAX_A_BYTES = 64 << 20
 # The split tile: above 128 rows (the register-A kernel's most) and up to this M, the tiled
 # kernel runs one activation tile as wide as M (`split_tile_width`) on every 128-row weight
