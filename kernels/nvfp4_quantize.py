@@ -323,7 +323,7 @@ def _quantize_one_launch_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: c
     # 3. the last row tile's padding rows (M % 128 != 0): zero scale words, bytes no row
     #    segment stores (no ordering needed). An atom's 16 bytes at k * 16 hold rows k,
     #    k + 32, k + 64, k + 96: one 16-byte store where all four are padding (k >= r0), else
-    #    a word per padding row (the per-row loop's divisions took 6-16 us on one CTA, H100)
+    #    a word per padding row (was: a word and two divisions per row, 16,256 at 1x8192)
     n_atoms_k = (K // SF_VEC + ATOM_SF_COLS - 1) // ATOM_SF_COLS
     r0 = M - (ntm - 1) * ATOM_ROWS
     n_chunks = Int32(r0 < ATOM_ROWS) * L * n_atoms_k * 32

@@ -445,9 +445,10 @@ class QuantizeA:
     carved again only when the kept buffer changes (per call where `workspace` allocates per
     call: a capture, the custom ops off the default stream, more than WORKSPACE_CACHE_BYTES).
     (H100: the W4A4 MLP block of `bench model` at 16 rows queued 168 us of host per forward
-    against 259 through `quantize`, docs/facts.md#quantize-a-workspace.) The result is valid until the next call on the stream, which the GEMM
-    behind it precedes (stream order, as the caching allocator's reuse of a freed block). Holds
-    the last kept buffer it carved (at most WORKSPACE_CACHE_BYTES)."""
+    against 259 through `quantize`, docs/facts.md#quantize-a-workspace.) The result is valid
+    until the next call on the stream, which the GEMM behind it precedes (stream order, as the
+    caching allocator's reuse of a freed block). Holds the last kept buffer it carved (at most
+    WORKSPACE_CACHE_BYTES)."""
 
     def __init__(self, a: torch.Tensor):
         from tk_cute.tuning import quantize as quantize_tuning

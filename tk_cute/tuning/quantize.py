@@ -10,8 +10,8 @@ threads keeps 64 KiB of loads in flight per amax step, so 8 CTAs read 512 KiB in
 latency and re-read it from L2 to quantize. Timed on the H100, the one launch is SLOWER on the
 GPU at every size (`in_gemm_config`; docs/facts.md#quantizer-latency): it keeps only the host
 launch it saves, which is what an eager call of a small tensor waits for; calls whose GPU time
-counts (inside a W4A4 GEMM call) take the two launches. A GPU that cannot hold the cluster at once (its SMs restricted:
-`runtime.resident_clusters`) takes the two launches.
+counts (inside a W4A4 GEMM call) take the two launches. A GPU that cannot hold the cluster at
+once (its SMs restricted: `runtime.resident_clusters`) takes the two launches.
 `python -m tk_cute.bench quantize --shapes 1x256,16x8192 ...` times both ways side by side.
 """
 

@@ -203,10 +203,13 @@ def test_quantize_a_carves_one_kept_workspace(K, one_launch, monkeypatch):
     the launches get those addresses; a kept buffer is carved once and reused while it stays
     the same object, a new one carved again, and a per-call buffer (None: a capture, the ops
     off the default stream) used for that call only."""
+    import itertools
     import types
 
     from tk_cute.layouts.nvfp4_scales import blocked_shape
+
     from tk_cute.nvfp4.tensor import has_row_pitch
+    from tk_cute.tuning import quantize as quantize_tuning
 
     M = 24
     plan = types.SimpleNamespace(M=M, K=K, shape=torch.Size((M, K)), device_index=0,
@@ -221,8 +224,6 @@ def test_quantize_a_carves_one_kept_workspace(K, one_launch, monkeypatch):
     monkeypatch.setattr(launch, "kept_workspace", lambda name, n, dev, st: kept[-1])
     x = torch.randn(M, K).bfloat16()
     qa = launch.QuantizeA(x)
-    from tk_cute.tuning import quantize as quantize_tuning
-
     assert planned == [quantize_tuning.in_gemm_config()]  # (two launches: their GPU time)
     words = 1 if one_launch else plan.ws_words
     first = torch.empty(qa.nbytes + 64, dtype=torch.uint8)
@@ -236,7 +237,7 @@ def test_quantize_a_carves_one_kept_workspace(K, one_launch, monkeypatch):
         (q.data, M * (q.data.stride(0))), (q.scales, q.scales.numel()),
         (q.global_scale, 4 * words)))
     assert spans[0][0] == 0 and spans[-1][1] <= qa.nbytes
-    assert all(a[1] <= b[0] and b[0] % 16 == 0 for a, b in zip(spans, spans[1:]))
+    assert all(a[1] <= b[0] and b[0] % 16 == 0 for a, b in itertools.pairwise(spans))
     assert ran == [(q.data.data_ptr(), q.scales.data_ptr(), q.global_scale.data_ptr(), 0)]
     assert qa(x) is q  # the same kept buffer: not carved again
     kept.append(None)  # per call: a buffer of its own, not kept
