@@ -37,6 +37,32 @@ def test_a_call_is_prepared_once_per_shape(seed, monkeypatch):
     assert made == [(3, 64), (5, 64)] and len(_calls(b)) == 2
 
 
+def test_quantize_a_call_keeps_its_quantized_call(seed, monkeypatch):
+    """A quantize_a call that quantizes first (no in-kernel plan: every CPU call) makes the W4A4
+    call of its quantized activations once and keeps it: later calls on fresh activations make
+    no Call, and each D is bit for bit `gemm(quantize(x, check_finite=False), b)`, written
+    into a poisoned `out` where one is given."""
+    from tk_cute.nvfp4.reference import gemm_reference
+
+    b = quantize(torch.randn(48, 64))
+    made = []
+    real = gemm_mod.Call.__init__
+
+    def counting(self, *args):
+        made.append(type(args[0]).__name__)
+        real(self, *args)
+
+    monkeypatch.setattr(gemm_mod.Call, "__init__", counting)
+    for step in range(3):
+        x = torch.randn(5, 64).bfloat16()
+        out = torch.full((5, 48), float("nan"), dtype=torch.bfloat16) if step else None
+        got = gemm(x, b, quantize_a=True, out=out)
+        want = gemm_reference(quantize(x, check_finite=False), b, torch.bfloat16)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), step
+        assert out is None or got is out
+    assert made == ["Tensor", "NVFP4Tensor"]
+
+
 def test_kept_calls_still_check_what_differs(seed):
     b = quantize(torch.randn(32, 64))
     a = torch.randn(4, 64).bfloat16()
