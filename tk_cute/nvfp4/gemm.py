@@ -208,7 +208,9 @@ def gemm(a, b: NVFP4Tensor, out_dtype: torch.dtype | str | None = None, *,
             CUDA NaN/Inf in a give an unspecified D, as that quantize does; on a CPU quantize
             raises). A 2-D bf16
             `a` is quantized inside the small-M kernel where the plan allows (one launch:
-            `sm90_tuning.quantize_in_gemm`, Hopper decode); otherwise by `quantize` first.
+            `sm90_tuning.quantize_in_gemm`, Hopper decode); otherwise on CUDA by the
+            quantizer's launches into a kept workspace first (`launch.QuantizeA`), other
+            forms by `quantize` first.
 
     Returns:
         D of out_dtype: (..., N) for W4A16, (M, N) or (L, M, N) for W4A4; `out` when given;
