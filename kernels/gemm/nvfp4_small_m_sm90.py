@@ -543,7 +543,7 @@ def _activation_fragments(cfg, words, u):
         if cfg.decodes_activations:
             f = fp4.scalex2_to_bf16x2_prescaled(w[4], cfg.sf)
             out.append([_decode(cfg, w[j], f[j // 2]) for j in range(4)])
-        elif cfg.strided and not cfg.XSMEM:  # (staged activations are re-paired once)
+        elif cfg.strided and not cfg.XSMEM:  # (staged W4A4 rows are decoded paired)
             out.append([fp4.bf16x8_strided(w[4 * j: 4 * j + 4]) for j in range(4)])
         else:
             out.append([w[4 * j: 4 * j + 4] for j in range(4)])

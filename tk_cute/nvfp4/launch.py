@@ -457,7 +457,7 @@ class QuantizeA:
         self.pitch = nvfp4_codes.row_pitch(p.K)
         self.scales_at = -(-p.M * self.pitch // 16) * 16
         self.ws_at = self.scales_at + -(-math.prod(p.scales_shape) // 16) * 16
-        self.nbytes = self.ws_at + 4 * (1 if p.one_launch else p.ws_words)
+        self.nbytes = self.ws_at + 4 * p.ws_words  # (two launches: `in_gemm_config`)
         self._buf = self._q = None
 
     def __call__(self, a: torch.Tensor) -> NVFP4Tensor:

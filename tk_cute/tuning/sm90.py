@@ -99,9 +99,10 @@ SMALL_M_SHORT_K_MAX = 4096
 SMALL_M_EVEN_MIN = 0.5
 # The most warps (WN x S) of a small-M CTA, so its trips keep their registers: a CTA of T
 # threads gets 65536 / T registers per thread, and the trips need up to 128 (sm_90a builds,
-# `compile.Build.local_in_loops`; docs/facts.md#small-m-warps; not yet timed): 1x576x7168 and 1x1536x7168 at the aim's S = 28 (896
-# threads: 72 registers) spilled 83 loads and stores per trip, at S = 20 47, at 16 none; at 19
-# warps an uneven split spilled too. W4A4 decoding two activation tiles (9-16 rows) of 4 steps
+# `compile.Build.local_in_loops`; docs/facts.md#small-m-warps): 1x576x7168 and 1x1536x7168 at
+# the aim's S = 28 (896 threads: 72 registers) spilled 83 loads and stores per trip, at S = 20
+# 47, at 16 none; at 19 warps an uneven split spilled too. H100, planned S = 14 / the old 28,
+# us: 1x1536x7168 7.1 / 8.3, W4A4 2x1536x7168 7.8 / 11.8. W4A4 decoding two activation tiles (9-16 rows) of 4 steps
 # in every trip needs 134-138: at most SMALL_M_MAX_WARPS_DECODING (16x576x7168 at S = 14, 448
 # threads, spilled 13 per trip; S = 12 none; 2 steps per trip: none at 16).
 SMALL_M_MAX_WARPS = 16

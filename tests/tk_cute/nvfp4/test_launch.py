@@ -195,11 +195,11 @@ class Named(Recorder):
         self.calls.append(values)
 
 
-@pytest.mark.parametrize("K, one_launch", [(4096, True), (1040, False)])
-def test_quantize_a_carves_one_kept_workspace(K, one_launch, monkeypatch):
+@pytest.mark.parametrize("K", [4096, 1040])
+def test_quantize_a_carves_one_kept_workspace(K, monkeypatch):
     """`QuantizeA` (W4A4 quantize_a where the GEMM kernel does not quantize): the codes
     (`codes_storage`'s layout: K = 1040 pads each row to 528 bytes), blocked scales and decode
-    scale (+ amax partials) lie 16-byte aligned and disjoint in one workspace of its `nbytes`;
+    scale and amax partials lie 16-byte aligned and disjoint in one workspace of its `nbytes`;
     the launches get those addresses; a kept buffer is carved once and reused while it stays
     the same object, a new one carved again, and a per-call buffer (None: a capture, the ops
     off the default stream) used for that call only."""
@@ -213,7 +213,7 @@ def test_quantize_a_carves_one_kept_workspace(K, one_launch, monkeypatch):
 
     M = 24
     plan = types.SimpleNamespace(M=M, K=K, shape=torch.Size((M, K)), device_index=0,
-                                 scales_shape=blocked_shape(M, K), one_launch=one_launch,
+                                 scales_shape=blocked_shape(M, K), one_launch=False,
                                  ws_words=launch.PARTIALS_WORD + 7, device=torch.device("cpu"))
     planned = []
     monkeypatch.setattr(launch, "_quantize_plan",
@@ -225,7 +225,7 @@ def test_quantize_a_carves_one_kept_workspace(K, one_launch, monkeypatch):
     x = torch.randn(M, K).bfloat16()
     qa = launch.QuantizeA(x)
     assert planned == [quantize_tuning.in_gemm_config()]  # (two launches: their GPU time)
-    words = 1 if one_launch else plan.ws_words
+    words = plan.ws_words
     first = torch.empty(qa.nbytes + 64, dtype=torch.uint8)
     kept.append(first)
     q = qa(x)
