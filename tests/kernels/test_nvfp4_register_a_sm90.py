@@ -246,7 +246,8 @@ def test_scale_reads_follow_the_blocked_layout(K, rows):
     (72, 8192, 8192, 80, 128, 1), (100, 8192, 8192, 112, 128, 1), (16, 384, 8192, 16, 128, 1),
     (1, 8192, 8192, 8, 256, 1), (33, 4096, 4096, 48, 128, 1), (128, 4096, 4096, 128, 256, 2),
     (128, 384, 4096, 128, 128, 1), (16, 5120, 2880, 16, 128, 1), (32, 6144, 4096, 32, 128, 1),
-    (48, 5120, 2880, 48, 128, 1), (48, 8192, 2880, 48, 256, 1)])
+    (48, 5120, 2880, 48, 128, 1), (48, 8192, 2880, 48, 256, 1), (64, 7168, 2048, 64, 128, 1),
+    (32, 7168, 18432, 32, 128, 1)])
 def test_config_for(M, N, K, n_act, rows, tiles):
     cfg = sm90_tuning.register_a_config(M, N, K)
     assert (cfg.N_ACT, cfg.ROWS, cfg.TILES) == (n_act, rows, tiles) and cfg.stages >= 2
@@ -292,6 +293,7 @@ def test_partial_row_blocks_take_n_tail():
     assert sm90_tuning.hopper_path(True, 17, 2880, 2880, 132) == "register_a"
     assert sm90_tuning.hopper_path(False, 16, 4000, 8192, 132) == "small_m"
     assert sm90_tuning.hopper_path(True, 17, 4000, 8192, 132) == "register_a"
+    assert sm90_tuning.hopper_path(True, 16, 7168, 2048, 132) == "small_m"  # (short K)
     assert sm90_tuning.check_hopper_path("register_a", True, 16, 2880, 2880,
                                         "bfloat16") == "register_a"
 

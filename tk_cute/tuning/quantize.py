@@ -31,8 +31,8 @@ def in_gemm_config() -> nq.Config:
     (`launch.QuantizeA`): the two launches at every size, whose GPU time is what such a call
     adds once its GEMM keeps the GPU busy (a CUDA graph, a compiled model, an eager model at
     16 rows and up). H100 (2026-12-06, CUDA-graph replay, us, one launch / two launches, bf16
-    M x K): 1x2048 6.2 / 4.3, 1x8192 12.6 / 4.6, 16x8192 8.7 / 5.3, 64x2880 10.5 / 8.8,
-    16x28672 18.5 / 5.6, 1x28672 18.4 / 4.8 (docs/facts.md#quantizer-latency). A plain
+    M x K): 1x2048 4.8 / 4.2, 1x8192 7.6 / 4.7, 16x8192 8.3 / 5.4, 64x2880 10.4 / 8.9,
+    16x28672 16.6 / 5.7, 1x28672 9.4 / 4.7 (docs/facts.md#quantizer-latency). A plain
     `quantize` call keeps `config`'s one launch for small inputs: one host launch fewer, and
     an eager call of a small tensor is host-bound."""
     return nq.Config()

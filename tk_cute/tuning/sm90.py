@@ -58,10 +58,12 @@ RS_MIN_M = 9
 # call) 256 rows were 2% faster than 128 at 8192^2 at N_ACT = 48, even at 64, and 128 rows 18%
 # faster at 80 (two A sets, 3 stages). On real layers up to N = NARROW_MAX_N 128 rows were
 # faster at every N_ACT timed: at 16 and 32 on 15 of 18 (H200, N x K from 2880^2 to
-# 3584x18944, up to 1.20x), at 48 and 64 on all 14 (H100, 1.03-1.32x; wider layers
-# unmeasured there keep 256 rows).
+# 3584x18944, up to 1.20x), at 48 and 64 on all 14 (H100, 1.03-1.32x), and on DeepSeek-V3's
+# 7168-wide layers at 16, 32, 48 and 64 rows on all 12 (H100, us, 128 / 256 rows:
+# 64x7168x2048 11.3 / 14.1, 64x7168x18432 41.1 / 45.0, 16x7168x16384 31.9 / 33.2). Wider
+# layers (8192 up) keep 256 rows.
 WIDE_MAX_N_ACT = 64
-NARROW_MAX_N = 6144
+NARROW_MAX_N = 7168
 # W4A4 up to this M runs the small-M kernel, which decodes NVFP4 activations in registers; above
 # it the register-A kernels decode them in their permute pass (at M = 1 the small-M kernel's
 # in-register decode costs less than a pass).
@@ -84,7 +86,8 @@ SMALL_M_TAIL_MAX_M = 16
 # 1.28x; at K = 2880 (K % 128 == 64) it lost (5120x2880 0.66 / 0.72x, 5760x2880 0.75 /
 # 0.80x), at K = 18944 too (3584x18944 1.65 / 2.03x); at 32 rows it lost on 3 of 5 such
 # layers. Up to N = NARROW_MAX_N (the layers measured): on the H100 (cold weights)
-# 16x37888x3584 ran 49.6 us on it where register-A ran 32 rows in 43.2.
+# 16x37888x3584 ran 49.6 us on it where register-A ran 32 rows in 43.2; 16x7168x2048 W4A16
+# 9.1 us on it / 9.2 at 128 register-A rows, W4A4 7.4 / 9.9 (the 256 rows then planned).
 SMALL_M_SHORT_K_MAX = 4096
 # The small-M kernel's K split (`small_m_splits`): the divisor of its K chunks nearest the split
 # it aims for (every slice the same trips, as the H200 sweeps of docs/facts.md#small-m-config
