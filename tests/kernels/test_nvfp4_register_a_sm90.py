@@ -294,6 +294,9 @@ def test_partial_row_blocks_take_n_tail():
     assert sm90_tuning.hopper_path(False, 16, 4000, 8192, 132) == "small_m"
     assert sm90_tuning.hopper_path(True, 17, 4000, 8192, 132) == "register_a"
     assert sm90_tuning.hopper_path(True, 16, 7168, 2048, 132) == "small_m"  # (short K)
+    for w4a4 in (False, True):  # the split tile from K = SPLIT_TILE_MIN_K only
+        assert sm90_tuning.hopper_path(w4a4, 128, 32768, 512, 132) == "register_a"
+        assert sm90_tuning.hopper_path(w4a4, 128, 7168, 2048, 132) == "register_a_tiled"
     assert sm90_tuning.check_hopper_path("register_a", True, 16, 2880, 2880,
                                         "bfloat16") == "register_a"
 

@@ -13,13 +13,14 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   docs/facts.md#small-m-k-tail).
 - "register_a" (`kernels/gemm/nvfp4_register_a_sm90.py`, weights decoded into wgmma A registers):
   RS_MIN_M <= M < SPLIT_TILE_MIN_M, up to 128 on fewer than SPLIT_TILE_MIN_BANDS weight bands
-  (`split_tile_wins`; below RS_MIN_M too where the small-M kernel cannot take K: K % 64 !=
-  0), any N % 8 == 0 (N % 128 != 0: a partial last row block, `rs.Config.N_TAIL`).
+  or below K = SPLIT_TILE_MIN_K (`split_tile_wins`; below RS_MIN_M too where the small-M
+  kernel cannot take K: K % 64 != 0), any N % 8 == 0 (N % 128 != 0: a partial last row block,
+  `rs.Config.N_TAIL`).
 - "register_a_tiled" (`kernels/gemm/nvfp4_register_a_tiled_sm90.py`, register-A wgmma over
-  persistent 128 x Nb output tiles): M >= SPLIT_TILE_MIN_M on SPLIT_TILE_MIN_BANDS bands or more,
-  and every M > 128, any N % 8 == 0 (a partial last weight band, `rst.Config.N_TAIL`), but
-  "dequantize" from enough rows (2048 at a short K or on a narrow layer at a long one, else
-  8192), or on few weight bands (`dequantize_wins`). Its
+  persistent 128 x Nb output tiles): M >= SPLIT_TILE_MIN_M on SPLIT_TILE_MIN_BANDS bands or more
+  from K = SPLIT_TILE_MIN_K, and every M > 128, any N % 8 == 0 (a partial last weight band,
+  `rst.Config.N_TAIL`), but "dequantize" from enough rows (2048 at a short K or on a narrow
+  layer at a long one, else 8192), or on few weight bands (`dequantize_wins`). Its
   schedule (`register_a_tiled_config`): up to SPLIT_TILE_MAX_M rows one tile as wide as M split
   along K (stream-K), then the tile width Nb, stream-K shares and A register sets of the few-tiles
   and rounds models.
@@ -168,7 +169,7 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
             N % rs.BAND or (K % gv.STEP_K == 0 and K <= SMALL_M_SHORT_K_MAX
                             and N <= NARROW_MAX_N)):
         return "small_m"
-    if rs.supports(M, N, K) and not split_tile_wins(M, N):
+    if rs.supports(M, N, K) and not split_tile_wins(M, N, K):
         return "register_a"
     if M <= gv.MAX_M and not w4a4 and gv.supports(M, N, K):
         return "small_m"
@@ -177,11 +178,13 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     return "dequantize"
 
 
-def split_tile_wins(M: int, N: int) -> bool:
+def split_tile_wins(M: int, N: int, K: int) -> bool:
     """Whether the tiled kernel takes M rows rather than the register-A kernel: every M above
-    the latter's 128, and from SPLIT_TILE_MIN_M on SPLIT_TILE_MIN_BANDS weight bands or more,
-    where one split tile beat it (H200 A/B above SPLIT_TILE_MIN_M)."""
-    return M > rs.MAX_M or (M >= SPLIT_TILE_MIN_M and -(-N // rst.ROWS) >= SPLIT_TILE_MIN_BANDS)
+    the latter's 128, and from SPLIT_TILE_MIN_M on SPLIT_TILE_MIN_BANDS weight bands or more
+    from K = SPLIT_TILE_MIN_K, where one split tile beat it (H100 and H200 A/Bs above
+    SPLIT_TILE_MIN_M)."""
+    return M > rs.MAX_M or (M >= SPLIT_TILE_MIN_M and K >= SPLIT_TILE_MIN_K
+                            and -(-N // rst.ROWS) >= SPLIT_TILE_MIN_BANDS)
 
 
 def dequantize_wins(w4a4: bool, M: int, N: int, K: int, sms: int) -> bool:
@@ -457,6 +460,12 @@ SPLIT_TILE_MAX_M = 208
 # 128-row bands the split tile.
 SPLIT_TILE_MIN_M = 113
 SPLIT_TILE_MIN_BANDS = 8
+# ... and from this K: below it the split tile's K parts are a few 128-wide stages each and the
+# register-A kernel's 128-row blocks won. H100 A/B at 128 rows (docs/facts.md#split-tile; us,
+# register-A / split tile, W4A16): 128x32768x512 15.6 / 19.8, 128x24576x1536 25.3 / 27.6; from
+# K = 2048 the split tile won on 9 of the 11 layers timed (128x7168x2048 19.0 / 17.7,
+# 128x5120x2880 21.1 / 17.8, 128x3584x18944 46.8 / 40.2), even on 1536x7168 and 5760x2880.
+SPLIT_TILE_MIN_K = 2048
 TILED_TWO_SETS_MAX_NB = 96
 TILED_TWO_SETS_MIN_K = 8192
 # Stream-K teams with 16-byte partials (`rst.Config.TEAMS`, `PARTIAL_V4`) where each tile
