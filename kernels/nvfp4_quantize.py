@@ -7,8 +7,9 @@ Three kernels: `amax` then `quantize`, or `quantize_one_launch` for small inputs
 * `amax` (skipped when a global scale is given): grid-stride 16-byte loads, |bits| max (integer
   max keeps NaN/Inf above every finite value), warp ``redux.sync``, a shared-memory CTA max, and
   ONE plain store per CTA into `partials` (no atomics, so no zeroed workspace and no memset).
-* `quantize`: one CTA per 128-row x 512-byte tile (one row segment per warp load: lane i reads
-  bytes 16i..16i+16, so every load and store of a warp is contiguous). A 16-element block spans
+* `quantize`: one CTA per 128-row x 512-byte tile, or `row_split` CTAs each taking a part of
+  its rows (one row segment per warp load: lane i reads bytes 16i..16i+16, so every load and
+  store of a warp is contiguous). A 16-element block spans
   2 lanes (4 for fp32); its amax is one butterfly shuffle. Each lane encodes its 8 (4) elements
   into one 4 (2)-byte store; the block's first lane stores the UE4M3 byte. Rows past M and
   blocks past K/16 load zeros, so padding scale bytes come out 0; atoms past the scale tensor
@@ -54,7 +55,9 @@ DTYPES = {"bf16": 2, "f16": 2, "f32": 4}  # element bytes
 class Config:
     """dtype: "bf16" | "f16" | "f32"; given_scale: skip amax, read the decode scale;
     check_finite: with a given scale, OR a non-finite flag (the amax path needs none);
-    warps: quantize CTA = 32 x warps threads (128 / warps rows each);
+    warps: quantize CTA = 32 x warps threads (128 / (warps x row_split) rows each);
+    row_split: quantize CTAs per 128-row tile and row segment, each taking 128 / row_split
+    rows (more CTAs where the tiles are few: a small M);
     rows_in_flight: rows whose 16-byte loads a lane issues per batch (two batches live);
     reverse: quantize tiles last to first (L2 reuse after the amax pass);
     min_ctas_per_sm: quantize occupancy asked of ptxas (caps registers; 0: no cap);
@@ -69,6 +72,7 @@ class Config:
     check_finite: bool = False
     arch: str = "sm_90a"
     warps: int = 8
+    row_split: int = 1
     rows_in_flight: int = 2
     reverse: bool = True
     min_ctas_per_sm: int = 4
@@ -82,7 +86,10 @@ class Config:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         if self.warps not in (1, 2, 4, 8, 16, 32):
             raise ValueError(f"warps must be a power of two <= 32, got {self.warps}")
-        rows = ATOM_ROWS // self.warps
+        if self.row_split not in (1, 2, 4, 8, 16) or self.warps * self.row_split > ATOM_ROWS:
+            raise ValueError(f"row_split must be a power of two <= 16 with warps x row_split "
+                             f"<= {ATOM_ROWS}, got {self.row_split} (warps {self.warps})")
+        rows = self.rows_per_warp
         if self.rows_in_flight < 1 or rows % self.rows_in_flight:
             raise ValueError(f"rows_in_flight must divide {rows} (rows per warp), "
                              f"got {self.rows_in_flight}")
@@ -97,6 +104,18 @@ class Config:
     @property
     def threads(self) -> int:
         return 32 * self.warps
+
+    @property
+    def amax_part(self) -> Config:
+        """The fields the amax pass reads: one compiled amax kernel whatever the quantize
+        pass's CTAs."""
+        return Config(dtype=self.dtype, arch=self.arch, amax_threads=self.amax_threads,
+                      amax_ctas_per_sm=self.amax_ctas_per_sm, amax_unroll=self.amax_unroll)
+
+    @property
+    def rows_per_warp(self) -> int:
+        """Rows of a quantize CTA's 128-row tile share per warp."""
+        return ATOM_ROWS // (self.warps * self.row_split)
 
     @property
     def esize(self) -> int:
@@ -214,23 +233,24 @@ def _quantize_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer
                      n_partials: Int32):
     tidx, _, _ = cute.arch.thread_idx()
     bx, by, bz = cute.arch.block_idx()
-    ntk, ntm, nl = cute.arch.grid_dim()
-    kt, mt, l = bx, by, bz
+    ntk, nty, nl = cute.arch.grid_dim()
+    kt, ty, l = bx, by, bz
     if cutlass.const_expr(cfg.reverse):
-        kt, mt, l = ntk - 1 - bx, ntm - 1 - by, nl - 1 - bz
+        kt, ty, l = ntk - 1 - bx, nty - 1 - by, nl - 1 - bz
+    ntm, mt = nty // cfg.row_split, ty // cfg.row_split
+    first = (ty % cfg.row_split) * (ATOM_ROWS // cfg.row_split)  # this CTA's first tile row
     warp, lane = tidx // 32, tidx % 32
     col, col_ok, a_g, kb, sf_ok, n_atoms_k = _lane(cfg, kt, lane, K)
     sf_base = scales.toint() + ((Int64(l) * ntm + mt) * n_atoms_k + a_g) * ATOM_BYTES + kb
     x_base, d_base = x.toint(), data.toint()
 
-    def load(i):  # tile row warp + warps * i
-        r_local = warp + cfg.warps * i
+    def load(i):  # tile row first + warp + warps * i
+        r_local = first + warp + cfg.warps * i
         row = mt * ATOM_ROWS + r_local
         return _load_row(cfg, x_base, Int64(l) * Int64(M) + Int64(row), Uint32(row < M), col,
                          col_ok, K, sf_base + Int64(nvfp4_scales.atom_offset(r_local, 0)), sf_ok)
 
-    rows = ATOM_ROWS // cfg.warps
-    nb = rows // cfg.rows_in_flight
+    nb = cfg.rows_per_warp // cfg.rows_in_flight
     cur = [load(i) for i in range(cfg.rows_in_flight)]  # comprehensions stay Python (unrolled)
 
     # global scales (recipe steps 2-3), while the first batch is in flight
@@ -257,7 +277,7 @@ def _quantize_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer
             # (the row is the warp's: a uniform branch) rows past M only zero their scale
             # bytes: the math of a padding row is the latency of a small call (H100, 1x8192
             # bf16 given a scale: 9.5 us with 15 of a warp's 16 rows computed on zeros)
-            if mt * ATOM_ROWS + warp + cfg.warps * (b * cfg.rows_in_flight + i) < M:
+            if mt * ATOM_ROWS + first + warp + cfg.warps * (b * cfg.rows_in_flight + i) < M:
                 m = _quantize_row(cfg, item, s_dec_g, s_enc_g, d_base)
                 if cutlass.const_expr(cfg.flag):
                     bad = bad | Uint32(m >= 0x7F800000)
@@ -355,7 +375,8 @@ def _quantize(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer,
     ntm = (M + ATOM_ROWS - 1) // ATOM_ROWS
     ntk = (K + cfg.cols - 1) // cfg.cols
     _quantize_kernel(cfg, x, data, scales, partials, gs_in, gs_out, flag, M, K,
-                     n_partials).launch(grid=[ntk, ntm, L], block=[cfg.threads, 1, 1],
+                     n_partials).launch(grid=[ntk, ntm * cfg.row_split, L],
+                                        block=[cfg.threads, 1, 1],
                                         stream=stream, min_blocks_per_mp=cfg.min_ctas_per_sm,
                                         preferred_smem_carveout=0)  # no smem: all L1
 

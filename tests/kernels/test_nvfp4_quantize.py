@@ -8,6 +8,7 @@ including padding, global scale) on many shapes and adversarial values.
 """
 
 import dataclasses
+import random
 
 import pytest
 import torch
@@ -37,7 +38,7 @@ def _build_quantize(arch, dtype="bf16", given=False, **kw):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_quantize_kernel_instructions(arch):
     cfg = nq.Config(arch=arch)
-    rows = nq.ATOM_ROWS // cfg.warps  # rows per warp; one 8-element half block per row
+    rows = cfg.rows_per_warp  # one 8-element half block per row
     b = _build_quantize(arch)
     native = b.ptx_count(r"cvt\.rn\.satfinite\.e2m1x2\.f32")
     if arch == "sm_90a":
@@ -60,6 +61,19 @@ def test_quantize_kernel_instructions(arch):
     assert b.kernel.registers <= 65536 // (cfg.threads * cfg.min_ctas_per_sm)
     assert b.sass_count(r"LDG\.E\.EF\.128") == rows  # one 16-byte load per lane-row
     assert b.sass_count(r"STG\.E\.64") == 0  # 4-byte data stores, coalesced per warp
+
+
+@pytest.mark.parametrize("split", sorted(quantize_tuning.SPLITS))
+@pytest.mark.parametrize("given", (False, True))
+def test_row_split_kernels_keep_their_registers(split, given):
+    """Each planned row split (`tuning.quantize.SPLITS`) compiles for sm_90a without spills,
+    within the registers its occupancy asks for, one 16-byte load per lane-row."""
+    kw = quantize_tuning.SPLITS[split]
+    b = _build_quantize("sm_90a", given=given, **kw)
+    cfg = nq.Config(**kw)
+    assert b.kernel.local_bytes == 0 and b.kernel.stack_bytes == 0, b.kernel
+    assert b.kernel.registers <= 65536 // (cfg.threads * cfg.min_ctas_per_sm)
+    assert b.sass_count(r"LDG\.E\.EF\.128") == cfg.rows_per_warp
 
 
 @pytest.mark.parametrize("arch", ("sm_90a", "sm_100a"))
@@ -231,10 +245,10 @@ def test_one_launch_adversarial_schedule_and_edge_values(seed):
 def test_quantize_tuning_plans():
     """One launch only with the computed scale and up to the byte bound; its cluster has
     1..MAX_CLUSTER CTAs, enough warps for the segments up to that bound."""
-    small, big = quantize_tuning.ONE_LAUNCH_MAX_BYTES, quantize_tuning.ONE_LAUNCH_MAX_BYTES + 16
-    assert quantize_tuning.config(small, given=False).one_launch
-    assert not quantize_tuning.config(small, given=True).one_launch
-    assert not quantize_tuning.config(big, given=False).one_launch
+    K = quantize_tuning.ONE_LAUNCH_MAX_BYTES // 2  # bf16: the bound's bytes in one row
+    assert quantize_tuning.config((1, K), 2, False, 132).one_launch
+    assert not quantize_tuning.config((1, K), 2, True, 132).one_launch
+    assert not quantize_tuning.config((1, K + 16), 2, False, 132).one_launch
     for M, K in ((1, 16), (1, 256), (16, 8192), (128, 2048), (1, 262144), (4096, 16)):
         segments = M * -(-K // ONE.cols)
         ctas = quantize_tuning.one_launch_ctas(ONE, segments, 2 * M * K)
@@ -242,6 +256,44 @@ def test_quantize_tuning_plans():
         assert ctas == nq.MAX_CLUSTER or ctas * ONE.warps * ONE.rows_in_flight >= segments
     with pytest.raises(ValueError, match="one_launch"):
         nq.Config(one_launch=True, given_scale=True)
+
+
+def test_pass_config_splits_only_few_tiles(seed):
+    """The quantize pass's rows split over more CTAs only where its tiles are fewer than
+    SPLIT_BELOW x the SMs, never past SPLIT_CTAS_PER_SM x the SMs, each CTA a valid Config
+    covering its share of the 128 rows; the two-launch plans use it."""
+    r = random.Random(seed)
+    for _ in range(300):
+        L, K = r.choice([1, 1, 2, 3]), 16 * r.randint(1, 2048)
+        M = r.choice([1, 16, 64, 100, 128, 129, 1024, r.randint(1, 5000)])
+        esize, sms = r.choice([2, 4]), r.choice([16, 78, 132, 148])
+        cfg = quantize_tuning.pass_config((L, M, K), esize, sms)
+        tiles = -(-M // nq.ATOM_ROWS) * -(-K * esize // nq.SEG_BYTES) * L
+        assert not cfg.one_launch
+        assert cfg.warps * cfg.row_split * cfg.rows_per_warp == nq.ATOM_ROWS
+        cap = quantize_tuning.SPLIT_CTAS_PER_SM * sms
+        if tiles >= quantize_tuning.SPLIT_BELOW * sms:
+            assert cfg.row_split == 1
+        else:  # the largest split that fits
+            assert cfg.row_split > 1 and tiles * cfg.row_split <= cap
+            assert not [s for s in quantize_tuning.SPLITS if s > cfg.row_split and tiles * s <= cap]
+        assert quantize_tuning.in_gemm_config((M, K), esize, sms) == quantize_tuning.pass_config(
+            (M, K), esize, sms)
+    assert quantize_tuning.config((64, 2880), 2, True, 132).row_split == 16  # 12 tiles
+
+
+@pytest.mark.parametrize("split", sorted(quantize_tuning.SPLITS))
+@pytest.mark.parametrize("shape", [(7, 272), (130, 48), (2, 37, 32)])
+def test_row_split_matches_reference(split, shape, seed):
+    """Each split of `tuning.quantize.SPLITS`, emulated (amax + quantize, outputs poisoned):
+    the reference's bytes, padding rows' scale bytes included."""
+    from tk_cute.emulator import hopper
+    from tk_cute.nvfp4 import quantize_reference
+
+    x = _hard(shape, torch.bfloat16, torch.Generator().manual_seed(seed))
+    q, machines = hopper.quantize(x, nq.Config(**quantize_tuning.SPLITS[split]), 2)
+    assert [h for m in machines for h in m.hazards] == []
+    _same_bytes(q, quantize_reference(x))
 
 
 # ---------------------------------------------------------------- GPU tier
@@ -422,7 +474,8 @@ def test_outputs_fully_written():
 
 SWEEP = [dict(warps=4, rows_in_flight=4, min_ctas_per_sm=0), dict(rows_in_flight=1),
          dict(reverse=False), dict(amax_threads=512, amax_ctas_per_sm=2, amax_unroll=2),
-         dict(warps=16, rows_in_flight=2, min_ctas_per_sm=2)]
+         dict(warps=16, rows_in_flight=2, min_ctas_per_sm=2),
+         *quantize_tuning.SPLITS.values()]
 
 
 @pytest.mark.gpu

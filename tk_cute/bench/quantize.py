@@ -12,7 +12,8 @@ an eager copy, and include host time.
 GB/s counts the bytes that must move: read 2 B + write 0.5625 B per bf16 element, plus one more
 2 B read for the amax pass (none with a given global scale). Copy GB/s counts read + write.
 The bar (issue 6): amax+quantize >= 70% of copy bandwidth at 8192^2 and 16384^2 bf16.
-`--sweep` also times the tuning configurations of `SWEEP` (graph replay). "tk amax+quantize" is
+`--sweep` also times the tuning configurations of `SWEEP` and the row splits of
+`tuning.quantize.SPLITS` (graph replay). "tk amax+quantize" is
 the call's own plan; "two launches" / "one launch" force each way (`tuning.quantize`: small
 inputs take one launch), e.g. ``--shapes 1x256,16x4096,16x8192,64x8192``.
 """
@@ -54,6 +55,7 @@ def _amax_only(s):
 def _variants(sweep: bool):
     from tk_cute.kernels import nvfp4_quantize as nq
     from tk_cute.nvfp4 import launch, quantize_reference
+    from tk_cute.runtime import sm_count
     from tk_cute.tuning import quantize as quantize_tuning
 
     copy = lambda s: s[1].copy_(s[0])
@@ -62,11 +64,12 @@ def _variants(sweep: bool):
         "torch reference (CUDA)": lambda s: quantize_reference(s[0]),
         "copy (x -> y)": copy,
     }
-    two, one = nq.Config(), nq.Config(**quantize_tuning.ONE_LAUNCH)
+    one = nq.Config(**quantize_tuning.ONE_LAUNCH)
+    two = lambda x: quantize_tuning.pass_config(x.shape, x.element_size(), sm_count(x.device))
     graph = {
         "tk amax+quantize (no check)": lambda s: launch.quantize(s[0], check_finite=False),
         "tk two launches (no check)": lambda s: launch.quantize(s[0], check_finite=False,
-                                                                 config=two),
+                                                                 config=two(s[0])),
         "tk one launch (no check)": lambda s: launch.quantize(s[0], check_finite=False,
                                                                config=one),
         "tk given scale (no check)": lambda s: launch.quantize(s[0], s[2], check_finite=False),
@@ -74,7 +77,8 @@ def _variants(sweep: bool):
         "copy (x -> y)": copy,
     }
     if sweep:
-        for name, kw in SWEEP.items():
+        splits = {f"row split {k}": kw for k, kw in quantize_tuning.SPLITS.items()}
+        for name, kw in {**SWEEP, **splits}.items():
             cfg = nq.Config(**kw)
             graph[f"tk no check {name}"] = (
                 lambda s, cfg=cfg: launch.quantize(s[0], check_finite=False, config=cfg))

@@ -323,7 +323,8 @@ class _QuantizePlan:
                                        one_launch=c.one_launch and not given,
                                        arch=device_target(x.device).name)
 
-        cfg = of_call(config or quantize_tuning.config(x_bytes, given))
+        sms = sm_count(x.device)
+        cfg = of_call(config or quantize_tuning.config(x.shape, x.element_size(), given, sms))
         *lead, M, K = x.shape
         self.M, self.K, self.L = M, K, (lead[0] if lead else 1)
         self.shape = x.shape
@@ -333,7 +334,7 @@ class _QuantizePlan:
         grid = (quantize_tuning.one_launch_ctas(cfg, self.L * M * -(-K // cfg.cols), x_bytes)
                 if cfg.one_launch else 0)
         if grid and resident_clusters(x.device, grid) < 1:  # (SMs restricted: two launches)
-            cfg = of_call(nq.Config())
+            cfg = of_call(quantize_tuning.pass_config(x.shape, x.element_size(), sms))
         self.cfg, self.one_launch = cfg, cfg.one_launch
         self.amax = None
         if cfg.one_launch:  # the decode scale is the only workspace: a 0-dim output
@@ -343,13 +344,14 @@ class _QuantizePlan:
             return
         n_vec = x_bytes // 16
         per_cta = cfg.amax_threads * cfg.amax_unroll
-        self.grid = 0 if given else max(1, min(sm_count(x.device) * cfg.amax_ctas_per_sm,
+        self.grid = 0 if given else max(1, min(sms * cfg.amax_ctas_per_sm,
                                                -(-n_vec // per_cta)))
         # the decode scale (the result's global scale: a 0-dim view at offset 0, a tensor of
         # its own as an op output must be), then the amax partials from 16 bytes on
         self.ws_words = PARTIALS_WORD + self.grid
         if not given:
-            self.amax = _QUANTIZE.get(("amax", cfg), lambda: nq.compile_amax(cfg)).bind(
+            acfg = cfg.amax_part
+            self.amax = _QUANTIZE.get(("amax", acfg), lambda: nq.compile_amax(acfg)).bind(
                 n_vec=n_vec, grid=self.grid)
         self.quant = _QUANTIZE.get(("quantize", cfg), lambda: nq.compile_quantize(cfg)).bind(
             M=M, K=K, L=self.L, n_partials=self.grid)
@@ -453,7 +455,8 @@ class QuantizeA:
     def __init__(self, a: torch.Tensor):
         from tk_cute.tuning import quantize as quantize_tuning
 
-        self.plan = p = _quantize_plan(a, False, False, quantize_tuning.in_gemm_config())
+        self.plan = p = _quantize_plan(a, False, False, quantize_tuning.in_gemm_config(
+            a.shape, a.element_size(), sm_count(a.device)))
         self.pitch = nvfp4_codes.row_pitch(p.K)
         self.scales_at = -(-p.M * self.pitch // 16) * 16
         self.ws_at = self.scales_at + -(-math.prod(p.scales_shape) // 16) * 16

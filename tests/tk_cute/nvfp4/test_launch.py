@@ -183,7 +183,7 @@ def test_quantize_launches_one_or_two_kernels(monkeypatch):
     launch.quantize(small, check_finite=False)
     assert [c["kernel"] for c in calls] == ["amax", "quantize"]
     assert launch._quantize_plan(small, False, False, None).cfg == dataclasses.replace(
-        nq.Config(), arch="sm_90a")
+        quantize_tuning.pass_config(small.shape, 2, 132), arch="sm_90a")
 
 
 class Named(Recorder):
@@ -219,12 +219,13 @@ def test_quantize_a_carves_one_kept_workspace(K, monkeypatch):
     monkeypatch.setattr(launch, "_quantize_plan",
                         lambda x, given, check, config: planned.append(config) or plan)
     monkeypatch.setattr(launch, "raw_stream", lambda index: 0)
+    monkeypatch.setattr(launch, "sm_count", lambda device: 132)
     ran, kept = [], []
     monkeypatch.setattr(launch, "_run_quantize", lambda p, x, *ptrs: ran.append(ptrs))
     monkeypatch.setattr(launch, "kept_workspace", lambda name, n, dev, st: kept[-1])
     x = torch.randn(M, K).bfloat16()
     qa = launch.QuantizeA(x)
-    assert planned == [quantize_tuning.in_gemm_config()]  # (two launches: their GPU time)
+    assert planned == [quantize_tuning.in_gemm_config((M, K), 2, 132)]  # (two launches)
     words = plan.ws_words
     first = torch.empty(qa.nbytes + 64, dtype=torch.uint8)
     kept.append(first)
