@@ -63,6 +63,8 @@ class Config:
     min_ctas_per_sm: quantize occupancy asked of ptxas (caps registers; 0: no cap);
     amax_threads / amax_ctas_per_sm / amax_unroll: the amax grid (one partial per CTA);
     arch: compile target (native FP4 cvt on sm_100a+);
+    pdl: the quantize pass after the amax pass as a dependent launch (PDL): its first rows
+    load while the amax pass runs, and it waits for the partials only to read them;
     one_launch: the computed-scale quantizer as ONE launch of one cluster (`_quantize_one_launch`:
     the amax through distributed shared memory, `rows_in_flight` row segments per warp in
     flight, `amax_unroll` pieces per thread and step; its CTAs are `warps` warps)."""
@@ -79,6 +81,7 @@ class Config:
     amax_threads: int = 1024
     amax_ctas_per_sm: int = 1
     amax_unroll: int = 4
+    pdl: bool = True
     one_launch: bool = False
 
     def __post_init__(self):
@@ -110,7 +113,8 @@ class Config:
         """The fields the amax pass reads: one compiled amax kernel whatever the quantize
         pass's CTAs."""
         return Config(dtype=self.dtype, arch=self.arch, amax_threads=self.amax_threads,
-                      amax_ctas_per_sm=self.amax_ctas_per_sm, amax_unroll=self.amax_unroll)
+                      amax_ctas_per_sm=self.amax_ctas_per_sm, amax_unroll=self.amax_unroll,
+                      pdl=self.pdl)
 
     @property
     def rows_per_warp(self) -> int:
@@ -207,6 +211,8 @@ def _warp_maxima(nw):
 @cute.kernel
 def _amax_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, partials: cute.Pointer,
                  n_vec: Int64):
+    if cutlass.const_expr(cfg.pdl):
+        cluster.pdl_launch_dependents()  # the quantize pass may start loading its rows
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     gdim, _, _ = cute.arch.grid_dim()
@@ -257,6 +263,8 @@ def _quantize_kernel(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer
     if cutlass.const_expr(cfg.given_scale):
         s_dec_g = memory.ld_f32(gs_in.toint())
     else:
+        if cutlass.const_expr(cfg.pdl):
+            cluster.pdl_wait()  # (launched early: the amax partials are complete from here)
         p_base = partials.toint()
         am = Uint32(0)
         for j in cutlass.range((n_partials + 31) // 32):
@@ -376,8 +384,9 @@ def _quantize(cfg: cutlass.Constexpr, x: cute.Pointer, data: cute.Pointer,
     ntk = (K + cfg.cols - 1) // cfg.cols
     _quantize_kernel(cfg, x, data, scales, partials, gs_in, gs_out, flag, M, K,
                      n_partials).launch(grid=[ntk, ntm * cfg.row_split, L],
-                                        block=[cfg.threads, 1, 1],
-                                        stream=stream, min_blocks_per_mp=cfg.min_ctas_per_sm,
+                                        block=[cfg.threads, 1, 1], stream=stream,
+                                        use_pdl=cfg.pdl and not cfg.given_scale,
+                                        min_blocks_per_mp=cfg.min_ctas_per_sm,
                                         preferred_smem_carveout=0)  # no smem: all L1
 
 

@@ -93,6 +93,7 @@ def test_given_scale_skips_amax_word(arch, check):
     assert b.ptx_count(r"div\.rn\.f32") == 2 * rows + 1  # only 1/s_dec_g globally
     assert b.ptx_count(rf"\b{fp4.F32_AMAX_FLOOR}\b") == 0  # no amax: no amax floor
     assert (b.ptx_count(r"atom\.global\.or|red\.global\.or") > 0) == check
+    assert b.ptx_count(r"griddepcontrol") == 0  # (no amax pass before it: no PDL)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -105,6 +106,11 @@ def test_amax_kernel_compiles(arch, dtype):
     assert loads >= cfg.amax_unroll and loads % cfg.amax_unroll == 0
     assert b.sass_count(r"REDUX") >= 2  # warp max, then the CTA's warps
     assert b.ptx_count(r"\b(atom|red)\.global") == 0  # a plain store per CTA: no zeroing
+    # PDL: the amax pass lets the quantize pass start, which waits before reading partials
+    assert b.ptx_count(r"griddepcontrol\.launch_dependents") == 1
+    q = _build_quantize(arch, dtype)
+    assert q.ptx_count(r"griddepcontrol\.wait") == 1
+    assert q.ptx_count(r"griddepcontrol\.launch_dependents") == 0
 
 
 def test_fast_argument_packing_matches_dsl():
@@ -474,7 +480,7 @@ def test_outputs_fully_written():
 
 SWEEP = [dict(warps=4, rows_in_flight=4, min_ctas_per_sm=0), dict(rows_in_flight=1),
          dict(reverse=False), dict(amax_threads=512, amax_ctas_per_sm=2, amax_unroll=2),
-         dict(warps=16, rows_in_flight=2, min_ctas_per_sm=2),
+         dict(warps=16, rows_in_flight=2, min_ctas_per_sm=2), {"pdl": False},
          *quantize_tuning.SPLITS.values()]
 
 
