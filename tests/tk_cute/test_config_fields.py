@@ -5,9 +5,8 @@ dispatch varies it or a user needs it).
 Hopper NVFP4 plans, the dense GEMM's `default_config`, the Blackwell / Rubin cost model) checks
 that each field marked "dispatch" takes at least two values; the fields the sweep never varies
 are "fixed" (one value on every path: a constant kept as a field because a test or the bench
-varies it, listed in `FIXED` with the reason) or "forced" (a switch no dispatch picks, kept for
-the bench's comparisons: deleting them is the house issue's open work). A field missing from the
-table, or a "dispatch" field the sweep never varies, fails."""
+varies it, listed in `FIXED` with the reason); no switch that no dispatch picks is kept. A
+field missing from the table, or a "dispatch" field the sweep never varies, fails."""
 
 import dataclasses
 import itertools
@@ -29,7 +28,6 @@ from tk_cute.tuning import sm100 as sm100_tuning
 from tk_cute.tuning import sm90 as sm90_tuning
 
 D, F = "dispatch", "fixed"
-FORCED = "forced"
 FIELDS = {
     gemm_sm90.Config: {
         "dtype": D, "out_dtype": D, "Mb": D, "Nb": D, "EPI_N": D, "EPI_PIPE_DEPTH": D,
@@ -43,7 +41,7 @@ FIELDS = {
         "N_ACT": D, "ROWS": D, "PDL": D, "EARLY_WEIGHTS": D, "DIRECT": D, "out_dtype": D,
         "sf": D,
         "K_TAIL": D, "N_TAIL": D, "a_format": D,
-        "STAGES": F, "A_SETS": F, "PERMUTE": F, "TILES": FORCED},
+        "TILES": D, "STAGES": F, "A_SETS": F, "PERMUTE": F},
     nvfp4_register_a_tiled_sm90.Config: {
         "Nb": D, "A_SETS": D, "out_dtype": D, "sf": D, "a_format": D, "K_TAIL": D,
         "N_TAIL": D, "STREAM_K": D, "PARTIAL_V4": D, "TEAMS": D,
@@ -119,11 +117,3 @@ def test_every_field_is_listed_with_its_varier(config, swept):
             assert len(values[name]) == 1, f"{config.__module__}.{name} is varied: mark it {D}"
         if who == F:
             assert name in FIXED, name
-
-
-def test_forced_fields_are_the_open_deletions():
-    """The switches no dispatch picks (issue: delete them unless a measurement makes the
-    dispatch pick them): the register-A kernel's two-tile warpgroups."""
-    forced = {(c.__module__.split(".")[-1], n) for c, f in FIELDS.items() for n, w in f.items()
-              if w == FORCED}
-    assert forced == {("nvfp4_register_a_sm90", "TILES")}

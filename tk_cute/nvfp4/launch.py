@@ -318,10 +318,10 @@ class _QuantizePlan:
 
         dtype = QUANTIZE_DTYPES[x.dtype]
         x_bytes = x.numel() * x.element_size()
+        target = device_target(x.device).name  # (first: it names an unsupported GPU)
         def of_call(c):  # the call's fields of a Config
             return dataclasses.replace(c, dtype=dtype, given_scale=given, check_finite=check,
-                                       one_launch=c.one_launch and not given,
-                                       arch=device_target(x.device).name)
+                                       one_launch=c.one_launch and not given, arch=target)
 
         sms = sm_count(x.device)
         cfg = of_call(config or quantize_tuning.config(x.shape, x.element_size(), given, sms))
