@@ -66,7 +66,9 @@ def in_gemm_config(shape, esize: int, sms: int) -> nq.Config:
     adds once its GEMM keeps the GPU busy (a CUDA graph, a compiled model, an eager model at
     16 rows and up). H100 (2026-12-06, CUDA-graph replay, us, one launch / two launches, bf16
     M x K): 1x2048 4.8 / 4.2, 1x8192 7.6 / 4.7, 16x8192 8.3 / 5.4, 64x2880 10.4 / 8.9,
-    16x28672 16.6 / 5.7, 1x28672 9.4 / 4.7 (docs/facts.md#quantizer-latency). A plain
+    16x28672 16.6 / 5.7, 1x28672 9.4 / 4.7 (docs/facts.md#quantizer-latency); since, with
+    the pass split over more CTAs and launched dependent on the amax pass (PDL), two launches
+    1x8192 3.2, 16x8192 3.9, 64x2880 3.8 (docs/facts.md#quantizer-split). A plain
     `quantize` call keeps `config`'s one launch for small inputs: one host launch fewer, and
     an eager call of a small tensor is host-bound. The pass: `pass_config`."""
     return pass_config(shape, esize, sms)
