@@ -37,7 +37,7 @@ SWEEP = {
     "amax 512x2 u4": dict(amax_threads=512, amax_ctas_per_sm=2),
     "amax 256x8 u4": dict(amax_threads=256, amax_ctas_per_sm=8),
     "amax 1024x1 u8": dict(amax_unroll=8),
-    "no PDL": dict(pdl=False),
+    "no PDL": {"pdl": False},
 }
 
 

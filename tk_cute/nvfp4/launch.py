@@ -440,7 +440,7 @@ def _run_quantize(plan: _QuantizePlan, x: torch.Tensor, data: int, scales: int, 
 class QuantizeA:
     """``quantize(a, check_finite=False)`` of one activation shape, as a W4A4 `gemm` call with
     quantize_a runs it where the GEMM kernel does not quantize (`gemm.Call`): the plan found
-    once (`tuning.quantize.in_gemm_config`: two launches); per call only the quantizer's
+    once (`tuning.quantize.pass_config`: two launches); per call only the quantizer's
     launches, into one workspace of the stream
     (`runtime.workspace` "quantize_a": the codes, the blocked scales, then the fp32 decode
     scale and amax partials) instead of three allocations, and the NVFP4Tensor over it
@@ -455,12 +455,12 @@ class QuantizeA:
     def __init__(self, a: torch.Tensor):
         from tk_cute.tuning import quantize as quantize_tuning
 
-        self.plan = p = _quantize_plan(a, False, False, quantize_tuning.in_gemm_config(
+        self.plan = p = _quantize_plan(a, False, False, quantize_tuning.pass_config(
             a.shape, a.element_size(), sm_count(a.device)))
         self.pitch = nvfp4_codes.row_pitch(p.K)
         self.scales_at = -(-p.M * self.pitch // 16) * 16
         self.ws_at = self.scales_at + -(-math.prod(p.scales_shape) // 16) * 16
-        self.nbytes = self.ws_at + 4 * p.ws_words  # (two launches: `in_gemm_config`)
+        self.nbytes = self.ws_at + 4 * p.ws_words  # (two launches: `pass_config`)
         self._buf = self._q = None
 
     def __call__(self, a: torch.Tensor) -> NVFP4Tensor:

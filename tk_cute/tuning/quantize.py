@@ -9,7 +9,7 @@ Why: an eager call pays the host ~4 us per launch (docs/facts.md#host-time), mor
 pass runs on a small tensor. The bound and `CTA_BYTES` are a model: a cluster CTA of 1024
 threads keeps 64 KiB of loads in flight per amax step, so 8 CTAs read 512 KiB in one step's
 latency and re-read it from L2 to quantize. Timed on the H100, the one launch is SLOWER on the
-GPU at every size (`in_gemm_config`; docs/facts.md#quantizer-latency): it keeps only the host
+GPU at every size (`pass_config`; docs/facts.md#quantizer-latency): it keeps only the host
 launch it saves, which is what an eager call of a small tensor waits for; calls whose GPU time
 counts (inside a W4A4 GEMM call) take the two launches. A GPU that cannot hold the cluster at
 once (its SMs restricted: `runtime.resident_clusters`) takes the two launches.
@@ -50,7 +50,17 @@ SPLIT_CTAS_PER_SM = 2
 def pass_config(shape, esize: int, sms: int) -> nq.Config:
     """The quantize pass's Config (two launches, or the given-scale pass) for an input of
     `shape` ((L, M, K) or (M, K)) and `esize`-byte elements on a GPU of `sms` SMs: the tiles'
-    rows split over more CTAs where the tiles are few (`SPLITS`)."""
+    rows split over more CTAs where the tiles are few (`SPLITS`). Also the quantizer's Config
+    inside a W4A4 GEMM call that quantizes its bf16 activations first (`launch.QuantizeA`):
+    two launches at every size, whose GPU time is what such a call adds once its GEMM keeps
+    the GPU busy (a CUDA graph, a compiled model, an eager model at 16 rows and up). H100
+    (2026-12-06, CUDA-graph replay, us, one launch / two launches before the split, bf16 M x
+    K): 1x2048 4.8 / 4.2, 1x8192 7.6 / 4.7, 16x8192 8.3 / 5.4, 64x2880 10.4 / 8.9, 16x28672
+    16.6 / 5.7, 1x28672 9.4 / 4.7 (docs/facts.md#quantizer-latency); with the split and the
+    pass launched dependent on the amax pass (PDL), two launches 1x8192 3.2, 16x8192 3.9,
+    64x2880 3.8 (docs/facts.md#quantizer-split). A plain `quantize` call keeps `config`'s one
+    launch for small inputs: one host launch fewer, and an eager call of a small tensor is
+    host-bound."""
     *lead, M, K = shape
     tiles = -(-M // nq.ATOM_ROWS) * -(-K * esize // nq.SEG_BYTES) * (lead[0] if lead else 1)
     if tiles < SPLIT_BELOW * sms:
@@ -58,20 +68,6 @@ def pass_config(shape, esize: int, sms: int) -> nq.Config:
             if tiles * split <= SPLIT_CTAS_PER_SM * sms:
                 return nq.Config(**kw)
     return nq.Config()
-
-
-def in_gemm_config(shape, esize: int, sms: int) -> nq.Config:
-    """The quantizer's Config inside a W4A4 GEMM call that quantizes its bf16 activations first
-    (`launch.QuantizeA`): the two launches at every size, whose GPU time is what such a call
-    adds once its GEMM keeps the GPU busy (a CUDA graph, a compiled model, an eager model at
-    16 rows and up). H100 (2026-12-06, CUDA-graph replay, us, one launch / two launches, bf16
-    M x K): 1x2048 4.8 / 4.2, 1x8192 7.6 / 4.7, 16x8192 8.3 / 5.4, 64x2880 10.4 / 8.9,
-    16x28672 16.6 / 5.7, 1x28672 9.4 / 4.7 (docs/facts.md#quantizer-latency); since, with
-    the pass split over more CTAs and launched dependent on the amax pass (PDL), two launches
-    1x8192 3.2, 16x8192 3.9, 64x2880 3.8 (docs/facts.md#quantizer-split). A plain
-    `quantize` call keeps `config`'s one launch for small inputs: one host launch fewer, and
-    an eager call of a small tensor is host-bound. The pass: `pass_config`."""
-    return pass_config(shape, esize, sms)
 
 
 def config(shape, esize: int, given: bool, sms: int) -> nq.Config:

@@ -225,7 +225,7 @@ def test_quantize_a_carves_one_kept_workspace(K, monkeypatch):
     monkeypatch.setattr(launch, "kept_workspace", lambda name, n, dev, st: kept[-1])
     x = torch.randn(M, K).bfloat16()
     qa = launch.QuantizeA(x)
-    assert planned == [quantize_tuning.in_gemm_config((M, K), 2, 132)]  # (two launches)
+    assert planned == [quantize_tuning.pass_config((M, K), 2, 132)]  # (two launches)
     words = plan.ws_words
     first = torch.empty(qa.nbytes + 64, dtype=torch.uint8)
     kept.append(first)
