@@ -65,11 +65,12 @@ def test_quantize_kernel_instructions(arch):
 
 @pytest.mark.parametrize("split", sorted(quantize_tuning.SPLITS))
 @pytest.mark.parametrize("given", (False, True))
-def test_row_split_kernels_keep_their_registers(split, given):
+@pytest.mark.parametrize("dtype", ("bf16", "f32"))
+def test_row_split_kernels_keep_their_registers(split, given, dtype):
     """Each planned row split (`tuning.quantize.SPLITS`) compiles for sm_90a without spills,
     within the registers its occupancy asks for, one 16-byte load per lane-row."""
     kw = quantize_tuning.SPLITS[split]
-    b = _build_quantize("sm_90a", given=given, **kw)
+    b = _build_quantize("sm_90a", dtype, given=given, **kw)
     cfg = nq.Config(**kw)
     assert b.kernel.local_bytes == 0 and b.kernel.stack_bytes == 0, b.kernel
     assert b.kernel.registers <= 65536 // (cfg.threads * cfg.min_ctas_per_sm)
@@ -111,6 +112,8 @@ def test_amax_kernel_compiles(arch, dtype):
     q = _build_quantize(arch, dtype)
     assert q.ptx_count(r"griddepcontrol\.wait") == 1
     assert q.ptx_count(r"griddepcontrol\.launch_dependents") == 0
+    (early,) = q.reads_before_pdl_wait().values()  # only x's rows (16-byte evict-first loads)
+    assert early and set(early) == {"LDG.E.EF.128"}, early
 
 
 def test_fast_argument_packing_matches_dsl():
@@ -274,9 +277,9 @@ def test_pass_config_splits_only_few_tiles(seed):
         M = r.choice([1, 16, 64, 100, 128, 129, 1024, r.randint(1, 5000)])
         esize, sms = r.choice([2, 4]), r.choice([16, 78, 132, 148])
         cfg = quantize_tuning.pass_config((L, M, K), esize, sms)
-        tiles = -(-M // nq.ATOM_ROWS) * -(-K * esize // nq.SEG_BYTES) * L
+        cols = nq.Config(dtype={2: "bf16", 4: "f32"}[esize]).cols  # elements per row segment
+        tiles = -(-M // nq.ATOM_ROWS) * -(-K // cols) * L  # the unsplit pass's CTAs
         assert not cfg.one_launch
-        assert cfg.warps * cfg.row_split * cfg.rows_per_warp == nq.ATOM_ROWS
         cap = quantize_tuning.SPLIT_CTAS_PER_SM * sms
         if tiles >= quantize_tuning.SPLIT_BELOW * sms:
             assert cfg.row_split == 1

@@ -294,9 +294,6 @@ def test_partial_row_blocks_take_n_tail():
     assert sm90_tuning.hopper_path(False, 16, 4000, 8192, 132) == "small_m"
     assert sm90_tuning.hopper_path(True, 17, 4000, 8192, 132) == "register_a"
     assert sm90_tuning.hopper_path(True, 16, 7168, 2048, 132) == "small_m"  # (short K)
-    for w4a4 in (False, True):  # the split tile from K = SPLIT_TILE_MIN_K only
-        assert sm90_tuning.hopper_path(w4a4, 128, 32768, 512, 132) == "register_a"
-        assert sm90_tuning.hopper_path(w4a4, 128, 7168, 2048, 132) == "register_a_tiled"
     assert sm90_tuning.check_hopper_path("register_a", True, 16, 2880, 2880,
                                         "bfloat16") == "register_a"
 
@@ -808,3 +805,15 @@ def test_direct_store_is_the_reductions_d_on_the_gpu(seed, M, N, K, w4a4):
     launch.register_a(x, b, ref, dataclasses.replace(p.config, DIRECT=False))
     assert torch.equal(d.view(torch.uint8), ref.view(torch.uint8))
     assert_gemm_close(d, x.dequantize() if w4a4 else a, b)
+
+
+@pytest.mark.parametrize("w4a4", (False, True))
+def test_split_tile_from_its_k(w4a4):
+    """At 113-128 rows on 8 weight bands or more the split tile takes K from SPLIT_TILE_MIN_K,
+    the register-A kernel below it (its two-tile warpgroups at 128 rows on 256-row bands)."""
+    k = sm90_tuning.SPLIT_TILE_MIN_K
+    for M in (sm90_tuning.SPLIT_TILE_MIN_M, rs.MAX_M):
+        assert sm90_tuning.hopper_path(w4a4, M, 32768, k - 16, 132) == "register_a"
+        assert sm90_tuning.hopper_path(w4a4, M, 32768, k, 132) == "register_a_tiled"
+        assert sm90_tuning.hopper_path(w4a4, M, 7168, k, 132) == "register_a_tiled"
+    assert sm90_tuning.register_a_config(128, 32768, 512).TILES == 2

@@ -5,8 +5,8 @@ dispatch varies it or a user needs it).
 Hopper NVFP4 plans, the dense GEMM's `default_config`, the Blackwell / Rubin cost model) checks
 that each field marked "dispatch" takes at least two values; the fields the sweep never varies
 are "fixed" (one value on every path: a constant kept as a field because a test or the bench
-varies it, listed in `FIXED` with the reason); no switch that no dispatch picks is kept. A
-field missing from the table, or a "dispatch" field the sweep never varies, fails."""
+varies it, listed in `FIXED` with the reason); no GEMM Config keeps a switch that no dispatch
+picks. A field missing from the table, or a "dispatch" field the sweep never varies, fails."""
 
 import dataclasses
 import itertools

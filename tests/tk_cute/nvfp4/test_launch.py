@@ -153,7 +153,8 @@ def test_quantize_launches_one_or_two_kernels(monkeypatch):
     monkeypatch.setattr(tk_cute.arch, "device_target",
                         lambda device: tk_cute.arch.TARGETS["sm_90a"])
     monkeypatch.setattr(launch, "_PLANS", {})
-    monkeypatch.setattr(launch._QUANTIZE, "get", lambda key, build: Named(
+    keys = []
+    monkeypatch.setattr(launch._QUANTIZE, "get", lambda key, build: keys.append(key) or Named(
         signatures[key[0]](key[1]), {"kernel": key[0]}, calls))
 
     small = torch.randn(16, 8192).bfloat16()  # 256 KiB
@@ -182,8 +183,12 @@ def test_quantize_launches_one_or_two_kernels(monkeypatch):
     monkeypatch.setattr(launch, "_PLANS", {})
     launch.quantize(small, check_finite=False)
     assert [c["kernel"] for c in calls] == ["amax", "quantize"]
-    assert launch._quantize_plan(small, False, False, None).cfg == dataclasses.replace(
-        quantize_tuning.pass_config(small.shape, 2, 132), arch="sm_90a")
+    plan = launch._quantize_plan(small, False, False, None)
+    assert plan.cfg == dataclasses.replace(quantize_tuning.pass_config(small.shape, 2, 132),
+                                           arch="sm_90a")
+    # the amax kernel compiled once whatever the quantize pass's CTAs: its fields only
+    assert plan.cfg.row_split > 1 and keys[-2] == ("amax", plan.cfg.amax_part)
+    assert keys[-2][1] == dataclasses.replace(nq.Config(), arch="sm_90a").amax_part
 
 
 class Named(Recorder):
