@@ -192,8 +192,9 @@ def fresh_buffers(fn, *args, **kwargs):
         _FRESH.depth = depth
 
 
-def per_call_buffers(stream: int) -> bool:
-    """Whether the buffers of a launch on `stream` (a raw handle, `raw_stream`) must be
+def per_call_buffers(stream) -> bool:
+    """Whether the buffers of a launch on `stream` (a raw handle, `raw_stream`; or a
+    torch.device: its current stream, looked up only inside `fresh_buffers`) must be
     allocated per call here: the current stream is capturing a CUDA graph (a graph keeps its
     own memory), or inside `fresh_buffers` on a stream other than the default one (0). torch's
     CUDA graph trees warm up and record on a stream they create (``torch.cuda.Stream()``),
@@ -201,8 +202,12 @@ def per_call_buffers(stream: int) -> bool:
     stream, keeps its buffers on the default stream as eager calls do: an allocation costs ~5
     us of host (compiled default, H100: 212 -> 198 us per MLP forward at M = 16,
     docs/facts.md#compiled-buffers); on any other stream it pays them."""
-    return (getattr(_FRESH, "depth", 0) > 0 and stream != 0) or (
-        torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
+    if getattr(_FRESH, "depth", 0) > 0:
+        if isinstance(stream, torch.device):
+            stream = raw_stream(device_index(stream))
+        if stream != 0:
+            return True
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def stream():

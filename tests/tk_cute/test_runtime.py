@@ -152,7 +152,15 @@ def test_workspaces_are_reused_per_device_stream_and_name(fake_cuda, monkeypatch
                                                                                   dev0, 0)
     assert runtime.fresh_buffers(runtime.workspace, "planes", 1000, dev0, 0) is kept0
     assert runtime.fresh_buffers(runtime.zeroed_flags, "f", 10, dev0, 0) is flags0
+    # a device stands for its current stream, looked up only inside the custom ops
+    looked = []
+    monkeypatch.setattr(runtime, "raw_stream", lambda index: looked.append(index) or 7)
+    assert not runtime.per_call_buffers(dev1) and looked == []
+    assert runtime.fresh_buffers(runtime.per_call_buffers, dev1) and looked == [1]
+    monkeypatch.setattr(runtime, "raw_stream", lambda index: 0)
+    assert not runtime.fresh_buffers(runtime.per_call_buffers, dev1)
     monkeypatch.setattr(runtime.torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert runtime.per_call_buffers(dev1)
     assert runtime.workspace("planes", 1000, dev0, 7) is not big
     assert runtime.workspace("planes", 1000, dev0, 0) is not kept0
 

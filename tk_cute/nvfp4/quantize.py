@@ -206,9 +206,9 @@ _ZERO_FLAGS: dict = {}  # device -> the shared 0 `saturated` flag of computed-sc
 
 
 def _zero_flag(device: torch.device) -> torch.Tensor:
-    from tk_cute.runtime import device_index, per_call_buffers, raw_stream
+    from tk_cute.runtime import per_call_buffers
 
-    if device.type == "cuda" and per_call_buffers(raw_stream(device_index(device))):
+    if device.type == "cuda" and per_call_buffers(device):  # (its stream: only if needed)
         return torch.zeros((), dtype=torch.int32, device=device)  # (a graph keeps its memory)
     flag = _ZERO_FLAGS.get(device)
     if flag is None:
