@@ -298,17 +298,18 @@ def dequantize_pair(a: NVFP4Tensor, b: NVFP4Tensor, out_a: torch.Tensor | None =
 _QUANTIZE = KernelCache()
 QUANTIZE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}  # nq
 PARTIALS_WORD = 4  # the quantizer's workspace: the decode scale, then the amax partials here
-# Quantize plans kept, one per (dtype, shape, device, mode, config) (~1.3 KB each); past this
-# the oldest is dropped (code that quantizes ever new shapes must not grow the dict).
+# Quantize plans kept, one per (dtype, shape, device, layout, mode, config) (~1.3 KB each);
+# past this the oldest is dropped (code that quantizes ever new shapes must not grow the dict).
 QUANTIZE_PLAN_ENTRIES = 1024
 _PLANS: dict = {}
 _PLANS_LOCK = threading.Lock()
 
 
 class _QuantizePlan:
-    """Everything about one (dtype, shape, device, mode, config) of the quantizer: compiled
-    launchers with what the shape fixes bound, grids, output shapes. Its Config: the caller's,
-    else `tuning.quantize.config` (one launch for small inputs with the computed scale)."""
+    """Everything about one (dtype, shape, device, layout, mode, config) of the quantizer:
+    compiled launchers with what the shape fixes bound, grids, output shapes. Its Config: the
+    caller's, else `tuning.quantize.config` (one launch for small inputs with the computed
+    scale)."""
 
     def __init__(self, x, given: bool, check: bool, config):
         from tk_cute.arch import device_target
@@ -357,10 +358,22 @@ class _QuantizePlan:
             M=M, K=K, L=self.L, n_partials=self.grid)
 
 
-def _quantize_plan(x, given: bool, check: bool, config) -> _QuantizePlan:
-    key = (x.dtype, x.shape, x.device, given, check, config)
+    def result(self, data: torch.Tensor, scales: torch.Tensor, gs: torch.Tensor) -> NVFP4Tensor:
+        """The NVFP4Tensor of this call's parts (codes from `codes_storage`: not checked again)."""
+        return NVFP4Tensor.trusted(data, scales, gs, self.shape, padded=True)
+
+
+def _quantize_plan(x, given: bool, check: bool, config, check_input=None) -> _QuantizePlan:
+    """The plan of x's (dtype, shape, device, layout) in this mode, made at its first call
+    after `check_input(x)` (the caller's input validation: it runs once per kind of input;
+    a nested tensor, which has no shape to key by, is always checked)."""
+    if check_input is not None and x.is_nested:
+        check_input(x)
+    key = (x.dtype, x.shape, x.device, x.layout, given, check, config)
     plan = _PLANS.get(key)
     if plan is None:
+        if check_input is not None:
+            check_input(x)
         with _PLANS_LOCK:
             plan = _PLANS.get(key)
             if plan is None:
@@ -371,11 +384,13 @@ def _quantize_plan(x, given: bool, check: bool, config) -> _QuantizePlan:
 
 
 def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
-             config=None, out: NVFP4Tensor | None = None) -> NVFP4Tensor:
+             config=None, out: NVFP4Tensor | None = None, check_input=None) -> NVFP4Tensor:
     """Quantize a CUDA tensor validated by `tk_cute.nvfp4.quantize` (its docstring has the
-    arguments). Per call: a dict lookup (the per-shape plan), 3 torch.empty (+1 zeros on the
-    given-scale checked path) and 1-2 launches (one for a small input with the computed scale:
-    `tuning.quantize`); one host sync when check_finite.
+    arguments), or by `check_input(x)` (raising for an input `quantize` refuses), which runs
+    once per (dtype, shape, device, layout): at its plan's first call. Per call: a dict lookup
+    (the per-shape plan), 3 torch.empty (+1 zeros on the given-scale checked path) and 1-2
+    launches (one for a small input with the computed scale: `tuning.quantize`); one host
+    sync when check_finite.
     `out`: with a given scale, an NVFP4Tensor of x's shape checked by `validate.nvfp4_out`
     whose data and scales receive the bytes (it is returned).
 
@@ -384,7 +399,7 @@ def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
         workspace).
     """
     given = global_scale is not None
-    plan = _quantize_plan(x, given, check_finite, config)
+    plan = _quantize_plan(x, given, check_finite, config, check_input)
     x = aligned(x)  # 16-byte vector loads
     dev = plan.device
     if out is not None:
@@ -398,7 +413,7 @@ def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
         _run_quantize(plan, x, data.data_ptr(), scales.data_ptr(), gs.data_ptr(), st)
         if check_finite and not math.isfinite(gs.item()):  # the one host sync
             raise ValueError(NON_FINITE)
-        return out if out is not None else NVFP4Tensor.trusted(data, scales, gs, x.shape)
+        return out if out is not None else plan.result(data, scales, gs)
     ws = torch.empty(plan.ws_words, dtype=torch.float32, device=dev)
     gs_in = None
     if given:
@@ -413,7 +428,7 @@ def quantize(x: torch.Tensor, global_scale=None, *, check_finite: bool = True,
         bad = bool(flag.item()) if flag is not None else not math.isfinite(ws[0].item())
         if bad:
             raise ValueError(NON_FINITE)
-    return out if out is not None else NVFP4Tensor.trusted(data, scales, ws[0], x.shape)
+    return out if out is not None else plan.result(data, scales, ws[0])
 
 
 NON_FINITE = ("quantize input must be finite: x contains NaN/Inf value(s) (found on the device; "

@@ -144,6 +144,11 @@ def _check_quantize_input(x, global_scale, *, finite: bool = True) -> torch.Tens
     return check_global_scale(global_scale, x.device)
 
 
+def _check_cuda_input(x) -> None:
+    """`_check_quantize_input` of a CUDA x (no host read: the kernels check finiteness)."""
+    _check_quantize_input(x, None, finite=False)
+
+
 def check_global_scale(global_scale, device) -> torch.Tensor:
     """A given DECODE scale as a float32 0-dim tensor on `device` (a device tensor's value is
     read once on the host: a sync; a Python number is checked on the host and filled in).
@@ -357,7 +362,9 @@ def quantize_parts(x, global_scale=None, check_finite: bool = True,
                 f"writes UE4M3 scales): quantize x.cpu() and move the result with .to(device)")
         from .launch import quantize as quantize_cuda
 
-        gs = _check_quantize_input(x, global_scale, finite=False)
-        return quantize_cuda(x, gs, check_finite=check_finite), gs
+        # x is checked at the first call of its dtype, shape, device and layout
+        # (`launch.quantize`: validation once per kind of input, not per call)
+        gs = None if global_scale is None else check_global_scale(global_scale, x.device)
+        return quantize_cuda(x, gs, check_finite=check_finite, check_input=_check_cuda_input), gs
     gs = _check_quantize_input(x, global_scale)
     return _quantize_reference(x, gs, fmt), gs

@@ -139,16 +139,18 @@ class NVFP4Tensor:
         raise ValueError(f"NVFP4Tensor.scales must hold {what}, got 0x{byte:02X} at {where}")
 
     @classmethod
-    def trusted(cls, data, scales, global_scale, shape,
-                scale_format: str = "ue4m3") -> "NVFP4Tensor":
+    def trusted(cls, data, scales, global_scale, shape, scale_format: str = "ue4m3",
+                padded: bool = False) -> "NVFP4Tensor":
         """A tensor from parts a kernel or a view of a valid tensor produced (no value checks:
         they cost ~13 us of host time, and reading a CUDA global scale would sync). Codes whose
         rows are not `row_pitch` apart (a torch op that made them contiguous: ``.to``,
-        ``torch.cat``, a reshape) are copied once into padded rows (`padded_codes`)."""
+        ``torch.cat``, a reshape) are copied once into padded rows (`padded_codes`); `padded`:
+        the caller made them with `codes_storage`'s layout (not checked again)."""
         shape = torch.Size(shape)
         out = cls.__new__(cls)
-        out.__dict__.update(data=padded_codes(data, shape[-1]), scales=scales,
-                            global_scale=global_scale, shape=shape, scale_format=scale_format)
+        out.__dict__.update(data=data if padded else padded_codes(data, shape[-1]),
+                            scales=scales, global_scale=global_scale, shape=shape,
+                            scale_format=scale_format)
         return out
 
     @property

@@ -131,32 +131,39 @@ def test_quantize_plans_are_bounded(monkeypatch):
     assert len(live) == bound and plan in live
 
 
-def test_quantize_launches_one_or_two_kernels(monkeypatch):
+@pytest.fixture
+def quantize_recorded(monkeypatch):
+    """`launch.quantize` on CPU tensors with recorded launches on a stand-in sm_90a GPU of 132
+    SMs: (the launches' arguments, the compile keys, {"clusters": the resident clusters})."""
+    from tk_cute.kernels import nvfp4_quantize as nq
+
+    import tk_cute.arch
+
+    signatures = {"one_launch": nq.one_launch_signature, "amax": nq.amax_signature,
+                  "quantize": nq.quantize_signature}
+    calls, keys, resident = [], [], {"clusters": 30}
+    monkeypatch.setattr(launch, "device_index", lambda device: 0)
+    monkeypatch.setattr(launch, "raw_stream", lambda index: 0)
+    monkeypatch.setattr(launch, "sm_count", lambda device: 132)
+    monkeypatch.setattr(launch, "resident_clusters", lambda device, size: resident["clusters"])
+    monkeypatch.setattr(tk_cute.arch, "device_target",
+                        lambda device: tk_cute.arch.TARGETS["sm_90a"])
+    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(launch._QUANTIZE, "get", lambda key, build: keys.append(key) or Named(
+        signatures[key[0]](key[1]), {"kernel": key[0]}, calls))
+    return calls, keys, resident
+
+
+def test_quantize_launches_one_or_two_kernels(quantize_recorded, monkeypatch):
     """The plan (`tuning.quantize`): a small input with the computed scale is ONE launch whose
     gs_out is the result's global scale; a large one the amax then the quantize launch over
     one workspace; a given scale the quantize launch alone; the default two-launch Config where
     the GPU cannot hold the cluster. Names checked by the signatures."""
     from tk_cute.kernels import nvfp4_quantize as nq
 
-    import tk_cute.arch
     from tk_cute.tuning import quantize as quantize_tuning
 
-
-    signatures = {"one_launch": nq.one_launch_signature, "amax": nq.amax_signature,
-                  "quantize": nq.quantize_signature}
-    calls = []
-    monkeypatch.setattr(launch, "device_index", lambda device: 0)
-    monkeypatch.setattr(launch, "raw_stream", lambda index: 0)
-    monkeypatch.setattr(launch, "sm_count", lambda device: 132)
-    resident = {"clusters": 30}
-    monkeypatch.setattr(launch, "resident_clusters", lambda device, size: resident["clusters"])
-    monkeypatch.setattr(tk_cute.arch, "device_target",
-                        lambda device: tk_cute.arch.TARGETS["sm_90a"])
-    monkeypatch.setattr(launch, "_PLANS", {})
-    keys = []
-    monkeypatch.setattr(launch._QUANTIZE, "get", lambda key, build: keys.append(key) or Named(
-        signatures[key[0]](key[1]), {"kernel": key[0]}, calls))
-
+    calls, keys, resident = quantize_recorded
     small = torch.randn(16, 8192).bfloat16()  # 256 KiB
     q = launch.quantize(small, check_finite=False)
     (c,) = calls
@@ -189,6 +196,34 @@ def test_quantize_launches_one_or_two_kernels(monkeypatch):
     # the amax kernel compiled once whatever the quantize pass's CTAs: its fields only
     assert plan.cfg.row_split > 1 and keys[-2] == ("amax", plan.cfg.amax_part)
     assert keys[-2][1] == dataclasses.replace(nq.Config(), arch="sm_90a").amax_part
+
+
+def test_quantize_checks_each_kind_of_input_once(quantize_recorded, seed):
+    """`check_input` (what `tk_cute.nvfp4.quantize` validates a CUDA tensor with) runs at the
+    first call of an input's dtype, shape, device and layout, before its plan is made, and
+    not at the calls after it; another layout of the same shape (sparse) or a nested tensor
+    (no shape to key by) is checked, and refused, at every call."""
+    from tk_cute.nvfp4.quantize import _check_cuda_input
+
+    calls, _, _ = quantize_recorded
+    checked = []
+
+    def check(x):
+        checked.append(x.layout)
+        _check_cuda_input(x)
+
+    x = torch.randn(16, 256).bfloat16()
+    for _ in range(3):
+        q = launch.quantize(x, check_finite=False, check_input=check)
+    assert checked == [torch.strided] and len(calls) == 3 and q.shape == x.shape
+    launch.quantize(x.float(), check_finite=False, check_input=check)  # another dtype
+    assert len(checked) == 2
+    for bad, match in ((x.to_sparse(), "got layout torch.sparse_coo"),
+                       (torch.nested.nested_tensor([x[:4], x[:2]]), "got a nested tensor")):
+        for _ in range(2):
+            with pytest.raises(TypeError, match=match):
+                launch.quantize(bad, check_finite=False, check_input=check)
+    assert len(checked) == 6 and len(calls) == 4
 
 
 class Named(Recorder):
