@@ -357,7 +357,6 @@ class _QuantizePlan:
         self.quant = _QUANTIZE.get(("quantize", cfg), lambda: nq.compile_quantize(cfg)).bind(
             M=M, K=K, L=self.L, n_partials=self.grid)
 
-
     def result(self, data: torch.Tensor, scales: torch.Tensor, gs: torch.Tensor) -> NVFP4Tensor:
         """The NVFP4Tensor of this call's parts (codes from `codes_storage`: not checked again)."""
         return NVFP4Tensor.trusted(data, scales, gs, self.shape, padded=True)

@@ -364,7 +364,13 @@ def quantize_parts(x, global_scale=None, check_finite: bool = True,
 
         # x is checked at the first call of its dtype, shape, device and layout
         # (`launch.quantize`: validation once per kind of input, not per call)
-        gs = None if global_scale is None else check_global_scale(global_scale, x.device)
+        gs = None
+        if global_scale is not None:
+            try:
+                gs = check_global_scale(global_scale, x.device)
+            except (TypeError, ValueError):
+                _check_cuda_input(x)  # (a bad x is named first, as on the CPU)
+                raise
         return quantize_cuda(x, gs, check_finite=check_finite, check_input=_check_cuda_input), gs
     gs = _check_quantize_input(x, global_scale)
     return _quantize_reference(x, gs, fmt), gs

@@ -441,30 +441,79 @@ def test_nvfp4tensor_rejects_nan_and_signed_scale_bytes(byte, seed):
 # --------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize(
-    "x, exc, match",
-    [
-        (torch.randn(4, 40), ValueError, r"multiple of 16, got K=40"),
-        (torch.randn(4, 32).double(), TypeError, r"float32, bfloat16 or float16.*float64"),
-        (torch.randint(0, 5, (4, 32)), TypeError, r"float32, bfloat16 or float16.*int64"),
-        (torch.randn(32), ValueError, r"2-D \(M, K\) or 3-D \(L, M, K\), got 1-D"),
-        (torch.randn(2, 2, 4, 32), ValueError, r"2-D \(M, K\) or 3-D \(L, M, K\), got 4-D"),
-        (torch.randn(0, 32), ValueError, r"must not be empty"),
-        ([[1.0] * 16], TypeError, r"expects a torch.Tensor, got list"),
-        (torch.randn(4, 32, device="meta"), ValueError, r"input is a meta tensor: it has a "
-                                                        r"shape but no values"),
-        (torch.randn(4, 32).to_sparse(), TypeError, r"dense \(strided\) tensor, got layout "
-                                                    r"torch.sparse_coo \(.*\.to_dense\(\)"),
-        (torch.randn(4, 32).to_sparse_csr(), TypeError, r"got layout torch.sparse_csr"),
-        (torch.nested.nested_tensor([torch.randn(4, 32), torch.randn(2, 32)]), TypeError,
-         r"dense \(strided\) tensor, got a nested tensor"),
-    ],
-)
+BAD_INPUTS = [
+    (torch.randn(4, 40), ValueError, r"multiple of 16, got K=40"),
+    (torch.randn(4, 32).double(), TypeError, r"float32, bfloat16 or float16.*float64"),
+    (torch.randint(0, 5, (4, 32)), TypeError, r"float32, bfloat16 or float16.*int64"),
+    (torch.randn(32), ValueError, r"2-D \(M, K\) or 3-D \(L, M, K\), got 1-D"),
+    (torch.randn(2, 2, 4, 32), ValueError, r"2-D \(M, K\) or 3-D \(L, M, K\), got 4-D"),
+    (torch.randn(0, 32), ValueError, r"must not be empty"),
+    ([[1.0] * 16], TypeError, r"expects a torch.Tensor, got list"),
+    (torch.randn(4, 32, device="meta"), ValueError, r"input is a meta tensor: it has a "
+                                                    r"shape but no values"),
+    (torch.randn(4, 32).to_sparse(), TypeError, r"dense \(strided\) tensor, got layout "
+                                                r"torch.sparse_coo \(.*\.to_dense\(\)"),
+    (torch.randn(4, 32).to_sparse_csr(), TypeError, r"got layout torch.sparse_csr"),
+    (torch.nested.nested_tensor([torch.randn(4, 32), torch.randn(2, 32)]), TypeError,
+     r"dense \(strided\) tensor, got a nested tensor"),
+]
+
+
+@pytest.mark.parametrize("x, exc, match", BAD_INPUTS)
 def test_quantize_rejects_bad_input(x, exc, match):
     with pytest.raises(exc, match=match):
         quantize(x)
     with pytest.raises(exc, match=match):
         quantize_reference(x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("x, exc, match", [p for p in BAD_INPUTS
+                                           if isinstance(p[0], torch.Tensor)
+                                           and p[0].device.type == "cpu"])
+def test_quantize_rejects_bad_cuda_input_at_every_call(x, exc, match, seed):
+    """CUDA inputs are checked at the first call of their dtype, shape, device and layout
+    (`launch.quantize`): a refused input leaves no plan behind, so a second call is refused
+    alike, and a sparse tensor of a shape whose dense twin was quantized is refused too."""
+    x = x.to("cuda")
+    if x.layout != torch.strided:
+        quantize(torch.randn(x.shape, device="cuda"), check_finite=False)  # the dense twin
+    for _ in range(2):
+        with pytest.raises(exc, match=match):
+            quantize(x)
+        with pytest.raises(exc, match=match):
+            quantize(x, global_scale=0.5)
+
+
+def test_quantize_hands_cuda_input_checks_to_the_plan(monkeypatch, seed):
+    """On a CUDA tensor `quantize` passes x's checks to `launch.quantize` (run once per kind of
+    input, at its plan's first call) and checks a given global scale itself, naming a bad x
+    first where both are bad (as on the CPU). The launch is recorded (no GPU)."""
+    import importlib
+
+    qmod = importlib.import_module("tk_cute.nvfp4.quantize")
+    launch = importlib.import_module("tk_cute.nvfp4.launch")
+
+    class OnCuda(torch.Tensor):  # a CPU tensor that takes quantize's CUDA branch
+        is_cuda = property(lambda self: True)
+
+    seen = []
+    monkeypatch.setattr(launch, "quantize", lambda x, gs, check_finite, check_input:
+                        seen.append((gs, check_input)) or "q")
+    x = torch.randn(4, 32).as_subclass(OnCuda)
+    assert qmod.quantize_parts(x, None, False) == ("q", None)
+    _, gs = qmod.quantize_parts(x, 0.5, False)
+    assert float(gs) == 0.5 and seen[1][0] is gs
+    check = seen[0][1]
+    assert check is seen[1][1] is qmod._check_cuda_input
+    with pytest.raises(ValueError, match=r"multiple of 16, got K=40"):
+        check(torch.randn(4, 40))
+    bad = torch.randn(4, 40).as_subclass(OnCuda)
+    with pytest.raises(ValueError, match=r"multiple of 16, got K=40"):
+        qmod.quantize_parts(bad, -1.0, False)  # x's error, not the scale's
+    with pytest.raises(ValueError, match=r"positive, finite.*got -1.0"):
+        qmod.quantize_parts(x, -1.0, False)
+    assert len(seen) == 2
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
