@@ -461,10 +461,11 @@ SPLIT_TILE_MAX_M = 208
 SPLIT_TILE_MIN_M = 113
 SPLIT_TILE_MIN_BANDS = 8
 # ... and from this K: below it the split tile's K parts are a few 128-wide stages each and the
-# register-A kernel won (at 128 rows on 256-row bands: two-tile warpgroups, `TILES` = 2). H100 A/B at 128 rows (docs/facts.md#split-tile; us,
-# register-A / split tile, W4A16): 128x32768x512 15.6 / 19.8, 128x24576x1536 25.3 / 27.6; from
-# K = 2048 the split tile won on 9 of the 11 layers timed (128x7168x2048 19.0 / 17.7,
-# 128x5120x2880 21.1 / 17.8, 128x3584x18944 46.8 / 40.2), even on 1536x7168 and 5760x2880.
+# register-A kernel won (at 128 rows on 256-row bands: two-tile warpgroups, `TILES` = 2).
+# H100 A/B at 128 rows (docs/facts.md#split-tile; us, register-A / split tile, W4A16):
+# 128x32768x512 15.6 / 19.8, 128x24576x1536 25.3 / 27.6; from K = 2048 the split tile won on 9
+# of the 11 layers timed (128x7168x2048 19.0 / 17.7, 128x5120x2880 21.1 / 17.8, 128x3584x18944
+# 46.8 / 40.2), even on 1536x7168 and 5760x2880.
 SPLIT_TILE_MIN_K = 2048
 TILED_TWO_SETS_MAX_NB = 96
 TILED_TWO_SETS_MIN_K = 8192
