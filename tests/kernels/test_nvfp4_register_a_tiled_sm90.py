@@ -116,11 +116,13 @@ def test_config_and_shape_rules():
     assert not sm90_tuning.register_a_tiled_config(300, 256, 2944, "bfloat16", 132).K_TAIL
     assert sm90_tuning.register_a_tiled_config(300, 2880, 2880, "bfloat16", 132).N_TAIL
     assert not sm90_tuning.register_a_tiled_config(300, 2944, 2880, "bfloat16", 132).N_TAIL
-    # N % 128 != 0: the tiled kernel's partial last band, but "dequantize" on few weight
-    # bands (23 x 2 tiles of 128 rows at 256 rows: sm90_tuning.DEQUANTIZE_MAX_TILES)
+    # N % 128 != 0: the tiled kernel's partial last band, on few weight bands too (23 x 2
+    # tiles of 128 rows at 256 rows: sm90_tuning.few_bands_plan's 64-wide whole tiles), but
+    # "dequantize" on fewer still (5 bands, K = 2880)
     for w4a4 in (False, True):
         assert sm90_tuning.hopper_path(w4a4, 300, 2880, 2880, 132) == "register_a_tiled"
-        assert sm90_tuning.hopper_path(w4a4, 256, 2880, 2880, 132) == "dequantize"
+        assert sm90_tuning.hopper_path(w4a4, 256, 2880, 2880, 132) == "register_a_tiled"
+        assert sm90_tuning.hopper_path(w4a4, 256, 576, 2880, 132) == "dequantize"
     assert sm90_tuning.check_hopper_path("register_a_tiled", False, 300, 2880, 2880,
                                         "bfloat16") == "register_a_tiled"
 
@@ -321,6 +323,29 @@ def test_narrow_widths_match_the_exact_product(seed, nb, M, N, K):
         out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)  # poison
         d = launch.gemm_rs_tiled(a, b, out=out, config=rst.Config(Nb=nb))
         assert_gemm_close(d, a, b, f"Nb={nb} {out_dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(256, 2880, 2880), (256, 1536, 7168), (1024, 576, 7168)])
+def test_few_band_plans_match_the_exact_product(seed, M, N, K):
+    """The plans on few weight bands (`sm90_tuning.few_bands_plan`: 64-wide whole tiles with a
+    K tail and a partial band; teams of 5 and of 3 parts of 128-wide tiles) through the public
+    dispatch, W4A16 and W4A4, fp32 and bf16 out: every element within the exact product's
+    bound, poisoned D."""
+    from tk_cute import nvfp4
+    from tk_cute.testing import assert_gemm_close
+    from tk_cute.tuning import sm90 as sm90_tuning
+
+    b = _weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    aq = nvfp4.quantize(a.float())
+    for x in (a, aq):
+        p = nvfp4.plan(x, b)
+        assert p.path == "register_a_tiled", p
+        assert p.config.TEAMS == (K >= sm90_tuning.FEW_BANDS_TEAMS_MIN_K)
+        for out_dtype in (torch.float32, torch.bfloat16):
+            d = nvfp4.gemm(x, b, out=_poisoned(M, N, out_dtype))
+            assert_gemm_close(d, x, b, f"{p} {out_dtype}")
 
 
 @pytest.mark.gpu

@@ -11,7 +11,7 @@ from tk_cute.bench import nvfp4 as bench_nvfp4
 
 @pytest.mark.parametrize("M, N, K", [(1, 8192, 8192), (16, 28672, 8192), (64, 8192, 28672),
                                      (64, 2880, 2880), (128, 28672, 8192), (200, 8192, 8192),
-                                     (1024, 8192, 8192)])
+                                     (1024, 8192, 8192), (256, 2880, 2880)])
 def test_nvfp4_variants_with_tuning(M, N, K):
     v, notes = bench_nvfp4._variants(M, N, K, paths=True, tune=True, sms=132)
     assert {"tk_cute w4a16", "tk_cute w4a4", bench_nvfp4.BASELINE} <= set(v)
@@ -31,6 +31,11 @@ def test_nvfp4_variants_with_tuning(M, N, K):
         assert {"tk_cute w4a16 tiled Nb=208 stream-K", "tk_cute w4a16 tiled Nb=112 few tiles",
                 "tk_cute w4a16 tiled Nb=208 stream-K v4 partials",
                 "tk_cute w4a16 tiled Nb=208 stream-K teams of 2"} <= set(tiled)
+    if (M, N, K) == (256, 2880, 2880):  # few bands: the candidates of `few_bands_plan` (92
+        # 64-wide tiles: no team of two fits 132 SMs)
+        assert {"tk_cute w4a16 tiled Nb=64", "tk_cute w4a16 tiled Nb=128 stream-K teams v4"
+                } <= set(tiled)
+        assert "tk_cute w4a16 tiled Nb=64 stream-K teams v4" not in tiled
     from tk_cute.tuning.sm90 import PATHS
 
     forced = {notes[n][1] for n in v if "path=" in n and n in notes}

@@ -218,7 +218,8 @@ def _tiled_tuning_variants(M, N, K, sms):
     where the dispatch's schedule is stream-K, that schedule with one head adding the parts,
     with 16-byte partials (`rst.Config.PARTIAL_V4`) and as
     teams (`TEAMS`) where two parts per tile or more fit (`sm90_tuning.stream_k_team`), each way
-    whatever the dispatch picked."""
+    whatever the dispatch picked; on few weight bands (`sm90_tuning.few_bands`) 64-wide whole
+    tiles and stream-K teams of 64- and 128-wide tiles."""
     from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
     from tk_cute.nvfp4 import launch
     from tk_cute.tuning import sm90 as sm90_tuning
@@ -235,6 +236,12 @@ def _tiled_tuning_variants(M, N, K, sms):
     if few is not None:
         two = few <= sm90_tuning.TILED_TWO_SETS_MAX_NB and K >= sm90_tuning.TILED_TWO_SETS_MIN_K
         configs[f"Nb={few} few tiles"] = rst.Config(Nb=few, A_SETS=2 if two else 1, **tails)
+    if sm90_tuning.few_bands(M, N, sms):  # the few-bands candidates (docs/facts.md#few-bands)
+        configs["Nb=64"] = rst.Config(Nb=64, **tails)
+        for nb in (64, 128):
+            c = rst.Config(Nb=nb, STREAM_K=True, TEAMS=True, PARTIAL_V4=True, **tails)
+            if sm90_tuning.stream_k_team(M, N, K, c, sms) >= 2:
+                configs[f"Nb={nb} stream-K teams v4"] = c
     pick = sm90_tuning.register_a_tiled_config(M, N, K, "bfloat16", sms)
     if pick.STREAM_K:  # the dispatch's schedule, its partials as 16-byte vectors, and teams
         team = sm90_tuning.stream_k_team(M, N, K, pick, sms)

@@ -151,6 +151,19 @@ DEQUANTIZE_NARROW_N = 8192
 # tiles); 4000x8192 (64 tiles) 0.82-0.90 / 0.48-0.56x. Up to 208 rows the split tile won
 # there: 129x2880x2880 0.42 / 0.27x, 200x2880x2880 0.40 / 0.38x.
 DEQUANTIZE_MAX_TILES = 0.4
+# ... unless the tiled kernel has a plan for those few bands (`few_bands_plan`): 128-wide tiles
+# in stream-K teams from FEW_BANDS_TEAMS_MIN_K where a team has at most FEW_BANDS_TEAMS_MAX
+# parts (a long K pays for the hand-over, many parts do not), else whole tiles of the
+# few-tiles width where they fill FEW_BANDS_MIN_FILL of the SMs. H100 A/B
+# (docs/facts.md#few-bands; us, this plan / "dequantize", the other tiled candidates beside):
+# 256x2880x2880 Nb = 64 whole 16.0 / 21.6 (teams of 2 at 128: 17.8), 256x2880x4096 Nb = 64
+# 19.8 / 29.3 (teams 21.5), 256x1536x7168 teams of 5 21.3 / 29.0 (Nb = 64 teams of 2 23.2),
+# 512x1536x7168 teams of 2 31.3 / 37.8 (Nb = 64 whole 36.2), 1024x576x7168 teams of 3 31.8 /
+# 33.6; "dequantize" kept where a team has more parts: 256x576x7168 (8 parts) 20.5 / 18.8,
+# 512x576x7168 (6) 23.4 / 21.2.
+FEW_BANDS_TEAMS_MIN_K = 6144
+FEW_BANDS_TEAMS_MAX = 5
+FEW_BANDS_MIN_FILL = 0.6
 # W4A4 "dequantize" with one launch for both operands and D's scale (`launch.dequantize_pair`)
 # rather than two dequantize launches and torch's gA * gB. H200 A/B
 # (docs/facts.md#dequantize-paired; two launches / one, us): 256x2880^2 23.4 / 18.7,
@@ -188,18 +201,19 @@ def split_tile_wins(M: int, N: int, K: int) -> bool:
 
 
 def dequantize_wins(w4a4: bool, M: int, N: int, K: int, sms: int) -> bool:
-    """Whether "dequantize" beats the tiled register-A kernel at M rows and this K
-    (`DEQUANTIZE_FROM`; narrow layers at long K: `DEQUANTIZE_NARROW_N`), or on too few weight
-    bands (`DEQUANTIZE_MAX_TILES`)."""
-    if (M > SPLIT_TILE_MAX_M
-            and -(-N // rst.ROWS) * -(-M // rst.ROWS) < DEQUANTIZE_MAX_TILES * sms):
-        return True
+    """Whether "dequantize" beats the tiled register-A kernel: at M rows and this K
+    (`dequantize_by_rows`), or on few weight bands (`few_bands`) where the tiled kernel has
+    no plan for them (`few_bands_plan`)."""
+    return dequantize_by_rows(w4a4, M, N, K) or (
+        few_bands(M, N, sms) and few_bands_plan(M, N, K, sms) is None)
+
+
+def dequantize_by_rows(w4a4: bool, M: int, N: int, K: int) -> bool:
+    """Whether M rows at this K are enough for "dequantize" (`DEQUANTIZE_FROM`; narrow layers
+    at long K: `DEQUANTIZE_NARROW_N`)."""
     if N < DEQUANTIZE_NARROW_N and K >= 8192:
         return M >= 2048
-    for below, rows in DEQUANTIZE_FROM[w4a4]:
-        if K < below:
-            return M >= rows
-    return False
+    return next(M >= rows for below, rows in DEQUANTIZE_FROM[w4a4] if K < below)
 
 
 def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: str,
@@ -494,7 +508,13 @@ def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) ->
     `split_tile_width` (240x28672x8192 at Nb = 240 1.006x against 0.962x at 256). A_SETS: two
     register sets for narrow tiles at long K (`TILED_TWO_SETS_MAX_NB`).
     Stream-K teams with 16-byte partials where a tile splits into TILED_TEAMS_MIN parts or
-    more."""
+    more. On few bands (`few_bands`) `few_bands_plan`'s tiles where it has one."""
+    tails = {"out_dtype": out_dtype, "K_TAIL": K % rst.STAGE_K != 0, "N_TAIL": N % rst.ROWS != 0}
+    few = few_bands_plan(M, N, K, sms) if few_bands(M, N, sms) else None
+    if few is not None:
+        nb, teams = few
+        return rst.Config(Nb=nb, A_SETS=_a_sets(nb, K), STREAM_K=teams, TEAMS=teams,
+                          PARTIAL_V4=teams, **tails)
     if M <= SPLIT_TILE_MAX_M:
         nb, stream_k = split_tile_width(M), True
     else:
@@ -505,12 +525,36 @@ def register_a_tiled_config(M: int, N: int, K: int, out_dtype: str, sms: int) ->
         nb, stream_k = rounds.width_plan(-(-N // rst.ROWS), M, sms, TILED_TILE_COST, overhead)
         if stream_k and nb >= M:  # one activation tile either way: the narrowest that holds M
             nb = split_tile_width(M)
-    a_sets = 2 if nb <= TILED_TWO_SETS_MAX_NB and K >= TILED_TWO_SETS_MIN_K else 1
-    cfg = rst.Config(Nb=nb, A_SETS=a_sets, STREAM_K=stream_k, out_dtype=out_dtype,
-                     K_TAIL=K % rst.STAGE_K != 0, N_TAIL=N % rst.ROWS != 0)
+    cfg = rst.Config(Nb=nb, A_SETS=_a_sets(nb, K), STREAM_K=stream_k, **tails)
     if stream_k and stream_k_team(M, N, K, cfg, sms) >= TILED_TEAMS_MIN:
         cfg = dataclasses.replace(cfg, TEAMS=True, PARTIAL_V4=True)
     return cfg
+
+
+def _a_sets(nb: int, K: int) -> int:
+    """A register sets of an Nb-wide tiled tile at this K (`TILED_TWO_SETS_MAX_NB`)."""
+    return 2 if nb <= TILED_TWO_SETS_MAX_NB and K >= TILED_TWO_SETS_MIN_K else 1
+
+
+def few_bands(M: int, N: int, sms: int) -> bool:
+    """Beyond the split tile's rows, the 128-row tiles (weight bands x ceil(M / 128)) fewer
+    than DEQUANTIZE_MAX_TILES x the SMs: the tiled kernel's usual widths leave most SMs idle."""
+    return (M > SPLIT_TILE_MAX_M
+            and -(-N // rst.ROWS) * -(-M // rst.ROWS) < DEQUANTIZE_MAX_TILES * sms)
+
+
+def few_bands_plan(M: int, N: int, K: int, sms: int) -> tuple[int, bool] | None:
+    """The tiled kernel's (Nb, stream-K teams) on few bands (`few_bands`): 128-wide tiles in
+    stream-K teams from FEW_BANDS_TEAMS_MIN_K where a team has at most FEW_BANDS_TEAMS_MAX
+    parts; else whole tiles of `few_tiles_width` where they fill FEW_BANDS_MIN_FILL of the
+    SMs; else None ("dequantize")."""
+    teams = rst.Config(Nb=rst.ROWS, STREAM_K=True, TEAMS=True, K_TAIL=K % rst.STAGE_K != 0,
+                       N_TAIL=N % rst.ROWS != 0)
+    if K >= FEW_BANDS_TEAMS_MIN_K and 2 <= stream_k_team(M, N, K, teams, sms) <= (
+            FEW_BANDS_TEAMS_MAX):
+        return rst.ROWS, True
+    nb = few_tiles_width(M, N, sms, FEW_BANDS_MIN_FILL)
+    return None if nb is None else (nb, False)
 
 
 def stream_k_team(M: int, N: int, K: int, cfg: rst.Config, sms: int) -> int:
@@ -524,19 +568,19 @@ def split_tile_width(M: int) -> int:
     return next(nb for nb in rst.NBS if nb >= M)
 
 
-def few_tiles_width(M: int, N: int, sms: int) -> int | None:
+def few_tiles_width(M: int, N: int, sms: int, min_fill: float = 0.75) -> int | None:
     """Where the N / 128 weight tiles leave SMs idle, the activation rows are cut into as many
     tiles per weight tile as one round of the SMs holds, each the narrowest of the kernel's
     widths (`rst.NBS`, each GPU-tested) that covers them: the fewest padded rows in one full
-    round. None where no width covers them, or their tiles fill less than 3/4 of the SMs (the
-    rounds model then).
+    round. None where no width covers them, or their tiles fill less than `min_fill` of the
+    SMs (the rounds model then; on few bands `FEW_BANDS_MIN_FILL`).
     H200 A/B (docs/facts.md#tiled-widths), N = K = 8192, vs cuBLAS bf16, this width /
     before: 129 rows Nb = 80 0.95x / "rows" 0.83x, 160: 80 0.82 / "rows" 0.63x, 200: 112 0.80 /
     128 0.74x, 257: 144 0.86 / 192 0.67x, 300: 160 0.90 / 192 0.75x."""
     bands = -(-N // rst.ROWS)
     per = sms // bands  # activation tiles per weight tile in one round
     fits = [nb for nb in rst.NBS if nb * per >= M]
-    if per < 1 or not fits or bands * -(-M // fits[0]) < 0.75 * sms:
+    if per < 1 or not fits or bands * -(-M // fits[0]) < min_fill * sms:
         return None
     return fits[0]
 

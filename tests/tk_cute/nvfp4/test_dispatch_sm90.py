@@ -193,7 +193,7 @@ def test_tiled_widths_are_the_rounds_models_cheapest():
 
     for w4a4, M, N, K, p in _props():
         if (p.path != "register_a_tiled" or M <= sm90_tuning.SPLIT_TILE_MAX_M
-                or sm90_tuning.few_tiles_width(M, N, SMS)):
+                or sm90_tuning.few_tiles_width(M, N, SMS) or sm90_tuning.few_bands(M, N, SMS)):
             continue
         bands = -(-N // rst.ROWS)
         overhead = sm90_tuning.TILED_STREAM_K_OVERHEAD * 8192 / K
@@ -213,6 +213,47 @@ def test_tiled_widths_are_the_rounds_models_cheapest():
             assert p.config.STREAM_K and picked == sm90_tuning.split_tile_width(M), p
             picked = min(w for w in sm90_tuning.TILED_TILE_COST if w >= M)
         assert time(picked, p.config.STREAM_K) == best, (M, N, K, p)
+
+
+def test_few_bands_take_the_tiled_kernel_where_it_has_a_plan():
+    """Beyond the split tile on few weight bands (`few_bands`: the 128-row tiles fewer than
+    DEQUANTIZE_MAX_TILES x the SMs): stream-K teams of 128-wide tiles from
+    FEW_BANDS_TEAMS_MIN_K of at most FEW_BANDS_TEAMS_MAX parts, else whole tiles of the
+    few-tiles width filling FEW_BANDS_MIN_FILL of the SMs, else "dequantize", both formats; on
+    every property shape, and the H100 A/B's picks (docs/facts.md#few-bands)."""
+    T = sm90_tuning
+    from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
+
+    seen = set()
+    for w4a4, M, N, K, p in _props():
+        if not T.few_bands(M, N, SMS) or T.dequantize_by_rows(w4a4, M, N, K):
+            continue  # (the row rules come first)
+        c = p.config
+        if p.path == "dequantize":
+            assert T.few_bands_plan(M, N, K, SMS) is None
+            seen.add("dequantize")
+        elif c.TEAMS:
+            assert (c.Nb, c.STREAM_K, c.PARTIAL_V4) == (rst.ROWS, True, True) and K >= (
+                T.FEW_BANDS_TEAMS_MIN_K)
+            assert 2 <= T.stream_k_team(M, N, K, c, SMS) <= T.FEW_BANDS_TEAMS_MAX
+            seen.add("teams")
+        else:
+            assert p.path == "register_a_tiled" and not c.STREAM_K, (w4a4, M, N, K, p)
+            assert -(-N // rst.ROWS) * -(-M // c.Nb) >= T.FEW_BANDS_MIN_FILL * SMS
+            assert c.Nb == T.few_tiles_width(M, N, SMS, T.FEW_BANDS_MIN_FILL)
+            seen.add("whole")
+    assert seen == {"dequantize", "teams", "whole"}
+    for M, N, K, nb, teams in ((256, 2880, 2880, 64, False), (256, 2880, 4096, 64, False),
+                               (256, 1536, 7168, 128, True), (512, 1536, 7168, 128, True),
+                               (1024, 576, 7168, 128, True), (256, 576, 7168, None, None),
+                               (512, 576, 7168, None, None)):
+        for w4a4 in (False, True):
+            p = _plan_hopper(w4a4, M, N, K, "bfloat16", SMS, False)
+            if nb is None:
+                assert p.path == "dequantize", (M, N, K, p)
+            else:
+                assert p.path == "register_a_tiled", (M, N, K, p)
+                assert (p.config.Nb, p.config.TEAMS) == (nb, teams), (M, N, K, p)
 
 
 def test_measured_boundaries():
