@@ -20,10 +20,11 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   persistent 128 x Nb output tiles): M >= SPLIT_TILE_MIN_M on SPLIT_TILE_MIN_BANDS bands or more
   from K = SPLIT_TILE_MIN_K, and every M > 128, any N % 8 == 0 (a partial last weight band,
   `rst.Config.N_TAIL`), but "dequantize" from enough rows (2048 at a short K or on a narrow
-  layer at a long one, else 8192), or on few weight bands (`dequantize_wins`). Its
-  schedule (`register_a_tiled_config`): up to SPLIT_TILE_MAX_M rows one tile as wide as M split
-  along K (stream-K), then the tile width Nb, stream-K shares and A register sets of the few-tiles
-  and rounds models.
+  layer at a long one, else 8192), or on few weight bands where `few_bands_plan` has no plan
+  (`dequantize_wins`). Its schedule (`register_a_tiled_config`): on few bands
+  `few_bands_plan`'s, else up to SPLIT_TILE_MAX_M rows one tile as wide as M split along K
+  (stream-K), then the tile width Nb, stream-K shares and A register sets of the few-tiles and
+  rounds models.
 - "dequantize" (`kernels/nvfp4_dequantize.py` + `kernels/gemm/gemm_sm90.py`): everything else
   (any M, any K % 16, any N, any output dtype): N % 8 != 0, and `dequantize_wins`.
 The register-A kernels take any K % 16 == 0 (rows of codes padded to 16 bytes for the TMA where
@@ -157,10 +158,11 @@ DEQUANTIZE_MAX_TILES = 0.4
 # few-tiles width where they fill FEW_BANDS_MIN_FILL of the SMs. H100 A/B
 # (docs/facts.md#few-bands; us, this plan / "dequantize", the other tiled candidates beside):
 # 256x2880x2880 Nb = 64 whole 16.0 / 21.6 (teams of 2 at 128: 17.8), 256x2880x4096 Nb = 64
-# 19.8 / 29.3 (teams 21.5), 256x1536x7168 teams of 5 21.3 / 29.0 (Nb = 64 teams of 2 23.2),
+# 19.8 / 29.5 (teams 21.5), 256x1536x7168 teams of 5 21.3 / 29.0 (Nb = 64 teams of 2 23.2),
 # 512x1536x7168 teams of 2 31.3 / 37.8 (Nb = 64 whole 36.2), 1024x576x7168 teams of 3 31.8 /
 # 33.6; "dequantize" kept where a team has more parts: 256x576x7168 (8 parts) 20.5 / 18.8,
-# 512x576x7168 (6) 23.4 / 21.2.
+# 512x576x7168 (6) 23.4 / 21.3. Teams only while the bf16 activations fit
+# TILED_STREAM_K_MAX_A_BYTES, as every stream-K plan of the tiled kernel.
 FEW_BANDS_TEAMS_MIN_K = 6144
 FEW_BANDS_TEAMS_MAX = 5
 FEW_BANDS_MIN_FILL = 0.6
@@ -213,7 +215,7 @@ def dequantize_by_rows(w4a4: bool, M: int, N: int, K: int) -> bool:
     at long K: `DEQUANTIZE_NARROW_N`)."""
     if N < DEQUANTIZE_NARROW_N and K >= 8192:
         return M >= 2048
-    return next(M >= rows for below, rows in DEQUANTIZE_FROM[w4a4] if K < below)
+    return next((M >= rows for below, rows in DEQUANTIZE_FROM[w4a4] if K < below), False)
 
 
 def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: str,
@@ -483,6 +485,9 @@ SPLIT_TILE_MIN_BANDS = 8
 SPLIT_TILE_MIN_K = 2048
 TILED_TWO_SETS_MAX_NB = 96
 TILED_TWO_SETS_MIN_K = 8192
+# `few_tiles_width`'s tiles fill at least this fraction of the SMs (the widths A/B'd at N =
+# 8192, docs/facts.md#tiled-widths, all filled more).
+FEW_TILES_MIN_FILL = 0.75
 # Stream-K teams with 16-byte partials (`rst.Config.TEAMS`, `PARTIAL_V4`) where each tile
 # splits into this many equal parts or more (`stream_k_team`): the parts finish their warps'
 # rows side by side instead of one head adding every other part. H200 A/B
@@ -546,12 +551,13 @@ def few_bands(M: int, N: int, sms: int) -> bool:
 def few_bands_plan(M: int, N: int, K: int, sms: int) -> tuple[int, bool] | None:
     """The tiled kernel's (Nb, stream-K teams) on few bands (`few_bands`): 128-wide tiles in
     stream-K teams from FEW_BANDS_TEAMS_MIN_K where a team has at most FEW_BANDS_TEAMS_MAX
-    parts; else whole tiles of `few_tiles_width` where they fill FEW_BANDS_MIN_FILL of the
-    SMs; else None ("dequantize")."""
+    parts and the bf16 activations fit TILED_STREAM_K_MAX_A_BYTES; else whole tiles of
+    `few_tiles_width` where they fill FEW_BANDS_MIN_FILL of the SMs; else None
+    ("dequantize")."""
     teams = rst.Config(Nb=rst.ROWS, STREAM_K=True, TEAMS=True, K_TAIL=K % rst.STAGE_K != 0,
                        N_TAIL=N % rst.ROWS != 0)
-    if K >= FEW_BANDS_TEAMS_MIN_K and 2 <= stream_k_team(M, N, K, teams, sms) <= (
-            FEW_BANDS_TEAMS_MAX):
+    if (K >= FEW_BANDS_TEAMS_MIN_K and 2 * M * K <= TILED_STREAM_K_MAX_A_BYTES
+            and 2 <= stream_k_team(M, N, K, teams, sms) <= FEW_BANDS_TEAMS_MAX):
         return rst.ROWS, True
     nb = few_tiles_width(M, N, sms, FEW_BANDS_MIN_FILL)
     return None if nb is None else (nb, False)
@@ -568,12 +574,12 @@ def split_tile_width(M: int) -> int:
     return next(nb for nb in rst.NBS if nb >= M)
 
 
-def few_tiles_width(M: int, N: int, sms: int, min_fill: float = 0.75) -> int | None:
+def few_tiles_width(M: int, N: int, sms: int, min_fill: float = FEW_TILES_MIN_FILL) -> int | None:
     """Where the N / 128 weight tiles leave SMs idle, the activation rows are cut into as many
     tiles per weight tile as one round of the SMs holds, each the narrowest of the kernel's
     widths (`rst.NBS`, each GPU-tested) that covers them: the fewest padded rows in one full
     round. None where no width covers them, or their tiles fill less than `min_fill` of the
-    SMs (the rounds model then; on few bands `FEW_BANDS_MIN_FILL`).
+    SMs (FEW_TILES_MIN_FILL; on few bands FEW_BANDS_MIN_FILL): the rounds model then.
     H200 A/B (docs/facts.md#tiled-widths), N = K = 8192, vs cuBLAS bf16, this width /
     before: 129 rows Nb = 80 0.95x / "rows" 0.83x, 160: 80 0.82 / "rows" 0.63x, 200: 112 0.80 /
     128 0.74x, 257: 144 0.86 / 192 0.67x, 300: 160 0.90 / 192 0.75x."""

@@ -218,11 +218,25 @@ def test_tiled_widths_are_the_rounds_models_cheapest():
 def test_few_bands_take_the_tiled_kernel_where_it_has_a_plan():
     """Beyond the split tile on few weight bands (`few_bands`: the 128-row tiles fewer than
     DEQUANTIZE_MAX_TILES x the SMs): stream-K teams of 128-wide tiles from
-    FEW_BANDS_TEAMS_MIN_K of at most FEW_BANDS_TEAMS_MAX parts, else whole tiles of the
-    few-tiles width filling FEW_BANDS_MIN_FILL of the SMs, else "dequantize", both formats; on
-    every property shape, and the H100 A/B's picks (docs/facts.md#few-bands)."""
+    FEW_BANDS_TEAMS_MIN_K of at most FEW_BANDS_TEAMS_MAX parts (while the bf16 activations fit
+    TILED_STREAM_K_MAX_A_BYTES), else whole tiles of the narrowest width that covers M in
+    one round and fills FEW_BANDS_MIN_FILL of the SMs, else "dequantize", both formats; on
+    every property shape (each case recounted here from the tiles and parts), at the rule's
+    edges, and the H100 A/B's picks (docs/facts.md#few-bands)."""
     T = sm90_tuning
     from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
+
+    def parts(M, N, K):  # a team's parts of 128-wide tiles, 0 where teams do not apply
+        c = rst.Config(Nb=128, STREAM_K=True, TEAMS=True, K_TAIL=K % 128 != 0,
+                       N_TAIL=N % 128 != 0)
+        n = T.stream_k_team(M, N, K, c, SMS)
+        fits = K >= T.FEW_BANDS_TEAMS_MIN_K and 2 * M * K <= T.TILED_STREAM_K_MAX_A_BYTES
+        return n if fits and 2 <= n <= T.FEW_BANDS_TEAMS_MAX else 0
+
+    def whole(M, N):  # the narrowest width covering M in one round, if it fills enough SMs
+        bands = -(-N // 128)
+        nb = next((w for w in rst.NBS if w * (SMS // bands) >= M), None)
+        return nb if nb and bands * -(-M // nb) >= T.FEW_BANDS_MIN_FILL * SMS else None
 
     seen = set()
     for w4a4, M, N, K, p in _props():
@@ -230,19 +244,30 @@ def test_few_bands_take_the_tiled_kernel_where_it_has_a_plan():
             continue  # (the row rules come first)
         c = p.config
         if p.path == "dequantize":
-            assert T.few_bands_plan(M, N, K, SMS) is None
+            assert not parts(M, N, K) and whole(M, N) is None, (w4a4, M, N, K)
             seen.add("dequantize")
         elif c.TEAMS:
-            assert (c.Nb, c.STREAM_K, c.PARTIAL_V4) == (rst.ROWS, True, True) and K >= (
-                T.FEW_BANDS_TEAMS_MIN_K)
-            assert 2 <= T.stream_k_team(M, N, K, c, SMS) <= T.FEW_BANDS_TEAMS_MAX
+            assert (c.Nb, c.STREAM_K, c.PARTIAL_V4) == (128, True, True), (w4a4, M, N, K, p)
+            assert parts(M, N, K) == T.stream_k_team(M, N, K, c, SMS)
             seen.add("teams")
         else:
             assert p.path == "register_a_tiled" and not c.STREAM_K, (w4a4, M, N, K, p)
-            assert -(-N // rst.ROWS) * -(-M // c.Nb) >= T.FEW_BANDS_MIN_FILL * SMS
-            assert c.Nb == T.few_tiles_width(M, N, SMS, T.FEW_BANDS_MIN_FILL)
+            assert not parts(M, N, K) and c.Nb == whole(M, N), (w4a4, M, N, K, p)
+            assert -(-N // 128) * -(-M // c.Nb) <= SMS  # one round
             seen.add("whole")
     assert seen == {"dequantize", "teams", "whole"}
+
+    def picked(M, N, K):
+        p = _plan_hopper(False, M, N, K, "bfloat16", SMS, False)
+        return None if p.path == "dequantize" else (p.config.Nb, p.config.TEAMS)
+
+    # the edges: teams from K = FEW_BANDS_TEAMS_MIN_K (1536 wide: 5 parts); 6 parts are too
+    # many (576 wide at 512 rows); whole tiles from FEW_BANDS_MIN_FILL (23 bands x 4 tiles of
+    # 64 at 256 rows fill 0.70; 20 bands x 4 fill 0.61, 19 x 4 0.58)
+    assert picked(256, 1536, T.FEW_BANDS_TEAMS_MIN_K) == (128, True)
+    assert picked(256, 1536, T.FEW_BANDS_TEAMS_MIN_K - 16) is None
+    assert picked(512, 576, 8192) is None and picked(1024, 576, 8192) == (128, True)
+    assert picked(256, 20 * 128, 2048) == (64, False) and picked(256, 19 * 128, 2048) is None
     for M, N, K, nb, teams in ((256, 2880, 2880, 64, False), (256, 2880, 4096, 64, False),
                                (256, 1536, 7168, 128, True), (512, 1536, 7168, 128, True),
                                (1024, 576, 7168, 128, True), (256, 576, 7168, None, None),
