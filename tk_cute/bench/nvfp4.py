@@ -254,10 +254,12 @@ def _tiled_tuning_variants(M, N, K, sms):
                 plain, TEAMS=True)
             configs[f"Nb={pick.Nb} stream-K teams of {team} v4"] = dataclasses.replace(
                 plain, TEAMS=True, PARTIAL_V4=True)
-    names = {cfg: name for name, cfg in reversed(configs.items())}  # each Config once
+    first = {}  # each Config once, under its first name
+    for name, cfg in configs.items():
+        first.setdefault(cfg, name)
     return {f"tk_cute w4a16 tiled {name}": (
         lambda s, c=cfg: launch.gemm_rs_tiled(s["a"], s["b"], config=c))
-        for cfg, name in reversed(names.items())}
+        for cfg, name in first.items()}
 
 
 def _tuning_variants(M, N, K, sms):
