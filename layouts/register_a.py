@@ -3,9 +3,11 @@
 `nvfp4_register_a_tiled_sm90.py`): where the decode wants each activation's K element (`act_column`,
 a permutation of period SUB_K), the row pairing that keeps 16-byte shared accesses free of bank
 conflicts (`spread_row`), and the byte offsets of the 128-byte swizzled activation and weight tiles
-(`act_offset`, `weight_offset`). Plain integer arithmetic, the same on the host and in a kernel;
-tests/kernels/test_nvfp4_register_a_sm90.py proves each against the CuTe layout of the kernel's
-tiles and counts the wavefronts of every 16-byte access."""
+(`act_offset`, `weight_offset`), and where a wgmma accumulator fragment holds each element
+(`acc_coord`: the register-A kernel's partial planes are kept in fragment order). Plain integer
+arithmetic, the same on the host and in a kernel; tests/kernels/test_nvfp4_register_a_sm90.py
+proves each against the CuTe layout of the kernel's tiles and counts the wavefronts of every
+16-byte access."""
 
 from __future__ import annotations
 
@@ -33,6 +35,15 @@ def spread_row(x):
     the 8 lanes of a quarter-warp that read 4 chunks of each of two such rows hit all 32 banks
     once (the weight reads of `decode`, the activation reads and writes of `_permute`)."""
     return x - x % 8 + (x % 8) // 2 + 4 * (x % 2)
+
+
+def acc_coord(thread, e):
+    """(row, column) of element e of warpgroup thread `thread`'s fp32 accumulator fragment of a
+    64-row wgmma: element 4c + 2h + v of warp w's lane 4g + t holds row 16w + g + 8h, column
+    8c + 2t + v (the PTX ISA's wgmma D fragment; `rt.accumulator(...).coords()`)."""
+    lane = thread % 32
+    return (16 * (thread // 32) + lane // 4 + 8 * ((e // 2) % 2),
+            8 * (e // 4) + 2 * (lane % 4) + e % 2)
 
 
 def act_offset(n_act: int, m, col):

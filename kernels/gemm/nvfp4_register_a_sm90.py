@@ -45,9 +45,10 @@ Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / em
     a row block overwrites the accumulator) and commit; waiting for all but the last group (all
     of them with one set) frees the next set and, after the stage's first batch, the previous
     stage (`empty`); where the share leaves a row block, each thread writes its fp32 partial
-    sums to the block's workspace plane for this CTA;
-  `_reduce_kernel` sums each row block's planes in CTA order (deterministic) times 2^8 * gB
-    into D, REDUCE_AHEAD planes' loads in flight; it is launched with PDL, so its launch
+    sums as its fragment holds them (16-byte vectors, `partial_vector`) to the workspace region
+    of this CTA and block;
+  `_reduce_kernel` sums each row block's partials in CTA order (deterministic) times 2^8 * gB
+    into D, REDUCE_AHEAD partials' loads in flight; it is launched with PDL, so its launch
     overlaps this kernel, and waits for it.
   `Config.DIRECT` (a grid whose shares are whole row blocks, `whole_blocks`: every block has
     one partial): the consumers scale and store D themselves, as the reduction would (0 + the
@@ -451,7 +452,7 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer,
     else:
         warpgroup.increase_registers(cfg.consumer_registers)
         _consume(cfg, wq, sf, xs, full, empty, start, end - start, tid - WG, (ws, out, gsb), M,
-                 N, K, cta, ctas)
+                 N, K, cta)
 
 
 @cute.jit
@@ -559,7 +560,7 @@ def _store_permuted(store, chunk, p, chunks):
 
 @cute.jit
 def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thread, dest, M, N,
-             K, cta, ctas):
+             K, cta):
     """Consumer warpgroup thread: decode, wgmma, release; where its share leaves a row block,
     write that block's accumulators (TILES x 64 weight rows x N_ACT activation rows) and start
     the next one from zero."""
@@ -603,7 +604,7 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
                         phases.at(empty, i - 1).arrive()
         warpgroup.mma_async_wait(0)
         for j in cutlass.range_constexpr(cfg.TILES):
-            _store(cfg, acc[j], dest, M, N, K, cta, ctas, rb * cfg.ROWS + rows + 64 * j)
+            _store(cfg, acc[j], dest, M, N, cta, rb, j, thread)
 
 
 def _weight_chunk(w_base, chunk, r):
@@ -636,42 +637,61 @@ def decode(a: rt, chunk_addr, sf_base, r_lo, t, blk, sf_format: str = "ue4m3"):
 
 
 @cute.jit
-def _store(cfg: cutlass.Constexpr, acc, dest, M, N, K, cta, ctas, n0):
-    """Write acc (row r: weight row n0 + spread_row(r); activation rows m < M), this CTA's fp32
-    partial sum of its row block, to workspace plane (this CTA - the block's first CTA) of
-    dest = (ws, out, gsb): `_reduce_kernel` sums the planes in CTA order (deterministic). With
-    `Config.DIRECT` (the block's one partial) D itself, as the reduction writes it."""
+def _store(cfg: cutlass.Constexpr, acc, dest, M, N, cta, rb, j, thread):
+    """Write acc (MMA tile j of consumer thread `thread`'s warpgroup in row block rb), this
+    CTA's fp32 partial sum of the block, to its workspace region of dest = (ws, out, gsb) as
+    it lies in the fragment (`partial_vector`: 16-byte vectors, each warp's stores 512
+    contiguous bytes); `_reduce_kernel` sums a block's partials in CTA order (deterministic)
+    into D. With `Config.DIRECT` (the block's one partial) D itself (row r:
+    weight row n0 + spread_row(r); activation rows m < M), as the reduction writes it."""
     ws, out, gsb = dest
     if cutlass.const_expr(cfg.DIRECT):
         cluster.pdl_wait()  # (returns at once: W4A4's decode pass wrote the scale long before)
-        where = (out, output_scale(gsb, cfg.sf))
+        scale = output_scale(gsb, cfg.sf)
+        n0 = rb * cfg.ROWS + (thread // WG) * 64 * cfg.TILES + 64 * j
+        coords = acc.coords()
+        for i in cutlass.range_constexpr(cute.size(acc.frag)):
+            r, m = coords[i]
+            if m < M:
+                n = Int64(n0 + spread_row(r))
+                if cutlass.const_expr(cfg.N_TAIL):
+                    if n < Int64(N):  # (a partial last row block: no row past N)
+                        _store_d(cfg, out, N, m, n, acc.frag[i], scale)
+                else:
+                    _store_d(cfg, out, N, m, n, acc.frag[i], scale)
     else:
-        stages = k_stages(cfg, K)
-        where = (ws, cta - schedule.stream_k_owner((n0 // cfg.ROWS) * stages, ctas,
-                                                   stream_units(cfg, N, K)))
-    coords = acc.coords()
-    for i in cutlass.range_constexpr(cute.size(acc.frag)):
-        r, m = coords[i]
-        if m < M:
-            n = Int64(n0 + spread_row(r))
-            if cutlass.const_expr(cfg.N_TAIL):
-                if n < Int64(N):  # (a partial last row block: no row past N)
-                    _store_element(cfg, where, M, N, m, n, acc.frag[i])
-            else:
-                _store_element(cfg, where, M, N, m, n, acc.frag[i])
+        for c in cutlass.range_constexpr(cute.size(acc.frag) // 4):
+            v = partial_vector(cfg, cta + rb, j, c, thread)
+            memory.st_v4_f32(ws.toint() + Int64(v) * 16, [acc.frag[4 * c + e] for e in range(4)])
 
 
-def _store_element(cfg, where, M, N, m, n, v):
-    """Element (m, n) of the M x N fp32 partial sums in plane `plane` of where = (ws, plane);
-    with `Config.DIRECT` of D, where = (out, scale), as `_reduce_kernel` writes it (0 + the
-    one partial, times the scale)."""
-    if cutlass.const_expr(cfg.DIRECT):
-        out, scale = where
-        memory.st_cvt(out.toint() + (Int64(m) * Int64(N) + n) * out_bytes(cfg),
-                      (Float32(0.0) + v) * scale, cfg.out_dtype)
-    else:
-        ws, plane = where
-        memory.st_cvt(ws.toint() + (Int64(plane * M + m) * Int64(N) + n) * 4, v, "float32")
+def _store_d(cfg, out, N, m, n, v, scale):
+    """Element (m, n) of D: (0 + its one partial sum v) times the scale, as `_reduce_kernel`
+    writes it."""
+    memory.st_cvt(out.toint() + (Int64(m) * Int64(N) + n) * out_bytes(cfg),
+                  (Float32(0.0) + v) * scale, cfg.out_dtype)
+
+
+def partial_vectors(cfg) -> int:
+    """16-byte vectors of fp32 partial sums per workspace region (ROWS x N_ACT sums)."""
+    return cfg.ROWS * cfg.N_ACT // 4
+
+
+def partial_vector(cfg, region, j, c, thread):
+    """Index of the 16-byte vector of accumulator elements 4c .. 4c + 3 of MMA tile j of
+    consumer thread `thread` (0-based over the consumer warpgroups; elements `acc_coord`) in
+    workspace region `region`: vector c of tile j of every consumer thread, then the next.
+    CTA `cta`'s partial of row block rb is region cta + rb: a CTA's blocks and a block's CTAs
+    are consecutive, so each (CTA, block) of the schedule has its own region and a block's
+    partials lie in consecutive ones (plain integer arithmetic: the host and the kernels use
+    it alike)."""
+    return ((region * cfg.TILES + j) * (cfg.N_ACT // 8) + c) * (cfg.consumers * WG) + thread
+
+
+def partial_bytes(cfg, N: int, ctas: int) -> int:
+    """Bytes of the fp32 partials (`partial_vector`): ctas + row blocks - 1 regions of ROWS x
+    N_ACT sums (none with `Config.DIRECT`)."""
+    return 0 if cfg.DIRECT else 16 * (ctas + row_blocks(cfg, N) - 1) * partial_vectors(cfg)
 
 
 def out_bytes(cfg) -> int:
@@ -685,46 +705,65 @@ def output_scale(gsb, sf_format: str = "ue4m3"):
     return memory.ld_f32(gsb.toint()) * Float32(2.0 ** fp4.decode_shift(sf_format))
 
 
-REDUCE_THREADS = 256
-REDUCE_AHEAD = 4  # partial planes a reduction thread loads at once
+# 64 (a thread per 16 of a region's sums: the grid is whole CTAs): a quarter of the CTAs, 256
+# threads each, ran 2-13% slower at 16-64 rows on N <= 7168 (docs/facts.md#rs-partials)
+REDUCE_THREADS = 64
+REDUCE_AHEAD = 4  # partials a reduction thread loads at once (4 vectors of each)
 PERMUTE_THREADS = 256
 
 
 @cute.kernel
 def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
                    out: cute.Pointer, M: Int32, N: Int32, K: Int32, ctas: Int32):
-    """D = 2^8 * gB * (sum of the row block's fp32 partials, in CTA order), 4 elements per
-    thread."""
+    """D = 2^8 * gB * (sum of the row block's fp32 partials, in CTA order). A thread takes 4
+    vectors of each of its row block's regions (`partial_vector`): those of lanes 4(g + 2i) +
+    t (i < 4, g < 2) of one consumer warp, whose elements (`acc_coord`) are 4 consecutive
+    weight rows (`spread_row`) of activation rows m, m + 1 and of weight rows 8 further; it
+    writes them as 4 vectors of 4 elements of D."""
     tid, _, _ = cute.arch.thread_idx()
     bid, _, _ = cute.arch.block_idx()
     if cutlass.const_expr(cfg.PDL):
         cluster.pdl_launch_dependents()  # the next call's GEMM may start streaming weights
     cluster.pdl_wait()  # launched early (PDL): the partials are complete once this returns
-    i = (bid * REDUCE_THREADS + tid) * 4
+    q = bid * REDUCE_THREADS + tid  # (the grid: exactly the row blocks' vectors / 4)
+    per_block = partial_vectors(cfg) // 4
+    rb, u = q // per_block, q % per_block
+    threads = cfg.consumers * WG
+    jc, u = u // (threads // 4), u % (threads // 4)  # (tile, vector c), then warp, g, t
+    j, c = jc // (cfg.N_ACT // 8), jc % (cfg.N_ACT // 8)
+    thread = (u // 8) * 32 + 4 * ((u % 8) // 4) + u % 4  # lane 4g + t, g < 2; vector i:
+    w0 = jc * threads + thread  # that of thread + 8i (lane 4 (g + 2i) + t), at w0 + 8i
     stages = k_stages(cfg, K)
     units = stream_units(cfg, N, K)
-    first_unit = ((i % N) // cfg.ROWS) * stages
-    first = schedule.stream_k_owner(first_unit, ctas, units)
-    planes = schedule.stream_k_owner(first_unit + stages - 1, ctas, units) - first + 1
-    if i < M * N:
-        scale = output_scale(gsb, cfg.sf)
-        total = cute.make_rmem_tensor((4,), Float32)
-        for e in cutlass.range_constexpr(4):
-            total[e] = Float32(0.0)
-        # REDUCE_AHEAD planes' loads in flight at once; a plane past the last reads as -0.0
-        # (x + -0.0 == x for every x, -0.0 included), so the sum stays the in-order one
-        for p0 in cutlass.range(0, planes, REDUCE_AHEAD, unroll=1):
-            parts = []
-            for q in cutlass.range_constexpr(REDUCE_AHEAD):
-                valid = Uint32(p0 + q < planes)
-                parts.append((memory.ld_v4_pred(ws.toint() + (Int64(p0 + q) * Int64(M * N)
-                                                               + i) * 4, valid), valid))
-            for part, valid in parts:
-                for e in cutlass.range_constexpr(4):
-                    total[e] = total[e] + fp4.from_bits(part[e] | ((Uint32(1) - valid) << 31))
-        for e in cutlass.range_constexpr(4):
-            memory.st_cvt(out.toint() + (Int64(i) + e) * out_bytes(cfg), total[e] * scale,
-                          cfg.out_dtype)
+    first = schedule.stream_k_owner(rb * stages, ctas, units)
+    planes = schedule.stream_k_owner(rb * stages + stages - 1, ctas, units) - first + 1
+    total = cute.make_rmem_tensor((16,), Float32)  # vector i, element e: 4 i + e
+    for e in cutlass.range_constexpr(16):
+        total[e] = Float32(0.0)
+    # REDUCE_AHEAD regions' loads in flight at once; a region past the last reads as -0.0
+    # (x + -0.0 == x for every x, -0.0 included), so the sum stays the in-order one
+    for p0 in cutlass.range(0, planes, REDUCE_AHEAD, unroll=1):
+        parts = []
+        for p in cutlass.range_constexpr(REDUCE_AHEAD):
+            valid = Uint32(p0 + p < planes)
+            base = Int64(first + rb + p0 + p) * partial_vectors(cfg) + Int64(w0)
+            for i in cutlass.range_constexpr(4):
+                parts.append((memory.ld_v4_pred(ws.toint() + (base + 8 * i) * 16, valid),
+                              valid, i))
+        for part, valid, i in parts:
+            for e in cutlass.range_constexpr(4):
+                total[4 * i + e] = total[4 * i + e] + fp4.from_bits(
+                    part[e] | ((Uint32(1) - valid) << 31))
+    scale = output_scale(gsb, cfg.sf)
+    n0 = rb * cfg.ROWS + (thread // WG) * 64 * cfg.TILES + 64 * j
+    for e in cutlass.range_constexpr(4):
+        # accumulator row r of vector i's element e is r + 2i: weight row spread_row(r) + i
+        r, m = register_a.acc_coord(thread % WG, 4 * c + e)
+        n = n0 + spread_row(r)
+        if m < M and n < N:  # (N % 8 == 0: n .. n + 3 alike)
+            addr = out.toint() + (Int64(m) * Int64(N) + Int64(n)) * out_bytes(cfg)
+            memory.st_cvt_v4(addr, [total[4 * i + e] * scale for i in range(4)],
+                             cfg.out_dtype)
 
 
 def weight_tensors(w: cute.Pointer, wsf: cute.Pointer, N, K, k_tail: bool = False,
@@ -783,10 +822,11 @@ def _gemm_and_reduce(cfg, w, wsf, xt_ptr, gsb, out, ws, M, N, K, ctas, stream, p
         grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=pdl,
         min_blocks_per_mp=1)  # (without it ptxas drops setmaxnreg: `ops.warpgroup`)
     if cutlass.const_expr(not cfg.DIRECT):
-        MN = M * N
+        assert partial_vectors(cfg) // 4 % REDUCE_THREADS == 0  # (whole CTAs per row block)
         _reduce_kernel(cfg, ws, gsb, out, M, N, K, ctas).launch(
-            grid=[(MN // 4 + REDUCE_THREADS - 1) // REDUCE_THREADS, 1, 1],
-            block=[REDUCE_THREADS, 1, 1], stream=stream, use_pdl=True)
+            grid=[row_blocks(cfg, N) * (partial_vectors(cfg) // 4 // REDUCE_THREADS), 1, 1],
+            block=[REDUCE_THREADS, 1, 1], stream=stream, use_pdl=True,
+            min_blocks_per_mp=1)  # (the registers for 4 REDUCE_AHEAD loads in flight)
 
 
 @cute.jit

@@ -189,6 +189,37 @@ def _wavefronts(offsets):
     return waves
 
 
+@pytest.mark.parametrize("n_act", [8, 16, 64])
+def test_acc_coord_is_the_wgmma_fragment(n_act):
+    """`register_a.acc_coord` (where `_reduce_kernel` finds each partial sum of `_store`'s
+    fragment-order vectors) is CuTe's partition of the wgmma accumulator, for every thread
+    and element."""
+    import cutlass
+    from cutlass import cute
+
+    from tk_cute.compile import COMPILE_LOCK
+    from tk_cute.types.rt import rt
+
+    out = {}
+
+    def body(mma):
+        for thread in range(warpgroup.WARPGROUP_THREADS):
+            acc = rt.accumulator(mma, thread, 64, n_act)
+            coords = acc.coords()
+            out[thread] = [tuple(int(x) for x in coords[e]) for e in range(cute.size(acc.frag))]
+
+    @cute.jit
+    def trace():
+        body(warpgroup.tiled_mma(cutlass.BFloat16, n_act))
+
+    with COMPILE_LOCK:  # (traced for sm_90a: wgmma's tiled MMA exists there only)
+        cute.compile(trace, options="--gpu-arch sm_90a")
+    assert len(out) == warpgroup.WARPGROUP_THREADS
+    for thread, coords in out.items():
+        assert len(coords) == n_act // 2
+        assert coords == [register_a.acc_coord(thread, e) for e in range(n_act // 2)]
+
+
 def test_16_byte_shared_accesses_are_conflict_free():
     """Every LDS.128 / STS.128 of the consumers and the permuting warps takes the minimum of 4
     wavefronts (Nsight Compute counted 2x the ideal before `spread_row`)."""
@@ -298,15 +329,14 @@ def test_partial_row_blocks_take_n_tail():
                                         "bfloat16") == "register_a"
 
 
-def test_partial_row_blocks_build_their_row_check():
-    """The N_TAIL build: the same wgmma and partial-sum stores, behind a row check too (more
-    compares), no spills."""
+def test_partial_row_blocks_build_the_same_stores():
+    """The N_TAIL build: the same wgmma and partial-sum stores (whole row blocks: the rows past
+    N are zeros, which the reduction's row check leaves out of D), no spills."""
     whole, tail = rs.Config(N_ACT=64), rs.Config(N_ACT=64, N_TAIL=True)
     b0, b1 = (build(rs._launch, *rs.signature(c).compile_args(c), arch="sm_90a")
               for c in (whole, tail))
     assert b1.sass_count(r"\bHGMMA\b") == b0.sass_count(r"\bHGMMA\b") == 16
-    assert b1.ptx_count(r"st\.global\.f32") == b0.ptx_count(r"st\.global\.f32") > 0
-    assert b1.ptx_count(r"setp\.") > b0.ptx_count(r"setp\.")
+    assert b1.ptx_count(r"st\.global\.v4") == b0.ptx_count(r"st\.global\.v4") > 0
     assert all(r.local_bytes == 0 for r in b1.resources) and b1.sass_count(r"\bSTL\b") == 0
 
 
@@ -383,13 +413,17 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     # (128-byte, one swizzle span) boxes; no global vector loads but the reduction's
     # REDUCE_AHEAD (coherent: the partials are the GEMM's output) and the permute kernel's 4
     # (natural chunks) and its 4 + 4 stores (permuted chunks; zero rows past M, `_zero_rows`,
-    # for the tiled kernel's whole tiles).
+    # for the tiled kernel's whole tiles); the partial store: a 16-byte vector per 4 accumulator
+    # elements (fragment order, `rs.partial_vector`), no per-element stores.
     tma_loads = 1 + cfg.bands + rs.STAGE_K // 64
     assert b.ptx_count(r"cp\.async\.bulk\.tensor\.2d") == tma_loads
     assert b.sass_count(r"\bUTMALDG\b") == tma_loads
     assert b.ptx_count(r"ld\.global\.nc\S*\.v4") == 4 * per_call
-    assert b.ptx_count(r"ld\.global\.L1::evict_first\.v4") == rs.REDUCE_AHEAD
-    assert b.ptx_count(r"st\.global\.v4") == 8 * per_call
+    assert b.ptx_count(r"ld\.global\.L1::evict_first\.v4") == 4 * rs.REDUCE_AHEAD
+    fp32 = cfg.out_dtype == "float32"  # (the reduction's 4 vectors of D: 16 or 8 bytes)
+    assert b.ptx_count(r"st\.global\.v4") == 8 * per_call + cfg.TILES * cfg.N_ACT // 8 + 4 * fp32
+    assert b.ptx_count(r"st\.global\.v2\.b32") == 4 * (not fp32)
+    assert b.ptx_count(r"st\.global\.(f32|b16)") == 0
     # PDL: the reduction launches early and waits for the partials; the GEMM waits (a no-op
     # without PDL) for the permute kernel, which waits for the kernel before it. With
     # Config.PDL the reduction lets the next call's GEMM launch too.
@@ -404,7 +438,7 @@ def test_register_a_wgmma_fed_by_tma_without_spills(built):
     assert b.ptx_count(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{rs.PRODUCER_REGISTERS}") == 1
     assert b.ptx_count(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{cfg.consumer_registers}") == 1
     # ptxas honours setmaxnreg only knowing the register count at entry (`ops.warpgroup`)
-    assert b.ptx_count(r"\.minnctapersm 1") == 1
+    assert b.ptx_count(r"\.minnctapersm 1") == 2  # (the reduction: its loads in flight)
     assert b.sass_count(r"USETMAXREG\.DEALLOC") == 1 and b.sass_count(r"USETMAXREG\.TRY_ALLOC") == 1
     assert b.ptx_count(rf"\.reqntid {cfg.threads}, 1, 1") == 1
     assert b.ptx_count(r"cvt\.\w+\.e2m1") == 0  # no FP4 conversion on sm_90a
@@ -470,26 +504,26 @@ def test_w4a4_decodes_in_the_permute_pass(n_act, rows):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("M, N, K, ctas", [
-    (16, 128, 2048, 8),  # one row block in 8 planes: two rounds of REDUCE_AHEAD loads
-    (32, 256, 1280, 3),  # shares of 3, 3, 4 units straddling two row blocks (permute "call")
-    (16, 384, 2048, 6),  # the aligned grid of two shares per row block
+@pytest.mark.parametrize("M, N, K, ctas, out_dtype", [
+    (16, 128, 2048, 8, "float32"),  # one row block in 8 planes: two rounds of REDUCE_AHEAD loads
+    (32, 256, 1280, 3, "float16"),  # shares of 3, 3, 4 units straddling two row blocks ("call")
+    (16, 384, 2048, 6, "bfloat16"),  # the aligned grid of two shares per row block
 ])
-def test_planes_sum_in_the_emulator(seed, M, N, K, ctas):
+def test_planes_sum_in_the_emulator(seed, M, N, K, ctas, out_dtype):
     """The GEMM, its partial planes and the reduction (with the permute pass where planned) run
-    in the emulator on fresh random operands, D poisoned first: every element within the
-    product's bound, fp32 out, no hazard (the third grid is one the planner's rule can pick:
-    aligned, `rounds.aligned`)."""
+    in the emulator on fresh random operands, D and the workspace poisoned first: every element
+    within the product's bound in each output type, no hazard (the third grid is one the
+    planner's rule can pick: aligned, `rounds.aligned`)."""
     from tk_cute.emulator import hopper
     from tk_cute.nvfp4 import quantize
     from tk_cute.tuning import rounds
 
     cfg = sm90_tuning.complete("register_a", sm90_tuning.register_a_config(M, N, K), N, K,
-                               False, "float32", "ue4m3", False)
+                               False, out_dtype, "ue4m3", False)
     g = torch.Generator().manual_seed(seed)
     b = quantize(torch.randn(N, K, generator=g))
     a = torch.randn(M, K, generator=g).bfloat16()
-    out = torch.full((M, N), float("nan"))
+    out = torch.full((M, N), float("nan"), dtype=getattr(torch, out_dtype))
     machines = hopper.register_a(a, b, cfg, out, ctas)
     assert [h for m in machines for h in m.hazards] == []
     assert len(machines) == 2 + (cfg.permute == "call")

@@ -54,11 +54,10 @@ def register_a(a, b, cfg, out: torch.Tensor, ctas: int, **options) -> list:
     """The register-A kernel (`launch.register_a`, permute pass included) on CPU tensors, on
     `ctas` CTAs; its machines."""
     from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
-    from tk_cute.ops import schedule
 
     (M, K), N = a.shape, b.M
     ctas = min(ctas, rs.stream_units(cfg, N, K))
-    ws = torch.zeros(schedule.stream_k_spans(ctas, rs.row_blocks(cfg, N)) * M * N)
+    ws = torch.full((max(1, rs.partial_bytes(cfg, N, ctas) // 4),), float("nan"))  # poisoned
     values = dict(w=b.data.data_ptr(), wsf=b.scales.data_ptr(),
                   gsb=b.global_scale.data_ptr(), out=out.data_ptr(), ws=ws.data_ptr(), M=M,
                   N=N, K=K, ctas=ctas)

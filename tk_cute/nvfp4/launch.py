@@ -26,7 +26,6 @@ from tk_cute.kernels.gemm import nvfp4_small_m_sm90 as gv
 from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
 from tk_cute.layouts import nvfp4_codes
-from tk_cute.ops import schedule
 from tk_cute.runtime import (aligned, device_index, dtype_name, kept_workspace, output,
                              raw_stream, resident_clusters, sm_count, stream_k_buffers,
                              workspace)
@@ -125,8 +124,7 @@ class RegisterA:
         if cfg.DIRECT and not rs.whole_blocks(cfg, N, K, ctas):
             raise ValueError(f"a register-A Config with DIRECT needs shares of whole row blocks "
                              f"(`whole_blocks`); {ctas} CTAs over N={N}, K={K} split them")
-        self.ws_bytes = (0 if cfg.DIRECT else
-                         4 * schedule.stream_k_spans(ctas, rs.row_blocks(cfg, N)) * M * N)
+        self.ws_bytes = rs.partial_bytes(cfg, N, ctas)
         self.cfg, self.K, self.device, self.index = cfg, K, dev, device_index(dev)
         self.gsb = b.global_scale if gsb is None else gsb
         self.wsf = aligned(b.scales)

@@ -164,6 +164,19 @@ def st_cvt(addr: Int64, x: Float32, dtype: str, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def st_cvt_v4(addr: Int64, xs: list, dtype: str, *, loc=None, ip=None) -> None:
+    """Store 4 float32 as 4 consecutive `dtype` elements (`st_cvt`'s rounding) at global
+    `addr`, aligned to the 4 elements (8 bytes; 16 for float32)."""
+    if dtype == "float32":
+        _st_v4(addr, xs, Float32, loc, ip)
+        return
+    cvt = "cvt.rn.bf16x2.f32" if dtype == "bfloat16" else "cvt.rn.f16x2.f32"
+    text = (f"{{ .reg .b32 w0, w1; {cvt} w0, $2, $1; {cvt} w1, $4, $3; "
+            "st.global.v2.b32 [$0], {w0, w1}; }")
+    asm(None, [Int64(addr)] + [Float32(x) for x in xs], text, "l,f,f,f,f", loc, ip, True)
+
+
+@dsl_user_op
 def st_u8_pred(addr: Int64, v: Uint32, pred: Uint32, *, loc=None, ip=None) -> None:
     text = "{ .reg .pred p; .reg .b16 h; setp.ne.b32 p, $2, 0; cvt.u16.u32 h, $1; " \
         "@p st.global.u8 [$0], h; }"

@@ -15,10 +15,11 @@ rows as are left. Both walkers are tk_cute's (the wheel's persistent schedulers 
 copies of CUTLASS examples; their swizzle, `swizzle_size > 1`, rounded the cluster count along
 N up and handed out the padding as valid tiles, and under CLC never the last real tiles).
 
-Stream-K (`stream_k_share`, `stream_k_owner`, `stream_k_spans`; in a kernel, `Shares`): a grid
-of `ctas` persistent CTAs splits the flattened (tile x K step) units into equal contiguous
-shares, so no wave is left part-empty whatever the tile count; a tile whose units span several
-CTAs gets one partial sum per CTA, to be reduced in CTA order (deterministic).
+Stream-K (`stream_k_share`, `stream_k_owner`; in a kernel, `Shares`): a grid of `ctas`
+persistent CTAs splits the flattened (tile x K step) units into equal contiguous shares, so no
+wave is left part-empty whatever the tile count; a tile whose units span several CTAs gets one
+partial sum per CTA, to be reduced in CTA order (deterministic); CTA c's partial of tile t may
+be kept at slot c + t (every pair its own slot, ctas + tiles - 1 slots).
 `stream_k_grid` is the grid of a kernel whose CTAs each keep at most one partial (`StreamK`;
 the host's picks of grids and tiles are `tk_cute.tuning`). Plain integer arithmetic, the same
 on the host and in a kernel.
@@ -375,9 +376,3 @@ def stream_k_team_grid(tiles: int, k_steps: int, limit: int) -> int:
         raise ValueError(f"a stream-K team needs two parts per tile or more: {tiles} tiles of "
                          f"{k_steps} K steps on {limit} CTAs give fewer")
     return tiles * team
-
-
-def stream_k_spans(ctas: int, tiles: int) -> int:
-    """The most CTAs whose shares one tile's units can span (partial sums per tile to keep):
-    at most ceil(ctas / tiles) + 1."""
-    return min(ctas, -(-ctas // tiles) + 1)
