@@ -4,7 +4,7 @@
 a permutation of period SUB_K), the row pairing that keeps 16-byte shared accesses free of bank
 conflicts (`spread_row`), and the byte offsets of the 128-byte swizzled activation and weight tiles
 (`act_offset`, `weight_offset`), and where a wgmma accumulator fragment holds each element
-(`acc_coord`: the register-A kernel's partial planes are kept in fragment order). Plain integer
+(`acc_coord`: the register-A kernel keeps its partial sums in fragment order). Plain integer
 arithmetic, the same on the host and in a kernel; tests/kernels/test_nvfp4_register_a_sm90.py
 proves each against the CuTe layout of the kernel's tiles and counts the wavefronts of every
 16-byte access."""

@@ -52,7 +52,7 @@ Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / em
     overlaps this kernel, and waits for it.
   `Config.DIRECT` (a grid whose shares are whole row blocks, `whole_blocks`: every block has
     one partial): the consumers scale and store D themselves, as the reduction would (0 + the
-    one plane, times the scale: bit for bit), and no reduction is launched.
+    one partial, times the scale: bit for bit), and no reduction is launched.
 The K order: a thread's 16 weight bytes hold 32 consecutive codes (K 32t .. 32t + 31 of a
 128-K block, t = lane % 4), but a wgmma A operand wants K 2t, 2t + 1, 2t + 8, 2t + 9 of every
 k16 step from thread t. Any permutation of K applied to both operands leaves the sum unchanged,
@@ -132,14 +132,14 @@ class Config:
     PDL: bool = False
     EARLY_WEIGHTS: bool = False  # with PDL: the first unit's weights asked for before the wait
     # Every row block in one CTA's share (the host's grid: `whole_blocks`): the GEMM stores D,
-    # no partial planes, no reduction launch
+    # no partials, no reduction launch
     DIRECT: bool = False
     out_dtype: str = "bfloat16"
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # the weights' scale format
     # K % STAGE_K != 0: the last stage of each row block is partial (`k_stages`)
     K_TAIL: bool = field(default=False, metadata={"quiet": True})
-    # N % ROWS != 0: the last row block is partial (its codes past N arrive as zeros, no
-    # partial sum past N is stored; `stream_units`)
+    # N % ROWS != 0: the last row block is partial (its codes past N arrive as zeros: the
+    # partials hold zeros there, which the reduction leaves out of D; `stream_units`)
     N_TAIL: bool = field(default=False, metadata={"quiet": True})
     # "nvfp4" (W4A4): x is the activations' codes, decoded in the permute "call" pass (their
     # scales in the format `sf` too); "bf16" (W4A16)
@@ -706,7 +706,7 @@ def output_scale(gsb, sf_format: str = "ue4m3"):
 
 
 # 64 (a thread per 16 of a region's sums: the grid is whole CTAs): a quarter of the CTAs, 256
-# threads each, ran 2-13% slower at 16-64 rows on N <= 7168 (docs/facts.md#rs-partials)
+# threads each, ran 0-13% slower at 16-64 rows on N <= 7168 (H100, docs/facts.md#rs-partials)
 REDUCE_THREADS = 64
 REDUCE_AHEAD = 4  # partials a reduction thread loads at once (4 vectors of each)
 PERMUTE_THREADS = 256
@@ -736,16 +736,16 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
     stages = k_stages(cfg, K)
     units = stream_units(cfg, N, K)
     first = schedule.stream_k_owner(rb * stages, ctas, units)
-    planes = schedule.stream_k_owner(rb * stages + stages - 1, ctas, units) - first + 1
+    regions = schedule.stream_k_owner(rb * stages + stages - 1, ctas, units) - first + 1
     total = cute.make_rmem_tensor((16,), Float32)  # vector i, element e: 4 i + e
     for e in cutlass.range_constexpr(16):
         total[e] = Float32(0.0)
     # REDUCE_AHEAD regions' loads in flight at once; a region past the last reads as -0.0
     # (x + -0.0 == x for every x, -0.0 included), so the sum stays the in-order one
-    for p0 in cutlass.range(0, planes, REDUCE_AHEAD, unroll=1):
+    for p0 in cutlass.range(0, regions, REDUCE_AHEAD, unroll=1):
         parts = []
         for p in cutlass.range_constexpr(REDUCE_AHEAD):
-            valid = Uint32(p0 + p < planes)
+            valid = Uint32(p0 + p < regions)
             base = Int64(first + rb + p0 + p) * partial_vectors(cfg) + Int64(w0)
             for i in cutlass.range_constexpr(4):
                 parts.append((memory.ld_v4_pred(ws.toint() + (base + 8 * i) * 16, valid),
@@ -868,7 +868,8 @@ def signature(cfg: Config) -> Signature:
     """The launch's runtime arguments: weights (codes, blocked scales), activations and their
     permuted copy (permute "call"; W4A4: the activations' codes, blocked scales and decode
     scale gA, and a decode buffer of N_ACT x `permuted_width(K)` bf16 + 16 bytes), the weights'
-    global decode scale, D, the fp32 partial planes, the shape and the stream-K CTA count."""
+    global decode scale, D (16-byte aligned: the reduction stores 8- or 16-byte vectors), the
+    fp32 partials (`partial_bytes`), the shape and the stream-K CTA count."""
     out_t = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32}[cfg.out_dtype]
     w = (ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8))

@@ -505,12 +505,12 @@ def test_w4a4_decodes_in_the_permute_pass(n_act, rows):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("M, N, K, ctas, out_dtype", [
-    (16, 128, 2048, 8, "float32"),  # one row block in 8 planes: two rounds of REDUCE_AHEAD loads
+    (16, 128, 2048, 8, "float32"),  # one row block in 8 partials: two rounds of REDUCE_AHEAD
     (32, 256, 1280, 3, "float16"),  # shares of 3, 3, 4 units straddling two row blocks ("call")
     (16, 384, 2048, 6, "bfloat16"),  # the aligned grid of two shares per row block
 ])
-def test_planes_sum_in_the_emulator(seed, M, N, K, ctas, out_dtype):
-    """The GEMM, its partial planes and the reduction (with the permute pass where planned) run
+def test_partials_sum_in_the_emulator(seed, M, N, K, ctas, out_dtype):
+    """The GEMM, its partial sums and the reduction (with the permute pass where planned) run
     in the emulator on fresh random operands, D and the workspace poisoned first: every element
     within the product's bound in each output type, no hazard (the third grid is one the
     planner's rule can pick: aligned, `rounds.aligned`)."""

@@ -110,7 +110,7 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
 class RegisterA:
     """The register-A kernel prepared for weights b, M rows, `cfg` and its grid (`ctas`;
     default `sm90_tuning.register_a_ctas`), as `SmallM`. Workspaces per call
-    (`runtime.workspace`, on the launch's stream): the fp32 partial planes (none with
+    (`runtime.workspace`, on the launch's stream): the fp32 partials (`rs.partial_bytes`; none with
     `cfg.DIRECT`, whose grid must give whole row blocks) and, with permute "call", the
     permuted activations (W4A4: and D's scale after them)."""
 
