@@ -569,7 +569,7 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
     wg_thread = thread % WG
     lane = wg_thread % 32
     g, t = lane // 4, lane % 4
-    rows = (thread // WG) * 64 * cfg.TILES  # this warpgroup's rows of the ROWS-row block
+    rows = tile_row(cfg, 0, 0, thread)  # this warpgroup's rows of the ROWS-row block
     # Accumulator rows g, g + 8 of the warp's 16 in tile j hold weight rows r_lo + 64 j, + 8
     r_lo = rows + (wg_thread // 32) * 16 + spread_row(g)
     mma = warpgroup.tiled_mma(cutlass.BFloat16, cfg.N_ACT)
@@ -648,7 +648,7 @@ def _store(cfg: cutlass.Constexpr, acc, dest, M, N, cta, rb, j, thread):
     if cutlass.const_expr(cfg.DIRECT):
         cluster.pdl_wait()  # (returns at once: W4A4's decode pass wrote the scale long before)
         scale = output_scale(gsb, cfg.sf)
-        n0 = rb * cfg.ROWS + (thread // WG) * 64 * cfg.TILES + 64 * j
+        n0 = tile_row(cfg, rb, j, thread)
         coords = acc.coords()
         for i in cutlass.range_constexpr(cute.size(acc.frag)):
             r, m = coords[i]
@@ -672,6 +672,12 @@ def _store_d(cfg, out, N, m, n, v, scale):
                   (Float32(0.0) + v) * scale, cfg.out_dtype)
 
 
+def tile_row(cfg, rb, j, thread):
+    """The first weight row of MMA tile j of consumer thread `thread`'s warpgroup (64 TILES
+    rows each) in row block rb (its accumulator row r: weight row + `spread_row(r)`)."""
+    return rb * cfg.ROWS + (thread // WG) * 64 * cfg.TILES + 64 * j
+
+
 def partial_vectors(cfg) -> int:
     """16-byte vectors of fp32 partial sums per workspace region (ROWS x N_ACT sums)."""
     return cfg.ROWS * cfg.N_ACT // 4
@@ -681,17 +687,18 @@ def partial_vector(cfg, region, j, c, thread):
     """Index of the 16-byte vector of accumulator elements 4c .. 4c + 3 of MMA tile j of
     consumer thread `thread` (0-based over the consumer warpgroups; elements `acc_coord`) in
     workspace region `region`: vector c of tile j of every consumer thread, then the next.
-    CTA `cta`'s partial of row block rb is region cta + rb: a CTA's blocks and a block's CTAs
-    are consecutive, so each (CTA, block) of the schedule has its own region and a block's
-    partials lie in consecutive ones (plain integer arithmetic: the host and the kernels use
-    it alike)."""
+    CTA `cta`'s partial of row block rb is region cta + rb (its stream-K slot,
+    `schedule.stream_k_slots`): a block's partials lie in consecutive regions (plain integer
+    arithmetic: the host and the kernels use it alike)."""
     return ((region * cfg.TILES + j) * (cfg.N_ACT // 8) + c) * (cfg.consumers * WG) + thread
 
 
 def partial_bytes(cfg, N: int, ctas: int) -> int:
-    """Bytes of the fp32 partials (`partial_vector`): ctas + row blocks - 1 regions of ROWS x
-    N_ACT sums (none with `Config.DIRECT`)."""
-    return 0 if cfg.DIRECT else 16 * (ctas + row_blocks(cfg, N) - 1) * partial_vectors(cfg)
+    """Bytes of the fp32 partials (`partial_vector`): a region of ROWS x N_ACT sums per
+    (CTA, row block) slot (`schedule.stream_k_slots`; none with `Config.DIRECT`)."""
+    if cfg.DIRECT:
+        return 0
+    return 16 * schedule.stream_k_slots(ctas, row_blocks(cfg, N)) * partial_vectors(cfg)
 
 
 def out_bytes(cfg) -> int:
@@ -755,7 +762,7 @@ def _reduce_kernel(cfg: cutlass.Constexpr, ws: cute.Pointer, gsb: cute.Pointer,
                 total[4 * i + e] = total[4 * i + e] + fp4.from_bits(
                     part[e] | ((Uint32(1) - valid) << 31))
     scale = output_scale(gsb, cfg.sf)
-    n0 = rb * cfg.ROWS + (thread // WG) * 64 * cfg.TILES + 64 * j
+    n0 = tile_row(cfg, rb, j, thread)
     for e in cutlass.range_constexpr(4):
         # accumulator row r of vector i's element e is r + 2i: weight row spread_row(r) + i
         r, m = register_a.acc_coord(thread % WG, 4 * c + e)

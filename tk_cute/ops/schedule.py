@@ -19,7 +19,7 @@ Stream-K (`stream_k_share`, `stream_k_owner`; in a kernel, `Shares`): a grid of 
 persistent CTAs splits the flattened (tile x K step) units into equal contiguous shares, so no
 wave is left part-empty whatever the tile count; a tile whose units span several CTAs gets one
 partial sum per CTA, to be reduced in CTA order (deterministic); CTA c's partial of tile t may
-be kept at slot c + t (every pair its own slot, ctas + tiles - 1 slots).
+be kept at slot c + t (every pair its own slot, `stream_k_slots` of them).
 `stream_k_grid` is the grid of a kernel whose CTAs each keep at most one partial (`StreamK`;
 the host's picks of grids and tiles are `tk_cute.tuning`). Plain integer arithmetic, the same
 on the host and in a kernel.
@@ -376,3 +376,9 @@ def stream_k_team_grid(tiles: int, k_steps: int, limit: int) -> int:
         raise ValueError(f"a stream-K team needs two parts per tile or more: {tiles} tiles of "
                          f"{k_steps} K steps on {limit} CTAs give fewer")
     return tiles * team
+
+
+def stream_k_slots(ctas: int, tiles: int) -> int:
+    """Slots for every (CTA, tile) pair's partial sum at slot cta + tile: a CTA's tiles and a
+    tile's CTAs are consecutive, so the pairs' slots are distinct, at most ctas + tiles - 2."""
+    return ctas + tiles - 1

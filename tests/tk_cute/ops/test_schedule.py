@@ -116,7 +116,7 @@ def test_walk_visits_every_tile_once_with_device_alpha(shape, cluster_m, max_clu
 def test_stream_k_shares(tiles, steps, ctas):
     """The CTAs' shares tile the units once, differ by at most one unit, `stream_k_owner`
     inverts them, and each (CTA, tile) pair of partial sums has its own slot c + t of
-    ctas + tiles - 1 (the register-A kernel's workspace regions, `partial_vector`)."""
+    `stream_k_slots` (the register-A kernel's workspace regions, `partial_vector`)."""
     units = tiles * steps
     ctas = min(ctas, units)
     shares = [schedule.stream_k_share(c, ctas, units) for c in range(ctas)]
@@ -130,6 +130,7 @@ def test_stream_k_shares(tiles, steps, ctas):
              for c in range(schedule.stream_k_owner(t * steps, ctas, units),
                             schedule.stream_k_owner(t * steps + steps - 1, ctas, units) + 1)]
     assert len(set(slots)) == len(slots) and max(slots) < ctas + tiles - 1
+    assert schedule.stream_k_slots(ctas, tiles) == ctas + tiles - 1
 
 
 @pytest.mark.parametrize("tiles, k_steps, ctas", [
