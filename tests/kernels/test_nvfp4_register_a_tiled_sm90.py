@@ -1,5 +1,6 @@
-"""Tiled register-A W4A16 kernel (kernels/gemm/nvfp4_register_a_tiled_sm90.py): compile checks and
-layout proofs on the CPU, every output element against the exact product on the GPU."""
+"""Tiled register-A W4A16 kernel (kernels/gemm/nvfp4_register_a_tiled_sm90.py): compile checks,
+layout proofs and whole tiles in the emulator on the CPU, every output element against the exact
+product on the GPU."""
 
 import pytest
 import torch
@@ -323,6 +324,51 @@ def test_narrow_widths_match_the_exact_product(seed, nb, M, N, K):
         out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)  # poison
         d = launch.gemm_rs_tiled(a, b, out=out, config=rst.Config(Nb=nb))
         assert_gemm_close(d, a, b, f"Nb={nb} {out_dtype}")
+
+
+@pytest.mark.parametrize("M, N, K, nb, sms", [
+    (130, 256, 400, 64, 2),  # 3 x 2 tiles on 2 CTAs, 4 stages (a partial last one)
+    (70, 200, 2880, 80, 3)])  # a partial band, 23 stages
+def test_whole_tiles_in_the_emulator(seed, M, N, K, nb, sms):
+    """The permute pass and the tiled GEMM's whole tiles run in the emulator on fresh random
+    operands, several tiles per CTA, D poisoned: every element within the exact product's
+    bound, no hazard."""
+    from tk_cute.emulator import hopper
+    from tk_cute.nvfp4 import quantize
+    from tk_cute.testing import assert_gemm_close
+
+    cfg = rst.Config(Nb=nb, K_TAIL=K % rst.STAGE_K != 0, N_TAIL=N % rst.ROWS != 0)
+    g = torch.Generator().manual_seed(seed)
+    b = quantize(torch.randn(N, K, generator=g))
+    a = torch.randn(M, K, generator=g).bfloat16()
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+    machines = hopper.register_a_tiled(a, b, cfg, out, sms)
+    assert [h for m in machines for h in m.hazards] == []
+    assert len(machines) == 2  # the permute pass, the GEMM
+    assert_gemm_close(out, a, b, f"{cfg}")
+    with pytest.raises(ValueError, match="whole tiles on bf16 activations into a dense D"):
+        hopper.register_a_tiled(a, b, rst.Config(Nb=nb, STREAM_K=True), out, sms)
+
+
+def test_emulated_gemm_runs_the_planned_whole_tiles(seed):
+    """`emulator.gemm.gemm(..., arch="sm_90a")` runs the tiled plan's whole tiles (bf16
+    activations) on fresh random operands: every element within the exact product's bound;
+    a stream-K plan is refused, naming it."""
+    from tk_cute.emulator import gemm as G
+    from tk_cute.nvfp4 import quantize
+    from tk_cute.testing import assert_gemm_close
+
+    g = torch.Generator().manual_seed(seed)
+    b = quantize(torch.randn(2048, 512, generator=g))
+    a = torch.randn(300, 512, generator=g).bfloat16()
+    run = G.gemm(a, b, arch="sm_90a")
+    assert run.kernel == "register_a_tiled" and not run.config.STREAM_K
+    assert [h for m in run.machines for h in m.hazards] == []
+    assert_gemm_close(run.out, a, b, f"{run.config}")
+    with pytest.raises(G.NoKernel, match=r"whole tiles on bf16 .*plans "
+                                         r"register_a_tiled\(Nb=144, stream-K teams\)"):
+        G.gemm(torch.randn(129, 2048).bfloat16(), quantize(torch.randn(2048, 2048)),
+               arch="sm_90a")
 
 
 @pytest.mark.gpu

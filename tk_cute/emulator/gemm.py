@@ -15,6 +15,7 @@ compares every element of D with the exact reference bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -118,7 +119,7 @@ def gemm(a, b, out_dtype="bfloat16", *, arch: str, out_global_scale=None, config
         out_dtype: "bfloat16", "float16", "float32" or "nvfp4" (then `out_global_scale`, a
             float32 0-dim tensor: D's decode scale).
         arch: "sm_100a", "sm_103a", "sm_107a", or "sm_90a" (the small-M and register-A
-            paths).
+            paths, the tiled register-A path's whole tiles on bf16 activations).
         config: the kernel's Config instead of the plan's (`dispatch_sm100.prepare` checks it
             against the call).
         clusters: the persistent grid's cluster budget instead of the target's SMs / cluster
@@ -164,24 +165,32 @@ def gemm(a, b, out_dtype="bfloat16", *, arch: str, out_global_scale=None, config
 
 def _hopper(p, a, b, dtype, out_global_scale, **options) -> Run:
     """The Hopper plan's kernel on the CPU (`emulator.hopper`: the small-M and register-A
-    paths, 2-D, bf16 D or NVFP4 D through the quantizer as `gemm_nvfp4` does on them)."""
+    paths and the tiled register-A path's whole tiles on bf16 activations, 2-D, bf16 D or
+    NVFP4 D through the quantizer as `gemm_nvfp4` does on them)."""
     from tk_cute import nvfp4
     from tk_cute.emulator import hopper
+    from tk_cute.runtime import dtype_name
     from tk_cute.tuning import sm90 as sm90_tuning
 
-    if p.path not in ("small_m", "register_a") or b.ndim != 2:
-        raise NoKernel(f"the emulator runs the Hopper paths small_m and register_a (2-D); "
-                       f"sm_90a plans {p.path!r} for this call")
+    tiled = p.path == "register_a_tiled" and not p.config.STREAM_K and not isinstance(
+        a, nvfp4.NVFP4Tensor)
+    if not (p.path in ("small_m", "register_a") or tiled) or b.ndim != 2:
+        raise NoKernel(f"the emulator runs the Hopper paths small_m, register_a and "
+                       f"register_a_tiled's whole tiles on bf16 activations (2-D); sm_90a "
+                       f"plans {p} for this call")
     dense = torch.float32 if dtype == "nvfp4" else dtype
     if dense != torch.bfloat16 and p.path == "small_m":
         raise NoKernel(f"the emulated small-M path writes bf16 D, not {dense}")
     M = a.shape[-2]
     out = torch.full((M, b.M), float("nan"), dtype=dense)
     start = time.perf_counter()
+    sms = 132  # the H200's
     if p.path == "small_m":
         machines = hopper.small_m(a, b, p.config, out, **options)
+    elif tiled:
+        machines = hopper.register_a_tiled(a, b, dataclasses.replace(
+            p.config, out_dtype=dtype_name(dense)), out, sms, **options)
     else:
-        sms = 132  # the H200's
         machines = hopper.register_a(a, b, p.config, out, sm90_tuning.register_a_ctas(
             p.config, b.M, b.K, sms), **options)
     seconds = time.perf_counter() - start
@@ -194,7 +203,6 @@ def _hopper(p, a, b, dtype, out_global_scale, **options) -> Run:
 def replay(run: Run, a, b, ptx: str | None = None, **options) -> Run:
     """`run`'s launch again on a poisoned D, its PTX replaced by `ptx` if given (what a kernel
     edited by hand, or a deliberately broken one, does); options as `gemm`'s."""
-    import dataclasses
 
     ln = run.launch if ptx is None else dataclasses.replace(run.launch, ptx=ptx)
     return _execute(ln, a, b, run.call, run.kernel, **options)

@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: MIT
 """tk_cute's Hopper NVFP4 kernels on the CPU: the launches `tk_cute.nvfp4.launch` makes on an H200
-for the small-M (`nvfp4_small_m_sm90`) and register-A (`nvfp4_register_a_sm90`) paths, captured for
-sm_90a from CPU tensors and run in the emulator over one global memory, in launch order.
+for the small-M (`nvfp4_small_m_sm90`), register-A (`nvfp4_register_a_sm90`) and tiled register-A
+(`nvfp4_register_a_tiled_sm90`, whole tiles) paths, captured for sm_90a from CPU tensors and run
+in the emulator over one global memory, in launch order.
 
-`small_m(a, b, cfg, out)` and `register_a(a, b, cfg, out, ctas)` take the same operands as the
-launch functions (a: bf16 (M, K) or NVFP4Tensor for W4A4; b: NVFP4Tensor weights), write D into
-`out` and return the machines that ran their launches (`Machine.hazards`). The workspaces the
-GPU path takes from `runtime.workspace` are CPU tensors here.
+`small_m(a, b, cfg, out)`, `register_a(a, b, cfg, out, ctas)` and `register_a_tiled(a, b, cfg,
+out, sms)` take the same operands as the launch functions (a: bf16 (M, K) or NVFP4Tensor for
+W4A4; b: NVFP4Tensor weights), write D into `out` and return the machines that ran their
+launches (`Machine.hazards`). The workspaces the GPU path takes from `runtime.workspace` are CPU
+tensors here.
 """
 
 from __future__ import annotations
@@ -73,6 +75,27 @@ def register_a(a, b, cfg, out: torch.Tensor, ctas: int, **options) -> list:
     held.append(xp)
     launches = _capture(rs.launch_fn(cfg), cfg, signature=rs.signature(cfg), values=values)
     return run(launches, *held, **options)
+
+
+def register_a_tiled(a, b, cfg, out: torch.Tensor, sms: int, **options) -> list:
+    """The tiled register-A kernel (`launch.register_a_tiled`, permute pass included) on CPU
+    tensors (a: bf16), whole tiles on a persistent grid of at most `sms` CTAs; its machines."""
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
+    from tk_cute.kernels.gemm import nvfp4_register_a_tiled_sm90 as rst
+
+    if cfg.STREAM_K or cfg.a_format != "bf16" or cfg.out_dtype == "nvfp4":
+        raise ValueError(f"the emulator runs the tiled kernel's whole tiles on bf16 activations "
+                         f"into a dense D, got {cfg}")
+    (M, K), N = a.shape, b.M
+    xp = torch.zeros(rst.padded_rows(cfg, M) * rs.permuted_width(K, cfg.K_TAIL),
+                     dtype=torch.bfloat16)
+    p = out.data_ptr()  # (the NVFP4-output and stream-K arguments are unused)
+    gs = b.global_scale.data_ptr()
+    values = {"w": b.data.data_ptr(), "wsf": b.scales.data_ptr(), "x": a.data_ptr(),
+              "xp": xp.data_ptr(), "gs": gs, "out": p, "out_sf": p, "out_gs": gs, "flag": p,
+              "partials": p, "flags": p, "M": M, "N": N, "K": K, "ctas": sms}
+    launches = _capture(rst.launch_fn(cfg), sms, signature=rst.signature(cfg), values=values)
+    return run(launches, a, b, out, xp, **options)
 
 
 def quantize(x: torch.Tensor, cfg, grid: int, **options) -> tuple:
