@@ -166,15 +166,17 @@ def gemm(a, b, out_dtype="bfloat16", *, arch: str, out_global_scale=None, config
 def _hopper(p, a, b, dtype, out_global_scale, **options) -> Run:
     """The Hopper plan's kernel on the CPU (`emulator.hopper`: the small-M and register-A
     paths and the tiled register-A path's whole tiles on bf16 activations, 2-D, bf16 D or
-    NVFP4 D through the quantizer as `gemm_nvfp4` does on them)."""
+    NVFP4 D through the quantizer as `gemm_nvfp4` does on the first two; the tiled path's
+    fused NVFP4 epilogue is not emulated: its fp32 D, then the quantizer, whose bytes it
+    equals)."""
     from tk_cute import nvfp4
+    from tk_cute.arch import target
     from tk_cute.emulator import hopper
-    from tk_cute.runtime import dtype_name
     from tk_cute.tuning import sm90 as sm90_tuning
 
     tiled = p.path == "register_a_tiled" and not p.config.STREAM_K and not isinstance(
         a, nvfp4.NVFP4Tensor)
-    if not (p.path in ("small_m", "register_a") or tiled) or b.ndim != 2:
+    if not (p.path in ("small_m", "register_a") or tiled) or b.ndim != 2 or len(a.shape) != 2:
         raise NoKernel(f"the emulator runs the Hopper paths small_m, register_a and "
                        f"register_a_tiled's whole tiles on bf16 activations (2-D); sm_90a "
                        f"plans {p} for this call")
@@ -184,12 +186,11 @@ def _hopper(p, a, b, dtype, out_global_scale, **options) -> Run:
     M = a.shape[-2]
     out = torch.full((M, b.M), float("nan"), dtype=dense)
     start = time.perf_counter()
-    sms = 132  # the H200's
+    sms = target("sm_90a").sm_count  # (the plan's: `nvfp4.plan(..., target="sm_90a")`)
     if p.path == "small_m":
         machines = hopper.small_m(a, b, p.config, out, **options)
-    elif tiled:
-        machines = hopper.register_a_tiled(a, b, dataclasses.replace(
-            p.config, out_dtype=dtype_name(dense)), out, sms, **options)
+    elif tiled:  # (NVFP4 D: the plan's Config writes fp32)
+        machines = hopper.register_a_tiled(a, b, p.config, out, sms, **options)
     else:
         machines = hopper.register_a(a, b, p.config, out, sm90_tuning.register_a_ctas(
             p.config, b.M, b.K, sms), **options)

@@ -87,8 +87,8 @@ def register_a_tiled(a, b, cfg, out: torch.Tensor, sms: int, **options) -> list:
         raise ValueError(f"the emulator runs the tiled kernel's whole tiles on bf16 activations "
                          f"into a dense D, got {cfg}")
     (M, K), N = a.shape, b.M
-    xp = torch.zeros(rst.padded_rows(cfg, M) * rs.permuted_width(K, cfg.K_TAIL),
-                     dtype=torch.bfloat16)
+    xp = torch.full((rst.padded_rows(cfg, M) * rs.permuted_width(K, cfg.K_TAIL),), float("nan"),
+                    dtype=torch.bfloat16)  # (poisoned: the permute pass writes every row)
     p = out.data_ptr()  # (the NVFP4-output and stream-K arguments are unused)
     gs = b.global_scale.data_ptr()
     values = {"w": b.data.data_ptr(), "wsf": b.scales.data_ptr(), "x": a.data_ptr(),
