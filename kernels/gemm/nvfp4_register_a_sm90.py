@@ -23,7 +23,8 @@ Activations: the decode's K order is not memory order (below), so they are permu
   once per call ("call", N_ACT >= 32): `_permute_kernel` writes a permuted copy of N_ACT rows
     (those past M zeros, so every activation box lies in bounds), and this kernel, launched
     behind it with PDL, asks for its first unit's weights before waiting; or
-  per stage ("stage", N_ACT <= 16, where the extra kernel boundary cost more than it saved):
+  per stage ("stage", N_ACT <= 16, where the extra kernel boundary cost more than it saved;
+    planned up to N_ACT = 48 too where the call asks for PDL, docs/facts.md#rs-stage-pdl):
     the producer warpgroup's warps 1-3 permute each landed tile in place.
   NVFP4 activations (W4A4, `Config.a_format` "nvfp4", always "call"): the per-call pass
     decodes them too (`_decode_permute_kernel`) and writes D's scale gA * gB * 2^8; the GEMM

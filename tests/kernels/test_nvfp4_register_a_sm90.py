@@ -534,6 +534,34 @@ def test_partials_sum_in_the_emulator(seed, M, N, K, ctas, out_dtype):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("M, N, K, ctas", [(48, 256, 1280, 3), (17, 136, 512, 2)])
+def test_pdl_stage_permute_in_the_emulator(seed, M, N, K, ctas):
+    """pdl=True up to N_ACT = PDL_STAGE_MAX_N_ACT: the plan permutes per stage (48 and 32
+    activation rows, shares straddling row blocks, a partial row block), launches as a
+    programmatic dependent with early weight loads; in the emulator on fresh random operands,
+    D and the workspace poisoned: every element within the product's bound, no hazard, and D
+    bit for bit the per-call pass's (the same permuted activations, the same sums)."""
+    from tk_cute.emulator import hopper
+    from tk_cute.nvfp4 import quantize
+
+    cfg = sm90_tuning.complete("register_a", sm90_tuning.register_a_config(M, N, K), N, K,
+                               False, "bfloat16", "ue4m3", True)
+    assert cfg.permute == "stage" and cfg.PDL and cfg.EARLY_WEIGHTS and cfg.N_ACT in (32, 48)
+    g = torch.Generator().manual_seed(seed)
+    b = quantize(torch.randn(N, K, generator=g))
+    a = torch.randn(M, K, generator=g).bfloat16()
+    outs = []
+    for c in (cfg, dataclasses.replace(cfg, PERMUTE="call", PDL=False, EARLY_WEIGHTS=False)):
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+        machines = hopper.register_a(a, b, c, out, ctas)
+        assert [h for m in machines for h in m.hazards] == []
+        assert len(machines) == 2 + (c.permute == "call")  # + the permute pass
+        outs.append(out)
+    assert_gemm_close(outs[0], a, b, f"ctas={ctas}")
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))  # the pass's D
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("M, N, K, ctas, w4a4, out_dtype", [
     (16, 512, 512, 4, False, "bfloat16"),  # one row block per CTA (permute "stage")
     (40, 392, 400, 2, False, "float32"),  # two per CTA, partial last block and K stage ("call")

@@ -41,7 +41,7 @@ FIELDS = {
         "N_ACT": D, "ROWS": D, "PDL": D, "EARLY_WEIGHTS": D, "DIRECT": D, "out_dtype": D,
         "sf": D,
         "K_TAIL": D, "N_TAIL": D, "a_format": D,
-        "TILES": D, "STAGES": F, "A_SETS": F, "PERMUTE": F},
+        "TILES": D, "PERMUTE": D, "STAGES": F, "A_SETS": F},
     nvfp4_register_a_tiled_sm90.Config: {
         "Nb": D, "A_SETS": D, "out_dtype": D, "sf": D, "a_format": D, "K_TAIL": D,
         "N_TAIL": D, "STREAM_K": D, "PARTIAL_V4": D, "TEAMS": D,
@@ -59,7 +59,7 @@ FIELDS = {
 # epilogue's block and buffers (the compile tests' epilogue-layout proofs vary them), the
 # target (one Config type per kernel family).
 FIXED = {"Kb", "LOAD_PIPE_DEPTH", "SUPERGROUP_SIZE", "arch", "MT", "PDL", "STAGES", "A_SETS",
-         "PERMUTE", "EPI_PIPE_DEPTH", "EPI_N", "CLUSTER_M"}
+         "EPI_PIPE_DEPTH", "EPI_N", "CLUSTER_M"}
 
 
 def _sweep() -> dict:

@@ -549,9 +549,12 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
         config: tuning override (`Config`; default `sm90_tuning.register_a_config`).
         ctas: CTAs sharing the (N / ROWS) x (K / 256) stage units (default
             `sm90_tuning.register_a_ctas`).
-        pdl: programmatic dependent launch where the activations are permuted per stage
-            (N_ACT <= 16; elsewhere ignored: with the permute kernel between the calls it was
-            1-8% slower on the H200 at M = 32-128).
+        pdl: programmatic dependent launch with the activations permuted per stage: a
+            Config permuting "auto" does so with pdl up to N_ACT =
+            `tuning.sm90.PDL_STAGE_MAX_N_ACT` (48); from 64 the per-call pass stays and pdl is
+            ignored (with the pass between the calls it was 1-8% slower on the H200 at M =
+            32-128; per stage with pdl lost to the pass at 64 rows, H100,
+            docs/facts.md#rs-stage-pdl).
 
     Raises:
         TypeError, ValueError: the operand rules of `tk_cute.nvfp4.gemm`, NVFP4 activations, a

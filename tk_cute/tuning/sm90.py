@@ -7,7 +7,8 @@ below); the kernels' designs and limits in docs/nvfp4_hopper.md.
 Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "small_m" (`kernels/gemm/nvfp4_small_m_sm90.py`, mma.sync streaming the weights): M < RS_MIN_M
   and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M; up to
-  SMALL_M_TAIL_MAX_M where N % 128 != 0, and where K % 128 == 0, K <= SMALL_M_SHORT_K_MAX and
+  SMALL_M_TAIL_MAX_M where N % 128 != 0 (unless its N / 32 CTAs fill less than
+  SMALL_M_TAIL_MIN_FILL of the SMs), and where K % 128 == 0, K <= SMALL_M_SHORT_K_MAX and
   N <= NARROW_MAX_N (small layers); also W4A16 M <= 64 where the register-A kernel cannot
   take N or K. It takes K % 64 == 0 (a last half step: `Config.K_TAIL`, set here from K;
   docs/facts.md#small-m-k-tail).
@@ -80,6 +81,12 @@ W4A4_STAGE_MAX_K = 8192
 # bf16, small-M / register-A): 16x4000x8192 W4A16 1.99 / 1.63x, W4A4 2.04 / 1.58x; 64x4000x8192
 # W4A16 0.81 / 1.44x.
 SMALL_M_TAIL_MAX_M = 16
+# ... unless its CTAs (one per 32 weight rows: MT = 2 row tiles of 16, `small_m_config`) fill
+# less than this fraction of the SMs: there the register-A kernel's stream over more CTAs wins (H100 2026-12-07, docs/facts.md#small-m-fill; us, small-M / register-A, W4A16: 9,
+# 12, 16 x 576x7168 (18 CTAs) 9.0 / 7.4, 9.0 / 7.3, 9.4 / 7.4; at 2880x2880 (90 CTAs) 6.2 / 7.8,
+# 6.2 / 7.7, 6.4 / 7.7 and 2880x4096 6.8-7.1 / 8.6-8.7 small-M keeps them).
+SMALL_M_TAIL_MIN_FILL = 0.5
+SMALL_M_MT = 2  # the small-M kernel's MMA row tiles per warp (`gv.Config.MT`; 16 rows each)
 # Up to SMALL_M_TAIL_MAX_M rows the small-M kernel also takes short whole-step K (K % 128 == 0,
 # K <= this): there the register-A kernel's row blocks split into few stages per CTA. H200 A/B
 # (2026-12-05, weights L2-resident, docs/facts.md#small-m-short-k; vs cuBLAS bf16 at 16 rows,
@@ -181,8 +188,8 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     if gv.supports(M, N, K) and (M <= W4A4_NATIVE_MAX_M if w4a4 else M < RS_MIN_M):
         return "small_m"
     if M <= SMALL_M_TAIL_MAX_M and gv.supports(M, N, K) and (
-            N % rs.BAND or (K % gv.STEP_K == 0 and K <= SMALL_M_SHORT_K_MAX
-                            and N <= NARROW_MAX_N)):
+            (N % rs.BAND and N // (16 * SMALL_M_MT) >= SMALL_M_TAIL_MIN_FILL * sms)
+            or (K % gv.STEP_K == 0 and K <= SMALL_M_SHORT_K_MAX and N <= NARROW_MAX_N)):
         return "small_m"
     if rs.supports(M, N, K) and not split_tile_wins(M, N, K):
         return "register_a"
@@ -269,7 +276,7 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # Launched as a programmatic dependent, nothing read before the kernel before it has ended
     # (safe whatever that kernel writes): back-to-back calls overlap one's tail with the next
     # one's launch, 1-8% at M = 1 and 2-3% at M = 8-16 (H200 A/B, docs/facts.md#pdl).
-    cfg = gv.Config(MT=2, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
+    cfg = gv.Config(MT=SMALL_M_MT, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
                     AHEAD=NT == 1, L2_FETCH=128 if M == 1 and K % 256 == 0 else 0, PDL=True,
                     **_small_m_k_fields(K, unroll))
     cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms))
@@ -334,13 +341,23 @@ def quantize_in_gemm(M: int, N: int, K: int, out_dtype: str = "bfloat16",
     return dataclasses.replace(cfg, XSMEM=gv.xsmem_bytes(M, K), QUANTIZE_A=True)
 
 
+# Register-A with `pdl` permutes the activations per stage up to this N_ACT: one launch a call,
+# whose start overlaps the call before (the per-call pass between the calls took PDL's gain,
+# `rs.CALL_PERMUTE_MIN_N_ACT`). H100 2026-12-07 (docs/facts.md#rs-stage-pdl; us, calls
+# chained in a graph, the pass / per stage with PDL): 32x2880^2 8.1 / 6.9, 48x2880^2 9.7 / 7.8,
+# 32x576x7168 7.5 / 6.4; at 64 rows per stage lost (64x2880^2 10.4 / 10.8, 64x3584^2 12.9 /
+# 17.0).
+PDL_STAGE_MAX_N_ACT = 48
+
+
 def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str, pdl: bool,
              sms: int | None = None):
     """`cfg` (a path's Config: the planner's pick or a tuning entry's forced one) with every
     field the call fixes filled in, the one place a Config is completed from a call: D's type,
     the block-scale format, the activations' format (W4A4: decoded in the kernel), the K and N
     tails of the shape, programmatic dependent launch with early weight loads where `pdl`
-    asks for it and the path takes it (small-M; register-A where it permutes per stage), and
+    asks for it and the path takes it (small-M; register-A where it permutes per stage, which
+    it does with `pdl` up to N_ACT = PDL_STAGE_MAX_N_ACT), and
     given the GPU's `sms`, register-A's D stored by the GEMM where its planned grid
     (`register_a_ctas`) gives every row block to one CTA (`rs.Config.DIRECT`, no reduction
     launch: Llama 3 8B's gate_up, DeepSeek-V3's q_b and kv_b at 9-96 rows)."""
@@ -352,6 +369,9 @@ def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str
     if path == "register_a":
         cfg = dataclasses.replace(cfg, out_dtype=out_dtype, sf=sf, a_format=a_format,
                                   K_TAIL=K % rs.STAGE_K != 0, N_TAIL=N % rs.BAND != 0)
+        if (pdl and not w4a4 and cfg.PERMUTE == "auto" and cfg.permute == "call"
+                and cfg.N_ACT <= PDL_STAGE_MAX_N_ACT):
+            cfg = dataclasses.replace(cfg, PERMUTE="stage")
         if pdl and cfg.permute == "stage":
             cfg = dataclasses.replace(cfg, PDL=True, EARLY_WEIGHTS=True)
         if sms is not None and rs.whole_blocks(cfg, N, K, register_a_ctas(cfg, N, K, sms)):

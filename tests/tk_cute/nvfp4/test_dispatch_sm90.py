@@ -285,7 +285,9 @@ def test_measured_boundaries():
     """The measured thresholds of `tuning.sm90`, each at its edge (docs/facts.md anchors in
     the module): the split tile from SPLIT_TILE_MIN_M rows on SPLIT_TILE_MIN_BANDS bands,
     stream-K teams on few bands, stream-K up to TILED_STREAM_K_MAX_A_BYTES of activations,
-    "dequantize" from DEQUANTIZE_FROM rows (narrow layers at long K: DEQUANTIZE_NARROW_N)."""
+    "dequantize" from DEQUANTIZE_FROM rows (narrow layers at long K: DEQUANTIZE_NARROW_N), the
+    small-M kernel on N % 128 != 0 up to SMALL_M_TAIL_MAX_M rows where its CTAs fill
+    SMALL_M_TAIL_MIN_FILL of the SMs."""
     T = sm90_tuning
     bands_n = T.SPLIT_TILE_MIN_BANDS * 128
     assert _plan_hopper(False, T.SPLIT_TILE_MIN_M - 1, 8192, 8192, "bfloat16", SMS,
@@ -314,6 +316,18 @@ def test_measured_boundaries():
         assert _plan_hopper(w4a4, rows, N, K, "bfloat16", SMS, False).path == "dequantize", \
             (w4a4, N, K)
     assert _plan_hopper(False, 100, 100, 64, "bfloat16", SMS, False).pad_n == 104
+    # N % 128 != 0 keeps the small-M kernel up to SMALL_M_TAIL_MAX_M rows where its N / 32
+    # CTAs fill SMALL_M_TAIL_MIN_FILL of the SMs (2880: 90 of 132), not on 576 (18)
+    for w4a4 in (False, True):
+        for M in (9, T.SMALL_M_TAIL_MAX_M):
+            assert _plan_hopper(w4a4, M, 2880, 2880, "bfloat16", SMS, False).path == "small_m"
+            assert _plan_hopper(w4a4, M, 576, 7168, "bfloat16", SMS, False).path == \
+                "register_a"
+        fill = int(T.SMALL_M_TAIL_MIN_FILL * SMS) * 32  # the least N that fills half the SMs
+        assert fill % 128 and _plan_hopper(w4a4, 16, fill, 8192, "bfloat16", SMS,
+                                           False).path == "small_m"
+        assert _plan_hopper(w4a4, 16, fill - 32, 8192, "bfloat16", SMS, False).path == \
+            "register_a"
     # The small-M kernel's K split: a divisor of the chunks near the aim (K = 8192: 32 chunks,
     # S = 8), but for Qwen2.5-7B's down projection (K = 18944: 74 chunks = 2 x 37, aim 19) 15
     # slices of 4 or 5 chunks (SMALL_M_EVEN_MIN, SMALL_M_MAX_WARPS), not the divisor 2
@@ -326,7 +340,11 @@ def test_measured_boundaries():
 
 def test_pdl_reaches_the_kernels_that_take_it():
     """pdl=True: early weight loads in the small-M kernel and in the register-A kernel that
-    permutes per stage; the small-M kernel launches as a programmatic dependent either way."""
+    permutes per stage, which W4A16 then does up to N_ACT = PDL_STAGE_MAX_N_ACT (a forced
+    Config's permute kept); the small-M kernel launches as a programmatic dependent either
+    way."""
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
+
     def config(M, pdl):
         return _plan_hopper(False, M, 8192, 8192, "bfloat16", SMS, pdl).config
 
@@ -334,6 +352,16 @@ def test_pdl_reaches_the_kernels_that_take_it():
     assert config(1, False).PDL and not config(1, False).EARLY_WEIGHTS
     assert config(16, True).PDL and config(16, True).EARLY_WEIGHTS  # stage
     assert not config(16, False).PDL
+    for M in (17, 32, 48):  # with pdl per stage up to PDL_STAGE_MAX_N_ACT, else the pass
+        assert config(M, True).permute == "stage" and config(M, True).EARLY_WEIGHTS
+        assert config(M, False).permute == "call" and not config(M, False).PDL
+        w4a4 = _plan_hopper(True, M, 8192, 8192, "bfloat16", SMS, True).config
+        assert w4a4.permute == "call" and not w4a4.PDL  # the decode pass permutes them
+    assert sm90_tuning.PDL_STAGE_MAX_N_ACT == 48
+    assert not config(49, True).PDL and config(49, True).permute == "call"
+    forced = sm90_tuning.complete("register_a", rs.Config(N_ACT=32, PERMUTE="call"), 2880, 2880,
+                                  False, "bfloat16", "ue4m3", True)  # a forced Config: kept
+    assert forced.permute == "call" and not forced.PDL
     assert not config(64, True).PDL  # call
     assert not config(64, False).PDL
 
@@ -590,6 +618,32 @@ def test_pdl_rows_chain(seed, no_reference):
     torch.cuda.synchronize()
     for x, d in zip(xs, xs[1:]):
         assert_gemm_close(d, x, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(32, 2880, 2880), (48, 2880, 2880), (32, 576, 7168),
+                                     (40, 8192, 8192), (33, 1000, 1040)])
+def test_pdl_stage_permute_chains(seed, no_reference, M, N, K):
+    """pdl=True at 17-48 rows: register-A permuting per stage, each call a programmatic
+    dependent of the one before that wrote its activations (read after write), poisoned
+    outputs, every element."""
+    from tk_cute.testing import assert_gemm_close
+
+    b = _weights(N, K)
+    assert plan(torch.empty(M, K, device="cuda", dtype=torch.bfloat16), b,
+                pdl=True).config.permute == "stage"
+    b_sq = _weights(K, K)  # a K x K layer keeps the chain's activations K wide
+    xs = [torch.randn(M, K, device="cuda").bfloat16()]
+    outs = [torch.full((M, K), float("nan"), device="cuda", dtype=torch.bfloat16)
+            for _ in range(2)]
+    for out in outs:
+        xs.append(gemm(xs[-1], b_sq, out=out, pdl=True))
+    d = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm(xs[-1], b, out=d, pdl=True)
+    torch.cuda.synchronize()
+    for x, y in itertools.pairwise(xs):
+        assert_gemm_close(y, x, b_sq)
+    assert_gemm_close(d, xs[-1], b)
 
 
 def test_k_tails_plan_kernels_with_a_tail():
