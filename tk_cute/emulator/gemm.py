@@ -204,7 +204,6 @@ def _hopper(p, a, b, dtype, out_global_scale, **options) -> Run:
 def replay(run: Run, a, b, ptx: str | None = None, **options) -> Run:
     """`run`'s launch again on a poisoned D, its PTX replaced by `ptx` if given (what a kernel
     edited by hand, or a deliberately broken one, does); options as `gemm`'s."""
-
     ln = run.launch if ptx is None else dataclasses.replace(run.launch, ptx=ptx)
     return _execute(ln, a, b, run.call, run.kernel, **options)
 
