@@ -110,6 +110,7 @@ OUT_TYPES = ("bfloat16", "float16", "float32")
 CALL_PERMUTE_MIN_N_ACT = 32
 A_FORMATS = ("bf16", "nvfp4")  # activations as they come: bfloat16 (W4A16) or NVFP4 (W4A4)
 N_ALIGN = 8  # D's rows (N elements) 16 bytes apart in bf16 (`Config.N_TAIL` below ROWS)
+CLUSTERS = (1, 2, 4, 8)  # `Config.CLUSTER`: portable cluster sizes
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,11 @@ class Config:
     # Every row block in one CTA's share (the host's grid: `whole_blocks`): the GEMM stores D,
     # no partials, no reduction launch
     DIRECT: bool = False
+    # CTAs per row block, one cluster (2, 4 or 8; 1: the stream-K grid): each streams a
+    # contiguous CLUSTER-th of the block's stages (`share`) and the cluster sums its fp32
+    # partials through distributed shared memory, each CTA a CLUSTER-th of the block into D in
+    # rank order (`_cluster_sum`): no workspace, no reduction launch
+    CLUSTER: int = 1
     out_dtype: str = "bfloat16"
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # the weights' scale format
     # K % STAGE_K != 0: the last stage of each row block is partial (`k_stages`)
@@ -169,6 +175,11 @@ class Config:
         if self.a_format == "nvfp4" and self.PERMUTE == "stage":
             raise ValueError("NVFP4 activations are decoded in the permute 'call' pass: "
                              "PERMUTE='stage' takes bf16 activations only")
+        if self.CLUSTER not in CLUSTERS:
+            raise ValueError(f"CLUSTER must be one of {CLUSTERS}, got {self.CLUSTER}")
+        if self.CLUSTER > 1 and self.DIRECT:
+            raise ValueError("CLUSTER > 1 sums a block's partials in the cluster; DIRECT gives "
+                             "each block one CTA: one or the other")
         if self.stages < 2:
             raise ValueError(f"a ring of >= 2 stages of {self.stage_bytes} B must fit "
                              f"{SMEM_BUDGET} B of shared memory (N_ACT={self.N_ACT}, "
@@ -290,6 +301,24 @@ def stream_units(cfg: Config, N, K):
 def row_blocks(cfg: Config, N):
     """Row blocks of ROWS weight rows (with `N_TAIL` the last one partial)."""
     return blocks(N, cfg.ROWS, cfg.N_TAIL)
+
+
+def share(cfg: Config, cta, ctas, N, K):
+    """CTA `cta`'s units [start, end): an equal contiguous share of the stream-K schedule
+    (`schedule.stream_k_share`), or with `Config.CLUSTER` its rank's contiguous CLUSTER-th of
+    its cluster's row block's stages (plain integer arithmetic: the host and the kernel use it
+    alike)."""
+    if cfg.CLUSTER == 1:
+        return schedule.stream_k_share(cta, ctas, stream_units(cfg, N, K))
+    stages = k_stages(cfg, K)
+    rb, rank = cta // cfg.CLUSTER, cta % cfg.CLUSTER
+    return (rb * stages + rank * stages // cfg.CLUSTER,
+            rb * stages + (rank + 1) * stages // cfg.CLUSTER)
+
+
+def cluster_ctas(cfg: Config, N: int) -> int:
+    """The grid of `Config.CLUSTER` > 1: CLUSTER CTAs per row block."""
+    return row_blocks(cfg, N) * cfg.CLUSTER
 
 
 def whole_blocks(cfg: Config, N: int, K: int, ctas: int) -> bool:
@@ -443,13 +472,17 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer,
     cute.arch.mbarrier_init_fence()
     cute.arch.barrier()
     cluster.pdl_launch_dependents()  # the reduction (DIRECT: the next kernel) may launch
-    start, end = schedule.stream_k_share(cta, ctas, stream_units(cfg, N, K))
+    start, end = share(cfg, cta, ctas, N, K)
     if warpgroup.groupid() == 0:
         warpgroup.decrease_registers(PRODUCER_REGISTERS)
         if tid < 32:
             _load(cfg, gw, gsf, gx, wq, sf, xs, loaded, empty, start, end - start, K)
         elif cutlass.const_expr(per_stage):
             _permute(cfg, xs, loaded, full, end - start, tid - 32)
+        if cutlass.const_expr(cfg.CLUSTER > 1):  # (every thread meets the cluster's barriers)
+            cute.arch.barrier()
+            cluster.cluster_sync()
+            cluster.cluster_sync()
     else:
         warpgroup.increase_registers(cfg.consumer_registers)
         _consume(cfg, wq, sf, xs, full, empty, start, end - start, tid - WG, (ws, out, gsb), M,
@@ -604,8 +637,11 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
                     with warp.elect_leader():
                         phases.at(empty, i - 1).arrive()
         warpgroup.mma_async_wait(0)
-        for j in cutlass.range_constexpr(cfg.TILES):
-            _store(cfg, acc[j], dest, M, N, cta, rb, j, thread)
+        if cutlass.const_expr(cfg.CLUSTER > 1):  # (one row block per CTA)
+            _cluster_sum(cfg, acc, xs[None, None, 0].iterator.toint(), dest, M, N, rb, thread)
+        else:
+            for j in cutlass.range_constexpr(cfg.TILES):
+                _store(cfg, acc[j], dest, M, N, cta, rb, j, thread)
 
 
 def _weight_chunk(w_base, chunk, r):
@@ -666,6 +702,43 @@ def _store(cfg: cutlass.Constexpr, acc, dest, M, N, cta, rb, j, thread):
             memory.st_v4_f32(ws.toint() + Int64(v) * 16, [acc.frag[4 * c + e] for e in range(4)])
 
 
+@cute.jit
+def _cluster_sum(cfg: cutlass.Constexpr, acc, base, dest, M, N, rb, thread):
+    """`Config.CLUSTER`: once every consumer warpgroup's MMAs are done (the ring is free), put
+    this CTA's partial of row block rb in shared memory at `base` (the activation ring) as the
+    workspace holds it (`partial_vector`, region 0); after the cluster barrier that publishes
+    every rank's, sum vectors [rank, rank + 1) x (vectors / CLUSTER) of the CLUSTER partials in
+    rank order from 0 (distributed shared memory) and store D as `_reduce_kernel` does; a last
+    cluster barrier keeps each partial until its peers have read it."""
+    _, out, gsb = dest
+    cute.arch.barrier()  # (with the producer warpgroup)
+    for j in cutlass.range_constexpr(cfg.TILES):
+        for c in cutlass.range_constexpr(cute.size(acc[j].frag) // 4):
+            memory.st_shared_v4_f32(base + partial_vector(cfg, 0, j, c, thread) * 16,
+                                    [acc[j].frag[4 * c + e] for e in range(4)])
+    cluster.cluster_sync()
+    cluster.pdl_wait()  # (returns at once: W4A4's decode pass wrote the scale long before)
+    scale = output_scale(gsb, cfg.sf)
+    threads = cfg.consumers * WG
+    per_rank = partial_vectors(cfg) // cfg.CLUSTER
+    first = cluster.cta_rank() * per_rank
+    for i in cutlass.range(thread, per_rank, threads, unroll=1):
+        v = first + i
+        total = [Float32(0.0)] * 4
+        for q in cutlass.range_constexpr(cfg.CLUSTER):
+            part = cluster.ld_shared_remote_v4_f32(base + v * 16, q)
+            total = [total[e] + part[e] for e in range(4)]
+        src, jc = v % threads, v // threads  # (`partial_vector` inverted)
+        j, c = jc // (cfg.N_ACT // 8), jc % (cfg.N_ACT // 8)
+        n0 = tile_row(cfg, rb, j, src)
+        for e in cutlass.range_constexpr(4):
+            r, m = register_a.acc_coord(src % WG, 4 * c + e)
+            n = Int64(n0 + spread_row(r))
+            if m < M and n < Int64(N):
+                _store_d(cfg, out, N, m, n, total[e], scale)
+    cluster.cluster_sync()
+
+
 def _store_d(cfg, out, N, m, n, v, scale):
     """Element (m, n) of D: (0 + its one partial sum v) times the scale, as `_reduce_kernel`
     writes it."""
@@ -697,7 +770,7 @@ def partial_vector(cfg, region, j, c, thread):
 def partial_bytes(cfg, N: int, ctas: int) -> int:
     """Bytes of the fp32 partials (`partial_vector`): a region of ROWS x N_ACT sums per
     (CTA, row block) slot (`schedule.stream_k_slots`; none with `Config.DIRECT`)."""
-    if cfg.DIRECT:
+    if cfg.DIRECT or cfg.CLUSTER > 1:
         return 0
     return 16 * schedule.stream_k_slots(ctas, row_blocks(cfg, N)) * partial_vectors(cfg)
 
@@ -828,8 +901,9 @@ def _gemm_and_reduce(cfg, w, wsf, xt_ptr, gsb, out, ws, M, N, K, ctas, stream, p
     _kernel(cfg, gl.load(wt, cfg.weight_tile), gl.load(sft, cfg.scale_tile),
             gl.load(xt, cfg.act_tile), ws, out, gsb, M, N, K).launch(
         grid=[ctas, 1, 1], block=[cfg.threads, 1, 1], stream=stream, use_pdl=pdl,
+        cluster=[cfg.CLUSTER, 1, 1] if cfg.CLUSTER > 1 else None,
         min_blocks_per_mp=1)  # (without it ptxas drops setmaxnreg: `ops.warpgroup`)
-    if cutlass.const_expr(not cfg.DIRECT):
+    if cutlass.const_expr(not cfg.DIRECT and cfg.CLUSTER == 1):
         assert partial_vectors(cfg) // 4 % REDUCE_THREADS == 0  # (whole CTAs per row block)
         _reduce_kernel(cfg, ws, gsb, out, M, N, K, ctas).launch(
             grid=[row_blocks(cfg, N) * (partial_vectors(cfg) // 4 // REDUCE_THREADS), 1, 1],
@@ -916,5 +990,8 @@ def check_shape(cfg: Config, M: int, N: int, K: int) -> None:
                          f"(the scale block), got K={K}")
     if K % STAGE_K and not cfg.K_TAIL:
         raise ValueError(f"K={K} is not a multiple of {STAGE_K}: the Config needs K_TAIL=True")
+    if k_stages(cfg, K) < cfg.CLUSTER:
+        raise ValueError(f"CLUSTER = {cfg.CLUSTER} CTAs per row block need as many 256-K "
+                         f"stages, K={K} has {k_stages(cfg, K)}")
 
 

@@ -592,6 +592,69 @@ def test_direct_store_in_the_emulator(seed, M, N, K, ctas, w4a4, out_dtype):
     assert_gemm_close(outs[1], quantize(a).dequantize() if w4a4 else a, b)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("M, N, K, cluster, w4a4, out_dtype", [
+    (16, 256, 1024, 4, False, "bfloat16"),  # 4 stages in 4 shares (permute "stage")
+    (40, 392, 1040, 2, False, "float32"),  # 5 stages in 2 + 3, partial last block and stage
+    (128, 512, 512, 2, False, "bfloat16"),  # 256-row blocks of two MMA tiles
+    (24, 256, 2048, 8, True, "float16"),  # W4A4: D's scale from the decode pass
+])
+def test_cluster_sum_in_the_emulator(seed, M, N, K, cluster, w4a4, out_dtype):
+    """`Config.CLUSTER`: the CTAs of a row block sum their partials through distributed shared
+    memory, no workspace, no reduction launch; in the emulator on fresh random operands, D
+    poisoned: every element within the product's bound, no hazard, and where the block's
+    stages split evenly D is bit for bit the stream-K grid's of the same shares with its
+    reduction (the same partials summed in the same order)."""
+    from tk_cute.emulator import hopper
+    from tk_cute.nvfp4 import quantize
+
+    cfg = sm90_tuning.complete("register_a", sm90_tuning.register_a_config(M, N, K), N, K,
+                               w4a4, out_dtype, "ue4m3", False)
+    if (M, N) == (128, 512):
+        assert cfg.ROWS == 256 and cfg.TILES == 2
+    g = torch.Generator().manual_seed(seed)
+    b = quantize(torch.randn(N, K, generator=g))
+    a = torch.randn(M, K, generator=g).bfloat16()
+    even = rs.k_stages(cfg, K) % cluster == 0
+    outs = []
+    for c in (dataclasses.replace(cfg, CLUSTER=cluster), cfg) if even else (
+            dataclasses.replace(cfg, CLUSTER=cluster),):
+        out = torch.full((M, N), float("nan"), dtype=getattr(torch, out_dtype))
+        machines = hopper.register_a(quantize(a) if w4a4 else a, b, c, out,
+                                     rs.row_blocks(c, N) * cluster)
+        assert [h for m in machines for h in m.hazards] == []
+        assert len(machines) == (c.permute == "call") + (1 if c.CLUSTER > 1 else 2)
+        assert not out.isnan().any()
+        outs.append(out)
+    assert_gemm_close(outs[0], quantize(a).dequantize() if w4a4 else a, b)
+    if even:
+        assert torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8))
+
+
+def test_cluster_sum_compiles_one_kernel_with_distributed_shared_loads():
+    """With CLUSTER the GEMM is one kernel (no reduction), without spills or local memory, its
+    sum reading each rank's 16-byte vectors from distributed shared memory between two cluster
+    barriers; the host refuses other grids and too few stages, the Config DIRECT with it."""
+    for cfg in (rs.Config(N_ACT=16, CLUSTER=4), rs.Config(N_ACT=64, ROWS=256, CLUSTER=2)):
+        b = build(rs.launch_fn(cfg), *rs.signature(cfg).compile_args(cfg), arch="sm_90a")
+        assert len(b.resources) == 1 + (cfg.permute == "call")
+        assert all(k.local_bytes == 0 for k in b.resources)
+        assert b.ptx_count(r"ld\.shared::cluster\.v4\.f32") == cfg.CLUSTER
+        assert b.ptx_count(r"barrier\.cluster\.arrive") == 4  # (producer and consumer paths)
+        assert b.ptx_count(r"ld\.global\.v4") == 0  # (no partials read back)
+    w = random_weights(512, 1024, device="cpu")
+    cfg = rs.Config(N_ACT=16, CLUSTER=4)
+    assert rs.cluster_ctas(cfg, 512) == 16 and rs.partial_bytes(cfg, 512, 16) == 0
+    with pytest.raises(ValueError, match="CLUSTER = 4 runs 16 CTAs"):
+        launch.RegisterA(w, cfg, 16, ctas=8)
+    with pytest.raises(ValueError, match="need as many 256-K stages, K=512 has 2"):
+        rs.check_shape(cfg, 16, 512, 512)
+    with pytest.raises(ValueError, match="CLUSTER must be one of"):
+        rs.Config(CLUSTER=3)
+    with pytest.raises(ValueError, match="one or the other"):
+        rs.Config(CLUSTER=2, DIRECT=True)
+
+
 def test_direct_store_is_planned_where_the_grid_gives_whole_row_blocks():
     """`complete(..., sms)` sets DIRECT exactly where the planned grid (`register_a_ctas`) gives
     every row block to one CTA (`whole_blocks`), over the real layers' register-A plans; the
@@ -667,6 +730,29 @@ def test_fp32_output_share_invariance_and_determinism(seed, M, N):
     d16 = launch.gemm_rs(a, b, torch.float16, config=cfg, ctas=7)
     assert d16.dtype == torch.float16
     assert_gemm_close(d16, a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K, cluster", [(16, 512, 2048, 4), (64, 2880, 2880, 4),
+                                              (32, 3584, 3584, 2), (48, 576, 7168, 8),
+                                              (128, 1024, 1024, 2)])
+def test_cluster_sum_matches_float64(seed, M, N, K, cluster):
+    """`Config.CLUSTER` on the GPU (clusters of 2-8 CTAs per row block, partial last blocks and
+    stages, uneven splits): every element within the product's bound, D poisoned first; where
+    the stages split evenly, bit for bit the stream-K grid of the same shares with its
+    reduction kernel; run to run reproducible."""
+    b = random_weights(N, K)
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    pick = sm90_tuning.register_a_config(M, N, K)
+    cfg = dataclasses.replace(pick, CLUSTER=cluster)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    d = launch.gemm_rs(a, b, out=out, config=cfg)
+    assert not d.isnan().any()
+    assert_gemm_close(d, a, b, f"CLUSTER={cluster}")
+    assert torch.equal(d, launch.gemm_rs(a, b, config=cfg))
+    if rs.k_stages(cfg, K) % cluster == 0:
+        ref = launch.gemm_rs(a, b, config=pick, ctas=rs.cluster_ctas(cfg, N))
+        assert torch.equal(d.view(torch.int16), ref.view(torch.int16))
 
 
 @pytest.mark.gpu

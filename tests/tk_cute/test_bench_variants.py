@@ -19,9 +19,11 @@ def test_nvfp4_variants_with_tuning(M, N, K):
     assert bool(tuned) == (M <= 64)
     rs_grids = [n for n in v if n.startswith("tk_cute w4a16 register_a")]
     assert bool(rs_grids) == (9 <= M <= 128)  # `sm90_tuning.RS_MIN_M`, the kernel's MAX_M
-    if (M, N, K) == (64, 2880, 2880):  # one CTA per SM, the aligned grids; no 256 rows: N % 256
+    if (M, N, K) == (64, 2880, 2880):  # one CTA per SM, the aligned grids, the cluster sums of
+        # 23 row blocks (2 and 4 per block; 8 would take 184 SMs); no 256 rows: N % 256
         assert rs_grids == [f"tk_cute w4a16 register_a ROWS=128 ctas={c}"
-                            for c in (132, 92, 69, 46)]
+                            for c in (132, 92, 69, 46)] + [
+                                f"tk_cute w4a16 register_a CLUSTER={c}" for c in (2, 4)]
     if (M, N, K) == (64, 8192, 28672):
         assert "tk_cute w4a16 register_a ROWS=128" in rs_grids
     tiled = [n for n in v if n.startswith("tk_cute w4a16 tiled")]

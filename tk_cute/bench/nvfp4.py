@@ -185,7 +185,8 @@ def _register_a_tuning_variants(M, N, K, sms):
     """The register-A kernel beside the dispatch's pick (docs/facts.md#rs-grid): its planned
     Config on one CTA per SM and on up to four grids whose shares line up with the row blocks
     (`rounds.aligned`, from a third of the SMs; the plan's own is `sm90_tuning.register_a_ctas`),
-    and with the other row count (128 / 256 weight rows per CTA) on its planned grid where N and
+    with the cluster sum (`CLUSTER` CTAs per row block, 2, 4 or 8, where they fit the SMs), and
+    with the other row count (128 / 256 weight rows per CTA) on its planned grid where N and
     the shared memory allow."""
     from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
     from tk_cute.nvfp4 import launch
@@ -199,6 +200,11 @@ def _register_a_tuning_variants(M, N, K, sms):
                       if rounds.aligned(units, stages, c)][:4]
     v = {f"tk_cute w4a16 register_a ROWS={pick.ROWS} ctas={c}": (
         lambda s, c=c: launch.gemm_rs(s["a"], s["b"], config=pick, ctas=c)) for c in grids}
+    for c in rs.CLUSTERS[1:]:  # the cluster sum (`rs.Config.CLUSTER`) where its grid fits
+        if rs.row_blocks(pick, N) * c <= sms and stages >= c:
+            v[f"tk_cute w4a16 register_a CLUSTER={c}"] = (
+                lambda s, c=c: launch.gemm_rs(s["a"], s["b"], config=dataclasses.replace(
+                    pick, CLUSTER=c)))
     rows = 3 * rs.BAND - pick.ROWS  # 128 <-> 256
     if rows == rs.BAND or N % rows == 0:
         try:

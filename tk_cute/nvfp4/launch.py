@@ -111,13 +111,20 @@ class RegisterA:
     """The register-A kernel prepared for weights b, M rows, `cfg` and its grid (`ctas`;
     default `sm90_tuning.register_a_ctas`), as `SmallM`. Workspaces per call
     (`runtime.workspace`, on the launch's stream): the fp32 partials (`rs.partial_bytes`; none with
-    `cfg.DIRECT`, whose grid must give whole row blocks) and, with permute "call", the
+    `cfg.DIRECT`, whose grid must give whole row blocks, or `cfg.CLUSTER`, whose grid is
+    `rs.cluster_ctas`) and, with permute "call", the
     permuted activations (W4A4: and D's scale after them)."""
 
     def __init__(self, b: NVFP4Tensor, cfg: rs.Config, M: int, ctas: int | None = None,
                  gsb=None):
         N, K, dev = b.M, b.K, b.device
         rs.check_shape(cfg, M, N, K)  # (a K tail without cfg.K_TAIL would drop it silently)
+        if cfg.CLUSTER > 1:
+            if ctas not in (None, rs.cluster_ctas(cfg, N)):
+                raise ValueError(f"a register-A Config with CLUSTER = {cfg.CLUSTER} runs "
+                                 f"{rs.cluster_ctas(cfg, N)} CTAs on N={N} (CLUSTER per row "
+                                 f"block), got ctas={ctas}")
+            ctas = rs.cluster_ctas(cfg, N)
         if ctas is None:
             ctas = sm90_tuning.register_a_ctas(cfg, N, K, sm_count(dev))
         ctas = min(ctas, rs.stream_units(cfg, N, K))

@@ -7,18 +7,20 @@ arrive/wait order barrier initialisation across the cluster before anyone multic
 `elect_leader` picks one lane to issue thread-scope ops. PDL (`griddepcontrol`) lets the next
 kernel's prologue overlap this one's tail. `multicast_ctas` counts the CTAs whose multicast
 loads fill one stage (a ring's consumer count); `tma.multicast` gives a CTA its masks.
-`ld_shared_remote_u32` reads a word of a peer CTA's shared memory (distributed shared memory).
+`ld_shared_remote_u32` / `ld_shared_remote_v4_f32` read a word / 16 bytes of a peer CTA's shared
+memory (distributed shared memory).
 """
 
 from __future__ import annotations
 
 import cutlass.cute as cute
-from cutlass import Int32, Uint32
+from cutlass import Float32, Int32, Uint32
+from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from tk_cute.ops.ptx import asm
+from tk_cute.ops.ptx import asm, unpack
 from tk_cute.ops.warp import elect_leader  # noqa: F401  (re-exported for CTA-pair code)
 
 
@@ -80,3 +82,14 @@ def ld_shared_remote_u32(addr: Int32, rank: Int32, *, loc=None, ip=None) -> Uint
     text = ("{ .reg .b32 ra; mapa.shared::cluster.u32 ra, $1, $2; "
             "ld.shared::cluster.u32 $0, [ra]; }")
     return Uint32(asm(T.i32(), [Int32(addr), Int32(rank)], text, "=r,r,r", loc, ip, True))
+
+
+@dsl_user_op
+def ld_shared_remote_v4_f32(addr: Int32, rank: Int32, *, loc=None, ip=None) -> list:
+    """4 float32 at shared address `addr` (16-byte aligned) of the cluster's CTA `rank`, as
+    `ld_shared_remote_u32` reads one word."""
+    ret = llvm.StructType.get_literal([T.f32()] * 4)
+    text = ("{ .reg .b32 ra; mapa.shared::cluster.u32 ra, $4, $5; "
+            "ld.shared::cluster.v4.f32 {$0, $1, $2, $3}, [ra]; }")
+    res = asm(ret, [Int32(addr), Int32(rank)], text, "=f,=f,=f,=f,r,r", loc, ip, True)
+    return unpack(res, T.f32(), 4, Float32, loc, ip)

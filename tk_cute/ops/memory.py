@@ -20,7 +20,7 @@ tests count these instructions.
   whoever acquires the flag); the thread's other accesses stay in program order around them.
 - Global -> shared without registers: `cp_async_16`, `cp_async_wait_all`.
 - Shared memory: `ld_shared_v4` (float32 or 32-bit words), `ld_shared_u16`, `st_shared_v2_f32`,
-  `st_shared_v4_u32` on a 32-bit shared address.
+  `st_shared_v4_u32`, `st_shared_v4_f32` on a 32-bit shared address.
 """
 
 from __future__ import annotations
@@ -255,3 +255,10 @@ def st_shared_v4_u32(addr: Int32, words: list, *, loc=None, ip=None) -> None:
     """4 32-bit words to 32-bit shared address `addr` (16-byte aligned)."""
     asm(None, [Int32(addr)] + [Uint32(w) for w in words],
         "st.shared.v4.u32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r", loc, ip, True)
+
+
+@dsl_user_op
+def st_shared_v4_f32(addr: Int32, xs: list, *, loc=None, ip=None) -> None:
+    """4 float32 to 32-bit shared address `addr` (16-byte aligned)."""
+    asm(None, [Int32(addr)] + [Float32(x) for x in xs],
+        "st.shared.v4.f32 [$0], {$1, $2, $3, $4};", "r,f,f,f,f", loc, ip, True)

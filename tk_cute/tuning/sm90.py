@@ -374,7 +374,8 @@ def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str
             cfg = dataclasses.replace(cfg, PERMUTE="stage")
         if pdl and cfg.permute == "stage":
             cfg = dataclasses.replace(cfg, PDL=True, EARLY_WEIGHTS=True)
-        if sms is not None and rs.whole_blocks(cfg, N, K, register_a_ctas(cfg, N, K, sms)):
+        if (sms is not None and cfg.CLUSTER == 1
+                and rs.whole_blocks(cfg, N, K, register_a_ctas(cfg, N, K, sms))):
             cfg = dataclasses.replace(cfg, DIRECT=True)
         return cfg
     if path == "register_a_tiled":
