@@ -54,6 +54,12 @@ Pipeline (a STAGES-deep ring of one unit per stage; mbarriers loaded / full / em
   `Config.DIRECT` (a grid whose shares are whole row blocks, `whole_blocks`: every block has
     one partial): the consumers scale and store D themselves, as the reduction would (0 + the
     one partial, times the scale: bit for bit), and no reduction is launched.
+  `Config.CLUSTER` (the grid CLUSTER CTAs per row block, `cluster_ctas`; planned by
+    `tuning.sm90.register_a_cluster`): the CTAs of a block form a cluster, each streaming a
+    contiguous CLUSTER-th of its stages (`share`); each then puts its partial in its own
+    activation ring, and after a cluster barrier sums a CLUSTER-th of the block over the
+    ranks' partials in rank order through distributed shared memory into D (`_cluster_sum`,
+    bit for bit the reduction over those shares): no workspace, no reduction launch.
 The K order: a thread's 16 weight bytes hold 32 consecutive codes (K 32t .. 32t + 31 of a
 128-K block, t = lane % 4), but a wgmma A operand wants K 2t, 2t + 1, 2t + 8, 2t + 9 of every
 k16 step from thread t. Any permutation of K applied to both operands leaves the sum unchanged,

@@ -41,7 +41,7 @@ FIELDS = {
         "N_ACT": D, "ROWS": D, "PDL": D, "EARLY_WEIGHTS": D, "DIRECT": D, "out_dtype": D,
         "sf": D,
         "K_TAIL": D, "N_TAIL": D, "a_format": D,
-        "TILES": D, "PERMUTE": D, "STAGES": F, "A_SETS": F, "CLUSTER": F},
+        "TILES": D, "PERMUTE": D, "STAGES": F, "A_SETS": F, "CLUSTER": D},
     nvfp4_register_a_tiled_sm90.Config: {
         "Nb": D, "A_SETS": D, "out_dtype": D, "sf": D, "a_format": D, "K_TAIL": D,
         "N_TAIL": D, "STREAM_K": D, "PARTIAL_V4": D, "TEAMS": D,
@@ -57,10 +57,9 @@ FIELDS = {
 # Why each fixed field is a field: 0 = "as many as fit" / "4 MMA K steps" (the tests and the
 # bench's --plans pin other values), the SM count's supergroup (tests walk others), the tile
 # epilogue's block and buffers (the compile tests' epilogue-layout proofs vary them), the
-# target (one Config type per kernel family), register-A's cluster sum (timed by `bench nvfp4
-# --tune` beside the plan, not planned until it wins).
+# target (one Config type per kernel family).
 FIXED = {"Kb", "LOAD_PIPE_DEPTH", "SUPERGROUP_SIZE", "arch", "MT", "PDL", "STAGES", "A_SETS",
-         "EPI_PIPE_DEPTH", "EPI_N", "CLUSTER_M", "CLUSTER"}
+         "EPI_PIPE_DEPTH", "EPI_N", "CLUSTER_M"}
 
 
 def _sweep() -> dict:

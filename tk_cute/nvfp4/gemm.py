@@ -81,6 +81,8 @@ class Plan:
             return f"{self.path}({tiled_schedule(self.config)}){tail}"
         if self.path == "register_a" and self.config.DIRECT:  # (no reduction launch)
             return f"{self.path}(D direct){tail}"
+        if self.path == "register_a" and self.config.CLUSTER > 1:  # (no reduction launch)
+            return f"{self.path}(cluster sum of {self.config.CLUSTER}){tail}"
         if self.path in ("sm100", "sm100_w4a16"):
             from tk_cute.tuning import sm100 as sm100_tuning
 

@@ -360,7 +360,8 @@ def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str
     it does with `pdl` up to N_ACT = PDL_STAGE_MAX_N_ACT), and
     given the GPU's `sms`, register-A's D stored by the GEMM where its planned grid
     (`register_a_ctas`) gives every row block to one CTA (`rs.Config.DIRECT`, no reduction
-    launch: Llama 3 8B's gate_up, DeepSeek-V3's q_b and kv_b at 9-96 rows)."""
+    launch: Llama 3 8B's gate_up, DeepSeek-V3's q_b and kv_b at 9-96 rows), elsewhere its
+    partials summed in clusters where `register_a_cluster` says so (`rs.Config.CLUSTER`)."""
     if path == "small_m":
         return dataclasses.replace(cfg, w4a4=w4a4, out_dtype=out_dtype, sf=sf,
                                    **_small_m_k_fields(K, cfg.UNROLL), PDL=cfg.PDL or pdl,
@@ -374,9 +375,11 @@ def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str
             cfg = dataclasses.replace(cfg, PERMUTE="stage")
         if pdl and cfg.permute == "stage":
             cfg = dataclasses.replace(cfg, PDL=True, EARLY_WEIGHTS=True)
-        if (sms is not None and cfg.CLUSTER == 1
-                and rs.whole_blocks(cfg, N, K, register_a_ctas(cfg, N, K, sms))):
-            cfg = dataclasses.replace(cfg, DIRECT=True)
+        if sms is not None and cfg.CLUSTER == 1:
+            if rs.whole_blocks(cfg, N, K, register_a_ctas(cfg, N, K, sms)):
+                cfg = dataclasses.replace(cfg, DIRECT=True)
+            else:
+                cfg = dataclasses.replace(cfg, CLUSTER=register_a_cluster(cfg, N, K, sms))
         return cfg
     if path == "register_a_tiled":
         return dataclasses.replace(cfg, out_dtype=out_dtype, sf=sf, a_format=a_format,
@@ -617,6 +620,35 @@ def few_tiles_width(M: int, N: int, sms: int, min_fill: float = FEW_TILES_MIN_FI
 # rows, the misaligned grid of one CTA per SM 1.0-4.1 us slower than an aligned grid taking
 # as many units per CTA, a 128-row unit 0.5-0.7 us.
 RS_MISALIGNED_UNITS = 4
+
+
+# Register-A's cluster sum (`rs.Config.CLUSTER`): clusters of c CTAs a 132-SM H100 / H200 runs at
+# once at one CTA per SM (docs/facts.md#resident-clusters: its GPCs' SM counts are not multiples
+# of 4), scaled to other SM counts; and the activation rows it was timed at (32-64: the per-call
+# permute; at 16 rows, permuting per stage, it lost 2% on the one layer the rule picks there).
+RS_CLUSTERS_RESIDENT = {4: 30, 2: 66}
+RS_CLUSTER_N_ACT = (32, 64)
+
+
+def register_a_cluster(cfg: rs.Config, N: int, K: int, sms: int) -> int:
+    """CLUSTER for a register-A plan (before `complete` sets it): the largest c of
+    RS_CLUSTERS_RESIDENT whose grid (c CTAs per row block, `rs.cluster_ctas`) has at least the
+    stream-K grid's CTAs (`register_a_ctas`), whose clusters all run at once and whose row
+    blocks have at least c stages, at N_ACT in RS_CLUSTER_N_ACT with the per-call permute (not
+    beside pdl's per-stage permute, untimed together); else 1 (the stream-K grid and its
+    reduction kernel). H100 A/B (docs/facts.md#rs-cluster), us, stream-K / cluster at 64
+    rows: 2880^2 10.27 / 9.72 (c = 4), 3584^2 12.77 / 10.27 (4), 2880x4096 10.87 / 10.15 (4),
+    7168x2048 11.86 / 11.39 (2); where the rule says no: 4096^2 12.17 / 14.34 (2: half the
+    CTAs) / 17.96 (4: 32 clusters of 4, two rounds), 1536x7168 10.03 / 10.46 (8)."""
+    lo, hi = RS_CLUSTER_N_ACT
+    if not lo <= cfg.N_ACT <= hi or cfg.permute != "call":
+        return 1
+    blocks, stages = rs.row_blocks(cfg, N), rs.k_stages(cfg, K)
+    ctas = min(register_a_ctas(cfg, N, K, sms), rs.stream_units(cfg, N, K))
+    for c, resident in RS_CLUSTERS_RESIDENT.items():
+        if blocks * c >= ctas and blocks <= resident * sms // 132 and stages >= c:
+            return c
+    return 1
 
 
 @functools.lru_cache(maxsize=1024)  # on every register-A call's host path (~2 us uncached)

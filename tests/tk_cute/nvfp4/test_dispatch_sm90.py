@@ -8,6 +8,7 @@ within `tk_cute.testing.assert_gemm_close`'s bound of the exact float64 product,
 references patched to raise (a call that reached one would fail).
 """
 
+import dataclasses
 import itertools
 
 import pytest
@@ -70,7 +71,10 @@ def _ctas(path: str, cfg, M: int, N: int, K: int) -> tuple[int, int]:
     from tk_cute.ops import schedule
 
     if path == "register_a":
-        return sm90_tuning.register_a_ctas(cfg, N, K, SMS), min(SMS, rs.stream_units(cfg, N, K))
+        most = min(SMS, rs.stream_units(cfg, N, K))
+        if cfg.CLUSTER > 1:  # (CLUSTER CTAs per row block)
+            return rs.cluster_ctas(cfg, N), most
+        return sm90_tuning.register_a_ctas(cfg, N, K, SMS), most
     tiles, steps = rst.tiles(M, N, cfg), rs.k_blocks(cfg.K_TAIL, K)
     if cfg.TEAMS:  # equal parts of every tile
         return (schedule.stream_k_team_grid(tiles, steps, SMS),
@@ -110,6 +114,7 @@ def test_every_layer_shape_plans_a_kernel_by_the_rules():
             ctas, _ = _ctas(p.path, p.config, M, N, K)
             assert p.config.DIRECT == rs.whole_blocks(p.config, N, K, ctas)
             assert (str(p) == "register_a(D direct)") == p.config.DIRECT
+            assert ("cluster sum" in str(p)) == (p.config.CLUSTER > 1)
         if p.path in ("register_a", "register_a_tiled"):
             assert p.config.K_TAIL == (K % (256 if p.path == "register_a" else 128) != 0)
             assert p.config.a_format == ("nvfp4" if w4a4 else "bf16")
@@ -127,7 +132,10 @@ def test_stream_k_plans_fill_the_sms_where_the_shape_allows():
         if p.path == "register_a_tiled" and p.config.STREAM_K:
             ctas, most = _ctas(p.path, p.config, M, N, K)
             assert ctas >= 0.9 * most, (w4a4, M, N, K, p, ctas, most)
-        if p.path == "register_a":
+        if p.path == "register_a" and p.config.CLUSTER > 1:  # (aligned: a cluster per block)
+            stream_k = dataclasses.replace(p.config, CLUSTER=1)
+            assert _ctas(p.path, p.config, M, N, K)[0] >= _ctas(p.path, stream_k, M, N, K)[0]
+        elif p.path == "register_a":
             ctas, most = _ctas(p.path, p.config, M, N, K)
             units = rs.stream_units(p.config, N, K)
             assert -(-units // ctas) <= -(-units // most) + sm90_tuning.RS_MISALIGNED_UNITS
@@ -279,6 +287,40 @@ def test_few_bands_take_the_tiled_kernel_where_it_has_a_plan():
             else:
                 assert p.path == "register_a_tiled", (M, N, K, p)
                 assert (p.config.Nb, p.config.TEAMS) == (nb, teams), (M, N, K, p)
+
+
+def test_cluster_sums_where_their_grid_covers_the_stream_k_grid():
+    """`rs.Config.CLUSTER` (`register_a_cluster`) on every register-A plan: only at N_ACT 32-64
+    with the per-call permute, never with DIRECT, and exactly where c CTAs per row block give
+    at least the stream-K grid's CTAs, at least c stages each and clusters that all run at once
+    (the largest such c); the H100 A/B's points (docs/facts.md#rs-cluster) on either side:
+    64x2880^2 and 64x3584^2 in clusters of 4, 64x4096^2 (32 clusters of 4 overfill the GPCs)
+    and 64x1536x7168 (8 per block would be needed) not, 16 rows not, pdl's per-stage permute
+    not."""
+    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
+
+    T = sm90_tuning
+    picked = 0
+    for w4a4, M, N, K, p in _props():
+        if p.path != "register_a":
+            continue
+        cfg = dataclasses.replace(p.config, CLUSTER=1)
+        blocks, stages = rs.row_blocks(cfg, N), rs.k_stages(cfg, K)
+        fits = [c for c, resident in T.RS_CLUSTERS_RESIDENT.items()
+                if blocks * c >= _ctas(p.path, cfg, M, N, K)[0] and blocks <= resident
+                and stages >= c]
+        want = (max(fits) if fits and 32 <= cfg.N_ACT <= 64 and cfg.permute == "call"
+                and not p.config.DIRECT else 1)
+        assert p.config.CLUSTER == want, (w4a4, M, N, K, p)
+        picked += want > 1
+    assert picked >= 20
+    plan = lambda M, N, K, pdl=False: _plan_hopper(False, M, N, K, "bfloat16", SMS, pdl)
+    assert plan(64, 2880, 2880).config.CLUSTER == plan(64, 3584, 3584).config.CLUSTER == 4
+    assert plan(64, 7168, 2048).config.CLUSTER == 2
+    assert plan(64, 4096, 4096).config.CLUSTER == plan(64, 1536, 7168).config.CLUSTER == 1
+    assert plan(16, 5760, 2880).config.CLUSTER == 1
+    assert plan(32, 2880, 2880, pdl=True).config.CLUSTER == 1
+    assert plan(64, 2880, 2880, pdl=True).config.CLUSTER == 4  # (per-call permute at 64 rows)
 
 
 def test_measured_boundaries():
