@@ -631,6 +631,24 @@ def test_cluster_sum_in_the_emulator(seed, M, N, K, cluster, w4a4, out_dtype):
         assert torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8))
 
 
+@pytest.mark.slow
+def test_emulated_dispatch_runs_the_planned_cluster_sum(seed):
+    """The public dispatch as the H100 / H200 would run it (`emulator.gemm.gemm`, 132 SMs): at
+    33 x 1024 x 1024 the plan sums in clusters of 4 (8 row blocks of 4 stages: the stream-K
+    grid's 32 CTAs), launched as 8 clusters of 4; D within the product's bound, no hazard."""
+    from tk_cute.emulator import gemm as G
+    from tk_cute.nvfp4 import quantize
+
+    g = torch.Generator().manual_seed(seed)
+    b = quantize(torch.randn(1024, 1024, generator=g))
+    a = torch.randn(33, 1024, generator=g).bfloat16()
+    run = G.gemm(a, b, arch="sm_90a")
+    assert run.kernel == "register_a" and run.config.CLUSTER == 4
+    assert run.launch.grid == (32, 1, 1) and run.launch.cluster == (4, 1, 1)
+    assert run.machine.hazards == []
+    assert_gemm_close(run.out, a, b)
+
+
 def test_cluster_sum_compiles_one_kernel_with_distributed_shared_loads():
     """With CLUSTER the GEMM is one kernel (no reduction), without spills or local memory, its
     sum reading each rank's 16-byte vectors from distributed shared memory between two cluster
