@@ -477,7 +477,7 @@ def _kernel(cfg: cutlass.Constexpr, gw: gl, gsf: gl, gx: gl, ws: cute.Pointer,
                 semaphore(full + s).init(WG - 32)  # every permuting thread
     cute.arch.mbarrier_init_fence()
     cute.arch.barrier()
-    cluster.pdl_launch_dependents()  # the reduction (DIRECT: the next kernel) may launch
+    cluster.pdl_launch_dependents()  # the reduction (DIRECT, CLUSTER: the next kernel) may launch
     start, end = share(cfg, cta, ctas, N, K)
     if warpgroup.groupid() == 0:
         warpgroup.decrease_registers(PRODUCER_REGISTERS)
@@ -603,7 +603,8 @@ def _consume(cfg: cutlass.Constexpr, wq, sf, xs, full, empty, start, steps, thre
              K, cta):
     """Consumer warpgroup thread: decode, wgmma, release; where its share leaves a row block,
     write that block's accumulators (TILES x 64 weight rows x N_ACT activation rows) and start
-    the next one from zero."""
+    the next one from zero; with `Config.CLUSTER` (one row block) sum them in the cluster
+    (`_cluster_sum`)."""
     phases = ring(cfg.stages)
     stages = k_stages(cfg, K)
     wg_thread = thread % WG
@@ -775,7 +776,8 @@ def partial_vector(cfg, region, j, c, thread):
 
 def partial_bytes(cfg, N: int, ctas: int) -> int:
     """Bytes of the fp32 partials (`partial_vector`): a region of ROWS x N_ACT sums per
-    (CTA, row block) slot (`schedule.stream_k_slots`; none with `Config.DIRECT`)."""
+    (CTA, row block) slot (`schedule.stream_k_slots`; none with `Config.DIRECT` or
+    `Config.CLUSTER`)."""
     if cfg.DIRECT or cfg.CLUSTER > 1:
         return 0
     return 16 * schedule.stream_k_slots(ctas, row_blocks(cfg, N)) * partial_vectors(cfg)
@@ -957,7 +959,8 @@ def signature(cfg: Config) -> Signature:
     permuted copy (permute "call"; W4A4: the activations' codes, blocked scales and decode
     scale gA, and a decode buffer of N_ACT x `permuted_width(K)` bf16 + 16 bytes), the weights'
     global decode scale, D (16-byte aligned: the reduction stores 8- or 16-byte vectors), the
-    fp32 partials (`partial_bytes`), the shape and the stream-K CTA count."""
+    fp32 partials (`partial_bytes`), the shape and the CTA count (the stream-K grid's, or with
+    `Config.CLUSTER` `cluster_ctas`)."""
     out_t = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
              "float32": cutlass.Float32}[cfg.out_dtype]
     w = (ptr("w", cutlass.Uint8), ptr("wsf", cutlass.Uint8))

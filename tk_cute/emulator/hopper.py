@@ -58,6 +58,7 @@ def register_a(a, b, cfg, out: torch.Tensor, ctas: int, **options) -> list:
     from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 
     (M, K), N = a.shape, b.M
+    rs.check_shape(cfg, M, N, K)
     ctas = rs.cluster_ctas(cfg, N) if cfg.CLUSTER > 1 else min(ctas, rs.stream_units(cfg, N, K))
     ws = torch.full((max(1, rs.partial_bytes(cfg, N, ctas) // 4),), float("nan"))  # poisoned
     values = dict(w=b.data.data_ptr(), wsf=b.scales.data_ptr(),

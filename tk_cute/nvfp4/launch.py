@@ -109,7 +109,8 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
 
 class RegisterA:
     """The register-A kernel prepared for weights b, M rows, `cfg` and its grid (`ctas`;
-    default `sm90_tuning.register_a_ctas`), as `SmallM`. Workspaces per call
+    default `sm90_tuning.register_a_ctas`; with `cfg.CLUSTER` `rs.cluster_ctas`, and no other
+    count: ValueError), as `SmallM`. Workspaces per call
     (`runtime.workspace`, on the launch's stream): the fp32 partials (`rs.partial_bytes`; none with
     `cfg.DIRECT`, whose grid must give whole row blocks, or `cfg.CLUSTER`, whose grid is
     `rs.cluster_ctas`) and, with permute "call", the
@@ -555,7 +556,8 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
         out_dtype, out: as `tk_cute.nvfp4.gemm`.
         config: tuning override (`Config`; default `sm90_tuning.register_a_config`).
         ctas: CTAs sharing the (N / ROWS) x (K / 256) stage units (default
-            `sm90_tuning.register_a_ctas`).
+            `sm90_tuning.register_a_ctas`; with `config.CLUSTER` only its grid,
+            `nvfp4_register_a_sm90.cluster_ctas`).
         pdl: programmatic dependent launch with the activations permuted per stage: a
             Config permuting "auto" does so with pdl up to N_ACT =
             `tuning.sm90.PDL_STAGE_MAX_N_ACT` (48); from 64 the per-call pass stays and pdl is
@@ -566,7 +568,8 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
     Raises:
         TypeError, ValueError: the operand rules of `tk_cute.nvfp4.gemm`, NVFP4 activations, a
             non-CUDA device, a shape the Config does not take
-            (`nvfp4_register_a_sm90.check_shape`), or ctas < 1.
+            (`nvfp4_register_a_sm90.check_shape`), ctas < 1, or with `config.CLUSTER` a
+            ctas other than its grid.
     """
     out_dtype = out.dtype if out_dtype is None and out is not None else (
         out_dtype or torch.bfloat16)

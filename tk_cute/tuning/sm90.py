@@ -622,10 +622,12 @@ def few_tiles_width(M: int, N: int, sms: int, min_fill: float = FEW_TILES_MIN_FI
 RS_MISALIGNED_UNITS = 4
 
 
-# Register-A's cluster sum (`rs.Config.CLUSTER`): clusters of c CTAs a 132-SM H100 / H200 runs at
-# once at one CTA per SM (docs/facts.md#resident-clusters: its GPCs' SM counts are not multiples
-# of 4), scaled to other SM counts; and the activation rows it was timed at (32-64: the per-call
-# permute; at 16 rows, permuting per stage, it lost 2% on the one layer the rule picks there).
+# Register-A's cluster sum (`rs.Config.CLUSTER`): clusters of c CTAs a 132-SM GPU runs at once
+# at one CTA per SM (read on the H200, docs/facts.md#resident-clusters: its GPCs' SM counts are
+# not multiples of 4; the H100's 32 clusters of 4 ran as two rounds alike), scaled to other SM
+# counts; no 8 (clusters of 8 lost on a larger grid than the plan's: 1536x7168, 96 CTAs against
+# 84); and the activation rows it was timed at (32-64: the per-call permute; at 16 rows,
+# permuting per stage, it lost 2% on 5760x2880, one of the two layers it would take there).
 RS_CLUSTERS_RESIDENT = {4: 30, 2: 66}
 RS_CLUSTER_N_ACT = (32, 64)
 
@@ -638,14 +640,15 @@ def register_a_cluster(cfg: rs.Config, N: int, K: int, sms: int) -> int:
     beside pdl's per-stage permute, untimed together); else 1 (the stream-K grid and its
     reduction kernel). H100 A/B (docs/facts.md#rs-cluster), us, stream-K / cluster at 64
     rows: 2880^2 10.27 / 9.72 (c = 4), 3584^2 12.77 / 10.27 (4), 2880x4096 10.87 / 10.15 (4),
-    7168x2048 11.86 / 11.39 (2); where the rule says no: 4096^2 12.17 / 14.34 (2: half the
-    CTAs) / 17.96 (4: 32 clusters of 4, two rounds), 1536x7168 10.03 / 10.46 (8)."""
+    7168x2048 11.86 / 11.39 (2); at 32 rows 2880^2 and 2880x4096 1-2% slower (8.03 / 8.14,
+    8.40 / 8.60), 3584^2 10.62 / 9.06; where the rule says no: 4096^2 12.17 / 14.34 (2: half
+    the CTAs) / 17.96 (4: 32 clusters of 4, two rounds), 1536x7168 10.03 / 10.46 (8)."""
     lo, hi = RS_CLUSTER_N_ACT
     if not lo <= cfg.N_ACT <= hi or cfg.permute != "call":
         return 1
     blocks, stages = rs.row_blocks(cfg, N), rs.k_stages(cfg, K)
     ctas = min(register_a_ctas(cfg, N, K, sms), rs.stream_units(cfg, N, K))
-    for c, resident in RS_CLUSTERS_RESIDENT.items():
+    for c, resident in sorted(RS_CLUSTERS_RESIDENT.items(), reverse=True):
         if blocks * c >= ctas and blocks <= resident * sms // 132 and stages >= c:
             return c
     return 1
