@@ -685,8 +685,7 @@ def test_direct_store_is_planned_where_the_grid_gives_whole_row_blocks():
                 p = _plan_hopper(w4a4, M, N, K, "bfloat16", 132, False)
                 if p.path != "register_a":
                     continue
-                ctas = min(sm90_tuning.register_a_ctas(p.config, N, K, 132),
-                           rs.stream_units(p.config, N, K))
+                ctas = sm90_tuning.register_a_grid(p.config, N, K, 132)
                 assert p.config.DIRECT == rs.whole_blocks(p.config, N, K, ctas)
                 direct += p.config.DIRECT
     assert direct >= 20  # (Llama 3 8B gate_up, DeepSeek-V3 q_b and kv_b)

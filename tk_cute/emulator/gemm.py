@@ -192,7 +192,7 @@ def _hopper(p, a, b, dtype, out_global_scale, **options) -> Run:
     elif tiled:  # (NVFP4 D: the plan's Config writes fp32)
         machines = hopper.register_a_tiled(a, b, p.config, out, sms, **options)
     else:
-        machines = hopper.register_a(a, b, p.config, out, sm90_tuning.register_a_ctas(
+        machines = hopper.register_a(a, b, p.config, out, sm90_tuning.register_a_grid(
             p.config, b.M, b.K, sms), **options)
     seconds = time.perf_counter() - start
     if dtype == "nvfp4":

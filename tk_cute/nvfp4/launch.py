@@ -109,8 +109,8 @@ def register_a(a, b: NVFP4Tensor, out: torch.Tensor, cfg: rs.Config,
 
 class RegisterA:
     """The register-A kernel prepared for weights b, M rows, `cfg` and its grid (`ctas`;
-    default `sm90_tuning.register_a_ctas`; with `cfg.CLUSTER` `rs.cluster_ctas`, and no other
-    count: ValueError), as `SmallM`. Workspaces per call
+    default `sm90_tuning.register_a_grid`; with `cfg.CLUSTER` no other count: ValueError), as
+    `SmallM`. Workspaces per call
     (`runtime.workspace`, on the launch's stream): the fp32 partials (`rs.partial_bytes`; none with
     `cfg.DIRECT`, whose grid must give whole row blocks, or `cfg.CLUSTER`, whose grid is
     `rs.cluster_ctas`) and, with permute "call", the
@@ -120,14 +120,12 @@ class RegisterA:
                  gsb=None):
         N, K, dev = b.M, b.K, b.device
         rs.check_shape(cfg, M, N, K)  # (a K tail without cfg.K_TAIL would drop it silently)
-        if cfg.CLUSTER > 1:
-            if ctas not in (None, rs.cluster_ctas(cfg, N)):
-                raise ValueError(f"a register-A Config with CLUSTER = {cfg.CLUSTER} runs "
-                                 f"{rs.cluster_ctas(cfg, N)} CTAs on N={N} (CLUSTER per row "
-                                 f"block), got ctas={ctas}")
-            ctas = rs.cluster_ctas(cfg, N)
         if ctas is None:
-            ctas = sm90_tuning.register_a_ctas(cfg, N, K, sm_count(dev))
+            ctas = sm90_tuning.register_a_grid(cfg, N, K, sm_count(dev))
+        elif cfg.CLUSTER > 1 and ctas != rs.cluster_ctas(cfg, N):
+            raise ValueError(f"a register-A Config with CLUSTER = {cfg.CLUSTER} runs "
+                             f"{rs.cluster_ctas(cfg, N)} CTAs on N={N} (CLUSTER per row "
+                             f"block), got ctas={ctas}")
         ctas = min(ctas, rs.stream_units(cfg, N, K))
         if cfg.DIRECT and not rs.whole_blocks(cfg, N, K, ctas):
             raise ValueError(f"a register-A Config with DIRECT needs shares of whole row blocks "
@@ -556,7 +554,7 @@ def gemm_rs(a, b, out_dtype=None, *, out=None, config: rs.Config | None = None,
         out_dtype, out: as `tk_cute.nvfp4.gemm`.
         config: tuning override (`Config`; default `sm90_tuning.register_a_config`).
         ctas: CTAs sharing the (N / ROWS) x (K / 256) stage units (default
-            `sm90_tuning.register_a_ctas`; with `config.CLUSTER` only its grid,
+            `sm90_tuning.register_a_grid`; with `config.CLUSTER` only that grid,
             `nvfp4_register_a_sm90.cluster_ctas`).
         pdl: programmatic dependent launch with the activations permuted per stage: a
             Config permuting "auto" does so with pdl up to N_ACT =

@@ -647,11 +647,20 @@ def register_a_cluster(cfg: rs.Config, N: int, K: int, sms: int) -> int:
     if not lo <= cfg.N_ACT <= hi or cfg.permute != "call":
         return 1
     blocks, stages = rs.row_blocks(cfg, N), rs.k_stages(cfg, K)
-    ctas = min(register_a_ctas(cfg, N, K, sms), rs.stream_units(cfg, N, K))
+    ctas = register_a_grid(cfg, N, K, sms)
     for c, resident in sorted(RS_CLUSTERS_RESIDENT.items(), reverse=True):
         if blocks * c >= ctas and blocks <= resident * sms // 132 and stages >= c:
             return c
     return 1
+
+
+def register_a_grid(cfg: rs.Config, N: int, K: int, sms: int) -> int:
+    """The CTAs a register-A Config launches on `sms` SMs: CLUSTER per row block
+    (`rs.cluster_ctas`) with `cfg.CLUSTER`, else the stream-K grid (`register_a_ctas`, at most
+    one CTA per unit)."""
+    if cfg.CLUSTER > 1:
+        return rs.cluster_ctas(cfg, N)
+    return min(register_a_ctas(cfg, N, K, sms), rs.stream_units(cfg, N, K))
 
 
 @functools.lru_cache(maxsize=1024)  # on every register-A call's host path (~2 us uncached)

@@ -178,7 +178,6 @@ def planned_entry(case: dict) -> dict:
     """The launch values the H200 run would record (the sm_90a plan for 132 SMs, rows on L2
     lines, one 4-CTA cluster per 4 SMs), for running the cases without a fixture."""
     from tk_cute.kernels import nvfp4_quantize as nq
-    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 
     from tk_cute import dense_gemm, nvfp4
     from tk_cute.tuning import dense_sm90 as dense_tuning
@@ -201,8 +200,7 @@ def planned_entry(case: dict) -> dict:
     p = nvfp4.plan(inp["a"], inp["b"], torch.bfloat16, path=case["kernel"], target="sm_90a")
     entry = dict(config=F.config_fields(p.config))
     if case["kernel"] == "register_a":
-        ctas = sm90_tuning.register_a_ctas(p.config, case["N"], case["K"], sms)
-        entry["ctas"] = min(ctas, rs.stream_units(p.config, case["N"], case["K"]))
+        entry["ctas"] = sm90_tuning.register_a_grid(p.config, case["N"], case["K"], sms)
     return entry
 
 

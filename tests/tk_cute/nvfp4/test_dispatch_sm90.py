@@ -71,10 +71,7 @@ def _ctas(path: str, cfg, M: int, N: int, K: int) -> tuple[int, int]:
     from tk_cute.ops import schedule
 
     if path == "register_a":
-        most = min(SMS, rs.stream_units(cfg, N, K))
-        if cfg.CLUSTER > 1:  # (CLUSTER CTAs per row block)
-            return rs.cluster_ctas(cfg, N), most
-        return sm90_tuning.register_a_ctas(cfg, N, K, SMS), most
+        return sm90_tuning.register_a_grid(cfg, N, K, SMS), min(SMS, rs.stream_units(cfg, N, K))
     tiles, steps = rst.tiles(M, N, cfg), rs.k_blocks(cfg.K_TAIL, K)
     if cfg.TEAMS:  # equal parts of every tile
         return (schedule.stream_k_team_grid(tiles, steps, SMS),

@@ -166,7 +166,6 @@ def outputs(out) -> dict:
 
 def _run_case(case: dict) -> tuple[dict, dict]:
     """(outputs, header entry) of one case on the current CUDA device."""
-    from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 
     from tk_cute import dense_gemm, nvfp4
     from tk_cute.nvfp4 import launch as nl
@@ -195,8 +194,7 @@ def _run_case(case: dict) -> tuple[dict, dict]:
             raise RuntimeError(f"{case['name']}: planned {p}, not one {kind} launch")
         entry["config"] = config_fields(p.config)
         if kind == "register_a":
-            ctas = sm90_tuning.register_a_ctas(p.config, case["N"], case["K"], sms)
-            entry["ctas"] = min(ctas, rs.stream_units(p.config, case["N"], case["K"]))
+            entry["ctas"] = sm90_tuning.register_a_grid(p.config, case["N"], case["K"], sms)
         out = nvfp4.gemm(a, b, torch.bfloat16, path=kind)
     elif kind == "quantize":
         x = cuda["x"]
