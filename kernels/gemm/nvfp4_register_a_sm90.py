@@ -327,6 +327,18 @@ def cluster_ctas(cfg: Config, N: int) -> int:
     return row_blocks(cfg, N) * cfg.CLUSTER
 
 
+def check_grid(cfg: Config, N: int, K: int, ctas: int) -> None:
+    """Raise ValueError where `ctas` CTAs cannot run cfg: `Config.DIRECT` needs shares of whole
+    row blocks (`whole_blocks`), `Config.CLUSTER` exactly its grid (`cluster_ctas`)."""
+    if cfg.DIRECT and not whole_blocks(cfg, N, K, ctas):
+        raise ValueError(f"a register-A Config with DIRECT needs shares of whole row blocks "
+                         f"(`whole_blocks`); {ctas} CTAs over N={N}, K={K} split them")
+    if cfg.CLUSTER > 1 and ctas != cluster_ctas(cfg, N):
+        raise ValueError(f"a register-A Config with CLUSTER = {cfg.CLUSTER} runs "
+                         f"{cluster_ctas(cfg, N)} CTAs on N={N} (CLUSTER per row block), got "
+                         f"ctas={ctas}")
+
+
 def whole_blocks(cfg: Config, N: int, K: int, ctas: int) -> bool:
     """Whether `ctas` equal shares of the units are whole row blocks (every block then has one
     partial: `Config.DIRECT` may store D from the GEMM)."""

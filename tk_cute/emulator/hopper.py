@@ -54,12 +54,13 @@ def small_m(a, b, cfg, out: torch.Tensor, **options) -> list:
 
 def register_a(a, b, cfg, out: torch.Tensor, ctas: int, **options) -> list:
     """The register-A kernel (`launch.register_a`, permute pass included) on CPU tensors, on
-    `ctas` CTAs (with `cfg.CLUSTER`: its grid, `cluster_ctas`); its machines."""
+    `ctas` CTAs (checked as the launch checks them, `check_grid`); its machines."""
     from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 
     (M, K), N = a.shape, b.M
     rs.check_shape(cfg, M, N, K)
-    ctas = rs.cluster_ctas(cfg, N) if cfg.CLUSTER > 1 else min(ctas, rs.stream_units(cfg, N, K))
+    ctas = min(ctas, rs.stream_units(cfg, N, K))
+    rs.check_grid(cfg, N, K, ctas)
     ws = torch.full((max(1, rs.partial_bytes(cfg, N, ctas) // 4),), float("nan"))  # poisoned
     values = dict(w=b.data.data_ptr(), wsf=b.scales.data_ptr(),
                   gsb=b.global_scale.data_ptr(), out=out.data_ptr(), ws=ws.data_ptr(), M=M,

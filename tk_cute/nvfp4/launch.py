@@ -122,14 +122,8 @@ class RegisterA:
         rs.check_shape(cfg, M, N, K)  # (a K tail without cfg.K_TAIL would drop it silently)
         if ctas is None:
             ctas = sm90_tuning.register_a_grid(cfg, N, K, sm_count(dev))
-        elif cfg.CLUSTER > 1 and ctas != rs.cluster_ctas(cfg, N):
-            raise ValueError(f"a register-A Config with CLUSTER = {cfg.CLUSTER} runs "
-                             f"{rs.cluster_ctas(cfg, N)} CTAs on N={N} (CLUSTER per row "
-                             f"block), got ctas={ctas}")
         ctas = min(ctas, rs.stream_units(cfg, N, K))
-        if cfg.DIRECT and not rs.whole_blocks(cfg, N, K, ctas):
-            raise ValueError(f"a register-A Config with DIRECT needs shares of whole row blocks "
-                             f"(`whole_blocks`); {ctas} CTAs over N={N}, K={K} split them")
+        rs.check_grid(cfg, N, K, ctas)
         self.ws_bytes = rs.partial_bytes(cfg, N, ctas)
         self.cfg, self.K, self.device, self.index = cfg, K, dev, device_index(dev)
         self.gsb = b.global_scale if gsb is None else gsb

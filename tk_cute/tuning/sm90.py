@@ -82,8 +82,9 @@ W4A4_STAGE_MAX_K = 8192
 # W4A16 0.81 / 1.44x.
 SMALL_M_TAIL_MAX_M = 16
 # ... unless its CTAs (one per 32 weight rows: MT = 2 row tiles of 16, `small_m_config`) fill
-# less than this fraction of the SMs: there the register-A kernel's stream over more CTAs wins (H100 2026-12-07, docs/facts.md#small-m-fill; us, small-M / register-A, W4A16: 9,
-# 12, 16 x 576x7168 (18 CTAs) 9.0 / 7.4, 9.0 / 7.3, 9.4 / 7.4; at 2880x2880 (90 CTAs) 6.2 / 7.8,
+# less than this fraction of the SMs: there the register-A kernel's stream over more CTAs wins
+# (H100 2026-12-07, docs/facts.md#small-m-fill; us, small-M / register-A, W4A16: 9, 12, 16 x
+# 576x7168 (18 CTAs) 9.0 / 7.4, 9.0 / 7.3, 9.4 / 7.4; at 2880x2880 (90 CTAs) 6.2 / 7.8,
 # 6.2 / 7.7, 6.4 / 7.7 and 2880x4096 6.8-7.1 / 8.6-8.7 small-M keeps them).
 SMALL_M_TAIL_MIN_FILL = 0.5
 SMALL_M_MT = 2  # the small-M kernel's MMA row tiles per warp (`gv.Config.MT`; 16 rows each)
@@ -376,7 +377,7 @@ def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str
         if pdl and cfg.permute == "stage":
             cfg = dataclasses.replace(cfg, PDL=True, EARLY_WEIGHTS=True)
         if sms is not None and cfg.CLUSTER == 1:
-            if rs.whole_blocks(cfg, N, K, register_a_ctas(cfg, N, K, sms)):
+            if rs.whole_blocks(cfg, N, K, register_a_grid(cfg, N, K, sms)):
                 cfg = dataclasses.replace(cfg, DIRECT=True)
             else:
                 cfg = dataclasses.replace(cfg, CLUSTER=register_a_cluster(cfg, N, K, sms))
