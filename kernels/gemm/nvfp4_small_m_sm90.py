@@ -13,9 +13,9 @@ w = e2m1 * sf * 2^-8). The 16 K-slots of an MMA hold, per thread, 4 of the 8 K e
 codes), {0, 1, 4, 5} or {2, 3, 6, 7}; the activation fragment follows the same permutation
 (strided: 4 prmt per 8 bf16 values, shared by the MT tiles; none for NVFP4 activations, decoded
 the same way). Products are exact; fp32 accumulation.
-Grid N / rows: a CTA owns `rows` weight rows and has WN x S warps: WN row groups (MT MMA tiles
-each) times S K-slices (split-K inside the CTA; the K / k_chunk chunks split as evenly as S
-allows, `k_slice`: a slice has floor or ceil of chunks / S). With AHEAD (default at M <= 8) the next trip's
+Grid N / rows (times CLUSTER, below): a CTA owns `rows` weight rows and has WN x S warps: WN
+row groups (MT MMA tiles each) times S K-slices (split-K inside the CTA; the K / k_chunk chunks
+split as evenly as S allows, `k_slice`: a slice has floor or ceil of chunks / S). With AHEAD (default at M <= 8) the next trip's
 weights are in flight while a trip decodes. W4A4 at M = 1 (XSMEM) first decodes its activation
 row into shared memory from its codes and scales, once per CTA instead of in every warp's trips
 (one barrier), so trips read ready B fragments with LDS; at M = 1 each weight load also asks L2
@@ -27,7 +27,11 @@ launch at once and waits for the one before it ahead of its first global read; w
 coherent: ptxas moves read-only loads above the wait). At the end each warp puts
 its fp32 partial in shared memory and, after one CTA barrier, the CTA sums the S slices in
 order (deterministic), applies 2^8 (2^16 for W4A4) * global scales and writes D: no global
-workspace, no atomics, no fences.
+workspace, no atomics, no fences. With CLUSTER the grid has CLUSTER CTAs per row block, one
+cluster, holding its S x CLUSTER slices in rank order; after a cluster barrier each sums a
+CLUSTER-th of the block over every rank's partials (`ld.shared::cluster`) in slice order (bit
+for bit one CTA of all the slices), and a last cluster barrier keeps each rank's partials
+until its peers have read them.
 Constraints (checked): M <= 64, K % 64 == 0, N % 32 == 0. K need not be whole trips: the first
 K-slice adds the whole 128-K steps past them (`Config.REST`) in one short trip before its trips,
 and after them K's last half step (K % 128 == 64: `Config.K_TAIL`) in one more masked step.
@@ -62,6 +66,7 @@ MAX_XSMEM = 64 * 1024  # staged activations (two CTAs per SM still fit)
 QS_GA = MAX_THREADS // 32  # QUANTIZE_A's shared words: one amax per warp, then gA
 QS_WORDS = QS_GA + 4
 OUT_TYPES = ("bfloat16", "float16", "float32")
+CLUSTERS = (1, 2, 4, 8)  # `Config.CLUSTER`: portable cluster sizes
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,12 @@ class Config:
     # `_quantize_staged`), then decoded as staged W4A4 activations; D's scale uses that gA.
     # One launch where the activations' quantize would be a launch (and a host call) of its own.
     QUANTIZE_A: bool = False
+    # CTAs per row block, one cluster (1, 2, 4 or 8): the block's K splits into S x CLUSTER
+    # slices, rank r's warps holding slices r S .. r S + S - 1 (`k_slice`); after a cluster
+    # barrier each rank sums its CLUSTER-th of the block's outputs over every rank's partials
+    # in slice order (distributed shared memory: `_reduce`) and writes D. For narrow layers,
+    # whose N / rows CTAs leave most SMs idle.
+    CLUSTER: int = 1
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # scale format of both operands
     __repr__ = config_repr  # (the kernel symbol follows the repr: sf shows once not UE4M3)
 
@@ -134,6 +145,8 @@ class Config:
             raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
         if self.sf not in fp4.DECODE_FORMATS:
             raise ValueError(f"sf must be one of {fp4.DECODE_FORMATS}, got {self.sf!r}")
+        if self.CLUSTER not in CLUSTERS:
+            raise ValueError(f"CLUSTER must be one of {CLUSTERS}, got {self.CLUSTER}")
         if self.QUANTIZE_A and not (self.w4a4 and self.XSMEM and self.sf == "ue4m3"):
             raise ValueError(f"QUANTIZE_A (bf16 activations quantized in the kernel) needs "
                              f"w4a4, staged activations (XSMEM > 0) and UE4M3 scales (what "
@@ -151,6 +164,10 @@ class Config:
     @property
     def threads(self) -> int:
         return 32 * self.WN * self.S
+
+    @property
+    def slices(self) -> int:  # K-slices of a row block: S per CTA, CLUSTER CTAs
+        return self.S * self.CLUSTER
 
     @property
     def k_chunk(self) -> int:  # K elements per main-loop trip
@@ -255,22 +272,24 @@ def slot_index(cfg, s, n, m):
 
 
 def k_slice(cfg, s, K):
-    """(first K chunk, chunks) of K-slice s: the K / k_chunk chunks split as evenly as S
-    slices allow (each gets floor or ceil of chunks / S; S <= chunks, `check_shape`)."""
+    """(first K chunk, chunks) of K-slice s of its row block (rank r's warp slice j is s = r S +
+    j): the K / k_chunk chunks split as evenly as `cfg.slices` allow (each gets floor or ceil of
+    chunks / slices; slices <= chunks, `check_shape`)."""
     chunks = K // cfg.k_chunk
-    first = s * chunks // cfg.S
-    return first, (s + 1) * chunks // cfg.S - first
+    first = s * chunks // cfg.slices
+    return first, (s + 1) * chunks // cfg.slices - first
 
 
 def reduce_trips(cfg) -> int:
-    """Loop trips of the final sum: rows x m_pad sums, 4 per thread per trip."""
-    return -(-cfg.rows * cfg.m_pad // (4 * cfg.threads))
+    """Loop trips of the final sum: rows x m_pad sums, 4 per thread per trip, over the
+    CLUSTER CTAs of the row block."""
+    return -(-cfg.rows * cfg.m_pad // (4 * cfg.threads * cfg.CLUSTER))
 
 
-def reduce_coord(cfg, it, tidx):
-    """(weight row, first of 4 activation rows) that thread tidx sums over the S slices in trip
-    it (past the block, m0 >= m_pad)."""
-    i = it * cfg.threads + tidx
+def reduce_coord(cfg, it, tidx, rank=0):
+    """(weight row, first of 4 activation rows) that thread tidx of the block's CTA `rank` sums
+    over the block's slices in trip it (past the block, m0 >= m_pad)."""
+    i = (it * cfg.CLUSTER + rank) * cfg.threads + tidx
     return i % cfg.rows, 4 * (i // cfg.rows)
 
 
@@ -282,10 +301,12 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
             xsf: cute.Pointer, gsb: cute.Pointer, gsa: cute.Pointer, out: cute.Pointer, M: Int32,
             N: Int32, K: Int32):
     tidx, _, _ = cute.arch.thread_idx()
-    rb, _, _ = cute.arch.block_idx()
+    bid, _, _ = cute.arch.block_idx()
+    rb, rank = bid // cfg.CLUSTER, bid % cfg.CLUSTER  # (row block, rank in its cluster)
     wn, s = warp_role(cfg, tidx // 32)
     lane = tidx % 32
-    first, trips = k_slice(cfg, s, K)
+    ks = rank * cfg.S + s  # the warp's K-slice of the row block
+    first, trips = k_slice(cfg, ks, K)
     k_begin = Int64(first) * cfg.k_chunk  # this warp's K slice
     n_blk = rb * cfg.rows  # first weight row of this CTA
     w_rows, sf_rows = _weight_rows(cfg, w, wsf, wn, lane, n_blk, K, k_begin)
@@ -320,7 +341,7 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
         _keep_weights(cfg, regs, _load_weights(cfg, w_rows, sf_rows, Int64(0)))
     _await_activations(cfg, x, xsf, xs, qs, M, K, tidx)
     if cutlass.const_expr(cfg.REST > 0):  # noqa: SIM102 - compile-time, then a runtime test
-        if s == 0:  # (warp-uniform) the steps after K's whole chunks, on the first slice: it
+        if ks == 0:  # (warp-uniform) the steps after K's whole chunks, on the first slice: it
             # has the floor of the chunks / S (`k_slice`), so uneven splits stay balanced.
             # Before the trips: after them their addresses stayed live through the loop, which
             # spilled at 128 registers (1x8192x29568: 17 STL and 12 LDL per trip).
@@ -341,13 +362,17 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
             xw = _load_activations(cfg, x_rows, xsf_rows, Int64(trip))
             _mma_trip(cfg, acc, wq, sc, xw)
     if cutlass.const_expr(cfg.K_TAIL):
-        if s == 0:  # (warp-uniform) the half step after K's whole steps, on the first slice
+        if ks == 0:  # (warp-uniform) the half step after K's whole steps, on the first slice
             _tail_step(cfg, acc, w_rows, sf_rows, x_rows, xsf_rows, Int64(K // cfg.k_chunk),
                        lane)
     part = Shared().alloc(sv(Float32, cfg.S * cfg.rows * cfg.m_pad)).iterator.toint()
     _store_partial(cfg, acc, part, M, wn, s, lane)
     cute.arch.barrier()
-    _reduce(cfg, part, gsb, gsa, qs, out, M, N, n_blk, tidx)
+    if cutlass.const_expr(cfg.CLUSTER > 1):
+        cluster.cluster_sync()  # every rank's partials are in its shared memory
+    _reduce(cfg, part, gsb, gsa, qs, out, M, N, n_blk, tidx, rank)
+    if cutlass.const_expr(cfg.CLUSTER > 1):
+        cluster.cluster_sync()  # (each rank's partials stay until its peers have read them)
 
 
 def _weight_rows(cfg, w, wsf, wn, lane, n_blk, K, k_begin):
@@ -608,9 +633,11 @@ def _store_partial(cfg: cutlass.Constexpr, acc, part, M, wn, s, lane):
 
 
 @cute.jit
-def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, qs, out, M, N, n_blk, tidx):
-    """Split-K inside the CTA: sum the S slices' partials in order (deterministic), scale by
-    2^shift (twice W4A4) * global scales (QUANTIZE_A: gA as computed, from `qs`) and write D."""
+def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, qs, out, M, N, n_blk, tidx, rank):
+    """Split-K inside the CTA (and its cluster): sum the row block's slices' partials in slice
+    order (deterministic; with CLUSTER, this rank's share of the outputs, each rank's partials
+    read from its shared memory), scale by 2^shift (twice W4A4) * global scales (QUANTIZE_A: gA
+    as computed, from `qs`) and write D."""
     undo = Float32(2.0 ** fp4.decode_shift(cfg.sf))  # the decode's exact 2^-shift per operand
     scale = memory.ld_f32(gsb.toint()) * undo
     if cutlass.const_expr(cfg.QUANTIZE_A):
@@ -621,14 +648,14 @@ def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, qs, out, M, N, n_blk, tidx):
     esize = 4 if cfg.out_dtype == "float32" else 2
     total = cute.make_rmem_tensor((4,), Float32)
     for it in cutlass.range_constexpr(reduce_trips(cfg)):
-        row, m0 = reduce_coord(cfg, it, tidx)
+        row, m0 = reduce_coord(cfg, it, tidx, rank)
         nr = Int64(n_blk + row)
         if m0 < M:  # columns at or past M are padding (or past the block): skip
-            parts = [memory.ld_shared_v4(part + slot_index(cfg, k, row, m0) * 4)
-                     for k in range(cfg.S)]
+            parts = [_partial(cfg, part + slot_index(cfg, k, row, m0) * 4, q)
+                     for q in range(cfg.CLUSTER) for k in range(cfg.S)]
             for e in cutlass.range_constexpr(4):
                 total[e] = parts[0][e]
-            for k in cutlass.range_constexpr(1, cfg.S):  # in K-slice order
+            for k in cutlass.range_constexpr(1, cfg.slices):  # in K-slice order
                 for e in cutlass.range_constexpr(4):
                     total[e] = total[e] + parts[k][e]
             for e in cutlass.range_constexpr(4):
@@ -638,12 +665,21 @@ def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, qs, out, M, N, n_blk, tidx):
                                   total[e] * scale, cfg.out_dtype)
 
 
+def _partial(cfg, addr, rank):
+    """4 fp32 of a slice's partial at shared address `addr` of the cluster's CTA `rank` (this
+    CTA's without CLUSTER)."""
+    if cfg.CLUSTER == 1:
+        return memory.ld_shared_v4(addr)
+    return cluster.ld_shared_remote_v4_f32(addr, rank)
+
+
 @cute.jit
 def _launch(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.Pointer,
             xsf: cute.Pointer, gsb: cute.Pointer, gsa: cute.Pointer, out: cute.Pointer, M: Int32,
             N: Int32, K: Int32, stream):
     _kernel(cfg, w, wsf, x, xsf, gsb, gsa, out, M, N, K).launch(
-        grid=[N // cfg.rows, 1, 1], block=[cfg.threads, 1, 1], stream=stream,
+        grid=[N // cfg.rows * cfg.CLUSTER, 1, 1], block=[cfg.threads, 1, 1], stream=stream,
+        cluster=[cfg.CLUSTER, 1, 1] if cfg.CLUSTER > 1 else None,
         min_blocks_per_mp=cfg.MIN_CTAS, use_pdl=cfg.PDL,
         preferred_smem_carveout=0)  # the least shared memory: the rest is L1
 
@@ -674,8 +710,9 @@ def check_shape(cfg: Config, M: int, N: int, K: int) -> None:
         raise ValueError(f"config {cfg} stages {cfg.XSMEM} B of activations; M={M}, K={K} "
                          f"needs {xsmem_bytes(M, K)} B (XSMEM=0 reads them from global memory)")
     tail = STEP_K * cfg.REST + (TAIL_K if cfg.K_TAIL else 0)
-    if not 1 <= M <= cfg.m_pad or N % cfg.rows or K % cfg.k_chunk != tail or chunks < cfg.S:
+    if (not 1 <= M <= cfg.m_pad or N % cfg.rows or K % cfg.k_chunk != tail
+            or chunks < cfg.slices):
         raise ValueError(f"config {cfg} does not fit M={M}, N={N}, K={K} (needs 1 <= M <= "
                          f"m_pad = {cfg.m_pad}, N % rows = {cfg.rows} == 0, K % k_chunk = "
                          f"{cfg.k_chunk} == {tail} (REST={cfg.REST}, K_TAIL={cfg.K_TAIL}) and "
-                         f"S <= K // k_chunk = {chunks})")
+                         f"S x CLUSTER = {cfg.slices} <= K // k_chunk = {chunks})")

@@ -79,15 +79,18 @@ def _with_splits(configs, splits):
                 yield dataclasses.replace(cfg, S=S)
 
 
-@pytest.mark.parametrize("cfg", list(_with_splits(INDEX_CONFIGS, (1, 2, 8))),
-                         ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}S{c.S}")
+@pytest.mark.parametrize("cfg", list(_with_splits(INDEX_CONFIGS, (1, 2, 8)))
+                         + [sm90_tuning.small_m_config(M, 576, 7168) for M in (1, 4)]
+                         + [gv.Config(MT=1, NT=8, WN=2, S=3, CLUSTER=8)],
+                         ids=lambda c: f"MT{c.MT}NT{c.NT}WN{c.WN}S{c.S}C{c.CLUSTER}")
 def test_reduction_reads_every_partial_once(cfg):
-    """The final loop (reduce_trips x threads, 4 columns each) covers rows x m_pad once (an
-    early version summed only half of the block: rows M >= m_pad / 2 were never read)."""
+    """The final loop (reduce_trips x threads, 4 columns each, over the CLUSTER CTAs of a row
+    block) covers rows x m_pad once (an early version summed only half of the block: rows M >=
+    m_pad / 2 were never read)."""
     seen = []
-    for it in range(gv.reduce_trips(cfg)):
+    for it, rank in itertools.product(range(gv.reduce_trips(cfg)), range(cfg.CLUSTER)):
         for tidx in range(cfg.threads):
-            row, m0 = gv.reduce_coord(cfg, it, tidx)
+            row, m0 = gv.reduce_coord(cfg, it, tidx, rank)
             assert m0 % 4 == 0
             if m0 < cfg.m_pad:
                 assert row < cfg.rows
@@ -204,7 +207,8 @@ CONFIGS = {
                                              EARLY_WEIGHTS=True),
     # DeepSeek-V3's kv_a (N = 576, 28 chunks): S = 14, not the aim's 28 warps (72 registers:
     # 83 spills per trip), and W4A4 at 16 rows (two activation tiles decoded per trip)
-    "m1_narrow": sm90_tuning.small_m_config(1, 576, 7168),
+    "m1_narrow": sm90_tuning.small_m_config(1, 576, 7168),  # K split over clusters of 4
+    "m4_w4a4_narrow": sm90_tuning.small_m_config(4, 576, 7168, w4a4=True),
     "m16_w4a4_narrow": sm90_tuning.small_m_config(16, 576, 7168, w4a4=True),
     "m8_w4a4_k_tail": sm90_tuning.small_m_config(8, 5760, 2880, w4a4=True),
     "m16_k_tail": sm90_tuning.small_m_config(16, 2880, 2880),
@@ -256,8 +260,14 @@ def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
     assert b.kernel.stack_bytes <= 8 * spills
     assert b.sass_count(r"\bSTL\b") <= spills and b.sass_count(r"\bLDL\b") <= spills
     # Split-K inside the CTA: one shared store per register pair, no fence, no global partials.
+    # With CLUSTER the sum reads every rank's partials (its own too) from distributed shared
+    # memory between two cluster barriers (each arrive a release: one MEMBAR); without, none
     assert b.sass_count(r"\bSTS\.64\b") == 2 * cfg.MT * cfg.NT
-    assert b.sass_count(r"MEMBAR") == 0 and b.sass_count(r"STG\.E\.64") == 0
+    assert b.sass_count(r"MEMBAR") == (2 if cfg.CLUSTER > 1 else 0)
+    assert b.sass_count(r"STG\.E\.64") == 0
+    assert b.ptx_count(r"ld\.shared::cluster\.v4\.f32") == (
+        gv.reduce_trips(cfg) * cfg.slices if cfg.CLUSTER > 1 else 0)
+    assert b.ptx_count(r"barrier\.cluster\.arrive") == (2 if cfg.CLUSTER > 1 else 0)
 
 
 def test_decode_instruction_budget(built):
@@ -265,7 +275,8 @@ def test_decode_instruction_budget(built):
     4 prmt, 4 lop3; strided pairing (MT > NT or W4A4): 4 masks, 1 shift, 4 lop3 and no prmt,
     the bf16 activations paying 4 prmt per 8 values instead (16 per step and n8 tile, shared by
     the MT weight tiles; W4A4's staged rows (XSMEM) are decoded into the strided pairing); 1 prmt per
-    scale pair (the broadcast of each scale to both halves is an HMUL2 operand select)."""
+    scale pair (the broadcast of each scale to both halves is an HMUL2 operand select); with
+    CLUSTER 1 prmt more per partial read from distributed shared memory (its `mapa`)."""
     cfg, b = built
     per_trip = cfg.decodes_activations
     words = (8 * cfg.MT + (4 * cfg.NT if per_trip else 0)) * _steps(cfg)
@@ -279,7 +290,8 @@ def test_decode_instruction_budget(built):
         4 * selected
     act = 16 * cfg.NT * _steps(cfg) if cfg.strided and not cfg.w4a4 else 0
     words_permuted = 0 if cfg.strided else 4 * words
-    assert b.sass_count(r"\bPRMT\b") <= words_permuted + act + 2 * scales + 4
+    remote = gv.reduce_trips(cfg) * cfg.slices if cfg.CLUSTER > 1 else 0
+    assert b.sass_count(r"\bPRMT\b") <= words_permuted + act + 2 * scales + 4 + remote
 
 
 def test_pdl_reads_nothing_before_the_wait_but_early_weights(built):
@@ -412,6 +424,10 @@ def test_k_slices_cover_k_once_one_trip_apart():
             assert slices[0][0] == 0 and sum(n for _, n in slices) == chunks
             assert all(f + n == nf for (f, n), (nf, _) in itertools.pairwise(slices))
             assert {n for _, n in slices} <= {chunks // S, -(-chunks // S)}
+            for c in (2, 4, 8):  # CLUSTER: rank r's warp slice j is slice r S / c + j
+                if S % c == 0:
+                    spread = dataclasses.replace(cfg, S=S // c, CLUSTER=c)
+                    assert [gv.k_slice(spread, s, K) for s in range(S)] == slices
 
 
 def _emulated(cfg, M, N, K, w4a4, seed, scale_dtype="ue4m3"):
@@ -595,6 +611,76 @@ def test_planned_uneven_split_runs_in_the_emulator(N, K, M, w4a4, seed):
     _emulated(cfg, M, 32, K, w4a4, seed)
 
 
+@pytest.mark.parametrize("M, N, K, S, cluster, a_format", [
+    (3, 64, 2048, 2, 2, "bf16"),  # two row blocks, 8 chunks in 4 slices
+    (1, 64, 1216, 2, 2, "bf16"),  # REST and K_TAIL on the first rank's first slice
+    (5, 96, 1216, 1, 4, "nvfp4"),  # W4A4 decoded in every trip, 4 chunks in 4 slices
+    (1, 32, 2048, 2, 4, "nvfp4"),  # W4A4 staged (XSMEM), each rank staging the row
+    (1, 32, 2048, 2, 4, "quantize"),  # QUANTIZE_A: each rank quantizes the row alike
+])
+def test_cluster_split_is_one_cta_of_all_the_slices(M, N, K, S, cluster, a_format, seed):
+    """`Config.CLUSTER`: a row block's S x CLUSTER K-slices spread over a cluster, each rank
+    summing its share of the outputs over every rank's partials (distributed shared memory) in
+    slice order; in the emulator on fresh random operands, D poisoned: bit for bit the one CTA
+    of S x CLUSTER slices, within the product's bound, no hazard (but the benign one of
+    `_emulated`)."""
+    from tk_cute.emulator import hopper
+    from tk_cute.nvfp4 import quantize
+
+    w4a4 = a_format != "bf16"
+    if a_format == "quantize":
+        base = dataclasses.replace(_planned(M, N, K, True), XSMEM=gv.xsmem_bytes(M, K),
+                                   QUANTIZE_A=True)
+    else:
+        base = _planned(M, N, K, w4a4)
+    assert base.CLUSTER == 1 and bool(base.XSMEM) == (M == 1 and w4a4)
+    g = torch.Generator().manual_seed(seed)
+    b = quantize(torch.randn(N, K, generator=g))
+    x = torch.randn(M, K, generator=g)
+    a = quantize(x) if a_format == "nvfp4" else x.bfloat16()
+    outs = []
+    for cfg in (dataclasses.replace(base, S=S * cluster, WN=1, MIN_CTAS=0),
+                dataclasses.replace(base, S=S, CLUSTER=cluster, WN=1, MIN_CTAS=0)):
+        gv.check_shape(cfg, M, N, K)
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+        machines = hopper.small_m(a, b, cfg, out)
+        benign = {"uninitialized-shared"} if M % 4 in (1, 2) else set()
+        assert [h for m in machines for h in m.hazards if h.kind not in benign] == []
+        assert len(machines) == 1 and not out.isnan().any()
+        outs.append(out)
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+    if a_format != "quantize":  # (its bound: test_quantize_a_in_the_kernel_is_quantize_then_gemm)
+        assert_gemm_close(outs[1], a, b)
+
+
+def test_narrow_layers_split_k_over_clusters():
+    """`sm90_tuning.small_m_cluster` over a grid of shapes and SM counts: clusters of
+    SMALL_M_CLUSTER only at M <= SMALL_M_CLUSTER_MAX_M where the row blocks' CTAs times the
+    cluster fit the SMs, every cluster runs at once and each CTA gets SMALL_M_CLUSTER_MIN_STEPS
+    128-K steps or more, and there always; one step per trip, a slice per warp of at least one
+    step, a CTA that fits. DeepSeek-V3's kv_a (576x7168: 18 row blocks) takes clusters of 4 at
+    1-4 rows (14 warps each), its q_a (1536x7168: 48) does not."""
+    T = sm90_tuning
+    for M, N, K, sms, w4a4 in itertools.product(
+            (1, 3, 4, 5, 8, 16), (32, 256, 576, 1024, 1056, 1536),
+            (512, 1216, 4096, 7168, 7232, 16384), (132, 114, 78), (False, True)):
+        cfg = T.small_m_config(M, N, K, w4a4, sms=sms)
+        blocks, steps, c = N // cfg.rows, K // gv.STEP_K, T.SMALL_M_CLUSTER
+        fits = (M <= T.SMALL_M_CLUSTER_MAX_M and blocks * c <= sms
+                and blocks <= T.CLUSTERS_RESIDENT[c] * sms // 132
+                and steps >= c * T.SMALL_M_CLUSTER_MIN_STEPS)
+        assert cfg.CLUSTER == (c if fits else 1), (M, N, K, sms)
+        if fits:  # (W4A4's row not staged: every CTA of the cluster would decode all of it)
+            assert cfg.UNROLL == 1 and cfg.REST == 0 and cfg.slices <= steps and not cfg.XSMEM
+            assert cfg.S == min(T.SMALL_M_MAX_WARPS, steps // c) and cfg.fits(cfg.S)
+            gv.check_shape(cfg, M, N, K)
+    for M in (1, 2, 4, 8):
+        for w4a4 in (False, True):
+            assert T.small_m_config(M, 576, 7168, w4a4).CLUSTER == (4 if M <= 4 else 1)
+            assert T.small_m_config(M, 576, 7168, w4a4).S == 14
+            assert T.small_m_config(M, 1536, 7168, w4a4).CLUSTER == 1
+
+
 # --- GPU --------------------------------------------------------------------------------------
 
 SHAPES = [(256, 512), (4096, 4096), (8192, 8192), (1024, 2048), (160, 384)]
@@ -657,6 +743,37 @@ def test_planned_odd_k_splits_on_the_gpu(seed, M, w4a4, N, K):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 2, 4])
+@pytest.mark.parametrize("a_format", ["bf16", "nvfp4", "quantize"])
+def test_cluster_split_on_the_gpu(seed, M, a_format):
+    """DeepSeek-V3's kv_a (576x7168) through the public dispatch: the K split over clusters of
+    4 (72 CTAs), D poisoned, every element within the product's bound, a second call bit for
+    bit the first. W4A4 from NVFP4 activations, and from bf16 quantized in the kernel
+    (`quantize_a=True`, M = 1: `QUANTIZE_A`), bit for bit the quantizer then the GEMM."""
+    from tk_cute import nvfp4
+
+    N, K = 576, 7168
+    b = random_weights(N, K)
+    x = torch.randn(M, K, device="cuda").bfloat16()
+    a = nvfp4.quantize(x) if a_format == "nvfp4" else x
+    quantize_a = a_format == "quantize"
+    if quantize_a and sm90_tuning.quantize_in_gemm(M, N, K) is None:
+        pytest.skip("QUANTIZE_A stages one activation row")
+    cfg = (sm90_tuning.quantize_in_gemm(M, N, K) if quantize_a else nvfp4.plan(a, b).config)
+    assert cfg.CLUSTER == 4 and cfg.S == 14
+    outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            for _ in range(2)]
+    for out in outs:
+        nvfp4.gemm(a, b, out=out, quantize_a=quantize_a)
+    assert not outs[0].isnan().any(), "unwritten or NaN outputs"
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+    if quantize_a:
+        assert torch.equal(outs[0], nvfp4.gemm(nvfp4.quantize(x, check_finite=False), b))
+    else:
+        assert_gemm_close(outs[0], a, b)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 7, 16, 33, 64])
 @pytest.mark.parametrize("N, K", SHAPES)
 def test_w4a4_matches_gemm_reference(seed, M, N, K):
@@ -679,7 +796,7 @@ def test_fp32_output_split_invariance_and_determinism(seed, M):
     N, K = 512, 4096
     b = random_weights(N, K)
     a = torch.randn(M, K, device="cuda").bfloat16()
-    cfg = dataclasses.replace(sm90_tuning.small_m_config(M, N, K), WN=1)
+    cfg = dataclasses.replace(sm90_tuning.small_m_config(M, N, K, clusters=False), WN=1)
     chunks = K // cfg.k_chunk
     results = {}
     for S in [s for s in (1, 2, 3, 5, 7, chunks) if s <= chunks and cfg.fits(s)]:

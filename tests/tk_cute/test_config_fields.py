@@ -36,7 +36,7 @@ FIELDS = {
     nvfp4_small_m_sm90.Config: {
         "NT": D, "WN": D, "UNROLL": D, "w4a4": D, "out_dtype": D, "MIN_CTAS": D, "S": D,
         "AHEAD": D, "EARLY_WEIGHTS": D, "XSMEM": D, "L2_FETCH": D, "sf": D, "K_TAIL": D,
-        "REST": D, "QUANTIZE_A": D, "MT": F, "PDL": F},
+        "REST": D, "QUANTIZE_A": D, "CLUSTER": D, "MT": F, "PDL": F},
     nvfp4_register_a_sm90.Config: {
         "N_ACT": D, "ROWS": D, "PDL": D, "EARLY_WEIGHTS": D, "DIRECT": D, "out_dtype": D,
         "sf": D,
@@ -72,7 +72,7 @@ def _sweep() -> dict:
             fields.setdefault(f.name, set()).add(repr(getattr(cfg, f.name)))
 
     ms = (1, 3, 9, 16, 33, 64, 113, 129, 200, 256, 1000, 4000)
-    ns = (136, 2880, 4000, 8192, 28672)
+    ns = (136, 576, 2880, 4000, 8192, 28672)
     ks = (48, 2880, 8192, 8208, 29568)  # (29568: 231 128-K steps, an odd count)
     for w4a4, m, n, k, out, pdl, sf in itertools.product(
             (False, True), ms, ns, ks, ("bfloat16", "float32", "float16"), (False, True),

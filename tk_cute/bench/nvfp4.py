@@ -273,12 +273,15 @@ def _tuning_variants(M, N, K, sms):
     from tk_cute.nvfp4 import launch
     from tk_cute.tuning import sm90 as sm90_tuning
 
-    base = sm90_tuning.small_m_config(M, N, K)
+    base = sm90_tuning.small_m_config(M, N, K, clusters=False)  # one CTA per row block
     plain = dict(AHEAD=False, MIN_CTAS=0)
     tilings = [dict(UNROLL=2, **plain), dict(UNROLL=4, **plain),
                dict(UNROLL=2, AHEAD=True, MIN_CTAS=2), dict(WN=2, UNROLL=4, **plain),
                dict(MT=1, WN=2, UNROLL=4, **plain), dict(MT=4, UNROLL=1, **plain)]
     v = {}
+    if sm90_tuning.small_m_config(M, N, K).CLUSTER > 1:  # the plan without its cluster split
+        v["tk_cute w4a16 one CTA per row block"] = (
+            lambda s: launch.gemm_small_m(s["a"], s["b"], config=base))
     for tiling in tilings:
         cfg = dataclasses.replace(base, S=1, **tiling)
         if N % cfg.rows or K % cfg.k_chunk not in (0, gv.TAIL_K if cfg.K_TAIL else 0):

@@ -119,6 +119,11 @@ SMALL_M_EVEN_MIN = 0.5
 # in every trip needs 134-138: at most SMALL_M_MAX_WARPS_DECODING (16x576x7168 at S = 14, 448
 # threads, spilled 13 per trip; S = 12 none; 2 steps per trip: none at 16).
 SMALL_M_MAX_WARPS = 16
+# The small-M K split over clusters (`small_m_cluster`): CTAs per row block, the most rows, and
+# the fewest 128-K steps each CTA must get (won from 14, K = 7168; lost at 8, K = 4096).
+SMALL_M_CLUSTER = 4
+SMALL_M_CLUSTER_MAX_M = 4
+SMALL_M_CLUSTER_MIN_STEPS = 14
 SMALL_M_MAX_WARPS_DECODING = 12
 # Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
 # W4A4. The dequantize pass costs N x K whatever M is, so it pays from enough rows, and sooner at
@@ -246,9 +251,10 @@ def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: 
 
 @functools.lru_cache(maxsize=1024)
 def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = "bfloat16",
-                   sms: int = 132) -> gv.Config:
+                   sms: int = 132, clusters: bool = True) -> gv.Config:
     """The default configuration for a problem on a GPU with `sms` SMs (raises ValueError if
-    the shape is unsupported). Cached: it is on every call's host path."""
+    the shape is unsupported); `clusters` False: without `small_m_cluster` (one CTA per row
+    block, the bench's baseline). Cached: it is on every call's host path."""
     if not 1 <= M <= gv.MAX_M:
         raise ValueError(f"the small-M kernel supports 1 <= M <= {gv.MAX_M}, got M={M}")
     if K % gv.TAIL_K or K < gv.STEP_K:
@@ -307,7 +313,31 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # W4A4 at M = 1 stages its activation row decoded (once per CTA instead of in every warp's
     # trips) up to K = W4A4_STAGE_MAX_K; bf16 rows are not staged (`gv.Config.XSMEM`).
     xs = gv.xsmem_bytes(M, K) if M == 1 and w4a4 and K <= W4A4_STAGE_MAX_K else 0
-    return dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas, XSMEM=xs if xs <= gv.MAX_XSMEM else 0)
+    cfg = dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas, XSMEM=xs if xs <= gv.MAX_XSMEM else 0)
+    return small_m_cluster(cfg, M, N, K, sms) if clusters else cfg
+
+
+def small_m_cluster(cfg: gv.Config, M: int, N: int, K: int, sms: int) -> gv.Config:
+    """`cfg` with its K split spread over clusters of SMALL_M_CLUSTER CTAs per row block
+    (`gv.Config.CLUSTER`) where the row blocks are so few that the clusters' CTAs still fit the
+    SMs (and their clusters all run at once, `CLUSTERS_RESIDENT`), at M <= SMALL_M_CLUSTER_MAX_M
+    and K of at least SMALL_M_CLUSTER_MIN_STEPS 128-K steps per CTA: one step per trip, S =
+    the steps per CTA up to SMALL_M_MAX_WARPS (a step or two per warp), W4A4's row not staged
+    (each CTA would decode all of it: 1x576x7168 6.25 us staged, 5.72 not); else `cfg`. H100
+    A/Bs (docs/facts.md#small-m-cluster; us, one CTA per row block / clusters of 4, W4A16):
+    1x576x7168 6.48 / 5.51 (W4A4 6.66 / 5.72), 4x 6.57 / 5.59 (7.17 / 5.73), 1x512x8192 6.5 / 5.9,
+    1x768x16384 10.7 / 8.0; lost at 8 steps per CTA (1x576x4096 4.2 / 4.7, 1x256x4096 4.2 /
+    4.4) and at 8 rows but for K = 16384 (8x576x7168 6.7 / 6.6, 8x512x8192 6.8 / 7.2,
+    8x768x16384 11.2 / 8.9). Not on 1536x7168 (48 row blocks: clusters of 2 ran -6% to +5%,
+    of 4 do not fit)."""
+    c, blocks, steps = SMALL_M_CLUSTER, N // cfg.rows, K // gv.STEP_K
+    if (M > SMALL_M_CLUSTER_MAX_M or blocks * c > sms
+            or blocks > CLUSTERS_RESIDENT[c] * sms // 132
+            or steps < c * SMALL_M_CLUSTER_MIN_STEPS):
+        return cfg
+    S = min(SMALL_M_MAX_WARPS // cfg.WN, steps // c)
+    return dataclasses.replace(cfg, UNROLL=1, **_small_m_k_fields(K, 1), S=S, CLUSTER=c,
+                               MIN_CTAS=max(1, 16 // (cfg.WN * S)), XSMEM=0)
 
 
 def _row_groups(S: int, N: int, sms: int) -> int:
@@ -623,19 +653,20 @@ def few_tiles_width(M: int, N: int, sms: int, min_fill: float = FEW_TILES_MIN_FI
 RS_MISALIGNED_UNITS = 4
 
 
-# Register-A's cluster sum (`rs.Config.CLUSTER`): clusters of c CTAs a 132-SM GPU runs at once
-# at one CTA per SM (read on the H200, docs/facts.md#resident-clusters: its GPCs' SM counts are
-# not multiples of 4; the H100's 32 clusters of 4 ran as two rounds alike), scaled to other SM
-# counts; no 8 (clusters of 8 lost on a larger grid than the plan's: 1536x7168, 96 CTAs against
-# 84); and the activation rows it was timed at (32-64: the per-call permute; at 16 rows,
-# permuting per stage, it lost 2% on 5760x2880, one of the two layers it would take there).
-RS_CLUSTERS_RESIDENT = {4: 30, 2: 66}
+# Clusters of c CTAs a 132-SM GPU runs at once at one CTA per SM (register-A's cluster sum,
+# `rs.Config.CLUSTER`, and the small-M K split, `small_m_cluster`; read on the H200,
+# docs/facts.md#resident-clusters: its GPCs' SM counts are not multiples of 4; the H100's 32
+# clusters of 4 ran as two rounds alike), scaled to other SM counts; no 8 (clusters of 8 lost
+# on a larger grid than the plan's: 1536x7168, 96 CTAs against 84); and the activation rows
+# register-A's sum was timed at (32-64: the per-call permute; at 16 rows, permuting per stage, it
+# lost 2% on 5760x2880, one of the two layers it would take there).
+CLUSTERS_RESIDENT = {4: 30, 2: 66}
 RS_CLUSTER_N_ACT = (32, 64)
 
 
 def register_a_cluster(cfg: rs.Config, N: int, K: int, sms: int) -> int:
     """CLUSTER for a register-A plan (before `complete` sets it): the largest c of
-    RS_CLUSTERS_RESIDENT whose grid (c CTAs per row block, `rs.cluster_ctas`) has at least the
+    CLUSTERS_RESIDENT whose grid (c CTAs per row block, `rs.cluster_ctas`) has at least the
     stream-K grid's CTAs (`register_a_ctas`), whose clusters all run at once and whose row
     blocks have at least c stages, at N_ACT in RS_CLUSTER_N_ACT with the per-call permute (not
     beside pdl's per-stage permute, untimed together); else 1 (the stream-K grid and its
@@ -649,7 +680,7 @@ def register_a_cluster(cfg: rs.Config, N: int, K: int, sms: int) -> int:
         return 1
     blocks, stages = rs.row_blocks(cfg, N), rs.k_stages(cfg, K)
     ctas = register_a_grid(cfg, N, K, sms)
-    for c, resident in sorted(RS_CLUSTERS_RESIDENT.items(), reverse=True):
+    for c, resident in sorted(CLUSTERS_RESIDENT.items(), reverse=True):
         if blocks * c >= ctas and blocks <= resident * sms // 132 and stages >= c:
             return c
     return 1

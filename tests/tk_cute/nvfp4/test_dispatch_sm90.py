@@ -303,7 +303,7 @@ def test_cluster_sums_where_their_grid_covers_the_stream_k_grid():
             continue
         cfg = dataclasses.replace(p.config, CLUSTER=1)
         blocks, stages = rs.row_blocks(cfg, N), rs.k_stages(cfg, K)
-        fits = [c for c, resident in T.RS_CLUSTERS_RESIDENT.items()
+        fits = [c for c, resident in T.CLUSTERS_RESIDENT.items()
                 if blocks * c >= _ctas(p.path, cfg, M, N, K)[0] and blocks <= resident
                 and stages >= c]
         want = (max(fits) if fits and 32 <= cfg.N_ACT <= 64 and cfg.permute == "call"
