@@ -116,7 +116,6 @@ OUT_TYPES = ("bfloat16", "float16", "float32")
 CALL_PERMUTE_MIN_N_ACT = 32
 A_FORMATS = ("bf16", "nvfp4")  # activations as they come: bfloat16 (W4A16) or NVFP4 (W4A4)
 N_ALIGN = 8  # D's rows (N elements) 16 bytes apart in bf16 (`Config.N_TAIL` below ROWS)
-CLUSTERS = (1, 2, 4, 8)  # `Config.CLUSTER`: portable cluster sizes
 
 
 @dataclass(frozen=True)
@@ -181,8 +180,9 @@ class Config:
         if self.a_format == "nvfp4" and self.PERMUTE == "stage":
             raise ValueError("NVFP4 activations are decoded in the permute 'call' pass: "
                              "PERMUTE='stage' takes bf16 activations only")
-        if self.CLUSTER not in CLUSTERS:
-            raise ValueError(f"CLUSTER must be one of {CLUSTERS}, got {self.CLUSTER}")
+        if self.CLUSTER not in cluster.PORTABLE_SIZES:
+            raise ValueError(f"CLUSTER must be one of {cluster.PORTABLE_SIZES}, "
+                             f"got {self.CLUSTER}")
         if self.CLUSTER > 1 and self.DIRECT:
             raise ValueError("CLUSTER > 1 sums a block's partials in the cluster; DIRECT gives "
                              "each block one CTA: one or the other")

@@ -15,7 +15,8 @@ codes), {0, 1, 4, 5} or {2, 3, 6, 7}; the activation fragment follows the same p
 the same way). Products are exact; fp32 accumulation.
 Grid N / rows (times CLUSTER, below): a CTA owns `rows` weight rows and has WN x S warps: WN
 row groups (MT MMA tiles each) times S K-slices (split-K inside the CTA; the K / k_chunk chunks
-split as evenly as S allows, `k_slice`: a slice has floor or ceil of chunks / S). With AHEAD (default at M <= 8) the next trip's
+split as evenly as the block's slices allow, `k_slice`: a slice has floor or ceil of chunks /
+slices). With AHEAD (default at M <= 8) the next trip's
 weights are in flight while a trip decodes. W4A4 at M = 1 (XSMEM) first decodes its activation
 row into shared memory from its codes and scales, once per CTA instead of in every warp's trips
 (one barrier), so trips read ready B fragments with LDS; at M = 1 each weight load also asks L2
@@ -28,10 +29,10 @@ coherent: ptxas moves read-only loads above the wait). At the end each warp puts
 its fp32 partial in shared memory and, after one CTA barrier, the CTA sums the S slices in
 order (deterministic), applies 2^8 (2^16 for W4A4) * global scales and writes D: no global
 workspace, no atomics, no fences. With CLUSTER the grid has CLUSTER CTAs per row block, one
-cluster, holding its S x CLUSTER slices in rank order; after a cluster barrier each sums a
-CLUSTER-th of the block over every rank's partials (`ld.shared::cluster`) in slice order (bit
-for bit one CTA of all the slices), and a last cluster barrier keeps each rank's partials
-until its peers have read them.
+cluster, holding its S x CLUSTER slices in rank order: each CTA sums its S slices in its
+shared memory, and after a cluster barrier each sums a CLUSTER-th of the block over the ranks'
+sums (`ld.shared::cluster`) in rank order (deterministic); a last cluster barrier keeps each
+rank's sums until its peers have read them.
 Constraints (checked): M <= 64, K % 64 == 0, N % 32 == 0. K need not be whole trips: the first
 K-slice adds the whole 128-K steps past them (`Config.REST`) in one short trip before its trips,
 and after them K's last half step (K % 128 == 64: `Config.K_TAIL`) in one more masked step.
@@ -66,7 +67,6 @@ MAX_XSMEM = 64 * 1024  # staged activations (two CTAs per SM still fit)
 QS_GA = MAX_THREADS // 32  # QUANTIZE_A's shared words: one amax per warp, then gA
 QS_WORDS = QS_GA + 4
 OUT_TYPES = ("bfloat16", "float16", "float32")
-CLUSTERS = (1, 2, 4, 8)  # `Config.CLUSTER`: portable cluster sizes
 
 
 @dataclass(frozen=True)
@@ -113,10 +113,11 @@ class Config:
     # One launch where the activations' quantize would be a launch (and a host call) of its own.
     QUANTIZE_A: bool = False
     # CTAs per row block, one cluster (1, 2, 4 or 8): the block's K splits into S x CLUSTER
-    # slices, rank r's warps holding slices r S .. r S + S - 1 (`k_slice`); after a cluster
-    # barrier each rank sums its CLUSTER-th of the block's outputs over every rank's partials
-    # in slice order (distributed shared memory: `_reduce`) and writes D. For narrow layers,
-    # whose N / rows CTAs leave most SMs idle.
+    # slices, rank r's warps holding slices r S .. r S + S - 1 (`k_slice`); each rank sums its
+    # S slices in its shared memory (`_sum_slices`), and after a cluster barrier each sums a
+    # CLUSTER-th of the block's outputs over the ranks' sums in rank order (distributed shared
+    # memory: `_reduce`) and writes D. For narrow layers, whose N / rows CTAs leave most SMs
+    # idle.
     CLUSTER: int = 1
     sf: str = field(default="ue4m3", metadata={"quiet": True})  # scale format of both operands
     __repr__ = config_repr  # (the kernel symbol follows the repr: sf shows once not UE4M3)
@@ -145,8 +146,9 @@ class Config:
             raise ValueError(f"out_dtype must be one of {OUT_TYPES}, got {self.out_dtype!r}")
         if self.sf not in fp4.DECODE_FORMATS:
             raise ValueError(f"sf must be one of {fp4.DECODE_FORMATS}, got {self.sf!r}")
-        if self.CLUSTER not in CLUSTERS:
-            raise ValueError(f"CLUSTER must be one of {CLUSTERS}, got {self.CLUSTER}")
+        if self.CLUSTER not in cluster.PORTABLE_SIZES:
+            raise ValueError(f"CLUSTER must be one of {cluster.PORTABLE_SIZES}, "
+                             f"got {self.CLUSTER}")
         if self.QUANTIZE_A and not (self.w4a4 and self.XSMEM and self.sf == "ue4m3"):
             raise ValueError(f"QUANTIZE_A (bf16 activations quantized in the kernel) needs "
                              f"w4a4, staged activations (XSMEM > 0) and UE4M3 scales (what "
@@ -280,16 +282,17 @@ def k_slice(cfg, s, K):
     return first, (s + 1) * chunks // cfg.slices - first
 
 
-def reduce_trips(cfg) -> int:
-    """Loop trips of the final sum: rows x m_pad sums, 4 per thread per trip, over the
-    CLUSTER CTAs of the row block."""
-    return -(-cfg.rows * cfg.m_pad // (4 * cfg.threads * cfg.CLUSTER))
+def reduce_trips(cfg, ranks=None) -> int:
+    """Loop trips of a sum over the block: rows x m_pad sums, 4 per thread per trip, on `ranks`
+    CTAs (default CLUSTER: the final sum; 1: `_sum_slices`)."""
+    return -(-cfg.rows * cfg.m_pad // (4 * cfg.threads * (ranks or cfg.CLUSTER)))
 
 
-def reduce_coord(cfg, it, tidx, rank=0):
-    """(weight row, first of 4 activation rows) that thread tidx of the block's CTA `rank` sums
-    over the block's slices in trip it (past the block, m0 >= m_pad)."""
-    i = (it * cfg.CLUSTER + rank) * cfg.threads + tidx
+def reduce_coord(cfg, it, tidx, rank=0, ranks=None):
+    """(weight row, first of 4 activation rows) that thread tidx of the block's CTA `rank` of
+    `ranks` (default CLUSTER) sums in trip it (past the block, m0 >= m_pad); consecutive sums
+    go to consecutive ranks, so the ranks share the first columns alike."""
+    i = (it * cfg.threads + tidx) * (ranks or cfg.CLUSTER) + rank
     return i % cfg.rows, 4 * (i // cfg.rows)
 
 
@@ -369,10 +372,11 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
     _store_partial(cfg, acc, part, M, wn, s, lane)
     cute.arch.barrier()
     if cutlass.const_expr(cfg.CLUSTER > 1):
-        cluster.cluster_sync()  # every rank's partials are in its shared memory
+        _sum_slices(cfg, part, M, tidx)
+        cluster.cluster_sync()  # every rank's sum is in its shared memory
     _reduce(cfg, part, gsb, gsa, qs, out, M, N, n_blk, tidx, rank)
     if cutlass.const_expr(cfg.CLUSTER > 1):
-        cluster.cluster_sync()  # (each rank's partials stay until its peers have read them)
+        cluster.cluster_sync()  # (each rank's sums stay until its peers have read them)
 
 
 def _weight_rows(cfg, w, wsf, wn, lane, n_blk, K, k_begin):
@@ -633,11 +637,25 @@ def _store_partial(cfg: cutlass.Constexpr, acc, part, M, wn, s, lane):
 
 
 @cute.jit
+def _sum_slices(cfg: cutlass.Constexpr, part, M, tidx):
+    """CLUSTER: this CTA's S slices' partials summed in order into slice 0's slots (each sum
+    read and written by one thread)."""
+    for it in cutlass.range_constexpr(reduce_trips(cfg, 1)):
+        row, m0 = reduce_coord(cfg, it, tidx, 0, 1)
+        if m0 < M:
+            total = memory.ld_shared_v4(part + slot_index(cfg, 0, row, m0) * 4)
+            for k in cutlass.range_constexpr(1, cfg.S):
+                more = memory.ld_shared_v4(part + slot_index(cfg, k, row, m0) * 4)
+                total = [total[e] + more[e] for e in range(4)]
+            memory.st_shared_v4_f32(part + slot_index(cfg, 0, row, m0) * 4, total)
+
+
+@cute.jit
 def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, qs, out, M, N, n_blk, tidx, rank):
-    """Split-K inside the CTA (and its cluster): sum the row block's slices' partials in slice
-    order (deterministic; with CLUSTER, this rank's share of the outputs, each rank's partials
-    read from its shared memory), scale by 2^shift (twice W4A4) * global scales (QUANTIZE_A: gA
-    as computed, from `qs`) and write D."""
+    """Split-K inside the CTA: sum the S slices' partials in order (deterministic; with
+    CLUSTER, this rank's share of the block's outputs over the ranks' sums, `_sum_slices`, in
+    rank order through distributed shared memory), scale by 2^shift (twice W4A4) * global
+    scales (QUANTIZE_A: gA as computed, from `qs`) and write D."""
     undo = Float32(2.0 ** fp4.decode_shift(cfg.sf))  # the decode's exact 2^-shift per operand
     scale = memory.ld_f32(gsb.toint()) * undo
     if cutlass.const_expr(cfg.QUANTIZE_A):
@@ -651,11 +669,10 @@ def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, qs, out, M, N, n_blk, tidx, 
         row, m0 = reduce_coord(cfg, it, tidx, rank)
         nr = Int64(n_blk + row)
         if m0 < M:  # columns at or past M are padding (or past the block): skip
-            parts = [_partial(cfg, part + slot_index(cfg, k, row, m0) * 4, q)
-                     for q in range(cfg.CLUSTER) for k in range(cfg.S)]
+            parts = _partials(cfg, part, row, m0)
             for e in cutlass.range_constexpr(4):
                 total[e] = parts[0][e]
-            for k in cutlass.range_constexpr(1, cfg.slices):  # in K-slice order
+            for k in cutlass.range_constexpr(1, len(parts)):  # in K-slice (rank) order
                 for e in cutlass.range_constexpr(4):
                     total[e] = total[e] + parts[k][e]
             for e in cutlass.range_constexpr(4):
@@ -665,12 +682,14 @@ def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, qs, out, M, N, n_blk, tidx, 
                                   total[e] * scale, cfg.out_dtype)
 
 
-def _partial(cfg, addr, rank):
-    """4 fp32 of a slice's partial at shared address `addr` of the cluster's CTA `rank` (this
-    CTA's without CLUSTER)."""
+def _partials(cfg, part, row, m0):
+    """The 4-column vectors the final sum adds for (row, m0), in order: the CTA's S slices, or
+    with CLUSTER each rank's sum of its slices (slice 0's slots, distributed shared memory)."""
     if cfg.CLUSTER == 1:
-        return memory.ld_shared_v4(addr)
-    return cluster.ld_shared_remote_v4_f32(addr, rank)
+        return [memory.ld_shared_v4(part + slot_index(cfg, k, row, m0) * 4)
+                for k in range(cfg.S)]
+    return [cluster.ld_shared_remote_v4_f32(part + slot_index(cfg, 0, row, m0) * 4, q)
+            for q in range(cfg.CLUSTER)]
 
 
 @cute.jit

@@ -86,17 +86,22 @@ def _with_splits(configs, splits):
 def test_reduction_reads_every_partial_once(cfg):
     """The final loop (reduce_trips x threads, 4 columns each, over the CLUSTER CTAs of a row
     block) covers rows x m_pad once (an early version summed only half of the block: rows M >=
-    m_pad / 2 were never read)."""
-    seen = []
-    for it, rank in itertools.product(range(gv.reduce_trips(cfg)), range(cfg.CLUSTER)):
-        for tidx in range(cfg.threads):
-            row, m0 = gv.reduce_coord(cfg, it, tidx, rank)
-            assert m0 % 4 == 0
-            if m0 < cfg.m_pad:
-                assert row < cfg.rows
-                seen += [(row, m0 + e) for e in range(4)]
-    assert len(seen) == len(set(seen))
-    assert set(seen) == {(n, m) for n in range(cfg.rows) for m in range(cfg.m_pad)}
+    m_pad / 2 were never read), the ranks' shares of the first columns (M = 1: m0 = 0) within
+    one sum of each other; with CLUSTER each CTA's sum of its slices (`_sum_slices`, one CTA's
+    loop) covers them once too."""
+    for ranks in {cfg.CLUSTER, 1}:
+        seen, first = [], [0] * ranks
+        for it, rank in itertools.product(range(gv.reduce_trips(cfg, ranks)), range(ranks)):
+            for tidx in range(cfg.threads):
+                row, m0 = gv.reduce_coord(cfg, it, tidx, rank, ranks)
+                assert m0 % 4 == 0
+                if m0 < cfg.m_pad:
+                    assert row < cfg.rows
+                    seen += [(row, m0 + e) for e in range(4)]
+                    first[rank] += m0 == 0
+        assert len(seen) == len(set(seen))
+        assert set(seen) == {(n, m) for n in range(cfg.rows) for m in range(cfg.m_pad)}
+        assert max(first) - min(first) <= 1, first
 
 
 def test_warp_roles_and_slots_are_bijections():
@@ -266,7 +271,7 @@ def test_compiles_to_ldg128_and_mma_sync_without_spills(built):
     assert b.sass_count(r"MEMBAR") == (2 if cfg.CLUSTER > 1 else 0)
     assert b.sass_count(r"STG\.E\.64") == 0
     assert b.ptx_count(r"ld\.shared::cluster\.v4\.f32") == (
-        gv.reduce_trips(cfg) * cfg.slices if cfg.CLUSTER > 1 else 0)
+        gv.reduce_trips(cfg) * cfg.CLUSTER if cfg.CLUSTER > 1 else 0)
     assert b.ptx_count(r"barrier\.cluster\.arrive") == (2 if cfg.CLUSTER > 1 else 0)
 
 
@@ -276,7 +281,7 @@ def test_decode_instruction_budget(built):
     the bf16 activations paying 4 prmt per 8 values instead (16 per step and n8 tile, shared by
     the MT weight tiles; W4A4's staged rows (XSMEM) are decoded into the strided pairing); 1 prmt per
     scale pair (the broadcast of each scale to both halves is an HMUL2 operand select); with
-    CLUSTER 1 prmt more per partial read from distributed shared memory (its `mapa`)."""
+    CLUSTER 1 prmt more per rank's sum read from distributed shared memory (its `mapa`)."""
     cfg, b = built
     per_trip = cfg.decodes_activations
     words = (8 * cfg.MT + (4 * cfg.NT if per_trip else 0)) * _steps(cfg)
@@ -290,7 +295,7 @@ def test_decode_instruction_budget(built):
         4 * selected
     act = 16 * cfg.NT * _steps(cfg) if cfg.strided and not cfg.w4a4 else 0
     words_permuted = 0 if cfg.strided else 4 * words
-    remote = gv.reduce_trips(cfg) * cfg.slices if cfg.CLUSTER > 1 else 0
+    remote = gv.reduce_trips(cfg) * cfg.CLUSTER if cfg.CLUSTER > 1 else 0
     assert b.sass_count(r"\bPRMT\b") <= words_permuted + act + 2 * scales + 4 + remote
 
 
@@ -611,46 +616,37 @@ def test_planned_uneven_split_runs_in_the_emulator(N, K, M, w4a4, seed):
     _emulated(cfg, M, 32, K, w4a4, seed)
 
 
-@pytest.mark.parametrize("M, N, K, S, cluster, a_format", [
-    (3, 64, 2048, 2, 2, "bf16"),  # two row blocks, 8 chunks in 4 slices
-    (1, 64, 1216, 2, 2, "bf16"),  # REST and K_TAIL on the first rank's first slice
-    (5, 96, 1216, 1, 4, "nvfp4"),  # W4A4 decoded in every trip, 4 chunks in 4 slices
-    (1, 32, 2048, 2, 4, "nvfp4"),  # W4A4 staged (XSMEM), each rank staging the row
-    (1, 32, 2048, 2, 4, "quantize"),  # QUANTIZE_A: each rank quantizes the row alike
+@pytest.mark.parametrize("M, N, K, S, cluster, w4a4", [
+    (3, 64, 2048, 2, 2, False),  # two row blocks, 16 steps in 4 slices
+    (1, 64, 1216, 2, 2, False),  # K_TAIL on the first rank's first slice
+    (5, 96, 1216, 1, 4, True),  # W4A4 decoded in every trip, 9 steps in 4 slices
+    (1, 32, 2048, 3, 4, True),  # W4A4 at one row (not staged, as planned), 16 steps in 12
 ])
-def test_cluster_split_is_one_cta_of_all_the_slices(M, N, K, S, cluster, a_format, seed):
+def test_cluster_split_runs_in_the_emulator(M, N, K, S, cluster, w4a4, seed):
     """`Config.CLUSTER`: a row block's S x CLUSTER K-slices spread over a cluster, each rank
-    summing its share of the outputs over every rank's partials (distributed shared memory) in
-    slice order; in the emulator on fresh random operands, D poisoned: bit for bit the one CTA
-    of S x CLUSTER slices, within the product's bound, no hazard (but the benign one of
-    `_emulated`)."""
+    summing its slices, then a CLUSTER-th of the outputs over the ranks' sums (distributed
+    shared memory); in the emulator on fresh random operands, D (fp32) poisoned: every element
+    within the product's bound, as the one CTA of all the slices is, no hazard (but the benign
+    one of `_emulated`)."""
     from tk_cute.emulator import hopper
     from tk_cute.nvfp4 import quantize
 
-    w4a4 = a_format != "bf16"
-    if a_format == "quantize":
-        base = dataclasses.replace(_planned(M, N, K, True), XSMEM=gv.xsmem_bytes(M, K),
-                                   QUANTIZE_A=True)
-    else:
-        base = _planned(M, N, K, w4a4)
-    assert base.CLUSTER == 1 and bool(base.XSMEM) == (M == 1 and w4a4)
+    base = sm90_tuning.complete("small_m", sm90_tuning.small_m_config(M, N, K, w4a4), N, K,
+                                w4a4, "float32", "ue4m3", False)
+    base = dataclasses.replace(base, UNROLL=1, REST=0, XSMEM=0, WN=1, MIN_CTAS=0)
     g = torch.Generator().manual_seed(seed)
     b = quantize(torch.randn(N, K, generator=g))
     x = torch.randn(M, K, generator=g)
-    a = quantize(x) if a_format == "nvfp4" else x.bfloat16()
-    outs = []
-    for cfg in (dataclasses.replace(base, S=S * cluster, WN=1, MIN_CTAS=0),
-                dataclasses.replace(base, S=S, CLUSTER=cluster, WN=1, MIN_CTAS=0)):
+    a = quantize(x) if w4a4 else x.bfloat16()
+    for cfg in (dataclasses.replace(base, S=S * cluster), dataclasses.replace(
+            base, S=S, CLUSTER=cluster)):
         gv.check_shape(cfg, M, N, K)
-        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+        out = torch.full((M, N), float("nan"), dtype=torch.float32)
         machines = hopper.small_m(a, b, cfg, out)
         benign = {"uninitialized-shared"} if M % 4 in (1, 2) else set()
         assert [h for m in machines for h in m.hazards if h.kind not in benign] == []
         assert len(machines) == 1 and not out.isnan().any()
-        outs.append(out)
-    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
-    if a_format != "quantize":  # (its bound: test_quantize_a_in_the_kernel_is_quantize_then_gemm)
-        assert_gemm_close(outs[1], a, b)
+        assert_gemm_close(out, a, b, f"CLUSTER={cfg.CLUSTER}")
 
 
 def test_narrow_layers_split_k_over_clusters():
@@ -665,14 +661,19 @@ def test_narrow_layers_split_k_over_clusters():
             (1, 3, 4, 5, 8, 16), (32, 256, 576, 1024, 1056, 1536),
             (512, 1216, 4096, 7168, 7232, 16384), (132, 114, 78), (False, True)):
         cfg = T.small_m_config(M, N, K, w4a4, sms=sms)
-        blocks, steps, c = N // cfg.rows, K // gv.STEP_K, T.SMALL_M_CLUSTER
+        one = T.small_m_config(M, N, K, w4a4, sms=sms, clusters=False)
+        blocks, steps, c = N // one.rows, K // gv.STEP_K, T.SMALL_M_CLUSTER
         fits = (M <= T.SMALL_M_CLUSTER_MAX_M and blocks * c <= sms
                 and blocks <= T.CLUSTERS_RESIDENT[c] * sms // 132
                 and steps >= c * T.SMALL_M_CLUSTER_MIN_STEPS)
         assert cfg.CLUSTER == (c if fits else 1), (M, N, K, sms)
         if fits:  # (W4A4's row not staged: every CTA of the cluster would decode all of it)
             assert cfg.UNROLL == 1 and cfg.REST == 0 and cfg.slices <= steps and not cfg.XSMEM
-            assert cfg.S == min(T.SMALL_M_MAX_WARPS, steps // c) and cfg.fits(cfg.S)
+            assert cfg.S == min(T.SMALL_M_MAX_WARPS // one.WN, steps // c) and cfg.fits(cfg.S)
+            q = T.quantize_in_gemm(M, N, K, sms=sms)  # (staging all the rows: one CTA a block)
+            assert q is None or q.CLUSTER == 1 and q == dataclasses.replace(
+                T.small_m_config(M, N, K, True, sms=sms, clusters=False),
+                XSMEM=gv.xsmem_bytes(M, K), QUANTIZE_A=True)
             gv.check_shape(cfg, M, N, K)
     for M in (1, 2, 4, 8):
         for w4a4 in (False, True):
@@ -744,33 +745,26 @@ def test_planned_odd_k_splits_on_the_gpu(seed, M, w4a4, N, K):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 2, 4])
-@pytest.mark.parametrize("a_format", ["bf16", "nvfp4", "quantize"])
-def test_cluster_split_on_the_gpu(seed, M, a_format):
+@pytest.mark.parametrize("w4a4", [False, True])
+def test_cluster_split_on_the_gpu(seed, M, w4a4):
     """DeepSeek-V3's kv_a (576x7168) through the public dispatch: the K split over clusters of
     4 (72 CTAs), D poisoned, every element within the product's bound, a second call bit for
-    bit the first. W4A4 from NVFP4 activations, and from bf16 quantized in the kernel
-    (`quantize_a=True`, M = 1: `QUANTIZE_A`), bit for bit the quantizer then the GEMM."""
+    bit the first (the ranks' sums added in a fixed order)."""
     from tk_cute import nvfp4
 
     N, K = 576, 7168
     b = random_weights(N, K)
     x = torch.randn(M, K, device="cuda").bfloat16()
-    a = nvfp4.quantize(x) if a_format == "nvfp4" else x
-    quantize_a = a_format == "quantize"
-    if quantize_a and sm90_tuning.quantize_in_gemm(M, N, K) is None:
-        pytest.skip("QUANTIZE_A stages one activation row")
-    cfg = (sm90_tuning.quantize_in_gemm(M, N, K) if quantize_a else nvfp4.plan(a, b).config)
-    assert cfg.CLUSTER == 4 and cfg.S == 14
+    a = nvfp4.quantize(x) if w4a4 else x
+    cfg = nvfp4.plan(a, b).config
+    assert cfg.CLUSTER == 4 and cfg.S == 14 and not cfg.XSMEM
     outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
             for _ in range(2)]
     for out in outs:
-        nvfp4.gemm(a, b, out=out, quantize_a=quantize_a)
+        nvfp4.gemm(a, b, out=out)
     assert not outs[0].isnan().any(), "unwritten or NaN outputs"
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
-    if quantize_a:
-        assert torch.equal(outs[0], nvfp4.gemm(nvfp4.quantize(x, check_finite=False), b))
-    else:
-        assert_gemm_close(outs[0], a, b)
+    assert_gemm_close(outs[0], a, b)
 
 
 @pytest.mark.gpu

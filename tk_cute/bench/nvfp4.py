@@ -190,6 +190,7 @@ def _register_a_tuning_variants(M, N, K, sms):
     the shared memory allow."""
     from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
     from tk_cute.nvfp4 import launch
+    from tk_cute.ops.cluster import PORTABLE_SIZES
     from tk_cute.tuning import rounds
     from tk_cute.tuning import sm90 as sm90_tuning
 
@@ -200,7 +201,7 @@ def _register_a_tuning_variants(M, N, K, sms):
                       if rounds.aligned(units, stages, c)][:4]
     v = {f"tk_cute w4a16 register_a ROWS={pick.ROWS} ctas={c}": (
         lambda s, c=c: launch.gemm_rs(s["a"], s["b"], config=pick, ctas=c)) for c in grids}
-    for c in rs.CLUSTERS[1:]:  # the cluster sum (`rs.Config.CLUSTER`) where its grid fits
+    for c in PORTABLE_SIZES[1:]:  # the cluster sum (`rs.Config.CLUSTER`) where its grid fits
         if rs.row_blocks(pick, N) * c <= sms and stages >= c:
             v[f"tk_cute w4a16 register_a CLUSTER={c}"] = (
                 lambda s, c=c: launch.gemm_rs(s["a"], s["b"], config=dataclasses.replace(

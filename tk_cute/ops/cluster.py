@@ -23,6 +23,8 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from tk_cute.ops.ptx import asm, unpack
 from tk_cute.ops.warp import elect_leader  # noqa: F401  (re-exported for CTA-pair code)
 
+PORTABLE_SIZES = (1, 2, 4, 8)  # CTAs per cluster every sm_90a+ GPU launches without opt-in
+
 
 def cta_rank_in_pair():
     """0 on the leader CTA of the pair, 1 on its peer (block x parity)."""

@@ -322,7 +322,7 @@ def small_m_cluster(cfg: gv.Config, M: int, N: int, K: int, sms: int) -> gv.Conf
     (`gv.Config.CLUSTER`) where the row blocks are so few that the clusters' CTAs still fit the
     SMs (and their clusters all run at once, `CLUSTERS_RESIDENT`), at M <= SMALL_M_CLUSTER_MAX_M
     and K of at least SMALL_M_CLUSTER_MIN_STEPS 128-K steps per CTA: one step per trip, S =
-    the steps per CTA up to SMALL_M_MAX_WARPS (a step or two per warp), W4A4's row not staged
+    the steps per CTA up to SMALL_M_MAX_WARPS (one step per warp at K = 7168), W4A4's row not staged
     (each CTA would decode all of it: 1x576x7168 6.25 us staged, 5.72 not); else `cfg`. H100
     A/Bs (docs/facts.md#small-m-cluster; us, one CTA per row block / clusters of 4, W4A16):
     1x576x7168 6.48 / 5.51 (W4A4 6.66 / 5.72), 4x 6.57 / 5.59 (7.17 / 5.73), 1x512x8192 6.5 / 5.9,
@@ -368,7 +368,9 @@ def quantize_in_gemm(M: int, N: int, K: int, out_dtype: str = "bfloat16",
     per eager call ~15 / ~52 us."""
     if hopper_path(True, M, N, K, sms) != "small_m" or gv.xsmem_bytes(M, K) > gv.MAX_XSMEM:
         return None
-    cfg = small_m_config(M, N, K, True, out_dtype, sms)
+    # (one CTA per row block: in a cluster every CTA would stage and quantize all the rows,
+    # 2x576x7168 8.8 -> 9.3 us, 4x 11.7 -> 12.7, docs/facts.md#small-m-cluster)
+    cfg = small_m_config(M, N, K, True, out_dtype, sms, clusters=False)
     return dataclasses.replace(cfg, XSMEM=gv.xsmem_bytes(M, K), QUANTIZE_A=True)
 
 
