@@ -345,7 +345,7 @@ def _kernel(cfg: cutlass.Constexpr, w: cute.Pointer, wsf: cute.Pointer, x: cute.
     _await_activations(cfg, x, xsf, xs, qs, M, K, tidx)
     if cutlass.const_expr(cfg.REST > 0):  # noqa: SIM102 - compile-time, then a runtime test
         if ks == 0:  # (warp-uniform) the steps after K's whole chunks, on the first slice: it
-            # has the floor of the chunks / S (`k_slice`), so uneven splits stay balanced.
+            # has the floor of the chunks / slices (`k_slice`), so uneven splits stay balanced.
             # Before the trips: after them their addresses stayed live through the loop, which
             # spilled at 128 registers (1x8192x29568: 17 STL and 12 LDL per trip).
             rest = Int64(K // cfg.k_chunk)

@@ -120,9 +120,10 @@ SMALL_M_EVEN_MIN = 0.5
 # threads, spilled 13 per trip; S = 12 none; 2 steps per trip: none at 16).
 SMALL_M_MAX_WARPS = 16
 # The small-M K split over clusters (`small_m_cluster`): CTAs per row block, the most rows, and
-# the fewest 128-K steps each CTA must get (won from 14, K = 7168; lost at 8, K = 4096).
+# the fewest 128-K steps each CTA must get (won by 24-27% from 14, K = 7168; by 3-5% at 8, K =
+# 4096, and lost there on 256x4096 before the ranks summed their own slices first: untaken).
 SMALL_M_CLUSTER = 4
-SMALL_M_CLUSTER_MAX_M = 4
+SMALL_M_CLUSTER_MAX_M = 8
 SMALL_M_CLUSTER_MIN_STEPS = 14
 SMALL_M_MAX_WARPS_DECODING = 12
 # Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
@@ -322,14 +323,13 @@ def small_m_cluster(cfg: gv.Config, M: int, N: int, K: int, sms: int) -> gv.Conf
     (`gv.Config.CLUSTER`) where the row blocks are so few that the clusters' CTAs still fit the
     SMs (and their clusters all run at once, `CLUSTERS_RESIDENT`), at M <= SMALL_M_CLUSTER_MAX_M
     and K of at least SMALL_M_CLUSTER_MIN_STEPS 128-K steps per CTA: one step per trip, S =
-    the steps per CTA up to SMALL_M_MAX_WARPS (one step per warp at K = 7168), W4A4's row not staged
-    (each CTA would decode all of it: 1x576x7168 6.25 us staged, 5.72 not); else `cfg`. H100
-    A/Bs (docs/facts.md#small-m-cluster; us, one CTA per row block / clusters of 4, W4A16):
-    1x576x7168 6.48 / 5.51 (W4A4 6.66 / 5.72), 4x 6.57 / 5.59 (7.17 / 5.73), 1x512x8192 6.5 / 5.9,
-    1x768x16384 10.7 / 8.0; lost at 8 steps per CTA (1x576x4096 4.2 / 4.7, 1x256x4096 4.2 /
-    4.4) and at 8 rows but for K = 16384 (8x576x7168 6.7 / 6.6, 8x512x8192 6.8 / 7.2,
-    8x768x16384 11.2 / 8.9). Not on 1536x7168 (48 row blocks: clusters of 2 ran -6% to +5%,
-    of 4 do not fit)."""
+    the steps per CTA up to SMALL_M_MAX_WARPS (one step per warp at K = 7168), W4A4's row not
+    staged (each CTA would decode all of it); else `cfg`. H100, 2026-12-07
+    (docs/facts.md#small-m-cluster; us, one CTA per row block / clusters of 4, W4A16, `bench
+    nvfp4 --tune` at commit 3f1fbf4): 576x7168 at 1 / 2 / 4 rows 6.5 / 4.8, 6.6 / 4.8, 6.6 /
+    5.0 (W4A4 5.0-5.1), 512x8192 6.5-6.7 / 4.9-5.0; at 8 rows 576x7168 6.72 / 5.09 (W4A4
+    5.15; ad-hoc A/B). Not on 1536x7168 (48 row blocks: 4 CTAs each do not fit; clusters of 2
+    ran -6% to +5% with the earlier sum)."""
     c, blocks, steps = SMALL_M_CLUSTER, N // cfg.rows, K // gv.STEP_K
     if (M > SMALL_M_CLUSTER_MAX_M or blocks * c > sms
             or blocks > CLUSTERS_RESIDENT[c] * sms // 132
@@ -369,7 +369,8 @@ def quantize_in_gemm(M: int, N: int, K: int, out_dtype: str = "bfloat16",
     if hopper_path(True, M, N, K, sms) != "small_m" or gv.xsmem_bytes(M, K) > gv.MAX_XSMEM:
         return None
     # (one CTA per row block: in a cluster every CTA would stage and quantize all the rows,
-    # 2x576x7168 8.8 -> 9.3 us, 4x 11.7 -> 12.7, docs/facts.md#small-m-cluster)
+    # 2x576x7168 8.8 -> 9.3 us, 4x 11.7 -> 12.7 with the first cluster sum,
+    # docs/facts.md#small-m-cluster)
     cfg = small_m_config(M, N, K, True, out_dtype, sms, clusters=False)
     return dataclasses.replace(cfg, XSMEM=gv.xsmem_bytes(M, K), QUANTIZE_A=True)
 
