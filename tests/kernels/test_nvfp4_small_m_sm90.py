@@ -616,13 +616,16 @@ def test_planned_uneven_split_runs_in_the_emulator(N, K, M, w4a4, seed):
     _emulated(cfg, M, 32, K, w4a4, seed)
 
 
-@pytest.mark.parametrize("M, N, K, S, cluster, w4a4", [
-    (3, 64, 2048, 2, 2, False),  # two row blocks, 16 steps in 4 slices
-    (1, 64, 1216, 2, 2, False),  # K_TAIL on the first rank's first slice
-    (5, 96, 1216, 1, 4, True),  # W4A4 decoded in every trip, 9 steps in 4 slices
-    (1, 32, 2048, 3, 4, True),  # W4A4 at one row (not staged, as planned), 16 steps in 12
+@pytest.mark.parametrize("M, N, K, S, cluster, w4a4, as_planned", [
+    (3, 64, 2048, 2, 2, False, True),  # two row blocks, 16 steps in 4 slices
+    (1, 64, 1216, 2, 2, False, True),  # K_TAIL on the first rank's first slice
+    (5, 96, 1216, 1, 4, True, True),  # W4A4 decoded in every trip, 9 steps in 4 slices
+    (1, 32, 2048, 3, 4, True, True),  # W4A4 at one row (not staged, as planned), 16 steps in 12
+    # the kernel takes more than the plans give: 2 steps per trip, REST and K_TAIL on the first
+    # rank's first slice, W4A4's row staged in every CTA
+    (1, 64, 1216, 2, 2, True, False),
 ])
-def test_cluster_split_runs_in_the_emulator(M, N, K, S, cluster, w4a4, seed):
+def test_cluster_split_runs_in_the_emulator(M, N, K, S, cluster, w4a4, as_planned, seed):
     """`Config.CLUSTER`: a row block's S x CLUSTER K-slices spread over a cluster, each rank
     summing its slices, then a CLUSTER-th of the outputs over the ranks' sums (distributed
     shared memory); in the emulator on fresh random operands, D (fp32) poisoned: every element
@@ -633,7 +636,11 @@ def test_cluster_split_runs_in_the_emulator(M, N, K, S, cluster, w4a4, seed):
 
     base = sm90_tuning.complete("small_m", sm90_tuning.small_m_config(M, N, K, w4a4), N, K,
                                 w4a4, "float32", "ue4m3", False)
-    base = dataclasses.replace(base, UNROLL=1, REST=0, XSMEM=0, WN=1, MIN_CTAS=0)
+    if as_planned:  # (one step per trip, W4A4's row not staged: `small_m_cluster`'s Configs)
+        base = dataclasses.replace(base, UNROLL=1, REST=0, XSMEM=0)
+    else:
+        assert base.UNROLL == 2 and base.REST and base.K_TAIL and base.XSMEM
+    base = dataclasses.replace(base, WN=1, MIN_CTAS=0)
     g = torch.Generator().manual_seed(seed)
     b = quantize(torch.randn(N, K, generator=g))
     x = torch.randn(M, K, generator=g)
@@ -745,7 +752,7 @@ def test_planned_odd_k_splits_on_the_gpu(seed, M, w4a4, N, K):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 2, 4])
+@pytest.mark.parametrize("M", [1, 2, 4, 8])
 @pytest.mark.parametrize("w4a4", [False, True])
 def test_cluster_split_on_the_gpu(seed, M, w4a4):
     """DeepSeek-V3's kv_a (576x7168) through the public dispatch: the K split over clusters of

@@ -328,8 +328,8 @@ def small_m_cluster(cfg: gv.Config, M: int, N: int, K: int, sms: int) -> gv.Conf
     (docs/facts.md#small-m-cluster; us, one CTA per row block / clusters of 4, W4A16, `bench
     nvfp4 --tune` at commit 3f1fbf4): 576x7168 at 1 / 2 / 4 rows 6.5 / 4.8, 6.6 / 4.8, 6.6 /
     5.0 (W4A4 5.0-5.1), 512x8192 6.5-6.7 / 4.9-5.0; at 8 rows 576x7168 6.72 / 5.09 (W4A4
-    5.15; ad-hoc A/B). Not on 1536x7168 (48 row blocks: 4 CTAs each do not fit; clusters of 2
-    ran -6% to +5% with the earlier sum)."""
+    5.15; ad-hoc `.prof/smc.py`, 09:16 UTC). Not on 1536x7168 (48 row blocks: 4 CTAs each do
+    not fit; clusters of 2 ran -6% to +5% with the earlier sum)."""
     c, blocks, steps = SMALL_M_CLUSTER, N // cfg.rows, K // gv.STEP_K
     if (M > SMALL_M_CLUSTER_MAX_M or blocks * c > sms
             or blocks > CLUSTERS_RESIDENT[c] * sms // 132
@@ -369,7 +369,7 @@ def quantize_in_gemm(M: int, N: int, K: int, out_dtype: str = "bfloat16",
     if hopper_path(True, M, N, K, sms) != "small_m" or gv.xsmem_bytes(M, K) > gv.MAX_XSMEM:
         return None
     # (one CTA per row block: in a cluster every CTA would stage and quantize all the rows,
-    # 2x576x7168 8.8 -> 9.3 us, 4x 11.7 -> 12.7 with the first cluster sum,
+    # 2x576x7168 8.9 against 9.3 us, 4x 11.7 against 12.7 with the first cluster sum,
     # docs/facts.md#small-m-cluster)
     cfg = small_m_config(M, N, K, True, out_dtype, sms, clusters=False)
     return dataclasses.replace(cfg, XSMEM=gv.xsmem_bytes(M, K), QUANTIZE_A=True)
