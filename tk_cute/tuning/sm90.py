@@ -119,13 +119,13 @@ SMALL_M_EVEN_MIN = 0.5
 # in every trip needs 134-138: at most SMALL_M_MAX_WARPS_DECODING (16x576x7168 at S = 14, 448
 # threads, spilled 13 per trip; S = 12 none; 2 steps per trip: none at 16).
 SMALL_M_MAX_WARPS = 16
+SMALL_M_MAX_WARPS_DECODING = 12
 # The small-M K split over clusters (`small_m_cluster`): CTAs per row block, the most rows, and
 # the fewest 128-K steps each CTA must get (won by 24-27% from 14, K = 7168; by 3-5% at 8, K =
 # 4096, and lost there on 256x4096 before the ranks summed their own slices first: untaken).
 SMALL_M_CLUSTER = 4
 SMALL_M_CLUSTER_MAX_M = 8
 SMALL_M_CLUSTER_MIN_STEPS = 14
-SMALL_M_MAX_WARPS_DECODING = 12
 # Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
 # W4A4. The dequantize pass costs N x K whatever M is, so it pays from enough rows, and sooner at
 # a short K (the tiled kernel's per-tile costs weigh more there). H200 A/B
