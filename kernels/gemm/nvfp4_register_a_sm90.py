@@ -743,10 +743,7 @@ def _cluster_sum(cfg: cutlass.Constexpr, acc, base, dest, M, N, rb, thread):
     first = cluster.cta_rank() * per_rank
     for i in cutlass.range(thread, per_rank, threads, unroll=1):
         v = first + i
-        total = [Float32(0.0)] * 4
-        for q in cutlass.range_constexpr(cfg.CLUSTER):
-            part = cluster.ld_shared_remote_v4_f32(base + v * 16, q)
-            total = [total[e] + part[e] for e in range(4)]
+        total = cluster.sum_ranks_v4_f32(base + v * 16, cfg.CLUSTER)
         src, jc = v % threads, v // threads  # (`partial_vector` inverted)
         j, c = jc // (cfg.N_ACT // 8), jc % (cfg.N_ACT // 8)
         n0 = tile_row(cfg, rb, j, src)

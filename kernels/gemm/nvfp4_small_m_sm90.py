@@ -643,11 +643,8 @@ def _sum_slices(cfg: cutlass.Constexpr, part, M, tidx):
     for it in cutlass.range_constexpr(reduce_trips(cfg, 1)):
         row, m0 = reduce_coord(cfg, it, tidx, 0, 1)
         if m0 < M:
-            total = memory.ld_shared_v4(part + slot_index(cfg, 0, row, m0) * 4)
-            for k in cutlass.range_constexpr(1, cfg.S):
-                more = memory.ld_shared_v4(part + slot_index(cfg, k, row, m0) * 4)
-                total = [total[e] + more[e] for e in range(4)]
-            memory.st_shared_v4_f32(part + slot_index(cfg, 0, row, m0) * 4, total)
+            memory.st_shared_v4_f32(part + slot_index(cfg, 0, row, m0) * 4,
+                                    _slices_sum(cfg, part, row, m0))
 
 
 @cute.jit
@@ -664,17 +661,15 @@ def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, qs, out, M, N, n_blk, tidx, 
         scale = scale * (memory.ld_f32(gsa.toint()) * undo)
     out_base = out.toint()
     esize = 4 if cfg.out_dtype == "float32" else 2
-    total = cute.make_rmem_tensor((4,), Float32)
     for it in cutlass.range_constexpr(reduce_trips(cfg)):
         row, m0 = reduce_coord(cfg, it, tidx, rank)
         nr = Int64(n_blk + row)
         if m0 < M:  # columns at or past M are padding (or past the block): skip
-            parts = _partials(cfg, part, row, m0)
-            for e in cutlass.range_constexpr(4):
-                total[e] = parts[0][e]
-            for k in cutlass.range_constexpr(1, len(parts)):  # in K-slice (rank) order
-                for e in cutlass.range_constexpr(4):
-                    total[e] = total[e] + parts[k][e]
+            if cutlass.const_expr(cfg.CLUSTER == 1):
+                total = _slices_sum(cfg, part, row, m0)
+            else:  # each rank's sum of its slices is in its slice 0's slots (`_sum_slices`)
+                total = cluster.sum_ranks_v4_f32(part + slot_index(cfg, 0, row, m0) * 4,
+                                                 cfg.CLUSTER)
             for e in cutlass.range_constexpr(4):
                 m = m0 + e
                 if m < M:
@@ -682,14 +677,13 @@ def _reduce(cfg: cutlass.Constexpr, part, gsb, gsa, qs, out, M, N, n_blk, tidx, 
                                   total[e] * scale, cfg.out_dtype)
 
 
-def _partials(cfg, part, row, m0):
-    """The 4-column vectors the final sum adds for (row, m0), in order: the CTA's S slices, or
-    with CLUSTER each rank's sum of its slices (slice 0's slots, distributed shared memory)."""
-    if cfg.CLUSTER == 1:
-        return [memory.ld_shared_v4(part + slot_index(cfg, k, row, m0) * 4)
-                for k in range(cfg.S)]
-    return [cluster.ld_shared_remote_v4_f32(part + slot_index(cfg, 0, row, m0) * 4, q)
-            for q in range(cfg.CLUSTER)]
+def _slices_sum(cfg, part, row, m0):
+    """(row, m0)'s 4 fp32 partials of this CTA's S slices, added in slice order."""
+    parts = [memory.ld_shared_v4(part + slot_index(cfg, k, row, m0) * 4) for k in range(cfg.S)]
+    total = parts[0]
+    for more in parts[1:]:
+        total = [total[e] + more[e] for e in range(4)]
+    return total
 
 
 @cute.jit

@@ -8,7 +8,7 @@ arrive/wait order barrier initialisation across the cluster before anyone multic
 kernel's prologue overlap this one's tail. `multicast_ctas` counts the CTAs whose multicast
 loads fill one stage (a ring's consumer count); `tma.multicast` gives a CTA its masks.
 `ld_shared_remote_u32` / `ld_shared_remote_v4_f32` read a word / 16 bytes of a peer CTA's shared
-memory (distributed shared memory).
+memory (distributed shared memory); `sum_ranks_v4_f32` adds 16 bytes of fp32 over the ranks.
 """
 
 from __future__ import annotations
@@ -95,3 +95,13 @@ def ld_shared_remote_v4_f32(addr: Int32, rank: Int32, *, loc=None, ip=None) -> l
             "ld.shared::cluster.v4.f32 {$0, $1, $2, $3}, [ra]; }")
     res = asm(ret, [Int32(addr), Int32(rank)], text, "=f,=f,=f,=f,r,r", loc, ip, True)
     return unpack(res, T.f32(), 4, Float32, loc, ip)
+
+
+def sum_ranks_v4_f32(addr, ranks: int) -> list:
+    """The 4 float32 at shared address `addr` of the cluster's CTAs 0 .. ranks - 1, added in
+    rank order (deterministic; read after the cluster barrier that published them)."""
+    total = ld_shared_remote_v4_f32(addr, 0)
+    for q in range(1, ranks):
+        part = ld_shared_remote_v4_f32(addr, q)
+        total = [total[e] + part[e] for e in range(4)]
+    return total
