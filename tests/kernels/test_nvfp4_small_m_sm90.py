@@ -657,25 +657,27 @@ def test_cluster_split_runs_in_the_emulator(M, N, K, S, cluster, w4a4, as_planne
 
 
 def test_narrow_layers_split_k_over_clusters():
-    """`sm90_tuning.small_m_cluster` over a grid of shapes and SM counts: clusters of
-    SMALL_M_CLUSTER only at M <= SMALL_M_CLUSTER_MAX_M where the row blocks' CTAs times the
-    cluster fit the SMs, every cluster runs at once and each CTA gets SMALL_M_CLUSTER_MIN_STEPS
-    128-K steps or more, and there always; one step per trip, a slice per warp of at least one
-    step, a CTA that fits. DeepSeek-V3's kv_a (576x7168: 18 row blocks) takes clusters of 4 at
-    1-8 rows (14 warps each), its q_a (1536x7168: 48) does not; `quantize_in_gemm` keeps one
-    CTA per row block."""
+    """`sm90_tuning.small_m_cluster` over a grid of shapes and SM counts: clusters of the first
+    size of SMALL_M_CLUSTERS that fits, only at M <= SMALL_M_CLUSTER_MAX_M where the row
+    blocks' CTAs times the cluster fit the SMs, every cluster runs at once and each CTA gets
+    SMALL_M_CLUSTER_MIN_STEPS 128-K steps or more, and there always; one step per trip, a
+    slice per warp of at least one step, a CTA that fits. DeepSeek-V3's kv_a (576x7168: 18 row
+    blocks) takes clusters of 4 at 1-8 rows (14 warps each), its q_a (1536x7168: 48) clusters
+    of 2 (16 warps); `quantize_in_gemm` keeps one CTA per row block."""
     T = sm90_tuning
     for M, N, K, sms, w4a4 in itertools.product(
-            (1, 3, 4, 5, 8, 16), (32, 256, 576, 1024, 1056, 1536),
-            (512, 1216, 4096, 7168, 7232, 16384), (132, 114, 78), (False, True)):
+            (1, 3, 4, 5, 8, 16), (32, 256, 576, 1024, 1056, 1536, 2080, 2112),
+            (512, 1216, 3584, 4096, 7168, 7232, 16384), (132, 114, 78), (False, True)):
         cfg = T.small_m_config(M, N, K, w4a4, sms=sms)
         one = T.small_m_config(M, N, K, w4a4, sms=sms, clusters=False)
-        blocks, steps, c = N // one.rows, K // gv.STEP_K, T.SMALL_M_CLUSTER
-        fits = (M <= T.SMALL_M_CLUSTER_MAX_M and blocks * c <= sms
+        blocks, steps = N // one.rows, K // gv.STEP_K
+        fits = [c for c in T.SMALL_M_CLUSTERS
+                if M <= T.SMALL_M_CLUSTER_MAX_M and blocks * c <= sms
                 and blocks <= T.CLUSTERS_RESIDENT[c] * sms // 132
-                and steps >= c * T.SMALL_M_CLUSTER_MIN_STEPS)
-        assert cfg.CLUSTER == (c if fits else 1), (M, N, K, sms)
+                and steps >= c * T.SMALL_M_CLUSTER_MIN_STEPS]
+        assert cfg.CLUSTER == (fits[0] if fits else 1), (M, N, K, sms)
         if fits:  # (W4A4's row not staged: every CTA of the cluster would decode all of it)
+            c = fits[0]
             assert cfg.UNROLL == 1 and cfg.REST == 0 and cfg.slices <= steps and not cfg.XSMEM
             assert cfg.S == min(T.SMALL_M_MAX_WARPS // one.WN, steps // c) and cfg.fits(cfg.S)
             q = T.quantize_in_gemm(M, N, K, sms=sms)  # (staging all the rows: one CTA a block)
@@ -683,11 +685,11 @@ def test_narrow_layers_split_k_over_clusters():
                 T.small_m_config(M, N, K, True, sms=sms, clusters=False),
                 XSMEM=gv.xsmem_bytes(M, K), QUANTIZE_A=True)
             gv.check_shape(cfg, M, N, K)
+    assert T.SMALL_M_CLUSTERS == tuple(sorted(T.SMALL_M_CLUSTERS, reverse=True))
     for M in (1, 2, 4, 8):
         for w4a4 in (False, True):
-            assert T.small_m_config(M, 576, 7168, w4a4).CLUSTER == 4
-            assert T.small_m_config(M, 576, 7168, w4a4).S == 14
-            assert T.small_m_config(M, 1536, 7168, w4a4).CLUSTER == 1
+            kv_a, q_a = (T.small_m_config(M, N, 7168, w4a4) for N in (576, 1536))
+            assert (kv_a.CLUSTER, kv_a.S, q_a.CLUSTER, q_a.S) == (4, 14, 2, 16)
 
 
 # --- GPU --------------------------------------------------------------------------------------
@@ -754,18 +756,20 @@ def test_planned_odd_k_splits_on_the_gpu(seed, M, w4a4, N, K):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 2, 4, 8])
 @pytest.mark.parametrize("w4a4", [False, True])
-def test_cluster_split_on_the_gpu(seed, M, w4a4):
-    """DeepSeek-V3's kv_a (576x7168) through the public dispatch: the K split over clusters of
-    4 (72 CTAs), D poisoned, every element within the product's bound, a second call bit for
-    bit the first (the ranks' sums added in a fixed order)."""
+@pytest.mark.parametrize("N, cluster, S", [(576, 4, 14), (1536, 2, 16)])
+def test_cluster_split_on_the_gpu(seed, M, w4a4, N, cluster, S):
+    """DeepSeek-V3's kv_a (576x7168) and q_a (1536x7168) through the public dispatch: the K
+    split over clusters of 4 (72 CTAs) and 2 (96), D poisoned, every element within the
+    product's bound, a second call bit for bit the first (the ranks' sums added in a fixed
+    order)."""
     from tk_cute import nvfp4
 
-    N, K = 576, 7168
+    K = 7168
     b = random_weights(N, K)
     x = torch.randn(M, K, device="cuda").bfloat16()
     a = nvfp4.quantize(x) if w4a4 else x
     cfg = nvfp4.plan(a, b).config
-    assert cfg.CLUSTER == 4 and cfg.S == 14 and not cfg.XSMEM
+    assert cfg.CLUSTER == cluster and cfg.S == S and not cfg.XSMEM
     outs = [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
             for _ in range(2)]
     for out in outs:

@@ -8,10 +8,11 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "small_m" (`kernels/gemm/nvfp4_small_m_sm90.py`, mma.sync streaming the weights): M < RS_MIN_M
   and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M; up to
   SMALL_M_TAIL_MAX_M where N % 128 != 0 (unless its N / 32 CTAs fill less than
-  SMALL_M_TAIL_MIN_FILL of the SMs), and where K % 128 == 0, K <= SMALL_M_SHORT_K_MAX and
-  N <= NARROW_MAX_N (small layers); also W4A16 M <= 64 where the register-A kernel cannot
-  take N or K. It takes K % 64 == 0 (a last half step: `Config.K_TAIL`, set here from K;
-  docs/facts.md#small-m-k-tail).
+  SMALL_M_TAIL_MIN_FILL of the SMs), and where K % 128 == 0 and K <= SMALL_M_SHORT_K_MAX and
+  N <= NARROW_MAX_N (small layers) or K <= SMALL_M_WHOLE_K_MAX and the CTAs fill
+  SMALL_M_TAIL_MIN_FILL of the SMs in up to SMALL_M_MAX_ROUNDS per SM; also W4A16 M <= 64
+  where the register-A kernel cannot take N or K. It takes K % 64 == 0 (a last half step:
+  `Config.K_TAIL`, set here from K; docs/facts.md#small-m-k-tail).
 - "register_a" (`kernels/gemm/nvfp4_register_a_sm90.py`, weights decoded into wgmma A registers):
   RS_MIN_M <= M < SPLIT_TILE_MIN_M, up to 128 on fewer than SPLIT_TILE_MIN_BANDS weight bands
   or below K = SPLIT_TILE_MIN_K (`split_tile_wins`; below RS_MIN_M too where the small-M
@@ -99,6 +100,15 @@ SMALL_M_MT = 2  # the small-M kernel's MMA row tiles per warp (`gv.Config.MT`; 1
 # 16x37888x3584 ran 49.6 us on it where register-A ran 32 rows in 43.2; 16x7168x2048 W4A16
 # 9.1 us on it / 9.2 at 128 register-A rows, W4A4 7.4 / 9.9 (the 256 rows then planned).
 SMALL_M_SHORT_K_MAX = 4096
+# ... and whole-step K up to SMALL_M_WHOLE_K_MAX where its N / 32 CTAs fill at least
+# SMALL_M_TAIL_MIN_FILL of the SMs and at most SMALL_M_MAX_ROUNDS CTAs per SM. H100 (2026-12-07,
+# `bench nvfp4 --models --m 16 --paths`, commit 6556aa2, docs/facts.md#small-m-16-rows; us at
+# 16 rows, small-M / register-A, W4A16 and W4A4): 4096x7168 (128 CTAs) 10.8 / 12.9, 10.6 / 13.7;
+# 4096x14336 18.7 / 19.5, 18.0 / 20.2; 8192x8192 (256) 19.6 / 21.4, 22.6 / 22.4; lost at
+# 10240x8192 (320 CTAs) 34.0 / 25.9, at K = 16384 (7168 wide, 224) 33.9 / 31.7 and 18944
+# (3584 wide) 24.8 / 22.9, and on 1536x7168 (48 CTAs) 9.4 / 8.4.
+SMALL_M_WHOLE_K_MAX = 14336
+SMALL_M_MAX_ROUNDS = 2
 # The small-M kernel's K split (`small_m_splits`): the divisor of its K chunks nearest the split
 # it aims for (every slice the same trips, as the H200 sweeps of docs/facts.md#small-m-config
 # ran), unless divisibility leaves it under this fraction of the aim among every split that fits
@@ -120,10 +130,12 @@ SMALL_M_EVEN_MIN = 0.5
 # threads, spilled 13 per trip; S = 12 none; 2 steps per trip: none at 16).
 SMALL_M_MAX_WARPS = 16
 SMALL_M_MAX_WARPS_DECODING = 12
-# The small-M K split over clusters (`small_m_cluster`): CTAs per row block, the most rows, and
-# the fewest 128-K steps each CTA must get (won by 24-27% from 14, K = 7168; by 3-5% at 8, K =
-# 4096, and lost there on 256x4096 before the ranks summed their own slices first: untaken).
-SMALL_M_CLUSTER = 4
+# The small-M K split over clusters (`small_m_cluster`): the CTAs per row block it tries, the
+# largest first, the most rows, and the fewest 128-K steps each CTA must get (won by 24-27% from
+# 14, K = 7168; by 3-5% at 8, K = 4096, and lost there on 256x4096 before the ranks summed their
+# own slices first: untaken). Clusters of 8 at two CTAs per SM ran 2-3% under 4 on 576x7168
+# (docs/facts.md#small-m-cluster): untaken.
+SMALL_M_CLUSTERS = (4, 2)
 SMALL_M_CLUSTER_MAX_M = 8
 SMALL_M_CLUSTER_MIN_STEPS = 14
 # Where "dequantize" beats the tiled register-A kernel: (K below, from M rows on), for W4A16 and
@@ -194,9 +206,12 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     shape has one."""
     if gv.supports(M, N, K) and (M <= W4A4_NATIVE_MAX_M if w4a4 else M < RS_MIN_M):
         return "small_m"
+    ctas = N // (16 * SMALL_M_MT)
     if M <= SMALL_M_TAIL_MAX_M and gv.supports(M, N, K) and (
-            (N % rs.BAND and N // (16 * SMALL_M_MT) >= SMALL_M_TAIL_MIN_FILL * sms)
-            or (K % gv.STEP_K == 0 and K <= SMALL_M_SHORT_K_MAX and N <= NARROW_MAX_N)):
+            (N % rs.BAND and ctas >= SMALL_M_TAIL_MIN_FILL * sms)
+            or (K % gv.STEP_K == 0 and K <= SMALL_M_SHORT_K_MAX and N <= NARROW_MAX_N)
+            or (K % gv.STEP_K == 0 and K <= SMALL_M_WHOLE_K_MAX
+                and SMALL_M_TAIL_MIN_FILL * sms <= ctas <= SMALL_M_MAX_ROUNDS * sms)):
         return "small_m"
     if rs.supports(M, N, K) and not split_tile_wins(M, N, K):
         return "register_a"
@@ -319,25 +334,28 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
 
 
 def small_m_cluster(cfg: gv.Config, M: int, N: int, K: int, sms: int) -> gv.Config:
-    """`cfg` with its K split spread over clusters of SMALL_M_CLUSTER CTAs per row block
-    (`gv.Config.CLUSTER`) where the row blocks are so few that the clusters' CTAs still fit the
-    SMs (and their clusters all run at once, `CLUSTERS_RESIDENT`), at M <= SMALL_M_CLUSTER_MAX_M
-    and K of at least SMALL_M_CLUSTER_MIN_STEPS 128-K steps per CTA: one step per trip, S =
-    the steps per CTA up to SMALL_M_MAX_WARPS (one step per warp at K = 7168), W4A4's row not
-    staged (each CTA would decode all of it); else `cfg`. H100, 2026-12-07
-    (docs/facts.md#small-m-cluster; us, one CTA per row block / clusters of 4, W4A16, `bench
-    nvfp4 --tune` at commit 3f1fbf4): 576x7168 at 1 / 2 / 4 rows 6.5 / 4.8, 6.6 / 4.8, 6.6 /
-    5.0 (W4A4 5.0-5.1), 512x8192 6.5-6.7 / 4.9-5.0; at 8 rows 576x7168 6.72 / 5.09 (W4A4
-    5.15; ad-hoc `.prof/smc.py`, 09:16 UTC). Not on 1536x7168 (48 row blocks: 4 CTAs each do
-    not fit; clusters of 2 ran -6% to +5% with the earlier sum)."""
-    c, blocks, steps = SMALL_M_CLUSTER, N // cfg.rows, K // gv.STEP_K
-    if (M > SMALL_M_CLUSTER_MAX_M or blocks * c > sms
-            or blocks > CLUSTERS_RESIDENT[c] * sms // 132
-            or steps < c * SMALL_M_CLUSTER_MIN_STEPS):
+    """`cfg` with its K split spread over clusters of c CTAs per row block (`gv.Config.CLUSTER`,
+    c the first of SMALL_M_CLUSTERS that fits) where the row blocks are so few that the
+    clusters' CTAs still fit the SMs (and their clusters all run at once, `CLUSTERS_RESIDENT`),
+    at M <= SMALL_M_CLUSTER_MAX_M and K of at least SMALL_M_CLUSTER_MIN_STEPS 128-K steps per
+    CTA: one step per trip, S = the steps per CTA up to SMALL_M_MAX_WARPS (one step per warp at
+    K = 7168 in clusters of 4), W4A4's row not staged (each CTA would decode all of it); else
+    `cfg`. H100, 2026-12-07 (docs/facts.md#small-m-cluster; us, one CTA per row block /
+    clusters, W4A16, `bench nvfp4 --tune` at commit 3f1fbf4): 576x7168 (c = 4) at 1 / 2 / 4
+    rows 6.5 / 4.8, 6.6 / 4.8, 6.6 / 5.0 (W4A4 5.0-5.1), 512x8192 6.5-6.7 / 4.9-5.0; at 8 rows
+    576x7168 6.72 / 5.09 (W4A4 5.15; ad-hoc `.prof/smc.py`, 09:16 UTC); 1536x7168 (48 row
+    blocks, c = 2, S = 16; ad-hoc, commit 6556aa2) at 1 / 4 / 8 rows 7.07 / 7.16, 7.20 / 6.56,
+    7.28 / 6.74, W4A4 7.39 / 7.31, 7.72 / 6.69, 7.69 / 6.68."""
+    blocks, steps = N // cfg.rows, K // gv.STEP_K
+    if M > SMALL_M_CLUSTER_MAX_M:
         return cfg
-    S = min(SMALL_M_MAX_WARPS // cfg.WN, steps // c)
-    return dataclasses.replace(cfg, UNROLL=1, **_small_m_k_fields(K, 1), S=S, CLUSTER=c,
-                               MIN_CTAS=max(1, 16 // (cfg.WN * S)), XSMEM=0)
+    for c in SMALL_M_CLUSTERS:
+        if (blocks * c <= sms and blocks <= CLUSTERS_RESIDENT[c] * sms // 132
+                and steps >= c * SMALL_M_CLUSTER_MIN_STEPS):
+            S = min(SMALL_M_MAX_WARPS // cfg.WN, steps // c)
+            return dataclasses.replace(cfg, UNROLL=1, **_small_m_k_fields(K, 1), S=S, CLUSTER=c,
+                                       MIN_CTAS=max(1, 16 // (cfg.WN * S)), XSMEM=0)
+    return cfg
 
 
 def _row_groups(S: int, N: int, sms: int) -> int:
