@@ -396,13 +396,14 @@ def test_pdl_reaches_the_kernels_that_take_it():
     way."""
     from tk_cute.kernels.gemm import nvfp4_register_a_sm90 as rs
 
-    def config(M, pdl):
-        return _plan_hopper(False, M, 8192, 8192, "bfloat16", SMS, pdl).config
+    def config(M, pdl, N=8192):
+        return _plan_hopper(False, M, N, 8192, "bfloat16", SMS, pdl).config
 
     assert config(1, True).PDL and config(1, True).EARLY_WEIGHTS
     assert config(1, False).PDL and not config(1, False).EARLY_WEIGHTS
-    assert config(16, True).PDL and config(16, True).EARLY_WEIGHTS  # stage
-    assert not config(16, False).PDL
+    # (16x8192^2 takes the small-M kernel, 10240 rows register-A)
+    assert config(16, True, 10240).PDL and config(16, True, 10240).EARLY_WEIGHTS  # stage
+    assert not config(16, False, 10240).PDL
     for M in (17, 32, 48):  # with pdl per stage up to PDL_STAGE_MAX_N_ACT, else the pass
         assert config(M, True).permute == "stage" and config(M, True).EARLY_WEIGHTS
         assert config(M, False).permute == "call" and not config(M, False).PDL
