@@ -368,10 +368,10 @@ def test_measured_boundaries():
         assert _plan_hopper(w4a4, 16, fill - 32, 8192, "bfloat16", SMS, False).path == \
             "register_a"
     # ... and on whole-step K up to SMALL_M_WHOLE_K_MAX where its CTAs fill half the SMs in up
-    # to SMALL_M_MAX_ROUNDS per SM (4096x7168, 8192x8192), not past an edge (1920: 60 CTAs)
+    # to SMALL_M_MAX_CTAS_PER_SM per SM (4096x7168, 8192x8192), not past an edge (1920: 60 CTAs)
     for w4a4 in (False, True):
         k = T.SMALL_M_WHOLE_K_MAX
-        most = T.SMALL_M_MAX_ROUNDS * SMS * 32
+        most = T.SMALL_M_MAX_CTAS_PER_SM * SMS * 32
         for M, N, K, path in ((16, 4096, 7168, "small_m"), (9, 8192, 8192, "small_m"),
                               (16, 4096, k, "small_m"), (16, 4096, k + 128, "register_a"),
                               (16, 4096, k - 64, "register_a"), (16, most, 8192, "small_m"),
