@@ -172,8 +172,8 @@ def test_paths_plot_maps_the_dispatch():
     W4A4; the image's colours are the same paths."""
     fig = viz.paths_plot(8192, ms=[1, 16, 64, 129, 240], ns=[1024, 4000, 8192])
     d = fig.drawn
-    want = {(1, 8192): "small_m", (16, 4000): "small_m", (16, 8192): "register_a",
-            (64, 4000): "register_a", (129, 1024): "register_a_tiled",
+    want = {(1, 8192): "small_m", (16, 4000): "small_m", (16, 8192): "small_m",
+            (64, 4000): "register_a", (64, 8192): "register_a", (129, 1024): "register_a_tiled",
             (240, 1024): "dequantize", (240, 8192): "register_a_tiled"}
     assert {k: d["paths"][k] for k in want} == want
     assert d["schedules"][(129, 8192)] == "Nb=144, stream-K"
