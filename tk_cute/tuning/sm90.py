@@ -10,8 +10,8 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   SMALL_M_TAIL_MAX_M where N % 128 != 0 (unless its N / 32 CTAs fill less than
   SMALL_M_TAIL_MIN_FILL of the SMs), and where K % 128 == 0 and K <= SMALL_M_SHORT_K_MAX and
   N <= NARROW_MAX_N (small layers) or K <= SMALL_M_WHOLE_K_MAX and the CTAs fill
-  SMALL_M_TAIL_MIN_FILL of the SMs at up to SMALL_M_MAX_CTAS_PER_SM each; also W4A16 M <= 64
-  where the register-A kernel cannot take N or K. It takes K % 64 == 0 (a last half step:
+  SMALL_M_TAIL_MIN_FILL of the SMs at up to SMALL_M_MAX_CTAS_PER_SM each (W4A4: one); also
+  W4A16 M <= 64 where the register-A kernel cannot take N or K. It takes K % 64 == 0 (a last half step:
   `Config.K_TAIL`, set here from K; docs/facts.md#small-m-k-tail).
 - "register_a" (`kernels/gemm/nvfp4_register_a_sm90.py`, weights decoded into wgmma A registers):
   RS_MIN_M <= M < SPLIT_TILE_MIN_M, up to 128 on fewer than SPLIT_TILE_MIN_BANDS weight bands
@@ -100,11 +100,12 @@ SMALL_M_MT = 2  # the small-M kernel's MMA row tiles per warp (`gv.Config.MT`; 1
 # 16x37888x3584 ran 49.6 us on it where register-A ran 32 rows in 43.2; 16x7168x2048 W4A16
 # 9.1 us on it / 9.2 at 128 register-A rows, W4A4 7.4 / 9.9 (the 256 rows then planned).
 SMALL_M_SHORT_K_MAX = 4096
-# ... and whole-step K up to SMALL_M_WHOLE_K_MAX where its N / 32 CTAs fill at least
-# SMALL_M_TAIL_MIN_FILL of the SMs at up to SMALL_M_MAX_CTAS_PER_SM CTAs each. H100 (2026-12-07,
+# ... and whole-step K above that up to SMALL_M_WHOLE_K_MAX where its N / 32 CTAs fill at
+# least SMALL_M_TAIL_MIN_FILL of the SMs at up to SMALL_M_MAX_CTAS_PER_SM CTAs each (W4A4: one;
+# its two decoded activation tiles' registers hold one 8-warp CTA per SM). H100 (2026-12-07,
 # `bench nvfp4 --models --m 16 --paths`, commit 6556aa2, docs/facts.md#small-m-16-rows; us at
 # 16 rows, small-M / register-A, W4A16 and W4A4): 4096x7168 (128 CTAs) 10.8 / 12.9, 10.6 / 13.7;
-# 4096x14336 18.7 / 19.5, 18.0 / 20.2; 8192x8192 (256) 19.6 / 21.4, 22.6 / 22.4; lost at
+# 4096x14336 18.7 / 19.5, 18.0 / 20.2; 8192x8192 (256) 19.6 / 21.4, W4A4 22.6 / 22.4; lost at
 # 10240x8192 (320 CTAs) 34.0 / 25.9, at K = 16384 (7168 wide, 224) 33.9 / 31.7 and 18944
 # (3584 wide) 24.8 / 22.9, and on 1536x7168 (48 CTAs) 9.4 / 8.4.
 SMALL_M_WHOLE_K_MAX = 14336
@@ -210,8 +211,9 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     if M <= SMALL_M_TAIL_MAX_M and gv.supports(M, N, K) and (
             (N % rs.BAND and ctas >= SMALL_M_TAIL_MIN_FILL * sms)
             or (K % gv.STEP_K == 0 and K <= SMALL_M_SHORT_K_MAX and N <= NARROW_MAX_N)
-            or (K % gv.STEP_K == 0 and K <= SMALL_M_WHOLE_K_MAX
-                and SMALL_M_TAIL_MIN_FILL * sms <= ctas <= SMALL_M_MAX_CTAS_PER_SM * sms)):
+            or (K % gv.STEP_K == 0 and SMALL_M_SHORT_K_MAX < K <= SMALL_M_WHOLE_K_MAX
+                and SMALL_M_TAIL_MIN_FILL * sms <= ctas
+                <= (1 if w4a4 else SMALL_M_MAX_CTAS_PER_SM) * sms)):
         return "small_m"
     if rs.supports(M, N, K) and not split_tile_wins(M, N, K):
         return "register_a"

@@ -367,18 +367,23 @@ def test_measured_boundaries():
                                            False).path == "small_m"
         assert _plan_hopper(w4a4, 16, fill - 32, 8192, "bfloat16", SMS, False).path == \
             "register_a"
-    # ... and on whole-step K up to SMALL_M_WHOLE_K_MAX where its CTAs fill half the SMs in up
-    # to SMALL_M_MAX_CTAS_PER_SM per SM (4096x7168, 8192x8192), not past an edge (1920: 60 CTAs)
+    # ... and on whole-step K above SMALL_M_SHORT_K_MAX up to SMALL_M_WHOLE_K_MAX where its
+    # CTAs fill half the SMs at up to SMALL_M_MAX_CTAS_PER_SM per SM (W4A4: one), not past an
+    # edge: 4096x7168 and 4096x14336 both, 8192x8192 W4A16 only, 2176 (68 CTAs) not 2048 (64)
+    k, most = T.SMALL_M_WHOLE_K_MAX, T.SMALL_M_MAX_CTAS_PER_SM * SMS * 32
     for w4a4 in (False, True):
-        k = T.SMALL_M_WHOLE_K_MAX
-        most = T.SMALL_M_MAX_CTAS_PER_SM * SMS * 32
-        for M, N, K, path in ((16, 4096, 7168, "small_m"), (9, 8192, 8192, "small_m"),
+        wide = "register_a" if w4a4 else "small_m"
+        for M, N, K, path in ((16, 4096, 7168, "small_m"), (9, 8192, 8192, wide),
                               (16, 4096, k, "small_m"), (16, 4096, k + 128, "register_a"),
-                              (16, 4096, k - 64, "register_a"), (16, most, 8192, "small_m"),
+                              (16, 4096, k - 64, "register_a"), (16, most, 8192, wide),
+                              (16, SMS * 32, 8192, "small_m"),
+                              (16, SMS * 32 + 128, 8192, wide),
                               (16, most + 128, 8192, "register_a"),
-                              (16, 1920, 8192, "register_a"),
+                              (16, 2176, 8192, "small_m"), (16, 2048, 8192, "register_a"),
+                              (16, 8192, 4096 + 128, wide), (16, 8192, 4096, "register_a"),
                               (17, 4096, 7168, "register_a")):
-            assert _plan_hopper(w4a4, M, N, K, "bfloat16", SMS, False).path == path, (M, N, K)
+            assert _plan_hopper(w4a4, M, N, K, "bfloat16", SMS, False).path == path, (
+                w4a4, M, N, K)
     # The small-M kernel's K split: a divisor of the chunks near the aim (K = 8192: 32 chunks,
     # S = 8), but for Qwen2.5-7B's down projection (K = 18944: 74 chunks = 2 x 37, aim 19) 15
     # slices of 4 or 5 chunks (SMALL_M_EVEN_MIN, SMALL_M_MAX_WARPS), not the divisor 2
@@ -572,9 +577,11 @@ def test_issue_table_rows_every_element(seed, no_reference, M, N, K, w4a4, out_d
 @pytest.mark.parametrize("M, N, K", [(9, 4096, 7168), (16, 4096, 14336), (16, 8192, 8192)])
 def test_small_m_on_whole_step_k_every_element(seed, no_reference, M, N, K, w4a4):
     """9-16 rows on whole-step K up to SMALL_M_WHOLE_K_MAX (Llama 3 8B's 4096x14336,
-    DeepSeek-V3's 4096x7168) take the small-M kernel: every element within the bound."""
+    DeepSeek-V3's 4096x7168; 8192^2 W4A16 only) take the small-M kernel: every element within
+    the bound."""
     x = torch.randn(M, K, device="cuda")
-    assert plan(quantize(x) if w4a4 else x.bfloat16(), _weights(N, K)).path == "small_m"
+    path = "register_a" if w4a4 and N == 8192 else "small_m"
+    assert plan(quantize(x) if w4a4 else x.bfloat16(), _weights(N, K)).path == path
     _run(M, N, K, w4a4, torch.bfloat16)
 
 
