@@ -15,8 +15,8 @@ What runs where (`Plan.path`; the Hopper rules are `sm90_tuning.hopper_path`):
   "register_a_tiled" (M >= `sm90_tuning.SPLIT_TILE_MIN_M`) and "dequantize" (any shape: the
   operands expanded to exact bf16 in global memory, then the dense Hopper GEMM). Batched
   operands run one 2-D plan per batch ("batches"). W4A4 decodes its activations in the kernel
-  on "small_m" (M <= `sm90_tuning.W4A4_NATIVE_MAX_M`), "register_a" and "register_a_tiled"
-  (their permute passes) and "dequantize".
+  on "small_m" (M <= `sm90_tuning.W4A4_NATIVE_MAX_M`, and 9-16 rows where `hopper_path` gives
+  it the shape), "register_a" and "register_a_tiled" (their permute passes) and "dequantize".
   D's rows must be 16-byte aligned for the kernels' stores: where N * element size is not, D
   is computed N-padded and copied into place (`Plan.pad_n`).
 - Blackwell / Rubin (sm_100a, sm_103a, sm_107a): any M and N, K % 16 == 0, 2-D or batched,

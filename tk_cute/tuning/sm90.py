@@ -134,8 +134,8 @@ SMALL_M_MAX_WARPS_DECODING = 12
 # The small-M K split over clusters (`small_m_cluster`): the CTAs per row block it tries, the
 # largest first, the most rows, and the fewest 128-K steps each CTA must get (won by 24-27% from
 # 14, K = 7168; by 3-5% at 8, K = 4096, and lost there on 256x4096 before the ranks summed their
-# own slices first: untaken). Clusters of 8 at two CTAs per SM ran 2-3% under 4 on 576x7168
-# (docs/facts.md#small-m-cluster): untaken.
+# own slices first: untaken). Clusters of 8 (two CTAs per SM) ran 2-3% faster than 4 on
+# 576x7168, the run-to-run spread (docs/facts.md#small-m-cluster): untaken.
 SMALL_M_CLUSTERS = (4, 2)
 SMALL_M_CLUSTER_MAX_M = 8
 SMALL_M_CLUSTER_MIN_STEPS = 14
@@ -678,8 +678,8 @@ RS_MISALIGNED_UNITS = 4
 
 # Clusters of c CTAs a 132-SM GPU runs at once at one CTA per SM (register-A's cluster sum,
 # `rs.Config.CLUSTER`, and the small-M K split, `small_m_cluster`; read on the H200,
-# docs/facts.md#resident-clusters: its GPCs' SM counts are not multiples of 4; the H100's 32
-# clusters of 4 ran as two rounds alike), scaled to other SM counts; no 8 (clusters of 8 lost
+# docs/facts.md#resident-clusters: its GPCs' SM counts are not multiples of 4; the H100's read
+# alike, docs/facts.md#small-m-cluster), scaled to other SM counts; no 8 (clusters of 8 lost
 # on a larger grid than the plan's: 1536x7168, 96 CTAs against 84); and the activation rows
 # register-A's sum was timed at (32-64: the per-call permute; at 16 rows, permuting per stage, it
 # lost 2% on 5760x2880, one of the two layers it would take there).
