@@ -616,6 +616,19 @@ def test_planned_uneven_split_runs_in_the_emulator(N, K, M, w4a4, seed):
     _emulated(cfg, M, 32, K, w4a4, seed)
 
 
+@pytest.mark.parametrize("M, N, K, w4a4", [(16, 4096, 7168, False), (16, 4096, 7168, True),
+                                        (9, 4096, 14336, True), (4, 1536, 7168, False),
+                                        (8, 1536, 7168, True)])
+def test_planned_whole_step_k_and_pair_clusters_run_in_the_emulator(M, N, K, w4a4, seed):
+    """The plans of 9-16 rows on whole-step K (`SMALL_M_WHOLE_K_MAX`: DeepSeek-V3's 4096x7168,
+    Llama 3 8B's 4096x14336) and of q_a's clusters of 2 (1536x7168, 16 slices of 28 steps per
+    CTA), as the dispatch completes them, on one row block: D within the bound, no hazard."""
+    assert sm90_tuning.hopper_path(w4a4, M, N, K, 132) == "small_m"
+    cfg = _planned(M, N, K, w4a4)
+    assert cfg.CLUSTER == (2 if N == 1536 else 1)
+    _emulated(cfg, M, 32 * cfg.WN, K, w4a4, seed)
+
+
 @pytest.mark.parametrize("M, N, K, S, cluster, w4a4, as_planned", [
     (3, 64, 2048, 2, 2, False, True),  # two row blocks, 16 steps in 4 slices
     (1, 64, 1216, 2, 2, False, True),  # K_TAIL on the first rank's first slice
