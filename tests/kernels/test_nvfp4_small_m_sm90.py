@@ -279,9 +279,10 @@ def test_decode_instruction_budget(built):
     """Per 8 weight codes: 4 exact bf16x2 multiplies and 4 imad; natural pairing: 2 mask/shift,
     4 prmt, 4 lop3; strided pairing (MT > NT or W4A4): 4 masks, 1 shift, 4 lop3 and no prmt,
     the bf16 activations paying 4 prmt per 8 values instead (16 per step and n8 tile, shared by
-    the MT weight tiles; W4A4's staged rows (XSMEM) are decoded into the strided pairing); 1 prmt per
-    scale pair (the broadcast of each scale to both halves is an HMUL2 operand select); with
-    CLUSTER 1 prmt more per rank's sum read from distributed shared memory (its `mapa`)."""
+    the MT weight tiles; W4A4's staged rows (XSMEM) are decoded into the strided pairing); 1
+    prmt per scale pair (the broadcast of each scale to both halves is an HMUL2 operand
+    select); with CLUSTER 1 prmt more per rank's sum read from distributed shared memory (its
+    `mapa`)."""
     cfg, b = built
     per_trip = cfg.decodes_activations
     words = (8 * cfg.MT + (4 * cfg.NT if per_trip else 0)) * _steps(cfg)

@@ -11,8 +11,8 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
   SMALL_M_TAIL_MIN_FILL of the SMs), and where K % 128 == 0 and K <= SMALL_M_SHORT_K_MAX and
   N <= NARROW_MAX_N (small layers) or K <= SMALL_M_WHOLE_K_MAX and the CTAs fill
   SMALL_M_TAIL_MIN_FILL of the SMs at up to SMALL_M_MAX_CTAS_PER_SM each (W4A4: one); also
-  W4A16 M <= 64 where the register-A kernel cannot take N or K. It takes K % 64 == 0 (a last half step:
-  `Config.K_TAIL`, set here from K; docs/facts.md#small-m-k-tail).
+  W4A16 M <= 64 where the register-A kernel cannot take N or K. It takes K % 64 == 0 (a last
+  half step: `Config.K_TAIL`, set here from K; docs/facts.md#small-m-k-tail).
 - "register_a" (`kernels/gemm/nvfp4_register_a_sm90.py`, weights decoded into wgmma A registers):
   RS_MIN_M <= M < SPLIT_TILE_MIN_M, up to 128 on fewer than SPLIT_TILE_MIN_BANDS weight bands
   or below K = SPLIT_TILE_MIN_K (`split_tile_wins`; below RS_MIN_M too where the small-M
@@ -126,9 +126,10 @@ SMALL_M_EVEN_MIN = 0.5
 # `compile.Build.local_in_loops`; docs/facts.md#small-m-warps): 1x576x7168 and 1x1536x7168 at
 # the aim's S = 28 (896 threads: 72 registers) spilled 83 loads and stores per trip, at S = 20
 # 47, at 16 none; at 19 warps an uneven split spilled too. H100, planned S = 14 / the old 28,
-# us: 1x1536x7168 7.1 / 8.3, W4A4 2x1536x7168 7.8 / 11.8. W4A4 decoding two activation tiles (9-16 rows) of 4 steps
-# in every trip needs 134-138: at most SMALL_M_MAX_WARPS_DECODING (16x576x7168 at S = 14, 448
-# threads, spilled 13 per trip; S = 12 none; 2 steps per trip: none at 16).
+# us: 1x1536x7168 7.1 / 8.3, W4A4 2x1536x7168 7.8 / 11.8. W4A4 decoding two activation tiles
+# (9-16 rows) of 4 steps in every trip needs 134-138: at most SMALL_M_MAX_WARPS_DECODING
+# (16x576x7168 at S = 14, 448 threads, spilled 13 per trip; S = 12 none; 2 steps per trip:
+# none at 16).
 SMALL_M_MAX_WARPS = 16
 SMALL_M_MAX_WARPS_DECODING = 12
 # The small-M K split over clusters (`small_m_cluster`): the CTAs per row block it tries, the
@@ -262,8 +263,9 @@ def check_hopper_path(path: str, w4a4: bool, M: int, N: int, K: int, out_dtype: 
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if not takes[path]:
         raise ValueError(f"path {path!r} cannot run M={M}, N={N}, K={K}, out {out_dtype} "
-                         f"(small_m: M <= 64, N % 32, K % 64 and K >= 128; register_a: M <= 128, N % 8, "
-                         f"K % 16; register_a_tiled: N % 8 (NVFP4 out: N % 128), K % 16)")
+                         f"(small_m: M <= 64, N % 32, K % 64 and K >= 128; "
+                         f"register_a: M <= 128, N % 8, K % 16; "
+                         f"register_a_tiled: N % 8 (NVFP4 out: N % 128), K % 16)")
     return path
 
 
