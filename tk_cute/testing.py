@@ -43,13 +43,12 @@ def exact(x) -> torch.Tensor:
     return x.double()
 
 
-def gemm_bound(a, b, out_dtype: torch.dtype, device=None):
-    """(d, bound): the exact float64 ``a @ b^T`` and the per-element error bound of the module
-    docstring, on `device` (default: b's)."""
-    fp8 = any(getattr(t, "dtype", None) in FP8_TYPES for t in (a, b))
-    A, B = exact(a), exact(b)
-    if device is not None:
-        A, B = A.to(device), B.to(device)
+def _fp8(a, b) -> bool:
+    return any(getattr(t, "dtype", None) in FP8_TYPES for t in (a, b))
+
+
+def _bound(A, B, fp8: bool, out_dtype: torch.dtype):
+    """(d, bound) of the module docstring for float64 operands A (..., M, K), B (..., N, K)."""
     K = A.shape[-1]
     d = A @ B.transpose(-1, -2)
     mag = A.abs() @ B.abs().transpose(-1, -2)
@@ -61,22 +60,48 @@ def gemm_bound(a, b, out_dtype: torch.dtype, device=None):
     return d, u * d.abs() + (1 + u) * g * mag + HALF_SUBNORMAL[out_dtype]
 
 
+def gemm_bound(a, b, out_dtype: torch.dtype, device=None):
+    """(d, bound): the exact float64 ``a @ b^T`` and the per-element error bound of the module
+    docstring, on `device` (default: b's)."""
+    A, B = exact(a), exact(b)
+    if device is not None:
+        A, B = A.to(device), B.to(device)
+    return _bound(A, B, _fp8(a, b), out_dtype)
+
+
+CHECK_BYTES = 1 << 30  # the float64 working set of one slice of D's rows (`assert_gemm_close`)
+
+
 def assert_gemm_close(out: torch.Tensor, a, b, what: str = "gemm") -> None:
     """Raise AssertionError unless every element of `out` (D = a @ b^T) is within the bound of
-    the module docstring; the message names the worst element."""
-    d, bound = gemm_bound(a, b, out.dtype, out.device)
-    if d.shape != out.shape:
-        raise AssertionError(f"{what}: shape {tuple(out.shape)}, expected {tuple(d.shape)}")
-    err = (out.double() - d).abs()
-    bad = ~(err <= bound)  # NaN fails too
-    if bool(bad.any()):
-        excess = torch.where(bad, (err - bound) / bound, torch.zeros_like(err))
-        excess = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), excess)
-        i = int(excess.flatten().argmax())
-        at = tuple(int(v) for v in torch.unravel_index(torch.tensor(i), d.shape))
-        raise AssertionError(
-            f"{what}: {int(bad.sum())} of {out.numel()} elements outside the bound; worst at "
-            f"{at}: got {out[at].item()!r}, exact {d[at].item()!r}, bound {bound[at].item():.3g}")
+    the module docstring; the message names the worst element. A 2-D D is judged in slices of
+    rows whose float64 working set (exact value, magnitude, bound, error) is about
+    CHECK_BYTES, so a large layer's check fits beside its operands."""
+    A, B = exact(a).to(out.device), exact(b).to(out.device)
+    shape = (*A.shape[:-1], B.shape[-2]) if A.dim() == B.dim() == 2 else None
+    if shape is not None and tuple(out.shape) != shape:
+        raise AssertionError(f"{what}: shape {tuple(out.shape)}, expected {shape}")
+    step = max(1, CHECK_BYTES // (32 * B.shape[-2])) if shape is not None else None
+    starts = range(0, A.shape[0], step) if step else [None]
+    for i in starts:
+        part = slice(i, i + step) if step else slice(None)
+        d, bound = _bound(A[part], B, _fp8(a, b), out.dtype)
+        got = out[part]
+        if d.shape != got.shape:
+            raise AssertionError(f"{what}: shape {tuple(out.shape)}, expected "
+                                 f"{tuple(d.shape)}")
+        err = (got.double() - d).abs()
+        bad = ~(err <= bound)  # NaN fails too
+        if bool(bad.any()):
+            excess = torch.where(bad, (err - bound) / bound, torch.zeros_like(err))
+            excess = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), excess)
+            j = int(excess.flatten().argmax())
+            at = tuple(int(v) for v in torch.unravel_index(torch.tensor(j), d.shape))
+            where = (at[0] + (i or 0), *at[1:])
+            raise AssertionError(
+                f"{what}: {int(bad.sum())} of {got.numel()} elements outside the bound "
+                f"(rows {part.start or 0}.. of {out.shape[0]}); worst at {where}: got "
+                f"{got[at].item()!r}, exact {d[at].item()!r}, bound {bound[at].item():.3g}")
 
 
 def random_weights(N: int, K: int, device="cuda", scale: float = 0.02):

@@ -1,6 +1,7 @@
 """Benchmark variant lists build on the host (no GPU): a renamed config field must fail here,
 not on the H200."""
 
+import inspect
 import json
 
 import pytest
@@ -15,6 +16,8 @@ from tk_cute.bench import nvfp4 as bench_nvfp4
 def test_nvfp4_variants_with_tuning(M, N, K):
     v, notes = bench_nvfp4._variants(M, N, K, paths=True, tune=True, sms=132)
     assert {"tk_cute w4a16", "tk_cute w4a4", bench_nvfp4.BASELINE} <= set(v)
+    for name, f in v.items():  # each tk_cute variant writes the poisoned D `checked_call` gives
+        assert ("d" in inspect.signature(f).parameters) == name.startswith("tk_cute"), name
     tuned = [n for n in v if n.startswith("tk_cute w4a16 MT")]
     assert bool(tuned) == (M <= 64)
     rs_grids = [n for n in v if n.startswith("tk_cute w4a16 register_a")]
@@ -194,6 +197,47 @@ def test_humming_peer_variant_and_check(seed):
         humming_peer.check(wrong.bfloat16(), a, b)
     why = humming_peer.unavailable()
     assert why is None or why
+
+
+def test_checked_call_fails_a_wrong_unwritten_or_other_d(seed, monkeypatch):
+    """`harness.checked_call`, run on every tk_cute variant before a bench times it: a D within
+    the bound passes; one element off by 2% of its magnitude, rows left unwritten (the poison),
+    or a D other than the one given fail, and the message names the first wrong row, found in
+    any slice of rows (`tk_cute.testing.CHECK_BYTES` shrunk to a few rows per slice)."""
+    from tk_cute import testing
+    from tk_cute.bench.harness import checked_call
+    from tk_cute.testing import random_weights
+
+    M, N, K = 13, 64, 256
+    b = random_weights(N, K, device="cpu")
+    a = torch.randn(M, K, dtype=torch.bfloat16)
+    right = (a.float() @ b.dequantize(torch.float32).t()).bfloat16()
+    monkeypatch.setattr(testing, "CHECK_BYTES", 3 * 32 * N)  # slices of 3 rows
+
+    def variant(change=None, other=False):
+        def call(s, d):
+            d.copy_(right)
+            if change:
+                change(d)
+            return d.clone() if other else d
+        return call
+
+    checked_call(variant(), {}, (M, N), torch.bfloat16, a, b, "right")
+    i, j = 10, int(right[10].float().abs().argmax())
+
+    def off(d):
+        d[i, j] = d[i, j].float() * 1.02
+
+    def half(d):
+        d[M // 2:] = float("nan")
+
+    with pytest.raises(AssertionError, match=rf"off: 1 of {3 * N} elements .* worst at "
+                                             rf"\({i}, {j}\)"):
+        checked_call(variant(off), {}, (M, N), torch.bfloat16, a, b, "off")
+    with pytest.raises(AssertionError, match=rf"half: .* worst at \({M // 2}, "):
+        checked_call(variant(half), {}, (M, N), torch.bfloat16, a, b, "half")
+    with pytest.raises(AssertionError, match="other than the D it was given"):
+        checked_call(variant(other=True), {}, (M, N), torch.bfloat16, a, b, "other")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit without a GPU")

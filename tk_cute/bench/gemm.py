@@ -6,6 +6,8 @@ CUTLASS's CuTe DSL persistent Hopper GEMM, same process, same inputs, cold L2.
 `--random N` draws N shapes (`random_shapes`: seeded, log-uniform M, N, K with 16-byte rows)
 instead of the listed ones and ends with a summary of tk_cute against cuBLAS over them
 (`--part I/P`: the I-th of P runs of them, for a sweep longer than one command may take).
+Every tk_cute variant's C is checked element by element before it is timed
+(`harness.checked_call`); the run ends with the count (exit status 1 where one failed).
 
 `--peer` is the path of CUTLASS's
 `examples/python/CuTeDSL/cute/hopper/kernel/dense_gemm/dense_gemm_persistent.py` (public
@@ -27,7 +29,15 @@ import importlib.util
 
 import torch
 
-from tk_cute.bench.harness import HEADER, bench, environment, host_overhead, input_sets, row
+from tk_cute.bench.harness import (
+    HEADER,
+    bench,
+    checked_call,
+    environment,
+    host_overhead,
+    input_sets,
+    row,
+)
 from tk_cute.runtime import resident_clusters
 
 # The square and LLM shapes, then ragged ones whose tiles do not fill the rounds evenly (odd,
@@ -41,6 +51,14 @@ DEFAULT_SHAPES = ["8192,8192,8192", "4096,4096,4096", "4096,14336,4096", "4096,4
 
 PEER_CLASS = "HopperWgmmaGemmPersistentKernel"
 RANDOM_MAX = 16384  # the random shapes' largest M, N, K
+
+
+def ours(config=None):
+    """A tk_cute variant on an input set (a, b, C): ``tk_cute.gemm(a, b, config=config, out=d)``
+    (`d`: the poisoned C of `harness.checked_call`, else a new one)."""
+    import tk_cute
+
+    return lambda s, d=None: tk_cute.gemm(s[0], s[1], config=config, out=d)
 
 
 def random_shapes(n: int, seed: int = 0) -> list[str]:
@@ -173,8 +191,8 @@ def main(argv=None):
 
     import tk_cute
     from tk_cute import dense_gemm as gemm_mod
-    from tk_cute.tuning import dense_sm90 as dense_tuning
     from tk_cute.kernels.gemm.gemm_sm90 import Config
+    from tk_cute.tuning import dense_sm90 as dense_tuning
 
     print(environment())
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -182,6 +200,7 @@ def main(argv=None):
           "overhead reported below)")
     shapes = part(random_shapes(args.random, args.seed) if args.random else args.mnk, args.part)
     ratios = {"tk_cute": {}}  # name -> {shape: speedup over cuBLAS}
+    checked, wrong = [], []  # tk_cute calls whose C was checked; those outside the bound
     print(HEADER)
     for dtype_name in args.dtype:
         dtype = getattr(torch, dtype_name)
@@ -207,7 +226,7 @@ def main(argv=None):
                 base = "cuBLAS fp8 _scaled_mm"
                 cublas = lambda s: torch._scaled_mm(  # noqa: E731
                     s[0], s[1].t(), one, one, out_dtype=torch.bfloat16)
-            variants = {base: cublas, "tk_cute": lambda s: tk_cute.gemm(s[0], s[1])}
+            variants = {base: cublas, "tk_cute": ours()}
             quads = resident_clusters(torch.device("cuda"), 4)
             plan = gemm_mod.config_for(*sets[0][:2])  # what `tk_cute.gemm` runs here
             notes = {"tk_cute": f"{plan.Mb}x{plan.Nb} tiles, cluster "
@@ -217,8 +236,7 @@ def main(argv=None):
                                     f"(N x M), cluster {plan.CLUSTER_M}x{plan.CLUSTER_N}")
                 direct = dense_tuning.default_config(dtype, torch.bfloat16, M, N, sms,
                                                  quads=quads, swap_ab=False)
-                variants["tk_cute direct"] = lambda s, c=direct: tk_cute.gemm(
-                    s[0], s[1], config=c)
+                variants["tk_cute direct"] = ours(direct)
                 notes["tk_cute direct"] = (f"{direct.Mb}x{direct.Nb} tiles, cluster "
                                            f"{direct.CLUSTER_M}x{direct.CLUSTER_N}")
             if plan.SHIFT_EDGES:
@@ -234,49 +252,53 @@ def main(argv=None):
                     tiles = (plan.Mb, plan.Nb, (plan.CLUSTER_M, plan.CLUSTER_N))
                     cfg = dense_tuning.plan_config(dtype, torch.bfloat16, M, N, tiles,
                                                    plan.TRANSPOSE_C, split, plan.PDL)
-                    variants[f"tk_cute split {split}"] = lambda s, c=cfg: tk_cute.gemm(
-                        s[0], s[1], config=c)
+                    variants[f"tk_cute split {split}"] = ours(cfg)
             for name in ("tk_cute", "tk_cute direct") if args.unshifted else ():
                 shifted = plan if name == "tk_cute" else dense_tuning.default_config(
                     dtype, torch.bfloat16, M, N, sms, quads=quads, swap_ab=False)
                 if shifted.SHIFT_EDGES and (name == "tk_cute" or shifted != plan):
                     unshifted = dataclasses.replace(shifted, SHIFT_EDGES=False)
-                    variants[f"{name} unshifted"] = lambda s, c=unshifted: tk_cute.gemm(
-                        s[0], s[1], config=c)
+                    variants[f"{name} unshifted"] = ours(unshifted)
             for cand in dense_tuning.swap_candidates(M) if (args.candidates
                                                         and M <= dense_tuning.SWAP_MAX_M) else ():
                 cfg = dense_tuning.plan_config(dtype, torch.bfloat16, M, N, cand, transposed=True)
                 name = f"tk_cute C^T {cand[0]}x{cand[1]}, {cand[2][0]}x{cand[2][1]}"
                 if cfg != plan:
-                    variants[name] = lambda s, c=cfg: tk_cute.gemm(s[0], s[1], config=c)
+                    variants[name] = ours(cfg)
             for text in args.plans:
                 cfg = dense_tuning.plan_config(dtype, torch.bfloat16, M, N, *_parse_plan(text))
-                variants[f"tk_cute {text}"] = lambda s, c=cfg: tk_cute.gemm(s[0], s[1], config=c)
+                variants[f"tk_cute {text}"] = ours(cfg)
             for nb in args.nb:
                 cfg = dense_tuning.default_config(dtype, torch.bfloat16, M, N, sms, nb=nb,
                                               quads=quads)
-                variants[f"tk_cute Nb={nb}"] = lambda s, c=cfg: tk_cute.gemm(
-                    s[0], s[1], config=c)
+                variants[f"tk_cute Nb={nb}"] = ours(cfg)
                 notes[f"tk_cute Nb={nb}"] = (f"{cfg.Mb} rows, cluster "
                                              f"{cfg.CLUSTER_M}x{cfg.CLUSTER_N}")
             for sg in args.supergroups:
                 cfg = Config(dtype=dtype_name, SUPERGROUP_SIZE=sg)
-                variants[f"tk_cute supergroup {sg}"] = lambda s, c=cfg: tk_cute.gemm(
-                    s[0], s[1], config=c)
+                variants[f"tk_cute supergroup {sg}"] = ours(cfg)
             for cl in args.clusters:
                 cm, cn = map(int, cl.split("x"))
                 for nb in args.nb or [plan.Nb]:
                     cfg = dataclasses.replace(dense_tuning.default_config(
                         dtype, torch.bfloat16, M, N, sms, nb=nb, quads=quads),
                         CLUSTER_M=cm, CLUSTER_N=cn)
-                    variants[f"tk_cute cluster {cl} Nb={nb}"] = (
-                        lambda s, c=cfg: tk_cute.gemm(s[0], s[1], config=c))
+                    variants[f"tk_cute cluster {cl} Nb={nb}"] = ours(cfg)
             if args.pdl:
                 other = dataclasses.replace(plan, PDL=not plan.PDL)
-                variants["tk_cute without pdl" if plan.PDL else "tk_cute pdl"] = (
-                    lambda s, c=other: tk_cute.gemm(s[0], s[1], config=c))
+                variants["tk_cute without pdl" if plan.PDL else "tk_cute pdl"] = ours(other)
             if peer:
                 variants["CUTLASS CuTe DSL peer"] = lambda s: peer[0](*s)
+            for name in [n for n in variants if n.startswith("tk_cute")]:
+                what = f"{name} {M}x{N}x{K} [{dtype_name}]"
+                try:  # D checked element by element before it is timed
+                    checked_call(variants[name], sets[0], (M, N), torch.bfloat16,
+                                 *sets[0][:2], what)
+                    checked.append(what)
+                except AssertionError as e:
+                    print(f"| {what} | failed: {e}")
+                    wrong.append(what)
+                    variants.pop(name)
             res = bench(variants, sets, rounds=args.rounds, graph=not args.eager)
             for name in ("tk_cute", "tk_cute pdl", "tk_cute without pdl"):
                 if name in res:
@@ -289,6 +311,8 @@ def main(argv=None):
                                                              else "")))
     for name, r in ratios.items():
         print(f"{name} vs cuBLAS:", summary(r))
+    print(f"tk_cute outputs checked element by element: {len(checked)} calls, "
+          f"{len(wrong)} outside the bound" + (": " + ", ".join(wrong) if wrong else ""))
     a = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
     print(f"host overhead per call at 256^3 (us): tk_cute.gemm "
           f"{host_overhead(lambda s: tk_cute.gemm(*s), (a, a)):.1f}, torch.matmul "
@@ -298,7 +322,7 @@ def main(argv=None):
     if args.peer:
         from tk_cute.kernels.gemm import gemm_sm90
 
-        ours = len(open(gemm_sm90.__file__).read().splitlines())
-        print(f"source lines: tk_cute gemm_sm90.py {ours} (+ lcf template, vocabulary); "
+        lines = len(open(gemm_sm90.__file__).read().splitlines())
+        print(f"source lines: tk_cute gemm_sm90.py {lines} (+ lcf template, vocabulary); "
               f"CUTLASS HopperWgmmaGemmPersistentKernel class {peer[1]}")
-    return 0
+    return 1 if wrong else 0

@@ -93,6 +93,20 @@ def bench(variants: dict, sets: list, warmup: int = 3, rounds: int = 20, pause: 
     return out
 
 
+def checked_call(fn, inputs, shape, dtype: torch.dtype, a, b, what: str) -> None:
+    """One untimed call ``fn(inputs, d)`` of a tk_cute variant into a NaN-poisoned D of `shape`
+    and `dtype`; raise AssertionError unless it wrote that D with every element within
+    `tk_cute.testing`'s bound of ``a @ b^T`` (a wrong, unwritten or NaN element fails; the
+    benches check every tk_cute variant of every shape so before timing it)."""
+    from tk_cute.testing import assert_gemm_close
+
+    d = torch.full(shape, float("nan"), dtype=dtype, device=b.device)
+    got = fn(inputs, d)
+    if got is not d:
+        raise AssertionError(f"{what}: returned a tensor other than the D it was given")
+    assert_gemm_close(d, a, b, what)
+
+
 def _captured(fn, sets):
     """A callable replaying a CUDA graph of `fn` over every input set."""
     g = torch.cuda.CUDAGraph()

@@ -15,7 +15,11 @@ the quantize a W4A4 `Linear` pays included), cuBLAS bf16 on the dequantized weig
 (`a @ w.t()`, the baseline), cuBLAS fp8 e4m3 (`torch._scaled_mm`, per-tensor scales) and,
 optionally, the torch path a user would write (LUT dequantize to bf16, then cuBLAS), and
 humming's NVFP4 W4A16 (the public peer, `humming_peer`: in every run where `humming` imports,
-checked norm-wise at its first call; `--no-humming` leaves it out). For M <= 128 also
+checked norm-wise at its first call; `--no-humming` leaves it out). Every tk_cute variant's
+first call writes a NaN-poisoned D that is checked element by element against the exact
+product (`harness.checked_call`, `tk_cute.testing`'s bound) before it is timed: one outside the
+bound is reported and not timed; the run ends with the count of calls checked (exit status 1
+where one failed). For M <= 128 also
 `tk_cute.nvfp4.gemm(pdl=True)` (back-to-back calls overlap: a chain of decode GEMMs on static
 weights) and "speed of light: read W": `kernels/stream_read.py` reading the same weight bytes
 (codes and scales) and nothing else; its "vs base" is about the largest speedup over cuBLAS
@@ -44,7 +48,15 @@ import sys
 import torch
 
 from tk_cute.bench import humming_peer
-from tk_cute.bench.harness import HEADER, bench, environment, host_overhead, input_sets, row
+from tk_cute.bench.harness import (
+    HEADER,
+    bench,
+    checked_call,
+    environment,
+    host_overhead,
+    input_sets,
+    row,
+)
 
 DEFAULT_M = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096]
 DEFAULT_NK = ["8192,8192", "28672,8192", "8192,28672"]
@@ -133,6 +145,12 @@ def _humming(s):
     return peer(s["a"])
 
 
+def _activations(name: str) -> str:
+    """The input set's key of the activations a tk_cute variant's D is checked against: NVFP4
+    ("aq") for the W4A4 variants (from bf16 too: bit for bit its quantize's), else bf16."""
+    return "aq" if "w4a4" in name else "a"
+
+
 def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16,
               humming: bool = False):
     """The timed variants of one shape and, for the tk_cute ones, (operand key, forced path) to
@@ -143,9 +161,10 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16,
     from tk_cute.tuning import sm90 as sm90_tuning
 
     v = {
-        "tk_cute w4a16": lambda s: nvfp4.gemm(s["a"], s["b"], out),
-        "tk_cute w4a4": lambda s: nvfp4.gemm(s["aq"], s["b"], out),
-        W4A4_FROM_BF16: lambda s: nvfp4.gemm(s["a"], s["b"], out, quantize_a=True),
+        "tk_cute w4a16": lambda s, d=None: nvfp4.gemm(s["a"], s["b"], out, out=d),
+        "tk_cute w4a4": lambda s, d=None: nvfp4.gemm(s["aq"], s["b"], out, out=d),
+        W4A4_FROM_BF16: lambda s, d=None: nvfp4.gemm(s["a"], s["b"], out, out=d,
+                                                     quantize_a=True),
         BASELINE: lambda s: s["a"] @ s["w"].t(),
         "cuBLAS fp8 _scaled_mm": lambda s: torch._scaled_mm(
             s["a8"], s["w8"].t(), scale_a=s["sa"], scale_b=s["sw"], out_dtype=torch.bfloat16),
@@ -157,20 +176,22 @@ def _variants(M, N, K, paths: bool, tune: bool, sms: int, out=torch.bfloat16,
     if M <= 128:  # the memory-bound regime
         from tk_cute.bench.stream_read import stream_read
 
-        v["tk_cute w4a16 pdl"] = lambda s: nvfp4.gemm(s["a"], s["b"], out, pdl=True)
+        v["tk_cute w4a16 pdl"] = lambda s, d=None: nvfp4.gemm(s["a"], s["b"], out, out=d,
+                                                             pdl=True)
         notes["tk_cute w4a16 pdl"] = ("a", None)
         v[SPEED_OF_LIGHT] = lambda s: stream_read(s["b"].data_padded, s["b"].scales)
     if paths:
         for path in sm90_tuning.PATHS:
             for kind, key in (("w4a16", "a"), ("w4a4", "aq")):
                 name = f"tk_cute {kind} path={path}"
-                v[name] = lambda s, p=path, k=key: nvfp4.gemm(s[k], s["b"], out, path=p)
+                v[name] = lambda s, d=None, p=path, k=key: nvfp4.gemm(s[k], s["b"], out,
+                                                                      out=d, path=p)
                 notes[name] = (key, path)
         if N % 8 == 0:  # W4A4 "dequantize" in two launches (not `tuning.sm90.DEQUANTIZE_PAIRED`)
             from tk_cute.nvfp4 import launch
 
-            v["tk_cute w4a4 path=dequantize two launches"] = lambda s: launch.dequantize(
-                s["aq"], s["b"], torch.empty(M, N, dtype=torch.bfloat16, device="cuda"),
+            v["tk_cute w4a4 path=dequantize two launches"] = lambda s, d=None: launch.dequantize(
+                s["aq"], s["b"], torch.empty(M, N, dtype=out, device="cuda") if d is None else d,
                 paired=False)
     if tune and M <= 64:
         v.update(_tuning_variants(M, N, K, sms))
@@ -200,12 +221,13 @@ def _register_a_tuning_variants(M, N, K, sms):
     grids = [full] + [c for c in range(full - 1, sms // 3, -1)
                       if rounds.aligned(units, stages, c)][:4]
     v = {f"tk_cute w4a16 register_a ROWS={pick.ROWS} ctas={c}": (
-        lambda s, c=c: launch.gemm_rs(s["a"], s["b"], config=pick, ctas=c)) for c in grids}
+        lambda s, d=None, c=c: launch.gemm_rs(s["a"], s["b"], out=d, config=pick, ctas=c))
+        for c in grids}
     for c in PORTABLE_SIZES[1:]:  # the cluster sum (`rs.Config.CLUSTER`) where its grid fits
         if rs.row_blocks(pick, N) * c <= sms and stages >= c:
             v[f"tk_cute w4a16 register_a CLUSTER={c}"] = (
-                lambda s, c=c: launch.gemm_rs(s["a"], s["b"], config=dataclasses.replace(
-                    pick, CLUSTER=c)))
+                lambda s, d=None, c=c: launch.gemm_rs(s["a"], s["b"], out=d,
+                                                      config=dataclasses.replace(pick, CLUSTER=c)))
     rows = 3 * rs.BAND - pick.ROWS  # 128 <-> 256
     if rows == rs.BAND or N % rows == 0:
         try:
@@ -213,7 +235,7 @@ def _register_a_tuning_variants(M, N, K, sms):
         except ValueError:  # (a ring of two stages does not fit)
             return v
         v[f"tk_cute w4a16 register_a ROWS={rows}"] = (
-            lambda s: launch.gemm_rs(s["a"], s["b"], config=other))
+            lambda s, d=None: launch.gemm_rs(s["a"], s["b"], out=d, config=other))
     return v
 
 
@@ -265,7 +287,7 @@ def _tiled_tuning_variants(M, N, K, sms):
     for name, cfg in configs.items():
         first.setdefault(cfg, name)
     return {f"tk_cute w4a16 tiled {name}": (
-        lambda s, c=cfg: launch.gemm_rs_tiled(s["a"], s["b"], config=c))
+        lambda s, d=None, c=cfg: launch.gemm_rs_tiled(s["a"], s["b"], out=d, config=c))
         for cfg, name in first.items()}
 
 
@@ -282,7 +304,7 @@ def _tuning_variants(M, N, K, sms):
     v = {}
     if sm90_tuning.small_m_config(M, N, K).CLUSTER > 1:  # the plan without its cluster split
         v["tk_cute w4a16 one CTA per row block"] = (
-            lambda s: launch.gemm_small_m(s["a"], s["b"], config=base))
+            lambda s, d=None: launch.gemm_small_m(s["a"], s["b"], out=d, config=base))
     for tiling in tilings:
         cfg = dataclasses.replace(base, S=1, **tiling)
         if N % cfg.rows or K % cfg.k_chunk not in (0, gv.TAIL_K if cfg.K_TAIL else 0):
@@ -292,8 +314,8 @@ def _tuning_variants(M, N, K, sms):
         for S in sorted({sm90_tuning.small_m_splits(cfg, N, K, sms, per_sm)
                          for per_sm in (1, 2, 4)}):
             v[f"tk_cute w4a16 {kind} S{S}"] = (
-                lambda s, c=dataclasses.replace(cfg, S=S): launch.gemm_small_m(
-                    s["a"], s["b"], config=c))
+                lambda s, d=None, c=dataclasses.replace(cfg, S=S): launch.gemm_small_m(
+                    s["a"], s["b"], out=d, config=c))
     return v
 
 
@@ -375,6 +397,7 @@ def main(argv=None):
     print(f"humming peer: {'off (' + why_not + ')' if why_not else 'on'}")
     print(HEADER)
     results, out = [], getattr(torch, args.out_dtype)
+    checked, wrong = [], []  # tk_cute variants whose D was checked; those outside the bound
     if args.models is not None:
         ms = MODEL_M if args.m == DEFAULT_M else args.m
         todo = model_shapes(args.models, ms) + shapes([], [], args.shapes or [])
@@ -386,18 +409,25 @@ def main(argv=None):
         variants, notes = _variants(M, N, K, args.paths, args.tune, sms, out, not why_not)
         if not args.torch_deq:
             variants.pop("torch deq + matmul")
-        path_of = {}
+        path_of, s = {}, sets[0]
         for name in list(variants):
             try:
-                got = variants[name](sets[0])
-                if name == HUMMING:
-                    humming_peer.check(got, sets[0]["a"], sets[0]["b"])
+                if name.startswith("tk_cute"):  # D checked element by element
+                    checked_call(variants[name], s, (M, N), out, s[_activations(name)],
+                                 s["b"], f"{name} {M}x{N}x{K}")
+                    checked.append(name)
+                else:
+                    got = variants[name](s)
+                    if name == HUMMING:
+                        humming_peer.check(got, s["a"], s["b"])
                 if name in notes:
                     key, forced = notes[name]
-                    path_of[name] = str(nvfp4.plan(sets[0][key], sets[0]["b"], out,
-                                                   path=forced))
+                    path_of[name] = str(nvfp4.plan(s[key], s["b"], out, path=forced))
             except Exception as e:  # noqa: BLE001 - report and keep the others
-                if not name.startswith("tk_cute w4") or "path=" not in name:
+                if isinstance(e, AssertionError) and name.startswith("tk_cute"):
+                    wrong.append(f"{name} {M}x{N}x{K}")
+                if (not name.startswith("tk_cute w4") or "path=" not in name
+                        or isinstance(e, AssertionError)):
                     print(f"| {name:<28} | {M}x{N}x{K} | failed: {type(e).__name__}: {e}")
                 variants.pop(name)
         res = bench(variants, sets, rounds=args.rounds, graph=True)
@@ -408,7 +438,8 @@ def main(argv=None):
             print(row(name, shape, r.ms, 2 * M * N * K, N * K * 0.5625,
                       base.ms if base else None, note), flush=True)
             results.append(dict(variant=name, M=M, N=N, K=K, us=r.ms * 1e3, spread=r.spread,
-                                path=path_of.get(name), speedup=base.ms / r.ms if base else None))
+                                path=path_of.get(name), speedup=base.ms / r.ms if base else None,
+                                checked=name.startswith("tk_cute")))
         del sets
         torch.cuda.empty_cache()
         if args.json:  # after every shape: a run cut short keeps what it measured
@@ -419,8 +450,10 @@ def main(argv=None):
     print(f"host overhead per eager tk_cute.nvfp4.gemm call (16x8192x8192): {us:.1f} us")
     if args.models is not None:
         print("\n".join(model_bars(results)))
+    print(f"tk_cute outputs checked element by element: {len(checked)} calls, "
+          f"{len(wrong)} outside the bound" + (": " + ", ".join(wrong) if wrong else ""))
     _write(args, argv, results, env)
-    return 0
+    return 1 if wrong else 0
 
 
 def _write(args, argv, results: list[dict], env: str) -> None:
