@@ -619,14 +619,19 @@ def test_planned_uneven_split_runs_in_the_emulator(N, K, M, w4a4, seed):
 
 @pytest.mark.parametrize("M, N, K, w4a4", [(16, 4096, 7168, False), (16, 4096, 7168, True),
                                         (9, 4096, 14336, True), (4, 1536, 7168, False),
-                                        (8, 1536, 7168, True)])
-def test_planned_whole_step_k_and_pair_clusters_run_in_the_emulator(M, N, K, w4a4, seed):
+                                        (8, 1536, 7168, True), (16, 5120, 2880, False),
+                                        (12, 5760, 2880, True)])
+def test_planned_16_row_and_pair_cluster_plans_run_in_the_emulator(M, N, K, w4a4, seed):
     """The plans of 9-16 rows on whole-step K (`SMALL_M_WHOLE_K_MAX`: DeepSeek-V3's 4096x7168,
-    Llama 3 8B's 4096x14336) and of q_a's clusters of 2 (1536x7168, 16 slices of 28 steps per
-    CTA), as the dispatch completes them, on one row block: D within the bound, no hazard."""
+    Llama 3 8B's 4096x14336) and two CTAs per SM (`SMALL_M_TWO_TILES_MAX_S`: gpt-oss's
+    5120x2880 and 5760x2880, 6 slices of 11 chunks and K's last half step) and of q_a's
+    clusters of 2 (1536x7168, 16 slices of 28 steps per CTA), as the dispatch completes them,
+    on one row block: D within the bound, no hazard."""
     assert sm90_tuning.hopper_path(w4a4, M, N, K, 132) == "small_m"
     cfg = _planned(M, N, K, w4a4)
     assert cfg.CLUSTER == (2 if N == 1536 else 1)
+    if K == 2880:  # two CTAs per SM
+        assert (cfg.S, cfg.MIN_CTAS) == (sm90_tuning.SMALL_M_TWO_TILES_MAX_S, 2)
     _emulated(cfg, M, 32 * cfg.WN, K, w4a4, seed)
 
 
@@ -748,11 +753,12 @@ def test_every_tiling_matches_float64(seed, M, tiling):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 4, 8])
 @pytest.mark.parametrize("w4a4", [False, True])
-@pytest.mark.parametrize("N, K", [(3584, 18944), (1024, 29568)], ids=["uneven", "rest"])
+@pytest.mark.parametrize("N, K", [(3584, 18944), (4096, 29568)], ids=["uneven", "rest"])
 def test_planned_odd_k_splits_on_the_gpu(seed, M, w4a4, N, K):
     """Through the public dispatch, the small-M kernel, every element within bound, D poisoned
     first: Qwen2.5-7B's down projection (K = 18944: 74 chunks in 15 slices) and Qwen2.5-72B's
-    (K = 29568: 231 steps, one past UNROLL = 2's trips, `Config.REST`)."""
+    K (29568: 231 steps, one past UNROLL = 2's trips, `Config.REST`) on 4096 rows (narrower
+    layers split K over clusters at one step per trip)."""
     from tk_cute import nvfp4
 
     b = random_weights(N, K)
@@ -822,7 +828,7 @@ def test_fp32_output_split_invariance_and_determinism(seed, M):
     for S in [s for s in (1, 2, 3, 5, 7, chunks) if s <= chunks and cfg.fits(s)]:
         d = launch.gemm_small_m(a, b, torch.float32, config=cfg, splits=S)
         assert_gemm_close(d, a, b, f"splits={S}")
-        again = launch.gemm_small_m(a, b, torch.float32, splits=S)
+        again = launch.gemm_small_m(a, b, torch.float32, config=cfg, splits=S)
         assert torch.equal(d, again), f"splits={S} not deterministic"
         results[S] = d
 

@@ -384,6 +384,17 @@ def test_measured_boundaries():
                               (17, 4096, 7168, "register_a")):
             assert _plan_hopper(w4a4, M, N, K, "bfloat16", SMS, False).path == path, (
                 w4a4, M, N, K)
+    # At 9-16 rows, where the N / 32 CTAs of one row group exceed the SMs but fit two per SM,
+    # two steps per trip split at most SMALL_M_TWO_TILES_MAX_S ways, two CTAs per SM (gpt-oss's
+    # 5120x2880 and 5760x2880, K % 128 == 64 on the short-K rule); one round of one per SM, or
+    # more CTAs than two per SM hold, keep the aim (11 slices of K = 2880's 11 chunks)
+    for w4a4 in (False, True):
+        for M, N, capped in ((16, 5120, True), (9, 5760, True), (16, SMS * 32, False),
+                             (16, SMS * 32 + 32, True), (16, 2 * SMS * 32 + 32, False)):
+            p = _plan_hopper(w4a4, M, N, 2880, "bfloat16", SMS, False)
+            assert p.path == "small_m", (w4a4, M, N)
+            assert (p.config.S, p.config.WN, p.config.MIN_CTAS) == (
+                (T.SMALL_M_TWO_TILES_MAX_S, 1, 2) if capped else (11, 1, 0)), (w4a4, M, N)
     # The small-M kernel's K split: a divisor of the chunks near the aim (K = 8192: 32 chunks,
     # S = 8), but for Qwen2.5-7B's down projection (K = 18944: 74 chunks = 2 x 37, aim 19) 15
     # slices of 4 or 5 chunks (SMALL_M_EVEN_MIN, SMALL_M_MAX_WARPS), not the divisor 2
@@ -576,11 +587,13 @@ def test_issue_table_rows_every_element(seed, no_reference, M, N, K, w4a4, out_d
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("w4a4", [False, True], ids=["W4A16", "W4A4"])
-@pytest.mark.parametrize("M, N, K", [(9, 4096, 7168), (16, 4096, 14336), (16, 8192, 8192)])
-def test_small_m_on_whole_step_k_every_element(seed, no_reference, M, N, K, w4a4):
+@pytest.mark.parametrize("M, N, K", [(9, 4096, 7168), (16, 4096, 14336), (16, 8192, 8192),
+                                     (16, 5120, 2880), (12, 5760, 2880)])
+def test_small_m_at_9_to_16_rows_every_element(seed, no_reference, M, N, K, w4a4):
     """9-16 rows on whole-step K up to SMALL_M_WHOLE_K_MAX (Llama 3 8B's 4096x14336,
-    DeepSeek-V3's 4096x7168; 8192^2 W4A16 only) take the small-M kernel: every element within
-    the bound."""
+    DeepSeek-V3's 4096x7168; 8192^2 W4A16 only) and at two CTAs per SM
+    (`SMALL_M_TWO_TILES_MAX_S`: gpt-oss's 5120x2880 and 5760x2880, K % 128 == 64) take the
+    small-M kernel: every element within the bound."""
     _run(M, N, K, w4a4, torch.bfloat16, "register_a" if w4a4 and N == 8192 else "small_m")
 
 
