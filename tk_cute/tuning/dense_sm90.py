@@ -304,9 +304,10 @@ def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N:
                    quads: int | None = None, swap_ab: bool = True, K: int | None = None):
     """The kernel config `gemm` uses for an M x N output on `sms` SMs: `tile_plan`'s tile (or
     width `nb`) and cluster shape; 32-column epilogue blocks, or 16 where a width is an odd
-    multiple of 32 (160: ten blocks, not five); two epilogue buffers for fp32 C (each 128 x 32
-    fp32 block is 16 KiB; four would cost a load stage) and for tile widths that are not a
-    multiple of 4 x 32.
+    multiple of 32 (160: ten blocks, not five); a 16-bit C stages the whole tile, one shared
+    buffer per epilogue block (no block waits for an earlier one's store to read its buffer:
+    H100 A/B, docs/facts.md#dense-epilogue-buffers: 3-7% on short-K shapes, even at 4096^3,
+    the load ring a stage shorter), fp32 C two buffers (each 128 x 32 fp32 block is 16 KiB).
     `lines`: the operands' rows start on L2 lines (`line_aligned`); where they do not and the
     output has two or more 128-row tiles, 2 x 1 clusters multicast B (H200,
     docs/facts.md#l2-line-rows: 3000x7000x5000 0.67 -> 0.94x cuBLAS, 8192x8192x8200 0.76 ->
@@ -351,8 +352,8 @@ def plan_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int, N: int,
 
     mb, nb, (cluster_m, cluster_n) = plan
     fp32 = out_dtype == torch.float32 or split > 1  # (split-K stores fp32 partial planes)
-    depth = 2 if fp32 or nb % 128 else 4
     epi_n = 32 if nb % 64 == 0 else 16
+    depth = 2 if fp32 else nb // epi_n  # (a 16-bit C: every block its own buffer)
     rows, cols = (N, M) if transposed else (M, N)  # the kernel's M and N
     return Config(dtype=dtype_name(dtype), out_dtype=dtype_name(out_dtype), Mb=mb, Nb=nb,
                   EPI_N=epi_n,
