@@ -441,6 +441,24 @@ def test_dense_gemm_is_exact(shape, config):
     _dense_is_exact(G.Config(**config), shape)
 
 
+@pytest.mark.parametrize("shape, plan, dtype, transposed", [
+    ((130, 360, 64), (128, 176, (1, 1)), "bfloat16", False),  # 11 blocks of 16 columns
+    ((200, 136, 128), (192, 128, (1, 1)), "float8_e4m3fn", False),  # three warpgroups, fp8
+    ((96, 200, 48), (128, 96, (1, 1)), "bfloat16", True),  # C^T: 6 transposed blocks
+])
+def test_planned_epilogue_buffers_are_exact(shape, plan, dtype, transposed):
+    """The plans' epilogue (`dense_sm90.plan_config`: a 16-bit C staged whole, one buffer per
+    block) over several tiles per CTA, so each tile's blocks reuse the buffers the tile before
+    stored from: C exact, no hazard."""
+    from tk_cute.tuning import dense_sm90
+
+    m_, n_, _ = shape
+    cfg = dense_sm90.plan_config(DTYPES[dtype], torch.bfloat16, *(
+        (n_, m_) if transposed else (m_, n_)), plan, transposed=transposed)
+    assert cfg.EPI_PIPE_DEPTH == cfg.Nb // cfg.EPI_N
+    _dense_is_exact(cfg, shape)
+
+
 def test_split_k_is_exact_on_random_configs(seed):
     """Split-K on seeded random configs (tile, K step, ranges, C transposed, shifted edges,
     clusters) and ragged shapes, on 2-4 persistent CTAs (several units each)."""
