@@ -47,11 +47,12 @@ def _fp8(a, b) -> bool:
     return any(getattr(t, "dtype", None) in FP8_TYPES for t in (a, b))
 
 
-def _bound(A, B, fp8: bool, out_dtype: torch.dtype):
-    """(d, bound) of the module docstring for float64 operands A (..., M, K), B (..., N, K)."""
+def _bound(A, B, fp8: bool, out_dtype: torch.dtype, B_abs=None):
+    """(d, bound) of the module docstring for float64 operands A (..., M, K), B (..., N, K)
+    (`B_abs`: |B|, where the caller keeps it over several slices of A)."""
     K = A.shape[-1]
     d = A @ B.transpose(-1, -2)
-    mag = A.abs() @ B.abs().transpose(-1, -2)
+    mag = A.abs() @ (B.abs() if B_abs is None else B_abs).transpose(-1, -2)
     if fp8:
         g = (-(-K // FP8_STEP_K) + EXTRA_ROUNDINGS) * FP8_ACC_ROUNDOFF
     else:
@@ -74,18 +75,21 @@ CHECK_BYTES = 1 << 30  # the float64 working set of one slice of D's rows (`asse
 
 def assert_gemm_close(out: torch.Tensor, a, b, what: str = "gemm") -> None:
     """Raise AssertionError unless every element of `out` (D = a @ b^T) is within the bound of
-    the module docstring; the message names the worst element. A 2-D D is judged in slices of
-    rows whose float64 working set (exact value, magnitude, bound, error) is about
-    CHECK_BYTES, so a large layer's check fits beside its operands."""
+    the module docstring. A 2-D D is judged in slices of rows whose float64 working set (exact
+    value, magnitude, bound, error) is about CHECK_BYTES beside the float64 operands and |b|, so
+    a large layer's check fits beside its operands; the message counts the elements outside the
+    bound in the first slice that has one and names the worst of them."""
     A, B = exact(a).to(out.device), exact(b).to(out.device)
-    shape = (*A.shape[:-1], B.shape[-2]) if A.dim() == B.dim() == 2 else None
-    if shape is not None and tuple(out.shape) != shape:
-        raise AssertionError(f"{what}: shape {tuple(out.shape)}, expected {shape}")
-    step = max(1, CHECK_BYTES // (32 * B.shape[-2])) if shape is not None else None
-    starts = range(0, A.shape[0], step) if step else [None]
-    for i in starts:
-        part = slice(i, i + step) if step else slice(None)
-        d, bound = _bound(A[part], B, _fp8(a, b), out.dtype)
+    fp8 = _fp8(a, b)
+    sliced = A.dim() == B.dim() == 2
+    if sliced and tuple(out.shape) != (A.shape[0], B.shape[0]):
+        raise AssertionError(f"{what}: shape {tuple(out.shape)}, expected "
+                             f"{(A.shape[0], B.shape[0])}")
+    step = max(1, CHECK_BYTES // (32 * max(1, B.shape[0]))) if sliced else None
+    B_abs = B.abs()
+    for i in range(0, A.shape[0], step) if sliced else [None]:
+        part = slice(i, i + step) if sliced else slice(None)
+        d, bound = _bound(A[part], B, fp8, out.dtype, B_abs)
         got = out[part]
         if d.shape != got.shape:
             raise AssertionError(f"{what}: shape {tuple(out.shape)}, expected "
@@ -97,11 +101,12 @@ def assert_gemm_close(out: torch.Tensor, a, b, what: str = "gemm") -> None:
             excess = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), excess)
             j = int(excess.flatten().argmax())
             at = tuple(int(v) for v in torch.unravel_index(torch.tensor(j), d.shape))
-            where = (at[0] + (i or 0), *at[1:])
+            rows = f" (rows {i}..{i + got.shape[0] - 1} of {out.shape[0]})" if sliced else ""
+            where = (at[0] + i, *at[1:]) if sliced else at
             raise AssertionError(
-                f"{what}: {int(bad.sum())} of {got.numel()} elements outside the bound "
-                f"(rows {part.start or 0}.. of {out.shape[0]}); worst at {where}: got "
-                f"{got[at].item()!r}, exact {d[at].item()!r}, bound {bound[at].item():.3g}")
+                f"{what}: {int(bad.sum())} of {got.numel()} elements outside the bound{rows}; "
+                f"worst at {where}: got {got[at].item()!r}, exact {d[at].item()!r}, bound "
+                f"{bound[at].item():.3g}")
 
 
 def random_weights(N: int, K: int, device="cuda", scale: float = 0.02):

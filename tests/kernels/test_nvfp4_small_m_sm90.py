@@ -217,6 +217,9 @@ CONFIGS = {
     "m16_w4a4_narrow": sm90_tuning.small_m_config(16, 576, 7168, w4a4=True),
     "m8_w4a4_k_tail": sm90_tuning.small_m_config(8, 5760, 2880, w4a4=True),
     "m16_k_tail": sm90_tuning.small_m_config(16, 2880, 2880),
+    # two CTAs per SM at 16 rows (SMALL_M_TWO_TILES_MAX_S: W4A4's 168 registers at the cap)
+    "m16_two_per_sm": sm90_tuning.small_m_config(16, 5120, 2880),
+    "m16_w4a4_two_per_sm": sm90_tuning.small_m_config(16, 5120, 2880, w4a4=True),
 }
 
 
@@ -624,7 +627,7 @@ def test_planned_uneven_split_runs_in_the_emulator(N, K, M, w4a4, seed):
 def test_planned_16_row_and_pair_cluster_plans_run_in_the_emulator(M, N, K, w4a4, seed):
     """The plans of 9-16 rows on whole-step K (`SMALL_M_WHOLE_K_MAX`: DeepSeek-V3's 4096x7168,
     Llama 3 8B's 4096x14336) and two CTAs per SM (`SMALL_M_TWO_TILES_MAX_S`: gpt-oss's
-    5120x2880 and 5760x2880, 6 slices of 11 chunks and K's last half step) and of q_a's
+    5120x2880 and 5760x2880, 11 chunks in 6 slices and K's last half step) and of q_a's
     clusters of 2 (1536x7168, 16 slices of 28 steps per CTA), as the dispatch completes them,
     on one row block: D within the bound, no hazard."""
     assert sm90_tuning.hopper_path(w4a4, M, N, K, 132) == "small_m"

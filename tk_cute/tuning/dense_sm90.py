@@ -306,8 +306,9 @@ def default_config(dtype: torch.dtype, out_dtype: torch.dtype, M: int = 8192, N:
     width `nb`) and cluster shape; 32-column epilogue blocks, or 16 where a width is an odd
     multiple of 32 (160: ten blocks, not five); a 16-bit C stages the whole tile, one shared
     buffer per epilogue block (no block waits for an earlier one's store to read its buffer:
-    H100 A/B, docs/facts.md#dense-epilogue-buffers: 3-7% on short-K shapes, even at 4096^3,
-    the load ring a stage shorter), fp32 C two buffers (each 128 x 32 fp32 block is 16 KiB).
+    3-7% faster on short-K shapes and no loss at 4096^3, where the load ring is a stage
+    shorter; H100 A/B, docs/facts.md#dense-epilogue-buffers), fp32 C two buffers (each 128 x 32
+    fp32 block is 16 KiB).
     `lines`: the operands' rows start on L2 lines (`line_aligned`); where they do not and the
     output has two or more 128-row tiles, 2 x 1 clusters multicast B (H200,
     docs/facts.md#l2-line-rows: 3000x7000x5000 0.67 -> 0.94x cuBLAS, 8192x8192x8200 0.76 ->

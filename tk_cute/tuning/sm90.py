@@ -8,8 +8,9 @@ Hopper (sm_90a), one 2-D GEMM of M activation rows (`hopper_path`):
 - "small_m" (`kernels/gemm/nvfp4_small_m_sm90.py`, mma.sync streaming the weights): M < RS_MIN_M
   and, for W4A4 (which it decodes natively), M <= W4A4_NATIVE_MAX_M; up to
   SMALL_M_TAIL_MAX_M where N % 128 != 0 (unless its N / 32 CTAs fill less than
-  SMALL_M_TAIL_MIN_FILL of the SMs), and where K % 128 == 0 and K <= SMALL_M_SHORT_K_MAX and
-  N <= NARROW_MAX_N (small layers) or K <= SMALL_M_WHOLE_K_MAX and the CTAs fill
+  SMALL_M_TAIL_MIN_FILL of the SMs), and where K <= SMALL_M_SHORT_K_MAX and N <=
+  NARROW_MAX_N (small layers; K % 128 == 64 only where its CTAs exceed the SMs but fit two
+  per SM) or K % 128 == 0, K <= SMALL_M_WHOLE_K_MAX and the CTAs fill
   SMALL_M_TAIL_MIN_FILL of the SMs at up to SMALL_M_MAX_CTAS_PER_SM each (W4A4: one); also
   W4A16 M <= 64 where the register-A kernel cannot take N or K. It takes K % 64 == 0 (a last
   half step: `Config.K_TAIL`, set here from K; docs/facts.md#small-m-k-tail).
@@ -100,9 +101,10 @@ SMALL_M_MT = 2  # the small-M kernel's MMA row tiles per warp (`gv.Config.MT`; 1
 # 16x37888x3584 ran 49.6 us on it where register-A ran 32 rows in 43.2; 16x7168x2048 W4A16
 # 9.1 us on it / 9.2 at 128 register-A rows, W4A4 7.4 / 9.9 (the 256 rows then planned).
 SMALL_M_SHORT_K_MAX = 4096
-# (K % 128 == 64 too: the loss at K = 2880 above was the split's CTAs, 160 and 180 of one per SM
-# in two rounds; at two per SM, `SMALL_M_TWO_TILES_MAX_S`, small-M won there: H100,
-# docs/facts.md#small-m-two-per-sm.)
+# (K % 128 == 64 too where the CTAs exceed the SMs but fit two per SM: the loss at K = 2880
+# above was the split's CTAs, 160 and 180 of one per SM in two rounds; at two per SM,
+# `SMALL_M_TWO_TILES_MAX_S`, small-M won there: H100, docs/facts.md#small-m-two-per-sm. One-round
+# shapes at K % 128 == 64 were not timed.)
 # ... and whole-step K above that up to SMALL_M_WHOLE_K_MAX where its N / 32 CTAs fill at
 # least SMALL_M_TAIL_MIN_FILL of the SMs at up to SMALL_M_MAX_CTAS_PER_SM CTAs each (W4A4: one;
 # its two decoded activation tiles' registers hold one 8-warp CTA per SM). H100 (2026-12-07,
@@ -135,9 +137,10 @@ SMALL_M_EVEN_MIN = 0.5
 # none at 16).
 SMALL_M_MAX_WARPS = 16
 SMALL_M_MAX_WARPS_DECODING = 12
-# At 9-16 rows a trip of 2 steps on two activation tiles needs 168 registers (sm_90a builds, W4A16
-# and W4A4): two CTAs share an SM up to this many warps (65536 / (2 x 192) = 170), so where the
-# N / 32 CTAs exceed the SMs but fit two per SM the split stops here (`small_m_config`). H100
+# At 9-16 rows a trip of 2 steps on two activation tiles needs up to 168 registers (sm_90a
+# builds: W4A4 168, W4A16 142; at 8 warps, 128 registers, both spill): two CTAs share an SM up to
+# this many warps (65536 / (2 x 192) = 170), so where the N / 32 CTAs exceed the SMs but fit two
+# per SM the split stops here (`small_m_config`; also K % 128 == 64 on the short-K rule). H100
 # A/B (2026-12-07, docs/facts.md#small-m-two-per-sm; us, W4A16 / W4A4): 16x5120x2880 (160
 # CTAs) at S = 6 8.0 / 7.8, S = 5 9.2, S = 8 9.8 / 9.5 (two per SM at 128 registers), the
 # register-A kernel planned then 10.5 / 10.7; 16x5760x2880 (180) 8.0 / 7.8 against 10.7 / 10.8.
@@ -221,7 +224,8 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     ctas = N // (16 * SMALL_M_MT)
     if M <= SMALL_M_TAIL_MAX_M and gv.supports(M, N, K) and (
             (N % rs.BAND and ctas >= SMALL_M_TAIL_MIN_FILL * sms)
-            or (K <= SMALL_M_SHORT_K_MAX and N <= NARROW_MAX_N)
+            or (K <= SMALL_M_SHORT_K_MAX and N <= NARROW_MAX_N and (
+                K % gv.STEP_K == 0 or sms < ctas <= SMALL_M_MAX_CTAS_PER_SM * sms))
             or (K % gv.STEP_K == 0 and SMALL_M_SHORT_K_MAX < K <= SMALL_M_WHOLE_K_MAX
                 and SMALL_M_TAIL_MIN_FILL * sms <= ctas
                 <= (1 if w4a4 else SMALL_M_MAX_CTAS_PER_SM) * sms)):
@@ -335,11 +339,11 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # 2.22x; H100 A/B (WN > 1; us, planned / resident): 1x36864x7168 S = 2 WN = 4 (288 CTAs,
     # 264 slots) 75.3 / S = 1 WN = 8 59.0, 8x36864x7168 80.0 / 66.3, 1x37888x3584 37.7 / 30.5,
     # 1x24576x1536 S = 3 WN = 2 11.0 / S = 2 WN = 4 9.9 (docs/facts.md#small-m-round).
-    # At 9-16 rows (two activation tiles, 2 steps per trip, nothing ahead) a trip needs 168
-    # registers: a CTA of more than SMALL_M_TWO_TILES_MAX_S warps holds an SM alone, so where the
-    # N / 32 CTAs exceed the SMs but fit two per SM the split is capped there, one row group per
-    # CTA, two CTAs per SM: one round (docs/facts.md#small-m-two-per-sm).
-    two_per_sm = (not cfg.AHEAD and cfg.UNROLL == 2 and cfg.S > SMALL_M_TWO_TILES_MAX_S
+    # At 9-16 rows (two activation tiles, 2 steps per trip, nothing ahead) a trip needs up to
+    # 168 registers: a CTA of more than SMALL_M_TWO_TILES_MAX_S warps holds an SM alone, so where
+    # the N / 32 CTAs exceed the SMs but fit two per SM the split is capped there, one row group
+    # per CTA, two CTAs per SM: one round (docs/facts.md#small-m-two-per-sm).
+    two_per_sm = (NT == 2 and cfg.UNROLL == 2 and cfg.S > SMALL_M_TWO_TILES_MAX_S
                   and sms < N // cfg.rows <= SMALL_M_MAX_CTAS_PER_SM * sms)
     if two_per_sm:
         cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms,

@@ -385,16 +385,20 @@ def test_measured_boundaries():
             assert _plan_hopper(w4a4, M, N, K, "bfloat16", SMS, False).path == path, (
                 w4a4, M, N, K)
     # At 9-16 rows, where the N / 32 CTAs of one row group exceed the SMs but fit two per SM,
-    # two steps per trip split at most SMALL_M_TWO_TILES_MAX_S ways, two CTAs per SM (gpt-oss's
-    # 5120x2880 and 5760x2880, K % 128 == 64 on the short-K rule); one round of one per SM, or
-    # more CTAs than two per SM hold, keep the aim (11 slices of K = 2880's 11 chunks)
+    # two steps per trip split at most SMALL_M_TWO_TILES_MAX_S ways, two CTAs per SM; the
+    # short-K rule takes K % 128 == 64 there (gpt-oss's 5120x2880 and 5760x2880), not where
+    # one round of one per SM holds them (132 CTAs: register-A); more CTAs than two per SM hold
+    # (N % 128 != 0: the tail rule) keep the aim (11 slices of K = 2880's 11 chunks)
     for w4a4 in (False, True):
-        for M, N, capped in ((16, 5120, True), (9, 5760, True), (16, SMS * 32, False),
+        for M, N, capped in ((16, 5120, True), (9, 5760, True), (16, SMS * 32, None),
                              (16, SMS * 32 + 32, True), (16, 2 * SMS * 32 + 32, False)):
             p = _plan_hopper(w4a4, M, N, 2880, "bfloat16", SMS, False)
-            assert p.path == "small_m", (w4a4, M, N)
-            assert (p.config.S, p.config.WN, p.config.MIN_CTAS) == (
-                (T.SMALL_M_TWO_TILES_MAX_S, 1, 2) if capped else (11, 1, 0)), (w4a4, M, N)
+            assert p.path == ("register_a" if capped is None else "small_m"), (w4a4, M, N)
+            if capped is not None:
+                assert (p.config.S, p.config.WN, p.config.MIN_CTAS) == (
+                    (T.SMALL_M_TWO_TILES_MAX_S, 1, 2) if capped else (11, 1, 0)), (w4a4, M, N)
+    # ... at 9-16 rows only (four or eight activation tiles keep their split: no spill)
+    assert T.small_m_config(64, 5120, 3584).MIN_CTAS == 0
     # The small-M kernel's K split: a divisor of the chunks near the aim (K = 8192: 32 chunks,
     # S = 8), but for Qwen2.5-7B's down projection (K = 18944: 74 chunks = 2 x 37, aim 19) 15
     # slices of 4 or 5 chunks (SMALL_M_EVEN_MIN, SMALL_M_MAX_WARPS), not the divisor 2
