@@ -440,7 +440,7 @@ def main(argv=None):
             results.append(dict(variant=name, M=M, N=N, K=K, us=r.ms * 1e3, spread=r.spread,
                                 path=path_of.get(name), speedup=base.ms / r.ms if base else None,
                                 checked=name.startswith("tk_cute")))
-        del sets
+        del sets, s
         torch.cuda.empty_cache()
         if args.json:  # after every shape: a run cut short keeps what it measured
             with open(args.json, "w") as f:
