@@ -223,6 +223,8 @@ def test_checked_call_fails_a_wrong_unwritten_or_other_d(seed, monkeypatch):
         return call
 
     checked_call(variant(), {}, (M, N), torch.bfloat16, a, b, "right")
+    A, B = testing.exact(a), testing.exact(b)  # decoded once, as `bench nvfp4` passes them
+    checked_call(variant(), {}, (M, N), torch.bfloat16, A, B, "right")
     i, j = 10, int(right[10].float().abs().argmax())
 
     def off(d):
@@ -234,6 +236,8 @@ def test_checked_call_fails_a_wrong_unwritten_or_other_d(seed, monkeypatch):
     with pytest.raises(AssertionError, match=rf"off: 1 of {3 * N} elements .* worst at "
                                              rf"\({i}, {j}\)"):
         checked_call(variant(off), {}, (M, N), torch.bfloat16, a, b, "off")
+    with pytest.raises(AssertionError, match=rf"off: 1 of {3 * N} elements"):
+        checked_call(variant(off), {}, (M, N), torch.bfloat16, A, B, "off")
     with pytest.raises(AssertionError, match=rf"half: .* worst at \({M // 2}, "):
         checked_call(variant(half), {}, (M, N), torch.bfloat16, a, b, "half")
     with pytest.raises(AssertionError, match="other than the D it was given"):

@@ -97,7 +97,9 @@ def checked_call(fn, inputs, shape, dtype: torch.dtype, a, b, what: str) -> None
     """One untimed call ``fn(inputs, d)`` of a tk_cute variant into a NaN-poisoned D of `shape`
     and `dtype`; raise AssertionError unless it wrote that D with every element within
     `tk_cute.testing`'s bound of ``a @ b^T`` (a wrong, unwritten or NaN element fails; the
-    benches check every tk_cute variant of every shape so before timing it)."""
+    benches check every tk_cute variant of every shape so before timing it). `a`, `b`: the
+    operands, or their exact float64 values (`testing.exact`) where several calls share them
+    (not for fp8 operands: their bound is wider)."""
     from tk_cute.testing import assert_gemm_close
 
     d = torch.full(shape, float("nan"), dtype=dtype, device=b.device)

@@ -387,6 +387,7 @@ def main(argv=None):
     if args.report:
         return report(args, argv)
     from tk_cute import nvfp4
+    from tk_cute.testing import exact
 
     env = environment()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -410,11 +411,13 @@ def main(argv=None):
         if not args.torch_deq:
             variants.pop("torch deq + matmul")
         path_of, s = {}, sets[0]
+        # the operands decoded once for every variant's check (float64, exactly)
+        ops = {key: exact(s[key]) for key in ("a", "aq", "b")}
         for name in list(variants):
             try:
                 if name.startswith("tk_cute"):  # D checked element by element
-                    checked_call(variants[name], s, (M, N), out, s[_activations(name)],
-                                 s["b"], f"{name} {M}x{N}x{K}")
+                    checked_call(variants[name], s, (M, N), out, ops[_activations(name)],
+                                 ops["b"], f"{name} {M}x{N}x{K}")
                     checked.append(name)
                 else:
                     got = variants[name](s)
@@ -440,7 +443,7 @@ def main(argv=None):
             results.append(dict(variant=name, M=M, N=N, K=K, us=r.ms * 1e3, spread=r.spread,
                                 path=path_of.get(name), speedup=base.ms / r.ms if base else None,
                                 checked=name.startswith("tk_cute")))
-        del sets, s
+        del sets, s, ops
         torch.cuda.empty_cache()
         if args.json:  # after every shape: a run cut short keeps what it measured
             with open(args.json, "w") as f:

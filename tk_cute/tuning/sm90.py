@@ -225,7 +225,7 @@ def hopper_path(w4a4: bool, M: int, N: int, K: int, sms: int) -> str:
     if M <= SMALL_M_TAIL_MAX_M and gv.supports(M, N, K) and (
             (N % rs.BAND and ctas >= SMALL_M_TAIL_MIN_FILL * sms)
             or (K <= SMALL_M_SHORT_K_MAX and N <= NARROW_MAX_N and (
-                K % gv.STEP_K == 0 or sms < ctas <= SMALL_M_MAX_CTAS_PER_SM * sms))
+                K % gv.STEP_K == 0 or _two_per_sm(N, sms)))
             or (K % gv.STEP_K == 0 and SMALL_M_SHORT_K_MAX < K <= SMALL_M_WHOLE_K_MAX
                 and SMALL_M_TAIL_MIN_FILL * sms <= ctas
                 <= (1 if w4a4 else SMALL_M_MAX_CTAS_PER_SM) * sms)):
@@ -344,7 +344,7 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # the N / 32 CTAs exceed the SMs but fit two per SM the split is capped there, one row group
     # per CTA, two CTAs per SM: one round (docs/facts.md#small-m-two-per-sm).
     two_per_sm = (NT == 2 and cfg.UNROLL == 2 and cfg.S > SMALL_M_TWO_TILES_MAX_S
-                  and sms < N // cfg.rows <= SMALL_M_MAX_CTAS_PER_SM * sms)
+                  and _two_per_sm(N, sms))
     if two_per_sm:
         cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms,
                                                         most=SMALL_M_TWO_TILES_MAX_S))
@@ -384,6 +384,12 @@ def small_m_cluster(cfg: gv.Config, M: int, N: int, K: int, sms: int) -> gv.Conf
             return dataclasses.replace(cfg, UNROLL=1, **_small_m_k_fields(K, 1), S=S, CLUSTER=c,
                                        MIN_CTAS=max(1, 16 // (cfg.WN * S)), XSMEM=0)
     return cfg
+
+
+def _two_per_sm(N: int, sms: int) -> bool:
+    """Whether the small-M kernel's N / 32 CTAs of one row group exceed the SMs but fit
+    SMALL_M_MAX_CTAS_PER_SM per SM (`SMALL_M_TWO_TILES_MAX_S`)."""
+    return sms < N // (16 * SMALL_M_MT) <= SMALL_M_MAX_CTAS_PER_SM * sms
 
 
 def _row_groups(S: int, N: int, sms: int) -> int:
