@@ -350,13 +350,15 @@ def test_activations_staged_in_shared_memory_at_m1_where_they_fit(M, K, staged, 
 
 
 @pytest.mark.parametrize("M, K, fetch", [(1, 8192, 128), (1, 18944, 128), (1, 29568, 0),
-                                          (1, 2880, 0), (2, 8192, 0), (8, 8192, 0),
-                                          (16, 8192, 0), (64, 8192, 0)])
-def test_weight_loads_fetch_whole_l2_lines_at_m1(M, K, fetch):
-    """At M = 1 a trip reads one 128-byte line of each weight row as two 64-byte loads, the
-    first asking L2 for the whole line (measured: faster there only), where the rows' K / 2
-    bytes keep every row on whole lines (K % 256 == 0; at K = 29568 half the rows straddle two
-    lines: 69.6 us with the fetch, 55.9 without at 1x8192x29568 on the H100)."""
+                                          (1, 2880, 0), (2, 8192, 128), (8, 8192, 128),
+                                          (8, 29568, 0), (9, 8192, 0), (16, 8192, 0),
+                                          (64, 8192, 0)])
+def test_weight_loads_fetch_whole_l2_lines_on_one_activation_tile(M, K, fetch):
+    """With one activation tile (M <= 8) a trip reads one 128-byte line of each weight row as
+    two 64-byte loads, the first asking L2 for the whole line (measured: faster there, slower
+    with two tiles), where the rows' K / 2 bytes keep every row on whole lines (K % 256 == 0;
+    at K = 29568 half the rows straddle two lines: 69.6 us with the fetch, 55.9 without at
+    1x8192x29568 on the H100)."""
     cfg = sm90_tuning.small_m_config(M, 8192, K)
     assert cfg.L2_FETCH == fetch
     if fetch:
