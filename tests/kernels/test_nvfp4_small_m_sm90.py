@@ -367,6 +367,15 @@ def test_weight_loads_fetch_whole_l2_lines_on_one_activation_tile(M, K, fetch):
         dataclasses.replace(cfg, L2_FETCH=64)
 
 
+@pytest.mark.parametrize("M, N", [(1, 1536), (8, 1536), (1, 576), (8, 576)])
+def test_cluster_split_reads_half_lines_without_the_fetch(M, N):
+    """The K split over clusters runs one 128-K step per trip (64 bytes of each weight row): the
+    whole-line fetch would ask for the next trip's half too, and lost (1-8x1536x7168 on the
+    H100), so those plans leave it off."""
+    cfg = sm90_tuning.small_m_config(M, N, 7168)
+    assert cfg.CLUSTER > 1 and cfg.UNROLL == 1 and cfg.L2_FETCH == 0
+
+
 def test_fast_argument_packing_matches_dsl():
     """gemm_small_m packs raw pointers into ctypes slots itself: they must hold the DSL's bytes
     (checked inside compile_launcher; a mismatch raises)."""

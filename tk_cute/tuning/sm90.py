@@ -308,19 +308,11 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     while unroll > 2 and steps % unroll:
         unroll //= 2
     unroll = min(unroll, steps)
-    # With one activation tile (M <= 8) a trip reads 128 bytes of each weight row as two
-    # 64-byte loads: asking L2 for the whole 128-byte line at the first was 2-4% faster at
-    # M = 1 (H200 A/B, 3 shapes x 2 passes) and 0-6% at M = 2-8 on 16 layers (H100 A/B,
-    # docs/facts.md#small-m-l2-fetch; 1% slower or mixed at M = 4 and 8 on the H200); with two
-    # tiles (4 steps per trip, nothing ahead) 9-10% slower, 256 bytes slower everywhere. Only
-    # where the rows' K / 2 bytes keep them 128-byte aligned (K % 256 == 0): at K = 29568 every
-    # other row's 128 bytes straddle two lines, and the fetch asked for both (H100,
-    # 1x8192x29568 69.6 us with it, 55.9 without; docs/facts.md#small-m-round).
     # Launched as a programmatic dependent, nothing read before the kernel before it has ended
     # (safe whatever that kernel writes): back-to-back calls overlap one's tail with the next
     # one's launch, 1-8% at M = 1 and 2-3% at M = 8-16 (H200 A/B, docs/facts.md#pdl).
     cfg = gv.Config(MT=SMALL_M_MT, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
-                    AHEAD=NT == 1, L2_FETCH=128 if NT == 1 and K % 256 == 0 else 0, PDL=True,
+                    AHEAD=NT == 1, L2_FETCH=l2_fetch(NT, unroll, K), PDL=True,
                     **_small_m_k_fields(K, unroll))
     cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms))
     # 4 steps per trip halve the K-slices a short K can give: where 2 steps per trip give twice
@@ -384,8 +376,22 @@ def small_m_cluster(cfg: gv.Config, M: int, N: int, K: int, sms: int) -> gv.Conf
                 and steps >= c * SMALL_M_CLUSTER_MIN_STEPS):
             S = min(SMALL_M_MAX_WARPS // cfg.WN, steps // c)
             return dataclasses.replace(cfg, UNROLL=1, **_small_m_k_fields(K, 1), S=S, CLUSTER=c,
-                                       MIN_CTAS=max(1, 16 // (cfg.WN * S)), XSMEM=0)
+                                       MIN_CTAS=max(1, 16 // (cfg.WN * S)), XSMEM=0,
+                                       L2_FETCH=l2_fetch(cfg.NT, 1, K))
     return cfg
+
+
+def l2_fetch(NT: int, unroll: int, K: int) -> int:
+    """`gv.Config.L2_FETCH` of a small-M plan: 128 where a trip reads each weight row's whole
+    128-byte line as two 64-byte loads (one activation tile, 2 steps per trip: asking L2 for the
+    line at the first load was 2-4% faster at M = 1 on the H200 and 0-6% at M = 2-8 on 16 layers
+    on the H100) and every row starts on a line (K % 256 == 0: at K = 29568 every other row's
+    128 bytes straddle two lines and the fetch asked for both, 1x8192x29568 69.6 us with it,
+    55.9 without); else 0. With one step per trip (the cluster split, 64 bytes of each row) the
+    fetch lost (1-8x1536x7168 6.3-6.7 -> 7.0-7.4 us, W4A4 alike; 576x7168 even), with two
+    activation tiles (4 steps per trip, nothing ahead) 9-10%, and 256 bytes lost everywhere
+    (H100 A/Bs, docs/facts.md#small-m-l2-fetch)."""
+    return 128 if NT == 1 and unroll == 2 and K % 256 == 0 else 0
 
 
 def _two_per_sm(N: int, sms: int) -> bool:
