@@ -19,8 +19,9 @@ split as evenly as the block's slices allow, `k_slice`: a slice has floor or cei
 slices). With AHEAD (default at M <= 8) the next trip's
 weights are in flight while a trip decodes. W4A4 at M = 1 (XSMEM) first decodes its activation
 row into shared memory from its codes and scales, once per CTA instead of in every warp's trips
-(one barrier), so trips read ready B fragments with LDS; at M = 1 each weight load also asks L2
-for the row's whole 128-byte line (L2_FETCH). With PDL (the
+(one barrier), so trips read ready B fragments with LDS; where a trip reads whole 128-byte
+lines of each weight row (2 steps, M <= 8) each weight load also asks L2 for its line
+(L2_FETCH). With PDL (the
 default configuration's) the kernel launches during the one before it, lets the next one
 launch at once and waits for the one before it ahead of its first global read; with EARLY_WEIGHTS
 (`gemm_small_m(pdl=True)`) it reads its first weights before that kernel has ended

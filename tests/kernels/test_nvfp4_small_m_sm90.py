@@ -349,17 +349,18 @@ def test_activations_staged_in_shared_memory_at_m1_where_they_fit(M, K, staged, 
         assert cfg.part_bytes + cfg.XSMEM <= 227 * 1024
 
 
-@pytest.mark.parametrize("M, K, fetch", [(1, 8192, 128), (1, 18944, 128), (1, 29568, 0),
-                                          (1, 2880, 0), (2, 8192, 128), (8, 8192, 128),
-                                          (8, 29568, 0), (9, 8192, 0), (16, 8192, 0),
-                                          (64, 8192, 0)])
-def test_weight_loads_fetch_whole_l2_lines_on_one_activation_tile(M, K, fetch):
-    """With one activation tile (M <= 8) a trip reads one 128-byte line of each weight row as
-    two 64-byte loads, the first asking L2 for the whole line (measured: faster there, slower
-    with two tiles), where the rows' K / 2 bytes keep every row on whole lines (K % 256 == 0;
-    at K = 29568 half the rows straddle two lines: 69.6 us with the fetch, 55.9 without at
+@pytest.mark.parametrize("M, N, K, fetch", [
+    (1, 8192, 8192, 128), (1, 8192, 18944, 128), (1, 8192, 29568, 0), (1, 8192, 2880, 0),
+    (2, 8192, 8192, 128), (8, 8192, 8192, 128), (8, 8192, 29568, 0), (9, 8192, 8192, 0),
+    (16, 8192, 8192, 0), (16, 4096, 4096, 0), (64, 8192, 8192, 0)])
+def test_weight_loads_fetch_whole_l2_lines_on_one_activation_tile(M, N, K, fetch):
+    """With one activation tile (M <= 8) and two steps per trip (not the cluster split) a trip
+    reads one 128-byte line of each weight row as two 64-byte loads, each asking L2 for the
+    whole line (measured: faster there, slower with two tiles; 16x4096^2 runs two tiles on
+    two-step trips), where the rows' K / 2 bytes keep every row on whole lines (K % 256 == 0; at
+    K = 29568 half the rows straddle two lines: 69.6 us with the fetch, 55.9 without at
     1x8192x29568 on the H100)."""
-    cfg = sm90_tuning.small_m_config(M, 8192, K)
+    cfg = sm90_tuning.small_m_config(M, N, K)
     assert cfg.L2_FETCH == fetch
     if fetch:
         assert gv.k_offset(0, cfg.UNROLL) // 2 == fetch  # bytes of each row a trip reads

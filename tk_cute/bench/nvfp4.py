@@ -306,8 +306,9 @@ def _tuning_variants(M, N, K, sms):
         v["tk_cute w4a16 one CTA per row block"] = (
             lambda s, d=None: launch.gemm_small_m(s["a"], s["b"], out=d, config=base))
     for tiling in tilings:
-        cfg = dataclasses.replace(base, S=1, **tiling)
-        cfg = dataclasses.replace(cfg, L2_FETCH=sm90_tuning.l2_fetch(cfg.NT, cfg.UNROLL, K))
+        unroll = tiling["UNROLL"]  # (REST, K_TAIL and the L2 fetch follow the trip's steps)
+        cfg = dataclasses.replace(base, S=1, **tiling, **sm90_tuning.small_m_k_fields(K, unroll),
+                                  L2_FETCH=sm90_tuning.l2_fetch(base.NT, unroll, K))
         if N % cfg.rows or K % cfg.k_chunk not in (0, gv.TAIL_K if cfg.K_TAIL else 0):
             continue
         kind = f"MT{cfg.MT} WN{cfg.WN} U{cfg.UNROLL}" + (" ahead" if cfg.AHEAD else "") + (

@@ -313,7 +313,7 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # one's launch, 1-8% at M = 1 and 2-3% at M = 8-16 (H200 A/B, docs/facts.md#pdl).
     cfg = gv.Config(MT=SMALL_M_MT, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
                     AHEAD=NT == 1, L2_FETCH=l2_fetch(NT, unroll, K), PDL=True,
-                    **_small_m_k_fields(K, unroll))
+                    **small_m_k_fields(K, unroll))
     cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms))
     # 4 steps per trip halve the K-slices a short K can give: where 2 steps per trip give twice
     # the slices (up to SMALL_M_MAX_WARPS) and their CTAs (one row group each, one per SM at
@@ -322,7 +322,8 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # 16x4096^2 U4 S8 9.6, U2 S16 7.3; at 16x4608x3584, 144 CTAs, U4 S7 9.1, U2 S14 11.9; at
     # 16x576x7168 U4 S14 9.2, U2 S28 12.8).
     if unroll == 4:
-        two = dataclasses.replace(cfg, UNROLL=2, **_small_m_k_fields(K, 2))
+        two = dataclasses.replace(cfg, UNROLL=2, **small_m_k_fields(K, 2),
+                                  L2_FETCH=l2_fetch(NT, 2, K))
         two = dataclasses.replace(two, S=small_m_splits(two, N, K, sms))
         if 2 * cfg.S <= two.S and N // two.rows <= sms:
             cfg = two
@@ -367,7 +368,8 @@ def small_m_cluster(cfg: gv.Config, M: int, N: int, K: int, sms: int) -> gv.Conf
     rows 6.5 / 4.8, 6.6 / 4.8, 6.6 / 5.0 (W4A4 5.0-5.1), 512x8192 6.5-6.7 / 4.9-5.0; at 8 rows
     576x7168 6.72 / 5.09 (W4A4 5.15; ad-hoc `.prof/smc.py`, 09:16 UTC); 1536x7168 (48 row
     blocks, c = 2, S = 16; ad-hoc, commit 6556aa2) at 1 / 4 / 8 rows 7.07 / 7.16, 7.20 / 6.56,
-    7.28 / 6.74, W4A4 7.39 / 7.31, 7.72 / 6.69, 7.69 / 6.68."""
+    7.28 / 6.74, W4A4 7.39 / 7.31, 7.72 / 6.69, 7.69 / 6.68 (the clusters with the L2 line
+    fetch at M = 1; without it, `l2_fetch`, 6.3 us at 1 row)."""
     blocks, steps = N // cfg.rows, K // gv.STEP_K
     if M > SMALL_M_CLUSTER_MAX_M:
         return cfg
@@ -375,7 +377,7 @@ def small_m_cluster(cfg: gv.Config, M: int, N: int, K: int, sms: int) -> gv.Conf
         if (blocks * c <= sms and blocks <= CLUSTERS_RESIDENT[c] * sms // 132
                 and steps >= c * SMALL_M_CLUSTER_MIN_STEPS):
             S = min(SMALL_M_MAX_WARPS // cfg.WN, steps // c)
-            return dataclasses.replace(cfg, UNROLL=1, **_small_m_k_fields(K, 1), S=S, CLUSTER=c,
+            return dataclasses.replace(cfg, UNROLL=1, **small_m_k_fields(K, 1), S=S, CLUSTER=c,
                                        MIN_CTAS=max(1, 16 // (cfg.WN * S)), XSMEM=0,
                                        L2_FETCH=l2_fetch(cfg.NT, 1, K))
     return cfg
@@ -383,14 +385,15 @@ def small_m_cluster(cfg: gv.Config, M: int, N: int, K: int, sms: int) -> gv.Conf
 
 def l2_fetch(NT: int, unroll: int, K: int) -> int:
     """`gv.Config.L2_FETCH` of a small-M plan: 128 where a trip reads each weight row's whole
-    128-byte line as two 64-byte loads (one activation tile, 2 steps per trip: asking L2 for the
-    line at the first load was 2-4% faster at M = 1 on the H200 and 0-6% at M = 2-8 on 16 layers
-    on the H100) and every row starts on a line (K % 256 == 0: at K = 29568 every other row's
-    128 bytes straddle two lines and the fetch asked for both, 1x8192x29568 69.6 us with it,
-    55.9 without); else 0. With one step per trip (the cluster split, 64 bytes of each row) the
-    fetch lost (1-8x1536x7168 6.3-6.7 -> 7.0-7.4 us, W4A4 alike; 576x7168 even), with two
-    activation tiles (4 steps per trip, nothing ahead) 9-10%, and 256 bytes lost everywhere
-    (H100 A/Bs, docs/facts.md#small-m-l2-fetch)."""
+    128-byte line as two 64-byte loads (one activation tile, 2 steps per trip, the next trip's
+    weights in flight: each load asking L2 for its line was 2-4% faster at M = 1 on the H200
+    and 0-7% at M = 2-8 on 16 layers on the H100) and every row starts on a line (K % 256 ==
+    0: at K = 29568 every other row's 128 bytes straddle two lines and the fetch asked for
+    both, 1x8192x29568 69.6 us with it, 55.9 without); else 0. With one step per trip (the
+    cluster split, 64 bytes of each row) the fetch lost (1-8x1536x7168 6.3-6.7 -> 7.0-7.4 us,
+    W4A4 alike; 576x7168 even), with two activation tiles (4 steps per trip, nothing ahead)
+    9-10%; 256 bytes never beat 128 and lost up to 29% on the large layers (H100 A/Bs,
+    docs/facts.md#small-m-l2-fetch)."""
     return 128 if NT == 1 and unroll == 2 and K % 256 == 0 else 0
 
 
@@ -409,7 +412,7 @@ def _row_groups(S: int, N: int, sms: int) -> int:
     return WN
 
 
-def _small_m_k_fields(K: int, unroll: int) -> dict:
+def small_m_k_fields(K: int, unroll: int) -> dict:
     """The small-M Config fields K fixes for `unroll` steps per trip: the 128-K steps past the
     whole trips (REST) and K's last half step (K_TAIL)."""
     return {"REST": K // gv.STEP_K % unroll, "K_TAIL": K % gv.STEP_K != 0}
@@ -458,7 +461,7 @@ def complete(path: str, cfg, N: int, K: int, w4a4: bool, out_dtype: str, sf: str
     partials summed in clusters where `register_a_cluster` says so (`rs.Config.CLUSTER`)."""
     if path == "small_m":
         return dataclasses.replace(cfg, w4a4=w4a4, out_dtype=out_dtype, sf=sf,
-                                   **_small_m_k_fields(K, cfg.UNROLL), PDL=cfg.PDL or pdl,
+                                   **small_m_k_fields(K, cfg.UNROLL), PDL=cfg.PDL or pdl,
                                    EARLY_WEIGHTS=cfg.EARLY_WEIGHTS or pdl)
     a_format = "nvfp4" if w4a4 else "bf16"
     if path == "register_a":
