@@ -312,8 +312,7 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # (safe whatever that kernel writes): back-to-back calls overlap one's tail with the next
     # one's launch, 1-8% at M = 1 and 2-3% at M = 8-16 (H200 A/B, docs/facts.md#pdl).
     cfg = gv.Config(MT=SMALL_M_MT, NT=NT, WN=1, UNROLL=unroll, w4a4=w4a4, out_dtype=out_dtype,
-                    AHEAD=NT == 1, L2_FETCH=l2_fetch(NT, unroll, K), PDL=True,
-                    **small_m_k_fields(K, unroll))
+                    AHEAD=NT == 1, PDL=True, **small_m_k_fields(K, unroll))
     cfg = dataclasses.replace(cfg, S=small_m_splits(cfg, N, K, sms))
     # 4 steps per trip halve the K-slices a short K can give: where 2 steps per trip give twice
     # the slices (up to SMALL_M_MAX_WARPS) and their CTAs (one row group each, one per SM at
@@ -322,8 +321,7 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # 16x4096^2 U4 S8 9.6, U2 S16 7.3; at 16x4608x3584, 144 CTAs, U4 S7 9.1, U2 S14 11.9; at
     # 16x576x7168 U4 S14 9.2, U2 S28 12.8).
     if unroll == 4:
-        two = dataclasses.replace(cfg, UNROLL=2, **small_m_k_fields(K, 2),
-                                  L2_FETCH=l2_fetch(NT, 2, K))
+        two = dataclasses.replace(cfg, UNROLL=2, **small_m_k_fields(K, 2))
         two = dataclasses.replace(two, S=small_m_splits(two, N, K, sms))
         if 2 * cfg.S <= two.S and N // two.rows <= sms:
             cfg = two
@@ -353,7 +351,9 @@ def small_m_config(M: int, N: int, K: int, w4a4: bool = False, out_dtype: str = 
     # trips) up to K = W4A4_STAGE_MAX_K; bf16 rows are not staged (`gv.Config.XSMEM`).
     xs = gv.xsmem_bytes(M, K) if M == 1 and w4a4 and K <= W4A4_STAGE_MAX_K else 0
     cfg = dataclasses.replace(cfg, WN=WN, MIN_CTAS=ctas, XSMEM=xs if xs <= gv.MAX_XSMEM else 0)
-    return small_m_cluster(cfg, M, N, K, sms) if clusters else cfg
+    cfg = small_m_cluster(cfg, M, N, K, sms) if clusters else cfg
+    # (the L2 fetch follows the final steps per trip: `l2_fetch`)
+    return dataclasses.replace(cfg, L2_FETCH=l2_fetch(cfg.NT, cfg.UNROLL, K))
 
 
 def small_m_cluster(cfg: gv.Config, M: int, N: int, K: int, sms: int) -> gv.Config:
@@ -378,8 +378,7 @@ def small_m_cluster(cfg: gv.Config, M: int, N: int, K: int, sms: int) -> gv.Conf
                 and steps >= c * SMALL_M_CLUSTER_MIN_STEPS):
             S = min(SMALL_M_MAX_WARPS // cfg.WN, steps // c)
             return dataclasses.replace(cfg, UNROLL=1, **small_m_k_fields(K, 1), S=S, CLUSTER=c,
-                                       MIN_CTAS=max(1, 16 // (cfg.WN * S)), XSMEM=0,
-                                       L2_FETCH=l2_fetch(cfg.NT, 1, K))
+                                       MIN_CTAS=max(1, 16 // (cfg.WN * S)), XSMEM=0)
     return cfg
 
 
