@@ -127,6 +127,29 @@ def test_custom_ops_pass_opcheck_on_padded_rows():
                           (a, None, None, q.data, q.scales, q.global_scale, torch.bfloat16))
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_linear_hands_the_op_its_padded_codes(monkeypatch, backend):
+    """Traced by torch.compile (AOT dispatch), a Linear at K % 32 != 0 passes its padded code
+    rows to the GEMM op as they are: no call after the first copies them into new padded rows
+    (`codes_storage`). opcheck's aot_dispatch test above builds contiguous codes of its own,
+    which the op pads on that call."""
+    from tk_cute.nvfp4 import tensor
+
+    made = []
+    storage = tensor.codes_storage
+    monkeypatch.setattr(tensor, "codes_storage", lambda *a: made.append(a) or storage(*a))
+    layer = nvfp4.Linear(48, 24)
+    assert has_row_pitch(layer.weight_data, 48)
+    x = torch.randn(5, 48).bfloat16()
+    with torch.no_grad():
+        compiled = torch.compile(layer, fullgraph=True, backend=backend)
+        compiled(x)  # traces (the fake impl normalizes its fake parts once)
+        made.clear()
+        for _ in range(2):
+            compiled(torch.randn(5, 48).bfloat16())
+    assert made == []
+
+
 def test_nvfp4_out_is_padded_and_checked():
     from tk_cute.nvfp4 import validate
 
